@@ -6,3 +6,9 @@ require (
 	github.com/pierrec/lz4/v4 v4.1.33
 	golang.org/x/sys v0.50.0
 )
+
+require (
+	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
+	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
+	golang.org/x/sync v0.25.0 // indirect
+)
