@@ -120,24 +120,33 @@ type Encoder struct {
 // bytes: nil for Zero, src itself for Raw, and for LZ4 a slice of the
 // encoder's buffer, valid until the next call to Encode.
 func (e *Encoder) Encode(src []byte, mode Mode) (Kind, []byte) {
+	k, out, buf := e.encode(src, mode, e.buf)
+	e.buf = buf
+	return k, out
+}
+
+// encode applies the block rule to src, compressing into buf (grown if it
+// is too small). It returns the kind, the stored bytes and the buffer, so
+// that a caller can keep the LZ4 output beyond the next call (Pipeline).
+func (e *Encoder) encode(src []byte, mode Mode, buf []byte) (Kind, []byte, []byte) {
 	if IsZero(src) {
-		return Zero, nil
+		return Zero, nil, buf
 	}
 	if mode == NoCompress {
-		return Raw, src
+		return Raw, src, buf
 	}
 	// Only an output below 7/8 of the input is kept, so the buffer need not
 	// hold the worst case: lz4 reports a too-small buffer as 0 or an error,
 	// and both mean Raw.
 	limit := 7 * len(src) / 8
-	if cap(e.buf) < limit {
-		e.buf = make([]byte, limit)
+	if cap(buf) < limit {
+		buf = make([]byte, limit)
 	}
-	n, err := e.c.CompressBlock(src, e.buf[:limit])
+	n, err := e.c.CompressBlock(src, buf[:limit])
 	if err != nil || !keepLZ4(n, len(src)) {
-		return Raw, src
+		return Raw, src, buf
 	}
-	return LZ4, e.buf[:n]
+	return LZ4, buf[:n], buf
 }
 
 var encoders = sync.Pool{New: func() any { return new(Encoder) }}

@@ -1,0 +1,206 @@
+package codec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// Encoded is one block as the Pipeline hands it to emit.
+type Encoded struct {
+	Kind Kind
+	// Stored is what goes into the pages file: nil for Zero, Src itself for
+	// Raw, and for LZ4 a buffer owned by the pipeline that is valid only
+	// until emit returns.
+	Stored []byte
+	// Src is the block as submitted; the caller may recycle it once emit
+	// has returned for it.
+	Src []byte
+	CRC uint32 // CRC32C of Src
+	Tag any    // as submitted
+}
+
+// PipelineOptions configure a Pipeline.
+type PipelineOptions struct {
+	Workers int  // encoding goroutines; 0 means runtime.GOMAXPROCS(0)
+	Mode    Mode // Compress or NoCompress
+}
+
+// ErrClosed is returned by Submit after Close.
+var ErrClosed = errors.New("codec: pipeline closed")
+
+// Pipeline encodes blocks on several goroutines and emits them, from one
+// goroutine, strictly in submission order.
+//
+// Memory is bounded: at most 2*Workers+2 blocks are in flight between Submit
+// and the return of emit, and Submit blocks while that many are. Each
+// in-flight slot owns one LZ4 output buffer, reused only after emit returned
+// for the block that used it.
+//
+// The first error from emit, or the cancellation of the context, is sticky:
+// Submit returns it from then on, no further block is emitted, and Close
+// returns it.
+type Pipeline struct {
+	mode Mode
+	emit func(*Encoded) error
+
+	slots chan *slot // free slots: taking one is the backpressure
+	work  chan *slot // slots to encode
+	order chan *slot // slots to emit, in submission order
+
+	submitMu sync.Mutex // orders Submit and Close
+	closed   bool
+
+	errMu sync.Mutex
+	err   error
+	dead  chan struct{} // closed with the first error
+
+	stopCtx func() bool
+	workers sync.WaitGroup
+	emitter sync.WaitGroup
+}
+
+// slot is one in-flight block and the buffer its LZ4 output goes to.
+type slot struct {
+	Encoded
+	buf  []byte
+	done chan struct{} // worker -> emitter, buffered 1
+}
+
+// NewPipeline starts the encoding and emitting goroutines. Close must be
+// called to stop them.
+func NewPipeline(ctx context.Context, opts PipelineOptions, emit func(*Encoded) error) *Pipeline {
+	workers := opts.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	n := 2*workers + 2
+	p := &Pipeline{
+		mode:  opts.Mode,
+		emit:  emit,
+		slots: make(chan *slot, n),
+		work:  make(chan *slot, n),
+		order: make(chan *slot, n),
+		dead:  make(chan struct{}),
+	}
+	for range n {
+		p.slots <- &slot{done: make(chan struct{}, 1)}
+	}
+	p.stopCtx = context.AfterFunc(ctx, func() { p.fail(ctx.Err()) })
+	for range workers {
+		p.workers.Go(p.encodeLoop)
+	}
+	p.emitter.Go(p.emitLoop)
+	return p
+}
+
+// Submit queues src for encoding. It blocks while the pipeline is full.
+// src must not be modified until emit has returned for it. Submit returns
+// the sticky error once emit or the context failed. Submit and Close may be
+// called from different goroutines; blocks are emitted in the order their
+// Submit calls returned.
+func (p *Pipeline) Submit(src []byte, tag any) error {
+	if len(src) == 0 || len(src) > MaxBlockSize || len(src)%PageSize != 0 {
+		return fmt.Errorf("codec: submit: block of %d bytes (want a multiple of %d up to %d)",
+			len(src), PageSize, MaxBlockSize)
+	}
+	p.submitMu.Lock()
+	defer p.submitMu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	if err := p.failed(); err != nil {
+		return err
+	}
+	var s *slot
+	select {
+	case s = <-p.slots:
+	case <-p.dead:
+		return p.failed()
+	}
+	s.Src, s.Tag = src, tag
+	// Both channels hold every slot, so these sends never block.
+	p.order <- s
+	p.work <- s
+	return nil
+}
+
+// Close waits until every submitted block was emitted (or dropped after an
+// error), stops the goroutines and returns the first error.
+func (p *Pipeline) Close() error {
+	p.submitMu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.work)
+		close(p.order)
+	}
+	p.submitMu.Unlock()
+	p.workers.Wait()
+	p.emitter.Wait()
+	p.stopCtx()
+	return p.failed()
+}
+
+func (p *Pipeline) fail(err error) {
+	p.errMu.Lock()
+	defer p.errMu.Unlock()
+	if p.err == nil {
+		p.err = err
+		close(p.dead)
+	}
+}
+
+func (p *Pipeline) failed() error {
+	p.errMu.Lock()
+	defer p.errMu.Unlock()
+	return p.err
+}
+
+func (p *Pipeline) isDead() bool {
+	select {
+	case <-p.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *Pipeline) encodeLoop() {
+	var (
+		enc      Encoder
+		zeroCRCs = make(map[int]uint32)
+	)
+	for s := range p.work {
+		if !p.isDead() {
+			var kind Kind
+			kind, s.Stored, s.buf = enc.encode(s.Src, p.mode, s.buf)
+			s.Kind = kind
+			if kind == Zero {
+				crc, ok := zeroCRCs[len(s.Src)]
+				if !ok {
+					crc = Checksum(s.Src)
+					zeroCRCs[len(s.Src)] = crc
+				}
+				s.CRC = crc
+			} else {
+				s.CRC = Checksum(s.Src)
+			}
+		}
+		s.done <- struct{}{}
+	}
+}
+
+func (p *Pipeline) emitLoop() {
+	for s := range p.order {
+		<-s.done
+		if !p.isDead() {
+			if err := p.emit(&s.Encoded); err != nil {
+				p.fail(err)
+			}
+		}
+		s.Encoded = Encoded{}
+		p.slots <- s
+	}
+}
