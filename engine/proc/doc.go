@@ -1,0 +1,41 @@
+// Package proc reads what lazyfs needs to know about a process from /proc.
+//
+// Every file format has a parser that takes the file's bytes (or an
+// io.Reader for files that can be large) and needs no privileges, so that it
+// can be unit-tested on captured samples and fuzzed; a thin Read function
+// beside it reads the live file for a pid. Parsers never panic on garbage,
+// bound every count and length they accept, and report malformed input as an
+// error wrapping ErrMalformed and limits exceeded as ErrTooLarge.
+//
+// # What is covered
+//
+//   - Memory map: ParseMaps, ParseSmaps, ReadMappings (Mapping, Perms,
+//     VMFlags, Usage, Kind and the IsAnonPrivate / IsShmem / IsSpecial ...
+//     helpers).
+//   - Page table state: Pagemap (OpenPagemap) reads /proc/PID/pagemap in bulk
+//     or asks the kernel with the PAGEMAP_SCAN ioctl, and reports runs of
+//     pages by category (present, swapped, file-mapped, ...).
+//   - Process and task state: ParseStatus, ParseStat, ParseAuxv,
+//     ParseLimits / Rlimits, comm, cmdline, cwd, root, exe, personality,
+//     timer slack, tasks and children.
+//   - File descriptors: ReadFDs lists /proc/PID/fd with readlink targets,
+//     classifies each (FDKind), parses /proc/PID/fdinfo/N (ParseFDInfo) and
+//     stats the open file.
+//   - Sockets: ParseNetInet and ParseNetUnix for /proc/PID/net/{tcp,tcp6,
+//     udp,udp6,unix} (ReadSockets), and sock_diag netlink queries
+//     (DiagInet, DiagUnix) for listen backlogs and unix peers.
+//
+// # Consistency
+//
+// /proc files are generated while they are read. For a running process two
+// reads may disagree; lazyfs reads a process whose threads are all
+// ptrace-stopped, where the memory map, fd table and page tables do not
+// change between reads (the kernel may still reclaim or swap pages).
+//
+// # Privileges
+//
+// Reading another process's smaps, pagemap, fdinfo, auxv, environ and the
+// mm fields of stat needs PTRACE_MODE_READ on it (root, or the same user
+// with a permissive Yama scope). Page frame numbers in pagemap are zero
+// without CAP_SYS_ADMIN; nothing here depends on them.
+package proc

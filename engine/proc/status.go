@@ -1,0 +1,203 @@
+package proc
+
+import (
+	"bytes"
+	"fmt"
+)
+
+// maxGroups bounds the supplementary groups accepted (NGROUPS_MAX).
+const maxGroups = 65536
+
+// Status holds the fields of /proc/PID/status lazyfs uses.
+type Status struct {
+	Name       string // the comm, as status escapes it
+	State      byte   // 'R', 'S', 'D', 'T', 't', 'Z', ...
+	Umask      uint32
+	Tgid, Pid  int
+	PPid       int
+	TracerPid  int
+	Uid, Gid   [4]uint32 // real, effective, saved, filesystem
+	Groups     []uint32
+	NSpid      []int // the pid in each nested pid namespace, outermost first
+	Threads    int
+	NoNewPrivs bool
+	Seccomp    int // 0 off, 1 strict, 2 filter
+	SigPnd     uint64
+	ShdPnd     uint64
+	SigBlk     uint64
+	SigIgn     uint64
+	SigCgt     uint64
+	CapInh     uint64
+	CapPrm     uint64
+	CapEff     uint64
+	CapBnd     uint64
+	CapAmb     uint64
+}
+
+// ParseStatus parses /proc/PID/status (or /proc/PID/task/TID/status).
+// Fields it does not use are ignored; the fields above must each be
+// well-formed where present. Umask is absent on kernels before 4.7.
+func ParseStatus(b []byte) (*Status, error) {
+	if len(b) > maxSmallFile {
+		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, maxSmallFile)
+	}
+	s := &Status{}
+	seen := 0
+	var fields [][]byte
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		key, val, ok := bytes.Cut(line, []byte{':'})
+		if !ok {
+			continue
+		}
+		val = trimSpace(val)
+		fields = splitFields(val, fields[:0])
+		var err error
+		switch string(key) {
+		case "Name":
+			s.Name = string(val)
+			seen++
+		case "State":
+			if len(val) == 0 {
+				return nil, malformed("status State", line)
+			}
+			s.State = val[0]
+		case "Umask":
+			s.Umask, err = octal32(val)
+		case "Tgid":
+			s.Tgid, err = pidField(val)
+		case "Pid":
+			s.Pid, err = pidField(val)
+			seen++
+		case "PPid":
+			s.PPid, err = pidField(val)
+		case "TracerPid":
+			s.TracerPid, err = pidField(val)
+		case "Uid":
+			err = ids4(fields, &s.Uid)
+		case "Gid":
+			err = ids4(fields, &s.Gid)
+		case "Groups":
+			if len(fields) > maxGroups {
+				return nil, fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
+			}
+			s.Groups = make([]uint32, 0, len(fields))
+			for _, f := range fields {
+				v, ok := parseUint(f, 10)
+				if !ok || v > 1<<32-1 {
+					return nil, malformed("status Groups", line)
+				}
+				s.Groups = append(s.Groups, uint32(v))
+			}
+		case "NSpid":
+			if len(fields) > 64 {
+				return nil, fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
+			}
+			s.NSpid = make([]int, 0, len(fields))
+			for _, f := range fields {
+				v, e := pidField(f)
+				if e != nil {
+					return nil, malformed("status NSpid", line)
+				}
+				s.NSpid = append(s.NSpid, v)
+			}
+		case "Threads":
+			s.Threads, err = pidField(val)
+		case "NoNewPrivs":
+			var v int
+			v, err = pidField(val)
+			s.NoNewPrivs = v != 0
+		case "Seccomp":
+			s.Seccomp, err = pidField(val)
+		case "SigPnd":
+			s.SigPnd, err = hex64(val)
+		case "ShdPnd":
+			s.ShdPnd, err = hex64(val)
+		case "SigBlk":
+			s.SigBlk, err = hex64(val)
+		case "SigIgn":
+			s.SigIgn, err = hex64(val)
+		case "SigCgt":
+			s.SigCgt, err = hex64(val)
+		case "CapInh":
+			s.CapInh, err = hex64(val)
+		case "CapPrm":
+			s.CapPrm, err = hex64(val)
+		case "CapEff":
+			s.CapEff, err = hex64(val)
+		case "CapBnd":
+			s.CapBnd, err = hex64(val)
+		case "CapAmb":
+			s.CapAmb, err = hex64(val)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("status %s: %w", key, err)
+		}
+	}
+	if seen < 2 {
+		return nil, malformed("status without Name and Pid", nil)
+	}
+	return s, nil
+}
+
+// ReadStatus reads /proc/PID/status.
+func ReadStatus(pid int) (*Status, error) {
+	return readStatus(pidPath(pid, "status"))
+}
+
+// ReadTaskStatus reads /proc/PID/task/TID/status: the per-thread signal
+// mask (SigBlk) and pending signals differ between threads.
+func ReadTaskStatus(pid, tid int) (*Status, error) {
+	return readStatus(taskPath(pid, tid, "status"))
+}
+
+func readStatus(path string) (*Status, error) {
+	b, err := readFile(path, maxSmallFile)
+	if err != nil {
+		return nil, fmt.Errorf("read status: %w", err)
+	}
+	s, err := ParseStatus(b)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func pidField(b []byte) (int, error) {
+	v, ok := parseInt(b)
+	if !ok || v < -1<<31 || v > 1<<31-1 {
+		return 0, malformed("integer", b)
+	}
+	return int(v), nil
+}
+
+func hex64(b []byte) (uint64, error) {
+	v, ok := parseUint(b, 16)
+	if !ok {
+		return 0, malformed("hex mask", b)
+	}
+	return v, nil
+}
+
+func octal32(b []byte) (uint32, error) {
+	v, ok := parseUint(b, 8)
+	if !ok || v > 1<<32-1 {
+		return 0, malformed("octal", b)
+	}
+	return uint32(v), nil
+}
+
+func ids4(fields [][]byte, dst *[4]uint32) error {
+	if len(fields) != 4 {
+		return malformed("want 4 ids", bytes.Join(fields, []byte{' '}))
+	}
+	for i, f := range fields {
+		v, ok := parseUint(f, 10)
+		if !ok || v > 1<<32-1 {
+			return malformed("id", f)
+		}
+		dst[i] = uint32(v)
+	}
+	return nil
+}
