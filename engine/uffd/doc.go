@@ -1,0 +1,83 @@
+// Package uffd serves a lazily restored process its memory through
+// userfaultfd(2).
+//
+// # Two layers
+//
+// The low layer is a thin, tested wrapper over the userfaultfd ioctls (API,
+// Register, Unregister, Copy, ZeroPage, Wake) and the decoding of the
+// 32-byte uffd_msg (Msg). The errors a caller must tell apart are sentinels:
+// ErrExist (the first page of the range is already present), ErrAgain (the
+// address space is changing under a non-cooperative event: read the pending
+// events, then retry), ErrShort (the kernel stopped part way: retry the
+// rest to learn why), ErrNoVMA (no registered VMA holds the whole range) and
+// ErrGone (the process's address space is gone).
+//
+// The high layer is the Pager. The restore code creates a userfaultfd inside
+// the target (an injected syscall), takes it with pidfd_getfd, calls API
+// with Features and registers the lazily restored anonymous private VMAs
+// with RegisterModeMissing. New then takes the fd, an io.ReaderAt that
+// returns the snapshot's bytes at their virtual address (the lazyfs mount's
+// MNT/<pid>/mem file, or an image reader), and the extents to serve (sorted,
+// non-overlapping, page aligned; normally one image block clipped to its
+// VMA). Run serves until every extent has been placed or dropped by an
+// event. The pager knows nothing about the image format.
+//
+// # Serving
+//
+//   - A fault at an address inside a pending extent is served with the whole
+//     extent (at most MaxFaultBytes around the address) in one UFFDIO_COPY.
+//     Pages found present (EEXIST) are skipped page by page; a range that
+//     crosses a VMA boundary (the process split the VMA) is split in halves.
+//   - A fault anywhere else in a registered VMA (a hole in the snapshot, a
+//     page already served and since dropped by MADV_DONTNEED) is served
+//     zeros: UFFDIO_ZEROPAGE for a read fault, a copy of zeros for a write
+//     fault (which saves the copy-on-write fault that would follow), on up
+//     to ZeroChunk bytes from the faulting page to the next pending extent.
+//   - With Options.Prefetch the pager streams every pending extent in address
+//     order, in chunks of up to PrefetchChunk bytes, reading the next chunks
+//     from the source on a helper goroutine while it copies the current one.
+//     Between two chunk copies it reads the userfaultfd without blocking, so
+//     a fault never waits behind more than one chunk.
+//
+// Faults, events and copies are handled by one goroutine locked to its OS
+// thread (optionally pinned with Options.Affinity): on small machines a
+// wakeup across CPUs costs tens of microseconds, more than copying 4 KiB.
+//
+// # Events
+//
+// The userfaultfd must have the event features in Features enabled; Run
+// checks /proc/self/fdinfo and refuses one that has not (ErrFeatures),
+// because without them the pager could serve snapshot data where the
+// process has since dropped or moved its memory.
+//
+//   - REMOVE (madvise DONTNEED/FREE/REMOVE): the range reads as zeros from
+//     now on; its pending pages are dropped.
+//   - UNMAP: the range's pending pages are dropped.
+//   - REMAP (mremap): the range's pending pages move to the new address; the
+//     source is still read at the old (snapshot) address.
+//   - FORK: the child's userfaultfd (installed in our fd table by the read)
+//     gets its own pager over the same source and a copy of the pending set
+//     at fork time; Run returns once the parent and every child are done.
+//
+// The kernel refuses copies with EAGAIN while an event is queued and
+// unread, so the pending set is always current when a copy lands: after any
+// read, events are applied before the faults read with them are served, and
+// a fault is always served according to the current state.
+//
+// # Errors
+//
+// A read error or short read from the source, or an unexpected ioctl error,
+// ends Run with a *ServeError naming the address. The pager never places a
+// page it could not read and never zero-fills a page that should hold data;
+// the caller must then kill the process (tree). A forked child's
+// userfaultfd is closed when the child has been fully served (or has
+// exited); on error or cancellation it stays open, so the child blocks
+// rather than reads zeros, until Close.
+//
+// # Limits
+//
+// VMAs marked MADV_WIPEONFORK must not be registered: a child forked during
+// the lazy phase would be served snapshot data where the kernel gives it
+// zeros. Without Prefetch, Run ends only when every extent has faulted in
+// (or the context ends).
+package uffd

@@ -1,0 +1,51 @@
+package uffd
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel results of the fill ioctls (Copy, ZeroPage).
+var (
+	// ErrExist: the first page of the range is already present.
+	ErrExist = errors.New("uffd: page already present")
+	// ErrAgain: the address space is changing under a non-cooperative
+	// event (fork, mremap, madvise, munmap) that is queued and unread.
+	ErrAgain = errors.New("uffd: address space changing, read events and retry")
+	// ErrShort: only part of the range was placed.
+	ErrShort = errors.New("uffd: range placed in part")
+	// ErrNoVMA: no registered VMA holds the whole range.
+	ErrNoVMA = errors.New("uffd: range not in one registered VMA")
+	// ErrGone: the process's address space no longer exists.
+	ErrGone = errors.New("uffd: process address space gone")
+)
+
+// Errors of the Pager.
+var (
+	// ErrShortRead: the source returned fewer bytes than the extent holds.
+	ErrShortRead = errors.New("short read from source")
+	// ErrFeatures: the userfaultfd lacks RequiredFeatures.
+	ErrFeatures = errors.New("userfaultfd lacks required event features")
+	// ErrExtents: the extents are not sorted, page aligned and disjoint.
+	ErrExtents = errors.New("invalid extents")
+	// ErrUnexpected: a message the pager did not register for.
+	ErrUnexpected = errors.New("unexpected userfaultfd message")
+)
+
+// ServeError is the error that ends Run: what failed, where.
+type ServeError struct {
+	Op   string // "read", "copy", "zeropage", "wake", "event"
+	Addr uint64 // the address in the process
+	Len  uint64
+	Src  uint64 // the source (snapshot) address, for reads and copies
+	Err  error
+}
+
+func (e *ServeError) Error() string {
+	if e.Src != 0 && e.Src != e.Addr {
+		return fmt.Sprintf("uffd %s %#x+%#x (snapshot %#x): %v", e.Op, e.Addr, e.Len, e.Src, e.Err)
+	}
+	return fmt.Sprintf("uffd %s %#x+%#x: %v", e.Op, e.Addr, e.Len, e.Err)
+}
+
+func (e *ServeError) Unwrap() error { return e.Err }

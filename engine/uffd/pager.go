@@ -1,0 +1,245 @@
+package uffd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults of Options.
+const (
+	DefaultPrefetchChunk = 1 << 20
+	DefaultReadAhead     = 2
+	DefaultMaxFaultBytes = 4 << 20
+	DefaultZeroChunk     = 64 << 10
+)
+
+// Options tune a Pager. The zero value serves faults only.
+type Options struct {
+	// Prefetch streams every extent not yet served, in address order, in
+	// the background of fault service (faults always first).
+	Prefetch bool
+	// Logger receives debug records of events and a summary; nil discards.
+	Logger *slog.Logger
+	// Progress, if set, is called from the serving thread after every
+	// change with the bytes served or dropped so far and the total. It
+	// must return quickly. Forked children do not report.
+	Progress func(done, total uint64)
+	// PrefetchChunk is the most bytes placed by one prefetch copy (and read
+	// from the source in one ReadAt): the longest a fault can wait behind
+	// the prefetcher. Page multiple; default DefaultPrefetchChunk.
+	PrefetchChunk uint64
+	// ReadAhead is how many prefetch chunks a helper goroutine reads from
+	// the source while the serving thread copies; 0 means
+	// DefaultReadAhead, negative reads on the serving thread.
+	ReadAhead int
+	// MaxFaultBytes caps what one fault brings in: the extent holding the
+	// address, clipped to the MaxFaultBytes-aligned window around it. Page
+	// multiple; default DefaultMaxFaultBytes.
+	MaxFaultBytes uint64
+	// ZeroChunk is how much a fault outside every extent zero-fills, from
+	// the faulting page up to the next pending extent. Page multiple;
+	// default DefaultZeroChunk; PageSize serves single pages.
+	ZeroChunk uint64
+	// Affinity, if set, pins the serving threads (the root's and every
+	// forked child's) to these CPUs.
+	Affinity *unix.CPUSet
+}
+
+func (o Options) normalized() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	fix := func(v *uint64, def uint64) {
+		if *v == 0 {
+			*v = def
+		}
+		*v = max(*v-*v%PageSize, PageSize)
+	}
+	fix(&o.PrefetchChunk, DefaultPrefetchChunk)
+	fix(&o.MaxFaultBytes, DefaultMaxFaultBytes)
+	fix(&o.ZeroChunk, DefaultZeroChunk)
+	if o.ReadAhead == 0 {
+		o.ReadAhead = DefaultReadAhead
+	}
+	return o
+}
+
+// Stats describe a pager's work so far. Bytes are process memory bytes.
+type Stats struct {
+	Total   uint64 // bytes in the extents at start (for a child: pending at fork)
+	Pending uint64 // bytes neither placed nor dropped
+
+	Faults        uint64 // page-fault messages handled
+	DataFaults    uint64 // ... served from the source
+	ZeroFaults    uint64 // ... served zeros (holes, dropped pages)
+	FaultBytes    uint64 // placed from the source to serve faults
+	PrefetchBytes uint64 // placed from the source by the prefetcher
+	ZeroBytes     uint64 // zero-filled to serve faults
+	ReadBytes     uint64 // read from the source
+	ExistingBytes uint64 // pending pages found present (EEXIST), skipped
+	DroppedBytes  uint64 // pending pages found unmapped in a child, dropped
+	Wakes         uint64 // UFFDIO_WAKE calls (fault on a present or unmapped page)
+	Retries       uint64 // copies refused with EAGAIN (events pending)
+
+	Removes, Unmaps, Remaps, Forks uint64 // events read
+	RemovedBytes                   uint64 // pending bytes dropped by REMOVE
+	UnmappedBytes                  uint64 // pending bytes dropped by UNMAP
+	RemappedBytes                  uint64 // pending bytes moved by REMAP
+
+	// Exited: the process's address space went away (exit or exec) while
+	// pages were pending; they were dropped.
+	Exited bool
+
+	// Fault service time, from reading the message to the end of the
+	// copy (the fault's own wait in the kernel is not seen here).
+	FaultP50, FaultP99, FaultMax time.Duration
+
+	// Children are the stats of the pagers of forked children.
+	Children []Stats
+}
+
+// Pager serves one lazily restored process (and the children it forks
+// while pages are pending) its memory over userfaultfd.
+type Pager struct {
+	root *server
+	err  error // from New: reported by Run
+
+	mu   sync.Mutex
+	ran  bool
+	tree *tree
+}
+
+// New returns a pager for fd: an O_NONBLOCK-capable userfaultfd on which
+// API was called with Features (at least RequiredFeatures) and the
+// extents' VMAs registered with RegisterModeMissing. src.ReadAt(buf,
+// int64(addr)) must return the snapshot's bytes at addr, and allow
+// concurrent calls. Extents must be sorted, disjoint and page aligned (else
+// Run returns ErrExtents). The pager does not own fd: after Run the caller
+// unregisters and closes it.
+func New(fd int, src io.ReaderAt, extents []Extent, opts Options) *Pager {
+	opts = opts.normalized()
+	p := &Pager{tree: &tree{}}
+	if !validExtents(extents) {
+		p.err = fmt.Errorf("new pager: %w", ErrExtents)
+		extents = nil
+	}
+	p.root = newServer(fd, src, newPieceSet(extents), opts, p.tree, false)
+	return p
+}
+
+// Run serves until every extent has been placed or dropped by an event,
+// in this process and in every child it forked meanwhile, then returns
+// nil. It returns a *ServeError if a page cannot be served (the process
+// must then be killed), or the context's error. Run may be called once.
+func (p *Pager) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.ran {
+		p.mu.Unlock()
+		return errors.New("uffd pager: Run called twice")
+	}
+	p.ran = true
+	p.mu.Unlock()
+	if p.err != nil {
+		return p.err
+	}
+	if err := checkFeatures(p.root.fd); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	p.tree.init(ctx, p.root)
+	errc := make(chan error, 1)
+	go func() {
+		// The thread may be pinned (Options.Affinity): it exits with the
+		// goroutine rather than return to the runtime's pool.
+		lockThread()
+		errc <- p.root.run(ctx)
+	}()
+	err := <-errc
+	cancel()
+	p.tree.wait()
+	return err
+}
+
+// Stats returns the pager's statistics; safe during Run.
+func (p *Pager) Stats() Stats {
+	st := p.root.stats()
+	for _, c := range p.tree.all() {
+		st.Children = append(st.Children, c.stats())
+	}
+	return st
+}
+
+// Close closes the userfaultfds of forked children that were not fully
+// served (Run failed or was cancelled): their pages then read as zeros, so
+// kill those processes first. It does not close the fd given to New.
+func (p *Pager) Close() error {
+	var errs []error
+	for _, c := range p.tree.all() {
+		if err := c.closeFD(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tree tracks the pagers of forked children: the root's Run ends only when
+// they are done; the first child error ends it too.
+type tree struct {
+	ctx  context.Context
+	root *server
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	active   int
+	err      error
+	children []*server
+}
+
+func (t *tree) init(ctx context.Context, root *server) {
+	t.ctx, t.root = ctx, root
+}
+
+func (t *tree) start(c *server) {
+	t.mu.Lock()
+	t.active++
+	t.children = append(t.children, c)
+	t.mu.Unlock()
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		lockThread()
+		err := c.run(t.ctx)
+		if err == nil {
+			err = c.closeFD()
+		}
+		t.mu.Lock()
+		t.active--
+		if err != nil && t.err == nil && t.ctx.Err() == nil {
+			t.err = fmt.Errorf("forked child (uffd %d): %w", c.fd, err)
+		}
+		t.mu.Unlock()
+		t.root.wake()
+	}()
+}
+
+// state returns the number of running children and the first error.
+func (t *tree) state() (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.active, t.err
+}
+
+func (t *tree) all() []*server {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]*server(nil), t.children...)
+}
+
+func (t *tree) wait() { t.wg.Wait() }
