@@ -1,0 +1,47 @@
+package codec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+)
+
+// FuzzDecode feeds arbitrary stored bytes, kinds and lengths to Decode,
+// DecodeChecked and DecodeBlocks: none may panic or allocate from an
+// unchecked length, and bytes handed over must match their CRC.
+// The seed corpus is in testdata/fuzz/FuzzDecode.
+func FuzzDecode(f *testing.F) {
+	page := genData(dataRecords, PageSize, 1)
+	kind, stored := Encode(nil, page, Compress)
+	f.Add(uint8(kind), uint8(1), stored, Checksum(page), int64(0), int32(len(stored)), int32(PageSize))
+
+	f.Fuzz(func(t *testing.T, kind, pages uint8, stored []byte, crc uint32, off int64, storedLen, blockLen int32) {
+		dst := make([]byte, int(pages%65)*PageSize)
+		if err := Decode(dst, Kind(kind), stored); err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Decode: %v is not ErrCorrupt", err)
+		}
+		err := DecodeChecked(dst, Kind(kind), stored, crc)
+		if err == nil && Checksum(dst) != crc {
+			t.Fatal("DecodeChecked accepted bytes that do not match the CRC")
+		}
+		if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrChecksum) {
+			t.Fatalf("DecodeChecked: %v", err)
+		}
+
+		blk := Block{Kind: Kind(kind), Off: off, StoredLen: int(storedLen), Len: int(blockLen), CRC: crc}
+		err = DecodeBlocks(context.Background(), bytes.NewReader(stored), []Block{blk, blk},
+			DecodeOptions{Threads: 2}, func(first int, out [][]byte) error {
+				for _, b := range out {
+					if Checksum(b) != crc {
+						t.Fatal("DecodeBlocks handed over bytes that do not match the CRC")
+					}
+				}
+				return nil
+			})
+		var be *BlockError
+		if err != nil && !errors.As(err, &be) {
+			t.Fatalf("DecodeBlocks: %v is not a BlockError", err)
+		}
+	})
+}
