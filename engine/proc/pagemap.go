@@ -290,7 +290,8 @@ func (p *Pagemap) ReadEntries(vaddr uint64, dst []Entry) (int, error) {
 // fails with ErrUnsupported where the kernel lacks it.
 func (p *Pagemap) Runs(q Query, dst []Run) ([]Run, error) {
 	c := q.categories()
-	if p.scanOK && (p.method == MethodScan || c&^entryCategories != 0 || q.WriteProtect) && c&^scanCategories == 0 {
+	scanOK := p.scanOK && c&^scanCategories == 0 && q.AnyOf&q.Exclude == 0
+	if scanOK && (p.method == MethodScan || c&^entryCategories != 0 || q.WriteProtect) {
 		return p.RunsScan(q, dst)
 	}
 	return p.RunsRead(q, dst)

@@ -137,3 +137,31 @@ func TestPagemapScanMatchesRead(t *testing.T) {
 		}
 	}
 }
+
+func TestPagemapSetMethod(t *testing.T) {
+	b := mapTestRegion(t, 16, func(i int) bool { return i%4 == 0 })
+	p := openSelfPagemap(t)
+	start := addrOf(b)
+	want, err := p.RunsRead(Query{Start: start, End: start + 16*PageSize, AnyOf: PagePresent}, nil)
+	if err != nil || len(want) != 4 {
+		t.Fatalf("read runs %x, %v", want, err)
+	}
+	if err := p.SetMethod(MethodRead); err != nil || p.Method() != MethodRead {
+		t.Fatalf("SetMethod(read): %v", err)
+	}
+	if got, err := p.Populated(start, start+16*PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("Populated with read method = %x, %v", got, err)
+	}
+	if err := p.SetMethod(Method(7)); err == nil {
+		t.Errorf("SetMethod accepted an unknown method")
+	}
+	if err := p.SetMethod(MethodScan); p.ScanSupported() != (err == nil) {
+		t.Errorf("SetMethod(scan) = %v with ScanSupported %v", err, p.ScanSupported())
+	}
+	// Exclusive is known only from entries: Runs answers it by reading,
+	// whatever the method. Every written page here is exclusive.
+	got, err := p.Runs(Query{Start: start, End: start + 16*PageSize, Require: PagePresent | PageExclusive}, nil)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("Runs(exclusive) = %x, %v", got, err)
+	}
+}

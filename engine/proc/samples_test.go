@@ -145,7 +145,7 @@ func TestSmapsFixture(t *testing.T) {
 	if m := byPath["[stack]"]; !m.Flags.Has(VMGrowsDown) || m.Usage.Rss == 0 {
 		t.Errorf("[stack]: flags %v rss %d", m.Flags, m.Usage.Rss)
 	}
-	if m := byPath["[vvar]"]; !m.Flags.Has(VMIO|VMPFNMap|VMDontExpand|VMDontDump) {
+	if m := byPath["[vvar]"]; !m.Flags.Has(VMIO | VMPFNMap | VMDontExpand | VMDontDump) {
 		t.Errorf("[vvar]: flags %v", m.Flags)
 	}
 	if m := byPath["/tmp/fx/fixture.data"]; m.Usage.Anonymous != PageSize {

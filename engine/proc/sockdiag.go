@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -58,10 +59,12 @@ type UnixDiag struct {
 	// Path is the bound name: a path, "@name" for abstract (NULs shown
 	// as '@'), or empty.
 	Path string
-	// Peer is the inode of the connected peer, 0 if none.
+	// Peer is the inode of the connected peer, 0 if none. A client
+	// whose connection waits in a listener's accept queue has peer 0
+	// (the server side has no inode until accepted).
 	Peer uint64
-	// Pending are the inodes of connections waiting in a listener's
-	// accept queue.
+	// Pending are, for a listener, the inodes of the client sockets
+	// whose connections wait in its accept queue.
 	Pending []uint64
 	// RQueue and WQueue: for a listener, the accept queue length and
 	// the maximum backlog; otherwise queued data.
@@ -225,11 +228,14 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 			case unixDiagName:
 				name := []byte(string(v))
 				if len(name) > 0 && name[0] == 0 {
+					// Abstract: every byte is part of the name.
 					for i, c := range name {
 						if c == 0 {
 							name[i] = '@'
 						}
 					}
+				} else if i := bytes.IndexByte(name, 0); i >= 0 {
+					name = name[:i] // a path ends at its NUL
 				}
 				d.Path = string(name)
 			case unixDiagVFS:
