@@ -23,7 +23,8 @@
 //     stats the open file.
 //   - Sockets: ParseNetInet and ParseNetUnix for /proc/PID/net/{tcp,tcp6,
 //     udp,udp6,unix} (ReadSockets), and sock_diag netlink queries
-//     (DiagInet, DiagUnix) for listen backlogs and unix peers.
+//     (QueryInet, QueryUnix; ParseInetDiag, ParseUnixDiag) for listen
+//     backlogs, pending connections and unix peers.
 //
 // # Consistency
 //
