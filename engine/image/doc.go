@@ -1,0 +1,56 @@
+// Package image is the on-disk format of a lazyfs snapshot: a directory
+// holding a manifest, process state, and per process a page index and a
+// pages file.
+//
+//	DIR/snapshot.json      manifest, written last: a snapshot without it is
+//	                       incomplete and Open refuses it (ErrIncomplete)
+//	DIR/process-PID.json   process state (Process), for jq and for restore
+//	DIR/pagemap-PID.img    page index: runs of dumped pages and one record
+//	                       per block (binary, little-endian, below)
+//	DIR/pages-PID.img      block payloads back to back
+//
+// # Page index (pagemap-PID.img)
+//
+//	offset size  field
+//	     0    8  magic "LZFSPIDX"
+//	     8    2  version (1)
+//	    10    2  header size (64)
+//	    12    4  page size (4096)
+//	    16    4  block size: power of two, 4 KiB .. 4 MiB
+//	    20    4  flags (0)
+//	    24    8  run count R
+//	    32    8  block count B
+//	    40    8  size of the pages file
+//	    48    4  CRC32C of the run and block tables
+//	    52    8  reserved (0)
+//	    60    4  CRC32C of bytes 0..59
+//	    64 24*R  runs:   vaddr u64 | page count u64 | first block u64
+//	     .  8*B  blocks: kind u8 | stored length u24 | CRC32C u32 of the
+//	                     decoded bytes
+//
+// A run is a range of dumped pages inside one VMA: runs are sorted by
+// address and never overlap (two runs may touch at a VMA boundary, so that
+// no block crosses it). Blocks are aligned to the block
+// size in the address space and clipped to their run, so the block holding
+// an address is found by arithmetic, and a run of P pages at address A holds
+// the blocks that cover [A, A+P*4096). A block's decoded length is therefore
+// derived, never stored. Its offset in the pages file is derived too:
+// payloads follow each other in block order, ZERO blocks store nothing and
+// RAW payloads start on a 4 KiB boundary (the gap before them is zero
+// padding), so that aligned RAW reads can use direct I/O. Each block record
+// is 8 bytes.
+//
+// # Reading
+//
+// Reader gives random access by virtual address (io.ReaderAt: offset =
+// address). Holes read as zeros. A read of part of a block decodes the whole
+// block once into the shared cache (cache.Cache); concurrent readers of the
+// same block wait for that one decode. Every block is checked against its
+// CRC32C before it is cached or returned; a mismatch is a *BlockError that
+// names the file, the block and its address, and never wrong bytes. Stream
+// decodes ranges in bounded parallel batches (codec.DecodeBlocks) for
+// restore and verification.
+//
+// Every length and count read from a file is bounded by the file's size and
+// a hard maximum before anything is allocated.
+package image

@@ -1,0 +1,151 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+)
+
+// Manifest file name and format identity.
+const (
+	ManifestName    = "snapshot.json"
+	manifestFormat  = "lazyfs-snapshot"
+	manifestVersion = 1
+	// maxManifestSize and maxStateSize bound the JSON files read.
+	maxManifestSize = 16 << 20
+	maxStateSize    = 256 << 20
+)
+
+var (
+	// ErrIncomplete: the directory has no manifest (a dump did not finish).
+	ErrIncomplete = errors.New("incomplete snapshot: no " + ManifestName)
+	// ErrExists: a snapshot is already there.
+	ErrExists = errors.New("directory already holds a snapshot")
+	// ErrFileChanged: a file's size or checksum differs from the manifest.
+	ErrFileChanged = errors.New("snapshot file does not match the manifest")
+)
+
+// Manifest is snapshot.json.
+type Manifest struct {
+	Format      string             `json:"format"`
+	Version     int                `json:"version"`
+	Tool        string             `json:"tool"`
+	Created     time.Time          `json:"created"`
+	Kernel      Kernel             `json:"kernel"`
+	PageSize    int                `json:"page_size"`
+	BlockSize   int                `json:"block_size"`
+	Compression string             `json:"compression"` // "lz4" or "none"
+	Processes   []ProcessEntry     `json:"processes"`
+	Files       map[string]FileSum `json:"files"`
+}
+
+// Kernel identifies the kernel a snapshot was taken on.
+type Kernel struct {
+	Release string `json:"release"`
+	Machine string `json:"machine"`
+}
+
+// ProcessEntry names the files of one process.
+type ProcessEntry struct {
+	PID   int    `json:"pid"`
+	State string `json:"state"`
+	Index string `json:"index"`
+	Pages string `json:"pages"`
+	// Memory figures, for listings without opening the index.
+	Pages4K     uint64 `json:"pages_dumped"`
+	StoredBytes uint64 `json:"stored_bytes"`
+}
+
+// FileSum is the size and CRC32C of a file of the snapshot.
+type FileSum struct {
+	Size   int64  `json:"size"`
+	CRC32C string `json:"crc32c"`
+}
+
+func stateName(pid int) string { return fmt.Sprintf("process-%d.json", pid) }
+func indexName(pid int) string { return fmt.Sprintf("pagemap-%d.img", pid) }
+func pagesName(pid int) string { return fmt.Sprintf("pages-%d.img", pid) }
+
+var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// readManifest reads and validates DIR/snapshot.json.
+func readManifest(dir string) (*Manifest, error) {
+	f, err := os.Open(filepath.Join(dir, ManifestName))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			if _, serr := os.Stat(dir); serr != nil {
+				return nil, fmt.Errorf("open snapshot: %w", serr)
+			}
+			return nil, fmt.Errorf("%s: %w", dir, ErrIncomplete)
+		}
+		return nil, fmt.Errorf("open manifest: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	if len(b) > maxManifestSize {
+		return nil, fmt.Errorf("%w: manifest larger than %d bytes", ErrCorrupt, maxManifestSize)
+	}
+	return parseManifest(b)
+}
+
+// parseManifest decodes and validates a manifest.
+func parseManifest(b []byte) (*Manifest, error) {
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%w: manifest: %v", ErrCorrupt, err)
+	}
+	if m.Format != manifestFormat {
+		return nil, fmt.Errorf("%w: manifest format %q", ErrBadMagic, m.Format)
+	}
+	if m.Version != manifestVersion {
+		return nil, fmt.Errorf("%w: manifest version %d, this build reads %d", ErrVersion, m.Version, manifestVersion)
+	}
+	if m.PageSize != PageSize {
+		return nil, fmt.Errorf("%w: page size %d", ErrCorrupt, m.PageSize)
+	}
+	if !validBlockSize(uint64(m.BlockSize)) {
+		return nil, fmt.Errorf("%w: block size %d", ErrCorrupt, m.BlockSize)
+	}
+	if len(m.Processes) == 0 {
+		return nil, fmt.Errorf("%w: manifest lists no process", ErrCorrupt)
+	}
+	seen := map[int]bool{}
+	for _, p := range m.Processes {
+		if p.PID <= 0 || seen[p.PID] {
+			return nil, fmt.Errorf("%w: manifest process pid %d", ErrCorrupt, p.PID)
+		}
+		seen[p.PID] = true
+		for _, name := range []string{p.State, p.Index, p.Pages} {
+			if !safeName.MatchString(name) || name == ManifestName {
+				return nil, fmt.Errorf("%w: manifest names file %q", ErrCorrupt, name)
+			}
+			if _, ok := m.Files[name]; !ok {
+				return nil, fmt.Errorf("%w: manifest has no size and checksum for %q", ErrCorrupt, name)
+			}
+		}
+	}
+	for name, s := range m.Files {
+		if !safeName.MatchString(name) || s.Size < 0 {
+			return nil, fmt.Errorf("%w: manifest file entry %q", ErrCorrupt, name)
+		}
+	}
+	return &m, nil
+}
+
+// Process returns the manifest entry of pid.
+func (m *Manifest) Process(pid int) (ProcessEntry, bool) {
+	for _, p := range m.Processes {
+		if p.PID == pid {
+			return p, true
+		}
+	}
+	return ProcessEntry{}, false
+}

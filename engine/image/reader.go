@@ -1,0 +1,613 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"iter"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/lazyfs/lazyfs/cache"
+	"github.com/lazyfs/lazyfs/engine/codec"
+)
+
+// BlockError reports a block that cannot be read or fails its checksum. It
+// names the file, the block and the address.
+type BlockError struct {
+	File  string
+	Block uint64
+	Addr  uint64
+	Err   error
+}
+
+func (e *BlockError) Error() string {
+	return fmt.Sprintf("%s: block %d at %#x: %v", e.File, e.Block, e.Addr, e.Err)
+}
+
+func (e *BlockError) Unwrap() error { return e.Err }
+
+// Snapshot is an opened, complete snapshot directory.
+type Snapshot struct {
+	Dir      string
+	Manifest *Manifest
+}
+
+// Open opens the snapshot in dir. It refuses a directory without a
+// manifest (ErrIncomplete) and checks that every file the manifest lists
+// exists with its size.
+func Open(dir string) (*Snapshot, error) {
+	m, err := readManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	for name, sum := range m.Files {
+		st, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("open snapshot: %w", err)
+		}
+		if st.Size() != sum.Size {
+			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrFileChanged, st.Size(), sum.Size)
+		}
+	}
+	return &Snapshot{Dir: dir, Manifest: m}, nil
+}
+
+// PIDs returns the processes of the snapshot.
+func (s *Snapshot) PIDs() []int {
+	pids := make([]int, len(s.Manifest.Processes))
+	for i, p := range s.Manifest.Processes {
+		pids[i] = p.PID
+	}
+	return pids
+}
+
+// readSmall reads a whole file that the manifest lists, checking its size
+// bound and its CRC32C.
+func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
+	sum := s.Manifest.Files[name]
+	if sum.Size > limit {
+		return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", name, ErrCorrupt, sum.Size, limit)
+	}
+	f, err := os.Open(filepath.Join(s.Dir, name))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, sum.Size)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
+		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, ErrFileChanged, got, sum.CRC32C)
+	}
+	return b, nil
+}
+
+func (s *Snapshot) entry(pid int) (ProcessEntry, error) {
+	e, ok := s.Manifest.Process(pid)
+	if !ok {
+		return e, fmt.Errorf("snapshot %s holds no process %d", s.Dir, pid)
+	}
+	return e, nil
+}
+
+// StateJSON returns the bytes of process-PID.json, checked.
+func (s *Snapshot) StateJSON(pid int) ([]byte, error) {
+	e, err := s.entry(pid)
+	if err != nil {
+		return nil, err
+	}
+	return s.readSmall(e.State, maxStateSize)
+}
+
+// State returns the process state of pid.
+func (s *Snapshot) State(pid int) (*Process, error) {
+	b, err := s.StateJSON(pid)
+	if err != nil {
+		return nil, err
+	}
+	var p Process
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("%s: %w: %v", stateName(pid), ErrCorrupt, err)
+	}
+	if p.PID != pid {
+		return nil, fmt.Errorf("%s: %w: holds pid %d", stateName(pid), ErrCorrupt, p.PID)
+	}
+	return &p, nil
+}
+
+// ReaderOptions configure a page reader.
+type ReaderOptions struct {
+	// Cache holds decoded blocks; nil means a private cache of
+	// DefaultCacheSize.
+	Cache *cache.Cache
+	// Threads is --decompress-threads: 1 serial, 0 automatic, N a maximum.
+	Threads int
+	// Readahead enables decoding ahead of sequential readers (bounded
+	// batches, two in flight).
+	Readahead bool
+	Logger    *slog.Logger
+}
+
+// DefaultCacheSize is the size of a reader's private cache.
+const DefaultCacheSize = 64 << 20
+
+// readaheadBatch is the decoded size of one readahead batch; at most two
+// are in flight.
+const readaheadBatch = 32 << 20
+
+// Reader reads the memory of one process of a snapshot.
+type Reader struct {
+	name    string // pages file name, for errors
+	f       *os.File
+	lay     *layout
+	cache   *cache.Cache
+	file    uint64 // key space in the cache
+	threads int
+	log     *slog.Logger
+	stats   Stats
+
+	readahead bool
+	raMu      sync.Mutex
+	raNext    uint64 // address the next readahead batch starts at
+	raLast    atomic.Uint64
+	raWG      sync.WaitGroup
+	raFlight  int
+	ctx       context.Context
+	cancel    context.CancelFunc
+}
+
+// OpenPages opens the page image of pid.
+func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
+	e, err := s.entry(pid)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*blockRecordSize)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(filepath.Join(s.Dir, e.Pages))
+	if err != nil {
+		return nil, fmt.Errorf("open pages: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open pages: %w", err)
+	}
+	ix, err := UnmarshalIndex(b, st.Size())
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", e.Index, err)
+	}
+	if ix.BlockSize != uint64(s.Manifest.BlockSize) {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
+	}
+	r, err := newReader(e.Pages, f, ix, opts)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", e.Index, err)
+	}
+	return r, nil
+}
+
+func newReader(name string, f *os.File, ix *Index, opts ReaderOptions) (*Reader, error) {
+	lay, err := newLayout(ix)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Cache == nil {
+		opts.Cache = cache.New(DefaultCacheSize)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Reader{name: name, f: f, lay: lay, cache: opts.Cache, file: opts.Cache.NewFile(), threads: opts.Threads,
+		log: opts.Logger, readahead: opts.Readahead, ctx: ctx, cancel: cancel}
+	var k [codec.NumKinds]KindStats
+	for i, rec := range ix.Blocks {
+		b := lay.block(lay.runOfBlock(uint64(i)), uint64(i))
+		k[rec.Kind].Blocks++
+		k[rec.Kind].Bytes += uint64(b.Len)
+		k[rec.Kind].Stored += uint64(rec.StoredLen)
+	}
+	r.stats = newStats(k)
+	r.stats.FileSize = ix.PagesSize
+	r.stats.Runs = len(ix.Runs)
+	return r, nil
+}
+
+// Close stops readahead and closes the pages file.
+func (r *Reader) Close() error {
+	r.cancel()
+	r.raWG.Wait()
+	return r.f.Close()
+}
+
+// Name returns the pages file name.
+func (r *Reader) Name() string { return r.name }
+
+// BlockSize returns the snapshot's block size.
+func (r *Reader) BlockSize() uint64 { return r.lay.ix.BlockSize }
+
+// Runs returns the dumped ranges, sorted by address. The slice must not be
+// modified.
+func (r *Reader) Runs() []Run { return r.lay.ix.Runs }
+
+// End returns the address after the last dumped page.
+func (r *Reader) End() uint64 {
+	runs := r.lay.ix.Runs
+	if len(runs) == 0 {
+		return 0
+	}
+	return runs[len(runs)-1].End()
+}
+
+// Stats returns the figures of the image.
+func (r *Reader) Stats() Stats { return r.stats }
+
+// CacheStats returns the figures of the cache the reader uses.
+func (r *Reader) CacheStats() cache.Stats { return r.cache.Stats() }
+
+// BlockAt returns the block holding addr.
+func (r *Reader) BlockAt(addr uint64) (Block, bool) { return r.lay.blockAt(addr) }
+
+// Blocks returns every block, in address order.
+func (r *Reader) Blocks() iter.Seq[Block] {
+	return func(yield func(Block) bool) {
+		for ri, run := range r.lay.ix.Runs {
+			n := blocksInRange(run.Addr, run.End(), r.lay.ix.BlockSize)
+			for j := uint64(0); j < n; j++ {
+				if !yield(r.lay.block(ri, run.FirstBlock+j)) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// NextData returns the start of the first dumped byte at or after addr
+// (lseek SEEK_DATA), or false if there is none.
+func (r *Reader) NextData(addr uint64) (uint64, bool) {
+	ri, in := r.lay.findRun(addr)
+	if in {
+		return addr, true
+	}
+	if ri == len(r.lay.ix.Runs) {
+		return 0, false
+	}
+	return r.lay.ix.Runs[ri].Addr, true
+}
+
+// NextHole returns the first address at or after addr that was not dumped
+// (lseek SEEK_HOLE).
+func (r *Reader) NextHole(addr uint64) uint64 {
+	ri, in := r.lay.findRun(addr)
+	if !in {
+		return addr
+	}
+	return r.lay.ix.Runs[ri].End()
+}
+
+// blockError wraps err with the block's identity.
+func (r *Reader) blockError(b Block, err error) error {
+	be := &BlockError{File: r.name, Block: b.Index, Addr: b.Addr, Err: err}
+	r.log.Error("bad block", "file", r.name, "block", b.Index, "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+	return be
+}
+
+// load reads and decodes block b into dst, checking its CRC.
+func (r *Reader) load(b Block, dst []byte) error {
+	var stored []byte
+	switch b.Kind {
+	case codec.Raw:
+		stored = dst // read in place, then check
+	case codec.LZ4:
+		buf := storedPool.Get().(*[]byte)
+		defer storedPool.Put(buf)
+		if cap(*buf) < int(b.StoredLen) {
+			*buf = make([]byte, b.StoredLen)
+		}
+		stored = (*buf)[:b.StoredLen]
+	}
+	if b.Kind != codec.Zero {
+		if _, err := r.f.ReadAt(stored, int64(b.Off)); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return r.blockError(b, err)
+		}
+	}
+	var err error
+	if b.Kind == codec.Raw {
+		if got := codec.Checksum(dst); got != b.CRC {
+			err = fmt.Errorf("%w: crc32c %08x, want %08x", codec.ErrChecksum, got, b.CRC)
+		}
+	} else {
+		err = codec.DecodeChecked(dst, b.Kind, stored, b.CRC)
+	}
+	if err != nil {
+		return r.blockError(b, err)
+	}
+	return nil
+}
+
+var storedPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+// get returns block b from the cache, decoding it once if needed.
+func (r *Reader) get(ctx context.Context, b Block) (*cache.Ref, error) {
+	return r.cache.Get(ctx, cache.Key{File: r.file, Block: b.Index}, int(b.Len), func(dst []byte) error {
+		return r.load(b, dst)
+	})
+}
+
+// ReadAt reads the memory at address off into p. Addresses that were not
+// dumped read as zeros. A partial read of a block decodes the whole block
+// into the cache once.
+func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
+	return r.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt with a context for waits on the cache.
+func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("read at %d: negative address", off)
+	}
+	addr := uint64(off)
+	end := addr + uint64(len(p))
+	if end < addr || end > maxAddr {
+		return 0, fmt.Errorf("read at %#x+%d: outside the address space", addr, len(p))
+	}
+	var todo []Block
+	for a := addr; a < end; {
+		ri, in := r.lay.findRun(a)
+		if !in {
+			next := end
+			if ri < len(r.lay.ix.Runs) {
+				next = min(end, r.lay.ix.Runs[ri].Addr)
+			}
+			clear(p[a-addr : next-addr])
+			a = next
+			continue
+		}
+		b, _ := r.lay.blockAt(a)
+		hi := min(end, b.End())
+		if b.Kind == codec.Zero {
+			clear(p[a-addr : hi-addr])
+		} else {
+			todo = append(todo, b)
+		}
+		a = hi
+	}
+	copyOut := func(b Block) error {
+		ref, err := r.get(ctx, b)
+		if err != nil {
+			return err
+		}
+		lo, hi := max(addr, b.Addr), min(end, b.End())
+		copy(p[lo-addr:hi-addr], ref.Bytes()[lo-b.Addr:hi-b.Addr])
+		ref.Release()
+		return nil
+	}
+	if t := r.parallelism(todo); t > 1 {
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(t)
+		for _, b := range todo {
+			g.Go(func() error {
+				if gctx.Err() != nil {
+					return gctx.Err()
+				}
+				return copyOut(b)
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return 0, err
+		}
+	} else {
+		for _, b := range todo {
+			if err := copyOut(b); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if r.readahead {
+		r.sequential(addr, end)
+	}
+	return len(p), nil
+}
+
+// parallelism returns how many goroutines decode blocks of one read.
+func (r *Reader) parallelism(blocks []Block) int {
+	if len(blocks) < 2 || r.threads == 1 {
+		return 1
+	}
+	var bytes int64
+	var lz4 int
+	for _, b := range blocks {
+		bytes += int64(b.Len)
+		if b.Kind == codec.LZ4 {
+			lz4++
+		}
+	}
+	return codec.Threads(r.threads, bytes, lz4)
+}
+
+// sequential notes a read of [addr, end) and, when it continues the
+// previous one, keeps up to two readahead batches in flight after it.
+func (r *Reader) sequential(addr, end uint64) {
+	last := r.raLast.Swap(end)
+	if last != addr {
+		return
+	}
+	r.raMu.Lock()
+	defer r.raMu.Unlock()
+	if r.raNext < end || r.raNext > end+2*readaheadBatch {
+		r.raNext = end
+	}
+	for r.raFlight < 2 && r.raNext < end+2*readaheadBatch {
+		lo := r.raNext
+		blocks, next := r.batchFrom(lo, readaheadBatch)
+		if len(blocks) == 0 {
+			r.raNext = ^uint64(0) >> 1 // nothing more to read ahead
+			return
+		}
+		r.raNext = next
+		r.raFlight++
+		r.raWG.Add(1)
+		go r.prefetch(blocks)
+	}
+}
+
+// batchFrom returns the non-zero blocks from addr on, up to max decoded
+// bytes, and the address after them.
+func (r *Reader) batchFrom(addr uint64, maxBytes uint64) ([]Block, uint64) {
+	var out []Block
+	var n uint64
+	ri, _ := r.lay.findRun(addr)
+	for ; ri < len(r.lay.ix.Runs) && n < maxBytes; ri++ {
+		run := r.lay.ix.Runs[ri]
+		start := max(addr, run.Addr)
+		b, _ := r.lay.blockAt(start)
+		for i := b.Index; i < run.FirstBlock+blocksInRange(run.Addr, run.End(), r.lay.ix.BlockSize) && n < maxBytes; i++ {
+			blk := r.lay.block(ri, i)
+			n += uint64(blk.Len)
+			addr = blk.End()
+			if blk.Kind != codec.Zero {
+				out = append(out, blk)
+			}
+		}
+	}
+	return out, addr
+}
+
+// prefetch decodes blocks into the cache.
+func (r *Reader) prefetch(blocks []Block) {
+	defer r.raWG.Done()
+	defer func() {
+		r.raMu.Lock()
+		r.raFlight--
+		r.raMu.Unlock()
+	}()
+	g, ctx := errgroup.WithContext(r.ctx)
+	g.SetLimit(max(1, r.parallelism(blocks)))
+	for _, b := range blocks {
+		if ref, ok := r.cache.Peek(cache.Key{File: r.file, Block: b.Index}); ok {
+			ref.Release()
+			continue
+		}
+		g.Go(func() error {
+			ref, err := r.get(ctx, b)
+			if err != nil {
+				return err // logged by load; the reader sees it on its own read
+			}
+			ref.Release()
+			return nil
+		})
+	}
+	g.Wait()
+}
+
+// Chunk is a decoded block handed to a Stream callback.
+type Chunk struct {
+	Addr uint64
+	Kind codec.Kind
+	Data []byte // valid only during the callback
+}
+
+// Stream decodes every block that starts in [lo, hi), in address order, in
+// bounded parallel batches (codec.DecodeBlocks with the reader's Threads),
+// and calls fn with each batch. Zero blocks are passed with Data of zeros
+// unless skipZero is set. Stream does not use the cache.
+func (r *Reader) Stream(ctx context.Context, lo, hi uint64, skipZero bool, fn func([]Chunk) error) error {
+	var blocks []Block
+	for b := range r.Blocks() {
+		if b.Addr >= hi {
+			break
+		}
+		if b.Addr < lo || (skipZero && b.Kind == codec.Zero) {
+			continue
+		}
+		blocks = append(blocks, b)
+	}
+	return r.streamBlocks(ctx, blocks, fn)
+}
+
+func (r *Reader) streamBlocks(ctx context.Context, blocks []Block, fn func([]Chunk) error) error {
+	cb := make([]codec.Block, len(blocks))
+	for i, b := range blocks {
+		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
+	}
+	var chunks []Chunk
+	err := codec.DecodeBlocks(ctx, r.f, cb, codec.DecodeOptions{Threads: r.threads}, func(first int, out [][]byte) error {
+		chunks = chunks[:0]
+		for i, d := range out {
+			b := blocks[first+i]
+			chunks = append(chunks, Chunk{Addr: b.Addr, Kind: b.Kind, Data: d})
+		}
+		return fn(chunks)
+	})
+	var be *codec.BlockError
+	if errors.As(err, &be) && be.Index >= 0 && be.Index < len(blocks) {
+		return r.blockError(blocks[be.Index], be.Err)
+	}
+	return err
+}
+
+// Verify decodes every block and checks its CRC32C. progress, if not nil,
+// is called with the decoded bytes checked so far and the total.
+func (r *Reader) Verify(ctx context.Context, progress func(done, total uint64)) error {
+	var blocks []Block
+	for b := range r.Blocks() {
+		blocks = append(blocks, b)
+	}
+	var done uint64
+	return r.streamBlocks(ctx, blocks, func(c []Chunk) error {
+		for _, x := range c {
+			done += uint64(len(x.Data))
+		}
+		if progress != nil {
+			progress(done, r.stats.Total.Bytes)
+		}
+		return nil
+	})
+}
+
+// FindRun returns the index of the run that holds addr, or of the first
+// run after it and false.
+func (r *Reader) FindRun(addr uint64) (int, bool) { return r.lay.findRun(addr) }
+
+// VerifyPagesFile checks the whole pages file of pid against the size and
+// CRC32C in the manifest (padding included).
+func (s *Snapshot) VerifyPagesFile(pid int) error {
+	e, err := s.entry(pid)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(s.Dir, e.Pages))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := crc32.New(castagnoli)
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", e.Pages, err)
+	}
+	sum := s.Manifest.Files[e.Pages]
+	if got := crcHex(h.Sum32()); n != sum.Size || got != sum.CRC32C {
+		return fmt.Errorf("%s: %w: %d bytes crc32c %s, manifest says %d bytes crc32c %s", e.Pages, ErrFileChanged, n, got, sum.Size, sum.CRC32C)
+	}
+	return nil
+}

@@ -1,0 +1,306 @@
+package image
+
+// Process is the state of one dumped process, stored as
+// process-PID.json. Addresses and masks are plain numbers; binary blobs
+// (XSTATE, pipe contents) are base64 (encoding/json's []byte).
+type Process struct {
+	PID         int      `json:"pid"`
+	PPID        int      `json:"ppid"`
+	PGID        int      `json:"pgid"`
+	SID         int      `json:"sid"`
+	Comm        string   `json:"comm"`
+	Cmdline     []string `json:"cmdline,omitempty"`
+	Exe         FileID   `json:"exe"`
+	Cwd         string   `json:"cwd"`
+	Root        string   `json:"root"`
+	Umask       uint32   `json:"umask"`
+	Personality uint64   `json:"personality"`
+	// Dumpable is prctl(PR_GET_DUMPABLE); restore sets it back.
+	Dumpable int `json:"dumpable"`
+	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER).
+	ChildSubreaper bool     `json:"child_subreaper,omitempty"`
+	TimerSlackNs   uint64   `json:"timer_slack_ns,omitempty"`
+	Creds          Creds    `json:"creds"`
+	Rlimits        []Rlimit `json:"rlimits"`
+	MM             MM       `json:"mm"`
+	// SigActions holds the action of every signal 1..64 whose handler is
+	// not SIG_DFL or whose flags or mask are set.
+	SigActions []SigAction `json:"sigactions"`
+	// SigPending is the shared pending-signal set (restored by sending
+	// the signals again).
+	SigPending uint64   `json:"sig_pending,omitempty"`
+	Threads    []Thread `json:"threads"`
+	VMAs       []VMA    `json:"vmas"`
+	FDs        []FD     `json:"fds"`
+}
+
+// FileID identifies a file so restore can refuse one that changed.
+type FileID struct {
+	Path    string `json:"path"`
+	Dev     uint64 `json:"dev"`
+	Ino     uint64 `json:"ino"`
+	Size    int64  `json:"size"`
+	MtimeNs int64  `json:"mtime_ns"`
+	Mode    uint32 `json:"mode,omitempty"`
+}
+
+// Creds are the process credentials.
+type Creds struct {
+	UID        [4]uint32 `json:"uid"` // real, effective, saved, fs
+	GID        [4]uint32 `json:"gid"`
+	Groups     []uint32  `json:"groups"`
+	CapInh     uint64    `json:"cap_inh"`
+	CapPrm     uint64    `json:"cap_prm"`
+	CapEff     uint64    `json:"cap_eff"`
+	CapBnd     uint64    `json:"cap_bnd"`
+	CapAmb     uint64    `json:"cap_amb"`
+	NoNewPrivs bool      `json:"no_new_privs,omitempty"`
+	Seccomp    int       `json:"seccomp,omitempty"`
+}
+
+// Rlimit is one resource limit (RLIMIT_* number, soft and hard).
+type Rlimit struct {
+	Resource int    `json:"resource"`
+	Cur      uint64 `json:"cur"`
+	Max      uint64 `json:"max"`
+}
+
+// MM holds the mm fields that PR_SET_MM_MAP restores.
+type MM struct {
+	StartCode  uint64   `json:"start_code"`
+	EndCode    uint64   `json:"end_code"`
+	StartData  uint64   `json:"start_data"`
+	EndData    uint64   `json:"end_data"`
+	StartBrk   uint64   `json:"start_brk"`
+	Brk        uint64   `json:"brk"`
+	StartStack uint64   `json:"start_stack"`
+	ArgStart   uint64   `json:"arg_start"`
+	ArgEnd     uint64   `json:"arg_end"`
+	EnvStart   uint64   `json:"env_start"`
+	EnvEnd     uint64   `json:"env_end"`
+	Auxv       []uint64 `json:"auxv"`
+}
+
+// SigAction is a kernel sigaction (struct kernel_sigaction on x86-64).
+type SigAction struct {
+	Signal   int    `json:"signal"`
+	Handler  uint64 `json:"handler"` // 0 = SIG_DFL, 1 = SIG_IGN
+	Flags    uint64 `json:"flags"`
+	Restorer uint64 `json:"restorer"`
+	Mask     uint64 `json:"mask"`
+}
+
+// Thread is the state of one thread.
+type Thread struct {
+	TID  int    `json:"tid"`
+	Comm string `json:"comm"`
+	Regs Regs   `json:"regs"`
+	// XState is the NT_X86_XSTATE regset (FP, SSE, AVX... state).
+	XState []byte `json:"xstate"`
+	// FPRegs is the NT_PRFPREG regset, used when XState is empty.
+	FPRegs        []byte   `json:"fpregs,omitempty"`
+	SigMask       uint64   `json:"sigmask"`
+	SigPending    uint64   `json:"sig_pending,omitempty"`
+	AltStack      AltStack `json:"altstack"`
+	Rseq          *Rseq    `json:"rseq,omitempty"`
+	ClearChildTID uint64   `json:"clear_child_tid"`
+	RobustList    uint64   `json:"robust_list"`
+	RobustListLen uint64   `json:"robust_list_len"`
+	// Syscall is the system call the thread was stopped in (orig_rax),
+	// or -1. With Regs.Rax holding -ERESTART*, restore lets the kernel
+	// restart it.
+	Syscall int64 `json:"syscall"`
+}
+
+// AltStack is a thread's sigaltstack.
+type AltStack struct {
+	SP    uint64 `json:"sp"`
+	Flags int32  `json:"flags"`
+	Size  uint64 `json:"size"`
+}
+
+// Rseq is a thread's restartable-sequences registration.
+type Rseq struct {
+	Addr  uint64 `json:"addr"`
+	Len   uint32 `json:"len"`
+	Sig   uint32 `json:"sig"`
+	Flags uint32 `json:"flags,omitempty"`
+}
+
+// Regs are the x86-64 general registers (struct user_regs_struct).
+type Regs struct {
+	R15     uint64 `json:"r15"`
+	R14     uint64 `json:"r14"`
+	R13     uint64 `json:"r13"`
+	R12     uint64 `json:"r12"`
+	Rbp     uint64 `json:"rbp"`
+	Rbx     uint64 `json:"rbx"`
+	R11     uint64 `json:"r11"`
+	R10     uint64 `json:"r10"`
+	R9      uint64 `json:"r9"`
+	R8      uint64 `json:"r8"`
+	Rax     uint64 `json:"rax"`
+	Rcx     uint64 `json:"rcx"`
+	Rdx     uint64 `json:"rdx"`
+	Rsi     uint64 `json:"rsi"`
+	Rdi     uint64 `json:"rdi"`
+	OrigRax uint64 `json:"orig_rax"`
+	Rip     uint64 `json:"rip"`
+	Cs      uint64 `json:"cs"`
+	Eflags  uint64 `json:"eflags"`
+	Rsp     uint64 `json:"rsp"`
+	Ss      uint64 `json:"ss"`
+	FsBase  uint64 `json:"fs_base"`
+	GsBase  uint64 `json:"gs_base"`
+	Ds      uint64 `json:"ds"`
+	Es      uint64 `json:"es"`
+	Fs      uint64 `json:"fs"`
+	Gs      uint64 `json:"gs"`
+}
+
+// VMA kinds.
+const (
+	VMAAnon       = "anon"        // private anonymous (heap, stack, malloc arenas)
+	VMAFile       = "file"        // private file mapping
+	VMAFileShared = "file-shared" // shared file mapping (contents live in the file)
+	VMAShmem      = "shmem"       // shared anonymous, memfd, /dev/zero shared, SysV
+	VMAVDSO       = "vdso"
+	VMAVVar       = "vvar"
+	VMAVVarVclock = "vvar_vclock"
+	VMAVsyscall   = "vsyscall"
+)
+
+// VMA is one virtual memory area.
+type VMA struct {
+	Start  uint64 `json:"start"`
+	End    uint64 `json:"end"`
+	Prot   int    `json:"prot"`  // PROT_* bits
+	Flags  int    `json:"flags"` // MAP_PRIVATE or MAP_SHARED, plus MAP_GROWSDOWN etc.
+	Offset uint64 `json:"offset"`
+	Kind   string `json:"kind"`
+	// Name is the maps name: a path, [heap], [stack], [anon:...], memfd:...
+	Name string  `json:"name,omitempty"`
+	File *FileID `json:"file,omitempty"`
+	// VMFlags are the smaps VmFlags mnemonics (dd, wf, nh, lo...).
+	VMFlags []string `json:"vmflags,omitempty"`
+	// Dumped says whether pages of this VMA are in the pages image.
+	Dumped bool `json:"dumped"`
+	// Shmem names the shared object whose contents this VMA maps (an id
+	// shared by every VMA of the same object); its pages are dumped once,
+	// at the addresses of the first VMA that maps it.
+	Shmem *ShmemRef `json:"shmem,omitempty"`
+}
+
+// ShmemRef links a shared mapping to the dumped contents of its object.
+type ShmemRef struct {
+	ID     uint64 `json:"id"`     // inode of the object
+	Size   uint64 `json:"size"`   // size of the object
+	Source uint64 `json:"source"` // address at which the object's offset 0 was dumped
+}
+
+// FD kinds.
+const (
+	FDFile     = "file"
+	FDDir      = "dir"
+	FDChr      = "chr"
+	FDFifo     = "fifo"
+	FDPipe     = "pipe"
+	FDEventfd  = "eventfd"
+	FDEpoll    = "epoll"
+	FDSocket   = "socket"
+	FDTimerfd  = "timerfd"
+	FDSignalfd = "signalfd"
+	FDMemfd    = "memfd"
+)
+
+// FD is one open file descriptor.
+type FD struct {
+	FD      int    `json:"fd"`
+	Kind    string `json:"kind"`
+	Flags   int    `json:"flags"` // open flags (O_ACCMODE, O_APPEND, O_NONBLOCK...) without O_CLOEXEC
+	CloExec bool   `json:"cloexec,omitempty"`
+	// Path and Pos for files, directories, devices and FIFOs.
+	Path string  `json:"path,omitempty"`
+	Pos  int64   `json:"pos,omitempty"`
+	File *FileID `json:"file,omitempty"`
+	Rdev uint64  `json:"rdev,omitempty"`
+
+	Pipe     *Pipe     `json:"pipe,omitempty"`
+	Eventfd  *Eventfd  `json:"eventfd,omitempty"`
+	Epoll    *Epoll    `json:"epoll,omitempty"`
+	Socket   *Socket   `json:"socket,omitempty"`
+	Timerfd  *Timerfd  `json:"timerfd,omitempty"`
+	Signalfd *Signalfd `json:"signalfd,omitempty"`
+}
+
+// Pipe is one end of a pipe. Both ends of a pipe share the ID; the bytes
+// buffered in it are stored once, with the read end.
+type Pipe struct {
+	ID       uint64 `json:"id"`             // inode
+	Size     int    `json:"size,omitempty"` // F_GETPIPE_SZ
+	Buffered []byte `json:"buffered,omitempty"`
+}
+
+// Eventfd is an eventfd counter.
+type Eventfd struct {
+	Count     uint64 `json:"count"`
+	Semaphore bool   `json:"semaphore,omitempty"`
+}
+
+// Epoll is an epoll instance with its registered fds.
+type Epoll struct {
+	Targets []EpollTarget `json:"targets"`
+}
+
+// EpollTarget is one registered fd.
+type EpollTarget struct {
+	FD     int    `json:"fd"`
+	Events uint32 `json:"events"`
+	Data   uint64 `json:"data"`
+}
+
+// Socket is a socket's description.
+type Socket struct {
+	Family   int    `json:"family"`
+	Type     int    `json:"type"`
+	Protocol int    `json:"protocol"`
+	State    string `json:"state"` // listen, established, bound, unbound, connected...
+	Local    string `json:"local,omitempty"`
+	Peer     string `json:"peer,omitempty"`
+	Backlog  int    `json:"backlog,omitempty"`
+	// Options holds the socket options restore sets: name -> value.
+	Options map[string]int `json:"options,omitempty"`
+	ID      uint64         `json:"id"` // inode
+}
+
+// Timerfd is a timerfd's clock and setting.
+type Timerfd struct {
+	Clock      int    `json:"clock"`
+	Flags      int    `json:"flags,omitempty"` // TFD_TIMER_ABSTIME...
+	Ticks      uint64 `json:"ticks,omitempty"`
+	ValueNs    int64  `json:"value_ns"`
+	IntervalNs int64  `json:"interval_ns"`
+}
+
+// Signalfd is a signalfd's mask.
+type Signalfd struct {
+	Mask uint64 `json:"mask"`
+}
+
+// Perms returns the maps-style permissions of v, e.g. "rw-p".
+func Perms(v VMA) string {
+	b := []byte("---p")
+	if v.Prot&0x1 != 0 {
+		b[0] = 'r'
+	}
+	if v.Prot&0x2 != 0 {
+		b[1] = 'w'
+	}
+	if v.Prot&0x4 != 0 {
+		b[2] = 'x'
+	}
+	if v.Flags&0x01 != 0 { // MAP_SHARED
+		b[3] = 's'
+	}
+	return string(b)
+}

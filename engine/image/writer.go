@@ -1,0 +1,425 @@
+package image
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+)
+
+// Options are the encoding settings of a new snapshot.
+type Options struct {
+	// BlockSize is the largest decoded block: a power of two from 4 KiB
+	// (--compress) to 4 MiB. Zero means codec.DefaultBlockSize.
+	BlockSize int
+	// Mode is codec.Compress or codec.NoCompress (--no-compress).
+	Mode codec.Mode
+	// Workers encode in parallel; zero means GOMAXPROCS.
+	Workers int
+	// Tool is recorded in the manifest (name and version).
+	Tool string
+	// Kernel is recorded in the manifest; zero means the running kernel.
+	Kernel Kernel
+}
+
+// Writer creates a snapshot directory. Files appear as they are written;
+// the manifest is written last, by Commit, so that a snapshot whose dump
+// failed is never mistaken for a whole one.
+type Writer struct {
+	dir   string
+	opts  Options
+	m     Manifest
+	files []string // written so far, for Abort
+	done  bool
+}
+
+// Create starts a snapshot in dir, creating it (mode 0700: memory images
+// hold secrets) if needed. It refuses a directory that already holds a
+// snapshot (ErrExists).
+func Create(dir string, opts Options) (*Writer, error) {
+	if opts.BlockSize == 0 {
+		opts.BlockSize = codec.DefaultBlockSize
+	}
+	if !validBlockSize(uint64(opts.BlockSize)) {
+		return nil, fmt.Errorf("block size %d: must be a power of two from %d to %d", opts.BlockSize, MinBlockSize, MaxBlockSize)
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = runtime.GOMAXPROCS(0)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create snapshot directory: %w", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, ManifestName)); err == nil {
+		return nil, fmt.Errorf("%s: %w", dir, ErrExists)
+	}
+	if opts.Kernel == (Kernel{}) {
+		opts.Kernel = runningKernel()
+	}
+	compression := "lz4"
+	if opts.Mode == codec.NoCompress {
+		compression = "none"
+	}
+	w := &Writer{dir: dir, opts: opts, m: Manifest{
+		Format:      manifestFormat,
+		Version:     manifestVersion,
+		Tool:        opts.Tool,
+		Created:     time.Now().UTC(),
+		Kernel:      opts.Kernel,
+		PageSize:    PageSize,
+		BlockSize:   opts.BlockSize,
+		Compression: compression,
+		Files:       map[string]FileSum{},
+	}}
+	return w, nil
+}
+
+// Dir returns the snapshot directory.
+func (w *Writer) Dir() string { return w.dir }
+
+// createFile creates (truncating a leftover of a failed dump) one file of
+// the snapshot.
+func (w *Writer) createFile(name string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(w.dir, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	w.files = append(w.files, name)
+	return f, nil
+}
+
+// writeFile writes a whole small file and records its sum.
+func (w *Writer) writeFile(name string, b []byte) error {
+	f, err := w.createFile(name)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	w.m.Files[name] = FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
+	return nil
+}
+
+func crcHex(c uint32) string { return fmt.Sprintf("%08x", c) }
+
+// entry returns the manifest entry of pid, adding it if needed.
+func (w *Writer) entry(pid int) *ProcessEntry {
+	for i := range w.m.Processes {
+		if w.m.Processes[i].PID == pid {
+			return &w.m.Processes[i]
+		}
+	}
+	w.m.Processes = append(w.m.Processes, ProcessEntry{PID: pid, State: stateName(pid), Index: indexName(pid), Pages: pagesName(pid)})
+	return &w.m.Processes[len(w.m.Processes)-1]
+}
+
+// WriteState writes process-PID.json.
+func (w *Writer) WriteState(p *Process) error {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode process state: %w", err)
+	}
+	w.entry(p.PID)
+	return w.writeFile(stateName(p.PID), append(b, '\n'))
+}
+
+// Commit writes the manifest, atomically, and syncs the directory. After
+// Commit the snapshot is complete.
+func (w *Writer) Commit() error {
+	for _, p := range w.m.Processes {
+		for _, name := range []string{p.State, p.Index, p.Pages} {
+			if _, ok := w.m.Files[name]; !ok {
+				return fmt.Errorf("commit: process %d has no %s", p.PID, name)
+			}
+		}
+	}
+	b, err := json.MarshalIndent(&w.m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode manifest: %w", err)
+	}
+	tmp := filepath.Join(w.dir, "."+ManifestName+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write manifest: %w", err)
+	}
+	if err := syncPath(tmp); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write manifest: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(w.dir, ManifestName)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("commit manifest: %w", err)
+	}
+	w.done = true
+	return syncPath(w.dir)
+}
+
+// Abort removes the files written so far; the directory itself is left.
+// It does nothing after a successful Commit.
+func (w *Writer) Abort() {
+	if w.done {
+		return
+	}
+	for _, name := range w.files {
+		os.Remove(filepath.Join(w.dir, name))
+	}
+	w.files = nil
+}
+
+func syncPath(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// PagesWriter streams the memory of one process into pagemap-PID.img and
+// pages-PID.img. Ranges are added in increasing address order; contiguous
+// ranges form one run. Blocks are encoded in parallel and written in order.
+type PagesWriter struct {
+	w      *Writer
+	pid    int
+	bs     uint64
+	f      *os.File
+	buf    *bufio.Writer
+	crc    uint32
+	off    uint64
+	pipe   *codec.Pipeline
+	chunks sync.Pool
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	ix  Index
+	end uint64 // end of the last run
+	brk bool   // the next Add starts a new run
+	// nblocks is the number of blocks the runs so far hold.
+	nblocks uint64
+	stats   [codec.NumKinds]KindStats
+	closed  bool
+	err     error
+}
+
+// chunkSize is how much memory a fill call reads at once: large reads
+// are much cheaper than one system call per 4 KiB block.
+const chunkSize = 4 << 20
+
+// chunk is a buffer shared by the blocks cut from it; it goes back to the
+// pool when the last of them has been written.
+type chunk struct {
+	b    []byte
+	refs atomic.Int32
+}
+
+// Pages starts the page image of pid. Only one PagesWriter may be open at
+// a time.
+func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
+	f, err := w.createFile(pagesName(pid))
+	if err != nil {
+		return nil, fmt.Errorf("create pages file: %w", err)
+	}
+	w.entry(pid)
+	ctx, cancel := context.WithCancel(ctx)
+	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: bufio.NewWriterSize(f, 1<<20), ctx: ctx, cancel: cancel}
+	pw.ix.BlockSize = pw.bs
+	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
+	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode}, pw.emit)
+	return pw, nil
+}
+
+var zeroPad [rawAlign]byte
+
+// emit writes one encoded block; it runs on one goroutine, in order.
+func (pw *PagesWriter) emit(e *codec.Encoded) error {
+	c := e.Tag.(*chunk)
+	defer func() {
+		if c.refs.Add(-1) == 0 {
+			pw.chunks.Put(c)
+		}
+	}()
+	rec := BlockRecord{Kind: e.Kind, CRC: e.CRC}
+	if e.Kind == codec.Raw {
+		if pad := alignUp(pw.off, rawAlign) - pw.off; pad > 0 {
+			if err := pw.write(zeroPad[:pad]); err != nil {
+				return err
+			}
+		}
+	}
+	if e.Kind != codec.Zero {
+		rec.StoredLen = uint32(len(e.Stored))
+		if err := pw.write(e.Stored); err != nil {
+			return err
+		}
+	}
+	pw.ix.Blocks = append(pw.ix.Blocks, rec)
+	s := &pw.stats[e.Kind]
+	s.Blocks++
+	s.Bytes += uint64(len(e.Src))
+	s.Stored += uint64(rec.StoredLen)
+	return nil
+}
+
+func (pw *PagesWriter) write(b []byte) error {
+	if _, err := pw.buf.Write(b); err != nil {
+		return fmt.Errorf("write %s: %w", pagesName(pw.pid), err)
+	}
+	pw.crc = crc32.Update(pw.crc, castagnoli, b)
+	pw.off += uint64(len(b))
+	return nil
+}
+
+// Add adds the pages [addr, addr+length) to the image. fill is called
+// with consecutive pieces of the range, in order, to read their contents
+// into dst (len(dst) is a multiple of the page size). addr and length must
+// be page aligned, and addr at or after the end of the previous range.
+func (pw *PagesWriter) Add(addr, length uint64, fill func(dst []byte, addr uint64) error) error {
+	if pw.err != nil {
+		return pw.err
+	}
+	if pw.closed {
+		return errors.New("add pages: writer closed")
+	}
+	switch {
+	case addr%PageSize != 0 || length%PageSize != 0:
+		return fmt.Errorf("add pages: range %#x+%#x is not page aligned", addr, length)
+	case length == 0:
+		return nil
+	case addr < pw.end:
+		return fmt.Errorf("add pages: range at %#x before the end of the previous one (%#x)", addr, pw.end)
+	case addr >= maxAddr || length > maxAddr-addr:
+		return fmt.Errorf("add pages: range %#x+%#x outside the address space", addr, length)
+	}
+	if n := len(pw.ix.Runs); n > 0 && pw.ix.Runs[n-1].End() == addr && !pw.brk {
+		r := &pw.ix.Runs[n-1]
+		pw.nblocks -= blocksInRange(r.Addr, r.End(), pw.bs)
+		r.Pages += length / PageSize
+		pw.nblocks += blocksInRange(r.Addr, r.End(), pw.bs)
+	} else {
+		pw.ix.Runs = append(pw.ix.Runs, Run{Addr: addr, Pages: length / PageSize, FirstBlock: pw.nblocks})
+		pw.nblocks += blocksInRange(addr, addr+length, pw.bs)
+	}
+	end := addr + length
+	pw.end = end
+	pw.brk = false
+	for a := addr; a < end; {
+		// A chunk is a whole number of blocks, cut at block boundaries
+		// of the address space.
+		c := pw.chunks.Get().(*chunk)
+		cend := min(end, (a/pw.bs)*pw.bs+uint64(len(c.b)))
+		n := cend - a
+		if err := fill(c.b[:n], a); err != nil {
+			pw.chunks.Put(c)
+			return pw.fail(fmt.Errorf("read memory at %#x: %w", a, err))
+		}
+		var blocks []uint64 // block boundaries inside the chunk
+		for b := a; b < cend; {
+			e := min(cend, (b/pw.bs+1)*pw.bs)
+			blocks = append(blocks, b, e)
+			b = e
+		}
+		c.refs.Store(int32(len(blocks) / 2))
+		for i := 0; i < len(blocks); i += 2 {
+			lo, hi := blocks[i]-a, blocks[i+1]-a
+			if err := pw.pipe.Submit(c.b[lo:hi], c); err != nil {
+				return pw.fail(fmt.Errorf("encode pages: %w", err))
+			}
+		}
+		a = cend
+	}
+	return nil
+}
+
+// Break ends the current run: the next Add starts a new one even if it
+// continues the last. The dumper breaks at every VMA boundary so that no
+// block spans two VMAs.
+func (pw *PagesWriter) Break() { pw.brk = true }
+
+func (pw *PagesWriter) fail(err error) error {
+	if pw.err == nil {
+		pw.err = err
+		pw.cancel()
+	}
+	return pw.err
+}
+
+// Stats returns the figures of the blocks written so far (complete after
+// Close).
+func (pw *PagesWriter) Stats() Stats {
+	s := newStats(pw.stats)
+	s.FileSize = pw.off
+	s.Runs = len(pw.ix.Runs)
+	return s
+}
+
+// Close flushes the pages, writes the index, and records both files in the
+// manifest.
+func (pw *PagesWriter) Close() error {
+	if pw.closed {
+		return pw.err
+	}
+	pw.closed = true
+	defer pw.cancel()
+	if err := pw.pipe.Close(); err != nil {
+		pw.fail(fmt.Errorf("encode pages: %w", err))
+	}
+	if pw.err == nil {
+		if err := pw.buf.Flush(); err != nil {
+			pw.fail(fmt.Errorf("write %s: %w", pagesName(pw.pid), err))
+		} else if err := pw.f.Sync(); err != nil {
+			pw.fail(fmt.Errorf("sync %s: %w", pagesName(pw.pid), err))
+		}
+	}
+	if err := pw.f.Close(); err != nil {
+		pw.fail(fmt.Errorf("close %s: %w", pagesName(pw.pid), err))
+	}
+	if pw.err != nil {
+		return pw.err
+	}
+	if got, want := uint64(len(pw.ix.Blocks)), pw.nblocks; got != want {
+		return pw.fail(fmt.Errorf("pages of %d: %d blocks written, runs need %d", pw.pid, got, want))
+	}
+	pw.ix.PagesSize = pw.off
+	b, err := pw.ix.MarshalBinary()
+	if err != nil {
+		return pw.fail(err)
+	}
+	// Re-parse what is about to be written: the writer must never produce
+	// an index the reader refuses.
+	if _, err := UnmarshalIndex(b, int64(pw.off)); err != nil {
+		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
+	}
+	if _, err := newLayout(&pw.ix); err != nil {
+		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
+	}
+	if err := pw.w.writeFile(indexName(pw.pid), b); err != nil {
+		return pw.fail(err)
+	}
+	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
+	e := pw.w.entry(pw.pid)
+	var pages uint64
+	for _, r := range pw.ix.Runs {
+		pages += r.Pages
+	}
+	e.Pages4K, e.StoredBytes = pages, pw.off
+	return nil
+}
