@@ -108,15 +108,20 @@ func (b *Block) check() error {
 // stops DecodeBlocks with ctx.Err().
 func DecodeBlocks(ctx context.Context, src io.ReaderAt, blocks []Block, opts DecodeOptions,
 	fn func(first int, out [][]byte) error) error {
+	return decodeBlocks(ctx, src, blocks, opts, MinThreadBytes, fn)
+}
+
+func decodeBlocks(ctx context.Context, src io.ReaderAt, blocks []Block, opts DecodeOptions,
+	minThreadBytes int64, fn func(first int, out [][]byte) error) error {
 	if len(blocks) == 0 {
 		return ctx.Err()
 	}
 	d := &decoder{
 		src:        src,
 		blocks:     blocks,
+		minThread:  minThreadBytes,
 		threads:    opts.Threads,
 		batchBytes: opts.BatchBytes,
-		zeroCRCs:   make(map[int]uint32),
 	}
 	if d.batchBytes <= 0 || d.batchBytes > MaxBatchBytes {
 		d.batchBytes = MaxBatchBytes
@@ -125,41 +130,45 @@ func DecodeBlocks(ctx context.Context, src io.ReaderAt, blocks []Block, opts Dec
 		d.cpus = affinityCPUs()
 	}
 
-	rctx, cancel := context.WithCancel(ctx)
-	free := make(chan *batch, 2)
-	full := make(chan *batch, 2)
-	free <- new(batch)
-	free <- new(batch)
-	var reader sync.WaitGroup
-	reader.Go(func() { d.readLoop(rctx, free, full) })
+	// The first batch is read here: a call that fits in one batch (a 1 MiB
+	// read through FUSE) then never wakes another thread to read ahead.
+	first, second := batchPool.Get().(*batch), batchPool.Get().(*batch)
 	defer func() {
-		cancel()
-		reader.Wait()
+		for _, b := range []*batch{first, second} {
+			b.blocks = nil
+			batchPool.Put(b)
+		}
 	}()
+	next := d.fill(ctx, first, 0)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	full := make(chan *batch, 2)
+	full <- first
+	free := make(chan *batch, 2)
+	free <- second
+	if next == len(blocks) || first.err != nil {
+		close(full)
+	} else {
+		rctx, cancel := context.WithCancel(ctx)
+		var reader sync.WaitGroup
+		reader.Go(func() { d.readLoop(rctx, next, free, full) })
+		// Deferred after the pool's return, so it runs first.
+		defer func() {
+			cancel()
+			reader.Wait()
+		}()
+	}
 
-	next := 0
+	done := 0
 	for b := range full {
-		if n := len(b.blocks); n > 0 {
-			good, err := d.decode(ctx, b)
-			if good > 0 {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if err := fn(b.first, b.out[:good]); err != nil {
-					return err
-				}
-			}
-			if err != nil {
-				return err
-			}
-			next = b.first + n
+		if err := d.deliver(ctx, b, fn); err != nil {
+			return err
 		}
-		if b.err != nil {
-			return b.err
-		}
+		done = b.first + len(b.blocks)
 		free <- b
 	}
-	if next < len(blocks) {
+	if done < len(blocks) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -168,181 +177,37 @@ func DecodeBlocks(ctx context.Context, src io.ReaderAt, blocks []Block, opts Dec
 	return ctx.Err()
 }
 
+// batchPool recycles batches and their buffers between calls, so that a
+// stream of DecodeBlocks calls does not fault in fresh memory for each.
+var batchPool = sync.Pool{New: func() any { return new(batch) }}
+
+// deliver decodes a batch and hands its good blocks to fn. It returns the
+// error that ends the stream, if any.
+func (d *decoder) deliver(ctx context.Context, b *batch, fn func(int, [][]byte) error) error {
+	if len(b.blocks) > 0 {
+		good, err := d.decode(ctx, b)
+		if good > 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fn(b.first, b.out[:good]); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return b.err
+}
+
 type decoder struct {
 	src        io.ReaderAt
 	blocks     []Block
 	threads    int
 	cpus       int
+	minThread  int64
 	batchBytes int
-	zeroCRCs   map[int]uint32 // CRC32C of Len zero bytes; reader goroutine only
-}
-
-// batch is one batch of blocks and the buffers it is read and decoded into.
-type batch struct {
-	first   int
-	blocks  []Block // sub-slice of decoder.blocks
-	pos     []int   // where each block's stored bytes start in stored
-	ranges  []span
-	stored  []byte
-	decoded []byte
-	out     [][]byte
-	lz4     int   // number of LZ4 blocks
-	lz4Len  int64 // decoded bytes of LZ4 blocks
-	err     error // ends the stream after this batch
-}
-
-// span is one ReadAt: stored bytes [off, off+n) go to stored[at:].
-type span struct {
-	off   int64
-	n     int
-	at    int
-	first int // first block (index in batch) in the span
-}
-
-// readLoop forms batches and reads their stored bytes, one batch ahead of
-// the decoding.
-func (d *decoder) readLoop(ctx context.Context, free <-chan *batch, full chan<- *batch) {
-	defer close(full)
-	for i := 0; i < len(d.blocks); {
-		var b *batch
-		select {
-		case b = <-free:
-		case <-ctx.Done():
-			return
-		}
-		i = d.fill(ctx, b, i)
-		if ctx.Err() != nil {
-			return
-		}
-		full <- b // full has room for both batches
-		if b.err != nil {
-			return
-		}
-	}
-}
-
-// fill forms the batch starting at block i and reads its stored bytes. It
-// returns the index of the first block after the batch.
-func (d *decoder) fill(ctx context.Context, b *batch, i int) int {
-	b.first, b.err = i, nil
-	b.lz4, b.lz4Len = 0, 0
-	b.pos = b.pos[:0]
-	b.ranges = b.ranges[:0]
-	total, stored := 0, 0
-	j := i
-	for ; j < len(d.blocks); j++ {
-		blk := &d.blocks[j]
-		if err := blk.check(); err != nil {
-			b.err = &BlockError{Index: j, Off: blk.Off, Err: err}
-			break
-		}
-		if j > i && total+blk.Len > d.batchBytes {
-			break
-		}
-		if blk.Kind == Zero {
-			if crc := d.zeroCRC(blk.Len); crc != blk.CRC {
-				b.err = &BlockError{Index: j, Off: blk.Off,
-					Err: fmt.Errorf("%w: crc32c %08x, want %08x", ErrChecksum, crc, blk.CRC)}
-				break
-			}
-			b.pos = append(b.pos, 0)
-		} else {
-			stored = b.place(blk, j-i, stored)
-			if blk.Kind == LZ4 {
-				b.lz4++
-				b.lz4Len += int64(blk.Len)
-			}
-		}
-		total += blk.Len
-	}
-	b.blocks = d.blocks[i:j]
-	if cap(b.stored) < stored {
-		b.stored = make([]byte, stored)
-	}
-	b.stored = b.stored[:stored]
-	if cap(b.decoded) < total {
-		b.decoded = make([]byte, total)
-	}
-	b.decoded = b.decoded[:total]
-
-	for _, r := range b.ranges {
-		if err := d.readSpan(ctx, b, r); err != nil {
-			if ctx.Err() != nil {
-				return j
-			}
-			// Keep the blocks read before the failing one.
-			var be *BlockError
-			if errors.As(err, &be) {
-				b.blocks = b.blocks[:be.Index-i]
-			} else {
-				b.blocks = b.blocks[:0]
-			}
-			b.err = err
-			break
-		}
-	}
-	return j
-}
-
-// place assigns a position in the stored buffer to the k-th block of the
-// batch, extending the last span when the block follows it closely.
-func (b *batch) place(blk *Block, k, stored int) int {
-	if n := len(b.ranges); n > 0 {
-		r := &b.ranges[n-1]
-		end := r.off + int64(r.n)
-		if blk.Off >= end && blk.Off-end <= maxGap {
-			at := r.at + int(blk.Off-r.off)
-			r.n = int(blk.Off-r.off) + blk.StoredLen
-			b.pos = append(b.pos, at)
-			return r.at + r.n
-		}
-	}
-	b.ranges = append(b.ranges, span{off: blk.Off, n: blk.StoredLen, at: stored, first: k})
-	b.pos = append(b.pos, stored)
-	return stored + blk.StoredLen
-}
-
-// readSpan reads one span in pieces of at most maxRead bytes. A short read
-// is a *BlockError naming the first block not fully read.
-func (d *decoder) readSpan(ctx context.Context, b *batch, r span) error {
-	done := 0
-	for done < r.n {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		n := min(r.n-done, maxRead)
-		got, err := d.src.ReadAt(b.stored[r.at+done:r.at+done+n], r.off+int64(done))
-		done += got
-		if got == n {
-			continue
-		}
-		if err == nil || err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		// The first block of the span whose stored bytes end past what was read.
-		k := r.first
-		for ; k < len(b.blocks); k++ {
-			blk := &b.blocks[k]
-			if blk.Kind != Zero && b.pos[k] >= r.at && b.pos[k]+blk.StoredLen > r.at+done {
-				break
-			}
-		}
-		if k == len(b.blocks) { // not reached: some block of the span is short
-			k = r.first
-		}
-		return &BlockError{Index: b.first + k, Off: b.blocks[k].Off,
-			Err: fmt.Errorf("read stored bytes: %w", err)}
-	}
-	return nil
-}
-
-func (d *decoder) zeroCRC(n int) uint32 {
-	crc, ok := d.zeroCRCs[n]
-	if !ok {
-		crc = Checksum(make([]byte, n))
-		d.zeroCRCs[n] = crc
-	}
-	return crc
 }
 
 // decode decodes and checks every block of b into b.out, on as many
@@ -354,14 +219,12 @@ func (d *decoder) decode(ctx context.Context, b *batch) (int, error) {
 		b.out = make([][]byte, n)
 	}
 	b.out = b.out[:n]
-	o := 0
 	for k := range b.blocks {
-		l := b.blocks[k].Len
+		o, l := b.dpos[k], b.blocks[k].Len
 		b.out[k] = b.decoded[o : o+l : o+l]
-		o += l
 	}
 
-	t := threads(d.threads, d.cpus, b.lz4Len, b.lz4)
+	t := threads(d.threads, d.cpus, d.minThread, b.lz4Len, b.lz4)
 	var (
 		next    atomic.Int64 // next block to take
 		failAt  atomic.Int64 // lowest failed block so far, n if none
@@ -381,9 +244,14 @@ func (d *decoder) decode(ctx context.Context, b *batch) (int, error) {
 			}
 			blk := &b.blocks[k]
 			var err error
-			if blk.Kind == Zero {
+			switch blk.Kind {
+			case Zero:
 				clear(b.out[k]) // CRC checked when the batch was formed
-			} else {
+			case Raw: // read in place
+				if crc := Checksum(b.out[k]); crc != blk.CRC {
+					err = fmt.Errorf("%w: crc32c %08x, want %08x", ErrChecksum, crc, blk.CRC)
+				}
+			default:
 				err = DecodeChecked(b.out[k], blk.Kind, b.stored[b.pos[k]:b.pos[k]+blk.StoredLen], blk.CRC)
 			}
 			if err != nil {

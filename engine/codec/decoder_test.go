@@ -124,11 +124,12 @@ func TestDecodeBadIndex(t *testing.T) {
 func TestDecodeTruncated(t *testing.T) {
 	const bs = 64 << 10
 	data, e := mixedImage(t, bs)
-	for _, i := range []int{len(e.blocks) - 1, len(e.blocks) / 2} {
+	// Blocks 4 to 11 are Raw (random, then bf16), read with one ReadAt;
+	// blocks 12 to 15 are LZ4.
+	for _, i := range []int{len(e.blocks) - 1, 13, 12, 6, 4} {
 		blk := e.blocks[i]
-		for blk.Kind == Zero {
-			i--
-			blk = e.blocks[i]
+		if blk.Kind == Zero {
+			t.Fatalf("block %d is Zero", i)
 		}
 		cut := blk.Off + int64(blk.StoredLen)/2
 		n, err := checkPrefix(t, bytes.NewReader(e.pages[:cut]), e.blocks, data, DecodeOptions{Threads: 2})
@@ -172,7 +173,19 @@ func TestDecodeCoalesce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c := cr.calls.Load(); c != 4 {
-		t.Errorf("%d ReadAt calls for 4 batches of contiguous blocks, want 4", c)
+		t.Errorf("%d ReadAt calls for 4 batches of contiguous LZ4 blocks, want 4", c)
+	}
+
+	// Raw blocks are read in place, a run of them with one ReadAt.
+	raw := encodeAll(t, genData(dataRandom, 32*bs, 5), bs, 2, Compress)
+	cr = &countingReader{r: bytes.NewReader(raw.pages)}
+	err = DecodeBlocks(context.Background(), cr, raw.blocks, DecodeOptions{BatchBytes: 8 * bs},
+		func(int, [][]byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cr.calls.Load(); c != 4 {
+		t.Errorf("%d ReadAt calls for 4 batches of contiguous Raw blocks, want 4", c)
 	}
 
 	// Spread the blocks apart by more than maxGap: one read per block.
@@ -260,6 +273,16 @@ func TestDecodeCancel(t *testing.T) {
 	}
 }
 
+func TestZeroChecksum(t *testing.T) {
+	for _, n := range []int{0, 1, 100, PageSize, 3 * PageSize, 64 << 10, 100 << 10, MaxBlockSize, MaxBlockSize + 5} {
+		for range 2 { // computed, then memoized
+			if got, want := ZeroChecksum(n), Checksum(make([]byte, n)); got != want {
+				t.Errorf("ZeroChecksum(%d) = %08x, want %08x", n, got, want)
+			}
+		}
+	}
+}
+
 func TestThreads(t *testing.T) {
 	const M = MinThreadBytes
 	for _, tc := range []struct {
@@ -284,7 +307,7 @@ func TestThreads(t *testing.T) {
 		{2, 64, 32 * M, 32, 2},  // explicit maximum below the CPUs
 		{16, 64, 4 * M, 1, 1},   // one big block
 	} {
-		if got := threads(tc.opt, tc.cpus, tc.bytes, tc.lz4); got != tc.want {
+		if got := threads(tc.opt, tc.cpus, MinThreadBytes, tc.bytes, tc.lz4); got != tc.want {
 			t.Errorf("threads(opt %d, cpus %d, %d bytes, %d lz4) = %d, want %d",
 				tc.opt, tc.cpus, tc.bytes, tc.lz4, got, tc.want)
 		}

@@ -168,22 +168,12 @@ func (p *Pipeline) isDead() bool {
 }
 
 func (p *Pipeline) encodeLoop() {
-	var (
-		enc      Encoder
-		zeroCRCs = make(map[int]uint32)
-	)
+	var enc Encoder
 	for s := range p.work {
 		if !p.isDead() {
-			var kind Kind
-			kind, s.Stored, s.buf = enc.encode(s.Src, p.mode, s.buf)
-			s.Kind = kind
-			if kind == Zero {
-				crc, ok := zeroCRCs[len(s.Src)]
-				if !ok {
-					crc = Checksum(s.Src)
-					zeroCRCs[len(s.Src)] = crc
-				}
-				s.CRC = crc
+			s.Kind, s.Stored, s.buf = enc.encode(s.Src, p.mode, s.buf)
+			if s.Kind == Zero {
+				s.CRC = ZeroChecksum(len(s.Src))
 			} else {
 				s.CRC = Checksum(s.Src)
 			}

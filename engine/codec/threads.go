@@ -28,15 +28,17 @@ func Threads(opt int, batchBytes int64, lz4Blocks int) int {
 	if opt == 0 {
 		cpus = affinityCPUs()
 	}
-	return threads(opt, cpus, batchBytes, lz4Blocks)
+	return threads(opt, cpus, MinThreadBytes, batchBytes, lz4Blocks)
 }
 
-func threads(opt, cpus int, batchBytes int64, lz4Blocks int) int {
+// threads is Threads with the CPU count and the least work per thread
+// given (benchmarks measure the crossover with minBytes 1).
+func threads(opt, cpus int, minBytes, batchBytes int64, lz4Blocks int) int {
 	if opt == 1 || opt < 0 {
 		return 1
 	}
 	limit := lz4Blocks
-	if byWork := batchBytes / MinThreadBytes; byWork < int64(limit) {
+	if byWork := batchBytes / max(minBytes, 1); byWork < int64(limit) {
 		limit = int(byWork)
 	}
 	if opt == 0 {

@@ -1,0 +1,163 @@
+package codec
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+// Benchmarks report MB/s of decoded (original) bytes. Run them with a short
+// -benchtime; the inputs are generated once per data kind.
+
+const benchInput = 16 << 20
+
+var benchData = struct {
+	sync.Mutex
+	m map[string][]byte
+}{m: map[string][]byte{}}
+
+func benchInputOf(kind dataKind, n int) []byte {
+	benchData.Lock()
+	defer benchData.Unlock()
+	key := fmt.Sprint(kind, n)
+	if b, ok := benchData.m[key]; ok {
+		return b
+	}
+	b := genData(kind, n, 42)
+	benchData.m[key] = b
+	return b
+}
+
+// BenchmarkEncode is one core applying the block rule and the CRC, as each
+// Pipeline worker does.
+func BenchmarkEncode(b *testing.B) {
+	for _, kind := range allDataKinds {
+		data := benchInputOf(kind, benchInput)
+		for _, bs := range blockSizes {
+			b.Run(fmt.Sprintf("%s/%s", kind, sizeName(bs)), func(b *testing.B) {
+				var enc Encoder
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					for off := 0; off < len(data); off += bs {
+						blk := data[off : off+bs]
+						enc.Encode(blk, Compress)
+						Checksum(blk)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkDecode is one core decoding and checking every block
+// (DecodeChecked), as each DecodeBlocks thread does.
+func BenchmarkDecode(b *testing.B) {
+	for _, kind := range allDataKinds {
+		data := benchInputOf(kind, benchInput)
+		for _, bs := range blockSizes {
+			b.Run(fmt.Sprintf("%s/%s", kind, sizeName(bs)), func(b *testing.B) {
+				type stored struct {
+					kind Kind
+					b    []byte
+					crc  uint32
+				}
+				var blocks []stored
+				for off := 0; off < len(data); off += bs {
+					k, s := Encode(nil, data[off:off+bs], Compress)
+					blocks = append(blocks, stored{k, s, Checksum(data[off : off+bs])})
+				}
+				dst := make([]byte, bs)
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					for _, s := range blocks {
+						if err := DecodeChecked(dst, s.kind, s.b, s.crc); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkPipeline encodes through a Pipeline with 1 and 2 workers.
+func BenchmarkPipeline(b *testing.B) {
+	for _, kind := range []dataKind{dataMixed, dataRecords} {
+		data := benchInputOf(kind, 4*benchInput)
+		for _, workers := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/256K/workers%d", kind, workers), func(b *testing.B) {
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					p := NewPipeline(context.Background(), PipelineOptions{Workers: workers},
+						func(*Encoded) error { return nil })
+					for off := 0; off < len(data); off += DefaultBlockSize {
+						if err := p.Submit(data[off:off+DefaultBlockSize], nil); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := p.Close(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkDecodeBlocks decodes 64 MiB at the default block size from an
+// in-memory ReaderAt with 1, 2 and automatic threads, beside a plain copy
+// of the same bytes as the reference.
+func BenchmarkDecodeBlocks(b *testing.B) {
+	for _, kind := range []dataKind{dataMixed, dataRecords} {
+		data := benchInputOf(kind, 64<<20)
+		e := encodeAll(b, data, DefaultBlockSize, 0, Compress)
+		for _, threads := range []int{1, 2, 0} {
+			b.Run(fmt.Sprintf("%s/threads%d", kind, threads), func(b *testing.B) {
+				src := bytes.NewReader(e.pages)
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					err := DecodeBlocks(context.Background(), src, e.blocks, DecodeOptions{Threads: threads},
+						func(int, [][]byte) error { return nil })
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		b.Run(fmt.Sprintf("%s/copy", kind), func(b *testing.B) {
+			dst := make([]byte, len(data))
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				copy(dst, data)
+			}
+		})
+	}
+}
+
+// BenchmarkThreadCrossover decodes 16 MiB of heap-like records in LZ4
+// blocks of 64 KiB, in batches of the given size, with one thread or two
+// regardless of MinThreadBytes: where two threads start to win is where
+// MinThreadBytes belongs.
+func BenchmarkThreadCrossover(b *testing.B) {
+	const bs = 64 << 10
+	data := benchInputOf(dataRecords, benchInput)
+	e := encodeAll(b, data, bs, 0, Compress)
+	for _, batch := range []int{128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20} {
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("batch%s/threads%d", sizeName(batch), threads), func(b *testing.B) {
+				src := bytes.NewReader(e.pages)
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					err := decodeBlocks(context.Background(), src, e.blocks,
+						DecodeOptions{Threads: threads, BatchBytes: batch}, 1,
+						func(int, [][]byte) error { return nil })
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
