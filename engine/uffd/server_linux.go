@@ -53,6 +53,8 @@ type server struct {
 	wk       *waker
 	gone     bool
 	skipped  bool // a page was found present during the last placement
+	probeSrc []byte
+	probed   time.Time
 	lastDone uint64
 	reported bool
 
@@ -125,6 +127,12 @@ func (s *server) run(ctx context.Context) error {
 	s.mu.Unlock()
 	defer wk.close()
 	defer context.AfterFunc(ctx, wk.wake)()
+	defer func() {
+		if s.probeSrc != nil {
+			unix.Munmap(s.probeSrc)
+		}
+	}()
+	s.probed = time.Now()
 
 	s.msgBuf = make([]byte, 64*MsgSize)
 	if s.opts.Prefetch && s.opts.ReadAhead > 0 && !s.pend.empty() {
@@ -190,10 +198,53 @@ func (s *server) loop(ctx context.Context) error {
 				return nil
 			}
 		}
-		if err := s.wait(-1); err != nil {
+		timeout := time.Duration(-1)
+		if !s.pend.empty() {
+			timeout = probeInterval
+		}
+		if err := s.wait(timeout); err != nil {
 			return err
 		}
+		if !s.pend.empty() && time.Since(s.probed) >= probeInterval {
+			if err := s.probe(); err != nil {
+				return err
+			}
+		}
 	}
+}
+
+// probeInterval is how long a pager with pages pending stays idle before
+// it checks that the process still exists.
+const probeInterval = 100 * time.Millisecond
+
+// probe detects a process that exited while the pager idles with pages
+// pending (no prefetch, or a child that never touches them): no event
+// reports an exit, but every fill ioctl then fails with ESRCH. The probe
+// is a UFFDIO_COPY of one pending page from an inaccessible page of ours:
+// with the process alive it fails (EFAULT reading the source, or EEXIST,
+// EAGAIN, ENOENT) without placing anything.
+func (s *server) probe() error {
+	s.probed = time.Now()
+	p, _, ok := s.pend.next(0)
+	if !ok {
+		return nil
+	}
+	if s.probeSrc == nil {
+		b, err := unix.Mmap(-1, 0, PageSize, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return fmt.Errorf("probe page: %w", err)
+		}
+		s.probeSrc = b
+	}
+	_, err := Copy(s.fd, p.cur, s.probeSrc, CopyModeDontWake)
+	switch {
+	case errors.Is(err, ErrGone):
+		s.exited()
+	case err == nil, errors.Is(err, ErrShort):
+		// Cannot happen (the source is PROT_NONE); never let it pass.
+		return &ServeError{Op: "probe", Addr: p.cur, Len: PageSize, Err: errors.New("probe copy from an inaccessible page succeeded")}
+	}
+	return nil
 }
 
 // wait blocks until the userfaultfd is readable, the waker is written, or

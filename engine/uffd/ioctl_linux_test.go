@@ -1,0 +1,238 @@
+package uffd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// localUffd opens a userfaultfd on this process, with API done.
+func localUffd(t *testing.T, features uint64) int {
+	t.Helper()
+	testutil.RequireUserfaultfd(t)
+	fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if e != 0 {
+		t.Fatalf("userfaultfd: %v", e)
+	}
+	t.Cleanup(func() { unix.Close(int(fd)) })
+	if _, _, err := API(int(fd), features); err != nil {
+		t.Fatal(err)
+	}
+	return int(fd)
+}
+
+// localRegion maps n anonymous pages in this process. Registered memory
+// must be unregistered, or the uffd closed, before it is unmapped, else
+// munmap would wait for someone to read the UNMAP event: call localRegion
+// before localUffd, so that the cleanups close the uffd first.
+func localRegion(t *testing.T, n int) []byte {
+	t.Helper()
+	m, err := unix.Mmap(-1, 0, n*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(m) })
+	return m
+}
+
+func addrOf(b []byte) uint64 { return uint64(uintptrOf(b)) }
+
+func TestIoctls(t *testing.T) {
+	mem := localRegion(t, 16)
+	other := localRegion(t, 1)
+	fd := localUffd(t, Features)
+
+	// API twice on one fd is refused; a fresh fd reports what is supported.
+	if _, _, err := API(fd, 0); err == nil {
+		t.Error("second UFFDIO_API accepted")
+	}
+	base := addrOf(mem)
+	ioctls, err := Register(fd, base, 16*PageSize, RegisterModeMissing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ioctls&(IoctlCopy|IoctlZeroPage|IoctlWake) != IoctlCopy|IoctlZeroPage|IoctlWake {
+		t.Fatalf("register ioctls %#x lack copy/zeropage/wake", ioctls)
+	}
+	t.Cleanup(func() { Unregister(fd, base, 16*PageSize) })
+	if err := checkFeatures(fd); err != nil {
+		t.Fatalf("checkFeatures: %v", err)
+	}
+
+	pat := bytes.Repeat([]byte("0123456789abcdef"), 2*PageSize/16)
+	if n, err := Copy(fd, base, pat, 0); err != nil || n != 2*PageSize {
+		t.Fatalf("Copy 2 pages = %d, %v", n, err)
+	}
+	if !bytes.Equal(mem[:2*PageSize], pat) {
+		t.Fatal("copied bytes differ")
+	}
+	if n, err := Copy(fd, base+PageSize, pat[:2*PageSize], 0); !errors.Is(err, ErrExist) || n != 0 {
+		t.Fatalf("Copy onto present page = %d, %v; want 0, ErrExist", n, err)
+	}
+	// page 3 present, copy [2,5): page 2 placed then a stop at 3
+	if _, err := Copy(fd, base+3*PageSize, pat[:PageSize], 0); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 3*PageSize)
+	if n, err := Copy(fd, base+2*PageSize, big, 0); !errors.Is(err, ErrShort) || n != PageSize {
+		t.Fatalf("Copy over a present page = %d, %v; want %d, ErrShort", n, err, PageSize)
+	}
+	if n, err := ZeroPage(fd, base+5*PageSize, 2*PageSize, 0); err != nil || n != 2*PageSize {
+		t.Fatalf("ZeroPage = %d, %v", n, err)
+	}
+	if !bytes.Equal(mem[5*PageSize:7*PageSize], make([]byte, 2*PageSize)) {
+		t.Fatal("zero pages not zero")
+	}
+	if _, err := ZeroPage(fd, base+5*PageSize, PageSize, 0); !errors.Is(err, ErrExist) {
+		t.Fatalf("ZeroPage onto present page: %v, want ErrExist", err)
+	}
+	// not registered, or crossing out of the registered VMA
+	if _, err := Copy(fd, addrOf(other), pat[:PageSize], 0); !errors.Is(err, ErrNoVMA) {
+		t.Fatalf("Copy to unregistered memory: %v, want ErrNoVMA", err)
+	}
+	if _, err := Copy(fd, base+15*PageSize, pat[:2*PageSize], 0); !errors.Is(err, ErrNoVMA) {
+		t.Fatalf("Copy across the VMA end: %v, want ErrNoVMA", err)
+	}
+	// unaligned
+	if _, err := Copy(fd, base+8*PageSize+1, pat[:PageSize], 0); err == nil || errors.Is(err, ErrNoVMA) {
+		t.Fatalf("unaligned Copy: %v, want EINVAL", err)
+	}
+	if err := Wake(fd, base, 16*PageSize); err != nil {
+		t.Fatal(err)
+	}
+	if err := Unregister(fd, base, 16*PageSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Copy(fd, base+10*PageSize, pat[:PageSize], 0); !errors.Is(err, ErrNoVMA) {
+		t.Fatalf("Copy after Unregister: %v, want ErrNoVMA", err)
+	}
+	// nothing pending: a nonblocking read finds no message
+	if n, err := ReadMsgs(fd, make([]byte, 4*MsgSize)); n != 0 || err != nil {
+		t.Fatalf("ReadMsgs = %d, %v", n, err)
+	}
+}
+
+func TestCheckFeaturesRefuses(t *testing.T) {
+	fd := localUffd(t, FeatureThreadID)
+	if err := checkFeatures(fd); !errors.Is(err, ErrFeatures) {
+		t.Fatalf("checkFeatures without events: %v, want ErrFeatures", err)
+	}
+	p := New(fd, bytes.NewReader(nil), []Extent{{0x100000, PageSize}}, Options{})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := p.Run(ctx); !errors.Is(err, ErrFeatures) {
+		t.Fatalf("Run: %v, want ErrFeatures", err)
+	}
+}
+
+func TestBadExtents(t *testing.T) {
+	p := New(-1, bytes.NewReader(nil), []Extent{{0x2000, PageSize}, {0x1000, PageSize}}, Options{})
+	if err := p.Run(t.Context()); !errors.Is(err, ErrExtents) {
+		t.Fatalf("Run: %v, want ErrExtents", err)
+	}
+}
+
+// TestPrefetchLocal prefetches into this process's own memory: no fault
+// is ever taken (nothing reads the region before Run returns), so it needs
+// no second process.
+func TestPrefetchLocal(t *testing.T) {
+	for _, ra := range []int{-1, 0, 3} {
+		const pages = 1024
+		mem := localRegion(t, pages)
+		fd := localUffd(t, Features)
+		base := addrOf(mem)
+		if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
+			t.Fatal(err)
+		}
+		ext := testExtents(base, pages*PageSize, 64*PageSize)
+		src := newPatternSrc(ext)
+		var lastDone, lastTotal uint64
+		p := New(fd, src, ext, Options{Prefetch: true, ReadAhead: ra, PrefetchChunk: 256 << 10,
+			Progress: func(done, total uint64) { lastDone, lastTotal = done, total }})
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		err := p.Run(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("readahead %d: Run: %v", ra, err)
+		}
+		st := p.Stats()
+		var total uint64
+		for _, e := range ext {
+			total += e.Len
+			want := make([]byte, e.Len)
+			src.fill(want, e.Addr)
+			if got := mem[e.Addr-base : e.End()-base]; !bytes.Equal(got, want) {
+				t.Fatalf("readahead %d: extent %#x differs", ra, e.Addr)
+			}
+		}
+		if st.PrefetchBytes != total || st.Pending != 0 || st.Total != total || lastDone != total || lastTotal != total {
+			t.Fatalf("readahead %d: stats %+v, progress %d/%d, want %d prefetched", ra, st, lastDone, lastTotal, total)
+		}
+		if err := Unregister(fd, base, pages*PageSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPrefetchLocalReadError(t *testing.T) {
+	for _, short := range []bool{false, true} {
+		const pages = 256
+		mem := localRegion(t, pages)
+		fd := localUffd(t, Features)
+		base := addrOf(mem)
+		if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
+			t.Fatal(err)
+		}
+		ext := testExtents(base, pages*PageSize, 16*PageSize)
+		bad := ext[5].Addr + 3*PageSize
+		src := &faultySrc{ReaderAt: newPatternSrc(ext), bad: bad, short: short}
+		p := New(fd, src, ext, Options{Prefetch: true})
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		err := p.Run(ctx)
+		cancel()
+		var se *ServeError
+		if !errors.As(err, &se) || se.Op != "read" || bad < se.Addr || bad >= se.Addr+se.Len {
+			t.Fatalf("short=%v: Run: %v, want a read ServeError covering %#x", short, err, bad)
+		}
+		if short && !errors.Is(err, ErrShortRead) {
+			t.Fatalf("short read: %v, want ErrShortRead", err)
+		}
+		if !short && !errors.Is(err, errSrc) {
+			t.Fatalf("read error: %v, want the source's error", err)
+		}
+		// the failed extent was never placed: copying it now still works
+		if _, err := Copy(fd, bad, make([]byte, PageSize), 0); err != nil {
+			t.Fatalf("page %#x was placed despite the read error: %v", bad, err)
+		}
+		if err := Unregister(fd, base, pages*PageSize); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+var errSrc = errors.New("test source: injected failure")
+
+// faultySrc fails reads that cover bad: with an error, or short.
+type faultySrc struct {
+	io.ReaderAt
+	bad   uint64
+	short bool
+}
+
+func (f *faultySrc) ReadAt(b []byte, off int64) (int, error) {
+	if uint64(off) <= f.bad && f.bad < uint64(off)+uint64(len(b)) {
+		if f.short {
+			n, _ := f.ReaderAt.ReadAt(b[:f.bad-uint64(off)], off)
+			return n, io.EOF
+		}
+		return 0, errSrc
+	}
+	return f.ReaderAt.ReadAt(b, off)
+}

@@ -1,0 +1,288 @@
+package uffd
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+)
+
+const (
+	mib   = 1 << 20
+	block = 256 << 10
+)
+
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() && os.Getenv("UFFD_TEST_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return nil
+}
+
+// setup starts a fixture with one registered region of size bytes, cut
+// into test extents.
+func setup(t *testing.T, size uint64) (*fixture, int, uint64, []Extent, *patternSrc) {
+	t.Helper()
+	bin := requireFixture(t)
+	f := startFixture(t, bin)
+	fd := f.takeUffd()
+	base := f.do("map %x", size)[0]
+	if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	ext := testExtents(base, size, block)
+	return f, fd, base, ext, newPatternSrc(ext)
+}
+
+// TestPagerFaultsAndEvents serves a process by faults only, through
+// reads, writes, madvise(DONTNEED), munmap, mremap and mprotect.
+func TestPagerFaultsAndEvents(t *testing.T) {
+	const size = 8 * mib
+	f, fd, base, ext, src := setup(t, size)
+	m := newMem(base, size, ext, src)
+	spare := f.do("map %x", 2*mib)[0] // mremap destination, not registered
+	p := New(fd, src, ext, Options{Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+
+	blk := func(i uint64) uint64 { return base + i*block }
+	// reads: inside an extent, a hole block (3), a short extent and its tail (2), across
+	f.checkSum(m, "read in extent", blk(0)+5*PageSize, 3*PageSize)
+	f.checkSum(m, "read hole", blk(3), block)
+	f.checkSum(m, "read short extent", blk(2), block)
+	f.checkSum(m, "read across", blk(4)-PageSize, 2*PageSize+block)
+	// writes: into a hole, into a pending extent
+	f.do("fill %x %x %x", blk(8)+PageSize, 2*PageSize, 0x5a) // 8 is a hole
+	m.fill(blk(8)+PageSize, 2*PageSize, 0x5a)
+	f.do("fill %x %x %x", blk(10)+PageSize, PageSize, 0xa5)
+	m.fill(blk(10)+PageSize, PageSize, 0xa5)
+	f.checkSum(m, "after writes", blk(8), 3*block)
+
+	// DONTNEED: a served extent, a pending one, a hole punched in a pending one
+	f.do("dontneed %x %x", blk(0), block)
+	m.zero(blk(0), block)
+	f.do("dontneed %x %x", blk(11), block)
+	m.zero(blk(11), block)
+	f.do("dontneed %x %x", blk(12)+8*PageSize, 4*PageSize)
+	m.zero(blk(12)+8*PageSize, 4*PageSize)
+	f.checkSum(m, "after dontneed", blk(0), 13*block)
+
+	// munmap: pending extents and a part of one
+	f.do("munmap %x %x", blk(14), 2*block)
+	m.unmap(blk(14), 2*block)
+	f.do("munmap %x %x", blk(16)+block/2, block/2)
+	m.unmap(blk(16)+block/2, block/2)
+
+	// mremap a pending 1 MiB, partly served first, partly dropped
+	from := blk(20)
+	f.checkSum(m, "before mremap", from+PageSize, PageSize)
+	f.do("dontneed %x %x", from+2*PageSize, PageSize)
+	m.zero(from+2*PageSize, PageSize)
+	if got := f.do("mremap %x %x %x", from, mib, spare)[0]; got != spare {
+		t.Fatalf("mremap to %#x landed at %#x", spare, got)
+	}
+	m.move(from, spare, mib)
+	f.checkSum(m, "after mremap", spare, mib)
+
+	// mprotect splits a pending extent's VMA: a copy across must still work
+	f.do("mprotect %x %x %x", blk(25)+4*PageSize, 4*PageSize, 1) // PROT_READ
+	f.checkSum(m, "across split VMA", blk(25), block)
+
+	// read everything left: Run must then end
+	for a := base; a < base+size; a += block {
+		if _, ok := m[a]; ok && a != blk(16) {
+			f.checkSum(m, "all", a, block)
+		}
+	}
+	f.checkSum(m, "all", blk(16), block/2)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st := p.Stats()
+	t.Logf("stats: %+v", st)
+	if st.Pending != 0 || st.DataFaults == 0 || st.ZeroFaults == 0 || st.Removes < 4 || st.Unmaps < 2 || st.Remaps != 1 || st.RemappedBytes == 0 || st.UnmappedBytes == 0 || st.RemovedBytes == 0 {
+		t.Errorf("stats do not show the work: %+v", st)
+	}
+	// after Run (and unregistering) holes fill from the kernel
+	f.checkSum(m, "hole after unregister", blk(13)-0, block)
+	f.checkSum(m, "everything after unregister", base, blk(14)-base)
+}
+
+// TestPagerPrefetch lets the prefetcher bring everything in untouched.
+func TestPagerPrefetch(t *testing.T) {
+	const size = 16 * mib
+	f, fd, base, ext, src := setup(t, size)
+	m := newMem(base, size, ext, src)
+	p := New(fd, src, ext, Options{Prefetch: true, Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st := p.Stats()
+	if st.Pending != 0 || st.PrefetchBytes+st.FaultBytes != st.Total {
+		t.Fatalf("stats: %+v", st)
+	}
+	f.checkSum(m, "all", base, size)
+}
+
+// slowSrc delays every read, so that a prefetch takes long.
+type slowSrc struct {
+	*patternSrc
+	delay time.Duration
+}
+
+func (s slowSrc) ReadAt(b []byte, off int64) (int, error) {
+	time.Sleep(s.delay)
+	return s.patternSrc.ReadAt(b, off)
+}
+
+// TestPagerFaultDuringPrefetch touches the far end of a region while a
+// slow prefetch is at its start: faults are served first, and right.
+func TestPagerFaultDuringPrefetch(t *testing.T) {
+	const size = 32 * mib
+	f, fd, base, ext, src := setup(t, size)
+	m := newMem(base, size, ext, src)
+	p := New(fd, slowSrc{src, 3 * time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	f.checkSum(m, "far end", base+size-mib, mib)
+	f.checkSum(m, "middle", base+size/2, 2*PageSize)
+	during := p.Stats()
+	if err := waitRun(t, errc, 45*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st := p.Stats()
+	t.Logf("at the touch: faults %d prefetched %d of %d; at the end: %+v", during.Faults, during.PrefetchBytes, st.Total, st)
+	if st.PrefetchBytes+st.FaultBytes != st.Total {
+		t.Fatalf("placed %d+%d bytes, want %d", st.PrefetchBytes, st.FaultBytes, st.Total)
+	}
+	f.checkSum(m, "all", base, size)
+}
+
+// TestPagerFork forks children while pages are pending: a child gets
+// what its parent had not received, from its own pager; the second child
+// exits without touching most of its memory.
+func TestPagerFork(t *testing.T) {
+	for _, prefetch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "faults", true: "prefetch"}[prefetch], func(t *testing.T) {
+			const size = 8 * mib
+			f, fd, base, ext, src := setup(t, size)
+			m := newMem(base, size, ext, src)
+			// With prefetch, reads of the last 2 MiB wait for the gate, so
+			// that the parent cannot be done before the first fork.
+			gate := &gatedSrc{patternSrc: src, from: base + size - 2*mib, open: make(chan struct{})}
+			if !prefetch {
+				close(gate.open)
+			}
+			p := New(fd, gate, ext, Options{Prefetch: prefetch, PrefetchChunk: block, Logger: testLogger(t)})
+			errc := runPager(t, p, fd, base, size, time.Minute)
+			// the parent takes some, drops some, writes some
+			f.checkSum(m, "parent part", base, 2*mib)
+			f.do("dontneed %x %x", base+3*mib, mib)
+			m.zero(base+3*mib, mib)
+			f.do("fill %x %x %x", base+5*mib, PageSize, 0x77)
+			m.fill(base+5*mib, PageSize, 0x77)
+			f.send("fork %x %x", base, size)
+			if prefetch {
+				waitFor(t, "fork event", func() bool { return p.Stats().Forks == 1 })
+				close(gate.open)
+			}
+			r := f.answer("fork", 20*time.Second)
+			if want := m.hash(t, base, size); r[0] != want || r[1] != 0 {
+				t.Fatalf("child sum %016x status %#x, want %016x 0", r[0], r[1], want)
+			}
+			// a second child, that reads part of its memory and exits
+			r = f.do("fork %x %x", base+mib, 4*mib)
+			if want := m.hash(t, base+mib, 4*mib); r[0] != want {
+				t.Fatalf("second child sum %016x, want %016x", r[0], want)
+			}
+			f.checkSum(m, "parent all", base, size)
+			if err := waitRun(t, errc, 30*time.Second); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			st := p.Stats()
+			t.Logf("stats: %+v", st)
+			if st.Forks < 1 || len(st.Children) != int(st.Forks) || (!prefetch && st.Forks != 2) {
+				t.Fatalf("forks %d children %d", st.Forks, len(st.Children))
+			}
+			if c := st.Children[0]; c.Pending != 0 || c.FaultBytes+c.PrefetchBytes == 0 {
+				t.Fatalf("first child: %+v", c)
+			}
+			if !prefetch && !st.Children[1].Exited {
+				t.Fatalf("second child's exit not seen: %+v", st.Children[1])
+			}
+		})
+	}
+}
+
+// gatedSrc holds reads at or above from until open is closed.
+type gatedSrc struct {
+	*patternSrc
+	from uint64
+	open chan struct{}
+}
+
+func (g *gatedSrc) ReadAt(b []byte, off int64) (int, error) {
+	if uint64(off)+uint64(len(b)) > g.from {
+		<-g.open
+	}
+	return g.patternSrc.ReadAt(b, off)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// ReaderAtFunc adapts a function to io.ReaderAt.
+type ReaderAtFunc func([]byte, int64) (int, error)
+
+func (f ReaderAtFunc) ReadAt(b []byte, off int64) (int, error) { return f(b, off) }
+
+// TestPagerReadError: a fault on an extent the source cannot read ends
+// Run with an error naming the address, and nothing is placed there.
+func TestPagerReadError(t *testing.T) {
+	const size = 4 * mib
+	f, fd, base, ext, src := setup(t, size)
+	bad := ext[6].Addr + 2*PageSize
+	p := New(fd, &faultySrc{ReaderAt: src, bad: bad}, ext, Options{Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	f.send("sum %x %x", bad, 8)
+	err := waitRun(t, errc, 30*time.Second)
+	var se *ServeError
+	if !errors.As(err, &se) || se.Op != "read" || bad < se.Addr || bad >= se.Addr+se.Len || !errors.Is(err, errSrc) {
+		t.Fatalf("Run: %v, want a read ServeError covering %#x", err, bad)
+	}
+	// the page is still missing: the process is blocked, not fed zeros
+	if _, err := Copy(fd, bad+PageSize, make([]byte, PageSize), CopyModeDontWake); err != nil {
+		t.Fatalf("extent placed in part despite the read error: %v", err)
+	}
+	select {
+	case l := <-f.lines:
+		t.Fatalf("fixture read the page: %q", l)
+	default:
+	}
+}
+
+// TestPagerProcessExit: the process exits with pages pending; Run ends
+// without error and says so.
+func TestPagerProcessExit(t *testing.T) {
+	const size = 16 * mib
+	f, fd, base, ext, src := setup(t, size)
+	m := newMem(base, size, ext, src)
+	p := New(fd, slowSrc{src, 2 * time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	f.checkSum(m, "some", base+size-block, block)
+	f.do("exit")
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if st := p.Stats(); !st.Exited {
+		t.Fatalf("stats do not say exited: %+v", st)
+	}
+}
