@@ -32,6 +32,7 @@ const fixtureC = `
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -44,6 +45,8 @@ static uint64_t sum(uintptr_t a, size_t n) {
 	for (size_t i = 0; i < n / 8; i++) { h ^= p[i]; h *= 1099511628211ULL; }
 	return h;
 }
+struct job { uintptr_t a; size_t n; uint64_t h; };
+static void *sumjob(void *p) { struct job *j = p; j->h = sum(j->a, j->n); return NULL; }
 static uint64_t now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000ULL + t.tv_nsec; }
 static int cmp(const void *a, const void *b) { uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b; return x < y ? -1 : x > y; }
 
@@ -84,6 +87,17 @@ int main(void) {
 			int st = 0;
 			if (pid < 0 || waitpid(pid, &st, 0) < 0) printf("err fork %d\n", errno);
 			else printf("ok %016lx %x\n", (unsigned long)shared[0], st);
+		} else if (!strcmp(cmd, "psum")) { /* c threads sum [a, a+b) in c slices at once */
+			struct job j[16]; pthread_t th[16];
+			if (c < 1 || c > 16) c = 1;
+			for (unsigned long i = 0; i < c; i++) { j[i].a = a + i * (b / c); j[i].n = b / c; pthread_create(&th[i], NULL, sumjob, &j[i]); }
+			printf("ok");
+			for (unsigned long i = 0; i < c; i++) { pthread_join(th[i], NULL); printf(" %016lx", (unsigned long)j[i].h); }
+			printf("\n");
+		} else if (!strcmp(cmd, "churn")) { /* DONTNEED one page every c bytes of [a, a+b) */
+			int bad = 0;
+			for (uintptr_t p = a; p < a + b; p += c) bad |= madvise((void *)p, 4096, MADV_DONTNEED);
+			if (bad) printf("err madvise %d\n", errno); else printf("ok\n");
 		} else if (!strcmp(cmd, "close")) {
 			close(ufd);
 			printf("ok\n");
@@ -112,7 +126,7 @@ int main(void) {
 
 // fixture is a running fixture process.
 type fixture struct {
-	t     *testing.T
+	t     testing.TB
 	pid   int
 	ufd   int // the userfaultfd's number in the fixture
 	in    io.Writer
@@ -128,7 +142,7 @@ func buildFixture(t testing.TB) string {
 	if err := os.WriteFile(srcPath, []byte(fixtureC), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(gcc, "-O2", "-Wall", "-o", bin, srcPath).CombinedOutput(); err != nil {
+	if out, err := exec.Command(gcc, "-O2", "-Wall", "-pthread", "-o", bin, srcPath).CombinedOutput(); err != nil {
 		t.Fatalf("build fixture: %v\n%s", err, out)
 	}
 	return bin
@@ -136,7 +150,7 @@ func buildFixture(t testing.TB) string {
 
 // startFixture runs the fixture in its own process group (its forked
 // children die with it in the cleanup).
-func startFixture(t *testing.T, bin string) *fixture {
+func startFixture(t testing.TB, bin string) *fixture {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -240,7 +254,7 @@ func (f *fixture) takeUffd() int {
 }
 
 // requireFixture skips or fails when the machine cannot run these tests.
-func requireFixture(t *testing.T) string {
+func requireFixture(t testing.TB) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireUserfaultfd(t)
@@ -335,7 +349,7 @@ func (m mem) move(from, to, n uint64) {
 	}
 }
 
-func (m mem) hash(t *testing.T, a, n uint64) uint64 {
+func (m mem) hash(t testing.TB, a, n uint64) uint64 {
 	t.Helper()
 	h := uint64(14695981039346656037)
 	zero := make([]byte, PageSize)

@@ -236,3 +236,40 @@ func (f *faultySrc) ReadAt(b []byte, off int64) (int, error) {
 	}
 	return f.ReaderAt.ReadAt(b, off)
 }
+
+// TestPrefetchLocalSplitVMA places extents whose VMA the process split
+// (mprotect): the kernel refuses a copy across VMAs, the pager halves it.
+func TestPrefetchLocalSplitVMA(t *testing.T) {
+	const pages = 64
+	mem := localRegion(t, pages)
+	fd := localUffd(t, Features)
+	base := addrOf(mem)
+	if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unregister(fd, base, pages*PageSize) })
+	for _, r := range [][3]int{{10, 13, unix.PROT_READ}, {40, 41, unix.PROT_NONE}, {41, 42, unix.PROT_READ}} {
+		if err := unix.Mprotect(mem[r[0]*PageSize:r[1]*PageSize], r[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ext := []Extent{{base, pages * PageSize}}
+	src := newPatternSrc(ext)
+	p := New(fd, src, ext, Options{Prefetch: true, PrefetchChunk: pages * PageSize})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := p.Run(ctx); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, pages*PageSize)
+	src.fill(want, base)
+	if !bytes.Equal(mem, want) {
+		t.Fatal("contents differ")
+	}
+	if st := p.Stats(); st.PrefetchBytes != pages*PageSize {
+		t.Fatalf("stats: %+v", st)
+	}
+}

@@ -47,6 +47,11 @@ type Options struct {
 	// the faulting page up to the next pending extent. Page multiple;
 	// default DefaultZeroChunk; PageSize serves single pages.
 	ZeroChunk uint64
+	// Spin, if positive, keeps the serving thread polling the userfaultfd
+	// for this long after each fault served from the source instead of
+	// sleeping: the next fault of a thread walking its memory is then
+	// seen without waking a halted CPU. It burns CPU; see the benchmarks.
+	Spin time.Duration
 	// Affinity, if set, pins the serving threads (the root's and every
 	// forked child's) to these CPUs.
 	Affinity *unix.CPUSet

@@ -158,6 +158,59 @@ func TestPagerFaultDuringPrefetch(t *testing.T) {
 	f.checkSum(m, "all", base, size)
 }
 
+// TestPagerChurn runs a prefetch while the process faults from several
+// threads at once, drops pages and moves ranges: events land while copies
+// and read-ahead chunks are in flight.
+func TestPagerChurn(t *testing.T) {
+	const size = 16 * mib
+	f, fd, base, ext, src := setup(t, size)
+	m := newMem(base, size, ext, src)
+	spare1, spare2 := f.do("map %x", mib)[0], f.do("map %x", 2*mib)[0]
+	p := New(fd, slowSrc{src, time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+
+	f.do("churn %x %x %x", base+4*mib, 4*mib, 64<<10)
+	for a := base + 4*mib; a < base+8*mib; a += 64 << 10 {
+		m.zero(a, PageSize)
+	}
+	if got := f.do("mremap %x %x %x", base+10*mib, 2*mib, spare2)[0]; got != spare2 {
+		t.Fatalf("mremap landed at %#x", got)
+	}
+	m.move(base+10*mib, spare2, 2*mib)
+	r := f.do("psum %x %x %x", base+12*mib, 4*mib, 4)
+	for i, h := range r {
+		a := base + 12*mib + uint64(i)*mib
+		if want := m.hash(t, a, mib); h != want {
+			t.Fatalf("thread %d: sum of %#x+1MiB = %016x, want %016x", i, a, h, want)
+		}
+	}
+	if got := f.do("mremap %x %x %x", base+mib, mib, spare1)[0]; got != spare1 {
+		t.Fatalf("mremap landed at %#x", got)
+	}
+	m.move(base+mib, spare1, mib)
+	f.do("churn %x %x %x", spare2, 2*mib, 128<<10)
+	for a := spare2; a < spare2+2*mib; a += 128 << 10 {
+		m.zero(a, PageSize)
+	}
+	if err := waitRun(t, errc, 45*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st := p.Stats()
+	t.Logf("stats: %+v", st)
+	// Unregister the moved ranges as well before reading their holes.
+	if err := Unregister(fd, spare1, mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := Unregister(fd, spare2, 2*mib); err != nil {
+		t.Fatal(err)
+	}
+	f.checkSum(m, "start", base, mib)
+	f.checkSum(m, "moved 1", spare1, mib)
+	f.checkSum(m, "middle", base+2*mib, 8*mib)
+	f.checkSum(m, "moved 2", spare2, 2*mib)
+	f.checkSum(m, "end", base+12*mib, 4*mib)
+}
+
 // TestPagerFork forks children while pages are pending: a child gets
 // what its parent had not received, from its own pager; the second child
 // exits without touching most of its memory.

@@ -40,23 +40,24 @@ type server struct {
 	child bool
 	tree  *tree
 
-	pend     *pieceSet
-	total    uint64
-	faults   []fault
-	msgBuf   []byte
-	faultBuf []byte
-	zeros    []byte
-	parts    []piece
-	cursor   uint64 // prefetch: next address to plan
-	ra       *readAhead
-	syncBuf  []byte // prefetch without read-ahead
-	wk       *waker
-	gone     bool
-	skipped  bool // a page was found present during the last placement
-	probeSrc []byte
-	probed   time.Time
-	lastDone uint64
-	reported bool
+	pend      *pieceSet
+	total     uint64
+	faults    []fault
+	msgBuf    []byte
+	faultBuf  []byte
+	zeros     []byte
+	parts     []piece
+	cursor    uint64 // prefetch: next address to plan
+	ra        *readAhead
+	syncBuf   []byte // prefetch without read-ahead
+	wk        *waker
+	gone      bool
+	skipped   bool // a page was found present during the last placement
+	probeSrc  []byte
+	spinUntil time.Time
+	probed    time.Time
+	lastDone  uint64
+	reported  bool
 
 	fdMu     sync.Mutex
 	fdClosed bool
@@ -186,6 +187,9 @@ func (s *server) loop(ctx context.Context) error {
 			continue
 		}
 		backoff = 20 * time.Microsecond
+		if s.opts.Spin > 0 && time.Now().Before(s.spinUntil) {
+			continue // poll the userfaultfd instead of sleeping
+		}
 		if s.pend.empty() && len(s.faults) == 0 {
 			if s.child {
 				return nil
@@ -373,6 +377,9 @@ func (s *server) serveFaults() (again bool, err error) {
 		s.faults = s.faults[1:]
 		if len(s.faults) == 0 {
 			s.faults = s.faults[:0:0]
+		}
+		if s.opts.Spin > 0 {
+			s.spinUntil = time.Now().Add(s.opts.Spin)
 		}
 	}
 	return false, nil
