@@ -42,6 +42,9 @@
 // Faults, events and copies are handled by one goroutine locked to its OS
 // thread (optionally pinned with Options.Affinity): on small machines a
 // wakeup across CPUs costs tens of microseconds, more than copying 4 KiB.
+// Options.Spin trades a busy CPU for fewer of those wakeups. A pager idle
+// with pages pending probes every 100 ms whether the process still exists
+// (no event reports an exit) with a copy that cannot place anything.
 //
 // # Events
 //
@@ -73,6 +76,14 @@
 // userfaultfd is closed when the child has been fully served (or has
 // exited); on error or cancellation it stays open, so the child blocks
 // rather than reads zeros, until Close.
+//
+// # For the caller
+//
+// When Run returns nil, unregister and close the fd promptly: holes are
+// still registered until then (their faults wait), and an event queued
+// after Run decided to return blocks the process until the fd is closed.
+// If Stats().Exited, the address space is gone: UFFDIO_UNREGISTER then
+// fails (ENOMEM); just close.
 //
 // # Limits
 //

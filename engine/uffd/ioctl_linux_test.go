@@ -273,3 +273,35 @@ func TestPrefetchLocalSplitVMA(t *testing.T) {
 		t.Fatalf("stats: %+v", st)
 	}
 }
+
+// TestRunCancel: without prefetch nothing happens until a fault; Run ends
+// with the context, having placed nothing (the idle probe places nothing
+// either), and cannot be run again.
+func TestRunCancel(t *testing.T) {
+	const pages = 16
+	mem := localRegion(t, pages)
+	fd := localUffd(t, Features)
+	base := addrOf(mem)
+	if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unregister(fd, base, pages*PageSize) })
+	ext := []Extent{{base, pages * PageSize}}
+	p := New(fd, newPatternSrc(ext), ext, Options{})
+	ctx, cancel := context.WithTimeout(t.Context(), 350*time.Millisecond) // several probes
+	defer cancel()
+	if err := p.Run(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run: %v, want the deadline", err)
+	}
+	if st := p.Stats(); st.Pending != pages*PageSize || st.Exited {
+		t.Fatalf("stats after cancel: %+v", st)
+	}
+	for i := range pages {
+		if _, err := Copy(fd, base+uint64(i)*PageSize, make([]byte, PageSize), CopyModeDontWake); err != nil {
+			t.Fatalf("page %d was placed: %v", i, err)
+		}
+	}
+	if err := p.Run(t.Context()); err == nil {
+		t.Fatal("second Run accepted")
+	}
+}

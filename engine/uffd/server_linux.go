@@ -187,9 +187,6 @@ func (s *server) loop(ctx context.Context) error {
 			continue
 		}
 		backoff = 20 * time.Microsecond
-		if s.opts.Spin > 0 && time.Now().Before(s.spinUntil) {
-			continue // poll the userfaultfd instead of sleeping
-		}
 		if s.pend.empty() && len(s.faults) == 0 {
 			if s.child {
 				return nil
@@ -201,6 +198,9 @@ func (s *server) loop(ctx context.Context) error {
 			if n == 0 {
 				return nil
 			}
+		}
+		if s.opts.Spin > 0 && time.Now().Before(s.spinUntil) {
+			continue // poll the userfaultfd instead of sleeping
 		}
 		timeout := time.Duration(-1)
 		if !s.pend.empty() {
