@@ -1,0 +1,53 @@
+// Package ptrace is the tracer that dump and restore use to freeze a
+// process, read and write the state of its threads, and run system calls
+// inside it by injection.
+//
+// # Threads and the tracer goroutine
+//
+// The kernel binds a tracee to the thread that attached it: every ptrace
+// request, and every wait for a tracee, must come from that one OS thread.
+// A Tracer owns a goroutine locked to its OS thread and runs every request
+// there ([Tracer.Do]); all typed methods of Process, Thread and Injector
+// dispatch to it, so they are safe to call from any goroutine. Requests are
+// serialised. Remote memory access ([Process.ReadMem], [Process.WriteMem])
+// does not need the tracer thread and runs on the caller's goroutine, so
+// several goroutines can copy pages at once.
+//
+// # Freezing
+//
+// [Tracer.Seize] attaches with PTRACE_SEIZE to every thread listed in
+// /proc/PID/task, interrupts each with PTRACE_INTERRUPT, waits for its stop
+// and re-reads the task list until a pass finds no new thread. A signal that
+// reaches a thread between the seize and its stop is delivered to it, as the
+// kernel would have done without us (a handler frame is set up and the
+// thread stops before the handler's first instruction; a fatal signal kills
+// the process, reported as [ErrExited]); none is lost or reordered. A thread
+// found in a group-stop (SIGSTOP) is left in it: it is still stopped after
+// [Process.Detach].
+//
+// # Injection
+//
+// An [Injector] runs system calls in one stopped thread: it points the
+// thread's rip at a "syscall; int3" stub (0f 05 cc) in the target, sets rax
+// and the argument registers, continues the thread and waits for the int3.
+// orig_rax is set to -1 so that the kernel applies no syscall-restart logic
+// to injected calls. [Injector.Close] writes the thread's original
+// registers back; when the thread later resumes from that stop, the kernel
+// applies the restart logic of the system call it was frozen in (rax =
+// -ERESTARTSYS and friends, orig_rax = the call), so a thread frozen inside
+// nanosleep or read carries on as if nothing had happened. Signals that
+// arrive while injected calls run are held and delivered when the thread is
+// resumed.
+//
+// # Errors
+//
+// A process or thread that is gone is reported as [ErrExited] (ESRCH, an
+// exit or a kill seen by wait); seizing a pid that does not exist gives
+// [ErrNoProcess]; a process that another tracer holds gives an
+// [*AlreadyTracedError] matching [ErrAlreadyTraced]. Every wait has a
+// deadline ([ErrTimeout]). An injected system call that fails returns its
+// negative errno as the result; [Injector.Call] turns it into a
+// [*SyscallError] that matches the errno with errors.Is.
+//
+// The package is Linux and x86-64 only.
+package ptrace

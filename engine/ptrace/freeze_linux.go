@@ -1,0 +1,294 @@
+package ptrace
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SeizeOptions configure Tracer.Seize.
+type SeizeOptions struct {
+	// Options are PTRACE_O_* flags given to PTRACE_SEIZE, for instance
+	// unix.PTRACE_O_TRACECLONE|unix.PTRACE_O_EXITKILL. TRACECLONE makes
+	// threads created during the freeze attach themselves; without it
+	// they are found by the re-scan of /proc/PID/task.
+	Options int
+	// Timeout bounds the whole freeze; DefaultTimeout if zero.
+	Timeout time.Duration
+}
+
+// Seize attaches to every thread of process pid and stops them all (see
+// the package doc). The result's Stats tell how long the freeze took. On
+// error nothing stays attached.
+func (t *Tracer) Seize(pid int, o SeizeOptions) (*Process, error) {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	var p *Process
+	err := t.Do(func() error {
+		var err error
+		p, err = t.seize(pid, o)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("seize %d: %w", pid, err)
+	}
+	return p, nil
+}
+
+func (t *Tracer) seize(pid int, o SeizeOptions) (*Process, error) {
+	start := time.Now()
+	if pid <= 0 {
+		return nil, ErrNoProcess
+	}
+	st, err := readStatus(pid)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNoProcess
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st.tgid != pid {
+		return nil, fmt.Errorf("%d is a thread of process %d, not a process", pid, st.tgid)
+	}
+	if st.state == 'Z' || st.state == 'X' {
+		return nil, ErrExited
+	}
+	if q := t.procs[pid]; q != nil {
+		return nil, &AlreadyTracedError{Pid: pid, TracerPid: os.Getpid()}
+	}
+	p := &Process{
+		t: t, pid: pid, seized: true, opts: o.Options,
+		foreignChild: st.ppid == os.Getpid(),
+		threads:      make(map[int]*Thread),
+		attached:     true,
+	}
+	t.procs[pid] = p
+	if err := t.freezeFrom(p, start, start.Add(o.Timeout)); err != nil {
+		_ = p.detach()
+		p.forget()
+		return nil, err
+	}
+	if p.mem, err = openMem(pid); err != nil {
+		_ = p.detach()
+		return nil, fmt.Errorf("open mem: %w", err)
+	}
+	return p, nil
+}
+
+// freeze stops every thread of an attached, resumed process.
+func (t *Tracer) freeze(p *Process, deadline time.Time) error {
+	return t.freezeFrom(p, time.Now(), deadline)
+}
+
+// freezeFrom seizes (for seized processes) every thread in /proc/PID/task
+// not yet held, interrupts every running one, waits for all of them to
+// stop and repeats until a pass over the task list finds nothing new.
+func (t *Tracer) freezeFrom(p *Process, start, deadline time.Time) error {
+	stats := FreezeStats{}
+	for {
+		stats.Rounds++
+		if p.seized {
+			tids, err := listTasks(p.pid)
+			if err != nil {
+				if errors.Is(err, os.ErrNotExist) {
+					return ErrExited
+				}
+				return fmt.Errorf("list tasks: %w", err)
+			}
+			for _, tid := range tids {
+				if p.threads[tid] != nil {
+					continue
+				}
+				if err := t.attachThread(p, tid); err != nil {
+					return err
+				}
+			}
+		}
+		var pending []*Thread
+		for _, th := range p.threads {
+			if th.state != stRunning {
+				continue
+			}
+			if err := th.requestStop(); err != nil {
+				return err
+			}
+			pending = append(pending, th)
+		}
+		if len(pending) == 0 {
+			if _, ok := p.threads[p.pid]; !ok && len(p.threads) == 0 {
+				return ErrExited
+			}
+			break
+		}
+		if err := t.waitFrozen(p, pending, &stats, deadline); err != nil {
+			return err
+		}
+		if !p.seized {
+			break
+		}
+	}
+	if len(p.threads) == 0 {
+		return ErrExited
+	}
+	stats.Threads = len(p.threads)
+	for _, th := range p.threads {
+		if th.state == stGroup {
+			stats.GroupStopped++
+		}
+	}
+	stats.Duration = time.Since(start)
+	p.stats = stats
+	return nil
+}
+
+// attachThread seizes and interrupts one thread found in /proc/PID/task.
+func (t *Tracer) attachThread(p *Process, tid int) error {
+	err := ptSeize(tid, p.opts)
+	switch {
+	case err == nil:
+	case errors.Is(err, unix.ESRCH):
+		return nil // exited since the listing
+	case errors.Is(err, unix.EPERM):
+		st, serr := readStatus(tid)
+		if serr != nil || st.state == 'Z' || st.state == 'X' {
+			return nil // dead thread (a zombie cannot be attached)
+		}
+		if st.tracerPid != 0 {
+			return &AlreadyTracedError{Pid: p.pid, TracerPid: st.tracerPid}
+		}
+		return fmt.Errorf("PTRACE_SEIZE %d: %w", tid, err)
+	default:
+		return fmt.Errorf("PTRACE_SEIZE %d: %w", tid, err)
+	}
+	p.addThread(tid, stRunning)
+	return nil
+}
+
+// waitFrozen waits until every pending thread is stopped or gone.
+func (t *Tracer) waitFrozen(p *Process, pending []*Thread, stats *FreezeStats, deadline time.Time) error {
+	sleep := 20 * time.Microsecond
+	for idle := 0; ; idle++ {
+		progress := false
+		live := pending[:0]
+		for _, th := range pending {
+			if th.state != stRunning {
+				continue
+			}
+			st, ok, err := waitOnce(th.tid, th.reap())
+			if err != nil {
+				return err
+			}
+			if !ok {
+				live = append(live, th)
+				continue
+			}
+			progress = true
+			newTh, err := t.freezeStop(th, st, stats)
+			if err != nil {
+				return err
+			}
+			if th.state == stRunning {
+				live = append(live, th)
+			}
+			if newTh != nil && newTh.state == stRunning {
+				live = append(live, newTh)
+			}
+		}
+		pending = live
+		if len(pending) == 0 {
+			return nil
+		}
+		if progress {
+			idle, sleep = 0, 20*time.Microsecond
+			continue
+		}
+		if idle < spinPolls {
+			yield()
+			continue
+		}
+		now := time.Now()
+		if !now.Before(deadline) {
+			return fmt.Errorf("freeze: %d thread(s) did not stop (first %d): %w", len(pending), pending[0].tid, ErrTimeout)
+		}
+		timer := time.NewTimer(min(sleep, deadline.Sub(now)))
+		select {
+		case <-t.sigchld:
+		case <-timer.C:
+		}
+		timer.Stop()
+		sleep = min(sleep*2, 5*time.Millisecond)
+	}
+}
+
+// freezeStop handles one stop of a thread being frozen. Stops other than
+// the freeze's own are dealt with and the thread interrupted again: any
+// ptrace trap clears a pending PTRACE_INTERRUPT. It returns a thread that
+// appeared (auto-attached), if any.
+func (t *Tracer) freezeStop(th *Thread, st status, stats *FreezeStats) (*Thread, error) {
+	p := th.p
+	fresh := th.fresh
+	th.fresh = false
+	th.apply(st)
+	again := func(sig int) error {
+		if err := ptCont(th.tid, sig); err != nil {
+			return th.check("continue", err)
+		}
+		th.state = stRunning
+		return th.requestStop()
+	}
+	switch th.state {
+	case stExited, stGroup:
+		return nil, nil
+	case stSignal:
+		if (fresh || th.stopReq) && st.sig == unix.SIGSTOP {
+			// The first stop of a child auto-attached under PTRACE_TRACEME,
+			// or the SIGSTOP we sent: suppressed on resume.
+			th.stopReq = false
+			return nil, nil
+		}
+		// A signal arrived before the interrupt: deliver it, as the kernel
+		// would have, and stop right after.
+		stats.SignalsDelivered++
+		return nil, again(int(st.sig))
+	}
+	switch st.event {
+	case unix.PTRACE_EVENT_STOP:
+		return nil, nil // the interrupt (or the first stop of a new thread)
+	case unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_VFORK:
+		msg, err := ptEventMsg(th.tid)
+		if err != nil {
+			return nil, th.check("PTRACE_GETEVENTMSG", err)
+		}
+		nt := t.adopt(p, int(msg))
+		return nt, again(0)
+	default: // exec, exit, seccomp...: let it go on to the interrupt
+		return nil, again(0)
+	}
+}
+
+// requestStop asks a running thread to stop: PTRACE_INTERRUPT for seized
+// tracees, a SIGSTOP for PTRACE_TRACEME ones. A thread that is still to
+// report its first stop needs nothing.
+func (th *Thread) requestStop() error {
+	if th.fresh {
+		return nil
+	}
+	if th.p.seized {
+		if err := ptInterrupt(th.tid); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("interrupt %d: %w", th.tid, err)
+		}
+		return nil
+	}
+	if th.stopReq {
+		return nil
+	}
+	if err := unix.Tgkill(th.p.pid, th.tid, unix.SIGSTOP); err != nil && err != unix.ESRCH {
+		return fmt.Errorf("stop %d: %w", th.tid, err)
+	}
+	th.stopReq = true
+	return nil
+}

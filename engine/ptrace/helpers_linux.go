@@ -1,0 +1,314 @@
+package ptrace
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Helpers for the state only an injected system call can read. Each uses
+// the start of the Injector's scratch memory.
+
+// SigAction is struct kernel_sigaction as rt_sigaction(2) sees it on
+// x86-64.
+type SigAction struct {
+	Handler  uint64 // SIG_DFL 0, SIG_IGN 1, or the handler address
+	Flags    uint64 // SA_*
+	Restorer uint64
+	Mask     uint64
+}
+
+// NumSignals is the number of signals (1..64).
+const NumSignals = 64
+
+// needScratch checks the scratch area holds n bytes.
+func (in *Injector) needScratch(n int) error {
+	if in.scratch == 0 || in.scratchLen < n {
+		return fmt.Errorf("injector of thread %d: needs %d bytes of scratch memory, has %d", in.th.tid, n, in.scratchLen)
+	}
+	return nil
+}
+
+// SigActions reads the disposition of every signal with injected
+// rt_sigaction(sig, NULL, &old, 8); element i is signal i+1.
+func (in *Injector) SigActions() ([NumSignals]SigAction, error) {
+	var out [NumSignals]SigAction
+	err := in.th.p.t.Do(func() error {
+		if err := in.needScratch(32); err != nil {
+			return err
+		}
+		for sig := 1; sig <= NumSignals; sig++ {
+			if _, err := in.call(unix.SYS_RT_SIGACTION, uint64(sig), 0, in.scratch, 8); err != nil {
+				return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
+			}
+			if err := in.th.p.ReadMem(in.scratch, bytesOf(&out[sig-1])); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// readWord runs a call that stores a value of n bytes at scratch and
+// returns it.
+func (in *Injector) readVia(n int, nr int, args ...uint64) ([]byte, error) {
+	var out []byte
+	err := in.th.p.t.Do(func() error {
+		if err := in.needScratch(n); err != nil {
+			return err
+		}
+		zero := make([]byte, n)
+		if err := in.th.p.writeMem(in.scratch, zero); err != nil {
+			return err
+		}
+		for i, a := range args {
+			if a == scratchArg {
+				args[i] = in.scratch
+			}
+		}
+		if _, err := in.call(nr, args...); err != nil {
+			return err
+		}
+		out = zero
+		return in.th.p.ReadMem(in.scratch, out)
+	})
+	return out, err
+}
+
+// scratchArg stands for "the scratch address" in readVia arguments.
+const scratchArg = ^uint64(0) - 0x5c
+
+// TidAddress returns the thread's clear_child_tid address
+// (prctl(PR_GET_TID_ADDRESS)), as set by set_tid_address or CLONE_CHILD_CLEARTID.
+func (in *Injector) TidAddress() (uint64, error) {
+	b, err := in.readVia(8, unix.SYS_PRCTL, unix.PR_GET_TID_ADDRESS, scratchArg)
+	if err != nil {
+		return 0, fmt.Errorf("PR_GET_TID_ADDRESS: %w", err)
+	}
+	return le64(b), nil
+}
+
+// AltStack is stack_t as sigaltstack(2) returns it.
+type AltStack struct {
+	Sp    uint64
+	Flags int32 // SS_ONSTACK, SS_DISABLE, SS_AUTODISARM
+	_     int32
+	Size  uint64
+}
+
+// SigAltStack reads the thread's alternate signal stack with injected
+// sigaltstack(NULL, &old).
+func (in *Injector) SigAltStack() (AltStack, error) {
+	var s AltStack
+	b, err := in.readVia(24, unix.SYS_SIGALTSTACK, 0, scratchArg)
+	if err != nil {
+		return s, fmt.Errorf("sigaltstack: %w", err)
+	}
+	copy(bytesOf(&s), b)
+	return s, nil
+}
+
+// Brk returns the current program break (injected brk(0)).
+func (in *Injector) Brk() (uint64, error) {
+	r, err := in.Call(unix.SYS_BRK, 0)
+	if err != nil {
+		return 0, fmt.Errorf("brk: %w", err)
+	}
+	return r, nil
+}
+
+// Prctl runs prctl(op, args...) and returns its result: for the PR_GET_*
+// operations that return their value (PR_GET_DUMPABLE,
+// PR_GET_NO_NEW_PRIVS, PR_GET_TIMERSLACK, PR_GET_THP_DISABLE,
+// PR_GET_KEEPCAPS, PR_GET_SECCOMP...).
+func (in *Injector) Prctl(op int, args ...uint64) (uint64, error) {
+	r, err := in.Call(unix.SYS_PRCTL, append([]uint64{uint64(op)}, args...)...)
+	if err != nil {
+		return 0, fmt.Errorf("prctl(%d): %w", op, err)
+	}
+	return r, nil
+}
+
+// PrctlInt runs prctl(op, &int) for the operations that store an int
+// through their argument (PR_GET_CHILD_SUBREAPER, PR_GET_PDEATHSIG).
+func (in *Injector) PrctlInt(op int) (int32, error) {
+	b, err := in.readVia(4, unix.SYS_PRCTL, uint64(op), scratchArg)
+	if err != nil {
+		return 0, fmt.Errorf("prctl(%d): %w", op, err)
+	}
+	return int32(le32(b)), nil
+}
+
+// Name returns the thread's comm (prctl(PR_GET_NAME)).
+func (in *Injector) Name() (string, error) {
+	b, err := in.readVia(16, unix.SYS_PRCTL, unix.PR_GET_NAME, scratchArg)
+	if err != nil {
+		return "", fmt.Errorf("PR_GET_NAME: %w", err)
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b), nil
+}
+
+// maxSockOpt bounds a getsockopt value.
+const maxSockOpt = 2048
+
+// GetSockOpt runs getsockopt(fd, level, opt) in the target and returns
+// the value (at most size bytes).
+func (in *Injector) GetSockOpt(fd, level, opt, size int) ([]byte, error) {
+	if size <= 0 || size > maxSockOpt {
+		return nil, fmt.Errorf("getsockopt: size %d out of range", size)
+	}
+	var out []byte
+	err := in.th.p.t.Do(func() error {
+		if err := in.needScratch(8 + size); err != nil {
+			return err
+		}
+		var l [8]byte
+		l[0], l[1] = byte(size), byte(size>>8)
+		if err := in.th.p.writeMem(in.scratch, l[:]); err != nil {
+			return err
+		}
+		if _, err := in.call(unix.SYS_GETSOCKOPT, uint64(fd), uint64(level), uint64(opt), in.scratch+8, in.scratch); err != nil {
+			return fmt.Errorf("getsockopt(%d, %d, %d): %w", fd, level, opt, err)
+		}
+		if err := in.th.p.ReadMem(in.scratch, l[:4]); err != nil {
+			return err
+		}
+		n := min(int(le32(l[:])), size)
+		out = make([]byte, n)
+		if n == 0 {
+			return nil
+		}
+		return in.th.p.ReadMem(in.scratch+8, out)
+	})
+	return out, err
+}
+
+// CloneArgs is what Clone3 passes in struct clone_args. Addresses are in
+// the target.
+type CloneArgs struct {
+	Flags      uint64 // CLONE_*
+	PidFD      uint64 // where CLONE_PIDFD stores the pidfd
+	ChildTID   uint64
+	ParentTID  uint64
+	ExitSignal uint64 // SIGCHLD for a process, 0 for a thread
+	Stack      uint64 // lowest address of the stack area
+	StackSize  uint64
+	TLS        uint64
+	SetTID     []int // wanted tid, innermost pid namespace first; empty for any
+	Cgroup     uint64
+}
+
+// cloneArgs is struct clone_args (CLONE_ARGS_SIZE_VER2, 88 bytes).
+type cloneArgs struct {
+	Flags, PidFD, ChildTID, ParentTID, ExitSignal, Stack, StackSize, TLS, SetTID, SetTIDSize, Cgroup uint64
+}
+
+// Clone3 injects clone3 into the thread and returns the new task, stopped
+// at its first stop: a thread of the same process (CLONE_THREAD) or a new
+// process (Thread.Process). The tracing options the kernel needs to
+// attach the child (PTRACE_O_TRACECLONE/FORK/VFORK) are added to the
+// calling thread for the call; the child inherits them. The child's
+// registers are the caller's at the stub (rip after the syscall, rax 0):
+// open an Injector on it, or set its registers, before resuming it.
+// With SetTID, an occupied tid fails with a *SyscallError matching
+// unix.EEXIST.
+func (in *Injector) Clone3(a CloneArgs) (*Thread, error) {
+	var child *Thread
+	err := in.th.p.t.Do(func() error {
+		var err error
+		child, err = in.clone3(a)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("clone3: %w", err)
+	}
+	return child, nil
+}
+
+func (in *Injector) clone3(a CloneArgs) (*Thread, error) {
+	const argsAt, tidsAt = 0, 128
+	if len(a.SetTID) > 32 {
+		return nil, fmt.Errorf("set_tid: %d levels, at most 32", len(a.SetTID))
+	}
+	if err := in.needScratch(tidsAt + 8*len(a.SetTID)); err != nil {
+		return nil, err
+	}
+	ca := cloneArgs{
+		Flags: a.Flags, PidFD: a.PidFD, ChildTID: a.ChildTID, ParentTID: a.ParentTID,
+		ExitSignal: a.ExitSignal, Stack: a.Stack, StackSize: a.StackSize, TLS: a.TLS, Cgroup: a.Cgroup,
+	}
+	p := in.th.p
+	if len(a.SetTID) > 0 {
+		tids := make([]byte, 0, 4*len(a.SetTID))
+		for _, t := range a.SetTID {
+			tids = append(tids, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
+		}
+		if err := p.writeMem(in.scratch+tidsAt, tids); err != nil {
+			return nil, err
+		}
+		ca.SetTID, ca.SetTIDSize = in.scratch+tidsAt, uint64(len(a.SetTID))
+	}
+	if err := p.writeMem(in.scratch+argsAt, bytesOf(&ca)); err != nil {
+		return nil, err
+	}
+	const need = unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK
+	tid := in.th.tid
+	if p.opts&need != need {
+		if err := ptSetOptions(tid, p.opts|need); err != nil {
+			return nil, in.th.check("PTRACE_SETOPTIONS", err)
+		}
+		defer func() { _ = ptSetOptions(tid, p.opts) }()
+	}
+	r, err := in.call(unix.SYS_CLONE3, in.scratch+argsAt, uint64(bytesLen(&ca)))
+	if err != nil {
+		return nil, err
+	}
+	var child *Thread
+	for _, c := range in.children {
+		if c.tid == int(r) {
+			child = c
+		}
+	}
+	if child == nil {
+		return nil, fmt.Errorf("new task %d was not auto-attached", r)
+	}
+	if err := child.waitFirstStop(time.Now().Add(in.timeout)); err != nil {
+		return nil, err
+	}
+	return child, nil
+}
+
+// waitFirstStop waits for the first stop of an auto-attached task: an
+// event stop (seized tracer) or SIGSTOP (PTRACE_TRACEME tracer).
+func (th *Thread) waitFirstStop(deadline time.Time) error {
+	for th.state == stRunning {
+		st, err := th.p.t.waitStop(th.tid, th.reap(), deadline)
+		if err != nil {
+			return err
+		}
+		th.apply(st)
+		switch {
+		case th.state == stExited:
+			return fmt.Errorf("new task %d: %v: %w", th.tid, st, ErrExited)
+		case th.state == stSignal && st.sig != unix.SIGSTOP:
+			// A signal before the first stop: hold it.
+			if si, err := ptGetSigInfo(th.tid); err == nil {
+				th.held = append(th.held, si)
+			}
+			if err := ptCont(th.tid, 0); err != nil {
+				return th.check("PTRACE_CONT", err)
+			}
+			th.state = stRunning
+		}
+	}
+	th.fresh = false
+	return nil
+}
+
+func bytesLen[T any](v *T) int { return len(bytesOf(v)) }

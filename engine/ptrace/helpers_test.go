@@ -1,0 +1,338 @@
+package ptrace
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SA_* flags of x86-64.
+const (
+	saSigInfo  = 0x4
+	saOnStack  = 0x08000000
+	saRestart  = 0x10000000
+	saRestorer = 0x04000000
+)
+
+func TestSigActionsAltStackPrctl(t *testing.T) {
+	tr := newTracer(t)
+	c, ready := start(t, "sigs")
+	p, err := tr.Seize(c.pid, SeizeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := p.Leader().NewInjector(pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acts, err := in.SigActions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	usr1 := acts[unix.SIGUSR1-1]
+	if usr1.Handler != field(t, ready, "h1") ||
+		usr1.Flags&(saSigInfo|saRestart) != saSigInfo|saRestart ||
+		usr1.Flags&saRestorer == 0 || usr1.Restorer == 0 ||
+		usr1.Mask != 1<<(unix.SIGUSR2-1) {
+		t.Errorf("SIGUSR1 action %+v (ready line %q)", usr1, ready)
+	}
+	term := acts[unix.SIGTERM-1]
+	if term.Handler != field(t, ready, "h2") || term.Flags&saOnStack == 0 || term.Mask != 0 {
+		t.Errorf("SIGTERM action %+v", term)
+	}
+	if acts[unix.SIGPIPE-1].Handler != 1 {
+		t.Errorf("SIGPIPE handler %#x, want SIG_IGN", acts[unix.SIGPIPE-1].Handler)
+	}
+	for sig := 1; sig <= NumSignals; sig++ {
+		switch unix.Signal(sig) {
+		case unix.SIGUSR1, unix.SIGTERM, unix.SIGPIPE:
+			continue
+		}
+		if acts[sig-1].Handler != 0 {
+			t.Errorf("signal %d handler %#x, want SIG_DFL", sig, acts[sig-1].Handler)
+		}
+	}
+
+	alt, err := in.SigAltStack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alt.Sp != field(t, ready, "alt") || alt.Size != field(t, ready, "altsize") || alt.Flags != 0 {
+		t.Errorf("altstack %+v, want sp %#x size %d", alt, field(t, ready, "alt"), field(t, ready, "altsize"))
+	}
+
+	brk, err := in.Brk()
+	if err != nil || brk == 0 {
+		t.Errorf("brk %#x, %v", brk, err)
+	}
+	if name, err := in.Name(); err != nil || name != "sigs" {
+		t.Errorf("name %q, %v", name, err)
+	}
+	if v, err := in.Prctl(unix.PR_GET_DUMPABLE); err != nil || v != 1 {
+		t.Errorf("PR_GET_DUMPABLE %d, %v", v, err)
+	}
+	if v, err := in.Prctl(unix.PR_GET_NO_NEW_PRIVS); err != nil || v != 0 {
+		t.Errorf("PR_GET_NO_NEW_PRIVS %d, %v", v, err)
+	}
+	if v, err := in.PrctlInt(unix.PR_GET_CHILD_SUBREAPER); err != nil || v != 0 {
+		t.Errorf("PR_GET_CHILD_SUBREAPER %d, %v", v, err)
+	}
+	if v, err := in.PrctlInt(unix.PR_GET_PDEATHSIG); err != nil || v != 0 {
+		t.Errorf("PR_GET_PDEATHSIG %d, %v", v, err)
+	}
+	// getsockopt on a socket made in the target.
+	fd, err := in.Call(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := in.GetSockOpt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE, 4)
+	if err != nil || len(v) != 4 || le32(v) != unix.SOCK_STREAM {
+		t.Errorf("SO_TYPE %v, %v", v, err)
+	}
+	mustCall(t, in, unix.SYS_CLOSE, fd)
+	if _, err := in.GetSockOpt(0, unix.SOL_SOCKET, unix.SO_TYPE, 4); !errors.Is(err, unix.ENOTSOCK) {
+		t.Errorf("getsockopt on a pipe: %v, want ENOTSOCK", err)
+	}
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	c.drain()
+	if err := unix.Kill(c.pid, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	c.expect(t, "usr1=1", 2*time.Second)
+}
+
+// Per-thread state that only the thread itself (or an injected call) can
+// read: tid address and rseq.
+func TestPerThreadState(t *testing.T) {
+	tr := newTracer(t)
+	c, _ := start(t, "threads")
+	// The fixture reported each thread before "ready"; collect them.
+	want := map[int]string{}
+	p, err := tr.Seize(c.pid, SeizeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range c.before {
+		if strings.HasPrefix(l, "main") || strings.HasPrefix(l, "thread") {
+			want[int(field(t, l, "tid"))] = l
+		}
+	}
+	if len(want) != 5 {
+		t.Fatalf("%d thread lines: %q", len(want), c.before)
+	}
+	lead, err := p.Leader().NewInjector(pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch, n := lead.Scratch()
+	for _, th := range p.Threads() {
+		line, ok := want[th.Tid()]
+		if !ok {
+			t.Fatalf("thread %d did not report", th.Tid())
+		}
+		in := lead
+		if th.Tid() != p.Pid() {
+			if in, err = th.InjectorAt(lead.Stub(), scratch, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ta, err := in.TidAddress()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ta != field(t, line, "tidaddr") {
+			t.Errorf("thread %d: tid address %#x, reported %q", th.Tid(), ta, line)
+		}
+		rs, err := th.Rseq()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs.Ptr != field(t, line, "rseq") || rs.Signature != 0x53053053 || rs.Size < 32 {
+			t.Errorf("thread %d: rseq %+v, reported %q", th.Tid(), rs, line)
+		}
+		head, _, err := RobustList(th.Tid())
+		if err != nil || head == 0 {
+			t.Errorf("thread %d: robust list %#x %v", th.Tid(), head, err)
+		}
+		if _, err := in.SigAltStack(); err != nil {
+			t.Fatal(err)
+		}
+		if in != lead {
+			if err := in.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := lead.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	c.drain()
+	c.expect(t, "tick", 2*time.Second)
+}
+
+const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
+	unix.CLONE_THREAD | unix.CLONE_SYSVSEM
+
+// Restore's path: a stub stopped at exec, a new process with a chosen pid
+// made by clone3 in it, a thread with a chosen tid in that, injection into
+// both.
+func TestStartStoppedClone3(t *testing.T) {
+	tr := newTracer(t)
+	bin := fixture(t, "sleeper")
+	stub, err := tr.StartStopped(bin, []string{"stub"}, StartOptions{Options: unix.PTRACE_O_EXITKILL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stub.Kill() })
+	if st := taskStates(t, stub.Pid())[stub.Pid()]; st != 't' {
+		t.Fatalf("stub state %c, want t", st)
+	}
+	in, err := stub.Leader().NewInjector(pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != stub.Pid() {
+		t.Fatalf("getpid in stub = %d", got)
+	}
+	wantPid := freePid(t, stub.Pid())
+	child, err := in.Clone3(CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{wantPid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := child.Process()
+	t.Cleanup(func() { proc.Kill() })
+	if child.Tid() != wantPid || proc.Pid() != wantPid || proc == stub {
+		t.Fatalf("child tid %d pid %d, want %d", child.Tid(), proc.Pid(), wantPid)
+	}
+	if tr.Process(wantPid) != proc {
+		t.Fatal("Tracer.Process does not know the child")
+	}
+	if st := taskStates(t, wantPid)[wantPid]; st != 't' {
+		t.Fatalf("child state %c, want t", st)
+	}
+	// Same addresses in the copy of the stub's memory.
+	scratch, n := in.Scratch()
+	cin, err := child.InjectorAt(in.Stub(), scratch, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustCall(t, cin, unix.SYS_GETPID); int(got) != wantPid {
+		t.Fatalf("getpid in child = %d", got)
+	}
+	if got := mustCall(t, cin, unix.SYS_GETPPID); int(got) != stub.Pid() {
+		t.Fatalf("getppid in child = %d", got)
+	}
+	// The pid is taken now: a second clone3 asking for it fails cleanly.
+	if _, err := in.Clone3(CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{wantPid}}); !errors.Is(err, unix.EEXIST) {
+		t.Fatalf("clone3 with a taken pid: %v, want EEXIST", err)
+	}
+
+	// A thread with a chosen tid inside the new process.
+	wantTid := freePid(t, wantPid)
+	nt, err := cin.Clone3(CloneArgs{Flags: threadFlags, SetTID: []int{wantTid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nt.Tid() != wantTid || nt.Process() != proc {
+		t.Fatalf("thread %d in %d, want %d in %d", nt.Tid(), nt.Process().Pid(), wantTid, wantPid)
+	}
+	tin, err := nt.InjectorAt(in.Stub(), scratch, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustCall(t, tin, unix.SYS_GETTID); int(got) != wantTid {
+		t.Fatalf("gettid in new thread = %d", got)
+	}
+	if got := mustCall(t, tin, unix.SYS_GETPID); int(got) != wantPid {
+		t.Fatalf("getpid in new thread = %d", got)
+	}
+	if len(proc.Threads()) != 2 {
+		t.Fatalf("child has %d threads", len(proc.Threads()))
+	}
+	// The thread leaves by an injected exit.
+	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ErrExited) {
+		t.Fatalf("injected exit: %v, want ErrExited", err)
+	}
+	if len(proc.Threads()) != 1 {
+		t.Fatalf("child has %d threads after exit", len(proc.Threads()))
+	}
+	if err := cin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Dead; a zombie until its real parent, the stub, waits or dies.
+	if st, err := readStatus(wantPid); err == nil && st.state != 'Z' {
+		t.Fatalf("child %d in state %c after Kill", wantPid, st.state)
+	}
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := stub.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", stub.Pid())); !os.IsNotExist(err) {
+		t.Fatalf("stub still there after Kill: %v", err)
+	}
+}
+
+// Thread creation by injection in a seized, running program, which goes on
+// working afterwards.
+func TestClone3ThreadInSeized(t *testing.T) {
+	tr := newTracer(t)
+	c, _ := start(t, "sleeper")
+	p, err := tr.Seize(c.pid, SeizeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := p.Leader().NewInjector(2 * pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nt, err := in.Clone3(CloneArgs{Flags: threadFlags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nt.Process() != p || len(p.Threads()) != 2 {
+		t.Fatalf("new thread %d not in the process", nt.Tid())
+	}
+	if ch := in.Children(); len(ch) != 1 || ch[0] != nt {
+		t.Fatalf("children %v", ch)
+	}
+	scratch, n := in.Scratch()
+	tin, err := nt.InjectorAt(in.Stub(), scratch, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustCall(t, tin, unix.SYS_GETTID); int(got) != nt.Tid() {
+		t.Fatalf("gettid = %d want %d", got, nt.Tid())
+	}
+	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ErrExited) {
+		t.Fatalf("injected exit: %v", err)
+	}
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	c.drain()
+	c.expect(t, "tick", 2*time.Second)
+	if n := len(taskStates(t, c.pid)); n != 1 {
+		t.Fatalf("%d tasks after the injected thread exited", n)
+	}
+}

@@ -1,0 +1,478 @@
+package ptrace
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// threadState is where a tracee thread is, as far as the tracer knows.
+type threadState int
+
+const (
+	// stRunning: resumed, or seized/interrupted and not yet reported.
+	stRunning threadState = iota
+	// stEvent: a ptrace event stop (PTRACE_INTERRUPT, clone, exec...).
+	stEvent
+	// stGroup: a group-stop (SIGSTOP and friends) of a seized tracee.
+	stGroup
+	// stSignal: a signal-delivery-stop; stopSig is suppressed on resume.
+	stSignal
+	// stExited: gone.
+	stExited
+)
+
+// Process is a traced thread group. Obtain one from Tracer.Seize,
+// Tracer.StartStopped or Injector.Clone3. Its methods are safe for
+// concurrent use.
+type Process struct {
+	t   *Tracer
+	pid int
+	mem *os.File // /proc/PID/mem, opened O_RDWR
+
+	// Owned by the tracer goroutine.
+	seized       bool // attached with PTRACE_SEIZE (else PTRACE_TRACEME)
+	owned        bool // started by this Tracer: killed and reaped by it
+	foreignChild bool // our process is its real parent but someone else waits for it
+	opts         int  // PTRACE_O_* options
+	threads      map[int]*Thread
+	stats        FreezeStats
+	attached     bool
+}
+
+// Thread is one traced thread.
+type Thread struct {
+	p   *Process
+	tid int
+
+	// Owned by the tracer goroutine.
+	state   threadState
+	stopSig unix.Signal
+	held    []SigInfo // signals held back while injecting, delivered on resume
+	inj     *Injector // open injector, if any
+	fresh   bool      // auto-attached, its first stop not yet seen
+	stopReq bool      // we sent SIGSTOP to stop it (PTRACE_TRACEME tracee)
+}
+
+// FreezeStats describes the last freeze of a process.
+type FreezeStats struct {
+	Duration         time.Duration // from the first seize to the last thread stopped
+	Threads          int           // threads stopped
+	Rounds           int           // passes over /proc/PID/task
+	SignalsDelivered int           // signals that arrived during the freeze and were let through
+	GroupStopped     int           // threads found in a group-stop
+}
+
+// Pid returns the thread group id.
+func (p *Process) Pid() int { return p.pid }
+
+// Tracer returns the tracer that holds p.
+func (p *Process) Tracer() *Tracer { return p.t }
+
+// Stats returns the figures of the last freeze.
+func (p *Process) Stats() FreezeStats {
+	var s FreezeStats
+	_ = p.t.Do(func() error { s = p.stats; return nil })
+	return s
+}
+
+// Threads returns the traced threads, leader first, then by tid.
+func (p *Process) Threads() []*Thread {
+	var out []*Thread
+	_ = p.t.Do(func() error { out = p.threadList(); return nil })
+	return out
+}
+
+func (p *Process) threadList() []*Thread {
+	out := make([]*Thread, 0, len(p.threads))
+	for _, th := range p.threads {
+		out = append(out, th)
+	}
+	slices.SortFunc(out, func(a, b *Thread) int {
+		if a.tid == p.pid {
+			return -1
+		}
+		if b.tid == p.pid {
+			return 1
+		}
+		return a.tid - b.tid
+	})
+	return out
+}
+
+// Thread returns the traced thread tid, or nil.
+func (p *Process) Thread(tid int) *Thread {
+	var th *Thread
+	_ = p.t.Do(func() error { th = p.threads[tid]; return nil })
+	return th
+}
+
+// Leader returns the thread whose tid is the pid (nil once it is gone).
+func (p *Process) Leader() *Thread { return p.Thread(p.pid) }
+
+// Tid returns the thread id.
+func (th *Thread) Tid() int { return th.tid }
+
+// Process returns the thread group the thread belongs to.
+func (th *Thread) Process() *Process { return th.p }
+
+// reap says whether waits may consume this thread's exit status.
+func (th *Thread) reap() bool { return !(th.tid == th.p.pid && th.p.foreignChild) }
+
+// addThread registers a new tracee thread.
+func (p *Process) addThread(tid int, state threadState) *Thread {
+	th := &Thread{p: p, tid: tid, state: state}
+	p.threads[tid] = th
+	p.t.threads[tid] = th
+	return th
+}
+
+// dropThread forgets a thread that is gone or detached.
+func (p *Process) dropThread(th *Thread) {
+	th.state = stExited
+	delete(p.threads, th.tid)
+	if p.t.threads[th.tid] == th {
+		delete(p.t.threads, th.tid)
+	}
+}
+
+// forget drops the process and all its threads from the tracer.
+func (p *Process) forget() {
+	for _, th := range p.threads {
+		p.dropThread(th)
+	}
+	p.attached = false
+	if p.t.procs[p.pid] == p {
+		delete(p.t.procs, p.pid)
+	}
+	if p.mem != nil {
+		_ = p.mem.Close()
+	}
+}
+
+// apply records a wait status for th.
+func (th *Thread) apply(st status) {
+	switch {
+	case st.exited:
+		th.p.dropThread(th)
+	case st.event == unix.PTRACE_EVENT_STOP && isStopSignal(st.sig):
+		th.state, th.stopSig = stGroup, st.sig
+	case st.event != 0:
+		th.state, th.stopSig = stEvent, st.sig
+	default:
+		th.state, th.stopSig = stSignal, st.sig
+	}
+}
+
+func isStopSignal(s unix.Signal) bool {
+	return s == unix.SIGSTOP || s == unix.SIGTSTP || s == unix.SIGTTIN || s == unix.SIGTTOU
+}
+
+// stopped checks that th can take ptrace requests.
+func (th *Thread) stopped() error {
+	switch th.state {
+	case stExited:
+		return fmt.Errorf("thread %d: %w", th.tid, ErrExited)
+	case stRunning:
+		return fmt.Errorf("thread %d: %w", th.tid, ErrNotStopped)
+	}
+	return nil
+}
+
+// check turns a ptrace error on th into ErrExited when the thread is gone,
+// and records that.
+func (th *Thread) check(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, unix.ESRCH) {
+		th.p.dropThread(th)
+		return fmt.Errorf("%s thread %d: %w", op, th.tid, ErrExited)
+	}
+	return fmt.Errorf("%s thread %d: %w", op, th.tid, err)
+}
+
+// Detach resumes every thread and detaches from the process. Open
+// injectors are closed first (their registers restored, scratch memory
+// they mapped unmapped). Signals held during injection are delivered.
+// Threads found in a group-stop stay stopped.
+func (p *Process) Detach() error { return p.t.Do(p.detach) }
+
+func (p *Process) detach() error {
+	if !p.attached {
+		return nil
+	}
+	var errs []error
+	if p.anyRunning() {
+		if err := p.t.freeze(p, time.Now().Add(DefaultTimeout)); err != nil && !errors.Is(err, ErrExited) {
+			errs = append(errs, fmt.Errorf("stop before detach: %w", err))
+		}
+	}
+	for _, th := range p.threadList() {
+		if err := th.release(true); err != nil && !errors.Is(err, ErrExited) {
+			errs = append(errs, err)
+		}
+	}
+	p.forget()
+	return errors.Join(errs...)
+}
+
+// Resume lets every thread run while staying attached: the tracer passes
+// signals on to them and follows new threads (PTRACE_O_TRACECLONE) until
+// Interrupt, Detach or Kill. Held signals are delivered; group-stopped
+// threads stay stopped (PTRACE_LISTEN).
+func (p *Process) Resume() error {
+	return p.t.Do(func() error {
+		if !p.attached {
+			return fmt.Errorf("resume %d: %w", p.pid, ErrExited)
+		}
+		var errs []error
+		for _, th := range p.threadList() {
+			if err := th.release(false); err != nil && !errors.Is(err, ErrExited) {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// Interrupt stops every thread of a resumed process again, with the same
+// rules as the freeze of Seize. Only for seized processes.
+func (p *Process) Interrupt(timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	return p.t.Do(func() error {
+		if !p.seized {
+			return fmt.Errorf("interrupt %d: PTRACE_INTERRUPT needs a seized tracee", p.pid)
+		}
+		return p.t.freeze(p, time.Now().Add(timeout))
+	})
+}
+
+// release resumes th (detach or continue), closing its injector and
+// delivering held signals.
+func (th *Thread) release(detach bool) error {
+	if th.state == stExited {
+		return nil
+	}
+	var errs []error
+	if th.inj != nil {
+		if err := th.inj.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if th.state == stExited {
+		return errors.Join(errs...)
+	}
+	if th.state == stRunning {
+		if detach {
+			errs = append(errs, fmt.Errorf("detach thread %d: %w", th.tid, ErrNotStopped))
+		}
+		return errors.Join(errs...)
+	}
+	sig := 0
+	held := th.held
+	th.held = nil
+	if th.state == stSignal && len(held) > 0 {
+		// Replace the stop's signal by the first held one, siginfo and all.
+		if err := ptSetSigInfo(th.tid, &held[0]); err == nil {
+			sig = int(held[0].Signo())
+			held = held[1:]
+		}
+	}
+	for i := range held {
+		if err := requeue(th.p.pid, th.tid, &held[i]); err != nil {
+			errs = append(errs, fmt.Errorf("redeliver %v to thread %d: %w", held[i].Signo(), th.tid, err))
+		}
+	}
+	var err error
+	switch {
+	case detach:
+		err = ptDetach(th.tid, sig)
+	case th.state == stGroup:
+		err = ptListen(th.tid)
+	default:
+		err = ptCont(th.tid, sig)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			th.p.dropThread(th)
+			return errors.Join(errs...)
+		}
+		errs = append(errs, fmt.Errorf("resume thread %d: %w", th.tid, err))
+		return errors.Join(errs...)
+	}
+	if detach {
+		th.p.dropThread(th)
+	} else {
+		th.state = stRunning
+	}
+	return errors.Join(errs...)
+}
+
+// siTkill is SI_TKILL: the kernel refuses it (and si_code >= 0) from
+// rt_tgsigqueueinfo of another process.
+const siTkill = -6
+
+// requeue sends a held signal back to its thread from outside: siginfo is
+// kept where the kernel allows it (si_code < 0), else only the number.
+func requeue(tgid, tid int, si *SigInfo) error {
+	if c := si.Code(); c < 0 && c != siTkill {
+		_, _, e := unix.Syscall6(unix.SYS_RT_TGSIGQUEUEINFO, uintptr(tgid), uintptr(tid), uintptr(si.Signo()), uintptr(unsafe.Pointer(si)), 0, 0)
+		if e == 0 {
+			return nil
+		}
+	}
+	return unix.Tgkill(tgid, tid, si.Signo())
+}
+
+// Kill sends SIGKILL to the process and waits until every thread is gone.
+func (p *Process) Kill() error { return p.t.Do(p.kill) }
+
+func (p *Process) kill() error {
+	if !p.attached {
+		return nil
+	}
+	if err := unix.Kill(p.pid, unix.SIGKILL); err != nil && err != unix.ESRCH {
+		return fmt.Errorf("kill %d: %w", p.pid, err)
+	}
+	deadline := time.Now().Add(DefaultTimeout)
+	var errs []error
+	for _, th := range p.threadList() {
+		for th.state != stExited {
+			st, err := p.t.waitStop(th.tid, th.reap(), deadline)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if st.exited {
+				break
+			}
+			// An exit event or a stop racing with the kill.
+			_ = ptCont(th.tid, 0)
+		}
+	}
+	p.forget()
+	return errors.Join(errs...)
+}
+
+func (p *Process) anyRunning() bool {
+	for _, th := range p.threads {
+		if th.state == stRunning {
+			return true
+		}
+	}
+	return false
+}
+
+// service looks at every thread the tracer holds without blocking:
+// resumed threads get their stops handled (signals passed on, new threads
+// followed, group-stops listened to); stopped threads are checked for an
+// exit (a SIGKILL from outside), which must be reaped for the process's
+// parent to see it.
+func (t *Tracer) service() {
+	for _, th := range t.threads {
+		if th.state != stRunning {
+			st, ok, err := waitOnce(th.tid, th.reap())
+			if err == nil && ok {
+				th.apply(st)
+			}
+			continue
+		}
+		for range 16 { // bounded: a signal storm must not starve requests
+			st, ok, err := waitOnce(th.tid, th.reap())
+			if err != nil || !ok {
+				break
+			}
+			if t.followStop(th, st) {
+				break
+			}
+		}
+	}
+	for _, p := range t.procs {
+		if p.attached && len(p.threads) == 0 {
+			p.forget()
+		}
+	}
+}
+
+// followStop handles one stop of a running (resumed) thread and lets it
+// run on. It returns true when the thread is no longer running.
+func (t *Tracer) followStop(th *Thread, st status) bool {
+	th.apply(st)
+	switch th.state {
+	case stExited:
+		return true
+	case stGroup:
+		if ptListen(th.tid) == nil {
+			th.state = stRunning
+		}
+		return false
+	case stSignal:
+		sig := st.sig
+		if th.fresh && sig == unix.SIGSTOP {
+			sig = 0 // initial stop of an auto-attached PTRACE_TRACEME child
+		}
+		th.fresh = false
+		if err := ptCont(th.tid, int(sig)); err == nil {
+			th.state = stRunning
+		}
+		return false
+	}
+	// Event stops.
+	th.fresh = false
+	switch st.event {
+	case unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_VFORK:
+		if msg, err := ptEventMsg(th.tid); err == nil {
+			nt := t.adopt(th.p, int(msg))
+			nt.state = stRunning
+		}
+	}
+	if err := ptCont(th.tid, 0); err == nil {
+		th.state = stRunning
+	}
+	return false
+}
+
+// adopt registers a task auto-attached by PTRACE_O_TRACECLONE/FORK: a new
+// thread of p or a new process. Its first stop is still to come.
+func (t *Tracer) adopt(p *Process, tid int) *Thread {
+	if th := t.threads[tid]; th != nil {
+		return th
+	}
+	tgid := tid
+	if st, err := readStatus(tid); err == nil && st.tgid > 0 {
+		tgid = st.tgid
+	}
+	owner := p
+	if tgid != p.pid {
+		owner = t.procs[tgid]
+		if owner == nil {
+			owner = &Process{
+				t: t, pid: tgid, seized: p.seized, owned: p.owned, opts: p.opts,
+				threads: make(map[int]*Thread), attached: true,
+			}
+			if f, err := openMem(tgid); err == nil {
+				owner.mem = f
+			}
+			t.procs[tgid] = owner
+		}
+	}
+	th := owner.addThread(tid, stRunning)
+	th.fresh = true
+	return th
+}
+
+// Process returns the traced process pid (for instance one auto-attached
+// through PTRACE_O_TRACEFORK), or nil.
+func (t *Tracer) Process(pid int) *Process {
+	var p *Process
+	_ = t.Do(func() error { p = t.procs[pid]; return nil })
+	return p
+}

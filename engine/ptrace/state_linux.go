@@ -1,0 +1,179 @@
+package ptrace
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Register sets for RegSet/SetRegSet.
+const (
+	NTPRFPReg   = unix.NT_PRFPREG    // 512-byte FXSAVE area
+	NTX86XState = unix.NT_X86_XSTATE // XSAVE area, size per CPU (11008 bytes here)
+)
+
+// maxRegSet bounds a register set read (XSAVE with AMX is about 11 KiB).
+const maxRegSet = 64 << 10
+
+// on runs fn on the tracer thread after checking that th is stopped.
+func (th *Thread) on(fn func() error) error {
+	return th.p.t.Do(func() error {
+		if err := th.stopped(); err != nil {
+			return err
+		}
+		return fn()
+	})
+}
+
+// Regs returns the general registers. With an open Injector they are the
+// registers of the last stop, not the saved ones (see Injector.SavedRegs).
+func (th *Thread) Regs() (Regs, error) {
+	var r Regs
+	err := th.on(func() error { return th.check("PTRACE_GETREGS", ptGetRegs(th.tid, &r)) })
+	return r, err
+}
+
+// SetRegs sets the general registers. With an open Injector use
+// Injector.SetRegs, or set them after Close.
+func (th *Thread) SetRegs(r *Regs) error {
+	return th.on(func() error { return th.check("PTRACE_SETREGS", ptSetRegs(th.tid, r)) })
+}
+
+// RegSet reads register set note (NTX86XState, NTPRFPReg...) and returns
+// it at the size the kernel reports.
+func (th *Thread) RegSet(note int) ([]byte, error) {
+	var out []byte
+	err := th.on(func() error {
+		if th.p.t.regBuf == nil {
+			th.p.t.regBuf = make([]byte, maxRegSet)
+		}
+		n, err := ptGetRegSet(th.tid, note, th.p.t.regBuf)
+		if err != nil {
+			return th.check(fmt.Sprintf("PTRACE_GETREGSET %#x", note), err)
+		}
+		out = append([]byte(nil), th.p.t.regBuf[:n]...)
+		return nil
+	})
+	return out, err
+}
+
+// SetRegSet writes register set note; b must have the size RegSet
+// returned.
+func (th *Thread) SetRegSet(note int, b []byte) error {
+	if len(b) == 0 {
+		return fmt.Errorf("PTRACE_SETREGSET %#x: empty", note)
+	}
+	return th.on(func() error {
+		return th.check(fmt.Sprintf("PTRACE_SETREGSET %#x", note), ptSetRegSet(th.tid, note, b))
+	})
+}
+
+// FPState is the floating-point and vector state of a thread.
+type FPState struct {
+	Note int    // NTX86XState, or NTPRFPReg where XSAVE is unavailable
+	Data []byte // the regset as the kernel gives it
+}
+
+// FPState reads the XSAVE area (NT_X86_XSTATE), falling back to the
+// FXSAVE area (NT_PRFPREG) on CPUs or kernels without XSAVE.
+func (th *Thread) FPState() (FPState, error) {
+	b, err := th.RegSet(NTX86XState)
+	if err == nil {
+		return FPState{Note: NTX86XState, Data: b}, nil
+	}
+	b, err2 := th.RegSet(NTPRFPReg)
+	if err2 != nil {
+		return FPState{}, fmt.Errorf("xstate: %w; fpregs: %w", err, err2)
+	}
+	return FPState{Note: NTPRFPReg, Data: b}, nil
+}
+
+// SetFPState writes back what FPState returned.
+func (th *Thread) SetFPState(s FPState) error { return th.SetRegSet(s.Note, s.Data) }
+
+// SigMask returns the blocked-signal mask (bit n-1 = signal n).
+//
+// A thread frozen inside ppoll, pselect, epoll_pwait or rt_sigsuspend
+// shows the temporary mask of that call until it resumes once; the
+// kernel puts the saved mask back (restore_saved_sigmask) as soon as the
+// thread leaves the stop, including to run an injected call. Read the mask
+// after an injected call to get the thread's own mask.
+func (th *Thread) SigMask() (uint64, error) {
+	var m uint64
+	err := th.on(func() error {
+		var err error
+		m, err = ptGetSigMask(th.tid)
+		return th.check("PTRACE_GETSIGMASK", err)
+	})
+	return m, err
+}
+
+// SetSigMask sets the blocked-signal mask. Note that the kernel then
+// forgets a saved mask (TIF_RESTORE_SIGMASK) of a thread inside
+// ppoll/pselect/sigsuspend.
+func (th *Thread) SetSigMask(m uint64) error {
+	return th.on(func() error { return th.check("PTRACE_SETSIGMASK", ptSetSigMask(th.tid, m)) })
+}
+
+// Rseq returns the thread's rseq registration (Ptr 0 if none).
+func (th *Thread) Rseq() (RseqConfig, error) {
+	var c RseqConfig
+	err := th.on(func() error {
+		var err error
+		c, err = ptGetRseq(th.tid)
+		return th.check("PTRACE_GET_RSEQ_CONFIGURATION", err)
+	})
+	return c, err
+}
+
+// maxPending bounds PendingSignals (RLIMIT_SIGPENDING is usually a few
+// thousand; realtime signals can queue).
+const maxPending = 1 << 16
+
+// PendingSignals returns the signals queued for the thread (shared=false)
+// or for the whole process (shared=true), oldest first, without dequeuing
+// them (PTRACE_PEEKSIGINFO).
+func (th *Thread) PendingSignals(shared bool) ([]SigInfo, error) {
+	var out []SigInfo
+	err := th.on(func() error {
+		buf := make([]SigInfo, 32)
+		for len(out) < maxPending {
+			n, err := ptPeekSigInfo(th.tid, shared, uint64(len(out)), buf)
+			if err != nil {
+				return th.check("PTRACE_PEEKSIGINFO", err)
+			}
+			out = append(out, buf[:n]...)
+			if n < len(buf) {
+				return nil
+			}
+		}
+		return fmt.Errorf("thread %d: more than %d pending signals", th.tid, maxPending)
+	})
+	return out, err
+}
+
+// SetOptions changes the PTRACE_O_* options of this thread.
+func (th *Thread) SetOptions(opts int) error {
+	return th.on(func() error { return th.check("PTRACE_SETOPTIONS", ptSetOptions(th.tid, opts)) })
+}
+
+// Stopped reports whether the thread is stopped (can take requests).
+func (th *Thread) Stopped() bool {
+	var ok bool
+	_ = th.p.t.Do(func() error { ok = th.stopped() == nil; return nil })
+	return ok
+}
+
+// RobustList returns the robust futex list head and its length of thread
+// tid (get_robust_list). It is a plain system call: no tracer needed.
+func RobustList(tid int) (head uint64, size uint64, err error) {
+	_, _, e := unix.Syscall(unix.SYS_GET_ROBUST_LIST, uintptr(tid), uintptr(unsafe.Pointer(&head)), uintptr(unsafe.Pointer(&size)))
+	if e != 0 {
+		if e == unix.ESRCH {
+			return 0, 0, fmt.Errorf("get_robust_list %d: %w", tid, ErrExited)
+		}
+		return 0, 0, fmt.Errorf("get_robust_list %d: %w", tid, e)
+	}
+	return head, size, nil
+}

@@ -1,0 +1,178 @@
+package ptrace
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Raw ptrace requests. Every function here must run on the tracer thread.
+
+func ptraceRaw(req, tid int, addr, data uintptr) (uintptr, error) {
+	r, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
+	if e != 0 {
+		return r, e
+	}
+	return r, nil
+}
+
+func ptracePtr(req, tid int, addr uintptr, data unsafe.Pointer) (uintptr, error) {
+	r, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, uintptr(data), 0, 0)
+	if e != 0 {
+		return r, e
+	}
+	return r, nil
+}
+
+func ptSeize(tid, opts int) error {
+	_, err := ptraceRaw(unix.PTRACE_SEIZE, tid, 0, uintptr(opts))
+	return err
+}
+
+func ptInterrupt(tid int) error {
+	_, err := ptraceRaw(unix.PTRACE_INTERRUPT, tid, 0, 0)
+	return err
+}
+
+func ptCont(tid, sig int) error {
+	_, err := ptraceRaw(unix.PTRACE_CONT, tid, 0, uintptr(sig))
+	return err
+}
+
+func ptListen(tid int) error {
+	_, err := ptraceRaw(unix.PTRACE_LISTEN, tid, 0, 0)
+	return err
+}
+
+func ptDetach(tid, sig int) error {
+	_, err := ptraceRaw(unix.PTRACE_DETACH, tid, 0, uintptr(sig))
+	return err
+}
+
+func ptSetOptions(tid, opts int) error {
+	_, err := ptraceRaw(unix.PTRACE_SETOPTIONS, tid, 0, uintptr(opts))
+	return err
+}
+
+func ptEventMsg(tid int) (uint64, error) {
+	var msg uint64
+	_, err := ptracePtr(unix.PTRACE_GETEVENTMSG, tid, 0, unsafe.Pointer(&msg))
+	return msg, err
+}
+
+// ptPeek reads one word (the raw syscall stores it at *data).
+func ptPeek(tid int, addr uint64) (uint64, error) {
+	var w uint64
+	_, err := ptracePtr(unix.PTRACE_PEEKTEXT, tid, uintptr(addr), unsafe.Pointer(&w))
+	return w, err
+}
+
+func ptPoke(tid int, addr, w uint64) error {
+	_, err := ptraceRaw(unix.PTRACE_POKETEXT, tid, uintptr(addr), uintptr(w))
+	return err
+}
+
+func ptGetRegs(tid int, r *unix.PtraceRegs) error {
+	_, err := ptracePtr(unix.PTRACE_GETREGS, tid, 0, unsafe.Pointer(r))
+	return err
+}
+
+func ptSetRegs(tid int, r *unix.PtraceRegs) error {
+	_, err := ptracePtr(unix.PTRACE_SETREGS, tid, 0, unsafe.Pointer(r))
+	return err
+}
+
+// ptGetRegSet reads regset note into buf and returns the length the kernel
+// filled in.
+func ptGetRegSet(tid int, note int, buf []byte) (int, error) {
+	iov := unix.Iovec{Base: &buf[0]}
+	iov.SetLen(len(buf))
+	_, err := ptracePtr(unix.PTRACE_GETREGSET, tid, uintptr(note), unsafe.Pointer(&iov))
+	return int(iov.Len), err
+}
+
+func ptSetRegSet(tid int, note int, buf []byte) error {
+	iov := unix.Iovec{Base: &buf[0]}
+	iov.SetLen(len(buf))
+	_, err := ptracePtr(unix.PTRACE_SETREGSET, tid, uintptr(note), unsafe.Pointer(&iov))
+	return err
+}
+
+func ptGetSigMask(tid int) (uint64, error) {
+	var m uint64
+	_, err := ptracePtr(unix.PTRACE_GETSIGMASK, tid, 8, unsafe.Pointer(&m))
+	return m, err
+}
+
+func ptSetSigMask(tid int, m uint64) error {
+	_, err := ptracePtr(unix.PTRACE_SETSIGMASK, tid, 8, unsafe.Pointer(&m))
+	return err
+}
+
+func ptGetSigInfo(tid int) (SigInfo, error) {
+	var si SigInfo
+	_, err := ptracePtr(unix.PTRACE_GETSIGINFO, tid, 0, unsafe.Pointer(&si))
+	return si, err
+}
+
+func ptSetSigInfo(tid int, si *SigInfo) error {
+	_, err := ptracePtr(unix.PTRACE_SETSIGINFO, tid, 0, unsafe.Pointer(si))
+	return err
+}
+
+// peekSigInfoArgs is struct ptrace_peeksiginfo_args.
+type peekSigInfoArgs struct {
+	Off   uint64
+	Flags uint32
+	Nr    int32
+}
+
+const peekSigInfoShared = 1 // PTRACE_PEEKSIGINFO_SHARED
+
+func ptPeekSigInfo(tid int, shared bool, off uint64, out []SigInfo) (int, error) {
+	a := peekSigInfoArgs{Off: off, Nr: int32(len(out))}
+	if shared {
+		a.Flags = peekSigInfoShared
+	}
+	r, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_PEEKSIGINFO, uintptr(tid),
+		uintptr(unsafe.Pointer(&a)), uintptr(unsafe.Pointer(&out[0])), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+// RseqConfig is struct ptrace_rseq_configuration.
+type RseqConfig struct {
+	Ptr       uint64 // address of the thread's struct rseq; 0 if none
+	Size      uint32 // registered length
+	Signature uint32 // abort signature
+	Flags     uint32
+	_         uint32
+}
+
+func ptGetRseq(tid int) (RseqConfig, error) {
+	var c RseqConfig
+	_, err := ptracePtr(unix.PTRACE_GET_RSEQ_CONFIGURATION, tid, unsafe.Sizeof(c), unsafe.Pointer(&c))
+	return c, err
+}
+
+// SigInfo is a raw siginfo_t (128 bytes).
+type SigInfo [128]byte
+
+// Signo is si_signo.
+func (s *SigInfo) Signo() unix.Signal { return unix.Signal(int32(le32(s[0:]))) }
+
+// Code is si_code.
+func (s *SigInfo) Code() int32 { return int32(le32(s[8:])) }
+
+// Addr is si_addr (meaningful for faults).
+func (s *SigInfo) Addr() uint64 { return le64(s[16:]) }
+
+// Pid is si_pid (meaningful for kill, sigqueue and SIGCHLD).
+func (s *SigInfo) Pid() int32 { return int32(le32(s[16:])) }
+
+func le32(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
+
+func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
