@@ -44,8 +44,8 @@ func (e *AlreadyTracedError) Is(target error) bool { return target == ErrAlready
 
 // SyscallError is an injected system call that returned an error.
 type SyscallError struct {
-	Nr    int         // system call number
-	Errno unix.Errno  // the error it returned
+	Nr    int        // system call number
+	Errno unix.Errno // the error it returned
 }
 
 func (e *SyscallError) Error() string {
