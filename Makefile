@@ -1,0 +1,82 @@
+# lazyfs: build, test, benchmark and fuzz entry points (see README.md).
+#
+#   make build   binaries of ./cmd/... into bin/
+#   make test    go vet, race-detector tests of the pure packages, then every
+#                test (as root with LAZYFS_TEST_REQUIRE=all in CI: .ci/run)
+#   make bench   benchmarks of every package, output also in bin/bench.txt
+#   make fuzz    every Fuzz target for FUZZTIME each
+#   make lint    gofmt and go vet
+#   make demo    the end-to-end demo (not written yet)
+#   make clean   remove build outputs and compiled test fixtures
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+GO ?= go
+BIN ?= bin
+
+# Packages that need no privileges, processes or mounts: tested with -race.
+PURE_DIRS ?= engine/codec engine/image engine/proc engine/units cache test/testutil
+PURE_PKGS := $(foreach d,$(PURE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)))
+
+TEST_TIMEOUT ?= 15m
+TESTFLAGS ?=
+BENCHTIME ?= 1s
+BENCHCOUNT ?= 1
+BENCH ?= .
+FUZZTIME ?= 30s
+FUZZ_PKGS ?= ./...
+
+.PHONY: all build test vet race test-all bench fuzz lint demo clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+vet:
+	$(GO) vet ./...
+
+# race: the pure packages under the race detector.
+race:
+	$(if $(PURE_PKGS),$(GO) test -race -count=1 $(TESTFLAGS) $(PURE_PKGS),@echo "no pure packages yet")
+
+# test-all: every other package, without the race detector (they run real
+# processes, FUSE mounts and big fixtures).
+test-all:
+	pure=" $$($(if $(PURE_PKGS),$(GO) list $(PURE_PKGS),true) | tr '\n' ' ') "; \
+	pkgs=(); \
+	for p in $$($(GO) list ./...); do \
+		[[ "$$pure" == *" $$p "* ]] || pkgs+=("$$p"); \
+	done; \
+	if [ $${#pkgs[@]} -eq 0 ]; then echo "no packages to test"; exit 0; fi; \
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) "$${pkgs[@]}"
+
+test: vet race test-all
+
+bench:
+	mkdir -p $(BIN)
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) \
+		-count $(BENCHCOUNT) -timeout 60m ./... | tee $(BIN)/bench.txt
+
+# fuzz: each Fuzz target of each package in turn (go test -fuzz takes one
+# target of one package at a time).
+fuzz:
+	for pkg in $$($(GO) list $(FUZZ_PKGS)); do \
+		list=$$($(GO) test -list '^Fuzz' "$$pkg"); \
+		for target in $$(grep '^Fuzz' <<<"$$list" || true); do \
+			echo "== fuzz $$pkg $$target for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) "$$pkg"; \
+		done; \
+	done
+
+lint:
+	unformatted=$$(gofmt -l .); \
+	if [ -n "$$unformatted" ]; then echo "gofmt -l:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+demo:
+	@echo "not yet: the demo (test/demo) is not written"
+
+clean:
+	rm -rf $(BIN) test/fixtures/bin
