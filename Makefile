@@ -29,34 +29,44 @@ FUZZ_PKGS ?= ./...
 
 .PHONY: all build test vet race test-all bench fuzz lint demo clean
 
+# GNU make starts recipes with posix_spawn, which in glibc 2.36 leaves
+# signals 32 and 33 ignored in the child, and an ignored signal stays ignored
+# across exec: every test and every process a test starts would inherit it.
+# Tests therefore run through launch (test/fixtures/launch.c), which resets
+# every signal to its default and closes inherited descriptors, then execs.
+LAUNCH := $(BIN)/launch
+
 all: build
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+$(LAUNCH): test/fixtures/launch.c test/fixtures/fixture.h
+	mkdir -p $(BIN)
+	gcc -O2 -Wall -Wextra -Werror -I test/fixtures -o $@ test/fixtures/launch.c
+
 vet:
 	$(GO) vet ./...
 
 # race: the pure packages under the race detector.
-race:
-	$(if $(PURE_PKGS),$(GO) test -race -count=1 $(TESTFLAGS) $(PURE_PKGS),@echo "no pure packages yet")
+race: $(LAUNCH)
+	$(if $(PURE_PKGS),$(LAUNCH) $(GO) test -race -count=1 $(TESTFLAGS) $(PURE_PKGS),@echo "no pure packages yet")
 
 # test-all: every other package, without the race detector (they run real
 # processes, FUSE mounts and big fixtures).
-test-all:
+test-all: $(LAUNCH)
 	pure=" $$($(if $(PURE_PKGS),$(GO) list $(PURE_PKGS),true) | tr '\n' ' ') "; \
 	pkgs=(); \
 	for p in $$($(GO) list ./...); do \
 		[[ "$$pure" == *" $$p "* ]] || pkgs+=("$$p"); \
 	done; \
 	if [ $${#pkgs[@]} -eq 0 ]; then echo "no packages to test"; exit 0; fi; \
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) "$${pkgs[@]}"
+	$(LAUNCH) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) "$${pkgs[@]}"
 
 test: vet race test-all
 
-bench:
-	mkdir -p $(BIN)
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) \
+bench: $(LAUNCH)
+	$(LAUNCH) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) \
 		-count $(BENCHCOUNT) -timeout 60m ./... | tee $(BIN)/bench.txt
 
 # fuzz: each Fuzz target of each package in turn (go test -fuzz takes one
