@@ -1,0 +1,188 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/fs"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// config is the parsed command line.
+type config struct {
+	snapshot, mountpoint string
+	unmount              string // -u MOUNTPOINT
+	cacheSize            sizeFlag
+	threads              int
+	allowOther           bool
+	directIO             bool
+	background           bool
+	debug                bool
+	logFile              string
+}
+
+// options turns the command line into mount options.
+func (c *config) options() fs.Options {
+	return fs.Options{
+		CacheSize:         c.cacheSize.v,
+		DecompressThreads: c.threads,
+		AllowOther:        c.allowOther,
+		DirectIO:          c.directIO,
+		Debug:             c.debug,
+	}
+}
+
+const synopsis = `usage: lazyfs [options] SNAPSHOT MOUNTPOINT
+       lazyfs -u MOUNTPOINT`
+
+const about = `
+lazyfs mounts the snapshot directory SNAPSHOT (written by snapctl dump)
+read-only on MOUNTPOINT, and serves it until it is unmounted (lazyfs -u,
+Ctrl-C, SIGTERM). Memory is decoded block by block as it is read, through a
+cache shared by every file of the mount; the kernel keeps what it read in
+its page cache between opens.
+
+Files:
+  MOUNTPOINT/snapshot.json          the manifest
+  MOUNTPOINT/PID/maps               the dumped VMAs, formatted as /proc/PID/maps
+  MOUNTPOINT/PID/mem                the address space as a sparse file: offset =
+                                    virtual address; holes where nothing was
+                                    dumped (lseek SEEK_DATA/SEEK_HOLE, cp
+                                    --sparse=always, st_blocks = dumped bytes)
+  MOUNTPOINT/PID/regions/START-END-PERMS[-NAME]
+                                    one file per dumped VMA, its memory
+  MOUNTPOINT/PID/process.json       the process state (registers, fds, VMAs...)
+  MOUNTPOINT/PID/stats              blocks by kind, stored and original bytes,
+                                    ratio, cache hits/misses/evictions
+
+Memory images hold secrets: the mount is owner-only (files 0400, directories
+0500, owned by the user who mounted, checked by the kernel) unless
+--allow-other is given.
+
+A corrupt block makes the reads that touch it fail with EIO (logged with its
+file, block and address); the rest of the snapshot stays readable. A
+snapshot without its manifest (an unfinished dump) is refused.`
+
+const examples = `
+Examples:
+  lazyfs /var/snap/redis /mnt/redis &
+  xxd -s 0x7f3a1c000000 -l 64 /mnt/redis/4242/mem
+  strings /mnt/redis/4242/regions/* | grep secret
+  cp --sparse=always /mnt/redis/4242/mem /tmp/redis.mem
+  lazyfs -u /mnt/redis
+
+Exit status: 0 success (after a clean unmount), 1 failure, 2 usage error.`
+
+// newFlagSet returns the flags of lazyfs bound to c.
+func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
+	f := flag.NewFlagSet("lazyfs", flag.ContinueOnError)
+	f.SetOutput(out)
+	c.cacheSize.v = fs.DefaultCacheSize
+	f.Var(&c.cacheSize, "cache-size", "memory for decoded blocks, shared by the whole mount: bytes or with a K, M, G suffix (`SIZE`)")
+	f.IntVar(&c.threads, "decompress-threads", 1, "threads decoding the blocks of one request: 1 serial, 0 automatic from the CPU affinity mask and the work, N a maximum")
+	f.BoolVar(&c.allowOther, "allow-other", false, "let other users reach the files (FUSE allow_other; non-root needs user_allow_other in /etc/fuse.conf). Off by default: memory images hold secrets")
+	f.BoolVar(&c.directIO, "direct-io", false, "serve mem and region files with direct I/O instead of the page cache: faster for one large sequential reader, much slower for small reads (see README)")
+	f.BoolVar(&c.background, "background", false, "detach once the mount is ready and serving; exit non-zero with the error if it cannot be")
+	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
+	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
+	f.StringVar(&c.unmount, "u", "", "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit")
+	f.Usage = func() {
+		fmt.Fprintf(f.Output(), "%s\n%s\n\nOptions:\n", synopsis, about)
+		f.VisitAll(func(fl *flag.Flag) {
+			dash := "--"
+			if len(fl.Name) == 1 {
+				dash = "-"
+			}
+			arg, usage := flag.UnquoteUsage(fl)
+			if arg != "" {
+				arg = " " + arg
+			}
+			def := ""
+			if fl.Name == "cache-size" {
+				def = " (default 256M)"
+			} else if fl.Name == "decompress-threads" {
+				def = " (default 1)"
+			}
+			fmt.Fprintf(f.Output(), "  %s%s%s\n      %s%s\n", dash, fl.Name, arg, usage, def)
+		})
+		fmt.Fprintln(f.Output(), examples)
+	}
+	return f
+}
+
+// errHelp is --help: usage on standard output, exit code 0.
+var errHelp = flag.ErrHelp
+
+// parseArgs parses the command line. Options may come before, between or
+// after the two operands; "--" ends the options.
+func parseArgs(args []string, stdout, stderr io.Writer) (*config, error) {
+	c := &config{}
+	f := newFlagSet(c, io.Discard)
+	var pos []string
+	for {
+		if err := f.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				f.SetOutput(stdout)
+				f.Usage()
+				return nil, errHelp
+			}
+			fmt.Fprintf(stderr, "%s\nRun 'lazyfs --help' for the options.\n", synopsis)
+			return nil, &usageError{err.Error()}
+		}
+		rest := f.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	if c.unmount != "" {
+		if len(pos) > 0 {
+			return nil, usagef("-u takes only the mountpoint; unexpected %q", strings.Join(pos, " "))
+		}
+		return c, nil
+	}
+	if len(pos) != 2 {
+		fmt.Fprintf(stderr, "%s\nRun 'lazyfs --help' for the options.\n", synopsis)
+		return nil, usagef("want SNAPSHOT and MOUNTPOINT, got %d arguments", len(pos))
+	}
+	if c.threads < 0 {
+		return nil, usagef("--decompress-threads %d: want 0 (automatic), 1 (serial) or more", c.threads)
+	}
+	c.snapshot, c.mountpoint = pos[0], pos[1]
+	return c, nil
+}
+
+// sizeFlag is a byte size flag (256M, 1G, or bytes).
+type sizeFlag struct{ v int64 }
+
+func (s *sizeFlag) String() string { return units.FormatSize(uint64(s.v)) }
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := units.ParseSize(v)
+	if err != nil {
+		return err
+	}
+	s.v = n
+	return nil
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// The tests run this test binary as lazyfs: with mainEnv set, TestMain is
+// main.
+const mainEnv = "LAZYFS_TEST_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) != "" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+const pid = 31
+
+// snapshot writes a small snapshot and returns its directory.
+func snapshot(t *testing.T) *fstest.Snapshot {
+	t.Helper()
+	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
+		fstest.Process{PID: pid, Seed: 4, VMAs: []fstest.VMA{
+			{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: fstest.Patchwork, Name: "[heap]"},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func mountpoint(t *testing.T) string {
+	t.Helper()
+	d := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(d, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// lazyfs returns a command running lazyfs with args, bounded in time.
+func lazyfs(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	return cmd
+}
+
+// isMount reports whether dir is a mount point.
+func isMount(dir string) bool {
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_TYPE, &stx)
+	return err != nil || stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
+// waitFor polls cond until it holds or 10 seconds pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// cleanupMount unmounts mnt at the end of the test if it is still mounted.
+func cleanupMount(t *testing.T, mnt string) {
+	t.Cleanup(func() {
+		if isMount(mnt) {
+			t.Errorf("%s still mounted at the end of the test", mnt)
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+}
+
+func TestSignalUnmounts(t *testing.T) {
+	testutil.RequireFUSE(t)
+	s := snapshot(t)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			mnt := mountpoint(t)
+			cleanupMount(t, mnt)
+			cmd := lazyfs(t, s.Dir, mnt)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			waitFor(t, "the mount", func() bool { return isMount(mnt) })
+			if _, err := os.Stat(filepath.Join(mnt, "snapshot.json")); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Process.Signal(sig)
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("lazyfs after %v: %v\n%s", sig, err, stderr.String())
+			}
+			if isMount(mnt) {
+				t.Errorf("%s still mounted after %v", mnt, sig)
+			}
+		})
+	}
+}
+
+func TestBackgroundAndUnmount(t *testing.T) {
+	testutil.RequireFUSE(t)
+	s := snapshot(t)
+	mnt := mountpoint(t)
+	cleanupMount(t, mnt)
+	logFile := filepath.Join(t.TempDir(), "log")
+	out, err := lazyfs(t, "--background", "--log", logFile, s.Dir, mnt).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lazyfs --background: %v\n%s", err, out)
+	}
+	// returned only once ready: no waiting needed
+	want := fstestMemory(s)
+	got, err := os.ReadFile(filepath.Join(mnt, "31", "regions", "7f0000000000-7f0000040000-rw-p-heap"))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read the region right after --background returned: %v", err)
+	}
+	if out, err := lazyfs(t, "-u", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("lazyfs -u: %v\n%s", err, out)
+	}
+	if isMount(mnt) {
+		t.Fatalf("%s still mounted after lazyfs -u", mnt)
+	}
+	// the detached server saw the unmount and exited, after logging it
+	waitFor(t, "the background server to log its exit", func() bool {
+		b, _ := os.ReadFile(logFile)
+		return strings.Contains(string(b), "msg=unmounted")
+	})
+}
+
+func fstestMemory(s *fstest.Snapshot) []byte {
+	return s.Memory(pid, 0x7f0000000000, 64<<12)
+}
+
+func TestErrors(t *testing.T) {
+	testutil.RequireFUSE(t)
+	s := snapshot(t)
+	incomplete := filepath.Join(t.TempDir(), "incomplete")
+	os.CopyFS(incomplete, os.DirFS(s.Dir))
+	os.Remove(filepath.Join(incomplete, image.ManifestName))
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o600)
+
+	busy := mountpoint(t)
+	cleanupMount(t, busy)
+	if out, err := lazyfs(t, "--background", s.Dir, busy).CombinedOutput(); err != nil {
+		t.Fatalf("lazyfs --background: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { lazyfs(t, "-u", busy).Run() })
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no manifest", []string{incomplete, mountpoint(t)}, exitFailure, "incomplete snapshot"},
+		{"no manifest in background", []string{"--background", incomplete, mountpoint(t)}, exitFailure, "incomplete snapshot"},
+		{"missing snapshot", []string{filepath.Join(t.TempDir(), "nope"), mountpoint(t)}, exitFailure, "no such file or directory"},
+		{"mountpoint busy", []string{s.Dir, busy}, exitFailure, "already a mount point"},
+		{"mountpoint busy in background", []string{"--background", s.Dir, busy}, exitFailure, "already a mount point"},
+		{"mountpoint is a file", []string{s.Dir, file}, exitFailure, "not a directory"},
+		{"unmount a plain directory", []string{"-u", t.TempDir()}, exitFailure, "not a lazyfs mount"},
+		{"one operand", []string{s.Dir}, exitUsage, "want SNAPSHOT and MOUNTPOINT"},
+		{"bad size", []string{"--cache-size", "12Q", s.Dir, mountpoint(t)}, exitUsage, "invalid size"},
+		{"unknown flag", []string{"--frobnicate", s.Dir, mountpoint(t)}, exitUsage, "flag provided but not defined"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := lazyfs(t, tc.args...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tc.code {
+				t.Fatalf("lazyfs %q: %v, want exit code %d\n%s", tc.args, err, tc.code, out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Errorf("lazyfs %q says\n%s\nwant it to mention %q", tc.args, out, tc.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	out, err := lazyfs(t, "--help").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"usage: lazyfs [options] SNAPSHOT MOUNTPOINT", "--cache-size", "--decompress-threads",
+		"--allow-other", "--background", "--debug", "-u MOUNTPOINT", "PID/mem", "SEEK_DATA", "regions/START-END-PERMS"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	var out bytes.Buffer
+	c, err := parseArgs([]string{"snap", "--cache-size", "1G", "mnt", "--decompress-threads", "0", "--allow-other"}, &out, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := c.options()
+	if c.snapshot != "snap" || c.mountpoint != "mnt" || o.CacheSize != 1<<30 || o.DecompressThreads != 0 || !o.AllowOther {
+		t.Errorf("parsed %+v, options %+v", c, o)
+	}
+	c, err = parseArgs([]string{"--", "-snap", "mnt"}, &out, &out)
+	if err != nil || c.snapshot != "-snap" {
+		t.Errorf("after --: %+v, %v", c, err)
+	}
+	c, err = parseArgs([]string{"a", "b"}, &out, &out)
+	if err != nil || c.options().CacheSize != 256<<20 || c.threads != 1 || c.options().AllowOther {
+		t.Errorf("defaults: %+v, %v", c, err)
+	}
+}

@@ -1,0 +1,179 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+const (
+	pidA = 4242
+	pidB = 77
+	// base is where the synthetic address spaces start: not block aligned,
+	// high as a real mmap area is.
+	base = 0x7f0000000000 + 5*fstest.PageSize
+)
+
+const (
+	protR   = unix.PROT_READ
+	protRW  = unix.PROT_READ | unix.PROT_WRITE
+	protRX  = unix.PROT_READ | unix.PROT_EXEC
+	pageMiB = 256 // pages in a MiB
+)
+
+// pages returns n pages in bytes.
+func pages(n uint64) uint64 { return n * fstest.PageSize }
+
+// layout returns the VMAs of a synthetic process: every content kind,
+// holes inside VMAs, touching VMAs, a VMA that is not dumped, and names
+// that need sanitizing.
+func layout() []fstest.VMA {
+	a := uint64(base)
+	next := func(n uint64, gap uint64) (uint64, uint64) {
+		s := a
+		a += pages(n) + pages(gap)
+		return s, s + pages(n)
+	}
+	var v []fstest.VMA
+	add := func(n, gap uint64, vma fstest.VMA) {
+		vma.Start, vma.End = next(n, gap)
+		v = append(v, vma)
+	}
+	add(3, 0, fstest.VMA{Prot: protR, Kind: image.VMAFile, Name: "/usr/lib/x86_64-linux-gnu/libfoo.so.1", Content: fstest.Text})
+	add(200, 7, fstest.VMA{Prot: protRW, Name: "[heap]", Content: fstest.Patchwork, Holes: [][2]uint64{{pages(10), pages(13)}, {pages(100), pages(150)}}})
+	add(64, 0, fstest.VMA{Prot: protRX, Kind: image.VMAFile, Name: "/opt/app/bin/server (deleted)", NotDumped: true})
+	add(300, 0, fstest.VMA{Prot: protRW, Content: fstest.Random})
+	add(257, 3, fstest.VMA{Prot: protRW, Name: "[anon:weights arena]", Content: fstest.BF16})
+	add(90, 1, fstest.VMA{Prot: protRW, Content: fstest.Zero})
+	add(33, 11, fstest.VMA{Prot: protRW, Shared: true, Kind: image.VMAShmem, Name: "/memfd:cache (deleted)", Content: fstest.Text})
+	add(129, 0, fstest.VMA{Prot: protRW, Name: "[stack]", Content: fstest.Patchwork, Holes: [][2]uint64{{0, pages(100)}}})
+	return v
+}
+
+// smallLayout is a second process, to check processes are kept apart.
+func smallLayout() []fstest.VMA {
+	return []fstest.VMA{
+		{Start: 0x400000, End: 0x400000 + pages(8), Prot: protRX, Content: fstest.Text, Name: "/bin/small"},
+		{Start: 0x600000, End: 0x600000 + pages(16), Prot: protRW, Content: fstest.Patchwork, Name: "[heap]"},
+	}
+}
+
+// writeSnapshot writes the standard two-process test snapshot.
+func writeSnapshot(t testing.TB, blockSize int) *fstest.Snapshot {
+	t.Helper()
+	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: blockSize, Mode: codec.Compress},
+		fstest.Process{PID: pidA, Seed: 1, VMAs: layout()},
+		fstest.Process{PID: pidB, Seed: 2, VMAs: smallLayout()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// logBuffer collects log records for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// mount mounts dir on a fresh mountpoint and unmounts it at the end of
+// the test, checking that the mount is gone from /proc/mounts.
+func mount(t testing.TB, dir string, opts Options) (*Server, *logBuffer) {
+	t.Helper()
+	testutil.RequireFUSE(t)
+	logs := &logBuffer{}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := Mount(dir, mnt, opts)
+	if err != nil {
+		t.Fatalf("mount: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+		if mounted(t, srv.Mountpoint()) {
+			t.Errorf("%s still in /proc/mounts after Unmount", srv.Mountpoint())
+		}
+	})
+	return srv, logs
+}
+
+// mounted reports whether mnt is a mount point in /proc/mounts.
+func mounted(t testing.TB, mnt string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) > 2 && unescapeMount(f[1]) == mnt {
+			return true
+		}
+	}
+	return false
+}
+
+// command runs a tool with a deadline and returns its standard output.
+func command(t testing.TB, name string, args ...string) []byte {
+	t.Helper()
+	testutil.RequireCommand(t, name)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return out
+}
+
+// writeTemp writes b to a new file and returns its path.
+func writeTemp(t testing.TB, b []byte) string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "expected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}

@@ -1,0 +1,121 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+)
+
+// memNode is a window of a process's address space served as a sparse
+// file: offset 0 of the file is address base. MNT/PID/mem is the window
+// [0, end of the highest dumped VMA); each MNT/PID/regions file is the
+// window of one VMA. Reads go through the process's image.Reader (and so
+// the mount's block cache); addresses that were not dumped read as zeros
+// and are holes for lseek SEEK_DATA / SEEK_HOLE.
+type memNode struct {
+	fusefs.Inode
+	own  *owner
+	proc *process
+	base uint64
+	size uint64
+	// dumped is the number of dumped bytes inside the window (st_blocks).
+	dumped uint64
+	// openFlags is FOPEN_KEEP_CACHE or FOPEN_DIRECT_IO (Options.DirectIO).
+	openFlags uint32
+}
+
+var (
+	_ = (fusefs.NodeGetattrer)((*memNode)(nil))
+	_ = (fusefs.NodeOpener)((*memNode)(nil))
+	_ = (fusefs.NodeReader)((*memNode)(nil))
+	_ = (fusefs.NodeLseeker)((*memNode)(nil))
+)
+
+func newMemNode(own *owner, p *process, base, size uint64, openFlags uint32) *memNode {
+	return &memNode{own: own, proc: p, base: base, size: size, dumped: dumpedIn(p.r.Runs(), base, base+size), openFlags: openFlags}
+}
+
+// dumpedIn returns how many bytes of runs lie in [lo, hi).
+func dumpedIn(runs []image.Run, lo, hi uint64) uint64 {
+	var n uint64
+	for _, r := range runs {
+		if s, e := max(lo, r.Addr), min(hi, r.End()); s < e {
+			n += e - s
+		}
+	}
+	return n
+}
+
+func (m *memNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	m.own.fill(&out.Attr, syscall.S_IFREG|fileMode)
+	setSize(&out.Attr, m.size, m.dumped)
+	return 0
+}
+
+func (m *memNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, m.openFlags, 0
+}
+
+func (m *memNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	if uint64(off) >= m.size {
+		return fuse.ReadResultData(nil), 0
+	}
+	n := min(uint64(len(dest)), m.size-uint64(off))
+	buf := dest[:n]
+	if _, err := m.proc.r.ReadAtContext(ctx, buf, int64(m.base+uint64(off))); err != nil {
+		return nil, m.proc.errno(err, m.base+uint64(off), len(buf))
+	}
+	return fuse.ReadResultData(buf), 0
+}
+
+// Lseek implements SEEK_DATA and SEEK_HOLE over the dumped ranges: data
+// is what was dumped, holes are everything else (and past the end of the
+// file, which ends in an implicit hole).
+func (m *memNode) Lseek(ctx context.Context, f fusefs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	switch whence {
+	case seekData, seekHole:
+	default:
+		return 0, syscall.EINVAL
+	}
+	if off >= m.size {
+		return 0, syscall.ENXIO
+	}
+	addr, end := m.base+off, m.base+m.size
+	if whence == seekData {
+		d, ok := m.proc.r.NextData(addr)
+		if !ok || d >= end {
+			return 0, syscall.ENXIO
+		}
+		return d - m.base, 0
+	}
+	return min(nextHole(m.proc.r, addr), end) - m.base, 0
+}
+
+// nextHole returns the first address at or after addr that was not
+// dumped. Runs may touch (a VMA boundary ends a run), so the end of one
+// run is not necessarily a hole.
+func nextHole(r *image.Reader, addr uint64) uint64 {
+	for {
+		h := r.NextHole(addr)
+		if h == addr {
+			return h
+		}
+		addr = h
+	}
+}
+
+// lseek(2) whence values the kernel forwards to FUSE.
+const (
+	seekData = 3 // SEEK_DATA
+	seekHole = 4 // SEEK_HOLE
+)

@@ -1,0 +1,295 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/lazyfs/lazyfs/cache"
+	"github.com/lazyfs/lazyfs/engine/image"
+)
+
+// FSType is the file system type of a lazyfs mount in /proc/mounts
+// ("fuse." + Subtype).
+const (
+	Subtype = "lazyfs"
+	FSType  = "fuse." + Subtype
+)
+
+// timeout is the entry and attribute timeout: the snapshot never changes
+// while mounted, so the kernel may keep names and attributes for as long
+// as it likes.
+const timeout = 24 * time.Hour
+
+// minReadaheadCache is the smallest cache with which readers decode ahead
+// of sequential reads.
+const minReadaheadCache = 128 << 20
+
+// maxManifestSize bounds snapshot.json as served (image.Open has already
+// checked it against the same bound).
+const maxManifestSize = 16 << 20
+
+// Server is a mounted snapshot.
+type Server struct {
+	mountpoint string
+	srv        *fuse.Server
+	procs      []*process
+	log        *slog.Logger
+
+	done chan struct{} // closed when the serve loop has ended
+	once sync.Once
+	err  error
+}
+
+// Mount opens the snapshot in snapshotDir and mounts it read-only on
+// mountpoint, then serves it until Unmount or an external unmount
+// (lazyfs -u, fusermount3 -u, umount). It returns once the mount answers
+// requests.
+//
+// Mount refuses an incomplete snapshot (errors.Is(err,
+// image.ErrIncomplete)) or one whose index is corrupt; a mountpoint that
+// is not a directory (syscall.ENOTDIR) or is already a mount point
+// (ErrBusy); and reports ErrNoFUSE when /dev/fuse or fusermount3 is
+// missing.
+func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	mnt, err := checkMountpoint(mountpoint)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFUSE(); err != nil {
+		return nil, err
+	}
+	snap, err := image.Open(snapshotDir)
+	if errors.Is(err, image.ErrIncomplete) {
+		return nil, fmt.Errorf("%w (the dump did not finish: nothing to mount)", err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	manifest, err := readManifest(snapshotDir)
+	if err != nil {
+		return nil, err
+	}
+	c := opts.Cache
+	if c == nil {
+		size := opts.CacheSize
+		if size <= 0 {
+			size = DefaultCacheSize
+		}
+		c = cache.New(size)
+	}
+	// Readahead decodes up to two batches of 32 MiB ahead of a sequential
+	// reader; in a cache that cannot hold them with room to spare, the
+	// prefetched blocks would evict each other before they are read.
+	readahead := c.Stats().MaxBytes >= minReadaheadCache
+	ropts := image.ReaderOptions{Cache: c, Threads: opts.DecompressThreads, Readahead: readahead, Logger: logger}
+	s := &Server{mountpoint: mnt, log: logger, done: make(chan struct{})}
+	for _, pid := range snap.PIDs() {
+		p, err := openProcess(snap, pid, ropts)
+		if err != nil {
+			s.closeReaders()
+			return nil, err
+		}
+		s.procs = append(s.procs, p)
+	}
+
+	openFlags := uint32(fuse.FOPEN_KEEP_CACHE)
+	if opts.DirectIO {
+		openFlags = fuse.FOPEN_DIRECT_IO
+	}
+	root := &rootNode{
+		dirNode:   dirNode{own: &owner{uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), mtime: snap.Manifest.Created}},
+		manifest:  manifest,
+		procs:     s.procs,
+		openFlags: openFlags,
+		stats:     statsText,
+	}
+	to := timeout
+	fopts := &fusefs.Options{
+		EntryTimeout:    &to,
+		AttrTimeout:     &to,
+		NegativeTimeout: &to,
+		NullPermissions: true,
+		UID:             uint32(os.Getuid()),
+		GID:             uint32(os.Getgid()),
+		Logger:          log.New(io.Discard, "", 0),
+	}
+	fopts.MountOptions = fuse.MountOptions{
+		AllowOther:   opts.AllowOther,
+		Options:      []string{"ro", "default_permissions"},
+		MaxWrite:     MaxRequest,
+		MaxReadAhead: MaxRequest,
+		FsName:       snapshotName(snapshotDir),
+		Name:         Subtype,
+		Debug:        opts.Debug,
+		Logger:       debugLogger(logger),
+		// As root, mount(2) directly: no dependency on the setuid helper,
+		// and unmount is umount2(2). Falls back to fusermount3.
+		DirectMount:   os.Geteuid() == 0,
+		DisableXAttrs: true,
+		PanicHandler: func(v any) fuse.Status {
+			logger.Error("panic in FUSE handler", "panic", v, "stack", string(debug.Stack()))
+			return fuse.EIO
+		},
+	}
+	srv, err := fuse.NewServer(fusefs.NewNodeFS(root, fopts), mnt, &fopts.MountOptions)
+	if err != nil {
+		s.closeReaders()
+		return nil, fmt.Errorf("mount %s: %w", mnt, mountError(err))
+	}
+	s.srv = srv
+	go func() {
+		srv.Serve()
+		s.closeReaders()
+		close(s.done)
+	}()
+	if err := srv.WaitMount(); err != nil {
+		s.Unmount()
+		return nil, fmt.Errorf("mount %s: %w", mnt, err)
+	}
+	if err := setReadahead(mnt, opts.ReadaheadKB); err != nil {
+		logger.Debug("raise read-ahead of the mount", "mountpoint", mnt, "err", err)
+	}
+	return s, nil
+}
+
+// readManifest returns snapshot.json as stored.
+func readManifest(dir string) ([]byte, error) {
+	f, err := os.Open(filepath.Join(dir, image.ManifestName))
+	if err != nil {
+		return nil, fmt.Errorf("open manifest: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	if len(b) > maxManifestSize {
+		return nil, fmt.Errorf("read manifest: %w: larger than %d bytes", image.ErrCorrupt, maxManifestSize)
+	}
+	return b, nil
+}
+
+// snapshotName is the source column of the mount in /proc/mounts.
+func snapshotName(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
+}
+
+// debugLogger turns go-fuse's log.Logger output into debug records.
+func debugLogger(l *slog.Logger) *log.Logger {
+	return slog.NewLogLogger(l.Handler(), slog.LevelDebug)
+}
+
+// Mountpoint returns the absolute path the snapshot is mounted on.
+func (s *Server) Mountpoint() string { return s.mountpoint }
+
+// MemPath returns the path of MNT/PID/mem.
+func (s *Server) MemPath(pid int) string {
+	return filepath.Join(s.mountpoint, strconv.Itoa(pid), "mem")
+}
+
+// Wait blocks until the file system is unmounted, by Unmount or from
+// outside (lazyfs -u, fusermount3 -u, umount).
+func (s *Server) Wait() { <-s.done }
+
+// Done is closed when the file system has been unmounted.
+func (s *Server) Done() <-chan struct{} { return s.done }
+
+// detachWait is how long Unmount waits, after detaching a busy mount, for
+// the connection to end before it returns and leaves the serve loop to
+// end when the last open file is closed.
+const detachWait = time.Second
+
+// Unmount unmounts the file system. If files on it are still open the
+// mount is busy: it is then detached (umount -l), so that the mountpoint
+// is free at once, and the FUSE connection is aborted where the fusectl
+// file system allows (root, /sys/fs/fuse/connections mounted), which makes
+// those files fail with ENOTCONN. Otherwise the detached file system is
+// served until its last file is closed or this process exits; Wait and
+// Done tell when. The snapshot is closed when serving ends. Unmount is
+// idempotent and safe after an external unmount.
+func (s *Server) Unmount() error {
+	s.once.Do(func() { s.err = s.unmount() })
+	return s.err
+}
+
+func (s *Server) unmount() error {
+	select {
+	case <-s.done:
+		return nil // unmounted from outside
+	default:
+	}
+	dev, devErr := mountDev(s.mountpoint)
+	err := s.srv.Unmount()
+	if err == nil {
+		<-s.done // go-fuse's Unmount has waited for the serve loop
+		return nil
+	}
+	s.log.Warn("mount busy: detaching it", "mountpoint", s.mountpoint, "err", err)
+	if err := detach(s.mountpoint); err != nil {
+		return fmt.Errorf("unmount %s: %w", s.mountpoint, err)
+	}
+	if devErr == nil {
+		if err := abortConnection(dev); err != nil {
+			s.log.Debug("abort FUSE connection", "err", err)
+		}
+	}
+	select {
+	case <-s.done:
+	case <-time.After(detachWait):
+		s.log.Info("detached: open files are served until closed", "mountpoint", s.mountpoint)
+	}
+	return nil
+}
+
+// closeReaders closes the page readers; runs once the serve loop is over
+// (or when Mount fails).
+func (s *Server) closeReaders() {
+	for _, p := range s.procs {
+		if err := p.r.Close(); err != nil {
+			s.log.Debug("close pages", "pid", p.pid, "err", err)
+		}
+	}
+}
+
+// Sentinel errors of Mount and Unmount.
+var (
+	// ErrNoFUSE: /dev/fuse cannot be opened or fusermount3 is missing.
+	ErrNoFUSE = errors.New("FUSE unavailable")
+	// ErrBusy: the mountpoint is already a mount point, or the mount is in
+	// use.
+	ErrBusy = errors.New("mountpoint busy")
+	// ErrNotMounted: Unmount was given a path that is not a lazyfs mount.
+	ErrNotMounted = errors.New("not a lazyfs mount")
+)
+
+// mountError adds the sentinel a caller can test to an error of the
+// mount itself.
+func mountError(err error) error {
+	switch {
+	case errors.Is(err, syscall.EBUSY):
+		return fmt.Errorf("%w: %w", ErrBusy, err)
+	case errors.Is(err, syscall.ENODEV), errors.Is(err, os.ErrNotExist), errors.Is(err, syscall.EACCES) && os.Geteuid() != 0:
+		return fmt.Errorf("%w: %w", ErrNoFUSE, err)
+	}
+	return err
+}

@@ -1,0 +1,233 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// checkMountpoint returns the absolute, symlink-free path of a usable
+// mountpoint: an existing directory that is not already a mount point.
+func checkMountpoint(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("mountpoint %s: %w", path, err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, abs, 0, unix.STATX_TYPE, &stx); err != nil {
+		if errors.Is(err, syscall.ENOTCONN) {
+			return "", fmt.Errorf("mountpoint %s: %w: a FUSE mount whose server is gone is still there (run lazyfs -u %s)", abs, ErrBusy, abs)
+		}
+		return "", fmt.Errorf("mountpoint %s: %w", abs, err)
+	}
+	if stx.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", fmt.Errorf("mountpoint %s: %w", abs, syscall.ENOTDIR)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return "", fmt.Errorf("mountpoint %s: %w: already a mount point", abs, ErrBusy)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	return abs, nil
+}
+
+// checkFUSE reports ErrNoFUSE, with the fix, when a mount cannot work:
+// no /dev/fuse, or (not root) no fusermount3 helper.
+func checkFUSE() error {
+	return checkFUSEWith("/dev/fuse", os.Geteuid(), exec.LookPath, "/bin")
+}
+
+// checkFUSEWith is checkFUSE for the device dev, the effective uid euid,
+// and fusermount3 looked up with lookPath or in fallbackDir.
+func checkFUSEWith(dev string, euid int, lookPath func(string) (string, error), fallbackDir string) error {
+	if euid == 0 {
+		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: open %s: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, dev, err)
+		}
+		unix.Close(fd)
+		return nil
+	}
+	if _, err := os.Stat(dev); err != nil {
+		return fmt.Errorf("%w: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, err)
+	}
+	_, err := fusermountWith(lookPath, fallbackDir)
+	return err
+}
+
+// fusermount returns the path of fusermount3 (or fusermount).
+func fusermount() (string, error) { return fusermountWith(exec.LookPath, "/bin") }
+
+func fusermountWith(lookPath func(string) (string, error), fallbackDir string) (string, error) {
+	for _, name := range []string{"fusermount3", "fusermount"} {
+		if p, err := lookPath(name); err == nil {
+			return p, nil
+		}
+		if p := filepath.Join(fallbackDir, name); isExecutable(p) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w: fusermount3 not found on PATH (install fuse3)", ErrNoFUSE)
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// mountDev returns the device number of the file system mounted on mnt.
+func mountDev(mnt string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(mnt, &st); err != nil {
+		return 0, err
+	}
+	return st.Dev, nil
+}
+
+// setReadahead writes the read-ahead window of the mount on mnt
+// (/sys/class/bdi/MAJOR:MINOR/read_ahead_kb). The kernel starts a FUSE
+// mount at 128 KiB whatever max_read and MaxReadAhead say, and only
+// sends requests as large as its read-ahead window.
+func setReadahead(mnt string, kb int) error {
+	if kb < 0 {
+		return nil
+	}
+	if kb == 0 {
+		kb = DefaultReadaheadKB
+	}
+	dev, err := mountDev(mnt)
+	if err != nil {
+		return err
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(dev), unix.Minor(dev))
+	return os.WriteFile(p, []byte(strconv.Itoa(kb)), 0)
+}
+
+// detach lazily unmounts mnt (umount -l): the name goes away at once, the
+// file system when its last file is closed.
+func detach(mnt string) error {
+	if os.Geteuid() == 0 {
+		return unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	bin, err := fusermount()
+	if err != nil {
+		return err
+	}
+	return runFusermount(bin, "-u", "-z", mnt)
+}
+
+// abortConnection aborts the FUSE connection of device dev through the
+// fusectl file system: pending and future requests fail with ENOTCONN.
+func abortConnection(dev uint64) error {
+	// The connection is named after the kernel's dev_t of the super block.
+	id := uint64(unix.Major(dev))<<20 | uint64(unix.Minor(dev))
+	return os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", id), []byte("1"), 0)
+}
+
+func runFusermount(bin string, args ...string) error {
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return fmt.Errorf("%s: %w: %s", filepath.Base(bin), err, msg)
+		}
+		return fmt.Errorf("%s: %w", filepath.Base(bin), err)
+	}
+	return nil
+}
+
+// Unmount unmounts the lazyfs mount on mountpoint, as `fusermount3 -u`
+// does, for a mount served by another process (lazyfs -u). It refuses a
+// path that is not a lazyfs mount (ErrNotMounted) and reports ErrBusy if
+// files on it are open.
+func Unmount(mountpoint string) error {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", mountpoint, err)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	fstype, err := mountType(abs)
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", abs, err)
+	}
+	if fstype != FSType {
+		return fmt.Errorf("unmount %s: %w (it is a %s mount)", abs, ErrNotMounted, fstype)
+	}
+	if os.Geteuid() == 0 {
+		err = unix.Unmount(abs, 0)
+	} else {
+		var bin string
+		if bin, err = fusermount(); err == nil {
+			err = runFusermount(bin, "-u", abs)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, syscall.EBUSY) || strings.Contains(err.Error(), "busy") {
+			return fmt.Errorf("unmount %s: %w: files on it are open: %w", abs, ErrBusy, err)
+		}
+		return fmt.Errorf("unmount %s: %w", abs, err)
+	}
+	return nil
+}
+
+// mountType returns the file system type of the mount whose mount point
+// is exactly mnt (the last one, if several are stacked), or ErrNotMounted.
+func mountType(mnt string) (string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	fstype := ""
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER
+		f := strings.Fields(sc.Text())
+		if len(f) < 10 || unescapeMount(f[4]) != mnt {
+			continue
+		}
+		for i := 6; i+1 < len(f); i++ {
+			if f[i] == "-" {
+				fstype = f[i+1]
+				break
+			}
+		}
+	}
+	if fstype == "" {
+		return "", fmt.Errorf("%w: not a mount point", ErrNotMounted)
+	}
+	return fstype, nil
+}
+
+// unescapeMount undoes the octal escapes (\040 for a space...) of a path
+// in /proc/self/mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
