@@ -140,6 +140,24 @@ int main(void) {
 		if (usr1 != last) { last = usr1; printf("usr1=%d\n", last); }
 	}
 }`,
+	// Blocked in ppoll with a temporary signal mask (SIGUSR2 blocked).
+	"ppoll": `
+#define _GNU_SOURCE
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+int main(void) {
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	printf("ready\n");
+	sigset_t m;
+	sigemptyset(&m);
+	sigaddset(&m, SIGUSR2);
+	for (unsigned long tick = 0;; tick++) {
+		struct timespec ts = {0, 100 * 1000000L};
+		int r = ppoll(NULL, 0, &ts, &m);
+		printf("tick %lu r=%d\n", tick, r);
+	}
+}`,
 	// Threads created and exiting all the time.
 	"churn": `
 #include <pthread.h>
@@ -183,7 +201,7 @@ func TestMain(m *testing.M) {
 }
 
 // fixture compiles (once) and returns the path of fixture name.
-func fixture(t *testing.T, name string) string {
+func fixture(t testing.TB, name string) string {
 	t.Helper()
 	testutil.RequireCommand(t, "gcc")
 	fixtureMu.Lock()
@@ -215,7 +233,7 @@ type child struct {
 
 // start runs fixture name, waits for its "ready" line and returns it. The
 // process is killed and reaped in t.Cleanup.
-func start(t *testing.T, name string) (*child, string) {
+func start(t testing.TB, name string) (*child, string) {
 	t.Helper()
 	cmd := exec.Command(fixture(t, name))
 	stdin, err := cmd.StdinPipe()
@@ -270,7 +288,7 @@ func start(t *testing.T, name string) (*child, string) {
 }
 
 // expect returns the next line starting with prefix, within d.
-func (c *child) expect(t *testing.T, prefix string, d time.Duration) string {
+func (c *child) expect(t testing.TB, prefix string, d time.Duration) string {
 	t.Helper()
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -301,7 +319,7 @@ func (c *child) drain() {
 }
 
 // field returns the value of key=value in line as a number (base 0).
-func field(t *testing.T, line, key string) uint64 {
+func field(t testing.TB, line, key string) uint64 {
 	t.Helper()
 	for _, f := range strings.Fields(line) {
 		if v, ok := strings.CutPrefix(f, key+"="); ok {
@@ -318,7 +336,7 @@ func field(t *testing.T, line, key string) uint64 {
 
 // newTracer returns a Tracer closed in t.Cleanup, after checking ptrace is
 // allowed.
-func newTracer(t *testing.T) *Tracer {
+func newTracer(t testing.TB) *Tracer {
 	t.Helper()
 	testutil.RequirePtrace(t)
 	tr, err := New()
@@ -330,7 +348,7 @@ func newTracer(t *testing.T) *Tracer {
 }
 
 // taskStates returns tid -> state letter from /proc/PID/task/*/stat.
-func taskStates(t *testing.T, pid int) map[int]byte {
+func taskStates(t testing.TB, pid int) map[int]byte {
 	t.Helper()
 	tids, err := listTasks(pid)
 	if err != nil {
@@ -353,7 +371,7 @@ func taskStates(t *testing.T, pid int) map[int]byte {
 
 // requireFrozen checks that every task of pid is in tracing stop and held
 // by p.
-func requireFrozen(t *testing.T, p *Process) {
+func requireFrozen(t testing.TB, p *Process) {
 	t.Helper()
 	held := map[int]bool{}
 	for _, th := range p.Threads() {
@@ -370,7 +388,7 @@ func requireFrozen(t *testing.T, p *Process) {
 }
 
 // freePid returns a pid that is not in use, well above the last one given.
-func freePid(t *testing.T, after int) int {
+func freePid(t testing.TB, after int) int {
 	t.Helper()
 	b, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
 	if err != nil {

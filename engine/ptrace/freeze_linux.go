@@ -61,7 +61,7 @@ func (t *Tracer) seize(pid int, o SeizeOptions) (*Process, error) {
 		return nil, &AlreadyTracedError{Pid: pid, TracerPid: os.Getpid()}
 	}
 	p := &Process{
-		t: t, pid: pid, seized: true, opts: o.Options,
+		t: t, pid: pid, opts: o.Options,
 		foreignChild: st.ppid == os.Getpid(),
 		threads:      make(map[int]*Thread),
 		attached:     true,
@@ -84,28 +84,26 @@ func (t *Tracer) freeze(p *Process, deadline time.Time) error {
 	return t.freezeFrom(p, time.Now(), deadline)
 }
 
-// freezeFrom seizes (for seized processes) every thread in /proc/PID/task
+// freezeFrom seizes every thread in /proc/PID/task
 // not yet held, interrupts every running one, waits for all of them to
 // stop and repeats until a pass over the task list finds nothing new.
 func (t *Tracer) freezeFrom(p *Process, start, deadline time.Time) error {
 	stats := FreezeStats{}
 	for {
 		stats.Rounds++
-		if p.seized {
-			tids, err := listTasks(p.pid)
-			if err != nil {
-				if errors.Is(err, os.ErrNotExist) {
-					return ErrExited
-				}
-				return fmt.Errorf("list tasks: %w", err)
+		tids, err := listTasks(p.pid)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return ErrExited
 			}
-			for _, tid := range tids {
-				if p.threads[tid] != nil {
-					continue
-				}
-				if err := t.attachThread(p, tid); err != nil {
-					return err
-				}
+			return fmt.Errorf("list tasks: %w", err)
+		}
+		for _, tid := range tids {
+			if p.threads[tid] != nil {
+				continue
+			}
+			if err := t.attachThread(p, tid); err != nil {
+				return err
 			}
 		}
 		var pending []*Thread
@@ -126,9 +124,6 @@ func (t *Tracer) freezeFrom(p *Process, start, deadline time.Time) error {
 		}
 		if err := t.waitFrozen(p, pending, &stats, deadline); err != nil {
 			return err
-		}
-		if !p.seized {
-			break
 		}
 	}
 	if len(p.threads) == 0 {
@@ -156,6 +151,13 @@ func (t *Tracer) attachThread(p *Process, tid int) error {
 		st, serr := readStatus(tid)
 		if serr != nil || st.state == 'Z' || st.state == 'X' {
 			return nil // dead thread (a zombie cannot be attached)
+		}
+		if st.tracerPid == t.tid {
+			// Created by a thread we hold and auto-attached
+			// (PTRACE_O_TRACECLONE) before its parent's clone event was
+			// seen: it reports its own first stop.
+			t.adopt(p, tid)
+			return nil
 		}
 		if st.tracerPid != 0 {
 			return &AlreadyTracedError{Pid: p.pid, TracerPid: st.tracerPid}
@@ -230,7 +232,6 @@ func (t *Tracer) waitFrozen(p *Process, pending []*Thread, stats *FreezeStats, d
 // appeared (auto-attached), if any.
 func (t *Tracer) freezeStop(th *Thread, st status, stats *FreezeStats) (*Thread, error) {
 	p := th.p
-	fresh := th.fresh
 	th.fresh = false
 	th.apply(st)
 	again := func(sig int) error {
@@ -244,12 +245,6 @@ func (t *Tracer) freezeStop(th *Thread, st status, stats *FreezeStats) (*Thread,
 	case stExited, stGroup:
 		return nil, nil
 	case stSignal:
-		if (fresh || th.stopReq) && st.sig == unix.SIGSTOP {
-			// The first stop of a child auto-attached under PTRACE_TRACEME,
-			// or the SIGSTOP we sent: suppressed on resume.
-			th.stopReq = false
-			return nil, nil
-		}
 		// A signal arrived before the interrupt: deliver it, as the kernel
 		// would have, and stop right after.
 		stats.SignalsDelivered++
@@ -270,25 +265,14 @@ func (t *Tracer) freezeStop(th *Thread, st status, stats *FreezeStats) (*Thread,
 	}
 }
 
-// requestStop asks a running thread to stop: PTRACE_INTERRUPT for seized
-// tracees, a SIGSTOP for PTRACE_TRACEME ones. A thread that is still to
-// report its first stop needs nothing.
+// requestStop interrupts a running thread, unless it is still to report
+// its first stop (auto-attached threads stop by themselves).
 func (th *Thread) requestStop() error {
 	if th.fresh {
 		return nil
 	}
-	if th.p.seized {
-		if err := ptInterrupt(th.tid); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("interrupt %d: %w", th.tid, err)
-		}
-		return nil
+	if err := ptInterrupt(th.tid); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("interrupt %d: %w", th.tid, err)
 	}
-	if th.stopReq {
-		return nil
-	}
-	if err := unix.Tgkill(th.p.pid, th.tid, unix.SIGSTOP); err != nil && err != unix.ESRCH {
-		return fmt.Errorf("stop %d: %w", th.tid, err)
-	}
-	th.stopReq = true
 	return nil
 }

@@ -284,8 +284,8 @@ func (in *Injector) clone3(a CloneArgs) (*Thread, error) {
 	return child, nil
 }
 
-// waitFirstStop waits for the first stop of an auto-attached task: an
-// event stop (seized tracer) or SIGSTOP (PTRACE_TRACEME tracer).
+// waitFirstStop waits for the first stop of an auto-attached task (an
+// event stop).
 func (th *Thread) waitFirstStop(deadline time.Time) error {
 	for th.state == stRunning {
 		st, err := th.p.t.waitStop(th.tid, th.reap(), deadline)
@@ -296,7 +296,7 @@ func (th *Thread) waitFirstStop(deadline time.Time) error {
 		switch {
 		case th.state == stExited:
 			return fmt.Errorf("new task %d: %v: %w", th.tid, st, ErrExited)
-		case th.state == stSignal && st.sig != unix.SIGSTOP:
+		case th.state == stSignal:
 			// A signal before the first stop: hold it.
 			if si, err := ptGetSigInfo(th.tid); err == nil {
 				th.held = append(th.held, si)

@@ -200,6 +200,14 @@ func TestStartStoppedClone3(t *testing.T) {
 	if st := taskStates(t, stub.Pid())[stub.Pid()]; st != 't' {
 		t.Fatalf("stub state %c, want t", st)
 	}
+	// Stopped before its first instruction: at the dynamic loader's entry.
+	sr, err := stub.Leader().Regs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := mappingOf(t, stub.Pid(), sr.Rip); !strings.Contains(m.path, "ld-linux") {
+		t.Fatalf("stub stopped at %#x in %q, want the loader", sr.Rip, m.path)
+	}
 	in, err := stub.Leader().NewInjector(pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -222,6 +230,9 @@ func TestStartStoppedClone3(t *testing.T) {
 	}
 	if st := taskStates(t, wantPid)[wantPid]; st != 't' {
 		t.Fatalf("child state %c, want t", st)
+	}
+	if cr, err := child.Regs(); err != nil || cr.Rip != in.Stub()+syscallLen || cr.Rax != 0 {
+		t.Fatalf("child regs rip %#x rax %d (%v), want stub+2 and 0", cr.Rip, cr.Rax, err)
 	}
 	// Same addresses in the copy of the stub's memory.
 	scratch, n := in.Scratch()
@@ -335,4 +346,19 @@ func TestClone3ThreadInSeized(t *testing.T) {
 	if n := len(taskStates(t, c.pid)); n != 1 {
 		t.Fatalf("%d tasks after the injected thread exited", n)
 	}
+}
+
+func mappingOf(t *testing.T, pid int, addr uint64) mapping {
+	t.Helper()
+	maps, err := readMaps(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if addr >= m.start && addr < m.end {
+			return m
+		}
+	}
+	t.Fatalf("%#x not mapped in %d", addr, pid)
+	return mapping{}
 }

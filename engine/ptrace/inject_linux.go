@@ -362,11 +362,7 @@ func isFault(s unix.Signal) bool {
 // time (a call that blocks), and restores its registers.
 func (in *Injector) stopRunaway() {
 	th := in.th
-	if th.p.seized {
-		_ = ptInterrupt(th.tid)
-	} else {
-		_ = unix.Tgkill(th.p.pid, th.tid, unix.SIGSTOP)
-	}
+	_ = ptInterrupt(th.tid)
 	deadline := time.Now().Add(time.Second)
 	for th.state == stRunning {
 		st, err := th.p.t.waitStop(th.tid, th.reap(), deadline)
@@ -374,7 +370,7 @@ func (in *Injector) stopRunaway() {
 			return
 		}
 		th.apply(st)
-		if th.state == stSignal && st.sig != unix.SIGSTOP {
+		if th.state == stSignal {
 			if si, err := ptGetSigInfo(th.tid); err == nil {
 				th.held = append(th.held, si)
 			}

@@ -19,7 +19,7 @@ const (
 	stRunning threadState = iota
 	// stEvent: a ptrace event stop (PTRACE_INTERRUPT, clone, exec...).
 	stEvent
-	// stGroup: a group-stop (SIGSTOP and friends) of a seized tracee.
+	// stGroup: a group-stop (SIGSTOP and friends).
 	stGroup
 	// stSignal: a signal-delivery-stop; stopSig is suppressed on resume.
 	stSignal
@@ -36,7 +36,6 @@ type Process struct {
 	mem *os.File // /proc/PID/mem, opened O_RDWR
 
 	// Owned by the tracer goroutine.
-	seized       bool // attached with PTRACE_SEIZE (else PTRACE_TRACEME)
 	owned        bool // started by this Tracer: killed and reaped by it
 	foreignChild bool // our process is its real parent but someone else waits for it
 	opts         int  // PTRACE_O_* options
@@ -56,7 +55,6 @@ type Thread struct {
 	held    []SigInfo // signals held back while injecting, delivered on resume
 	inj     *Injector // open injector, if any
 	fresh   bool      // auto-attached, its first stop not yet seen
-	stopReq bool      // we sent SIGSTOP to stop it (PTRACE_TRACEME tracee)
 }
 
 // FreezeStats describes the last freeze of a process.
@@ -242,15 +240,12 @@ func (p *Process) Resume() error {
 }
 
 // Interrupt stops every thread of a resumed process again, with the same
-// rules as the freeze of Seize. Only for seized processes.
+// rules as the freeze of Seize.
 func (p *Process) Interrupt(timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	return p.t.Do(func() error {
-		if !p.seized {
-			return fmt.Errorf("interrupt %d: PTRACE_INTERRUPT needs a seized tracee", p.pid)
-		}
 		return p.t.freeze(p, time.Now().Add(timeout))
 	})
 }
@@ -415,12 +410,8 @@ func (t *Tracer) followStop(th *Thread, st status) bool {
 		}
 		return false
 	case stSignal:
-		sig := st.sig
-		if th.fresh && sig == unix.SIGSTOP {
-			sig = 0 // initial stop of an auto-attached PTRACE_TRACEME child
-		}
 		th.fresh = false
-		if err := ptCont(th.tid, int(sig)); err == nil {
+		if err := ptCont(th.tid, int(st.sig)); err == nil {
 			th.state = stRunning
 		}
 		return false
@@ -455,7 +446,7 @@ func (t *Tracer) adopt(p *Process, tid int) *Thread {
 		owner = t.procs[tgid]
 		if owner == nil {
 			owner = &Process{
-				t: t, pid: tgid, seized: p.seized, owned: p.owned, opts: p.opts,
+				t: t, pid: tgid, owned: p.owned, opts: p.opts,
 				threads: make(map[int]*Thread), attached: true,
 			}
 			if f, err := openMem(tgid); err == nil {

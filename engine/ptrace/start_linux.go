@@ -3,6 +3,8 @@ package ptrace
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,12 +24,13 @@ type StartOptions struct {
 
 // StartStopped forks and executes path with argv on the tracer thread
 // (PTRACE_TRACEME binds the child to the thread that forked it) and
-// returns the new process stopped right after execve, in the SIGTRAP
-// signal-delivery-stop the kernel raises for a traced exec. The process is
-// owned by the Tracer: Kill reaps it, Tracer.Close kills it if still there.
-// It is attached with PTRACE_TRACEME, not PTRACE_SEIZE: Process.Interrupt
-// is not available, and children it is made to create report SIGSTOP as
-// their first stop (handled here).
+// returns the new process stopped before its first instruction, attached
+// with PTRACE_SEIZE like a seized process: after the exec stop the tracer
+// detaches with SIGSTOP, seizes the stopped process and continues it
+// with SIGCONT into an interrupt stop, all before the program runs an
+// instruction. Children it is made to create (Injector.Clone3) are seized
+// too. The process is owned by the Tracer: Kill reaps it, Tracer.Close
+// kills it if it is still there.
 func (t *Tracer) StartStopped(path string, argv []string, o StartOptions) (*Process, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
@@ -66,28 +69,91 @@ func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Proc
 	if err != nil {
 		return nil, err
 	}
+	deadline := time.Now().Add(o.Timeout)
 	p := &Process{t: t, pid: pid, owned: true, opts: o.Options, threads: make(map[int]*Thread), attached: true}
 	t.procs[pid] = p
 	th := p.addThread(pid, stRunning)
-	st, err := t.waitStop(pid, true, time.Now().Add(o.Timeout))
+	fail := func(err error) (*Process, error) {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = p.kill()
+		for { // reap our child whatever state the tracing is in
+			if _, ok, werr := waitOnce(pid, true); werr != nil || !ok {
+				break
+			}
+		}
+		return nil, err
+	}
+	// 1. The exec stop of PTRACE_TRACEME.
+	st, err := t.waitStop(pid, true, deadline)
 	if err != nil {
-		_ = p.kill()
-		return nil, fmt.Errorf("wait for exec stop: %w", err)
+		return fail(fmt.Errorf("wait for exec stop: %w", err))
 	}
-	th.apply(st)
-	if th.state != stSignal || st.sig != unix.SIGTRAP {
-		_ = p.kill()
-		return nil, fmt.Errorf("pid %d: %v after exec, want SIGTRAP", pid, st)
+	if st.exited || st.event != 0 || st.sig != unix.SIGTRAP {
+		return fail(fmt.Errorf("pid %d: %v after exec, want SIGTRAP", pid, st))
 	}
-	if o.Options != 0 {
-		if err := ptSetOptions(pid, o.Options); err != nil {
-			_ = p.kill()
-			return nil, fmt.Errorf("PTRACE_SETOPTIONS: %w", err)
+	// 2. Let go with SIGSTOP: the process enters a group-stop, which we,
+	// its parent, see as a stop of our child.
+	if err := ptDetach(pid, int(unix.SIGSTOP)); err != nil {
+		return fail(fmt.Errorf("PTRACE_DETACH: %w", err))
+	}
+	if st, err = t.waitStop(pid, true, deadline); err != nil || st.exited || st.sig != unix.SIGSTOP {
+		return fail(fmt.Errorf("pid %d: %v after detach with SIGSTOP, want a group-stop (%w)", pid, st, err))
+	}
+	// 3. Seize the stopped process: it reports the group-stop as an event
+	// stop.
+	if err := ptSeize(pid, o.Options); err != nil {
+		return fail(fmt.Errorf("PTRACE_SEIZE: %w", err))
+	}
+	if err := ptInterrupt(pid); err != nil {
+		return fail(fmt.Errorf("PTRACE_INTERRUPT: %w", err))
+	}
+	if err := th.waitFirstStop(deadline); err != nil {
+		return fail(fmt.Errorf("wait for seize stop: %w", err))
+	}
+	// 4. End the group-stop and settle in an interrupt stop; the SIGCONT
+	// the kernel queues is delivered (ignored by default) on the way.
+	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+		return fail(fmt.Errorf("SIGCONT: %w", err))
+	}
+	for range 3 {
+		if err := th.release(false); err != nil {
+			return fail(err)
+		}
+		if err := t.freeze(p, deadline); err != nil {
+			return fail(fmt.Errorf("stop after SIGCONT: %w", err))
+		}
+		if th.state == stEvent && !sigPending(pid, unix.SIGCONT) {
+			break
 		}
 	}
+	if th.state != stEvent {
+		return fail(fmt.Errorf("pid %d: not in an interrupt stop after start", pid))
+	}
 	if p.mem, err = openMem(pid); err != nil {
-		_ = p.kill()
-		return nil, fmt.Errorf("open mem: %w", err)
+		return fail(fmt.Errorf("open mem: %w", err))
 	}
 	return p, nil
+}
+
+// sigPending reports whether sig is pending for pid (thread or process
+// queue), from /proc/PID/status.
+func sigPending(pid int, sig unix.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, key := range []string{"SigPnd:", "ShdPnd:"} {
+		i := strings.Index(string(b), key)
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+len(key):]))
+		if len(f) == 0 {
+			continue
+		}
+		if m, err := strconv.ParseUint(f[0], 16, 64); err == nil && m&(1<<(uint(sig)-1)) != 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -92,13 +92,10 @@ func (th *Thread) FPState() (FPState, error) {
 // SetFPState writes back what FPState returned.
 func (th *Thread) SetFPState(s FPState) error { return th.SetRegSet(s.Note, s.Data) }
 
-// SigMask returns the blocked-signal mask (bit n-1 = signal n).
-//
-// A thread frozen inside ppoll, pselect, epoll_pwait or rt_sigsuspend
-// shows the temporary mask of that call until it resumes once; the
-// kernel puts the saved mask back (restore_saved_sigmask) as soon as the
-// thread leaves the stop, including to run an injected call. Read the mask
-// after an injected call to get the thread's own mask.
+// SigMask returns the blocked-signal mask (bit n-1 = signal n). For a
+// thread inside ppoll, pselect, epoll_pwait or rt_sigsuspend the kernel
+// reports the thread's own mask (its saved_sigmask), not the call's
+// temporary one.
 func (th *Thread) SigMask() (uint64, error) {
 	var m uint64
 	err := th.on(func() error {
@@ -109,9 +106,9 @@ func (th *Thread) SigMask() (uint64, error) {
 	return m, err
 }
 
-// SetSigMask sets the blocked-signal mask. Note that the kernel then
-// forgets a saved mask (TIF_RESTORE_SIGMASK) of a thread inside
-// ppoll/pselect/sigsuspend.
+// SetSigMask sets the blocked-signal mask (the thread's own: for a thread
+// inside ppoll/pselect/sigsuspend the kernel drops the call's saved mask,
+// and the restarted call installs its temporary mask again).
 func (th *Thread) SetSigMask(m uint64) error {
 	return th.on(func() error { return th.check("PTRACE_SETSIGMASK", ptSetSigMask(th.tid, m)) })
 }
