@@ -231,7 +231,7 @@ func TestCheckFUSE(t *testing.T) {
 	found := func(name string) (string, error) { return "/usr/bin/" + name, nil }
 	dir := t.TempDir()
 	dev := filepath.Join(dir, "fuse")
-	os.WriteFile(dev, nil, 0o600)
+	os.WriteFile(dev, nil, 0o666)
 	for _, tc := range []struct {
 		name string
 		dev  string

@@ -61,6 +61,10 @@ func checkFUSEWith(dev string, euid int, lookPath func(string) (string, error), 
 	if _, err := os.Stat(dev); err != nil {
 		return fmt.Errorf("%w: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, err)
 	}
+	// fusermount3 opens the device with the caller's rights.
+	if err := unix.Access(dev, unix.R_OK|unix.W_OK); err != nil {
+		return fmt.Errorf("%w: %s: %w (run as root, or make it mode 0666 as distributions do)", ErrNoFUSE, dev, err)
+	}
 	_, err := fusermountWith(lookPath, fallbackDir)
 	return err
 }

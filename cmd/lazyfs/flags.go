@@ -95,10 +95,10 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 	f := flag.NewFlagSet("lazyfs", flag.ContinueOnError)
 	f.SetOutput(out)
 	c.cacheSize.v = fs.DefaultCacheSize
-	f.Var(&c.cacheSize, "cache-size", "memory for decoded blocks, shared by the whole mount: bytes or with a K, M, G suffix (`SIZE`)")
-	f.IntVar(&c.threads, "decompress-threads", 1, "threads decoding the blocks of one request: 1 serial, 0 automatic from the CPU affinity mask and the work, N a maximum")
+	f.Var(&c.cacheSize, "cache-size", "keep up to `SIZE` of decoded blocks in memory, shared by the whole mount: bytes, or with a K, M or G suffix")
+	f.IntVar(&c.threads, "decompress-threads", 1, "decode the blocks of one request with up to `N` threads: 1 serial, 0 automatic from the CPU affinity mask and the work, N > 1 a maximum")
 	f.BoolVar(&c.allowOther, "allow-other", false, "let other users reach the files (FUSE allow_other; non-root needs user_allow_other in /etc/fuse.conf). Off by default: memory images hold secrets")
-	f.BoolVar(&c.directIO, "direct-io", false, "serve mem and region files with direct I/O instead of the page cache: faster for one large sequential reader, much slower for small reads (see README)")
+	f.BoolVar(&c.directIO, "direct-io", false, "serve mem and region files with direct I/O instead of keeping them in the page cache: for one reader that reads everything once; rereads and small reads are much slower")
 	f.BoolVar(&c.background, "background", false, "detach once the mount is ready and serving; exit non-zero with the error if it cannot be")
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
@@ -120,7 +120,7 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 			} else if fl.Name == "decompress-threads" {
 				def = " (default 1)"
 			}
-			fmt.Fprintf(f.Output(), "  %s%s%s\n      %s%s\n", dash, fl.Name, arg, usage, def)
+			fmt.Fprintf(f.Output(), "  %s%s%s\n%s", dash, fl.Name, arg, wrap(usage+def, "      ", 78))
 		})
 		fmt.Fprintln(f.Output(), examples)
 	}
@@ -185,4 +185,23 @@ func (s *sizeFlag) Set(v string) error {
 	}
 	s.v = n
 	return nil
+}
+
+// wrap breaks text into lines of at most width columns, each starting
+// with indent.
+func wrap(text, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range strings.Fields(text) {
+		if len(line) > len(indent) && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if len(line) > len(indent) {
+			line += " "
+		}
+		line += w
+	}
+	b.WriteString(line + "\n")
+	return b.String()
 }
