@@ -33,7 +33,7 @@ func checkMountpoint(path string) (string, error) {
 		return "", fmt.Errorf("mountpoint %s: %w", abs, syscall.ENOTDIR)
 	}
 	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return "", fmt.Errorf("mountpoint %s: %w: already a mount point", abs, ErrBusy)
+		return "", fmt.Errorf("mountpoint %s: %w: already a mount point (unmount it first, e.g. lazyfs -u %s)", abs, ErrBusy, abs)
 	}
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real

@@ -54,12 +54,10 @@ func startBackground(ctx context.Context, args []string) error {
 	select {
 	case b = <-msg:
 	case <-ctx.Done():
-		cmd.Process.Kill()
-		cmd.Wait()
+		stop(cmd)
 		return fmt.Errorf("background: %w", context.Cause(ctx))
 	case <-time.After(readyTimeout):
-		cmd.Process.Kill()
-		cmd.Wait()
+		stop(cmd)
 		return fmt.Errorf("background: the mount was not ready after %v", readyTimeout)
 	}
 	if string(b) == "ok\n" {
@@ -70,6 +68,23 @@ func startBackground(ctx context.Context, args []string) error {
 		return errors.New(string(bytes.TrimSpace(b)))
 	}
 	return fmt.Errorf("background: lazyfs exited before the mount was ready: %v", werr)
+}
+
+// stopWait is how long a child that was asked to stop may take to unmount.
+const stopWait = 10 * time.Second
+
+// stop ends a child that is not ready yet: SIGTERM first, so that a mount
+// it may have made is unmounted, then SIGKILL.
+func stop(cmd *exec.Cmd) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(stopWait):
+		cmd.Process.Kill()
+		<-done
+	}
 }
 
 // readiness returns the function a --background child calls once with

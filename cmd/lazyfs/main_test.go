@@ -151,6 +151,36 @@ func TestBackgroundAndUnmount(t *testing.T) {
 	})
 }
 
+// TestUnmountDeadMount: a server killed with SIGKILL leaves a mount whose
+// files fail with ENOTCONN; lazyfs refuses to mount over it and -u clears
+// it.
+func TestUnmountDeadMount(t *testing.T) {
+	testutil.RequireFUSE(t)
+	s := snapshot(t)
+	mnt := mountpoint(t)
+	cleanupMount(t, mnt)
+	cmd := lazyfs(t, s.Dir, mnt)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mount", func() bool { return isMount(mnt) })
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := os.ReadDir(mnt); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("readdir of a mount whose server was killed: %v, want ENOTCONN", err)
+	}
+	out, err := lazyfs(t, s.Dir, mnt).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "lazyfs -u") {
+		t.Errorf("mount over a dead mount: %v\n%s\nwant a refusal that suggests lazyfs -u", err, out)
+	}
+	if out, err := lazyfs(t, "-u", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("lazyfs -u of a dead mount: %v\n%s", err, out)
+	}
+	if isMount(mnt) {
+		t.Errorf("%s still mounted", mnt)
+	}
+}
+
 func fstestMemory(s *fstest.Snapshot) []byte {
 	return s.Memory(pid, 0x7f0000000000, 64<<12)
 }
