@@ -9,7 +9,12 @@
 // A Tracer owns a goroutine locked to its OS thread and runs every request
 // there ([Tracer.Do]); all typed methods of Process, Thread and Injector
 // dispatch to it, so they are safe to call from any goroutine. Requests are
-// serialised. Remote memory access ([Process.ReadMem], [Process.WriteMem])
+// serialised; wrap a burst of them in one Do to skip the hand-offs. While
+// idle, the tracer thread passes signals on to processes it holds in the
+// running state ([Process.Resume]) and reaps tracees killed from outside.
+// When the Tracer's thread exits (Close), the kernel detaches whatever is
+// still attached, killing tracees seized with PTRACE_O_EXITKILL. Remote
+// memory access ([Process.ReadMem], [Process.WriteMem])
 // does not need the tracer thread and runs on the caller's goroutine, so
 // several goroutines can copy pages at once.
 //
@@ -23,7 +28,16 @@
 // thread stops before the handler's first instruction; a fatal signal kills
 // the process, reported as [ErrExited]); none is lost or reordered. A thread
 // found in a group-stop (SIGSTOP) is left in it: it is still stopped after
-// [Process.Detach].
+// [Process.Detach]. A freeze that fails leaves the process running as it
+// was: threads that did not stop in time (a cgroup-frozen process takes no
+// interrupt until thawed) are detached by the tracer as soon as they stop.
+//
+// # Starting a process for restore
+//
+// [Tracer.StartStopped] forks and executes a program on the tracer thread
+// and returns it stopped before its first instruction, seized like any
+// other process; [Injector.Clone3] then makes processes and threads with
+// chosen ids inside it, auto-attached and stopped.
 //
 // # Injection
 //

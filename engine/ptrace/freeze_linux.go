@@ -55,7 +55,10 @@ func (t *Tracer) seize(pid int, o SeizeOptions) (*Process, error) {
 		return nil, fmt.Errorf("%d is a thread of process %d, not a process", pid, st.tgid)
 	}
 	if st.state == 'Z' || st.state == 'X' {
-		return nil, ErrExited
+		// A zombie leader whose other threads still run is a live process.
+		if tids, err := listTasks(pid); err != nil || len(tids) <= 1 {
+			return nil, ErrExited
+		}
 	}
 	if q := t.procs[pid]; q != nil {
 		return nil, &AlreadyTracedError{Pid: pid, TracerPid: os.Getpid()}
@@ -68,8 +71,7 @@ func (t *Tracer) seize(pid int, o SeizeOptions) (*Process, error) {
 	}
 	t.procs[pid] = p
 	if err := t.freezeFrom(p, start, start.Add(o.Timeout)); err != nil {
-		_ = p.detach()
-		p.forget()
+		_ = p.detachWithin(time.Now().Add(time.Second))
 		return nil, err
 	}
 	if p.mem, err = openMem(pid); err != nil {

@@ -2,6 +2,7 @@ package ptrace
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -52,39 +53,33 @@ func (in *Injector) SigActions() ([NumSignals]SigAction, error) {
 	return out, err
 }
 
-// readWord runs a call that stores a value of n bytes at scratch and
-// returns it.
-func (in *Injector) readVia(n int, nr int, args ...uint64) ([]byte, error) {
-	var out []byte
+// readVia runs call nr with args, where the argument index out is
+// replaced by the scratch address, and returns the n bytes the call
+// stored there.
+func (in *Injector) readVia(n int, nr int, out int, args ...uint64) ([]byte, error) {
+	var buf []byte
 	err := in.th.p.t.Do(func() error {
 		if err := in.needScratch(n); err != nil {
 			return err
 		}
-		zero := make([]byte, n)
-		if err := in.th.p.writeMem(in.scratch, zero); err != nil {
+		b := make([]byte, n)
+		if err := in.th.p.writeMem(in.scratch, b); err != nil {
 			return err
 		}
-		for i, a := range args {
-			if a == scratchArg {
-				args[i] = in.scratch
-			}
-		}
+		args[out] = in.scratch
 		if _, err := in.call(nr, args...); err != nil {
 			return err
 		}
-		out = zero
-		return in.th.p.ReadMem(in.scratch, out)
+		buf = b
+		return in.th.p.ReadMem(in.scratch, buf)
 	})
-	return out, err
+	return buf, err
 }
-
-// scratchArg stands for "the scratch address" in readVia arguments.
-const scratchArg = ^uint64(0) - 0x5c
 
 // TidAddress returns the thread's clear_child_tid address
 // (prctl(PR_GET_TID_ADDRESS)), as set by set_tid_address or CLONE_CHILD_CLEARTID.
 func (in *Injector) TidAddress() (uint64, error) {
-	b, err := in.readVia(8, unix.SYS_PRCTL, unix.PR_GET_TID_ADDRESS, scratchArg)
+	b, err := in.readVia(8, unix.SYS_PRCTL, 1, unix.PR_GET_TID_ADDRESS, 0)
 	if err != nil {
 		return 0, fmt.Errorf("PR_GET_TID_ADDRESS: %w", err)
 	}
@@ -103,7 +98,7 @@ type AltStack struct {
 // sigaltstack(NULL, &old).
 func (in *Injector) SigAltStack() (AltStack, error) {
 	var s AltStack
-	b, err := in.readVia(24, unix.SYS_SIGALTSTACK, 0, scratchArg)
+	b, err := in.readVia(24, unix.SYS_SIGALTSTACK, 1, 0, 0)
 	if err != nil {
 		return s, fmt.Errorf("sigaltstack: %w", err)
 	}
@@ -135,7 +130,7 @@ func (in *Injector) Prctl(op int, args ...uint64) (uint64, error) {
 // PrctlInt runs prctl(op, &int) for the operations that store an int
 // through their argument (PR_GET_CHILD_SUBREAPER, PR_GET_PDEATHSIG).
 func (in *Injector) PrctlInt(op int) (int32, error) {
-	b, err := in.readVia(4, unix.SYS_PRCTL, uint64(op), scratchArg)
+	b, err := in.readVia(4, unix.SYS_PRCTL, 1, uint64(op), 0)
 	if err != nil {
 		return 0, fmt.Errorf("prctl(%d): %w", op, err)
 	}
@@ -144,7 +139,7 @@ func (in *Injector) PrctlInt(op int) (int32, error) {
 
 // Name returns the thread's comm (prctl(PR_GET_NAME)).
 func (in *Injector) Name() (string, error) {
-	b, err := in.readVia(16, unix.SYS_PRCTL, unix.PR_GET_NAME, scratchArg)
+	b, err := in.readVia(16, unix.SYS_PRCTL, 1, unix.PR_GET_NAME, 0)
 	if err != nil {
 		return "", fmt.Errorf("PR_GET_NAME: %w", err)
 	}
@@ -168,15 +163,15 @@ func (in *Injector) GetSockOpt(fd, level, opt, size int) ([]byte, error) {
 		if err := in.needScratch(8 + size); err != nil {
 			return err
 		}
-		var l [8]byte
-		l[0], l[1] = byte(size), byte(size>>8)
+		var l [4]byte
+		binary.LittleEndian.PutUint32(l[:], uint32(size))
 		if err := in.th.p.writeMem(in.scratch, l[:]); err != nil {
 			return err
 		}
 		if _, err := in.call(unix.SYS_GETSOCKOPT, uint64(fd), uint64(level), uint64(opt), in.scratch+8, in.scratch); err != nil {
 			return fmt.Errorf("getsockopt(%d, %d, %d): %w", fd, level, opt, err)
 		}
-		if err := in.th.p.ReadMem(in.scratch, l[:4]); err != nil {
+		if err := in.th.p.ReadMem(in.scratch, l[:]); err != nil {
 			return err
 		}
 		n := min(int(le32(l[:])), size)
@@ -196,7 +191,7 @@ type CloneArgs struct {
 	PidFD      uint64 // where CLONE_PIDFD stores the pidfd
 	ChildTID   uint64
 	ParentTID  uint64
-	ExitSignal uint64 // SIGCHLD for a process, 0 for a thread
+	ExitSignal uint64 // SIGCHLD for a process; 0 for a thread or with CLONE_PARENT
 	Stack      uint64 // lowest address of the stack area
 	StackSize  uint64
 	TLS        uint64
@@ -247,7 +242,7 @@ func (in *Injector) clone3(a CloneArgs) (*Thread, error) {
 	if len(a.SetTID) > 0 {
 		tids := make([]byte, 0, 4*len(a.SetTID))
 		for _, t := range a.SetTID {
-			tids = append(tids, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
+			tids = binary.LittleEndian.AppendUint32(tids, uint32(t))
 		}
 		if err := p.writeMem(in.scratch+tidsAt, tids); err != nil {
 			return nil, err

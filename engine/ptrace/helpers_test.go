@@ -290,6 +290,26 @@ func TestStartStoppedClone3(t *testing.T) {
 	if st, err := readStatus(wantPid); err == nil && st.state != 'Z' {
 		t.Fatalf("child %d in state %c after Kill", wantPid, st.state)
 	}
+	// With CLONE_PARENT the new process is a child of ours, not of the
+	// stub: killing the stub does not reparent it. clone3 wants
+	// exit_signal 0 with CLONE_PARENT (the stub's SIGCHLD is used).
+	sib, err := in.Clone3(CloneArgs{Flags: unix.CLONE_PARENT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sin, err := sib.InjectorAt(in.Stub(), scratch, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mustCall(t, sin, unix.SYS_GETPPID); int(got) != os.Getpid() {
+		t.Fatalf("getppid with CLONE_PARENT = %d, want %d", got, os.Getpid())
+	}
+	if err := sib.Process().Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", sib.Tid())); !os.IsNotExist(err) {
+		t.Fatalf("CLONE_PARENT child not reaped by Kill: %v", err)
+	}
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -288,5 +290,77 @@ func BenchmarkInjectGetpidInDo(b *testing.B) {
 	})
 	if err != nil {
 		b.Fatal(err)
+	}
+}
+
+// A freeze that times out (here: a cgroup-frozen process, which takes no
+// interrupt stop until thawed) leaves the process as it was: the threads
+// that did not stop are detached as soon as they do.
+func TestFreezeTimeoutLeavesProcess(t *testing.T) {
+	tr := newTracer(t)
+	const root = "/sys/fs/cgroup/freezer"
+	if _, err := os.Stat(root + "/freezer.state"); err != nil {
+		if _, err := os.Stat(root + "/tasks"); err != nil {
+			t.Skipf("no cgroup v1 freezer at %s", root)
+		}
+	}
+	c, _ := start(t, "loop")
+	cg := fmt.Sprintf("%s/lazyfs-ptrace-%d", root, c.pid)
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(cg+"/freezer.state", []byte("THAWED"), 0)
+		_ = os.WriteFile(root+"/tasks", []byte(strconv.Itoa(c.pid)), 0)
+		_ = os.Remove(cg)
+	})
+	if err := os.WriteFile(cg+"/tasks", []byte(strconv.Itoa(c.pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cg+"/freezer.state", []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		b, _ := os.ReadFile(cg + "/freezer.state")
+		if strings.TrimSpace(string(b)) == "FROZEN" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cgroup not frozen: %s", b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, err := tr.Seize(c.pid, SeizeOptions{Timeout: 200 * time.Millisecond})
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("seize of a frozen process: %v, want ErrTimeout", err)
+	}
+	if err := os.WriteFile(cg+"/freezer.state", []byte("THAWED"), 0); err != nil {
+		t.Fatal(err)
+	}
+	c.drain()
+	c.expect(t, "tick", 2*time.Second)
+	deadline = time.Now().Add(2 * time.Second)
+	for {
+		st, err := readStatus(c.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.tracerPid == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still traced by %d after thaw", st.tracerPid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// And the tracer can have it now.
+	p, err := tr.Seize(c.pid, SeizeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireFrozen(t, p)
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
 	}
 }

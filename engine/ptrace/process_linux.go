@@ -55,6 +55,7 @@ type Thread struct {
 	held    []SigInfo // signals held back while injecting, delivered on resume
 	inj     *Injector // open injector, if any
 	fresh   bool      // auto-attached, its first stop not yet seen
+	orphan  bool      // detached from a process but did not stop in time: detach when it does
 }
 
 // FreezeStats describes the last freeze of a process.
@@ -133,15 +134,21 @@ func (p *Process) addThread(tid int, state threadState) *Thread {
 // dropThread forgets a thread that is gone or detached.
 func (p *Process) dropThread(th *Thread) {
 	th.state = stExited
+	th.orphan = false
 	delete(p.threads, th.tid)
 	if p.t.threads[th.tid] == th {
 		delete(p.t.threads, th.tid)
 	}
 }
 
-// forget drops the process and all its threads from the tracer.
+// forget drops the process and its threads from the tracer; orphans stay
+// known to the tracer loop until they stop and are detached.
 func (p *Process) forget() {
 	for _, th := range p.threads {
+		if th.orphan {
+			delete(p.threads, th.tid)
+			continue
+		}
 		p.dropThread(th)
 	}
 	p.attached = false
@@ -201,17 +208,27 @@ func (th *Thread) check(op string, err error) error {
 // Threads found in a group-stop stay stopped.
 func (p *Process) Detach() error { return p.t.Do(p.detach) }
 
-func (p *Process) detach() error {
+func (p *Process) detach() error { return p.detachWithin(time.Now().Add(DefaultTimeout)) }
+
+// detachWithin detaches every thread. A thread that cannot be stopped by
+// the deadline (PTRACE_DETACH needs a stopped tracee; a cgroup-frozen one
+// does not stop) is left to the tracer loop, which detaches it when it
+// stops.
+func (p *Process) detachWithin(deadline time.Time) error {
 	if !p.attached {
 		return nil
 	}
 	var errs []error
 	if p.anyRunning() {
-		if err := p.t.freeze(p, time.Now().Add(DefaultTimeout)); err != nil && !errors.Is(err, ErrExited) {
+		if err := p.t.freeze(p, deadline); err != nil && !errors.Is(err, ErrExited) {
 			errs = append(errs, fmt.Errorf("stop before detach: %w", err))
 		}
 	}
 	for _, th := range p.threadList() {
+		if th.state == stRunning {
+			th.orphan = true
+			continue
+		}
 		if err := th.release(true); err != nil && !errors.Is(err, ErrExited) {
 			errs = append(errs, err)
 		}
@@ -373,6 +390,19 @@ func (p *Process) anyRunning() bool {
 // parent to see it.
 func (t *Tracer) service() {
 	for _, th := range t.threads {
+		if th.orphan {
+			if st, ok, err := waitOnce(th.tid, th.reap()); err == nil && ok {
+				if !st.exited {
+					sig := 0
+					if st.event == 0 {
+						sig = int(st.sig)
+					}
+					_ = ptDetach(th.tid, sig)
+				}
+				delete(t.threads, th.tid)
+			}
+			continue
+		}
 		if th.state != stRunning {
 			st, ok, err := waitOnce(th.tid, th.reap())
 			if err == nil && ok {
@@ -435,6 +465,13 @@ func (t *Tracer) followStop(th *Thread, st status) bool {
 // thread of p or a new process. Its first stop is still to come.
 func (t *Tracer) adopt(p *Process, tid int) *Thread {
 	if th := t.threads[tid]; th != nil {
+		if th.orphan && th.p.pid == p.pid && th.p != p {
+			// Left running by an earlier detach and still ours: take it
+			// back; it has no stop of its own coming, so interrupt it.
+			th.orphan, th.p = false, p
+			p.threads[tid] = th
+			_ = ptInterrupt(tid)
+		}
 		return th
 	}
 	tgid := tid

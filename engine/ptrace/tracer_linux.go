@@ -98,9 +98,12 @@ func (t *Tracer) run(fn func() error) (err error) {
 	return fn()
 }
 
-// Do runs fn on the tracer thread and returns its error. fn may call raw
-// ptrace on the tracees of this Tracer. Calling Do from inside fn runs the
-// nested function directly.
+// Do runs fn on the tracer thread and returns its error. Methods of this
+// Tracer's Processes, Threads and Injectors called inside fn run directly
+// (no hand-off), which makes bursts of requests much cheaper: about 20 µs
+// per injected call inside one Do against 80-100 µs for separate calls on
+// this machine. fn may also make raw ptrace calls on the tracees. fn must
+// not call Close.
 func (t *Tracer) Do(fn func() error) error {
 	if t.onThread() {
 		return fn()
