@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+func runDump(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("dump", "-t PID -D DIR [options]", `
+Freeze every thread of process PID, write its snapshot into DIR, then kill
+it (or resume it with --leave-running). Memory is stored in blocks: all-zero
+blocks take no space, others are LZ4-compressed when that saves more than
+12.5% and stored raw otherwise. The manifest (DIR/snapshot.json) is written
+last: a failed dump leaves the process running and no manifest behind.
+
+Refused: a process with children, a process already being traced, and
+anything the format cannot describe yet (the error names it).`, stderr)
+	pid := fs.Int("t", 0, "process to dump")
+	alias(fs, "tree", "t")
+	dir := fs.String("D", "", "snapshot directory (created if missing; must not hold a snapshot)")
+	alias(fs, "images-dir", "D")
+	leave := fs.Bool("leave-running", false, "resume the process after the dump instead of killing it")
+	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
+	var block sizeFlag
+	fs.Var(&block, "compress-block", "block `SIZE`: a power of two from 4K to 4M (default 256K)")
+	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw")
+	threadsFlag(fs) // recorded for symmetry with restore; decoding happens there
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *pid <= 0 {
+		return usagef("-t PID (--tree) is required")
+	}
+	if err := requireDir(*dir); err != nil {
+		return err
+	}
+	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress}
+	n := 0
+	for _, b := range []bool{*compress, block.set, *noCompress} {
+		if b {
+			n++
+		}
+	}
+	if n > 1 {
+		return usagef("--compress, --compress-block and --no-compress are exclusive")
+	}
+	switch {
+	case *compress:
+		opts.BlockSize = codec.PageSize
+	case block.set:
+		if block.v < codec.PageSize || block.v > codec.MaxBlockSize || block.v&(block.v-1) != 0 {
+			return usagef("--compress-block %s: must be a power of two from 4K to 4M", units.FormatSize(uint64(block.v)))
+		}
+		opts.BlockSize = int(block.v)
+	case *noCompress:
+		opts.Mode = codec.NoCompress
+	}
+	if isTerminal(stderr) {
+		opts.Progress = progressPrinter(stderr, "dump", time.Second)
+	}
+	res, err := engine.Dump(ctx, opts)
+	if res != nil {
+		s := res.Stats
+		fmt.Fprintf(stdout, "dumped pid %d (%d threads): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
+			res.PID, res.Threads, units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
+			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
+	}
+	return err
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// progressPrinter returns a progress callback that starts printing after
+// delay and overwrites one line.
+func progressPrinter(w io.Writer, what string, delay time.Duration) func(done, total uint64) {
+	start := time.Now()
+	printed := false
+	return func(done, total uint64) {
+		if time.Since(start) < delay {
+			return
+		}
+		pct := 100.0
+		if total > 0 {
+			pct = 100 * float64(done) / float64(total)
+		}
+		fmt.Fprintf(w, "\r%s: %s of %s (%.0f%%)  ", what, units.FormatSize(done), units.FormatSize(total), pct)
+		printed = true
+		if done >= total && printed {
+			fmt.Fprintln(w)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("inspect", "-D DIR [--json]", `
+Show what a snapshot holds: its processes, their memory regions, and the
+blocks by kind (zero, raw, lz4) with original and stored bytes.`, stderr)
+	dir := fs.String("D", "", "snapshot directory")
+	alias(fs, "images-dir", "D")
+	asJSON := fs.Bool("json", false, "print JSON instead of text")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := requireDir(*dir); err != nil {
+		return err
+	}
+	rep, err := inspect(*dir)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printInspect(stdout, rep)
+	return nil
+}
+
+type inspectReport struct {
+	Dir       string          `json:"dir"`
+	Manifest  *image.Manifest `json:"manifest"`
+	Processes []processReport `json:"processes"`
+}
+
+type processReport struct {
+	PID     int            `json:"pid"`
+	Comm    string         `json:"comm"`
+	Exe     string         `json:"exe"`
+	Threads int            `json:"threads"`
+	FDs     int            `json:"fds"`
+	Regions []regionReport `json:"regions"`
+	Blocks  image.Stats    `json:"blocks"`
+	Ratio   float64        `json:"ratio"`
+}
+
+type regionReport struct {
+	Start  uint64 `json:"start"`
+	End    uint64 `json:"end"`
+	Perms  string `json:"perms"`
+	Kind   string `json:"kind"`
+	Name   string `json:"name,omitempty"`
+	Dumped uint64 `json:"dumped_bytes"`
+}
+
+func inspect(dir string) (*inspectReport, error) {
+	s, err := image.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	rep := &inspectReport{Dir: dir, Manifest: s.Manifest}
+	for _, pid := range s.PIDs() {
+		st, err := s.State(pid)
+		if err != nil {
+			return nil, err
+		}
+		r, err := s.OpenPages(pid, image.ReaderOptions{})
+		if err != nil {
+			return nil, err
+		}
+		pr := processReport{PID: pid, Comm: st.Comm, Exe: st.Exe.Path, Threads: len(st.Threads), FDs: len(st.FDs), Blocks: r.Stats(), Ratio: r.Stats().Ratio()}
+		for _, v := range st.VMAs {
+			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: dumpedIn(r, v.Start, v.End)})
+		}
+		r.Close()
+		rep.Processes = append(rep.Processes, pr)
+	}
+	return rep, nil
+}
+
+// dumpedIn returns the dumped bytes in [lo, hi).
+func dumpedIn(r *image.Reader, lo, hi uint64) uint64 {
+	var n uint64
+	ri, _ := r.FindRun(lo)
+	for runs := r.Runs(); ri < len(runs) && runs[ri].Addr < hi; ri++ {
+		n += min(hi, runs[ri].End()) - max(lo, runs[ri].Addr)
+	}
+	return n
+}
+
+func printInspect(w io.Writer, rep *inspectReport) {
+	m := rep.Manifest
+	fmt.Fprintf(w, "snapshot %s\n  format %s v%d, %s, created %s\n  kernel %s %s, block size %s, compression %s\n",
+		rep.Dir, m.Format, m.Version, m.Tool, m.Created.Format("2006-01-02 15:04:05 MST"), m.Kernel.Release, m.Kernel.Machine,
+		units.FormatSize(uint64(m.BlockSize)), m.Compression)
+	for _, p := range rep.Processes {
+		fmt.Fprintf(w, "\nprocess %d (%s) %s\n  %d threads, %d file descriptors, %d memory regions\n\n", p.PID, p.Comm, p.Exe, p.Threads, p.FDs, len(p.Regions))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  START\tEND\tPERMS\tKIND\tDUMPED\tNAME")
+		for _, r := range p.Regions {
+			d := "-"
+			if r.Dumped > 0 {
+				d = units.FormatSize(r.Dumped)
+			}
+			fmt.Fprintf(tw, "  %x\t%x\t%s\t%s\t%s\t%s\n", r.Start, r.End, r.Perms, r.Kind, d, r.Name)
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "  BLOCKS\tCOUNT\tORIGINAL\tSTORED\t")
+		b := p.Blocks
+		for _, k := range []struct {
+			name string
+			s    image.KindStats
+		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"total", b.Total}} {
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "  pages file %s for %s of memory: ratio %.3f (%s)\n", units.FormatSize(b.FileSize), units.FormatSize(b.Total.Bytes), p.Ratio, strings.TrimSpace(fmt.Sprintf("%.1f%% saved", 100*(1-p.Ratio))))
+	}
+}

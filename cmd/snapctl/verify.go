@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("verify", "-D DIR [--decompress-threads N]", `
+Check a snapshot: the manifest, every file's size and checksum, and every
+block of memory against its CRC32C. Exits non-zero at the first bad block,
+naming the file, the block and its address.`, stderr)
+	dir := fs.String("D", "", "snapshot directory")
+	alias(fs, "images-dir", "D")
+	threads := threadsFlag(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := requireDir(*dir); err != nil {
+		return err
+	}
+	s, err := image.Open(*dir)
+	if err != nil {
+		return err
+	}
+	for _, pid := range s.PIDs() {
+		if _, err := s.State(pid); err != nil {
+			return err
+		}
+		r, err := s.OpenPages(pid, image.ReaderOptions{Threads: *threads})
+		if err != nil {
+			return err
+		}
+		err = r.Verify(ctx, nil)
+		if err == nil {
+			err = s.VerifyPagesFile(pid)
+		}
+		st := r.Stats()
+		r.Close()
+		if err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		fmt.Fprintf(stdout, "process %d: %d blocks, %s of memory in %s: ok\n", pid, st.Total.Blocks, units.FormatSize(st.Total.Bytes), units.FormatSize(st.FileSize))
+	}
+	fmt.Fprintf(stdout, "snapshot %s: ok\n", *dir)
+	return nil
+}

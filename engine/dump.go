@@ -1,0 +1,200 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// Version is the tool version recorded in snapshots.
+const Version = "0.1.0"
+
+// DumpOptions configure Dump.
+type DumpOptions struct {
+	PID int
+	Dir string
+	// LeaveRunning resumes the process after a successful dump instead of
+	// killing it.
+	LeaveRunning bool
+	// BlockSize, Mode and Workers are the encoding settings (see
+	// image.Options).
+	BlockSize int
+	Mode      codec.Mode
+	Workers   int
+	Logger    *slog.Logger
+	// Progress, if set, is called from time to time with the memory bytes
+	// written so far and the total to write.
+	Progress func(done, total uint64)
+}
+
+// DumpResult describes a finished dump.
+type DumpResult struct {
+	PID     int
+	Threads int
+	// Freeze is the time the process was stopped: from the first
+	// interrupt to its resume or kill.
+	Freeze time.Duration
+	// FreezeStop is how long stopping every thread took.
+	FreezeStop time.Duration
+	Total      time.Duration
+	Stats      image.Stats
+	// MemoryBytes is the memory dumped (decoded bytes).
+	MemoryBytes uint64
+}
+
+var (
+	// ErrHasChildren: the process has child processes (process trees are
+	// not supported yet).
+	ErrHasChildren = errors.New("process has child processes")
+	// ErrUnsupported: the process holds something the snapshot format
+	// cannot describe; the error names it.
+	ErrUnsupported = errors.New("unsupported")
+)
+
+// StepError names the step of a dump or restore that failed.
+type StepError struct {
+	Step string
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
+func step(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *StepError
+	if errors.As(err, &se) {
+		return err
+	}
+	return &StepError{Step: name, Err: err}
+}
+
+// Dump freezes the process opts.PID, writes its snapshot into opts.Dir and
+// then kills it, or resumes it with LeaveRunning. On any error the process
+// is resumed as it was and the directory holds no manifest.
+func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
+	start := time.Now()
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	pid := opts.PID
+	if err := precheck(pid); err != nil {
+		return nil, step("check", err)
+	}
+	w, err := image.Create(opts.Dir, image.Options{BlockSize: opts.BlockSize, Mode: opts.Mode, Workers: opts.Workers, Tool: "lazyfs " + Version})
+	if err != nil {
+		return nil, step("create snapshot", err)
+	}
+	defer func() {
+		if err != nil {
+			w.Abort()
+		}
+	}()
+
+	t, err := ptrace.New()
+	if err != nil {
+		return nil, step("freeze", err)
+	}
+	defer t.Close()
+	p, err := t.Seize(pid, ptrace.SeizeOptions{})
+	if err != nil {
+		return nil, step("freeze", err)
+	}
+	frozen := time.Now().Add(-p.Stats().Duration)
+	log.Info("frozen", "pid", pid, "threads", len(p.Threads()), "took", p.Stats().Duration)
+	resumed := false
+	defer func() {
+		if !resumed {
+			if derr := p.Detach(); derr != nil {
+				log.Error("resume after failed dump", "pid", pid, "err", derr)
+			}
+		}
+	}()
+
+	// Children may have appeared between the check and the freeze.
+	if kids, _ := children(pid); len(kids) > 0 {
+		return nil, step("check", fmt.Errorf("pid %d: %w (%v): dump the tree's leaves or stop them first", pid, ErrHasChildren, kids))
+	}
+	d := &dumper{pid: pid, p: p, log: log}
+	st, err := d.collect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.dumpMemory(ctx, w, st, opts.Progress); err != nil {
+		return nil, step("dump memory", err)
+	}
+	if err := w.WriteState(st); err != nil {
+		return nil, step("write state", err)
+	}
+	if err := w.Commit(); err != nil {
+		return nil, step("commit", err)
+	}
+	res = &DumpResult{PID: pid, Threads: len(st.Threads), FreezeStop: p.Stats().Duration, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
+	resumed = true
+	if opts.LeaveRunning {
+		err = p.Detach()
+	} else {
+		err = p.Kill()
+	}
+	res.Freeze = time.Since(frozen)
+	res.Total = time.Since(start)
+	if err != nil {
+		// The snapshot is complete; say so along with the failure.
+		return res, step("finish", fmt.Errorf("snapshot written, but %w", err))
+	}
+	return res, nil
+}
+
+// precheck refuses a process that cannot be dumped, before touching it.
+func precheck(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("invalid pid %d", pid)
+	}
+	if pid == os.Getpid() {
+		return fmt.Errorf("pid %d is snapctl itself", pid)
+	}
+	s, err := proc.ReadStatus(pid)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("pid %d: %w", pid, ptrace.ErrNoProcess)
+		}
+		return err
+	}
+	if s.Tgid != pid {
+		return fmt.Errorf("pid %d is a thread of process %d: dump the process", pid, s.Tgid)
+	}
+	if s.State == 'Z' {
+		return fmt.Errorf("pid %d is a zombie", pid)
+	}
+	if s.TracerPid != 0 {
+		return &ptrace.AlreadyTracedError{Pid: pid, TracerPid: s.TracerPid}
+	}
+	if kids, err := children(pid); err != nil {
+		return err
+	} else if len(kids) > 0 {
+		return fmt.Errorf("pid %d: %w (%v): process trees are not supported yet", pid, ErrHasChildren, kids)
+	}
+	return nil
+}
+
+// children returns the child processes of every thread of pid.
+func children(pid int) ([]int, error) {
+	kids, err := proc.Children(pid)
+	if err != nil && errors.Is(err, unix.ESRCH) {
+		return nil, nil
+	}
+	return kids, err
+}

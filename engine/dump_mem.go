@@ -1,0 +1,281 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+)
+
+// vmaKind maps a /proc mapping to the snapshot's VMA kind.
+func vmaKind(m *proc.Mapping) (string, error) {
+	switch m.Kind() {
+	case proc.KindAnon:
+		return image.VMAAnon, nil
+	case proc.KindFilePrivate:
+		return image.VMAFile, nil
+	case proc.KindFileShared:
+		return image.VMAFileShared, nil
+	case proc.KindShmem:
+		if m.IsSysV() {
+			return "", fmt.Errorf("%w: %s: System V shared memory", ErrUnsupported, m)
+		}
+		return image.VMAShmem, nil
+	case proc.KindSpecial:
+		switch m.Path {
+		case "[vdso]":
+			return image.VMAVDSO, nil
+		case "[vvar]":
+			return image.VMAVVar, nil
+		case "[vvar_vclock]":
+			return image.VMAVVarVclock, nil
+		case "[vsyscall]":
+			return image.VMAVsyscall, nil
+		}
+		return "", fmt.Errorf("%w: %s: special mapping %s", ErrUnsupported, m, m.Path)
+	}
+	return "", fmt.Errorf("%w: %s: device mapping (VM_IO or VM_PFNMAP)", ErrUnsupported, m)
+}
+
+// vmas describes every mapping of the process. Whether each one's pages
+// are dumped is decided by dumpMemory.
+func (d *dumper) vmas() ([]image.VMA, error) {
+	var out []image.VMA
+	for i := range d.maps {
+		m := &d.maps[i]
+		kind, err := vmaKind(m)
+		if err != nil {
+			return nil, err
+		}
+		v := image.VMA{Start: m.Start, End: m.End, Offset: m.Offset, Kind: kind, Name: m.Name(), VMFlags: m.Flags.Names()}
+		if m.Perms&proc.PermRead != 0 {
+			v.Prot |= unix.PROT_READ
+		}
+		if m.Perms&proc.PermWrite != 0 {
+			v.Prot |= unix.PROT_WRITE
+		}
+		if m.Perms&proc.PermExec != 0 {
+			v.Prot |= unix.PROT_EXEC
+		}
+		if m.Shared() {
+			v.Flags = unix.MAP_SHARED
+		} else {
+			v.Flags = unix.MAP_PRIVATE
+		}
+		if m.Flags.Has(proc.VMGrowsDown) {
+			v.Flags |= unix.MAP_GROWSDOWN
+		}
+		if kind == image.VMAFile || kind == image.VMAFileShared || (kind == image.VMAShmem && m.Inode != 0) {
+			if m.Deleted && kind != image.VMAShmem {
+				return nil, fmt.Errorf("%w: %s maps %s, which was deleted", ErrUnsupported, m, m.Path)
+			}
+			id, err := d.mappedFile(m)
+			if err != nil {
+				return nil, err
+			}
+			v.File = &id
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// mappedFile identifies the file a mapping maps, through map_files (which
+// reaches the very file even if its path now names another).
+func (d *dumper) mappedFile(m *proc.Mapping) (image.FileID, error) {
+	p := fmt.Sprintf("/proc/%d/map_files/%x-%x", d.pid, m.Start, m.End)
+	id, err := proc.StatFile(p)
+	if err != nil {
+		return image.FileID{}, fmt.Errorf("%s: %w", m, err)
+	}
+	if id.Ino != m.Inode {
+		return image.FileID{}, fmt.Errorf("%s: map_files reaches inode %d, maps says %d", m, id.Ino, m.Inode)
+	}
+	return fileID(m.Path, id), nil
+}
+
+// memRange is a range of pages to dump and how to read it.
+type memRange struct {
+	start, end uint64
+	vma        int      // index in the VMA list
+	file       *os.File // shmem object to read at fileOff, or nil for process memory
+	fileOff    uint64
+}
+
+// shmemObject remembers where a shared object's pages were dumped.
+type shmemObject struct {
+	id      uint64
+	lo, hi  uint64 // object offsets dumped
+	source  uint64 // address of offset 0 in the image
+	dumped  bool
+}
+
+// plan lists the page ranges to dump: present or swapped pages of private
+// anonymous memory, the copied-on-write pages of private file mappings,
+// and the data of shared anonymous and memfd objects, once per object.
+func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
+	pm, err := proc.OpenPagemap(d.pid)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer pm.Close()
+	var out []memRange
+	var files []*os.File
+	objects := map[uint64]*shmemObject{}
+	var runs []proc.Run
+	for i := range st.VMAs {
+		v := &st.VMAs[i]
+		switch v.Kind {
+		case image.VMAAnon, image.VMAFile:
+			if v.Kind == image.VMAAnon {
+				runs, err = pm.Populated(v.Start, v.End, runs[:0])
+			} else {
+				runs, err = pm.Anonymous(v.Start, v.End, runs[:0])
+			}
+			if err != nil {
+				return nil, files, fmt.Errorf("pagemap %#x-%#x: %w", v.Start, v.End, err)
+			}
+			for _, r := range runs {
+				out = append(out, memRange{start: r.Start, end: r.End, vma: i})
+			}
+			v.Dumped = len(runs) > 0
+		case image.VMAShmem:
+			m := &d.maps[i]
+			obj := objects[m.Inode]
+			lo, hi := v.Offset, v.Offset+(v.End-v.Start)
+			if obj != nil && obj.lo <= lo && hi <= obj.hi {
+				v.Shmem = &image.ShmemRef{ID: m.Inode, Source: obj.source}
+				continue
+			}
+			f, err := os.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", d.pid, v.Start, v.End))
+			if err != nil {
+				return nil, files, fmt.Errorf("%s: open shared object: %w", m, err)
+			}
+			files = append(files, f)
+			fi, err := f.Stat()
+			if err != nil {
+				return nil, files, err
+			}
+			data, err := dataRanges(f, lo, hi)
+			if err != nil {
+				return nil, files, fmt.Errorf("%s: %w", m, err)
+			}
+			for _, r := range data {
+				out = append(out, memRange{start: v.Start + r[0] - lo, end: v.Start + r[1] - lo, vma: i, file: f, fileOff: r[0]})
+			}
+			v.Dumped = len(data) > 0
+			src := v.Start - v.Offset
+			v.Shmem = &image.ShmemRef{ID: m.Inode, Size: uint64(fi.Size()), Source: src}
+			if obj == nil {
+				objects[m.Inode] = &shmemObject{id: m.Inode, lo: lo, hi: hi, source: src, dumped: true}
+			}
+		}
+	}
+	return out, files, nil
+}
+
+// dataRanges returns the ranges of [lo, hi) of f that hold data, by
+// SEEK_DATA and SEEK_HOLE, page aligned.
+func dataRanges(f *os.File, lo, hi uint64) ([][2]uint64, error) {
+	var out [][2]uint64
+	fd := int(f.Fd())
+	for off := lo; off < hi; {
+		d, err := unix.Seek(fd, int64(off), unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("seek data: %w", err)
+		}
+		if uint64(d) >= hi {
+			break
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, fmt.Errorf("seek hole: %w", err)
+		}
+		s := uint64(d) &^ (image.PageSize - 1)
+		e := min(hi, (uint64(h)+image.PageSize-1)&^(image.PageSize-1))
+		out = append(out, [2]uint64{max(s, off), e})
+		off = e
+	}
+	return out, nil
+}
+
+// dumpMemory writes the planned pages into the snapshot.
+func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Process, progress func(done, total uint64)) error {
+	ranges, files, err := d.plan(st)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	var total, done uint64
+	for _, r := range ranges {
+		total += r.end - r.start
+	}
+	pw, err := w.Pages(ctx, d.pid)
+	if err != nil {
+		return err
+	}
+	last, lastReport := -1, time.Now()
+	for _, r := range ranges {
+		if r.vma != last {
+			pw.Break() // no block spans two VMAs
+			last = r.vma
+		}
+		err := pw.Add(r.start, r.end-r.start, func(dst []byte, addr uint64) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			var err error
+			if r.file != nil {
+				err = readFull(r.file, dst, int64(r.fileOff+addr-r.start))
+			} else {
+				err = d.p.ReadMem(addr, dst)
+			}
+			done += uint64(len(dst))
+			if progress != nil && time.Since(lastReport) > 100*time.Millisecond {
+				progress(done, total)
+				lastReport = time.Now()
+			}
+			return err
+		})
+		if err != nil {
+			pw.Close()
+			return err
+		}
+	}
+	if err := pw.Close(); err != nil {
+		return err
+	}
+	if progress != nil {
+		progress(total, total)
+	}
+	d.stats = pw.Stats()
+	return nil
+}
+
+func readFull(f *os.File, b []byte, off int64) error {
+	n, err := f.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		// A shared object shrank under us: the rest reads as zeros,
+		// as the mapping would fault.
+		clear(b[n:])
+		return nil
+	}
+	return err
+}
