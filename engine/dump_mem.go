@@ -111,10 +111,10 @@ type memRange struct {
 
 // shmemObject remembers where a shared object's pages were dumped.
 type shmemObject struct {
-	id      uint64
-	lo, hi  uint64 // object offsets dumped
-	source  uint64 // address of offset 0 in the image
-	dumped  bool
+	id     uint64
+	lo, hi uint64 // object offsets dumped
+	source uint64 // address of offset 0 in the image
+	dumped bool
 }
 
 // plan lists the page ranges to dump: present or swapped pages of private

@@ -2,10 +2,8 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -234,5 +232,3 @@ func fromImageRegs(r *image.Regs) ptrace.Regs {
 		Cs: r.Cs, Eflags: r.Eflags, Rsp: r.Rsp, Ss: r.Ss, Fs_base: r.FsBase, Gs_base: r.GsBase, Ds: r.Ds, Es: r.Es, Fs: r.Fs, Gs: r.Gs}
 }
 
-var _ = errors.Is
-var _ = time.Now
