@@ -231,4 +231,3 @@ func fromImageRegs(r *image.Regs) ptrace.Regs {
 		R9: r.R9, R8: r.R8, Rax: r.Rax, Rcx: r.Rcx, Rdx: r.Rdx, Rsi: r.Rsi, Rdi: r.Rdi, Orig_rax: r.OrigRax, Rip: r.Rip,
 		Cs: r.Cs, Eflags: r.Eflags, Rsp: r.Rsp, Ss: r.Ss, Fs_base: r.FsBase, Gs_base: r.GsBase, Ds: r.Ds, Es: r.Es, Fs: r.Fs, Gs: r.Gs}
 }
-
