@@ -37,28 +37,30 @@
 // and only issues requests as large as its read-ahead window.
 //
 // mem and region files are opened with FOPEN_KEEP_CACHE by default, and
-// with FOPEN_DIRECT_IO if Options.DirectIO is set. Measured on this
-// project's machine (2 vCPUs, kernel 6.18, free page reporting on,
-// 1 GiB snapshot of 1/4 zero, 1/4 random, 1/2 bf16-like memory, 256 KiB
-// blocks, 256 MiB block cache; medians, the machine is noisy):
+// with FOPEN_DIRECT_IO if Options.DirectIO is set. Measured with the
+// package benchmarks on this project's machine (2 vCPUs, kernel 6.18,
+// free page reporting on; a 1 GiB snapshot of 1/4 zero, 1/4 random, 1/2
+// bf16-like memory in 256 KiB blocks; 256 MiB block cache; readers in
+// their own process; medians of 3 runs on a shared, noisy machine):
 //
-//	                                         keep-cache   direct-io   plain file
-//	dd 1 MiB, fresh mount, caches dropped    0.6-1.0      0.75-1.1    1.2 GB/s
-//	dd 1 MiB, fresh mount, snapshot cached   1.0-1.3      1.4         -
-//	dd 1 MiB, again (warm)                   2.8-5.0      0.8-1.4     5.3 GB/s
-//	pread 4 KiB, block decoded (p50/p99)     1.6/66 µs    15/250 µs   -
-//	pread 4 KiB, first touch   (p50/p99)     ~230/1200 µs (both)      -
+//	                                        keep-cache   direct-io   plain file
+//	dd bs=1M, fresh mount, caches dropped    0.94         1.27        1.06 GB/s
+//	dd bs=1M, again (everything cached)      5.45         1.56        6.8  GB/s
+//	pread 4 KiB of a decoded block p50/p99   1.7/51 µs    16/430 µs
+//	pread 4 KiB, first touch       p50/p99   285/760 µs   280/1800 µs
+//	pread 4 KiB, caches dropped    p50/p99   755/5600 µs  715/3800 µs
 //
-// KEEP_CACHE is the default because the decoded pages then stay in the
-// kernel's page cache: a second reader, or a second restore sharing the
-// mount, reads at page-cache speed and a 4 KiB read of a decoded page
-// costs ~1.5 µs instead of a FUSE round trip; sequential first reads are
-// within the noise of direct I/O. DIRECT_IO pays for one large reader
-// that reads everything once (a private mount for one restore): it skips
-// the second copy into the page cache and keeps no decoded memory twice,
-// but every read, however small, is a request (4 KiB reads become one
-// request each) and rereads decode again once blocks leave the block
-// cache.
+// KEEP_CACHE is the default: decoded pages stay in the kernel's page
+// cache, so a second reader, or a second restore sharing the mount, reads
+// at page-cache speed (3.5x direct I/O), and a 4 KiB read of a decoded
+// page costs ~1.7 µs instead of a FUSE round trip (~10x). DIRECT_IO is
+// faster (~1.3x) for one reader that reads everything once, as a private
+// mount serving a single restore: no second copy into the page cache and
+// no memory held twice; but every read, however small, is a request of
+// its own, and rereads decode again once blocks have left the block cache.
+// First touches cost the same either way: they are dominated by the
+// decode path (reading the stored block, its checksum, and faulting in a
+// fresh cache buffer, which costs ~14 µs a page on this VM).
 //
 // # Errors
 //
