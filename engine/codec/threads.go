@@ -2,12 +2,15 @@ package codec
 
 import "runtime"
 
-// MinThreadBytes is the least decoded LZ4 output per decoding thread: below
-// it, waking another thread costs more than it saves. Measured on a 2-vCPU
-// guest with BenchmarkThreadCrossover (see decoder_bench_test.go): waking a
-// goroutine on the other vCPU costs ~20-25 µs, and LZ4 decodes heap-like
-// data at ~3 GB/s, so a second thread pays off from about 256 KiB of output
-// and gives most of its ×1.9 from 1 MiB on.
+// MinThreadBytes is the least decoded LZ4 output per decoding thread.
+//
+// Measured with BenchmarkThreadCrossover (one batch of heap-like records in
+// 64 KiB LZ4 blocks, 2-vCPU guest, medians): two threads lose to one up to
+// 256 KiB batches (the wake-up of the other vCPU costs ~20-25 µs), break
+// even near 384 KiB, and win ×1.35 at 512 KiB, ×1.45 at 1 MiB, ×1.5 at
+// 2 MiB and ×1.7 at 4 MiB. A thread therefore needs 1 MiB of output to pay
+// for itself well, leaving the other CPU to the FUSE server or the restored
+// process for smaller batches.
 const MinThreadBytes = 1 << 20
 
 // Threads returns how many goroutines decode a batch whose LZ4 blocks
