@@ -90,9 +90,11 @@ func (b *Block) check() error {
 // DecodeBlocks decodes blocks, read from src, in order and in batches of at
 // most opts.BatchBytes decoded bytes (a single block larger than that is a
 // batch of its own). At most two batches are in flight: the stored bytes of
-// batch i+1 are read while batch i is decoded and handed to fn. Adjacent
-// stored ranges (and the padding between them, up to a page) are read with
-// one ReadAt.
+// batch i+1 are read while batch i is decoded and handed to fn (a call
+// that fits in one batch reads it on the calling goroutine). Adjacent LZ4
+// payloads, with the padding between them up to a page, are read with one
+// ReadAt; a run of Raw blocks is read with one ReadAt straight into the
+// output buffer and then only checked. Buffers are pooled across calls.
 //
 // fn is called from the calling goroutine, in order, once per batch, with
 // the index of the batch's first block and the decoded bytes of each of its
