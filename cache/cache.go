@@ -190,6 +190,15 @@ func (c *Cache) Peek(key Key) (*Ref, bool) {
 	return &Ref{c: c, e: e, b: e.buf}, true
 }
 
+// Contains reports whether key is cached, without counting a hit or a miss
+// and without refreshing its place in the LRU order: for prefetchers that
+// skip what is already there.
+func (c *Cache) Contains(key Key) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Contains(key)
+}
+
 // Stats returns the current counters.
 func (c *Cache) Stats() Stats {
 	return Stats{

@@ -489,3 +489,23 @@ func TestClass(t *testing.T) {
 		t.Errorf("last class %d, want %d", prevIdx, classCount-1)
 	}
 }
+
+func TestContainsCountsNothing(t *testing.T) {
+	c := New(1 << 20)
+	k := Key{File: c.NewFile(), Block: 1}
+	if c.Contains(k) {
+		t.Fatal("empty cache contains a key")
+	}
+	r, err := c.Get(context.Background(), k, 4096, func(dst []byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Release()
+	before := c.Stats()
+	if !c.Contains(k) {
+		t.Fatal("loaded key not contained")
+	}
+	if after := c.Stats(); after.Hits != before.Hits || after.Misses != before.Misses {
+		t.Fatalf("Contains changed the counters: %+v -> %+v", before, after)
+	}
+}

@@ -503,8 +503,7 @@ func (r *Reader) prefetch(blocks []Block) {
 	g, ctx := errgroup.WithContext(r.ctx)
 	g.SetLimit(max(1, r.parallelism(blocks)))
 	for _, b := range blocks {
-		if ref, ok := r.cache.Peek(cache.Key{File: r.file, Block: b.Index}); ok {
-			ref.Release()
+		if r.cache.Contains(cache.Key{File: r.file, Block: b.Index}) {
 			continue
 		}
 		g.Go(func() error {
