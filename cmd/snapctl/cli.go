@@ -38,6 +38,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"dump", "freeze a process and write its snapshot", runDump},
+		{"restore", "rebuild a process from a snapshot, eagerly or --lazy", runRestore},
 		{"inspect", "show what a snapshot holds", runInspect},
 		{"verify", "check every block of a snapshot against its checksum", runVerify},
 	}

@@ -1,0 +1,189 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// RestoreOptions configure Restore.
+type RestoreOptions struct {
+	Dir string
+	// Threads is --decompress-threads: 1 serial, 0 automatic, N a maximum.
+	Threads int
+	// Lazy, when set, is where lazily restored memory is read from (the
+	// lazyfs mount's MNT/<pid>/mem file, or an image.Reader): anonymous
+	// private memory is then served on demand through userfaultfd instead
+	// of being filled before the process runs.
+	Lazy io.ReaderAt
+	// Running, if set, is called once the process runs (before the lazy
+	// phase ends): the place to write a pidfile.
+	Running func(pid int) error
+	// Progress, if set, is called with the memory bytes restored so far.
+	Progress func(done, total uint64)
+	Logger   *slog.Logger
+}
+
+// RestoreResult describes a finished restore.
+type RestoreResult struct {
+	PID     int
+	Threads int
+	// ToRunning is the time from the start of Restore until the process
+	// ran; Total until Restore returned (every page in, for a lazy one).
+	ToRunning time.Duration
+	Total     time.Duration
+	// Filled is the memory written before the process ran; Lazy the memory
+	// served through userfaultfd afterwards.
+	Filled uint64
+	Lazy   LazyStats
+}
+
+var (
+	// ErrPIDInUse: the process's pid (or a thread's tid) is taken.
+	ErrPIDInUse = errors.New("pid in use")
+	// ErrKernelMismatch: the snapshot was taken on another kernel, whose
+	// vDSO this one does not provide.
+	ErrKernelMismatch = errors.New("snapshot taken on a different kernel")
+	// ErrFileChanged: a file the process mapped or opened is not the one
+	// it was.
+	ErrFileChanged = errors.New("file changed since the dump")
+)
+
+// Restore rebuilds the process of the snapshot in opts.Dir and lets it
+// run. On any error, everything it created is killed: no half-restored
+// process is left running. The error names the step that failed.
+func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err error) {
+	start := time.Now()
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	snap, err := image.Open(opts.Dir)
+	if err != nil {
+		return nil, step("open snapshot", err)
+	}
+	pids := snap.PIDs()
+	if len(pids) != 1 {
+		return nil, step("open snapshot", fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids)))
+	}
+	st, err := snap.State(pids[0])
+	if err != nil {
+		return nil, step("open snapshot", err)
+	}
+	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
+	if err != nil {
+		return nil, step("open snapshot", err)
+	}
+	defer pages.Close()
+	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log}
+	if err := r.check(); err != nil {
+		return nil, step("check", err)
+	}
+	t, err := ptrace.New()
+	if err != nil {
+		return nil, step("start tracer", err)
+	}
+	r.t = t
+	defer func() {
+		if err != nil {
+			r.abort()
+		}
+		t.Close()
+	}()
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"create process", r.createProcess},
+		{"unmap stub", r.unmapStub},
+		{"move vdso", r.moveVDSO},
+		{"map memory", r.mapMemory},
+		{"fill memory", r.fillMemory},
+		{"mm fields", r.setMM},
+		{"file descriptors", r.restoreFDs},
+		{"threads", r.createThreads},
+		{"thread state", r.threadState},
+		{"process state", r.processState},
+		{"lazy memory", r.prepareLazy},
+		{"finish", r.finish},
+	}
+	for _, s := range steps {
+		if err := ctx.Err(); err != nil {
+			return nil, step(s.name, err)
+		}
+		t0 := time.Now()
+		if err := s.fn(ctx); err != nil {
+			return nil, step(s.name, err)
+		}
+		log.Debug("restore step", "step", s.name, "took", time.Since(t0))
+	}
+	res = &RestoreResult{PID: st.PID, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	if opts.Running != nil {
+		if err := opts.Running(st.PID); err != nil {
+			return nil, step("running", err)
+		}
+	}
+	if opts.Lazy != nil {
+		if err := r.serveLazy(ctx, &res.Lazy); err != nil {
+			return nil, step("lazy memory", err)
+		}
+	}
+	res.Total = time.Since(start)
+	return res, nil
+}
+
+// abort kills everything the restore created.
+func (r *restorer) abort() {
+	if r.lazy != nil {
+		r.lazy.close()
+	}
+	if r.child != nil {
+		if err := r.child.Kill(); err != nil {
+			r.log.Error("kill half-restored process", "pid", r.st.PID, "err", err)
+			unix.Kill(r.st.PID, unix.SIGKILL)
+		}
+	}
+	if r.stub != nil {
+		r.stub.Kill()
+	}
+}
+
+// zombieWait bounds how long restore waits for a dead process's zombie
+// (the dumped process, just killed) to be reaped by its parent.
+const zombieWait = 5 * time.Second
+
+// pidInUse reports whether a task with this id exists. A zombie is
+// waited for: a process killed by its dump keeps its pid until its parent
+// (often init, which can take a moment) reaps it.
+func pidInUse(id int) (bool, string) {
+	deadline := time.Now().Add(zombieWait)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", id))
+		if err != nil {
+			return false, ""
+		}
+		s := string(b)
+		i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if i < 0 || j < i || j+2 >= len(s) {
+			return true, "?"
+		}
+		comm := s[i+1 : j]
+		if s[j+2] != 'Z' && s[j+2] != 'X' {
+			return true, comm
+		}
+		if time.Now().After(deadline) {
+			return true, comm + " (a zombie its parent has not reaped)"
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// processState restores the per-process state: signal actions, umask,
+// working and root directories, personality, prctl settings, resource
+// limits, session and process group, and credentials (last, since they
+// may drop the privileges the rest needs).
+func (r *restorer) processState(ctx context.Context) error {
+	st := r.st
+	if err := r.sigActions(); err != nil {
+		return err
+	}
+	if _, err := r.call(unix.SYS_UMASK, uint64(st.Umask)); err != nil {
+		return fmt.Errorf("umask: %w", err)
+	}
+	if st.Root != "" && st.Root != "/" {
+		a, err := r.putString(0, st.Root)
+		if err != nil {
+			return err
+		}
+		if _, err := r.call(unix.SYS_CHROOT, a); err != nil {
+			return fmt.Errorf("chroot %s: %w", st.Root, err)
+		}
+	}
+	a, err := r.putString(0, st.Cwd)
+	if err != nil {
+		return err
+	}
+	if _, err := r.call(unix.SYS_CHDIR, a); err != nil {
+		return fmt.Errorf("chdir %s: %w", st.Cwd, err)
+	}
+	if _, err := r.call(unix.SYS_PERSONALITY, st.Personality); err != nil {
+		return fmt.Errorf("personality %#x: %w", st.Personality, err)
+	}
+	if _, err := r.call(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, uint64(st.Dumpable)); err != nil {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE, %d): %w", st.Dumpable, err)
+	}
+	if st.ChildSubreaper {
+		if _, err := r.call(unix.SYS_PRCTL, unix.PR_SET_CHILD_SUBREAPER, 1); err != nil {
+			return fmt.Errorf("prctl(PR_SET_CHILD_SUBREAPER): %w", err)
+		}
+	}
+	if st.TimerSlackNs != 0 {
+		if _, err := r.call(unix.SYS_PRCTL, unix.PR_SET_TIMERSLACK, st.TimerSlackNs); err != nil {
+			return fmt.Errorf("prctl(PR_SET_TIMERSLACK): %w", err)
+		}
+	}
+	for _, l := range st.Rlimits {
+		lim := unix.Rlimit{Cur: l.Cur, Max: l.Max}
+		if err := unix.Prlimit(st.PID, l.Resource, &lim, nil); err != nil {
+			r.log.Warn("resource limit not restored", "resource", l.Resource, "cur", l.Cur, "max", l.Max, "err", err)
+		}
+	}
+	if err := r.session(); err != nil {
+		return err
+	}
+	return r.creds()
+}
+
+// sigActions sets the action of every signal: the dumped ones, and the
+// default for the rest (the stub may have inherited ignored signals).
+func (r *restorer) sigActions() error {
+	acts := map[int][4]uint64{}
+	for _, a := range r.st.SigActions {
+		acts[a.Signal] = [4]uint64{a.Handler, a.Flags, a.Restorer, a.Mask}
+	}
+	buf := make([]byte, 32)
+	at := r.area + pageSize
+	for sig := 1; sig <= ptrace.NumSignals; sig++ {
+		if sig == int(unix.SIGKILL) || sig == int(unix.SIGSTOP) {
+			continue
+		}
+		a := acts[sig]
+		for i, w := range a {
+			binary.LittleEndian.PutUint64(buf[8*i:], w)
+		}
+		if err := r.child.WriteMem(at, buf); err != nil {
+			return err
+		}
+		if _, err := r.call(unix.SYS_RT_SIGACTION, uint64(sig), at, 0, 8); err != nil {
+			return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
+		}
+	}
+	return nil
+}
+
+// session puts the process back in its own session or process group when
+// it led one; otherwise it stays in snapctl's session, in a process group
+// of its own (a dumped session or group led by another process cannot be
+// joined).
+func (r *restorer) session() error {
+	st := r.st
+	switch {
+	case st.SID == st.PID:
+		if _, err := r.call(unix.SYS_SETSID); err != nil {
+			return fmt.Errorf("setsid: %w", err)
+		}
+	case st.PGID == st.PID:
+		if _, err := r.call(unix.SYS_SETPGID, 0, 0); err != nil {
+			return fmt.Errorf("setpgid: %w", err)
+		}
+	default:
+		r.log.Warn("process rejoins no session: it did not lead its session or group", "sid", st.SID, "pgid", st.PGID)
+		if _, err := r.call(unix.SYS_SETPGID, 0, 0); err != nil {
+			return fmt.Errorf("setpgid: %w", err)
+		}
+	}
+	return nil
+}
+
+// creds sets groups, gids and uids where they differ from snapctl's.
+func (r *restorer) creds() error {
+	c := r.st.Creds
+	if c.UID == [4]uint32{} && c.GID == [4]uint32{} && len(c.Groups) <= 1 && unix.Geteuid() == 0 {
+		return nil
+	}
+	buf := make([]byte, 4*len(c.Groups))
+	for i, g := range c.Groups {
+		binary.LittleEndian.PutUint32(buf[4*i:], g)
+	}
+	at := r.area + pageSize
+	if len(buf) > 0 {
+		if err := r.child.WriteMem(at, buf); err != nil {
+			return err
+		}
+	}
+	if _, err := r.call(unix.SYS_SETGROUPS, uint64(len(c.Groups)), at); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if _, err := r.call(unix.SYS_SETRESGID, uint64(c.GID[0]), uint64(c.GID[1]), uint64(c.GID[2])); err != nil {
+		return fmt.Errorf("setresgid: %w", err)
+	}
+	if _, err := r.call(unix.SYS_SETFSGID, uint64(c.GID[3])); err != nil {
+		return fmt.Errorf("setfsgid: %w", err)
+	}
+	if _, err := r.call(unix.SYS_SETRESUID, uint64(c.UID[0]), uint64(c.UID[1]), uint64(c.UID[2])); err != nil {
+		return fmt.Errorf("setresuid: %w", err)
+	}
+	if _, err := r.call(unix.SYS_SETFSUID, uint64(c.UID[3])); err != nil {
+		return fmt.Errorf("setfsuid: %w", err)
+	}
+	return nil
+}
