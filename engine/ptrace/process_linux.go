@@ -356,7 +356,11 @@ func (p *Process) kill() error {
 	}
 	deadline := time.Now().Add(DefaultTimeout)
 	var errs []error
-	for _, th := range p.threadList() {
+	// The leader last: the kernel reports a thread-group leader's exit
+	// only once every other thread of the group has been reaped.
+	threads := p.threadList()
+	threads = append(threads[1:], threads[0])
+	for _, th := range threads {
 		for th.state != stExited {
 			st, err := p.t.waitStop(th.tid, th.reap(), deadline)
 			if err != nil {
