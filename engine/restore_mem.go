@@ -347,6 +347,10 @@ func (r *restorer) mapVMA(v *image.VMA, files map[string]int) error {
 		}
 		fd, off = uint64(f), v.Offset
 	case image.VMAShmem:
+		if r.anonShared(v) {
+			flags |= unix.MAP_ANONYMOUS
+			break
+		}
 		f, err := r.shmemFD(v)
 		if err != nil {
 			return err
@@ -365,6 +369,28 @@ func (r *restorer) mapVMA(v *image.VMA, files map[string]int) error {
 	return nil
 }
 
+// anonShared reports whether v is the only mapping of a shared anonymous
+// object, which mmap(MAP_SHARED|MAP_ANONYMOUS) recreates as it was (other
+// shared objects become memfds: several mappings of one object need a
+// file to map it from).
+func (r *restorer) anonShared(v *image.VMA) bool {
+	if strings.HasPrefix(v.Name, "/memfd:") || v.Shmem == nil || v.Offset != 0 || (v.Shmem.Size != 0 && v.Shmem.Size != v.End-v.Start) {
+		return false
+	}
+	for i := range r.st.VMAs {
+		w := &r.st.VMAs[i]
+		if w != v && w.Shmem != nil && w.Shmem.ID == v.Shmem.ID {
+			return false
+		}
+	}
+	for _, f := range r.st.FDs {
+		if f.File != nil && f.File.Ino == v.Shmem.ID {
+			return false
+		}
+	}
+	return true
+}
+
 // shmemFD returns an fd in the child for the shared object v maps,
 // creating the object (a memfd of the dumped size) the first time.
 func (r *restorer) shmemFD(v *image.VMA) (int, error) {
@@ -376,7 +402,7 @@ func (r *restorer) shmemFD(v *image.VMA) (int, error) {
 	}
 	name := "lazyfs-shmem"
 	if n, ok := strings.CutPrefix(v.Name, "/memfd:"); ok {
-		name = n
+		name = strings.TrimSuffix(n, " (deleted)")
 	}
 	a, err := r.putString(0, name)
 	if err != nil {
