@@ -1,8 +1,8 @@
 package engine
 
 import (
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"golang.org/x/sys/unix"
