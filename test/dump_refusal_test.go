@@ -1,0 +1,272 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// holderScript is a Python fixture (same protocol as test/fixtures) that
+// holds something a dump refuses: "inotify" an inotify descriptor,
+// "child" a child process. SIGUSR1 -> report sig seq.
+const holderScript = `
+import ctypes, os, signal, sys, time
+
+def emit(line):
+    os.write(1, (line + "\n").encode())
+
+libc = ctypes.CDLL(None, use_errno=True)
+mode = sys.argv[1]
+extra = ""
+if mode == "inotify":
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0 or libc.inotify_add_watch(fd, b".", 0x100) < 0:
+        emit("error what=inotify errno=%d" % ctypes.get_errno())
+        sys.exit(2)
+    extra = "fd=%d" % fd
+elif mode == "child":
+    pid = os.fork()
+    if pid == 0:
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        while True:
+            signal.pause()
+    extra = "child=%d" % pid
+
+seq = 0
+def on_usr1(signum, frame):
+    global seq
+    seq += 1
+signal.signal(signal.SIGUSR1, on_usr1)
+emit("ready pid=%d mode=%s %s" % (os.getpid(), mode, extra))
+answered = 0
+while True:
+    if seq != answered:
+        answered = seq
+        emit("report sig=%d seq=%d" % (signal.SIGUSR1, answered))
+    time.sleep(0.005)
+`
+
+// holdTracedEnv makes the test binary, run again by holdTraced, a tracer
+// of another process (TestMain calls tracerMain).
+const holdTracedEnv = "LAZYFS_E2E_HOLD_TRACED"
+
+// holdTraced starts a copy of the test binary that seizes pid with
+// engine/ptrace and lets it run traced until releaseTraced. The tracer is
+// another process: a test cannot trace its own child, whose ptrace stops
+// its exec.Cmd's wait would take.
+func holdTraced(t *testing.T, pid int) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), holdTracedEnv+"="+strconv.Itoa(pid))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Cancel = stdin.Close
+	t.Cleanup(func() {
+		stdin.Close()
+		timer := time.AfterFunc(10*time.Second, func() { cmd.Process.Kill() })
+		defer timer.Stop()
+		cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		b, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- b
+	}()
+	select {
+	case l := <-line:
+		if strings.TrimSpace(l) != "traced" {
+			t.Fatalf("tracer: %q\n%s", l, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("tracer did not seize %d in time\n%s", pid, stderr.String())
+	}
+	return cmd
+}
+
+// releaseTraced makes the tracer of holdTraced detach and exit.
+func releaseTraced(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("tracer: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("tracer did not detach in time")
+	}
+}
+
+// tracerMain is the body of the tracer process: seize the pid, let it
+// run, print "traced", and detach when stdin closes.
+func tracerMain(arg string) int {
+	pid, err := strconv.Atoi(arg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tracer:", err)
+		return 2
+	}
+	tr, err := ptrace.New()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tracer:", err)
+		return 1
+	}
+	defer tr.Close()
+	p, err := tr.Seize(pid, ptrace.SeizeOptions{Timeout: 10 * time.Second})
+	if err == nil {
+		err = p.Resume()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tracer:", err)
+		return 1
+	}
+	fmt.Println("traced")
+	io.Copy(io.Discard, os.Stdin)
+	if err := p.Detach(); err != nil {
+		fmt.Fprintln(os.Stderr, "tracer: detach:", err)
+		return 1
+	}
+	return 0
+}
+
+// startHolder starts holderScript in mode.
+func startHolder(t *testing.T, mode string) *fixture.Proc {
+	t.Helper()
+	script := filepath.Join(t.TempDir(), "holder.py")
+	if err := os.WriteFile(script, []byte(holderScript), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return fixture.StartPython(t, script, mode)
+}
+
+// refused runs a dump that must fail: exit status 1, an error on stderr
+// that contains every one of want, and no snapshot in dir.
+func refused(t *testing.T, pid int, dir string, want ...string) cmdResult {
+	t.Helper()
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir)
+	if r.Code != 1 {
+		t.Fatalf("dump exit status %d, want 1:\n%s", r.Code, r)
+	}
+	msg := strings.TrimSpace(r.Stderr)
+	if strings.Count(msg, "\n") != 0 || !strings.HasPrefix(msg, "snapctl: ") {
+		t.Errorf("want one error line, got:\n%s", r.Stderr)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error %q does not say %q", msg, w)
+		}
+	}
+	if hasManifest(t, dir) {
+		t.Errorf("a refused dump left a manifest in %s", dir)
+	}
+	t.Logf("%s", msg)
+	return r
+}
+
+func TestDumpRefusals(t *testing.T) {
+	testutil.RequirePtrace(t)
+
+	t.Run("no-such-process", func(t *testing.T) {
+		// The pid of a process that ran and was reaped.
+		cmd := exec.Command("true")
+		if err := cmd.Run(); err != nil {
+			t.Fatal(err)
+		}
+		pid := cmd.Process.Pid
+		dir := filepath.Join(t.TempDir(), "snap")
+		refused(t, pid, dir, "pid "+strconv.Itoa(pid), "no such process")
+	})
+
+	t.Run("has-child", func(t *testing.T) {
+		ctx := testContext(t)
+		p := startHolder(t, "child")
+		child := int(p.Ready.MustInt(t, "child"))
+		t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), "child", strconv.Itoa(child))
+		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	})
+
+	t.Run("already-traced", func(t *testing.T) {
+		ctx := testContext(t)
+		p := fixture.Start(t, "counter", "1M")
+		tracer := holdTraced(t, p.PID)
+		// TracerPid is the tracer's thread, a thread of the tracer process.
+		tid, _ := strconv.Atoi(procStatus(t, p.PID)["TracerPid"])
+		if tid == 0 || procStatus(t, tid)["Tgid"] != strconv.Itoa(tracer.Process.Pid) {
+			t.Fatalf("the tracer %d did not seize %d (TracerPid %d)", tracer.Process.Pid, p.PID, tid)
+		}
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), "already traced", "pid "+strconv.Itoa(tid))
+		// Still traced by the other tracer, still running: it passes
+		// the request on.
+		if st := procStatus(t, p.PID); st["TracerPid"] != strconv.Itoa(tid) {
+			t.Errorf("TracerPid %s after the refused dump, want %d", st["TracerPid"], tid)
+		}
+		request(t, ctx, p, syscall.SIGUSR1, "report")
+		releaseTraced(t, tracer)
+		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	})
+
+	t.Run("snapshot-exists", func(t *testing.T) {
+		ctx := testContext(t)
+		p := fixture.Start(t, "counter", "1M")
+		dir := filepath.Join(t.TempDir(), "snap")
+		dumpPID(t, p.PID, dir, "--leave-running")
+		manifest, err := os.ReadFile(filepath.Join(dir, "snapshot.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", dir)
+		if r.Code != 1 || !strings.Contains(r.Stderr, "already holds a snapshot") {
+			t.Errorf("second dump into %s:\n%s", dir, r)
+		}
+		if again, err := os.ReadFile(filepath.Join(dir, "snapshot.json")); err != nil || string(again) != string(manifest) {
+			t.Errorf("the refused dump changed the snapshot's manifest (%v)", err)
+		}
+		verifyDir(t, dir)
+		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	})
+
+	t.Run("unsupported-fd", func(t *testing.T) {
+		ctx := testContext(t)
+		p := startHolder(t, "inotify")
+		fd := p.Ready.MustInt(t, "fd")
+		dir := filepath.Join(t.TempDir(), "snap")
+		// Without --leave-running: a successful dump would kill it.
+		refused(t, p.PID, dir, "fd "+strconv.FormatInt(fd, 10)+" ", "inotify", "unsupported")
+		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+			t.Errorf("the failed dump left files in %s: %v", dir, ents)
+		}
+		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	})
+}
