@@ -216,12 +216,39 @@ func TestUnmount(t *testing.T) {
 			t.Errorf("server still serving 10s after the last file on the detached mount closed")
 		}
 	})
+	t.Run("force", func(t *testing.T) {
+		srv, _ := mount(t, s.Dir, Options{})
+		f, err := os.Open(srv.MemPath(pidA))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := ForceUnmount(srv.Mountpoint()); err != nil {
+			t.Fatal(err)
+		}
+		if mounted(t, srv.Mountpoint()) {
+			t.Errorf("mount still in /proc/mounts after ForceUnmount")
+		}
+		if os.Geteuid() == 0 { // MNT_FORCE aborted the connection
+			if _, err := f.ReadAt(make([]byte, 10), base); !errors.Is(err, syscall.ENOTCONN) {
+				t.Errorf("read of a file open on an aborted mount: %v, want ENOTCONN", err)
+			}
+			select {
+			case <-srv.Done():
+			case <-time.After(10 * time.Second):
+				t.Errorf("server still serving 10s after its connection was aborted")
+			}
+		}
+	})
 	t.Run("not a lazyfs mount", func(t *testing.T) {
 		if err := Unmount(t.TempDir()); !errors.Is(err, ErrNotMounted) {
 			t.Errorf("unmount of a plain directory: %v, want ErrNotMounted", err)
 		}
 		if err := Unmount("/proc"); !errors.Is(err, ErrNotMounted) {
 			t.Errorf("unmount of /proc: %v, want ErrNotMounted", err)
+		}
+		if err := ForceUnmount("/proc"); !errors.Is(err, ErrNotMounted) {
+			t.Errorf("force unmount of /proc: %v, want ErrNotMounted", err)
 		}
 	})
 }

@@ -22,6 +22,11 @@ func checkMountpoint(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("mountpoint %s: %w", path, err)
 	}
+	// Ask mountinfo first: a request to a mount whose server is stuck
+	// might never be answered.
+	if _, err := findMount(abs); err == nil {
+		return "", fmt.Errorf("mountpoint %s: %w: already a mount point (unmount it first, e.g. lazyfs -u %s)", abs, ErrBusy, abs)
+	}
 	var stx unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, abs, 0, unix.STATX_TYPE, &stx); err != nil {
 		if errors.Is(err, syscall.ENOTCONN) {
@@ -89,13 +94,16 @@ func isExecutable(p string) bool {
 	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
 }
 
-// mountDev returns the device number of the file system mounted on mnt.
+// mountDev returns the device number of the file system mounted on mnt,
+// from /proc/self/mountinfo: a stat of the mountpoint would be a request
+// to the mount, which its own server must never make (a SIGKILL while
+// such a request is in flight leaves the process unkillable).
 func mountDev(mnt string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(mnt, &st); err != nil {
+	m, err := findMount(mnt)
+	if err != nil {
 		return 0, err
 	}
-	return st.Dev, nil
+	return m.dev, nil
 }
 
 // setReadahead writes the read-ahead window of the mount on mnt
@@ -154,21 +162,12 @@ func runFusermount(bin string, args ...string) error {
 // Unmount unmounts the lazyfs mount on mountpoint, as `fusermount3 -u`
 // does, for a mount served by another process (lazyfs -u). It refuses a
 // path that is not a lazyfs mount (ErrNotMounted) and reports ErrBusy if
-// files on it are open.
+// files on it are open. It sends no request to the mount, so it works on
+// a mount whose server is gone.
 func Unmount(mountpoint string) error {
-	abs, err := filepath.Abs(mountpoint)
+	abs, err := lazyfsMount(mountpoint)
 	if err != nil {
-		return fmt.Errorf("unmount %s: %w", mountpoint, err)
-	}
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
-	}
-	fstype, err := mountType(abs)
-	if err != nil {
-		return fmt.Errorf("unmount %s: %w", abs, err)
-	}
-	if fstype != FSType {
-		return fmt.Errorf("unmount %s: %w (it is a %s mount)", abs, ErrNotMounted, fstype)
+		return err
 	}
 	if os.Geteuid() == 0 {
 		err = unix.Unmount(abs, 0)
@@ -180,40 +179,114 @@ func Unmount(mountpoint string) error {
 	}
 	if err != nil {
 		if errors.Is(err, syscall.EBUSY) || strings.Contains(err.Error(), "busy") {
-			return fmt.Errorf("unmount %s: %w: files on it are open: %w", abs, ErrBusy, err)
+			return fmt.Errorf("unmount %s: %w: files on it are open (close them, or force: lazyfs -u --force): %w", abs, ErrBusy, err)
 		}
 		return fmt.Errorf("unmount %s: %w", abs, err)
 	}
 	return nil
 }
 
-// mountType returns the file system type of the mount whose mount point
-// is exactly mnt (the last one, if several are stacked), or ErrNotMounted.
-func mountType(mnt string) (string, error) {
+// ForceUnmount aborts the FUSE connection of the lazyfs mount on
+// mountpoint and unmounts it, even if files on it are open: they fail
+// with ENOTCONN from then on. It frees a mount whose server is stuck or
+// gone (a server killed while a request to its own mount was in flight
+// cannot exit until the connection is aborted). As root it uses
+// umount2(MNT_FORCE), which FUSE turns into an abort, then a lazy
+// unmount; otherwise fusermount3 -u -z, which cannot abort.
+func ForceUnmount(mountpoint string) error {
+	abs, err := lazyfsMount(mountpoint)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		bin, err := fusermount()
+		if err == nil {
+			err = runFusermount(bin, "-u", "-z", abs)
+		}
+		if err != nil {
+			return fmt.Errorf("force unmount %s: %w", abs, err)
+		}
+		return nil
+	}
+	// MNT_FORCE aborts the connection and may still fail with EBUSY while
+	// the aborted requests unwind; the lazy unmount then always succeeds.
+	if err := unix.Unmount(abs, unix.MNT_FORCE); err == nil {
+		return nil
+	}
+	if err := unix.Unmount(abs, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("force unmount %s: %w", abs, err)
+	}
+	return nil
+}
+
+// lazyfsMount returns the absolute path of mountpoint if a lazyfs file
+// system is mounted there, and ErrNotMounted otherwise.
+func lazyfsMount(mountpoint string) (string, error) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", fmt.Errorf("unmount %s: %w", mountpoint, err)
+	}
+	m, err := findMount(abs)
+	if err != nil {
+		return "", fmt.Errorf("unmount %s: %w", abs, err)
+	}
+	if m.fstype != FSType {
+		return "", fmt.Errorf("unmount %s: %w (it is a %s mount)", abs, ErrNotMounted, m.fstype)
+	}
+	return abs, nil
+}
+
+// mountEntry is a line of /proc/self/mountinfo.
+type mountEntry struct {
+	dev    uint64 // st_dev of the file system
+	fstype string
+}
+
+// findMount returns the mount whose mount point is exactly mnt (the last
+// one, if several are stacked), or ErrNotMounted. mnt must be absolute;
+// it is compared as given and, if that fails, with its symlinks resolved
+// (resolving touches the path, so it comes second).
+func findMount(mnt string) (mountEntry, error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return "", err
+		return mountEntry{}, err
 	}
-	fstype := ""
+	if m, ok := parseMountinfo(b, mnt); ok {
+		return m, nil
+	}
+	if real, err := filepath.EvalSymlinks(mnt); err == nil && real != mnt {
+		if m, ok := parseMountinfo(b, real); ok {
+			return m, nil
+		}
+	}
+	return mountEntry{}, fmt.Errorf("%w: not a mount point", ErrNotMounted)
+}
+
+// parseMountinfo finds mnt in the text of /proc/self/mountinfo:
+//
+//	ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER
+func parseMountinfo(b []byte, mnt string) (mountEntry, bool) {
+	var found mountEntry
+	ok := false
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER
 		f := strings.Fields(sc.Text())
 		if len(f) < 10 || unescapeMount(f[4]) != mnt {
 			continue
 		}
+		var maj, min uint32
+		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+			continue
+		}
 		for i := 6; i+1 < len(f); i++ {
 			if f[i] == "-" {
-				fstype = f[i+1]
+				found, ok = mountEntry{dev: unix.Mkdev(maj, min), fstype: f[i+1]}, true
 				break
 			}
 		}
 	}
-	if fstype == "" {
-		return "", fmt.Errorf("%w: not a mount point", ErrNotMounted)
-	}
-	return fstype, nil
+	return found, ok
 }
 
 // unescapeMount undoes the octal escapes (\040 for a space...) of a path

@@ -122,8 +122,8 @@ func TestMountTree(t *testing.T) {
 	}
 
 	// the mount advertises what it is
-	if fstype, err := mountType(mnt); err != nil || fstype != FSType {
-		t.Errorf("mount type %q (%v), want %q", fstype, err, FSType)
+	if m, err := findMount(mnt); err != nil || m.fstype != FSType {
+		t.Errorf("mount %+v (%v), want type %q", m, err, FSType)
 	}
 }
 

@@ -28,7 +28,8 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 // config is the parsed command line.
 type config struct {
 	snapshot, mountpoint string
-	unmount              string // -u MOUNTPOINT
+	unmount              bool // -u MOUNTPOINT
+	force                bool // with -u
 	cacheSize            sizeFlag
 	threads              int
 	allowOther           bool
@@ -50,7 +51,7 @@ func (c *config) options() fs.Options {
 }
 
 const synopsis = `usage: lazyfs [options] SNAPSHOT MOUNTPOINT
-       lazyfs -u MOUNTPOINT`
+       lazyfs -u [--force] MOUNTPOINT`
 
 const about = `
 lazyfs mounts the snapshot directory SNAPSHOT (written by snapctl dump)
@@ -102,7 +103,8 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 	f.BoolVar(&c.background, "background", false, "detach once the mount is ready and serving; exit non-zero with the error if it cannot be")
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
-	f.StringVar(&c.unmount, "u", "", "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit")
+	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on MOUNTPOINT (like fusermount3 -u) and exit; refused while files on it are open")
+	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")
 	f.Usage = func() {
 		fmt.Fprintf(f.Output(), "%s\n%s\n\nOptions:\n", synopsis, about)
 		f.VisitAll(func(fl *flag.Flag) {
@@ -111,6 +113,9 @@ func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
 				dash = "-"
 			}
 			arg, usage := flag.UnquoteUsage(fl)
+			if fl.Name == "u" {
+				arg = "MOUNTPOINT"
+			}
 			if arg != "" {
 				arg = " " + arg
 			}
@@ -156,10 +161,14 @@ func parseArgs(args []string, stdout, stderr io.Writer) (*config, error) {
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
 	}
-	if c.unmount != "" {
-		if len(pos) > 0 {
-			return nil, usagef("-u takes only the mountpoint; unexpected %q", strings.Join(pos, " "))
+	if c.force && !c.unmount {
+		return nil, usagef("--force goes with -u MOUNTPOINT")
+	}
+	if c.unmount {
+		if len(pos) != 1 {
+			return nil, usagef("-u takes one MOUNTPOINT, got %d arguments", len(pos))
 		}
+		c.mountpoint = pos[0]
 		return c, nil
 	}
 	if len(pos) != 2 {

@@ -65,11 +65,19 @@ func lazyfs(t *testing.T, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// isMount reports whether dir is a mount point.
+// isMount reports whether dir is a mount point, from mountinfo: the test
+// never touches a mount it is not sure is served.
 func isMount(dir string) bool {
-	var stx unix.Statx_t
-	err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_TYPE, &stx)
-	return err != nil || stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		panic(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
 }
 
 // waitFor polls cond until it holds or 10 seconds pass.
@@ -88,6 +96,7 @@ func cleanupMount(t *testing.T, mnt string) {
 	t.Cleanup(func() {
 		if isMount(mnt) {
 			t.Errorf("%s still mounted at the end of the test", mnt)
+			unix.Unmount(mnt, unix.MNT_FORCE)
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
@@ -159,11 +168,18 @@ func TestUnmountDeadMount(t *testing.T) {
 	s := snapshot(t)
 	mnt := mountpoint(t)
 	cleanupMount(t, mnt)
-	cmd := lazyfs(t, s.Dir, mnt)
+	logFile := filepath.Join(t.TempDir(), "log")
+	cmd := lazyfs(t, "--log", logFile, s.Dir, mnt)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the mount", func() bool { return isMount(mnt) })
+	// Kill it only once it serves: a SIGKILL while the server's own
+	// start-up requests to its mount are in flight leaves an unkillable
+	// process (see TestForceUnmount).
+	waitFor(t, "the server to serve", func() bool {
+		b, _ := os.ReadFile(logFile)
+		return strings.Contains(string(b), "msg=serving")
+	})
 	cmd.Process.Kill()
 	cmd.Wait()
 	if _, err := os.ReadDir(mnt); !errors.Is(err, syscall.ENOTCONN) {
@@ -178,6 +194,43 @@ func TestUnmountDeadMount(t *testing.T) {
 	}
 	if isMount(mnt) {
 		t.Errorf("%s still mounted", mnt)
+	}
+}
+
+// TestForceUnmount: -u refuses a mount with an open file, -u --force
+// aborts it; the server then exits cleanly.
+func TestForceUnmount(t *testing.T) {
+	testutil.RequireFUSE(t)
+	testutil.RequireRoot(t) // without root, --force can only detach
+	s := snapshot(t)
+	mnt := mountpoint(t)
+	cleanupMount(t, mnt)
+	cmd := lazyfs(t, s.Dir, mnt)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	waitFor(t, "the mount", func() bool { return isMount(mnt) })
+	f, err := os.Open(filepath.Join(mnt, "31", "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out, err := lazyfs(t, "-u", mnt).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--force") {
+		t.Errorf("lazyfs -u with a file open: %v\n%s\nwant a refusal that suggests --force", err, out)
+	}
+	if out, err := lazyfs(t, "-u", "--force", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("lazyfs -u --force: %v\n%s", err, out)
+	}
+	if isMount(mnt) {
+		t.Errorf("%s still mounted after -u --force", mnt)
+	}
+	if _, err := f.ReadAt(make([]byte, 8), 0x7f0000000000); !errors.Is(err, syscall.ENOTCONN) {
+		t.Errorf("read on the aborted mount: %v, want ENOTCONN", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("server after -u --force: %v", err)
 	}
 }
 
@@ -217,6 +270,8 @@ func TestErrors(t *testing.T) {
 		{"one operand", []string{s.Dir}, exitUsage, "want SNAPSHOT and MOUNTPOINT"},
 		{"bad size", []string{"--cache-size", "12Q", s.Dir, mountpoint(t)}, exitUsage, "invalid size"},
 		{"unknown flag", []string{"--frobnicate", s.Dir, mountpoint(t)}, exitUsage, "flag provided but not defined"},
+		{"-u with two operands", []string{"-u", s.Dir, busy}, exitUsage, "-u takes one MOUNTPOINT"},
+		{"--force without -u", []string{"--force", s.Dir, busy}, exitUsage, "--force goes with -u"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := lazyfs(t, tc.args...)
@@ -238,7 +293,7 @@ func TestHelp(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"usage: lazyfs [options] SNAPSHOT MOUNTPOINT", "--cache-size", "--decompress-threads",
-		"--allow-other", "--background", "--debug", "-u MOUNTPOINT", "PID/mem", "SEEK_DATA", "regions/START-END-PERMS"} {
+		"--allow-other", "--background", "--debug", "-u MOUNTPOINT", "--force", "PID/mem", "SEEK_DATA", "regions/START-END-PERMS"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("--help lacks %q", want)
 		}

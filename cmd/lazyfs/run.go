@@ -18,8 +18,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if c.unmount != "" {
-		return fs.Unmount(c.unmount)
+	if c.unmount && c.force {
+		return fs.ForceUnmount(c.mountpoint)
+	}
+	if c.unmount {
+		return fs.Unmount(c.mountpoint)
 	}
 	if c.background && !isBackgroundChild() {
 		return startBackground(ctx, args)
