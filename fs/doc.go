@@ -75,8 +75,15 @@
 //
 // # Mounting and unmounting
 //
-// As root the mount is made with mount(2) directly (no fusermount3
-// needed), otherwise through fusermount3. Unmount unmounts, or, if files
-// are still open, detaches the mount (umount -l) so that the mountpoint
-// is free at once. The readers are closed when the serve loop ends.
+// Mounts go through fusermount3, as root too: go-fuse's direct mount(2)
+// leaves the /dev/fuse descriptor inheritable by children (a restored
+// process would keep a dead server's connection alive). Unmount
+// unmounts, or, if files are still open, detaches the mount (umount -l)
+// so that the mountpoint is free at once; the readers are closed when the
+// serve loop ends. The server never sends requests to its own mount after
+// start-up (mount checks use /proc/self/mountinfo): a FUSE server killed
+// while one of its threads waits on its own mount cannot exit, and holds
+// the mount until ForceUnmount (lazyfs -u --force) aborts the connection.
+// For the same reason, a program that reads its own mount in-process (a
+// lazy restore) must not be SIGKILLed expecting a clean exit.
 package fs

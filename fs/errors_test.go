@@ -269,6 +269,8 @@ func TestCheckFUSE(t *testing.T) {
 		{"no /dev/fuse, root", filepath.Join(dir, "none"), 0, found, false},
 		{"no /dev/fuse, user", filepath.Join(dir, "none"), 1000, found, false},
 		{"no fusermount3, user", dev, 1000, missing, false},
+		{"no fusermount3, root", "/dev/null", 0, missing, false},
+		{"fusermount3, root", "/dev/null", 0, found, true},
 		{"fusermount3, user", dev, 1000, found, true},
 	} {
 		err := checkFUSEWith(tc.dev, tc.euid, tc.look, dir) // dir holds no helper

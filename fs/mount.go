@@ -139,9 +139,10 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 		Name:         Subtype,
 		Debug:        opts.Debug,
 		Logger:       debugLogger(logger),
-		// As root, mount(2) directly: no dependency on the setuid helper,
-		// and unmount is umount2(2). Falls back to fusermount3.
-		DirectMount:   os.Geteuid() == 0,
+		// Not DirectMount, even as root: go-fuse's direct mount leaves the
+		// /dev/fuse descriptor inheritable, and a child that inherits it
+		// (a restored process) would keep the connection alive after this
+		// server is gone. fusermount3's descriptor is set close-on-exec.
 		DisableXAttrs: true,
 		PanicHandler: func(v any) fuse.Status {
 			logger.Error("panic in FUSE handler", "panic", v, "stack", string(debug.Stack()))

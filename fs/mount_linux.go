@@ -47,7 +47,7 @@ func checkMountpoint(path string) (string, error) {
 }
 
 // checkFUSE reports ErrNoFUSE, with the fix, when a mount cannot work:
-// no /dev/fuse, or (not root) no fusermount3 helper.
+// no usable /dev/fuse, or no fusermount3 (every mount goes through it).
 func checkFUSE() error {
 	return checkFUSEWith("/dev/fuse", os.Geteuid(), exec.LookPath, "/bin")
 }
@@ -61,14 +61,14 @@ func checkFUSEWith(dev string, euid int, lookPath func(string) (string, error), 
 			return fmt.Errorf("%w: open %s: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, dev, err)
 		}
 		unix.Close(fd)
-		return nil
-	}
-	if _, err := os.Stat(dev); err != nil {
-		return fmt.Errorf("%w: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, err)
-	}
-	// fusermount3 opens the device with the caller's rights.
-	if err := unix.Access(dev, unix.R_OK|unix.W_OK); err != nil {
-		return fmt.Errorf("%w: %s: %w (run as root, or make it mode 0666 as distributions do)", ErrNoFUSE, dev, err)
+	} else {
+		if _, err := os.Stat(dev); err != nil {
+			return fmt.Errorf("%w: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, err)
+		}
+		// fusermount3 opens the device with the caller's rights.
+		if err := unix.Access(dev, unix.R_OK|unix.W_OK); err != nil {
+			return fmt.Errorf("%w: %s: %w (run as root, or make it mode 0666 as distributions do)", ErrNoFUSE, dev, err)
+		}
 	}
 	_, err := fusermountWith(lookPath, fallbackDir)
 	return err

@@ -306,3 +306,37 @@ func shmDir(t testing.TB) string {
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
+
+// TestFUSEDescriptorCloseOnExec: a child of the serving process (a
+// restored process) must not inherit the FUSE connection, or it would
+// keep it alive after the server is gone.
+func TestFUSEDescriptorCloseOnExec(t *testing.T) {
+	s := writeSnapshot(t, 64<<10)
+	mount(t, s.Dir, Options{})
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); l != "/dev/fuse" {
+			continue
+		}
+		n++
+		info, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				flags, _ := strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+				if flags&unix.O_CLOEXEC == 0 {
+					t.Errorf("fd %s on /dev/fuse is inherited by children (flags %o)", e.Name(), flags)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("no /dev/fuse descriptor found")
+	}
+}
