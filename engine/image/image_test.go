@@ -268,9 +268,6 @@ func TestSeekDataHole(t *testing.T) {
 			break
 		}
 		h := r.NextHole(d)
-		for h2 := r.NextHole(h); h2 != h; h2 = r.NextHole(h) { // runs that touch
-			h = h2
-		}
 		got = append(got, ext{d, h})
 		a = h
 	}

@@ -298,7 +298,12 @@ func (r *Reader) NextHole(addr uint64) uint64 {
 	if !in {
 		return addr
 	}
-	return r.lay.ix.Runs[ri].End()
+	runs := r.lay.ix.Runs
+	end := runs[ri].End()
+	for ri++; ri < len(runs) && runs[ri].Addr == end; ri++ {
+		end = runs[ri].End() // runs that touch at a VMA boundary are one data range
+	}
+	return end
 }
 
 // blockError wraps err with the block's identity.
@@ -444,11 +449,16 @@ func (r *Reader) parallelism(blocks []Block) int {
 	return codec.Threads(r.threads, bytes, lz4)
 }
 
+// raWindow is how far from the end of the previous read a read may start
+// and still count as sequential: the kernel sends its readahead requests
+// for one stream a little out of order.
+const raWindow = 4 << 20
+
 // sequential notes a read of [addr, end) and, when it continues the
 // previous one, keeps up to two readahead batches in flight after it.
 func (r *Reader) sequential(addr, end uint64) {
 	last := r.raLast.Swap(end)
-	if last != addr {
+	if addr+raWindow < last || addr > last+raWindow {
 		return
 	}
 	r.raMu.Lock()

@@ -219,6 +219,11 @@ type FD struct {
 	Kind    string `json:"kind"`
 	Flags   int    `json:"flags"` // open flags (O_ACCMODE, O_APPEND, O_NONBLOCK...) without O_CLOEXEC
 	CloExec bool   `json:"cloexec,omitempty"`
+	// SameAs, when set, is the lower descriptor number that shares this
+	// one's open file description (dup): restore duplicates that one
+	// instead of opening another, so offset, flags and the object itself
+	// stay shared. The other fields still describe the file.
+	SameAs *int `json:"same_as,omitempty"`
 	// Path and Pos for files, directories, devices and FIFOs.
 	Path string  `json:"path,omitempty"`
 	Pos  int64   `json:"pos,omitempty"`
@@ -271,6 +276,11 @@ type Socket struct {
 	// Options holds the socket options restore sets: name -> value.
 	Options map[string]int `json:"options,omitempty"`
 	ID      uint64         `json:"id"` // inode
+	// Queued is the data waiting in the receive queue of a unix socket
+	// whose peer is in the process: one element for a stream socket, one
+	// per message for a datagram socket. Restore sends it again from the
+	// peer.
+	Queued [][]byte `json:"queued,omitempty"`
 }
 
 // Timerfd is a timerfd's clock and setting.

@@ -205,6 +205,7 @@ type PagesWriter struct {
 	buf    *bufio.Writer
 	crc    uint32
 	off    uint64
+	synced uint64 // offset up to which writeback was started
 	pipe   *codec.Pipeline
 	chunks sync.Pool
 	ctx    context.Context
@@ -285,8 +286,18 @@ func (pw *PagesWriter) write(b []byte) error {
 	}
 	pw.crc = crc32.Update(pw.crc, castagnoli, b)
 	pw.off += uint64(len(b))
+	if flushed := pw.off - uint64(pw.buf.Buffered()); flushed-pw.synced >= writebackChunk {
+		startWriteback(pw.f, pw.synced, flushed-pw.synced)
+		pw.synced = flushed
+	}
 	return nil
 }
+
+// writebackChunk is how much written data starts writeback at once: the
+// disk writes while the dump goes on, and Close's fsync has little left
+// to do (it took ~0.4 s per 768 MiB at the end of a dump on the reference
+// machine, ~10 ms with this).
+const writebackChunk = 16 << 20
 
 // Add adds the pages [addr, addr+length) to the image. fill is called
 // with consecutive pieces of the range, in order, to read their contents
