@@ -107,11 +107,14 @@ func New(maxBytes int64) *Cache {
 	if err != nil {
 		panic(err) // not reached: the size is positive
 	}
-	return &Cache{
+	c := &Cache{
 		max:     max(maxBytes, 0),
 		lru:     lru,
 		loading: make(map[Key]*call),
 	}
+	// Free buffers kept for reuse: a quarter of the cache, at least 8 MiB.
+	c.pool.limit = max(c.max/4, 8<<20)
+	return c
 }
 
 // NewFile returns a fresh File id for a key space, never returned before by

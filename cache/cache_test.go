@@ -509,3 +509,21 @@ func TestContainsCountsNothing(t *testing.T) {
 		t.Fatalf("Contains changed the counters: %+v -> %+v", before, after)
 	}
 }
+
+func TestPoolKeepsBuffersWithinLimit(t *testing.T) {
+	p := &pool{limit: 1 << 20}
+	var bufs [][]byte
+	for i := 0; i < 8; i++ {
+		bufs = append(bufs, p.get(256<<10))
+	}
+	for _, b := range bufs {
+		p.put(b)
+	}
+	if p.bytes != 1<<20 {
+		t.Fatalf("pool holds %d free bytes, want its limit %d", p.bytes, 1<<20)
+	}
+	b := p.get(200 << 10) // same class as 256 KiB: reused
+	if cap(b) != 256<<10 || p.bytes != 768<<10 {
+		t.Fatalf("get after put: cap %d, pool %d bytes", cap(b), p.bytes)
+	}
+}
