@@ -23,8 +23,9 @@ const Version = "0.1.0"
 type DumpOptions struct {
 	PID int
 	Dir string
-	// LeaveRunning resumes the process after a successful dump instead of
-	// killing it.
+	// LeaveRunning resumes the process instead of killing it: as soon as
+	// its memory has been read, before the snapshot is synced and
+	// committed.
 	LeaveRunning bool
 	// BlockSize, Mode and Workers are the encoding settings (see
 	// image.Options).
@@ -82,7 +83,8 @@ func step(name string, err error) error {
 }
 
 // Dump freezes the process opts.PID, writes its snapshot into opts.Dir and
-// then kills it, or resumes it with LeaveRunning. On any error the process
+// then kills it once the snapshot is committed, or, with LeaveRunning,
+// resumes it as soon as its memory has been read. On any error the process
 // is resumed as it was and the directory holds no manifest.
 func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	start := time.Now()
@@ -133,29 +135,59 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.dumpMemory(ctx, w, st, opts.Progress); err != nil {
-		return nil, step("dump memory", err)
+	log.Debug("state collected", "pid", pid, "since freeze", time.Since(frozen))
+	// With LeaveRunning the process resumes as soon as its memory has been
+	// read: encoding the last blocks, syncing the files and committing
+	// need it no more. A dump that fails after that still leaves it
+	// running, as it would have been. Without LeaveRunning it is killed
+	// only once the snapshot is committed.
+	var freeze time.Duration
+	var resumeErr error
+	captured := func() {
+		if !opts.LeaveRunning {
+			return
+		}
+		resumed = true
+		resumeErr = p.Detach()
+		freeze = time.Since(frozen)
+		log.Info("resumed", "pid", pid, "frozen", freeze)
 	}
+	if err := d.dumpMemory(ctx, w, st, opts.Progress, captured); err != nil {
+		return nil, step("dump memory", withResumeErr(err, resumeErr))
+	}
+	log.Debug("pages written", "pid", pid, "since freeze", time.Since(frozen))
 	if err := w.WriteState(st); err != nil {
-		return nil, step("write state", err)
+		return nil, step("write state", withResumeErr(err, resumeErr))
 	}
 	if err := w.Commit(); err != nil {
-		return nil, step("commit", err)
+		return nil, step("commit", withResumeErr(err, resumeErr))
 	}
+	log.Debug("committed", "pid", pid, "since freeze", time.Since(frozen))
 	res = &DumpResult{PID: pid, Threads: len(st.Threads), FreezeStop: p.Stats().Duration, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
-	resumed = true
-	if opts.LeaveRunning {
-		err = p.Detach()
-	} else {
-		err = p.Kill()
+	if !resumed {
+		resumed = true
+		if opts.LeaveRunning {
+			resumeErr = p.Detach()
+		} else {
+			resumeErr = p.Kill()
+		}
+		freeze = time.Since(frozen)
 	}
-	res.Freeze = time.Since(frozen)
+	res.Freeze = freeze
 	res.Total = time.Since(start)
-	if err != nil {
+	if resumeErr != nil {
 		// The snapshot is complete; say so along with the failure.
-		return res, step("finish", fmt.Errorf("snapshot written, but %w", err))
+		return res, step("finish", fmt.Errorf("snapshot written, but %w", resumeErr))
 	}
 	return res, nil
+}
+
+// withResumeErr adds to err the failure, if any, of the early resume.
+func withResumeErr(err, resumeErr error) error {
+	if resumeErr == nil {
+		return err
+	}
+	return errors.Join(err, fmt.Errorf("resume: %w", resumeErr))
 }
 
 // precheck refuses a process that cannot be dumped, before touching it.
@@ -180,7 +212,7 @@ func precheck(pid int) error {
 		return fmt.Errorf("pid %d is a zombie", pid)
 	}
 	if s.TracerPid != 0 {
-		return &ptrace.AlreadyTracedError{Pid: pid, TracerPid: s.TracerPid}
+		return tracedError(pid, s.TracerPid)
 	}
 	if kids, err := children(pid); err != nil {
 		return err
@@ -188,6 +220,22 @@ func precheck(pid int) error {
 		return fmt.Errorf("pid %d: %w (%v): process trees are not supported yet", pid, ErrHasChildren, kids)
 	}
 	return nil
+}
+
+// tracedError names the process that traces pid: TracerPid is the
+// tracing thread, which need not be its process's leader.
+func tracedError(pid, tracer int) error {
+	e := &ptrace.AlreadyTracedError{Pid: pid, TracerPid: tracer}
+	ts, err := proc.ReadStatus(tracer)
+	if err != nil {
+		return e
+	}
+	e.TracerPid = ts.Tgid
+	comm, err := proc.ReadComm(ts.Tgid)
+	if err != nil {
+		return e
+	}
+	return fmt.Errorf("%w (%s): detach it first", e, comm)
 }
 
 // children returns the child processes of every thread of pid.

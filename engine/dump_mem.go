@@ -209,8 +209,11 @@ func dataRanges(f *os.File, lo, hi uint64) ([][2]uint64, error) {
 	return out, nil
 }
 
-// dumpMemory writes the planned pages into the snapshot.
-func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Process, progress func(done, total uint64)) error {
+// dumpMemory writes the planned pages into the snapshot. captured, if not
+// nil, is called as soon as every page has been read from the process,
+// before the last blocks are encoded and the pages file is flushed and
+// synced: from then on the process is no longer needed.
+func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Process, progress func(done, total uint64), captured func()) error {
 	ranges, files, err := d.plan(st)
 	defer func() {
 		for _, f := range files {
@@ -255,6 +258,13 @@ func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Proc
 			pw.Close()
 			return err
 		}
+	}
+	for _, f := range files {
+		f.Close()
+	}
+	files = nil
+	if captured != nil {
+		captured()
 	}
 	if err := pw.Close(); err != nil {
 		return err
