@@ -226,7 +226,12 @@ func TestDumpRefusals(t *testing.T) {
 		if tid == 0 || procStatus(t, tid)["Tgid"] != strconv.Itoa(tracer.Process.Pid) {
 			t.Fatalf("the tracer %d did not seize %d (TracerPid %d)", tracer.Process.Pid, p.PID, tid)
 		}
-		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), "already traced", "pid "+strconv.Itoa(tid))
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", tracer.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), "already traced",
+			fmt.Sprintf("pid %d (%s)", tracer.Process.Pid, strings.TrimSpace(string(comm))))
 		// Still traced by the other tracer, still running: it passes
 		// the request on.
 		if st := procStatus(t, p.PID); st["TracerPid"] != strconv.Itoa(tid) {
