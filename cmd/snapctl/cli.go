@@ -110,6 +110,9 @@ func newFlags(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 			if arg != "" {
 				arg = " " + arg
 			}
+			if def := f.DefValue; def != "" && def != "false" && def != "0" && !strings.Contains(usage, "default") {
+				usage += " (default " + def + ")"
+			}
 			fmt.Fprintf(fs.Output(), "  %s%s%s%s\n      %s\n", dash, f.Name, arg, aliasOf(fs, f), usage)
 		})
 	}
@@ -168,7 +171,7 @@ func (s *sizeFlag) Set(v string) error {
 
 // threadsFlag is --decompress-threads: 1 serial, 0 automatic, N a maximum.
 func threadsFlag(fs *flag.FlagSet) *int {
-	return fs.Int("decompress-threads", 1, "decompression threads: 1 serial, 0 automatic from the CPU affinity mask and the work, N a maximum")
+	return fs.Int("decompress-threads", 1, "decode with up to `N` threads: 1 serial, 0 automatic from the CPU\n      affinity mask and the work, N > 1 a maximum")
 }
 
 func requireDir(dir string) error {

@@ -16,7 +16,7 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("inspect", "-D DIR [--json]", `
 Show what a snapshot holds: its processes, their memory regions, and the
 blocks by kind (zero, raw, lz4) with original and stored bytes.`, stderr)
-	dir := fs.String("D", "", "snapshot directory")
+	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	alias(fs, "images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	if err := parse(fs, args); err != nil {

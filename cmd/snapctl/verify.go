@@ -14,7 +14,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 Check a snapshot: the manifest, every file's size and checksum, and every
 block of memory against its CRC32C. Exits non-zero at the first bad block,
 naming the file, the block and its address.`, stderr)
-	dir := fs.String("D", "", "snapshot directory")
+	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	alias(fs, "images-dir", "D")
 	threads := threadsFlag(fs)
 	if err := parse(fs, args); err != nil {
