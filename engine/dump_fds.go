@@ -28,15 +28,63 @@ func (d *dumper) fds() ([]image.FD, error) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
 	var out []image.FD
+	shared := fx.sharedFiles()
 	for i := range fds {
 		f, err := fx.fd(&fds[i])
 		if err != nil {
 			return nil, fmt.Errorf("fd %d (%s): %w", fds[i].Num, fds[i].Target, err)
 		}
+		if first, ok := shared[fds[i].Num]; ok {
+			f.SameAs = &first
+		}
 		out = append(out, f)
 	}
 	return out, nil
 }
+
+// sharedFiles maps each descriptor that shares its open file description
+// with a lower-numbered one (dup, dup2, fork-inherited, SCM_RIGHTS) to the
+// lowest such number. Only descriptors on the same inode with the same
+// flags can share one; kcmp(KCMP_FILE) tells whether they do.
+func (fx *fdDumper) sharedFiles() map[int]int {
+	type key struct {
+		dev, ino uint64
+		flags    uint32
+	}
+	groups := map[key][]int{}
+	for i := range fx.all {
+		f := &fx.all[i]
+		if f.Info == nil {
+			continue
+		}
+		k := key{f.Stat.Dev, f.Stat.Ino, f.Info.Flags &^ unix.O_CLOEXEC}
+		groups[k] = append(groups[k], f.Num)
+	}
+	out := map[int]int{}
+	for _, nums := range groups {
+		for i := 1; i < len(nums); i++ {
+			for _, first := range nums[:i] {
+				if _, dup := out[first]; dup {
+					continue // compare with the first of each group only
+				}
+				if sameFile(fx.d.pid, first, nums[i]) {
+					out[nums[i]] = first
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// sameFile reports whether fds a and b of pid are the same open file.
+func sameFile(pid, a, b int) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(pid), kcmpFile, uintptr(a), uintptr(b), 0)
+	return errno == 0 && r == 0
+}
+
+// kcmpFile is KCMP_FILE (linux/kcmp.h).
+const kcmpFile = 0
 
 type pipeEnds struct {
 	readers, writers []int
@@ -242,7 +290,7 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 			return out, err
 		}
 	case unix.AF_UNIX:
-		if err := fx.unixState(f, sk, accepting != 0); err != nil {
+		if err := fx.unixState(f, s, sk, accepting != 0); err != nil {
 			return out, err
 		}
 	default:
@@ -251,6 +299,18 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 	out.Socket = sk
 	return out, nil
 }
+
+// Socket states as image.Socket records them.
+const (
+	sockListen      = "listen"
+	sockEstablished = "established" // a connection: closed at restore
+	sockConnected   = "connected"   // connected again (or re-paired) at restore
+	sockBound       = "bound"
+	sockUnbound     = "unbound"
+	// peerInodeOption, in image.Socket.Options, is the inode of the other
+	// end of a unix socket pair held by the process.
+	peerInodeOption = "peer_inode"
+)
 
 type sockOpt struct{ level, opt int }
 
@@ -280,7 +340,9 @@ func sockOptions(family, typ int) map[string]sockOpt {
 	return o
 }
 
-// inetState fills the state and backlog of a TCP or UDP socket.
+// inetState fills the state and backlog of a TCP or UDP socket. A TCP
+// socket in any connection state (established, or on its way in or out)
+// is a connection: restore brings it back closed.
 func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 	if fx.inet == nil {
 		fx.inet = map[uint64]proc.InetDiag{}
@@ -299,21 +361,23 @@ func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 	diag, ok := fx.inet[sk.ID]
 	switch {
 	case listening:
-		sk.State = "listen"
+		sk.State = sockListen
 		if ok {
 			sk.Backlog = int(diag.WQueue) // max backlog of a listener
 		}
-	case sk.Type == unix.SOCK_STREAM && sk.Peer != "":
-		sk.State = "established"
-		if ok && diag.State != proc.TCPEstablished {
+	case sk.Type == unix.SOCK_STREAM && ok && diag.State != proc.TCPClose:
+		sk.State = sockEstablished
+		if diag.State != proc.TCPEstablished {
 			sk.State = fmt.Sprintf("tcp-state-%d", diag.State)
 		}
+	case sk.Type == unix.SOCK_STREAM && sk.Peer != "":
+		sk.State = sockEstablished
 	case sk.Peer != "":
-		sk.State = "connected"
+		sk.State = sockConnected
 	case sk.Local != "" && !isUnspecifiedPortZero(sk.Local):
-		sk.State = "bound"
+		sk.State = sockBound
 	default:
-		sk.State = "unbound"
+		sk.State = sockUnbound
 	}
 	return nil
 }
@@ -323,9 +387,12 @@ func isUnspecifiedPortZero(s string) bool {
 	return err == nil && ap.Port() == 0 && ap.Addr().IsUnspecified()
 }
 
-// unixState fills the state of a unix socket: bound, listening, or one
-// end of a pair whose other end is in the process.
-func (fx *fdDumper) unixState(f *proc.FD, sk *image.Socket, listening bool) error {
+// unixState fills the state of a unix socket: listening, bound, one end of
+// a pair whose other end is in the process (with the data queued to it),
+// a datagram socket connected to a named peer outside (connected again at
+// restore), or a stream connection to a peer outside (closed at restore,
+// like an established TCP connection).
+func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
 	if fx.unixd == nil {
 		ds, err := proc.QueryUnix(fx.d.pid)
 		if err != nil {
@@ -339,18 +406,24 @@ func (fx *fdDumper) unixState(f *proc.FD, sk *image.Socket, listening bool) erro
 	diag := fx.unixd[sk.ID]
 	switch {
 	case listening:
-		sk.State = "listen"
+		sk.State = sockListen
 		sk.Backlog = int(diag.WQueue)
-	case diag.Peer != 0:
-		if !fx.hasSocket(diag.Peer) {
-			return fmt.Errorf("%w: unix socket connected to a peer outside the process", ErrUnsupported)
+	case diag.Peer != 0 && fx.hasSocket(diag.Peer):
+		sk.State = sockConnected
+		sk.Options[peerInodeOption] = int(diag.Peer)
+		q, err := peekQueue(s, sk.Type)
+		if err != nil {
+			return fmt.Errorf("read queued data: %w", err)
 		}
-		sk.State = "connected"
-		sk.Options["peer_inode"] = int(diag.Peer)
+		sk.Queued = q
+	case diag.Peer != 0 && sk.Type != unix.SOCK_STREAM && sk.Type != unix.SOCK_SEQPACKET && sk.Peer != "" && sk.Peer != "@":
+		sk.State = sockConnected
+	case diag.Peer != 0 || sk.Peer != "":
+		sk.State = sockEstablished
 	case sk.Local != "" && sk.Local != "@":
-		sk.State = "bound"
+		sk.State = sockBound
 	default:
-		sk.State = "unbound"
+		sk.State = sockUnbound
 	}
 	return nil
 }
@@ -362,6 +435,102 @@ func (fx *fdDumper) hasSocket(ino uint64) bool {
 		}
 	}
 	return false
+}
+
+// maxQueued bounds the data read from one socket's receive queue.
+const maxQueued = 64 << 20
+
+// peekQueue copies the receive queue of a unix socket without consuming
+// it: MSG_PEEK with SO_PEEK_OFF, so each peek reads past the previous one
+// (one message at a time for datagrams). The process's own peek offset is
+// put back. File descriptors in flight (SCM_RIGHTS) are refused: they
+// cannot be described.
+func peekQueue(s, typ int) ([][]byte, error) {
+	inq, err := unix.IoctlGetInt(s, unix.SIOCINQ)
+	if err != nil {
+		return nil, fmt.Errorf("SIOCINQ: %w", err)
+	}
+	if inq == 0 {
+		return nil, nil
+	}
+	old, err := unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PEEK_OFF)
+	if err != nil {
+		return nil, fmt.Errorf("SO_PEEK_OFF: %w", err)
+	}
+	if err := unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0); err != nil {
+		return nil, fmt.Errorf("SO_PEEK_OFF: %w", err)
+	}
+	defer unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PEEK_OFF, old)
+	var out [][]byte
+	var stream []byte
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(64*4))
+	total := 0
+	peekFlags := unix.MSG_PEEK | unix.MSG_DONTWAIT
+	if typ != unix.SOCK_STREAM {
+		peekFlags |= unix.MSG_TRUNC // the whole length of a message
+	}
+	for {
+		n, oobn, flags, _, err := unix.Recvmsg(s, buf, oob, peekFlags)
+		if errors.Is(err, unix.EAGAIN) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("peek: %w", err)
+		}
+		if oobn > 0 {
+			if err := refuseRights(oob[:oobn]); err != nil {
+				return nil, err
+			}
+		}
+		if flags&unix.MSG_CTRUNC != 0 {
+			return nil, fmt.Errorf("%w: unix socket has file descriptors in flight", ErrUnsupported)
+		}
+		if n > len(buf) {
+			// A message larger than the buffer: peek it again whole.
+			if n > maxQueued {
+				return nil, fmt.Errorf("%w: queued message of %d bytes", ErrUnsupported, n)
+			}
+			buf = make([]byte, n)
+			unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PEEK_OFF, total)
+			continue
+		}
+		if n == 0 && typ == unix.SOCK_STREAM {
+			break // the peer shut down
+		}
+		total += n
+		if total > maxQueued {
+			return nil, fmt.Errorf("%w: more than %d bytes queued", ErrUnsupported, maxQueued)
+		}
+		if typ == unix.SOCK_STREAM {
+			stream = append(stream, buf[:n]...)
+			continue
+		}
+		out = append(out, append([]byte(nil), buf[:n]...))
+	}
+	if typ == unix.SOCK_STREAM && len(stream) > 0 {
+		out = [][]byte{stream}
+	}
+	return out, nil
+}
+
+// refuseRights closes the descriptors a peek received and refuses them.
+func refuseRights(oob []byte) error {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return fmt.Errorf("control message: %w", err)
+	}
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		fds, _ := unix.ParseUnixRights(&m)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("%w: unix socket has file descriptors in flight", ErrUnsupported)
+	}
+	return nil
 }
 
 // sockaddrString formats a socket address as restore parses it.

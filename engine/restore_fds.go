@@ -33,8 +33,21 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 	}
 	park := maxFD + 1
 	fc := &fdCreator{r: r, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
+	index := make(map[int]int, len(fds)) // fd number -> position
 	for i := range fds {
 		f := &fds[i]
+		index[f.FD] = i
+		if f.SameAs != nil {
+			// A dup of a lower descriptor, already parked.
+			j, ok := index[*f.SameAs]
+			if !ok || *f.SameAs >= f.FD {
+				return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
+			}
+			if err := r.dup3(park+j, park+i, 0); err != nil {
+				return fmt.Errorf("fd %d: %w", f.FD, err)
+			}
+			continue
+		}
 		tmp, err := fc.create(f)
 		if err != nil {
 			return fmt.Errorf("fd %d (%s): %w", f.FD, f.Kind, err)
@@ -104,6 +117,7 @@ type fdCreator struct {
 	pipes map[uint64][2]int // pipe id -> read, write end (ours)
 	pairs map[uint64]int    // socket inode -> our end of a socketpair
 	keep  []int             // fds kept until closeAll
+	inCwd bool              // the process is in its dumped working directory
 }
 
 // owned reports whether tmp is a one-off fd the caller closes.
@@ -182,6 +196,11 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		fd, err := r.call(unix.SYS_EPOLL_CREATE1, 0)
 		if err != nil {
 			return -1, fmt.Errorf("epoll_create1: %w", err)
+		}
+		if nonblock != 0 {
+			if err := fc.setFlags(int(fd), f); err != nil {
+				return -1, err
+			}
 		}
 		return int(fd), nil
 	case image.FDTimerfd:
@@ -284,10 +303,19 @@ func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
 	if f.Flags&unix.O_ACCMODE == unix.O_RDONLY {
 		end = ends[0]
 	}
-	if _, err := r.call(unix.SYS_FCNTL, uint64(end), unix.F_SETFL, uint64(f.Flags&(unix.O_NONBLOCK|unix.O_DIRECT))); err != nil {
-		return -1, fmt.Errorf("fcntl(F_SETFL): %w", err)
+	if err := fc.setFlags(end, f); err != nil {
+		return -1, err
 	}
 	return end, nil
+}
+
+// setFlags sets the file status flags that F_SETFL can change.
+func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
+	const settable = unix.O_NONBLOCK | unix.O_DIRECT | unix.O_APPEND | unix.O_NOATIME
+	if _, err := fc.r.call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settable)); err != nil {
+		return fmt.Errorf("fcntl(F_SETFL, %#x): %w", f.Flags&settable, err)
+	}
+	return nil
 }
 
 // tfdIocSetTicks is TFD_IOC_SET_TICKS, _IOW('T', 0, u64).
@@ -300,14 +328,21 @@ func (fc *fdCreator) timerfd(f *image.FD, nonblock uint64) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("timerfd_create(%d): %w", t.Clock, err)
 	}
-	if t.ValueNs != 0 || t.IntervalNs != 0 {
+	value := t.ValueNs
+	if value <= 0 && t.IntervalNs != 0 {
+		// A periodic timer that expired and was not read since is not
+		// re-armed until it is (fdinfo shows no time remaining): it
+		// fires again at once, and its pending ticks are set below.
+		value = 1
+	}
+	if value > 0 {
 		// fdinfo gives the time remaining: set it relative.
 		its := make([]byte, 32)
 		le := binary.LittleEndian
 		le.PutUint64(its[0:], uint64(t.IntervalNs/1e9))
 		le.PutUint64(its[8:], uint64(t.IntervalNs%1e9))
-		le.PutUint64(its[16:], uint64(t.ValueNs/1e9))
-		le.PutUint64(its[24:], uint64(t.ValueNs%1e9))
+		le.PutUint64(its[16:], uint64(value/1e9))
+		le.PutUint64(its[24:], uint64(value%1e9))
 		at := r.area + pageSize
 		if err := r.child.WriteMem(at, its); err != nil {
 			return -1, err
@@ -328,11 +363,14 @@ func (fc *fdCreator) timerfd(f *image.FD, nonblock uint64) (int, error) {
 	return int(fd), nil
 }
 
-// socket recreates a socket in its state: listening and bound sockets
-// are bound (and listen) again at their address, socket pairs are paired
-// again; an established TCP connection cannot follow the process, so it
-// comes back as a closed socket (its peer saw the reset at the dump), on
-// which the program sees an error and closes it.
+// socket recreates a socket in its state: listening and bound sockets are
+// bound (and listen) again at their address with their options, socket
+// pairs are paired again with the data that was queued in them, a
+// datagram socket connected to an address is connected again. A
+// connection (established TCP, or a unix stream connected to a process
+// outside) cannot follow the process: it comes back as a socket whose
+// peer has closed, on which the program reads end-of-file (its peer saw
+// the connection reset when the dumped process went away).
 func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
 	r := fc.r
 	s := f.Socket
@@ -340,8 +378,13 @@ func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
 	if nonblock != 0 {
 		typ |= unix.SOCK_NONBLOCK
 	}
-	if s.Family == unix.AF_UNIX && s.State == "connected" {
-		return fc.socketPair(f, typ)
+	if s.Family == unix.AF_UNIX {
+		if _, paired := s.Options[peerInodeOption]; paired && s.State == sockConnected {
+			return fc.socketPair(f, typ)
+		}
+		if isConnection(s.State) {
+			return fc.closedUnix(f, typ)
+		}
 	}
 	fd, err := r.call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
 	if err != nil {
@@ -351,15 +394,23 @@ func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
 		return -1, err
 	}
 	switch s.State {
-	case "listen", "bound", "connected":
+	case sockListen, sockBound:
 		if s.Local != "" {
 			if err := fc.bind(int(fd), s); err != nil {
 				return -1, err
 			}
 		}
+	case sockConnected:
+		// The local address of a connected datagram socket is most often
+		// an ephemeral port: connect picks another if it is taken.
+		if s.Local != "" && !(s.Family == unix.AF_UNIX && s.Local == "@") {
+			if err := fc.bind(int(fd), s); err != nil {
+				r.log.Warn("connected socket not bound to its address again", "fd", f.FD, "local", s.Local, "err", err)
+			}
+		}
 	}
-	switch s.State {
-	case "listen":
+	switch {
+	case s.State == sockListen:
 		backlog := s.Backlog
 		if backlog <= 0 {
 			backlog = unix.SOMAXCONN
@@ -367,22 +418,56 @@ func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
 		if _, err := r.call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
 			return -1, fmt.Errorf("listen(%s, %d): %w", s.Local, backlog, err)
 		}
-	case "connected":
-		if s.Family != unix.AF_UNIX && s.Peer != "" {
-			at, n, err := fc.sockaddr(s.Family, s.Peer)
-			if err != nil {
-				return -1, err
-			}
-			if _, err := r.call(unix.SYS_CONNECT, fd, at, n); err != nil {
+	case s.State == sockConnected && s.Peer != "":
+		at, n, err := fc.sockaddr(s.Family, s.Peer)
+		if err != nil {
+			return -1, err
+		}
+		if _, err := r.call(unix.SYS_CONNECT, fd, at, n); err != nil {
+			if s.Family != unix.AF_UNIX {
 				return -1, fmt.Errorf("connect %s: %w", s.Peer, err)
 			}
+			// The named peer is gone: the program sees its sends fail,
+			// as it would have.
+			r.log.Warn("unix socket not connected again", "fd", f.FD, "peer", s.Peer, "err", err)
 		}
-	case "bound", "unbound":
-	default:
-		// established TCP and other connection states: closed socket
+	case isConnection(s.State):
+		// A fresh TCP socket whose receive side is shut down reads as a
+		// connection the peer closed: read returns 0, poll reports
+		// EPOLLIN|EPOLLRDHUP|EPOLLHUP. (shutdown sets the flag even as
+		// it returns ENOTCONN for the unconnected socket.)
+		r.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
 		r.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
 	}
 	return int(fd), nil
+}
+
+// isConnection reports whether a socket state is a connection that
+// restore closes.
+func isConnection(state string) bool {
+	return state == sockEstablished || strings.HasPrefix(state, "tcp-state-")
+}
+
+// closedUnix returns one end of a new unix socket pair whose other end is
+// closed: it stands for a connection to a process outside, which the
+// program sees closed by its peer.
+func (fc *fdCreator) closedUnix(f *image.FD, typ uint64) (int, error) {
+	r := fc.r
+	at := r.area + pageSize
+	if _, err := r.call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
+		return -1, fmt.Errorf("socketpair: %w", err)
+	}
+	var b [8]byte
+	if err := r.child.ReadMem(at, b[:]); err != nil {
+		return -1, err
+	}
+	r.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
+	fd := int(binary.LittleEndian.Uint32(b[0:]))
+	if err := fc.sockOpts(fd, f.Socket); err != nil {
+		return -1, err
+	}
+	r.log.Info("connection closed by restore", "fd", f.FD, "local", f.Socket.Local, "peer", f.Socket.Peer, "state", f.Socket.State)
+	return fd, nil
 }
 
 // sockOpts sets the recorded options.
@@ -411,9 +496,21 @@ func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
 }
 
 // bind binds fd to the socket's local address; a unix socket's stale
-// file is removed first, as a server starting up would.
+// file is removed first, as a server starting up would. A relative unix
+// path is taken from the process's working directory.
 func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 	if s.Family == unix.AF_UNIX && !strings.HasPrefix(s.Local, "@") {
+		if !strings.HasPrefix(s.Local, "/") && !fc.inCwd {
+			// The process state step sets the directory again later.
+			a, err := fc.r.putString(0, fc.r.st.Cwd)
+			if err != nil {
+				return err
+			}
+			if _, err := fc.r.call(unix.SYS_CHDIR, a); err != nil {
+				return fmt.Errorf("chdir %s to bind %s: %w", fc.r.st.Cwd, s.Local, err)
+			}
+			fc.inCwd = true
+		}
 		a, err := fc.r.putString(0, s.Local)
 		if err != nil {
 			return err
@@ -479,11 +576,18 @@ func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
 }
 
 // socketPair returns this end of a unix socket pair whose both ends are
-// in the process.
+// in the process, creating the pair, with the data queued in each end,
+// the first time one of its ends is met.
 func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 	r := fc.r
 	s := f.Socket
 	if end, ok := fc.pairs[s.ID]; ok {
+		if err := fc.setFlags(end, f); err != nil {
+			return -1, err
+		}
+		if err := fc.sockOpts(end, s); err != nil {
+			return -1, err
+		}
 		return end, nil
 	}
 	at := r.area + pageSize
@@ -495,12 +599,56 @@ func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 		return -1, err
 	}
 	a, c := int(binary.LittleEndian.Uint32(b[0:])), int(binary.LittleEndian.Uint32(b[4:]))
-	peer := uint64(s.Options["peer_inode"])
+	peer := uint64(s.Options[peerInodeOption])
 	fc.pairs[s.ID] = a
 	fc.pairs[peer] = c
 	fc.keep = append(fc.keep, a, c)
 	if err := fc.sockOpts(a, s); err != nil {
 		return -1, err
 	}
+	// What waits in one end was sent from the other.
+	if err := fc.send(c, s.Type, s.Queued); err != nil {
+		return -1, fmt.Errorf("queue %d messages again: %w", len(s.Queued), err)
+	}
+	for _, g := range r.st.FDs {
+		if g.Socket != nil && g.Socket.ID == peer && g.SameAs == nil {
+			if err := fc.send(a, s.Type, g.Socket.Queued); err != nil {
+				return -1, fmt.Errorf("queue %d messages again in the peer: %w", len(g.Socket.Queued), err)
+			}
+			break
+		}
+	}
+	if err := fc.setFlags(a, f); err != nil {
+		return -1, err
+	}
 	return a, nil
+}
+
+// send sends msgs on a socket of the process without blocking: a stream
+// in pieces, each datagram whole.
+func (fc *fdCreator) send(fd, typ int, msgs [][]byte) error {
+	at := fc.r.area + pageSize
+	for _, m := range msgs {
+		if typ != unix.SOCK_STREAM && len(m) > scratchLen {
+			return fmt.Errorf("%w: a queued message of %d bytes (at most %d)", ErrUnsupported, len(m), scratchLen)
+		}
+		for len(m) > 0 || typ != unix.SOCK_STREAM {
+			n := min(len(m), scratchLen)
+			if err := fc.r.child.WriteMem(at, m[:n]); err != nil {
+				return err
+			}
+			w, err := fc.r.call(unix.SYS_SENDTO, uint64(fd), at, uint64(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+			if err != nil {
+				return fmt.Errorf("send %d bytes: %w", n, err)
+			}
+			if typ != unix.SOCK_STREAM {
+				break
+			}
+			if w == 0 {
+				return fmt.Errorf("send to fd %d made no progress", fd)
+			}
+			m = m[w:]
+		}
+	}
+	return nil
 }
