@@ -167,6 +167,8 @@ func TestDumpThreads(t *testing.T) {
 	ctx := testContext(t)
 	p := fixture.Start(t, "threads")
 	before := request(t, ctx, p, syscall.SIGUSR1, "report")
+	// Let the main thread, which has just answered, go back to sigsuspend.
+	time.Sleep(50 * time.Millisecond)
 
 	si := dumpStopped(t, ctx, p)
 
