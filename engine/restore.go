@@ -31,7 +31,12 @@ type RestoreOptions struct {
 	Running func(pid int) error
 	// Progress, if set, is called with the memory bytes restored so far.
 	Progress func(done, total uint64)
-	Logger   *slog.Logger
+	// LeaveStopped leaves every thread of the restored process in a
+	// group stop, as if it had received SIGSTOP before running an
+	// instruction: SIGCONT lets it run (criu restore --leave-stopped).
+	// Not with Lazy.
+	LeaveStopped bool
+	Logger       *slog.Logger
 }
 
 // RestoreResult describes a finished restore.
@@ -67,6 +72,9 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.LeaveStopped && opts.Lazy != nil {
+		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
 	snap, err := image.Open(opts.Dir)
 	if err != nil {
@@ -109,12 +117,15 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		{"move vdso", r.moveVDSO},
 		{"map memory", r.mapMemory},
 		{"fill memory", r.fillMemory},
+		{"lock memory", r.lockMemory},
 		{"mm fields", r.setMM},
 		{"file descriptors", r.restoreFDs},
 		{"threads", r.createThreads},
 		{"thread state", r.threadState},
 		{"process state", r.processState},
 		{"lazy memory", r.prepareLazy},
+		{"pending signals", r.pendingSignals},
+		{"leave stopped", r.leaveStopped},
 		{"finish", r.finish},
 	}
 	for _, s := range steps {
@@ -127,7 +138,13 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 		log.Debug("restore step", "step", s.name, "took", time.Since(t0))
 	}
+	r.running = true
 	res = &RestoreResult{PID: st.PID, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	if opts.LeaveStopped {
+		if err := waitStopped(ctx, st.PID, len(st.Threads)); err != nil {
+			return nil, step("leave stopped", err)
+		}
+	}
 	if opts.Running != nil {
 		if err := opts.Running(st.PID); err != nil {
 			return nil, step("running", err)
@@ -148,8 +165,12 @@ func (r *restorer) abort() {
 		r.lazy.close()
 	}
 	if r.child != nil {
-		if err := r.child.Kill(); err != nil {
-			r.log.Error("kill half-restored process", "pid", r.st.PID, "err", err)
+		// A detached process (an eager restore that failed after it
+		// ran) is no longer the tracer's to kill: kill it by pid.
+		if err := r.child.Kill(); err != nil || r.running {
+			if err != nil {
+				r.log.Error("kill half-restored process", "pid", r.st.PID, "err", err)
+			}
 			unix.Kill(r.st.PID, unix.SIGKILL)
 		}
 	}
@@ -185,5 +206,35 @@ func pidInUse(id int) (bool, string) {
 			return true, comm + " (a zombie its parent has not reaped)"
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitStopped waits until the n threads of pid are in a group stop (they
+// take their SIGSTOP once detached, before they return to user space).
+func waitStopped(ctx context.Context, pid, n int) error {
+	deadline := time.Now().Add(zombieWait)
+	for {
+		stopped := 0
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, e.Name()))
+			if j := strings.LastIndexByte(string(b), ')'); err == nil && j >= 0 && j+2 < len(b) && b[j+2] == 'T' {
+				stopped++
+			}
+		}
+		if stopped == n && len(ents) == n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d threads stopped after %v", stopped, n, zombieWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
 	}
 }

@@ -31,7 +31,10 @@ type restorer struct {
 	// memory is mapped and fds restored.
 	shmem  map[uint64]int
 	filled uint64
-	lazy   *lazyState
+	// running is set once the process runs (detached, for an eager
+	// restore).
+	running bool
+	lazy    *lazyState
 }
 
 // check refuses, before anything is created, a snapshot this machine or

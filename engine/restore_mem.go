@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -325,6 +326,17 @@ func (r *restorer) mapVMA(v *image.VMA, files map[string]int) error {
 	length := v.End - v.Start
 	prot := uint64(v.Prot)
 	flags := uint64(unix.MAP_FIXED_NOREPLACE) | uint64(v.Flags&(unix.MAP_SHARED|unix.MAP_PRIVATE|unix.MAP_GROWSDOWN))
+	if slices.Contains(v.VMFlags, "nr") {
+		flags |= unix.MAP_NORESERVE
+	}
+	// A private mapping that was writable once (a RELRO segment made
+	// read-only after relocation) is accounted ("ac"): map it writable
+	// so that it is accounted too, then take write away. Without the
+	// flag it would merge with the read-only mapping before it.
+	reprotect := v.Flags&unix.MAP_PRIVATE != 0 && v.Prot&unix.PROT_WRITE == 0 && slices.Contains(v.VMFlags, "ac")
+	if reprotect {
+		prot |= unix.PROT_WRITE
+	}
 	fd, off := ^uint64(0), uint64(0)
 	switch v.Kind {
 	case image.VMAVDSO, image.VMAVVar, image.VMAVVarVclock, image.VMAVsyscall:
@@ -332,8 +344,11 @@ func (r *restorer) mapVMA(v *image.VMA, files map[string]int) error {
 	case image.VMAAnon:
 		flags |= unix.MAP_ANONYMOUS
 	case image.VMAFile, image.VMAFileShared:
+		// A shared mapping of a file open for writing may be made
+		// writable later ("mw", VM_MAYWRITE); the kernel grants that only
+		// to a mapping of a file opened read-write.
 		mode := unix.O_RDONLY
-		if v.Kind == image.VMAFileShared && v.Prot&unix.PROT_WRITE != 0 {
+		if v.Kind == image.VMAFileShared && (v.Prot&unix.PROT_WRITE != 0 || slices.Contains(v.VMFlags, "mw")) {
 			mode = unix.O_RDWR
 		}
 		key := fmt.Sprintf("%d:%s", mode, v.File.Path)
@@ -365,6 +380,11 @@ func (r *restorer) mapVMA(v *image.VMA, files map[string]int) error {
 	}
 	if got != v.Start {
 		return fmt.Errorf("mapped at %#x", got)
+	}
+	if reprotect {
+		if _, err := r.call(unix.SYS_MPROTECT, v.Start, length, uint64(v.Prot)); err != nil {
+			return fmt.Errorf("mprotect: %w", err)
+		}
 	}
 	return nil
 }
@@ -495,6 +515,30 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 		return nil
 	})
 	return err
+}
+
+// lockMemory mlocks the VMAs that were locked ("lo"; "lf" for
+// MLOCK_ONFAULT), once their contents are in: locking populates the
+// range, which before the fill would only fault in zero pages to
+// overwrite.
+func (r *restorer) lockMemory(ctx context.Context) error {
+	for _, v := range r.st.VMAs {
+		for _, f := range v.VMFlags {
+			var err error
+			switch f {
+			case "lo":
+				_, err = r.call(unix.SYS_MLOCK, v.Start, v.End-v.Start)
+			case "lf":
+				_, err = r.call(unix.SYS_MLOCK2, v.Start, v.End-v.Start, unix.MLOCK_ONFAULT)
+			default:
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("mlock %x-%x: %w", v.Start, v.End, err)
+			}
+		}
+	}
+	return nil
 }
 
 // setMM sets the mm fields, auxv and exe with PR_SET_MM_MAP. The old

@@ -127,3 +127,68 @@ func (r *restorer) setThreadRegs() error {
 	}
 	return nil
 }
+
+// pendingSignals queues again the standard signals that were pending at
+// the dump: those of the process with kill, a thread's own with tgkill,
+// once every handler and signal mask is in place (so that a blocked
+// signal stays pending rather than being dropped or delivered early).
+// What the image does not hold is lost: the sender and other siginfo
+// (the signals come from snapctl), and all but one instance of a queued
+// real-time signal.
+func (r *restorer) pendingSignals(ctx context.Context) error {
+	pending := r.st.SigPending
+	for _, t := range r.st.Threads {
+		pending |= t.SigPending
+	}
+	if pending == 0 {
+		return nil
+	}
+	for i, t := range r.st.Threads {
+		if err := r.threads[i].SetSigMask(t.SigMask); err != nil {
+			return fmt.Errorf("thread %d: set signal mask: %w", t.TID, err)
+		}
+	}
+	send := func(mask uint64, tid int) error {
+		for sig := 1; sig <= ptrace.NumSignals; sig++ {
+			s := unix.Signal(sig)
+			if mask&(1<<(sig-1)) == 0 || s == unix.SIGKILL || s == unix.SIGSTOP {
+				continue
+			}
+			var err error
+			if tid == 0 {
+				err = unix.Kill(r.st.PID, s)
+			} else {
+				err = unix.Tgkill(r.st.PID, tid, s)
+			}
+			if err != nil {
+				return fmt.Errorf("queue pending signal %d: %w", sig, err)
+			}
+		}
+		return nil
+	}
+	if err := send(r.st.SigPending, 0); err != nil {
+		return err
+	}
+	for _, t := range r.st.Threads {
+		if err := send(t.SigPending, t.TID); err != nil {
+			return fmt.Errorf("thread %d: %w", t.TID, err)
+		}
+	}
+	return nil
+}
+
+// leaveStopped queues SIGSTOP to every thread when the process is to be
+// left stopped. Each thread dequeues its own when it is detached, before
+// it returns to user space, so none runs an instruction whatever the
+// order of the detaches.
+func (r *restorer) leaveStopped(ctx context.Context) error {
+	if !r.opts.LeaveStopped {
+		return nil
+	}
+	for _, t := range r.st.Threads {
+		if err := unix.Tgkill(r.st.PID, t.TID, unix.SIGSTOP); err != nil {
+			return fmt.Errorf("SIGSTOP thread %d: %w", t.TID, err)
+		}
+	}
+	return nil
+}

@@ -397,7 +397,14 @@ func freePid(t testing.TB, after int) int {
 	last, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	maxb, _ := os.ReadFile("/proc/sys/kernel/pid_max")
 	pidMax, _ := strconv.Atoi(strings.TrimSpace(string(maxb)))
-	for p := max(last, after) + 500; p < pidMax; p++ {
+	// Well past the last pid handed out, wrapping round below pid_max as
+	// the kernel does (pids below 300 are reserved once it has wrapped).
+	start := max(last, after) + 500
+	for i := range pidMax {
+		p := start + i
+		if p >= pidMax {
+			p = 300 + (p-pidMax)%(pidMax-300)
+		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); os.IsNotExist(err) {
 			return p
 		}
