@@ -122,8 +122,11 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		{"file descriptors", r.restoreFDs},
 		{"threads", r.createThreads},
 		{"thread state", r.threadState},
-		{"process state", r.processState},
+		// The userfaultfd is made while the process still has our
+		// privileges: process state may set an unprivileged uid, for
+		// which userfaultfd(2) is refused (vm.unprivileged_userfaultfd=0).
 		{"lazy memory", r.prepareLazy},
+		{"process state", r.processState},
 		{"pending signals", r.pendingSignals},
 		{"leave stopped", r.leaveStopped},
 		{"finish", r.finish},

@@ -116,19 +116,7 @@ func pidGone(ctx context.Context, pid int) bool {
 // there.
 func stubLeft(t *testing.T) []int {
 	t.Helper()
-	ents, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if bytes.HasPrefix(b, []byte("lazyfs-restore-stub\x00")) {
-			out = append(out, pid)
-		}
-	}
-	return out
+	return cmdlineHolders(t, "lazyfs-restore-stub")
 }
 
 // processesOf lists the processes whose executable is exe.
@@ -955,3 +943,108 @@ func setImmutable(path string, on bool) error {
 
 // fsImmutableFL is FS_IMMUTABLE_FL of linux/fs.h (not in x/sys/unix).
 const fsImmutableFL = 0x00000010
+
+// runCheck runs `snapctl check --json` with env (nil: ours), through
+// prefix (a command such as unshare) if given, and returns the exit
+// status and the features by name.
+func runCheck(t *testing.T, env []string, prefix ...string) (int, map[string]engine.Feature, cmdResult) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), commandTimeout)
+	defer cancel()
+	args := append(prefix, buildTool(t, "snapctl"), "check", "--json")
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Env = env
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := cmdResult{Args: args, Stdout: stdout.String(), Stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.Code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("%v\n%s", err, r)
+	}
+	var feats []engine.Feature
+	if err := json.Unmarshal([]byte(r.Stdout), &feats); err != nil {
+		t.Fatalf("check --json: %v\n%s", err, r)
+	}
+	out := map[string]engine.Feature{}
+	for _, f := range feats {
+		out[f.Name] = f
+	}
+	return r.Code, out, r
+}
+
+func TestCheck(t *testing.T) {
+	testutil.RequirePtrace(t)
+	names := []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "FUSE"}
+	wantOK := func(t *testing.T, feats map[string]engine.Feature, except ...string) {
+		t.Helper()
+		for _, n := range names {
+			f, ok := feats[n]
+			if want := !slices.Contains(except, n); !ok || f.OK != want || f.Detail == "" {
+				t.Errorf("%s: %+v (reported: %v), want OK=%v with a reason", n, f, ok, want)
+			}
+		}
+	}
+
+	t.Run("all", func(t *testing.T) {
+		testutil.RequireUserfaultfd(t)
+		testutil.RequireFUSE(t)
+		code, feats, r := runCheck(t, nil)
+		if code != 0 {
+			t.Errorf("exit %d, want 0\n%s", code, r)
+		}
+		wantOK(t, feats)
+		if s := cmdlineHolders(t, "lazyfs-check-stub"); len(s) > 0 {
+			t.Errorf("check left its stub running: %v", s)
+		}
+	})
+	t.Run("no-fusermount", func(t *testing.T) {
+		testutil.RequireUserfaultfd(t)
+		env := append(os.Environ(), "PATH="+t.TempDir())
+		code, feats, r := runCheck(t, env)
+		if code != 1 || !strings.Contains(r.Stderr, "FUSE") {
+			t.Errorf("exit %d, want 1 and an error naming FUSE\n%s", code, r)
+		}
+		wantOK(t, feats, "FUSE")
+	})
+	t.Run("user-namespace", func(t *testing.T) {
+		// Root of a new user namespace: it may trace its children, but not
+		// choose pids in the pid namespace it does not own.
+		unshare := testutil.RequireCommand(t, "unshare")
+		if out, err := exec.Command(unshare, "-U", "-r", "true").CombinedOutput(); err != nil {
+			t.Skipf("no user namespaces here: %v %s", err, out)
+		}
+		code, feats, r := runCheck(t, nil, unshare, "-U", "-r")
+		if code != 1 {
+			t.Errorf("exit %d, want 1\n%s", code, r)
+		}
+		if f := feats["clone3 set_tid"]; f.OK || !strings.Contains(f.Detail, "not permitted") {
+			t.Errorf("clone3 set_tid in a user namespace: %+v, want missing: not permitted", f)
+		}
+		if !feats["ptrace"].OK {
+			t.Errorf("ptrace in a user namespace: %+v", feats["ptrace"])
+		}
+	})
+}
+
+// cmdlineHolders lists the processes whose command line starts with
+// argv0.
+func cmdlineHolders(t *testing.T, argv0 string) []int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.HasPrefix(b, []byte(argv0+"\x00")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

@@ -41,6 +41,7 @@ func commands() []command {
 		{"restore", "rebuild a process from a snapshot, eagerly or --lazy", runRestore},
 		{"inspect", "show what a snapshot holds", runInspect},
 		{"verify", "check every block of a snapshot against its checksum", runVerify},
+		{"check", "check that this machine has what restore needs", runCheck},
 	}
 }
 

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/lazyfs/lazyfs/engine"
+)
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fl := newFlags("check", "[--json]", `
+Check that this machine can dump and restore: try each kernel facility a
+restore needs, for real (ptrace on a stub it starts, clone3 with a chosen
+pid, PR_SET_MM_MAP, userfaultfd, PAGEMAP_SCAN) and FUSE for lazyfs, and say
+for each whether it works and what needs it. Exits 1 if one is missing.`, stderr)
+	asJSON := fl.Bool("json", false, "print the results as JSON")
+	if err := parse(fl, args); err != nil {
+		return err
+	}
+	feats := engine.CheckFeatures(ctx, "")
+	var missing []string
+	for _, f := range feats {
+		if !f.OK {
+			missing = append(missing, f.Name)
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(feats); err != nil {
+			return err
+		}
+	} else {
+		for _, f := range feats {
+			state := "OK"
+			if !f.OK {
+				state = "missing"
+			}
+			fmt.Fprintf(stdout, "%-15s %-8s %-25s %s\n", f.Name, state, "("+f.Needed+")", f.Detail)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("check: missing %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
