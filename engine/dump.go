@@ -169,6 +169,7 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		if opts.LeaveRunning {
 			resumeErr = p.Detach()
 		} else {
+			d.resetConnections(st) // no TIME_WAIT left holding its ports
 			resumeErr = p.Kill()
 		}
 		freeze = time.Since(frozen)

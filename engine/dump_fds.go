@@ -551,3 +551,41 @@ func sockaddrString(sa unix.Sockaddr) string {
 	}
 	return ""
 }
+
+// resetConnections sets SO_LINGER {on, 0 s} on every TCP connection of
+// the process, which is about to be killed: its close then sends a reset
+// and leaves no TIME_WAIT or FIN_WAIT socket behind. Those would hold the
+// ports of its listeners, and a listener without SO_REUSEADDR could not
+// be bound again by the restore until they expire. The peers see their
+// connection reset, as restore --tcp-close has it. Failures are only
+// logged: the snapshot is written already.
+func (d *dumper) resetConnections(st *image.Process) {
+	pidfd := -1
+	defer func() {
+		if pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
+	for _, f := range st.FDs {
+		s := f.Socket
+		if s == nil || f.SameAs != nil || s.Type != unix.SOCK_STREAM ||
+			(s.Family != unix.AF_INET && s.Family != unix.AF_INET6) || !isConnection(s.State) {
+			continue
+		}
+		if pidfd < 0 {
+			var err error
+			if pidfd, err = unix.PidfdOpen(d.pid, 0); err != nil {
+				d.log.Warn("connections not reset", "pid", d.pid, "err", err)
+				return
+			}
+		}
+		fd, err := unix.PidfdGetfd(pidfd, f.FD, 0)
+		if err == nil {
+			err = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+			unix.Close(fd)
+		}
+		if err != nil {
+			d.log.Warn("connection not reset", "fd", f.FD, "local", s.Local, "peer", s.Peer, "err", err)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -484,15 +485,21 @@ func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
 		if v == 0 && name != "IPV6_V6ONLY" {
 			continue // the default
 		}
-		at := fc.r.area + pageSize
-		if err := fc.r.child.WriteMem(at, binary.LittleEndian.AppendUint32(nil, uint32(v))); err != nil {
-			return err
-		}
-		if _, err := fc.r.call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(o.level), uint64(o.opt), at, 4); err != nil {
+		if err := fc.setInt(fd, o.level, o.opt, v); err != nil {
 			return fmt.Errorf("setsockopt %s=%d: %w", name, v, err)
 		}
 	}
 	return nil
+}
+
+// setInt sets an int socket option of fd in the process.
+func (fc *fdCreator) setInt(fd, level, opt, v int) error {
+	at := fc.r.area + pageSize
+	if err := fc.r.child.WriteMem(at, binary.LittleEndian.AppendUint32(nil, uint32(v))); err != nil {
+		return err
+	}
+	_, err := fc.r.call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(level), uint64(opt), at, 4)
+	return err
 }
 
 // bind binds fd to the socket's local address; a unix socket's stale
@@ -522,6 +529,9 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 		return err
 	}
 	if _, err := fc.r.call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
+		if errors.Is(err, unix.EADDRINUSE) && s.Type == unix.SOCK_STREAM && s.Family != unix.AF_UNIX && s.Options["SO_REUSEADDR"] == 0 {
+			err = fmt.Errorf("%w (the socket has no SO_REUSEADDR: connections in TIME_WAIT on the port refuse it until they expire)", err)
+		}
 		return fmt.Errorf("bind %s: %w", s.Local, err)
 	}
 	return nil
