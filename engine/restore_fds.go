@@ -23,16 +23,22 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 	for _, f := range fds {
 		maxFD = max(maxFD, f.FD)
 	}
+	// Parked descriptors sit above every number the process uses and
+	// every number a new object can get meanwhile: new objects take the
+	// lowest free number, and at most the ends kept for pipes and socket
+	// pairs (two per descriptor at most), the shared memory objects and
+	// the one being created are open below the parking area at a time.
+	park := max(maxFD+1, 2*len(fds)+len(r.shmem)+8)
+	need := uint64(park + len(fds) + 8)
 	// The descriptor table must reach the highest number.
 	for _, l := range r.st.Rlimits {
 		if l.Resource == unix.RLIMIT_NOFILE {
-			lim := unix.Rlimit{Cur: max(l.Cur, uint64(2*maxFD+len(fds)+16)), Max: max(l.Max, uint64(2*maxFD+len(fds)+16))}
+			lim := unix.Rlimit{Cur: max(l.Cur, need), Max: max(l.Max, need)}
 			if err := unix.Prlimit(r.st.PID, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
-				return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", maxFD+1, err)
+				return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
 			}
 		}
 	}
-	park := maxFD + 1
 	fc := &fdCreator{r: r, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
 	index := make(map[int]int, len(fds)) // fd number -> position
 	for i := range fds {
