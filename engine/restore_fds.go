@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -14,23 +15,23 @@ import (
 )
 
 // restoreFDs recreates every file descriptor at its number, with its
-// flags. Objects are created first and parked above the highest number the
-// process uses, then moved into place, then epoll registrations are made
-// (their targets must be in place).
+// flags, in ascending order. A new object takes the lowest free number,
+// which is most often its own (the numbers below are placed already), so a
+// descriptor costs no move at all; otherwise it is moved there with dup3.
+// Objects shared by several descriptors (pipe and socket pair ends) and the
+// shared memory objects still open from mapping memory are kept above every
+// number the process uses until all are placed. Epoll registrations are
+// made last: their targets must be in place.
 func (r *restorer) restoreFDs(ctx context.Context) error {
 	fds := r.st.FDs
 	maxFD := 2
 	for _, f := range fds {
 		maxFD = max(maxFD, f.FD)
 	}
-	// Parked descriptors sit above every number the process uses and
-	// every number a new object can get meanwhile: new objects take the
-	// lowest free number, and at most the ends kept for pipes and socket
-	// pairs (two per descriptor at most), the shared memory objects and
-	// the one being created are open below the parking area at a time.
-	park := max(maxFD+1, 2*len(fds)+len(r.shmem)+8)
-	need := uint64(park + len(fds) + 8)
-	// The descriptor table must reach the highest number.
+	// The descriptor table must reach the highest number, and the kept
+	// objects (two ends per descriptor at most) above it.
+	high := maxFD + 1
+	need := uint64(high + 2*len(fds) + len(r.shmem) + 8)
 	for _, l := range r.st.Rlimits {
 		if l.Resource == unix.RLIMIT_NOFILE {
 			lim := unix.Rlimit{Cur: max(l.Cur, need), Max: max(l.Max, need)}
@@ -39,18 +40,31 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 			}
 		}
 	}
-	fc := &fdCreator{r: r, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
-	index := make(map[int]int, len(fds)) // fd number -> position
+	fc := &fdCreator{r: r, high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
+	for id, fd := range r.shmem {
+		nfd, err := fc.moveHigh(fd)
+		if err != nil {
+			return err
+		}
+		r.shmem[id] = nfd
+	}
+	placed := make(map[int]bool, len(fds))
 	for i := range fds {
 		f := &fds[i]
-		index[f.FD] = i
+		flags := 0
+		if f.CloExec {
+			flags = unix.O_CLOEXEC
+		}
+		if placed[f.FD] {
+			return fmt.Errorf("%w: fd %d appears twice", image.ErrCorrupt, f.FD)
+		}
+		placed[f.FD] = true
 		if f.SameAs != nil {
-			// A dup of a lower descriptor, already parked.
-			j, ok := index[*f.SameAs]
-			if !ok || *f.SameAs >= f.FD {
+			// A dup of a lower descriptor, in place already.
+			if *f.SameAs >= f.FD || !placed[*f.SameAs] {
 				return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
 			}
-			if err := r.dup3(park+j, park+i, 0); err != nil {
+			if err := r.dup3(*f.SameAs, f.FD, flags); err != nil {
 				return fmt.Errorf("fd %d: %w", f.FD, err)
 			}
 			continue
@@ -59,10 +73,13 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("fd %d (%s): %w", f.FD, f.Kind, err)
 		}
-		if err := r.dup3(tmp, park+i, 0); err != nil {
+		if tmp == f.FD {
+			continue // created in place, with its close-on-exec flag
+		}
+		if err := r.dup3(tmp, f.FD, flags); err != nil {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
-		if fc.owned(tmp) {
+		if !fc.kept(tmp) {
 			r.closeFD(tmp)
 		}
 	}
@@ -71,16 +88,6 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 		r.closeFD(fd)
 	}
 	r.shmem = nil
-	for i, f := range fds {
-		flags := 0
-		if f.CloExec {
-			flags = unix.O_CLOEXEC
-		}
-		if err := r.dup3(park+i, f.FD, flags); err != nil {
-			return fmt.Errorf("fd %d: %w", f.FD, err)
-		}
-		r.closeFD(park + i)
-	}
 	for _, f := range fds {
 		if f.Epoll == nil {
 			continue
@@ -118,23 +125,50 @@ func (r *restorer) dup3(from, to, flags int) error {
 }
 
 // fdCreator creates the kernel objects behind descriptors; objects shared
-// by several descriptors (pipe ends, socket pairs) are created once.
+// by several descriptors (pipe ends, socket pairs) are created once and
+// kept at numbers from high up until every descriptor is placed.
 type fdCreator struct {
 	r     *restorer
-	pipes map[uint64][2]int // pipe id -> read, write end (ours)
-	pairs map[uint64]int    // socket inode -> our end of a socketpair
-	keep  []int             // fds kept until closeAll
+	high  int               // kept objects live at this number or above
+	pipes map[uint64][2]int // pipe id -> read, write end (kept)
+	pairs map[uint64]int    // socket inode -> its end of a socketpair (kept)
+	keep  []int             // kept fds, closed by closeAll
 	inCwd bool              // the process is in its dumped working directory
 }
 
-// owned reports whether tmp is a one-off fd the caller closes.
-func (fc *fdCreator) owned(tmp int) bool {
-	for _, k := range fc.keep {
-		if k == tmp {
-			return false
-		}
+// kept reports whether fd is a kept object, which stays open.
+func (fc *fdCreator) kept(fd int) bool {
+	return slices.Contains(fc.keep, fd)
+}
+
+// moveHigh moves fd of the process to the first free number from high
+// up (close-on-exec) and returns it.
+func (fc *fdCreator) moveHigh(fd int) (int, error) {
+	nfd, err := fc.r.call(unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
+	if err != nil {
+		return -1, fmt.Errorf("fcntl(%d, F_DUPFD_CLOEXEC, %d): %w", fd, fc.high, err)
 	}
-	return true
+	fc.r.closeFD(fd)
+	return int(nfd), nil
+}
+
+// keepPair moves the two fds a pipe2 or socketpair wrote at scratch out
+// of the way and keeps them.
+func (fc *fdCreator) keepPair(at uint64) ([2]int, error) {
+	var b [8]byte
+	if err := fc.r.child.ReadMem(at, b[:]); err != nil {
+		return [2]int{}, err
+	}
+	var out [2]int
+	for i := range out {
+		fd, err := fc.moveHigh(int(binary.LittleEndian.Uint32(b[4*i:])))
+		if err != nil {
+			return [2]int{}, err
+		}
+		out[i] = fd
+		fc.keep = append(fc.keep, fd)
+	}
+	return out, nil
 }
 
 func (fc *fdCreator) closeAll() {
@@ -144,15 +178,22 @@ func (fc *fdCreator) closeAll() {
 	fc.keep = nil
 }
 
+// create creates the object of f in the process, with its flags and
+// close-on-exec flag (the same bit, O_CLOEXEC, for every kind), and returns
+// the descriptor: a new one at the lowest free number, or a kept one.
 func (fc *fdCreator) create(f *image.FD) (int, error) {
 	r := fc.r
 	nonblock := uint64(0)
 	if f.Flags&unix.O_NONBLOCK != 0 {
 		nonblock = unix.O_NONBLOCK
 	}
+	cloexec := uint64(0)
+	if f.CloExec {
+		cloexec = unix.O_CLOEXEC
+	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDChr:
-		fd, err := r.open(f.Path, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY, 0)
+		fd, err := r.open(f.Path, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY|int(cloexec), 0)
 		if err != nil {
 			return -1, err
 		}
@@ -163,7 +204,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		}
 		return fd, nil
 	case image.FDFifo:
-		return fc.fifo(f)
+		return fc.fifo(f, int(cloexec))
 	case image.FDMemfd:
 		if f.File == nil {
 			return -1, fmt.Errorf("%w: memfd without identity", image.ErrCorrupt)
@@ -172,7 +213,11 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		if !ok {
 			return -1, fmt.Errorf("%w: memfd %s maps no restored object", image.ErrCorrupt, f.Path)
 		}
-		fd, err := r.call(unix.SYS_FCNTL, uint64(obj), unix.F_DUPFD_CLOEXEC, 0)
+		dup := uint64(unix.F_DUPFD)
+		if f.CloExec {
+			dup = unix.F_DUPFD_CLOEXEC
+		}
+		fd, err := r.call(unix.SYS_FCNTL, uint64(obj), dup, 0)
 		if err != nil {
 			return -1, err
 		}
@@ -185,7 +230,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	case image.FDPipe:
 		return fc.pipe(f, nonblock)
 	case image.FDEventfd:
-		flags := nonblock
+		flags := nonblock | cloexec
 		if f.Eventfd.Semaphore {
 			flags |= unix.EFD_SEMAPHORE
 		}
@@ -200,7 +245,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		}
 		return int(fd), nil
 	case image.FDEpoll:
-		fd, err := r.call(unix.SYS_EPOLL_CREATE1, 0)
+		fd, err := r.call(unix.SYS_EPOLL_CREATE1, cloexec)
 		if err != nil {
 			return -1, fmt.Errorf("epoll_create1: %w", err)
 		}
@@ -211,19 +256,19 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		}
 		return int(fd), nil
 	case image.FDTimerfd:
-		return fc.timerfd(f, nonblock)
+		return fc.timerfd(f, nonblock|cloexec)
 	case image.FDSignalfd:
 		at := r.area + pageSize
 		if err := r.child.WriteMem(at, binary.LittleEndian.AppendUint64(nil, f.Signalfd.Mask)); err != nil {
 			return -1, err
 		}
-		fd, err := r.call(unix.SYS_SIGNALFD4, ^uint64(0), at, 8, nonblock)
+		fd, err := r.call(unix.SYS_SIGNALFD4, ^uint64(0), at, 8, nonblock|cloexec)
 		if err != nil {
 			return -1, fmt.Errorf("signalfd4: %w", err)
 		}
 		return int(fd), nil
 	case image.FDSocket:
-		return fc.socket(f, nonblock)
+		return fc.socket(f, nonblock|cloexec)
 	}
 	return -1, fmt.Errorf("%w: %s descriptors", ErrUnsupported, f.Kind)
 }
@@ -250,7 +295,7 @@ func (fc *fdCreator) write(fd int, b []byte) error {
 
 // fifo opens a named FIFO without blocking: a read end opens with
 // O_NONBLOCK, a write end once a read end exists (held for the open).
-func (fc *fdCreator) fifo(f *image.FD) (int, error) {
+func (fc *fdCreator) fifo(f *image.FD, cloexec int) (int, error) {
 	r := fc.r
 	acc := f.Flags & unix.O_ACCMODE
 	flags := f.Flags &^ (unix.O_CREAT | unix.O_EXCL | unix.O_TRUNC)
@@ -262,7 +307,7 @@ func (fc *fdCreator) fifo(f *image.FD) (int, error) {
 		}
 		defer r.closeFD(holder)
 	}
-	fd, err := r.open(f.Path, flags|unix.O_NONBLOCK, 0)
+	fd, err := r.open(f.Path, flags|unix.O_NONBLOCK|cloexec, 0)
 	if err != nil {
 		return -1, err
 	}
@@ -284,13 +329,11 @@ func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
 		if _, err := r.call(unix.SYS_PIPE2, at, unix.O_CLOEXEC); err != nil {
 			return -1, fmt.Errorf("pipe2: %w", err)
 		}
-		var b [8]byte
-		if err := r.child.ReadMem(at, b[:]); err != nil {
+		var err error
+		if ends, err = fc.keepPair(at); err != nil {
 			return -1, err
 		}
-		ends = [2]int{int(binary.LittleEndian.Uint32(b[0:])), int(binary.LittleEndian.Uint32(b[4:]))}
 		fc.pipes[f.Pipe.ID] = ends
-		fc.keep = append(fc.keep, ends[0], ends[1])
 		// Find the dumped size and bytes, stored with one read end.
 		for _, g := range r.st.FDs {
 			if g.Pipe == nil || g.Pipe.ID != f.Pipe.ID || (g.Pipe.Size == 0 && len(g.Pipe.Buffered) == 0) {
@@ -328,10 +371,10 @@ func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
 // tfdIocSetTicks is TFD_IOC_SET_TICKS, _IOW('T', 0, u64).
 const tfdIocSetTicks = 0x40085400
 
-func (fc *fdCreator) timerfd(f *image.FD, nonblock uint64) (int, error) {
+func (fc *fdCreator) timerfd(f *image.FD, flags uint64) (int, error) {
 	r := fc.r
 	t := f.Timerfd
-	fd, err := r.call(unix.SYS_TIMERFD_CREATE, uint64(t.Clock), nonblock)
+	fd, err := r.call(unix.SYS_TIMERFD_CREATE, uint64(t.Clock), flags)
 	if err != nil {
 		return -1, fmt.Errorf("timerfd_create(%d): %w", t.Clock, err)
 	}
@@ -378,13 +421,13 @@ func (fc *fdCreator) timerfd(f *image.FD, nonblock uint64) (int, error) {
 // outside) cannot follow the process: it comes back as a socket whose
 // peer has closed, on which the program reads end-of-file (its peer saw
 // the connection reset when the dumped process went away).
-func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
+//
+// flags are O_NONBLOCK and O_CLOEXEC, the same bits as SOCK_NONBLOCK and
+// SOCK_CLOEXEC.
+func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 	r := fc.r
 	s := f.Socket
-	typ := uint64(s.Type) | unix.SOCK_CLOEXEC
-	if nonblock != 0 {
-		typ |= unix.SOCK_NONBLOCK
-	}
+	typ := uint64(s.Type) | flags&(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 	if s.Family == unix.AF_UNIX {
 		if _, paired := s.Options[peerInodeOption]; paired && s.State == sockConnected {
 			return fc.socketPair(f, typ)
@@ -396,6 +439,16 @@ func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
 	fd, err := r.call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
 	if err != nil {
 		return -1, fmt.Errorf("socket(%d, %d, %d): %w", s.Family, s.Type, s.Protocol, err)
+	}
+	if isConnection(s.State) {
+		// A fresh TCP socket whose receive side is shut down reads as a
+		// connection the peer closed: read returns 0, poll reports
+		// EPOLLIN|EPOLLRDHUP|EPOLLHUP. (shutdown sets the flag even as
+		// it returns ENOTCONN for the unconnected socket.) Its options
+		// are not set: the program is about to close it.
+		r.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
+		r.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
+		return int(fd), nil
 	}
 	if err := fc.sockOpts(int(fd), s); err != nil {
 		return -1, err
@@ -438,13 +491,6 @@ func (fc *fdCreator) socket(f *image.FD, nonblock uint64) (int, error) {
 			// as it would have.
 			r.log.Warn("unix socket not connected again", "fd", f.FD, "peer", s.Peer, "err", err)
 		}
-	case isConnection(s.State):
-		// A fresh TCP socket whose receive side is shut down reads as a
-		// connection the peer closed: read returns 0, poll reports
-		// EPOLLIN|EPOLLRDHUP|EPOLLHUP. (shutdown sets the flag even as
-		// it returns ENOTCONN for the unconnected socket.)
-		r.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
-		r.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
 	}
 	return int(fd), nil
 }
@@ -470,9 +516,6 @@ func (fc *fdCreator) closedUnix(f *image.FD, typ uint64) (int, error) {
 	}
 	r.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
 	fd := int(binary.LittleEndian.Uint32(b[0:]))
-	if err := fc.sockOpts(fd, f.Socket); err != nil {
-		return -1, err
-	}
 	r.log.Info("connection closed by restore", "fd", f.FD, "local", f.Socket.Local, "peer", f.Socket.Peer, "state", f.Socket.State)
 	return fd, nil
 }
@@ -610,15 +653,14 @@ func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 	if _, err := r.call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
 		return -1, fmt.Errorf("socketpair: %w", err)
 	}
-	var b [8]byte
-	if err := r.child.ReadMem(at, b[:]); err != nil {
+	ends, err := fc.keepPair(at)
+	if err != nil {
 		return -1, err
 	}
-	a, c := int(binary.LittleEndian.Uint32(b[0:])), int(binary.LittleEndian.Uint32(b[4:]))
+	a, c := ends[0], ends[1]
 	peer := uint64(s.Options[peerInodeOption])
 	fc.pairs[s.ID] = a
 	fc.pairs[peer] = c
-	fc.keep = append(fc.keep, a, c)
 	if err := fc.sockOpts(a, s); err != nil {
 		return -1, err
 	}
