@@ -389,9 +389,9 @@ func isUnspecifiedPortZero(s string) bool {
 
 // unixState fills the state of a unix socket: listening, bound, one end of
 // a pair whose other end is in the process (with the data queued to it),
-// a datagram socket connected to a named peer outside (connected again at
-// restore), or a stream connection to a peer outside (closed at restore,
-// like an established TCP connection).
+// a datagram socket connected to a named peer, in the process or outside
+// (connected again at restore), or a stream connection to a peer outside
+// (closed at restore, like an established TCP connection).
 func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
 	if fx.unixd == nil {
 		ds, err := proc.QueryUnix(fx.d.pid)
@@ -408,7 +408,10 @@ func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening boo
 	case listening:
 		sk.State = sockListen
 		sk.Backlog = int(diag.WQueue)
-	case diag.Peer != 0 && fx.hasSocket(diag.Peer):
+	case diag.Peer != 0 && fx.hasSocket(diag.Peer) && fx.unixd[diag.Peer].Peer == sk.ID &&
+		diag.Path == "" && fx.unixd[diag.Peer].Path == "":
+		// Two unnamed sockets connected to each other: a socket pair
+		// (or an accepted connection, the same to restore).
 		sk.State = sockConnected
 		sk.Options[peerInodeOption] = int(diag.Peer)
 		q, err := peekQueue(s, sk.Type)

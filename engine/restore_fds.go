@@ -84,6 +84,7 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 		}
 	}
 	fc.closeAll()
+	fc.connectUnix()
 	for _, fd := range r.shmem {
 		r.closeFD(fd)
 	}
@@ -134,6 +135,24 @@ type fdCreator struct {
 	pairs map[uint64]int    // socket inode -> its end of a socketpair (kept)
 	keep  []int             // kept fds, closed by closeAll
 	inCwd bool              // the process is in its dumped working directory
+	// connects are the unix datagram sockets to connect to their named
+	// peer once every descriptor is in place.
+	connects []*image.FD
+}
+
+// connectUnix connects each unix datagram socket to its named peer. A
+// peer that is gone leaves it unconnected: the program sees its sends
+// fail, as it would have.
+func (fc *fdCreator) connectUnix() {
+	for _, f := range fc.connects {
+		at, n, err := fc.sockaddr(f.Socket.Family, f.Socket.Peer)
+		if err == nil {
+			_, err = fc.r.call(unix.SYS_CONNECT, uint64(f.FD), at, n)
+		}
+		if err != nil {
+			fc.r.log.Warn("unix socket not connected again", "fd", f.FD, "peer", f.Socket.Peer, "err", err)
+		}
+	}
 }
 
 // kept reports whether fd is a kept object, which stays open.
@@ -478,18 +497,16 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		if _, err := r.call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
 			return -1, fmt.Errorf("listen(%s, %d): %w", s.Local, backlog, err)
 		}
+	case s.State == sockConnected && s.Peer != "" && s.Family == unix.AF_UNIX:
+		// Its peer may be a socket of the process not bound yet.
+		fc.connects = append(fc.connects, f)
 	case s.State == sockConnected && s.Peer != "":
 		at, n, err := fc.sockaddr(s.Family, s.Peer)
 		if err != nil {
 			return -1, err
 		}
 		if _, err := r.call(unix.SYS_CONNECT, fd, at, n); err != nil {
-			if s.Family != unix.AF_UNIX {
-				return -1, fmt.Errorf("connect %s: %w", s.Peer, err)
-			}
-			// The named peer is gone: the program sees its sends fail,
-			// as it would have.
-			r.log.Warn("unix socket not connected again", "fd", f.FD, "peer", s.Peer, "err", err)
+			return -1, fmt.Errorf("connect %s: %w", s.Peer, err)
 		}
 	}
 	return int(fd), nil

@@ -243,7 +243,7 @@ func srvCheckDrained(t *testing.T, when string, p *fixture.Proc, d fixture.Line)
 		"pipe_len": pipeLen, "pipe_sum": sum, "efd12_reads": "5", "efd_shared": "1",
 		"efd13": "0x1234567", "sfd_sig": rt2,
 		"sp30": "hello-from-31", "sp31": "hi-from-30", "sp32_1": "m1", "sp32_2": "message-2",
-		"udp4": "udp4-ping", "udp6": "udp6-ping", "uxd": "uxd-ping",
+		"udp4": "udp4-ping", "udp6": "udp6-ping", "uxd": "uxd-ping", "uxd18": "via-18/6",
 		"acc20": "1", "acc21": "1", "acc25": "1", "est": "0", "est22": "0", // end of file: closed by the restore
 	}
 	for k, v := range want {
