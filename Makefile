@@ -3,7 +3,15 @@
 #   make build   binaries of ./cmd/... into bin/
 #   make test    go vet, race-detector tests of the pure packages, then every
 #                test (as root with LAZYFS_TEST_REQUIRE=all in CI: .ci/run)
-#   make bench   benchmarks of every package, output also in bin/bench.txt
+#   make bench   the benchmark harness (test/bench, root, under 15 minutes):
+#                snapshot size, dump time, eager and lazy restore to first
+#                response of a 1 GiB modelserver, cold and warm, with the
+#                pages-file and lz4 baselines; writes test/bench/BENCHMARKS.md
+#                and its SVG charts. BENCH_LARGE=1 adds 4 GiB (about 4x longer);
+#                BENCH_FLAGS passes more flags (-size, -runs, -out, -work)
+#   make bench-smoke  the harness at 64 MiB, one run, into bin/bench-smoke
+#                (seconds; CI runs the same through TestSmoke in make test)
+#   make gobench go test benchmarks of every package, output also in bin/bench.txt
 #   make fuzz    every Fuzz target for FUZZTIME each
 #   make lint    gofmt and go vet
 #   make demo    the whole tool in a minute: dump, mount, lazy restore
@@ -27,7 +35,7 @@ BENCH ?= .
 FUZZTIME ?= 30s
 FUZZ_PKGS ?= ./...
 
-.PHONY: all build test vet race test-all bench fuzz lint demo clean
+.PHONY: all build test vet race test-all bench bench-smoke gobench fuzz lint demo clean
 
 # GNU make starts recipes with posix_spawn, which in glibc 2.36 leaves
 # signals 32 and 33 ignored in the child, and an ignored signal stays ignored
@@ -65,7 +73,17 @@ test-all: $(LAUNCH)
 
 test: vet race test-all
 
-bench: $(LAUNCH)
+BENCH_LARGE ?=
+BENCH_FLAGS ?=
+
+bench: build $(LAUNCH)
+	$(LAUNCH) $(GO) run ./test/bench -bin $(BIN) -out test/bench \
+		$(if $(filter 1,$(BENCH_LARGE)),-large) $(BENCH_FLAGS)
+
+bench-smoke: build $(LAUNCH)
+	$(LAUNCH) $(GO) run ./test/bench -bin $(BIN) -smoke -out $(BIN)/bench-smoke $(BENCH_FLAGS)
+
+gobench: $(LAUNCH)
 	$(LAUNCH) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) \
 		-count $(BENCHCOUNT) -timeout 60m ./... | tee $(BIN)/bench.txt
 

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+)
+
+// mountTimeout bounds the start and the stop of the lazyfs mount that
+// extracts the raw memory.
+const mountTimeout = 30 * time.Second
+
+// baselines times, cold and warm, reading the pages file of snap to
+// /dev/null and, for a configuration with LZ4 blocks, the lz4 tool
+// decompressing the raw memory cut into blocks of the same size.
+func (h *harness) baselines(ctx context.Context, snap *snapshot, cfg dumpConfig, raw string, memory uint64, dr *dumpResult) ([]*baselineResult, error) {
+	read := &baselineResult{Config: cfg, Kind: readPages, Bytes: dr.Pages}
+	if err := h.timeBaseline(ctx, read, snap.Pages, h.tools.Cat, snap.Pages); err != nil {
+		return nil, err
+	}
+	out := []*baselineResult{read}
+	if !cfg.Compress {
+		return out, nil
+	}
+	lz := filepath.Join(h.work, "memory-"+cfg.Short+".lz4")
+	defer os.Remove(lz)
+	ctx2, cancel := context.WithTimeout(ctx, h.opTimeout())
+	defer cancel()
+	// -1: the fast level; -BI: independent blocks, like snapshot blocks;
+	// -B<bytes>: cut the input into blocks of exactly this size.
+	c := exec.CommandContext(ctx2, h.tools.LZ4, "-q", "-f", "-1", "-BI", "-B"+strconv.FormatInt(cfg.Block, 10), raw, lz)
+	if b, err := c.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("lz4 compress: %w\n%s", err, b)
+	}
+	st, err := os.Stat(lz)
+	if err != nil {
+		return nil, fmt.Errorf("lz4 file: %w", err)
+	}
+	dr.LZ4 = uint64(st.Size())
+	dec := &baselineResult{Config: cfg, Kind: lz4Decode, Bytes: dr.LZ4, Output: memory}
+	if err := h.timeBaseline(ctx, dec, lz, h.tools.LZ4, "-d", "-c", lz); err != nil {
+		return nil, err
+	}
+	return append(out, dec), nil
+}
+
+// timeBaseline runs name args with stdout on /dev/null h.runs times cold
+// and warm (interleaved) and records the wall times in b.
+func (h *harness) timeBaseline(ctx context.Context, b *baselineResult, file, name string, args ...string) error {
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	for r := range h.runs {
+		for _, cold := range []bool{true, false} {
+			if err := setCache(cold, file); err != nil {
+				return err
+			}
+			ctx2, cancel := context.WithTimeout(ctx, h.opTimeout())
+			var errOut bytes.Buffer
+			cmd := exec.CommandContext(ctx2, name, args...)
+			cmd.Stdout, cmd.Stderr = null, &errOut
+			start := time.Now()
+			err := cmd.Run()
+			d := time.Since(start)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("%s %q: %w\n%s", name, args, err, errOut.String())
+			}
+			if cold {
+				b.Cold = append(b.Cold, d)
+			} else {
+				b.Warm = append(b.Warm, d)
+			}
+			h.logf("baseline %-5s %s %s run %d/%d: %s", b.Config.Short, filepath.Base(name), map[bool]string{true: "cold", false: "warm"}[cold], r+1, h.runs, ms(d))
+		}
+	}
+	return nil
+}
+
+// rawMemory mounts snap with lazyfs and copies the data of its mem file
+// (every dumped page, holes skipped) into one file: the bytes a restore
+// puts back into the process, for the lz4 baseline.
+func (h *harness) rawMemory(ctx context.Context, snap *snapshot) (string, uint64, error) {
+	mnt := filepath.Join(h.work, "mnt")
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		return "", 0, err
+	}
+	var errOut bytes.Buffer
+	cmd := exec.Command(h.tools.Lazyfs, snap.Dir, mnt)
+	cmd.Stdout, cmd.Stderr = &errOut, &errOut
+	if err := cmd.Start(); err != nil {
+		return "", 0, fmt.Errorf("start lazyfs: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer h.unmount(cmd, exited, mnt)
+
+	ready, cancel := context.WithTimeout(ctx, mountTimeout)
+	defer cancel()
+	for {
+		if _, err := os.Stat(filepath.Join(mnt, image.ManifestName)); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			return "", 0, fmt.Errorf("lazyfs exited: %v\n%s", err, errOut.String())
+		case <-ready.Done():
+			return "", 0, fmt.Errorf("wait for the lazyfs mount: %w", ready.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	raw := filepath.Join(h.work, "memory.raw")
+	n, err := copyData(filepath.Join(mnt, strconv.Itoa(snap.PID), "mem"), raw)
+	if err != nil {
+		os.Remove(raw)
+		return "", 0, err
+	}
+	return raw, n, nil
+}
+
+// unmount stops the lazyfs process (a clean unmount on SIGTERM), or
+// forces the unmount if it does not stop in time.
+func (h *harness) unmount(cmd *exec.Cmd, exited chan error, mnt string) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(mountTimeout):
+		cmd.Process.Kill()
+		<-exited
+	}
+	if mounted(mnt) {
+		ctx, cancel := context.WithTimeout(context.Background(), mountTimeout)
+		defer cancel()
+		if b, err := exec.CommandContext(ctx, h.tools.Lazyfs, "-u", "--force", mnt).CombinedOutput(); err != nil {
+			fmt.Fprintf(h.log, "bench: unmount %s: %v\n%s", mnt, err, b)
+		}
+	}
+	os.Remove(mnt)
+}
+
+// mounted reports whether something is mounted on dir.
+func mounted(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// copyData copies the data segments of a sparse file (SEEK_DATA /
+// SEEK_HOLE) back to back into dst and returns the bytes copied.
+func copyData(src, dst string) (uint64, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", src, err)
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return 0, fmt.Errorf("create raw memory file: %w", err)
+	}
+	defer out.Close()
+	fd := int(in.Fd())
+	buf := make([]byte, 1<<20)
+	var total uint64
+	for off := int64(0); ; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return total, fmt.Errorf("seek data in %s: %w", src, err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return total, fmt.Errorf("seek hole in %s: %w", src, err)
+		}
+		for off = data; off < hole; {
+			n, err := in.ReadAt(buf[:min(int64(len(buf)), hole-off)], off)
+			if n > 0 {
+				if _, err := out.Write(buf[:n]); err != nil {
+					return total, fmt.Errorf("write raw memory file: %w", err)
+				}
+			}
+			off += int64(n)
+			total += uint64(n)
+			if err != nil && !(errors.Is(err, io.EOF) && off == hole) {
+				return total, fmt.Errorf("read memory at %#x: %w", off, err)
+			}
+		}
+	}
+	if err := out.Close(); err != nil {
+		return total, fmt.Errorf("write raw memory file: %w", err)
+	}
+	if total == 0 {
+		return 0, fmt.Errorf("%s holds no data", src)
+	}
+	return total, nil
+}

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"errors"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// smokeTimeout bounds the smoke run (about 30 s on a 2-vCPU machine).
+const smokeTimeout = 3 * time.Minute
+
+// TestSmoke runs the whole harness at 64 MiB with one run, as make
+// bench-smoke does, and checks that every row of the report is there and
+// every figure plausible, so that the harness cannot rot unnoticed.
+func TestSmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	testutil.RequireCommand(t, "gcc", "lz4", "cat", "go")
+
+	ctx, cancel := context.WithTimeout(t.Context(), smokeTimeout)
+	defer cancel()
+	out := t.TempDir()
+	var log bytes.Buffer
+	o := options{Sizes: []uint64{smokeSize}, Runs: 1, Out: out, Work: t.TempDir(), Smoke: true, Log: &log, Now: time.Now}
+	rep, err := measure(ctx, o)
+	if err != nil {
+		t.Fatalf("measure: %v\n%s", err, log.String())
+	}
+	if err := validate(rep); err != nil {
+		t.Fatalf("validate: %v\n%s", err, log.String())
+	}
+	if err := writeReport(out, rep); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, out, rep)
+}
+
+// TestRender checks the report and charts of a synthetic measurement with
+// several runs, without privileges.
+func TestRender(t *testing.T) {
+	rep := fakeReport(3, smokeSize, 1<<30)
+	if err := validate(rep); err != nil {
+		t.Fatalf("validate a plausible report: %v", err)
+	}
+	out := t.TempDir()
+	if err := writeReport(out, rep); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, out, rep)
+	md, _ := os.ReadFile(filepath.Join(out, ReportName))
+	if !strings.Contains(string(md), "median (min–max) of 3 runs") {
+		t.Error("report does not say how many runs a figure summarises")
+	}
+}
+
+// TestValidateRejects checks that validate catches missing and impossible
+// figures.
+func TestValidateRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		break_ func(*report)
+	}{
+		{"no sizes", func(r *report) { r.Sizes = nil }},
+		{"missing restore", func(r *report) { r.Sizes[0].Restores = r.Sizes[0].Restores[1:] }},
+		{"missing run", func(r *report) { r.Sizes[0].Restores[0].Runs = r.Sizes[0].Restores[0].Runs[1:] }},
+		{"answers out of order", func(r *report) {
+			for _, x := range r.Sizes[0].Restores {
+				if !x.Case.Idle {
+					x.Runs[0].First = x.Runs[0].Token + time.Millisecond
+					return
+				}
+			}
+		}},
+		{"frozen longer than the dump", func(r *report) { r.Sizes[0].Dumps[2].Freeze[0] = time.Hour }},
+		{"compression grew the image", func(r *report) { r.Sizes[0].Dumps[2].Pages = r.Sizes[0].Dumps[0].Pages + 1 }},
+		{"missing lz4 baseline", func(r *report) {
+			s := r.Sizes[0]
+			for i, b := range s.Baselines {
+				if b.Kind == lz4Decode {
+					s.Baselines = append(s.Baselines[:i], s.Baselines[i+1:]...)
+					return
+				}
+			}
+		}},
+		{"zero time", func(r *report) { r.Sizes[0].Baselines[0].Warm[0] = 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := fakeReport(2, smokeSize)
+			tc.break_(rep)
+			if err := validate(rep); !errors.Is(err, ErrInsane) {
+				t.Errorf("validate = %v, want ErrInsane", err)
+			}
+		})
+	}
+}
+
+// checkFiles checks the report's rows and charts in dir.
+func checkFiles(t *testing.T, dir string, rep *report) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, ReportName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := string(b)
+	for _, want := range []string{"## Machine", "| CPU |", "| Kernel |", "| Memory |", "| Go (snapctl built with) |", "| Free page reporting |", "| Memory pre-touched |", "## How it is measured"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	for _, s := range rep.Sizes {
+		checkRows(t, md, s)
+		for _, name := range chartNames3(s.Size) {
+			if !strings.Contains(md, "]("+name+")") {
+				t.Errorf("report does not embed %s", name)
+			}
+			svg, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Error(err)
+				continue
+			}
+			checkSVG(t, name, svg)
+		}
+	}
+}
+
+func chartNames3(size uint64) []string {
+	a, b, c := chartNames(size)
+	return []string{a, b, c}
+}
+
+// checkRows checks that every table row of a size is present once per
+// table and has no missing figure except where none is expected.
+func checkRows(t *testing.T, md string, s *sizeResult) {
+	t.Helper()
+	section := md
+	if i := strings.Index(md, "## "+sizeTitle(s.Size)+"\n"); i >= 0 {
+		section = md[i:]
+		if j := strings.Index(section[3:], "\n## "); j >= 0 {
+			section = section[:j+3]
+		}
+	} else {
+		t.Fatalf("no section for %d bytes", s.Size)
+	}
+	rows := strings.Split(section, "\n")
+	find := func(prefix string, cells int) []string {
+		var got []string
+		for _, r := range rows {
+			if strings.HasPrefix(r, prefix) && strings.Count(r, " | ")+1 == cells {
+				got = append(got, r)
+			}
+		}
+		return got
+	}
+	expect := func(prefix string, cells, dashes int) {
+		t.Helper()
+		got := find(prefix, cells)
+		if len(got) != 1 {
+			t.Errorf("%d rows %q with %d cells, want 1", len(got), prefix, cells)
+			return
+		}
+		n := 0
+		for _, c := range strings.Split(strings.Trim(got[0], "| "), " | ") {
+			if c == "—" {
+				n++
+			}
+		}
+		if n != dashes {
+			t.Errorf("row %q: %d missing figures, want %d", got[0], n, dashes)
+		}
+	}
+	for _, cfg := range dumpConfigs() {
+		nc := 0
+		if !cfg.Compress {
+			nc = 1
+		}
+		expect("| "+cfg.Label()+" |", 7, nc)                          // size and dump
+		expect("| "+cfg.Label()+" |", 9, 0)                           // restore by block size
+		expect("| read pages file (`cat`) | "+cfg.Label()+" |", 6, 0) // baseline
+		if cfg.Compress {
+			expect("| `lz4 -d`, "+units.FormatSize(uint64(cfg.Block))+" blocks | "+cfg.Label()+" |", 6, 0)
+		}
+	}
+	for _, c := range latencyCases() {
+		dashes := 0
+		if !c.Lazy() {
+			dashes = 1 // faults
+		}
+		expect("| "+c.Label()+" | "+c.Cache()+" |", 9, dashes)
+	}
+	for _, th := range []string{"1 (default)", "2", "0 (automatic)"} {
+		expect("| "+th+" |", 8, 0)
+	}
+}
+
+// checkSVG checks that svg is well-formed XML with a title and bars.
+func checkSVG(t *testing.T, name string, svg []byte) {
+	t.Helper()
+	d := xml.NewDecoder(bytes.NewReader(svg))
+	rects, texts := 0, 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Errorf("%s: not well-formed: %v", name, err)
+			return
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			switch se.Name.Local {
+			case "rect":
+				rects++
+			case "text":
+				texts++
+			}
+		}
+	}
+	if rects < 3 || texts < 5 {
+		t.Errorf("%s: %d rects and %d texts: no chart", name, rects, texts)
+	}
+	if bytes.Contains(svg, []byte("NaN")) || bytes.Contains(svg, []byte("Inf")) {
+		t.Errorf("%s: holds NaN or Inf", name)
+	}
+}
+
+// fakeReport returns a plausible measurement of the given sizes.
+func fakeReport(runs int, sizes ...uint64) *report {
+	rep := &report{Runs: runs, Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Elapsed: time.Minute,
+		Machine: machine{CPU: "Test CPU", CPUs: 2, Affinity: 2, Kernel: "6.18 x86_64", Memory: 8 << 30, GoVersion: "go1.26", FreePageReporting: "on"}}
+	ms := func(n int, r int) time.Duration { return time.Duration(n+10*r) * time.Millisecond }
+	for _, size := range sizes {
+		s := &sizeResult{Size: size, Memory: size + size/8, Elapsed: time.Minute}
+		for r := range runs {
+			s.Init = append(s.Init, ms(1000, r))
+		}
+		for i, cfg := range dumpConfigs() {
+			d := &dumpResult{Config: cfg, Pages: s.Memory * 3 / 4, Ratio: 0.75}
+			if cfg.Compress {
+				d.Pages = s.Memory*2/3 - uint64(i)<<10
+				d.Ratio = 0.66
+				d.LZ4 = s.Memory * 7 / 10
+			}
+			d.Image = d.Pages + 4096
+			for r := range runs {
+				d.Wall = append(d.Wall, ms(900, r))
+				d.Total = append(d.Total, ms(880, r))
+				d.Freeze = append(d.Freeze, ms(870, r))
+			}
+			s.Dumps = append(s.Dumps, d)
+			for _, c := range restoreCases(cfg) {
+				rr := &restoreResult{Config: cfg, Case: c}
+				for r := range runs {
+					run := restoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100}
+					if !c.Lazy() {
+						run.Running, run.Total, run.Faults = ms(600, r), ms(600, r), 0
+					}
+					if !c.Idle {
+						run.Ping, run.First, run.Token = ms(50, r), ms(300, r), ms(900, r)
+					}
+					rr.Runs = append(rr.Runs, run)
+				}
+				s.Restores = append(s.Restores, rr)
+			}
+			read := &baselineResult{Config: cfg, Kind: readPages, Bytes: d.Pages}
+			lz := &baselineResult{Config: cfg, Kind: lz4Decode, Bytes: d.LZ4, Output: s.Memory}
+			for r := range runs {
+				read.Cold, read.Warm = append(read.Cold, ms(500, r)), append(read.Warm, ms(100, r))
+				lz.Cold, lz.Warm = append(lz.Cold, ms(600, r)), append(lz.Warm, ms(200, r))
+			}
+			s.Baselines = append(s.Baselines, read)
+			if cfg.Compress {
+				s.Baselines = append(s.Baselines, lz)
+			}
+		}
+		rep.Sizes = append(rep.Sizes, s)
+	}
+	return rep
+}
+
+func TestParseDump(t *testing.T) {
+	out := "dumped pid 24118 (1 threads): 294.9 MiB of memory into 211.4 MiB (ratio 0.717) in 734ms; frozen 732ms\n"
+	got, err := parseDump(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dumpReport{PID: 24118, Ratio: 0.717, Total: 734 * time.Millisecond, Freeze: 732 * time.Millisecond}
+	if got != want {
+		t.Errorf("parseDump = %+v, want %+v", got, want)
+	}
+	for _, bad := range []string{"", "dumped pid x (1 threads): 1 GiB of memory into 1 GiB (ratio 1) in 1s; frozen 1s", "snapctl: refused"} {
+		if _, err := parseDump(bad); !errors.Is(err, ErrOutput) {
+			t.Errorf("parseDump(%q) = %v, want ErrOutput", bad, err)
+		}
+	}
+}
+
+func TestParseRestore(t *testing.T) {
+	eagerOut := "restored pid 25451 (1 threads): 806.9 MiB of memory in 1.695s\n"
+	got, err := parseRestore(eagerOut, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (restoreReport{PID: 25451, Total: 1695 * time.Millisecond, Running: 1695 * time.Millisecond}); got != want {
+		t.Errorf("eager = %+v, want %+v", got, want)
+	}
+	lazyOut := "pid 25451 running after 33ms; serving its memory\n" +
+		"restored pid 25451 (1 threads): running after 25ms, all memory in after 799ms (16 KiB served on 2 faults, 806.8 MiB prefetched)\n"
+	got, err = parseRestore(lazyOut, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (restoreReport{PID: 25451, Total: 799 * time.Millisecond, Running: 25 * time.Millisecond, Faults: 2}); got != want {
+		t.Errorf("lazy = %+v, want %+v", got, want)
+	}
+	if _, err := parseRestore(eagerOut, true); !errors.Is(err, ErrOutput) {
+		t.Errorf("eager output read as lazy: %v", err)
+	}
+	if _, err := parseRestore(lazyOut[:40], true); !errors.Is(err, ErrOutput) {
+		t.Errorf("truncated lazy output: %v", err)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	d := summarize([]time.Duration{5, 1, 3})
+	if d != (dist{N: 3, Med: 3, Min: 1, Max: 5}) {
+		t.Errorf("odd: %+v", d)
+	}
+	d = summarize([]time.Duration{4, 1, 2, 8})
+	if d != (dist{N: 4, Med: 3, Min: 1, Max: 8}) {
+		t.Errorf("even: %+v", d)
+	}
+	if summarize(nil).Valid() {
+		t.Error("empty summary is valid")
+	}
+	for _, tc := range []struct {
+		d    dist
+		want string
+	}{
+		{summarize([]time.Duration{695 * time.Millisecond, 680 * time.Millisecond, 712 * time.Millisecond}), "695 ms (680–712)"},
+		{summarize([]time.Duration{2120 * time.Millisecond}), "2.12 s"},
+		{summarize([]time.Duration{3500 * time.Microsecond, 3 * time.Millisecond}), "3.2 ms (3.0–3.5)"},
+		{dist{}, "—"},
+	} {
+		if got := tc.d.String(); got != tc.want {
+			t.Errorf("String = %q, want %q", got, tc.want)
+		}
+	}
+}
+
+func TestNiceScale(t *testing.T) {
+	for _, max := range []float64{0.003, 0.7, 1, 9.9, 123, 1500, 4e6} {
+		top, step := niceScale(max)
+		if top < max || top > max*2.5 || step <= 0 || top/step > 12 || top/step < 3 {
+			t.Errorf("niceScale(%g) = %g, %g", max, top, step)
+		}
+	}
+	for _, tc := range []struct {
+		v, step float64
+		want    string
+	}{
+		{0.6000000000000001, 0.2, "0.6"},
+		{0.30000000000000004, 0.05, "0.30"},
+		{1500, 500, "1500"},
+		{0.004, 0.001, "0.004"},
+	} {
+		if got := tickLabel(tc.v, tc.step); got != tc.want {
+			t.Errorf("tickLabel(%g, %g) = %q, want %q", tc.v, tc.step, got, tc.want)
+		}
+	}
+	if top, _ := niceScale(math.NaN()); top != 1 {
+		t.Errorf("niceScale(NaN) top = %g", top)
+	}
+}
+
+func TestChartSkipsMissingBars(t *testing.T) {
+	c := chart{Title: "t <&>", YLabel: "ms", Categories: []string{"a b c d e f g h", "b"},
+		Series: []chartSeries{{Name: "s", Values: []float64{1, math.NaN()}, Lo: []float64{0.5, math.NaN()}, Hi: []float64{2, math.NaN()}}}}
+	svg := c.SVG()
+	checkSVG(t, "chart", svg)
+	if n := bytes.Count(svg, []byte("<title>")); n != 1 {
+		t.Errorf("%d bars, want 1", n)
+	}
+}

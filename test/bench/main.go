@@ -1,0 +1,61 @@
+// Command bench is the lazyfs benchmark harness behind `make bench`: the
+// numbers users of snapshot-based serving choose a tool by, snapshot size
+// and restore to first response, measured on the modelserver fixture
+// (test/fixtures/modelserver.c) and written to BENCHMARKS.md with SVG charts.
+//
+// For each memory size (1 GiB by default, 4 GiB too with -large) it dumps
+// the fixture with every compression option, restores each snapshot eagerly
+// and lazily with the page cache dropped (cold) and kept (warm), and times
+// the baselines a restore should be judged against: reading the pages file
+// and decompressing the same memory with the lz4 command-line tool. Every
+// figure is the median and min–max of -runs runs. The report explains each
+// measurement; read it, or report.go, before quoting a number.
+//
+// Usage, as root (dump and restore trace processes; cold runs drop the
+// page cache):
+//
+//	go run ./test/bench [-size 1G] [-runs 5] [-large] [-out DIR] [-bin DIR] [-smoke]
+//
+// -bin names a directory holding snapctl and lazyfs built from this module;
+// without it the harness builds them with `go build` into its work
+// directory. -smoke is the CI run: 64 MiB, one run, every row of the report.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses args, measures and writes the report.
+func run(ctx context.Context, args []string) error {
+	opts, err := parseOptions(args, os.Stderr)
+	if err != nil {
+		return err
+	}
+	rep, err := measure(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if err := validate(rep); err != nil {
+		return fmt.Errorf("report not written: %w", err)
+	}
+	if err := writeReport(opts.Out, rep); err != nil {
+		return err
+	}
+	fmt.Fprintf(opts.Log, "bench: wrote %s\n", filepath.Join(opts.Out, ReportName))
+	return nil
+}

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+// harness is the state of one measuring run.
+type harness struct {
+	tools   tools
+	work    string // snapshots, logs and the raw memory file
+	runs    int
+	log     io.Writer
+	logPath string // the modelserver log (restored servers write to it too)
+	size    uint64
+	live    int // pid of the server alive now (original or restored), 0 if none
+	expect  expectation
+}
+
+// expectation is what the original server answered; every restored server
+// must answer the same.
+type expectation struct {
+	Touch1, Token, Heap string
+}
+
+// measure runs every measurement of o.
+func measure(ctx context.Context, o options) (*report, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("run as root: dump and restore trace processes and cold runs drop the page cache")
+	}
+	if err := becomeSubreaper(); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(o.Work, "lazyfs-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("work directory: %w", err)
+	}
+	defer os.RemoveAll(work)
+	fmt.Fprintf(o.Log, "bench: building tools into %s\n", work)
+	t, err := buildTools(ctx, o.Bin, work)
+	if err != nil {
+		return nil, err
+	}
+	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Started: o.Now()}
+	rep.Machine = describeMachine(work, t)
+	for _, size := range o.Sizes {
+		h := &harness{tools: t, work: work, runs: o.Runs, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size}
+		sr, err := h.measureSize(ctx, o.Now)
+		h.killLive()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", units.FormatSize(size), err)
+		}
+		rep.Sizes = append(rep.Sizes, sr)
+	}
+	rep.Elapsed = o.Now().Sub(rep.Started)
+	rep.Machine.LoadAfter = loadAverage()
+	return rep, nil
+}
+
+// killLive kills the server left alive by an error, if any.
+func (h *harness) killLive() {
+	if h.live == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := killAndReap(ctx, h.live); err != nil {
+		fmt.Fprintf(h.log, "bench: %v\n", err)
+	}
+	h.live = 0
+}
+
+// opTimeout bounds one dump, restore or baseline command: generous, so that
+// only a hang trips it.
+func (h *harness) opTimeout() time.Duration {
+	return 60*time.Second + time.Duration(h.size>>30)*30*time.Second
+}
+
+// logf prints one progress line.
+func (h *harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.log, "bench: [%s] %s\n", units.FormatSize(h.size), fmt.Sprintf(format, args...))
+}
+
+// measureSize runs the dump, restore and baseline series of one size.
+func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*sizeResult, error) {
+	start := now()
+	sr := &sizeResult{Size: h.size}
+	var raw string
+	defer func() {
+		if raw != "" {
+			os.Remove(raw)
+		}
+	}()
+	dumps := map[string]*dumpResult{}
+	for _, cfg := range measureOrder(dumpConfigs()) {
+		snap, dr, err := h.dumpSeries(ctx, sr, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("dump %s: %w", cfg.Name, err)
+		}
+		dumps[cfg.Short] = dr
+		rs, err := h.restoreSeries(ctx, snap, cfg)
+		if err != nil {
+			os.RemoveAll(snap.Dir)
+			return nil, fmt.Errorf("restore %s: %w", cfg.Name, err)
+		}
+		sr.Restores = append(sr.Restores, rs...)
+		if raw == "" {
+			if raw, sr.Memory, err = h.rawMemory(ctx, snap); err != nil {
+				os.RemoveAll(snap.Dir)
+				return nil, fmt.Errorf("raw memory for the lz4 baseline: %w", err)
+			}
+		}
+		bs, err := h.baselines(ctx, snap, cfg, raw, sr.Memory, dr)
+		os.RemoveAll(snap.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("baselines %s: %w", cfg.Name, err)
+		}
+		sr.Baselines = append(sr.Baselines, bs...)
+	}
+	for _, cfg := range dumpConfigs() {
+		sr.Dumps = append(sr.Dumps, dumps[cfg.Short])
+	}
+	sr.Elapsed = now().Sub(start)
+	h.logf("done in %s", sr.Elapsed.Round(time.Second))
+	return sr, nil
+}
+
+// snapshot is the kept dump of a configuration.
+type snapshot struct {
+	Dir   string
+	PID   int
+	Port  int
+	Pages string // the pages file
+}
+
+// dumpSeries starts and dumps a server h.runs times; the last snapshot is
+// kept for the restores.
+func (h *harness) dumpSeries(ctx context.Context, sr *sizeResult, cfg dumpConfig) (*snapshot, *dumpResult, error) {
+	dr := &dumpResult{Config: cfg}
+	dir := filepath.Join(h.work, "snap-"+cfg.Short)
+	var snap *snapshot
+	for r := range h.runs {
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, nil, err
+		}
+		s, err := h.dumpOnce(ctx, sr, cfg, dir, dr)
+		if err != nil {
+			return nil, nil, err
+		}
+		snap = s
+		h.logf("dump %-12s run %d/%d: %s, frozen %s, image %s", cfg.Short, r+1, h.runs,
+			dr.Wall[len(dr.Wall)-1].Round(time.Millisecond), dr.Freeze[len(dr.Freeze)-1], units.FormatSize(dr.Image))
+	}
+	return snap, dr, nil
+}
+
+// dumpOnce starts a server and dumps it into dir.
+func (h *harness) dumpOnce(ctx context.Context, sr *sizeResult, cfg dumpConfig, dir string, dr *dumpResult) (*snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	defer cancel()
+	srv, err := startServer(ctx, h.tools, h.size, h.logPath, h.work)
+	if err != nil {
+		return nil, err
+	}
+	h.live = srv.PID
+	if ms, err := srv.Ready.Int("init_ms"); err == nil {
+		sr.Init = append(sr.Init, time.Duration(ms)*time.Millisecond)
+	}
+	if h.expect == (expectation{}) {
+		if err := h.learn(ctx, srv.Port); err != nil {
+			return nil, err
+		}
+	}
+	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, cfg.Args...)
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	start := time.Now()
+	err = cmd.Run()
+	wall := time.Since(start)
+	if err != nil {
+		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
+	}
+	if err := srv.waitGone(ctx); err != nil {
+		return nil, err
+	}
+	h.live = 0
+	rep, err := parseDump(out.String())
+	if err != nil {
+		return nil, err
+	}
+	if rep.PID != srv.PID {
+		return nil, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, ErrOutput)
+	}
+	dr.Wall = append(dr.Wall, wall)
+	dr.Total = append(dr.Total, rep.Total)
+	dr.Freeze = append(dr.Freeze, rep.Freeze)
+	dr.Ratio = rep.Ratio
+	pages := filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")
+	if dr.Image, err = dirSize(dir); err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(pages)
+	if err != nil {
+		return nil, fmt.Errorf("pages file: %w", err)
+	}
+	dr.Pages = uint64(st.Size())
+	return &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: pages}, nil
+}
+
+// learn asks the original server the questions restored ones must answer
+// alike.
+func (h *harness) learn(ctx context.Context, port int) error {
+	as, err := converse(ctx, port, time.Now(), "touch 1", "token")
+	if err != nil {
+		return fmt.Errorf("original server: %w", err)
+	}
+	h.expect = expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}
+	if h.expect.Touch1 == "" || h.expect.Token == "" || h.expect.Heap == "" {
+		return fmt.Errorf("original server answered %q and %q: %w", as[0].Line.Text, as[1].Line.Text, ErrOutput)
+	}
+	return nil
+}
+
+// check verifies a restored server's answers against the original's.
+func (h *harness) check(as []answer) error {
+	for _, a := range as {
+		l := a.Line
+		ok := false
+		switch l.Event {
+		case "pong":
+			ok = true
+		case "touch":
+			ok = l.Fields["checksum"] == h.expect.Touch1
+		case "token":
+			ok = l.Fields["checksum"] == h.expect.Token && l.Fields["heap"] == h.expect.Heap
+		}
+		if !ok {
+			return fmt.Errorf("restored server answered %q; the original answered touch 1 checksum=%s, token checksum=%s heap=%s",
+				l.Text, h.expect.Touch1, h.expect.Token, h.expect.Heap)
+		}
+	}
+	return nil
+}
+
+// dirSize is the total size of the regular files in dir.
+func dirSize(dir string) (uint64, error) {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("snapshot size: %w", err)
+	}
+	var n uint64
+	for _, e := range es {
+		info, err := e.Info()
+		if err != nil {
+			return 0, fmt.Errorf("snapshot size: %w", err)
+		}
+		if info.Mode().IsRegular() {
+			n += uint64(info.Size())
+		}
+	}
+	return n, nil
+}
+
+// dropCaches writes back dirty pages and drops the page cache, so that the
+// next command reads the snapshot (and its own binary) from the disk.
+func dropCaches() error {
+	unix.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+		return fmt.Errorf("drop caches: %w", err)
+	}
+	return nil
+}
+
+// warmUp reads every file in dir, so that they are in the page cache.
+func warmUp(paths ...string) error {
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("warm up: %w", err)
+		}
+		_, err = io.Copy(io.Discard, f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("warm up %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// snapshotFiles lists the regular files of a snapshot directory.
+func snapshotFiles(dir string) ([]string, error) {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshot: %w", err)
+	}
+	var out []string
+	for _, e := range es {
+		if e.Type().IsRegular() {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// setCache drops the page cache for a cold run, or reads paths into it for a
+// warm one.
+func setCache(cold bool, paths ...string) error {
+	if cold {
+		return dropCaches()
+	}
+	return warmUp(paths...)
+}

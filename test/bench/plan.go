@@ -1,0 +1,149 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// dumpConfig is one way of writing the snapshot.
+type dumpConfig struct {
+	Name     string   // the snapctl option, as the report names it
+	Short    string   // chart label
+	Args     []string // snapctl dump flags
+	Block    int64    // block size; the LZ4 baseline cuts the memory alike
+	Compress bool     // LZ4 blocks allowed (false: --no-compress)
+	Default  bool     // the default dump; the restore-latency series uses it
+}
+
+// Label names the configuration in tables: the option, marked if default.
+func (c dumpConfig) Label() string {
+	if c.Default {
+		return "`" + c.Name + "` (default)"
+	}
+	return "`" + c.Name + "`"
+}
+
+// dumpConfigs returns the configurations in report order.
+func dumpConfigs() []dumpConfig {
+	return []dumpConfig{
+		{Name: "--no-compress", Short: "no-compress", Args: []string{"--no-compress"}, Block: 256 << 10},
+		{Name: "--compress (4 KiB)", Short: "4K", Args: []string{"--compress"}, Block: 4 << 10, Compress: true},
+		{Name: "--compress-block 256K", Short: "256K", Args: []string{"--compress-block", "256K"}, Block: 256 << 10, Compress: true, Default: true},
+		{Name: "--compress-block 512K", Short: "512K", Args: []string{"--compress-block", "512K"}, Block: 512 << 10, Compress: true},
+		{Name: "--compress-block 1M", Short: "1M", Args: []string{"--compress-block", "1M"}, Block: 1 << 20, Compress: true},
+		{Name: "--compress-block 4M", Short: "4M", Args: []string{"--compress-block", "4M"}, Block: 4 << 20, Compress: true},
+	}
+}
+
+// measureOrder is the order configurations are measured in: the default
+// first (it carries the most runs and builds the raw memory file), then
+// the others in report order.
+func measureOrder(cfgs []dumpConfig) []dumpConfig {
+	var out []dumpConfig
+	for _, c := range cfgs {
+		if c.Default {
+			out = append(out, c)
+		}
+	}
+	for _, c := range cfgs {
+		if !c.Default {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// restoreMode is how a snapshot is restored.
+type restoreMode int
+
+const (
+	eager      restoreMode = iota // snapctl restore
+	lazyMount                     // snapctl restore --lazy --source mount
+	lazyDirect                    // snapctl restore --lazy --source direct
+)
+
+func (m restoreMode) String() string {
+	switch m {
+	case eager:
+		return "eager"
+	case lazyMount:
+		return "lazy, --source mount"
+	case lazyDirect:
+		return "lazy, --source direct"
+	}
+	return "mode" + strconv.Itoa(int(m))
+}
+
+// restoreCase is one restore measurement of a snapshot.
+type restoreCase struct {
+	Mode    restoreMode
+	Cold    bool // page cache dropped right before the command
+	Idle    bool // lazy: no request until every page is in
+	Threads int  // --decompress-threads
+}
+
+// Lazy reports whether the case restores with --lazy.
+func (c restoreCase) Lazy() bool { return c.Mode != eager }
+
+// Cache names the page-cache state.
+func (c restoreCase) Cache() string {
+	if c.Cold {
+		return "cold"
+	}
+	return "warm"
+}
+
+// Label names the case in the report.
+func (c restoreCase) Label() string {
+	s := c.Mode.String()
+	if c.Idle {
+		s += ", idle"
+	}
+	return s
+}
+
+// args are the snapctl restore arguments.
+func (c restoreCase) args(dir string) []string {
+	a := []string{"restore", "-D", dir, "--decompress-threads", strconv.Itoa(c.Threads)}
+	switch c.Mode {
+	case lazyMount:
+		a = append(a, "--lazy", "--source", "mount")
+	case lazyDirect:
+		a = append(a, "--lazy", "--source", "direct")
+	}
+	return a
+}
+
+func (c restoreCase) String() string {
+	return fmt.Sprintf("%s %s threads=%d", c.Label(), c.Cache(), c.Threads)
+}
+
+// restoreCases returns the restore measurements of a configuration: eager
+// and lazy through the mount, cold and warm, for every configuration (the
+// block-size series); for the default one also --source direct, idle lazy
+// restores, and --decompress-threads 2 and 0 (1 is the default).
+func restoreCases(cfg dumpConfig) []restoreCase {
+	cs := []restoreCase{
+		{Mode: eager, Threads: 1},
+		{Mode: eager, Cold: true, Threads: 1},
+		{Mode: lazyMount, Threads: 1},
+		{Mode: lazyMount, Cold: true, Threads: 1},
+	}
+	if !cfg.Default {
+		return cs
+	}
+	cs = append(cs,
+		restoreCase{Mode: lazyDirect, Threads: 1},
+		restoreCase{Mode: lazyDirect, Cold: true, Threads: 1},
+		restoreCase{Mode: lazyMount, Idle: true, Threads: 1},
+		restoreCase{Mode: lazyDirect, Idle: true, Threads: 1},
+	)
+	for _, n := range []int{2, 0} {
+		cs = append(cs,
+			restoreCase{Mode: eager, Threads: n},
+			restoreCase{Mode: lazyMount, Threads: n},
+			restoreCase{Mode: lazyDirect, Threads: n},
+		)
+	}
+	return cs
+}

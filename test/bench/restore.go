@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"time"
+)
+
+// restoreSeries runs every restore case of a configuration h.runs times,
+// the cases interleaved within each round so that a slow spell of the
+// machine does not land on one case only.
+func (h *harness) restoreSeries(ctx context.Context, snap *snapshot, cfg dumpConfig) ([]*restoreResult, error) {
+	cases := restoreCases(cfg)
+	results := make([]*restoreResult, len(cases))
+	for i, c := range cases {
+		results[i] = &restoreResult{Config: cfg, Case: c}
+	}
+	files, err := snapshotFiles(snap.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for r := range h.runs {
+		for i, c := range cases {
+			run, err := h.restoreOnce(ctx, snap, files, c)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", c, err)
+			}
+			results[i].Runs = append(results[i].Runs, run)
+			h.logf("restore %-11s %-32s %s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s, exit %s",
+				cfg.Short, c.Label()+fmt.Sprintf(" threads=%d", c.Threads), c.Cache(), r+1, h.runs,
+				ms(run.Running), ms(run.Ping), ms(run.First), ms(run.Token), ms(run.Total), ms(run.Wall))
+		}
+	}
+	return results, nil
+}
+
+// ms rounds a duration for progress lines.
+func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// restoreOnce restores snap once as c says, times the client's first
+// answers, checks them, then kills the restored server and waits until its
+// pid is free.
+func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []string, c restoreCase) (restoreRun, error) {
+	var run restoreRun
+	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	defer cancel()
+	if alive(snap.PID) {
+		return run, fmt.Errorf("pid %d is taken before the restore", snap.PID)
+	}
+	if err := setCache(c.Cold, files...); err != nil {
+		return run, err
+	}
+
+	args := c.args(snap.Dir)
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	askCtx, stopAsking := context.WithCancel(ctx)
+	defer stopAsking()
+	type exit struct {
+		wall time.Duration
+		err  error
+	}
+	exited := make(chan exit, 1)
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return run, fmt.Errorf("start snapctl: %w", err)
+	}
+	h.live = snap.PID
+	go func() {
+		err := cmd.Wait()
+		exited <- exit{time.Since(start), err}
+		if err != nil {
+			stopAsking() // no server is coming
+		}
+	}()
+
+	var answers []answer
+	var askErr error
+	if !c.Idle {
+		answers, askErr = converse(askCtx, snap.Port, start, "ping", "touch 1", "token")
+	}
+	e := <-exited
+	if e.err != nil {
+		return run, fmt.Errorf("snapctl %q: %w\n%s%s", args, e.err, out.String(), errOut.String())
+	}
+	if askErr != nil {
+		return run, askErr
+	}
+	if c.Idle {
+		// Every page is in: check the memory, untimed.
+		if answers, askErr = converse(ctx, snap.Port, time.Now(), "touch 1", "token"); askErr != nil {
+			return run, askErr
+		}
+	} else {
+		run.Ping, run.First, run.Token = answers[0].At, answers[1].At, answers[2].At
+	}
+	if err := h.check(answers); err != nil {
+		return run, err
+	}
+	rep, err := parseRestore(out.String(), c.Lazy())
+	if err != nil {
+		return run, err
+	}
+	if rep.PID != snap.PID {
+		return run, fmt.Errorf("restore reported pid %d, want %d: %w", rep.PID, snap.PID, ErrOutput)
+	}
+	run.Wall, run.Running, run.Total, run.Faults = e.wall, rep.Running, rep.Total, rep.Faults
+	if err := killAndReap(ctx, snap.PID); err != nil {
+		return run, err
+	}
+	h.live = 0
+	return run, nil
+}

@@ -1,0 +1,109 @@
+package main
+
+import "time"
+
+// report is everything one harness run measured.
+type report struct {
+	Machine machine
+	Runs    int
+	Smoke   bool
+	Started time.Time
+	Elapsed time.Duration
+	Sizes   []*sizeResult
+}
+
+// sizeResult holds the measurements of one fixture size.
+type sizeResult struct {
+	Size      uint64          // the fixture's SIZE argument
+	Memory    uint64          // bytes of memory the snapshot holds (dumped VMAs)
+	Init      []time.Duration // the fixture's own start-up (init_ms)
+	Dumps     []*dumpResult   // report order
+	Restores  []*restoreResult
+	Baselines []*baselineResult
+	Elapsed   time.Duration
+}
+
+// dumpResult is the dump series of one configuration.
+type dumpResult struct {
+	Config dumpConfig
+	Image  uint64  // every file of the snapshot directory
+	Pages  uint64  // the pages file
+	Ratio  float64 // as snapctl prints it: pages file / memory
+	Wall   []time.Duration
+	Total  []time.Duration // snapctl's "in D"
+	Freeze []time.Duration // snapctl's "frozen F"
+	LZ4    uint64          // size of the lz4 CLI file of the same memory and block size; 0: none
+}
+
+// restoreRun is one restore.
+type restoreRun struct {
+	Wall    time.Duration // command start to exit
+	Running time.Duration // reported: the process runs (eager: the restore's own time)
+	Total   time.Duration // reported: eager "in D", lazy "all memory in after B"
+	Ping    time.Duration // "ping" answered, since the command started; 0 when idle
+	First   time.Duration // "touch 1" answered right after it; 0 when idle
+	Token   time.Duration // "token" answered right after it; 0 when idle
+	Faults  int           // lazy: faults served
+}
+
+// restoreResult is the runs of one restore case of one configuration.
+type restoreResult struct {
+	Config dumpConfig
+	Case   restoreCase
+	Runs   []restoreRun
+}
+
+// dist summarises one figure of the runs.
+func (r *restoreResult) dist(f func(restoreRun) time.Duration) dist {
+	ds := make([]time.Duration, 0, len(r.Runs))
+	for _, run := range r.Runs {
+		ds = append(ds, f(run))
+	}
+	return summarize(ds)
+}
+
+// Figures of a restore run, for dist.
+func wallOf(r restoreRun) time.Duration    { return r.Wall }
+func runningOf(r restoreRun) time.Duration { return r.Running }
+func totalOf(r restoreRun) time.Duration   { return r.Total }
+func pingOf(r restoreRun) time.Duration    { return r.Ping }
+func firstOf(r restoreRun) time.Duration   { return r.First }
+func tokenOf(r restoreRun) time.Duration   { return r.Token }
+
+// baselineKind is what a baseline does with the bytes.
+type baselineKind int
+
+const (
+	readPages baselineKind = iota // cat PAGES > /dev/null
+	lz4Decode                     // lz4 -d -c FILE.lz4 > /dev/null
+)
+
+// baselineResult is the runs of one baseline.
+type baselineResult struct {
+	Config dumpConfig
+	Kind   baselineKind
+	Bytes  uint64 // bytes read from the file
+	Output uint64 // bytes produced (lz4: the memory)
+	Cold   []time.Duration
+	Warm   []time.Duration
+}
+
+// find returns the restore result of a configuration and case, or nil.
+func (s *sizeResult) find(cfg string, c restoreCase) *restoreResult {
+	for _, r := range s.Restores {
+		if r.Config.Short == cfg && r.Case == c {
+			return r
+		}
+	}
+	return nil
+}
+
+// baseline returns the baseline of a kind for a configuration, or nil.
+func (s *sizeResult) baseline(cfg string, k baselineKind) *baselineResult {
+	for _, b := range s.Baselines {
+		if b.Config.Short == cfg && b.Kind == k {
+			return b
+		}
+	}
+	return nil
+}

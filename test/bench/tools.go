@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"debug/buildinfo"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/lazyfs/lazyfs/test/fixture"
+)
+
+// buildTimeout bounds each compiler run.
+const buildTimeout = 5 * time.Minute
+
+// tools are the programs the harness runs.
+type tools struct {
+	Snapctl     string
+	Lazyfs      string
+	Modelserver string
+	Launch      string
+	LZ4         string
+	Cat         string
+	GoVersion   string // of the snapctl binary
+	LZ4Version  string
+}
+
+// moduleRoot returns the directory of this module's go.mod: two levels
+// above the fixture sources.
+func moduleRoot() (string, error) {
+	src, err := fixture.SourceDir()
+	if err != nil {
+		return "", fmt.Errorf("find module: %w", err)
+	}
+	root := filepath.Dir(filepath.Dir(src))
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return "", fmt.Errorf("find module: %w", err)
+	}
+	return root, nil
+}
+
+// buildTools compiles (or finds) every program into dir.
+func buildTools(ctx context.Context, bin, dir string) (tools, error) {
+	var t tools
+	root, err := moduleRoot()
+	if err != nil {
+		return t, err
+	}
+	if bin == "" {
+		bin = dir
+		if err := command(ctx, root, "go", "build", "-o", dir+"/", "./cmd/snapctl", "./cmd/lazyfs"); err != nil {
+			return t, fmt.Errorf("build snapctl and lazyfs: %w", err)
+		}
+	}
+	t.Snapctl = filepath.Join(bin, "snapctl")
+	t.Lazyfs = filepath.Join(bin, "lazyfs")
+	for _, p := range []string{t.Snapctl, t.Lazyfs} {
+		if _, err := os.Stat(p); err != nil {
+			return t, fmt.Errorf("tools: %w (run make build, or drop -bin)", err)
+		}
+	}
+	if info, err := buildinfo.ReadFile(t.Snapctl); err == nil {
+		t.GoVersion = info.GoVersion
+	}
+
+	src := filepath.Join(root, "test", "fixtures")
+	for _, name := range []string{"modelserver", "launch"} {
+		out := filepath.Join(dir, name)
+		if err := command(ctx, root, "gcc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-pthread",
+			"-I", src, "-o", out, filepath.Join(src, name+".c")); err != nil {
+			return t, fmt.Errorf("build fixture %s: %w", name, err)
+		}
+	}
+	t.Modelserver = filepath.Join(dir, "modelserver")
+	t.Launch = filepath.Join(dir, "launch")
+
+	if t.LZ4, err = exec.LookPath("lz4"); err != nil {
+		return t, fmt.Errorf("the lz4 baseline needs the lz4 command (apt-get install lz4): %w", err)
+	}
+	if out, err := exec.CommandContext(ctx, t.LZ4, "--version").CombinedOutput(); err == nil {
+		t.LZ4Version = lz4Version(string(out))
+	}
+	if t.Cat, err = exec.LookPath("cat"); err != nil {
+		return t, fmt.Errorf("the read baseline needs cat: %w", err)
+	}
+	return t, nil
+}
+
+// lz4Version picks "v1.9.4" out of lz4 --version's banner.
+func lz4Version(banner string) string {
+	for _, w := range strings.Fields(banner) {
+		if strings.HasPrefix(w, "v") && strings.Count(w, ".") >= 1 {
+			return strings.TrimSuffix(w, ",")
+		}
+	}
+	return strings.TrimSpace(banner)
+}
+
+// command runs a build step in dir and returns its output with any error.
+func command(ctx context.Context, dir, name string, args ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
