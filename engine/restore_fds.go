@@ -404,8 +404,21 @@ func (fc *fdCreator) timerfd(f *image.FD, flags uint64) (int, error) {
 		// fires again at once, and its pending ticks are set below.
 		value = 1
 	}
+	settime := uint64(0)
+	if value > 0 && t.Flags&unix.TFD_TIMER_ABSTIME != 0 {
+		// fdinfo gives the time remaining even for an absolute timer:
+		// it expires that long from now on its clock, and keeps its
+		// flags (TFD_TIMER_CANCEL_ON_SET with them).
+		var now unix.Timespec
+		if err := unix.ClockGettime(int32(t.Clock), &now); err != nil {
+			return -1, fmt.Errorf("clock_gettime(%d): %w", t.Clock, err)
+		}
+		value += now.Nano()
+		settime = uint64(t.Flags & (unix.TFD_TIMER_ABSTIME | unix.TFD_TIMER_CANCEL_ON_SET))
+	}
 	if value > 0 {
-		// fdinfo gives the time remaining: set it relative.
+		// fdinfo gives the time remaining: set it relative (or
+		// absolute, above).
 		its := make([]byte, 32)
 		le := binary.LittleEndian
 		le.PutUint64(its[0:], uint64(t.IntervalNs/1e9))
@@ -416,7 +429,7 @@ func (fc *fdCreator) timerfd(f *image.FD, flags uint64) (int, error) {
 		if err := r.child.WriteMem(at, its); err != nil {
 			return -1, err
 		}
-		if _, err := r.call(unix.SYS_TIMERFD_SETTIME, fd, 0, at, 0); err != nil {
+		if _, err := r.call(unix.SYS_TIMERFD_SETTIME, fd, settime, at, 0); err != nil {
 			return -1, fmt.Errorf("timerfd_settime: %w", err)
 		}
 	}

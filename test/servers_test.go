@@ -123,7 +123,7 @@ func srvHold(t *testing.T, ctx context.Context, port int, hello string, answer b
 
 // fdkindsVarying are report fields that change with time or with the
 // restore by design, checked apart.
-var fdkindsVarying = map[string]bool{"seq": true, "t15_val": true, "s22": true, "s41": true}
+var fdkindsVarying = map[string]bool{"seq": true, "t15_val": true, "t19_val": true, "s22": true, "s41": true}
 
 func TestRestoreFDKinds(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -192,9 +192,11 @@ func srvCompareReports(t *testing.T, when string, a, b fixture.Line, elapsed tim
 			t.Errorf("%s: new field %s=%q", when, k, b.Fields[k])
 		}
 	}
-	v0, v1 := a.MustUint(t, "t15_val"), b.MustUint(t, "t15_val")
-	if v1 > v0 || v0-v1 > uint64(elapsed+2*time.Second) {
-		t.Errorf("%s: timerfd 15 has %v left, had %v %v earlier", when, time.Duration(v1), time.Duration(v0), elapsed)
+	for _, k := range []string{"t15_val", "t19_val"} {
+		v0, v1 := a.MustUint(t, k), b.MustUint(t, k)
+		if v1 > v0 || v0-v1 > uint64(elapsed+2*time.Second) {
+			t.Errorf("%s: timerfd %s has %v left, had %v %v earlier", when, k, time.Duration(v1), time.Duration(v0), elapsed)
+		}
 	}
 }
 
@@ -333,7 +335,8 @@ func srvCompareFDInfo(t *testing.T, a, b map[int]srvFD, st *image.Process) {
 				t.Errorf("fd %d: epoll watches %v after restore, was %v", n, key(yi.Epoll), key(xi.Epoll))
 			}
 		case proc.FDTimerfd:
-			if xi.Timerfd == nil || yi.Timerfd == nil || xi.Timerfd.ClockID != yi.Timerfd.ClockID || xi.Timerfd.Interval != yi.Timerfd.Interval {
+			if xi.Timerfd == nil || yi.Timerfd == nil || xi.Timerfd.ClockID != yi.Timerfd.ClockID ||
+				xi.Timerfd.Interval != yi.Timerfd.Interval || xi.Timerfd.SettimeFlags != yi.Timerfd.SettimeFlags {
 				t.Errorf("fd %d: timerfd %+v after restore, was %+v", n, yi.Timerfd, xi.Timerfd)
 			}
 		case proc.FDSignalfd:
