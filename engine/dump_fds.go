@@ -296,6 +296,11 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 	default:
 		return out, fmt.Errorf("%w: socket family %d", ErrUnsupported, sk.Family)
 	}
+	if sk.State != sockListen && sk.Queued == nil {
+		if n, err := unix.IoctlGetInt(s, unix.SIOCINQ); err == nil && n > 0 {
+			fx.d.log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
+		}
+	}
 	out.Socket = sk
 	return out, nil
 }
