@@ -192,6 +192,9 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 		if cfg.Compress {
 			expect("| `lz4 -d`, "+units.FormatSize(uint64(cfg.Block))+" blocks | "+cfg.Label()+" |", 6, 0)
 		}
+		if cfg.Default {
+			expect("| `lz4 -d`, "+units.FormatSize(uint64(cfg.Block))+" blocks, content checksum | "+cfg.Label()+" |", 6, 0)
+		}
 	}
 	for _, c := range latencyCases() {
 		dashes := 0
@@ -283,6 +286,11 @@ func fakeReport(runs int, sizes ...uint64) *report {
 			s.Baselines = append(s.Baselines, read)
 			if cfg.Compress {
 				s.Baselines = append(s.Baselines, lz)
+			}
+			if cfg.Default {
+				checked := *lz
+				checked.Kind = lz4Checked
+				s.Baselines = append(s.Baselines, &checked)
 			}
 		}
 		rep.Sizes = append(rep.Sizes, s)

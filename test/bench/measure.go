@@ -26,6 +26,7 @@ type harness struct {
 	logPath string // the modelserver log (restored servers write to it too)
 	size    uint64
 	live    int // pid of the server alive now (original or restored), 0 if none
+	started time.Time
 	expect  expectation
 }
 
@@ -56,7 +57,7 @@ func measure(ctx context.Context, o options) (*report, error) {
 	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Started: o.Now()}
 	rep.Machine = describeMachine(work, t)
 	for _, size := range o.Sizes {
-		h := &harness{tools: t, work: work, runs: o.Runs, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size}
+		h := &harness{tools: t, work: work, runs: o.Runs, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now()}
 		sr, err := h.measureSize(ctx, o.Now)
 		h.killLive()
 		if err != nil {
@@ -90,7 +91,7 @@ func (h *harness) opTimeout() time.Duration {
 
 // logf prints one progress line.
 func (h *harness) logf(format string, args ...any) {
-	fmt.Fprintf(h.log, "bench: [%s] %s\n", units.FormatSize(h.size), fmt.Sprintf(format, args...))
+	fmt.Fprintf(h.log, "bench: %6s [%s] %s\n", time.Since(h.started).Round(time.Second), units.FormatSize(h.size), fmt.Sprintf(format, args...))
 }
 
 // measureSize runs the dump, restore and baseline series of one size.

@@ -74,8 +74,9 @@ func tokenOf(r restoreRun) time.Duration   { return r.Token }
 type baselineKind int
 
 const (
-	readPages baselineKind = iota // cat PAGES > /dev/null
-	lz4Decode                     // lz4 -d -c FILE.lz4 > /dev/null
+	readPages  baselineKind = iota // cat PAGES > /dev/null
+	lz4Decode                      // lz4 -d -c FILE.lz4 > /dev/null, written with --no-frame-crc
+	lz4Checked                     // the same with lz4's xxHash32 content checksum (default option only)
 )
 
 // baselineResult is the runs of one baseline.

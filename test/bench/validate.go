@@ -102,6 +102,9 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 			positive("read baseline "+cfg.Short+" cold", read.Cold...)
 			positive("read baseline "+cfg.Short+" warm", read.Warm...)
 		}
+		if (s.baseline(cfg.Short, lz4Checked) != nil) != cfg.Default {
+			bad("lz4 baseline with checksum for %s: want it for the default option only", cfg.Short)
+		}
 		lz := s.baseline(cfg.Short, lz4Decode)
 		switch {
 		case !cfg.Compress && lz != nil:
