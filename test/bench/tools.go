@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type tools struct {
 	LZ4         string
 	Cat         string
 	GoVersion   string // of the snapctl binary
+	Revision    string // the commit snapctl was built from, if Go stamped it
 	LZ4Version  string
 }
 
@@ -64,6 +66,7 @@ func buildTools(ctx context.Context, bin, dir string) (tools, error) {
 	}
 	if info, err := buildinfo.ReadFile(t.Snapctl); err == nil {
 		t.GoVersion = info.GoVersion
+		t.Revision = revision(info.Settings)
 	}
 
 	src := filepath.Join(root, "test", "fixtures")
@@ -87,6 +90,35 @@ func buildTools(ctx context.Context, bin, dir string) (tools, error) {
 		return t, fmt.Errorf("the read baseline needs cat: %w", err)
 	}
 	return t, nil
+}
+
+// revision describes the commit in a binary's build settings:
+// "commit 1a2b3c4d5e6f (2025-01-02T03:04:05Z)", with "plus uncommitted
+// changes" when the tree was modified, or "unknown".
+func revision(settings []debug.BuildSetting) string {
+	var rev, at string
+	modified := false
+	for _, s := range settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "unknown (built outside a git checkout)"
+	}
+	out := "commit " + rev[:min(12, len(rev))]
+	if at != "" {
+		out += " (" + at + ")"
+	}
+	if modified {
+		out += " plus uncommitted changes"
+	}
+	return out
 }
 
 // lz4Version picks "v1.9.4" out of lz4 --version's banner.
