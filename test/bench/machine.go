@@ -21,6 +21,7 @@ type machine struct {
 	Kernel            string // release
 	Memory            uint64 // MemTotal
 	GoVersion         string // of snapctl
+	Revision          string // lazyfs commit snapctl was built from
 	LZ4Version        string
 	FreePageReporting string // what virtio_balloon offers
 	WorkDisk          string // device and file system of the work directory
@@ -33,6 +34,7 @@ func describeMachine(work string, t tools) machine {
 	m := machine{
 		CPUs:       runtime.NumCPU(),
 		GoVersion:  t.GoVersion,
+		Revision:   t.Revision,
 		LZ4Version: t.LZ4Version,
 		LoadBefore: loadAverage(),
 	}

@@ -112,6 +112,7 @@ func machineSection(m *md, mc machine) {
 	m.row("CPU", fmt.Sprintf("%s, %d online CPUs, %d in the affinity mask%s", mc.CPU, mc.CPUs, mc.Affinity, hv))
 	m.row("Kernel", mc.Kernel)
 	m.row("Memory", mc.memoryString())
+	m.row("lazyfs build (snapctl, lazyfs)", mc.Revision)
 	m.row("Go (snapctl built with)", mc.GoVersion)
 	m.row("lz4 tool", mc.LZ4Version)
 	m.row("Snapshot disk", mc.WorkDisk)
