@@ -57,6 +57,10 @@ func buildTools(ctx context.Context, bin, dir string) (tools, error) {
 			return t, fmt.Errorf("build snapctl and lazyfs: %w", err)
 		}
 	}
+	// Commands run in the work directory: absolute paths only.
+	if bin, err = filepath.Abs(bin); err != nil {
+		return t, fmt.Errorf("tools: %w", err)
+	}
 	t.Snapctl = filepath.Join(bin, "snapctl")
 	t.Lazyfs = filepath.Join(bin, "lazyfs")
 	for _, p := range []string{t.Snapctl, t.Lazyfs} {
