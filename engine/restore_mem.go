@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -451,70 +450,6 @@ func (r *restorer) vmaAt(addr uint64) *image.VMA {
 		return &vmas[i]
 	}
 	return nil
-}
-
-// fillMemory writes the snapshot's pages into the process, except those a
-// lazy restore serves later. Zero blocks need no write where the fresh
-// mapping is already zero (anonymous and shared memory).
-func (r *restorer) fillMemory(ctx context.Context) error {
-	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", r.st.PID), os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer mem.Close()
-	var done uint64
-	total := r.pages.Stats().Total.Bytes
-	var pend [][]byte
-	var pendAt, pendEnd uint64
-	flush := func() error {
-		if len(pend) == 0 {
-			return nil
-		}
-		n, err := unix.Pwritev(int(mem.Fd()), pend, int64(pendAt))
-		if err == nil && uint64(n) != pendEnd-pendAt {
-			err = fmt.Errorf("short write: %d of %d bytes", n, pendEnd-pendAt)
-		}
-		if err != nil {
-			return fmt.Errorf("write memory at %#x: %w", pendAt, err)
-		}
-		r.filled += pendEnd - pendAt
-		pend = pend[:0]
-		pendAt = pendEnd
-		return nil
-	}
-	err = r.pages.Stream(ctx, 0, ^uint64(0), false, func(chunks []image.Chunk) error {
-		for _, c := range chunks {
-			done += uint64(len(c.Data))
-			v := r.vmaAt(c.Addr)
-			if v == nil {
-				return fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, c.Addr)
-			}
-			if r.isLazy(v) && !r.eagerPage(c.Addr, uint64(len(c.Data))) {
-				continue
-			}
-			if c.Kind == codec.Zero && (v.Kind == image.VMAAnon || v.Kind == image.VMAShmem) {
-				continue
-			}
-			if c.Addr != pendEnd || len(pend) >= 256 {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-			if len(pend) == 0 {
-				pendAt = c.Addr
-			}
-			pend = append(pend, c.Data)
-			pendEnd = c.Addr + uint64(len(c.Data))
-		}
-		if err := flush(); err != nil {
-			return err
-		}
-		if r.opts.Progress != nil {
-			r.opts.Progress(done, total)
-		}
-		return nil
-	})
-	return err
 }
 
 // lockMemory mlocks the VMAs that were locked ("lo"; "lf" for

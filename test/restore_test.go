@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/test/fixture"
@@ -920,6 +921,47 @@ func TestRestoreProcessState(t *testing.T) {
 	l := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	wantField(t, l, "ring_ok", "1")
 	wantField(t, l, "state_ok", "1")
+}
+
+// TestRestoreCorruptBlock flips a byte of a Raw and of an LZ4 block in the
+// pages file: the restore fails on the block's checksum, naming the pages
+// file and the block, before the process runs, and leaves nothing behind.
+func TestRestoreCorruptBlock(t *testing.T) {
+	testutil.RequirePtrace(t)
+	for _, kind := range []codec.Kind{codec.Raw, codec.LZ4} {
+		t.Run(kind.String(), func(t *testing.T) {
+			ctx := testContext(t)
+			p := fixture.Start(t, "counter", "4M")
+			dir, si := dumpForRestore(t, ctx, p)
+			var blk image.Block
+			for b := range si.Pages.Blocks() {
+				if b.Kind == kind {
+					blk = b
+				}
+			}
+			if blk.Kind != kind {
+				t.Fatalf("no %s block in the image", kind)
+			}
+			path := filepath.Join(dir, si.Pages.Name())
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var c [1]byte
+			off := int64(blk.Off) + int64(blk.StoredLen)/2
+			if _, err := f.ReadAt(c[:], off); err != nil {
+				t.Fatal(err)
+			}
+			c[0] ^= 0x40
+			_, err = f.WriteAt(c[:], off)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := runSnapctl(t, "restore", "-D", dir)
+			wantRefused(t, ctx, r, p.PID, "fill memory", si.Pages.Name(), fmt.Sprintf("%#x", blk.Addr))
+		})
+	}
 }
 
 // setImmutable sets or clears FS_IMMUTABLE_FL on path.
