@@ -55,6 +55,21 @@ type Options struct {
 	// Affinity, if set, pins the serving threads (the root's and every
 	// forked child's) to these CPUs.
 	Affinity *unix.CPUSet
+	// PrefetchDelay holds the prefetcher back for this long after Run
+	// starts (faults are served at once).
+	PrefetchDelay time.Duration
+	// Holder, if set, is handed every forked child's userfaultfd as soon
+	// as the fork event is read, and told before the pager closes it.
+	Holder Holder
+}
+
+// Holder keeps copies of userfaultfds in another process (see Keeper), so
+// that they outlive this one.
+type Holder interface {
+	// Hold takes a copy of fd. It must not block.
+	Hold(fd int) error
+	// Release drops the copy of fd; called before fd is closed.
+	Release(fd int) error
 }
 
 func (o Options) normalized() Options {

@@ -19,8 +19,9 @@ type raReq struct {
 type readAhead struct {
 	reqs     chan *raReq
 	done     chan *raReq
-	inflight []*raReq // FIFO; [0] is the next to copy
-	head     bool     // inflight[0] has come back from the helper
+	exited   chan struct{} // closed when the helper goroutine returns
+	inflight []*raReq      // FIFO; [0] is the next to copy
+	head     bool          // inflight[0] has come back from the helper
 	free     [][]byte
 	depth    int
 	chunk    uint64
@@ -28,12 +29,14 @@ type readAhead struct {
 
 func startReadAhead(src io.ReaderAt, depth int, chunk uint64, wake func()) *readAhead {
 	ra := &readAhead{
-		reqs:  make(chan *raReq, depth),
-		done:  make(chan *raReq, depth),
-		depth: depth,
-		chunk: chunk,
+		reqs:   make(chan *raReq, depth),
+		done:   make(chan *raReq, depth),
+		depth:  depth,
+		chunk:  chunk,
+		exited: make(chan struct{}),
 	}
 	go func() {
+		defer close(ra.exited)
 		for r := range ra.reqs {
 			r.err = readFull(src, r.buf, r.c.src)
 			ra.done <- r
@@ -95,4 +98,9 @@ func (ra *readAhead) pop() {
 	ra.free = append(ra.free, r.buf[:cap(r.buf)])
 }
 
-func (ra *readAhead) stop() { close(ra.reqs) }
+// stop ends the helper goroutine once the reads in flight are done, so
+// that the source is not read after Run returns.
+func (ra *readAhead) stop() {
+	close(ra.reqs)
+	<-ra.exited
+}

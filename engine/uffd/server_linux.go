@@ -34,27 +34,29 @@ type server struct {
 	child bool
 	tree  *tree
 
-	pend      *pieceSet
-	total     uint64
-	faults    []fault
-	msgBuf    []byte
-	faultBuf  []byte
-	zeros     []byte
-	parts     []piece
-	cursor    uint64 // prefetch: next address to plan
-	ra        *readAhead
-	syncBuf   []byte // prefetch without read-ahead
-	wk        *waker
-	gone      bool
-	skipped   bool // a page was found present during the last placement
-	probeSrc  []byte
-	spinUntil time.Time
-	probed    time.Time
-	lastDone  uint64
-	reported  bool
+	pend       *pieceSet
+	total      uint64
+	faults     []fault
+	msgBuf     []byte
+	faultBuf   []byte
+	zeros      []byte
+	parts      []piece
+	cursor     uint64 // prefetch: next address to plan
+	ra         *readAhead
+	syncBuf    []byte // prefetch without read-ahead
+	wk         *waker
+	gone       bool
+	skipped    bool // a page was found present during the last placement
+	probeSrc   []byte
+	spinUntil  time.Time
+	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
+	probed     time.Time
+	lastDone   uint64
+	reported   bool
 
 	fdMu     sync.Mutex
 	fdClosed bool
+	held     bool // opts.Holder holds a copy of fd
 
 	mu sync.Mutex // guards st, h
 	st Stats
@@ -65,6 +67,7 @@ func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, c
 	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, pend: pend, total: pend.bytes}
 	if child {
 		s.opts.Progress = nil
+		s.opts.PrefetchDelay = 0
 		s.log = s.log.With("child_uffd", fd)
 	}
 	s.st.Total, s.st.Pending = pend.bytes, pend.bytes
@@ -95,6 +98,12 @@ func (s *server) closeFD() error {
 		return nil
 	}
 	s.fdClosed = true
+	if s.held {
+		s.held = false
+		if err := s.opts.Holder.Release(s.fd); err != nil {
+			s.log.Warn("uffd: keeper release", "fd", s.fd, "err", err)
+		}
+	}
 	if err := unix.Close(s.fd); err != nil {
 		return fmt.Errorf("close child userfaultfd %d: %w", s.fd, err)
 	}
@@ -135,6 +144,7 @@ func (s *server) run(ctx context.Context) error {
 		defer s.ra.stop()
 	}
 	start := time.Now()
+	s.prefetchAt = start.Add(s.opts.PrefetchDelay)
 	s.report()
 	err = s.loop(ctx)
 	st := s.stats()
@@ -160,7 +170,7 @@ func (s *server) loop(ctx context.Context) error {
 			return err
 		}
 		again, err := s.serveFaults()
-		if err == nil && !again && s.opts.Prefetch && !s.pend.empty() {
+		if err == nil && !again && s.prefetching() && !s.pend.empty() {
 			var progressed bool
 			progressed, again, err = s.prefetch()
 			if err == nil && progressed && !again {
@@ -199,6 +209,9 @@ func (s *server) loop(ctx context.Context) error {
 		timeout := time.Duration(-1)
 		if !s.pend.empty() {
 			timeout = probeInterval
+			if s.opts.Prefetch && !s.prefetching() {
+				timeout = min(timeout, time.Until(s.prefetchAt))
+			}
 		}
 		if err := s.wait(timeout); err != nil {
 			return err
@@ -209,6 +222,11 @@ func (s *server) loop(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// prefetching reports whether the prefetcher may run now.
+func (s *server) prefetching() bool {
+	return s.opts.Prefetch && (s.opts.PrefetchDelay <= 0 || !time.Now().Before(s.prefetchAt))
 }
 
 // probeInterval is how long a pager with pages pending stays idle before
@@ -337,6 +355,13 @@ func (s *server) apply(m Msg, now time.Time) {
 // ours at the fork, so it misses what we had not placed yet.
 func (s *server) fork(ufd int) {
 	c := newServer(ufd, s.src, s.pend.clone(), s.opts, s.tree, true)
+	if s.opts.Holder != nil {
+		if err := s.opts.Holder.Hold(ufd); err != nil {
+			s.log.Warn("uffd: hand a child's userfaultfd to its keeper", "fd", ufd, "err", err)
+		} else {
+			c.held = true
+		}
+	}
 	s.tree.start(c)
 }
 
