@@ -26,6 +26,8 @@ type RestoreOptions struct {
 	// private memory is then served on demand through userfaultfd instead
 	// of being filled before the process runs.
 	Lazy io.ReaderAt
+	// LazyOptions tune the lazy phase (with Lazy).
+	LazyOptions LazyOptions
 	// Running, if set, is called once the process runs (before the lazy
 	// phase ends): the place to write a pidfile.
 	Running func(pid int) error

@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -15,17 +17,62 @@ import (
 // LazyStats describe the lazy phase of a restore.
 type LazyStats = uffd.Stats
 
+// LazyOptions tune the lazy phase of a restore (RestoreOptions.Lazy set).
+type LazyOptions struct {
+	// PrefetchDelay holds the background prefetch back for this long after
+	// the process starts running: faults are served at once, the rest of
+	// memory streams in afterwards. 0 starts it at once.
+	PrefetchDelay time.Duration
+	// Progress, if set, is called from the pager with the lazily served
+	// bytes placed so far and their total. It must return at once.
+	Progress func(done, total uint64)
+	// Holder, if set, holds a copy of every userfaultfd of the restored
+	// process tree (see uffd.Keeper) from before the process runs until
+	// its memory is all in, so that if snapctl dies, the userfaultfds
+	// outlive the kill that PTRACE_O_EXITKILL sends: a missing page is
+	// never filled with zeros in a process still running.
+	Holder uffd.Holder
+	// Pager tunes the pager (chunk sizes, spinning, affinity); its
+	// Prefetch, Logger, Progress, Holder and PrefetchDelay are set by
+	// Restore.
+	Pager uffd.Options
+}
+
+// lazyTraceOptions are the ptrace options of every thread of a lazily
+// restored process while pages are missing. EXITKILL: if snapctl dies,
+// the process dies with it. TRACECLONE, TRACEFORK, TRACEVFORK: threads
+// and processes it creates meanwhile are auto-attached and inherit
+// EXITKILL. A child forked now has its own userfaultfd, served by us: it
+// must die with snapctl too rather than run on with zero pages. (A vfork
+// child shares the parent's memory and its userfaultfd.) The kernel
+// attaches a child in copy_process after the fork event was read, and a
+// parent killed before that fails the fork: no child escapes.
+const lazyTraceOptions = unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK
+
 // lazyState is the userfaultfd of a lazy restore.
 type lazyState struct {
 	fd      int // our copy of the process's userfaultfd
-	ranges  [][2]uint64
+	held    bool
+	ranges  [][2]uint64 // registered: the lazy VMAs that hold data
 	extents []uffd.Extent
+	bytes   uint64 // in the extents
 	pager   *uffd.Pager
+	holder  uffd.Holder
+	kill    func() // kills the restored process tree
 }
 
+// close kills the process tree first (a process whose userfaultfd is
+// closed reads zeros where its memory is missing), then drops the fds.
 func (l *lazyState) close() {
+	if l.kill != nil {
+		l.kill()
+	}
 	if l.pager != nil {
 		l.pager.Close()
+	}
+	if l.held && l.holder != nil {
+		l.holder.Release(l.fd)
+		l.held = false
 	}
 	if l.fd >= 0 {
 		unix.Close(l.fd)
@@ -69,16 +116,35 @@ func (r *restorer) eagerPage(addr, n uint64) bool {
 	return false
 }
 
+// lazyBlock reports whether block b is served by the pager rather than
+// written before the process runs.
+func (r *restorer) lazyBlock(b image.Block) bool {
+	v := r.vmaAt(b.Addr)
+	return v != nil && r.isLazy(v) && !r.eagerPage(b.Addr, uint64(b.Len))
+}
+
 // prepareLazy creates the process's userfaultfd (inside it, by injection)
-// and takes it, then lists what the pager serves: every non-zero block of
-// the lazy VMAs that was not filled already. Zero blocks and holes are
-// left to the pager's zero fill.
+// and takes it, then lists what the pager serves and what is registered.
+//
+// What is registered, measured (modelserver 1 GiB, one VMA of ½ weights,
+// ¼ zeros, ¼ random; see the report in test/lazy_bench_test.go): whole
+// VMAs that hold at least one non-zero block. A VMA whose blocks are all
+// ZERO (or that was never dumped) is not registered: the kernel fills it
+// on first touch (1-2 µs a page) where a fault round trip through the
+// pager costs tens of µs. Registering only the non-zero ranges inside a
+// VMA would do the same for zero ranges inside a VMA, but splits the VMA
+// for the whole lazy phase, and mremap() of a range that crosses a split
+// fails with EFAULT (a realloc the process could do before the restore
+// could then fail): zero ranges inside registered VMAs are served by the
+// pager in large zero-page chunks instead (uffd.Options.ZeroChunk), and
+// need nothing once the lazy phase ends and the VMA is unregistered.
 func (r *restorer) prepareLazy(ctx context.Context) error {
 	if r.opts.Lazy == nil {
 		return nil
 	}
-	l := &lazyState{fd: -1}
+	l := &lazyState{fd: -1, holder: r.opts.LazyOptions.Holder}
 	r.lazy = l
+	l.kill = r.killTree
 	tfd, err := r.call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("userfaultfd in the process: %w", err)
@@ -96,21 +162,48 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	if _, _, err := uffd.API(l.fd, uffd.Features); err != nil {
 		return fmt.Errorf("UFFDIO_API: %w", err)
 	}
+	if l.holder != nil {
+		if err := l.holder.Hold(l.fd); err != nil {
+			return fmt.Errorf("hand the userfaultfd to its keeper: %w", err)
+		}
+		l.held = true
+	}
+	withData := map[*image.VMA]bool{}
+	for b := range r.pages.Blocks() {
+		if b.Kind == codec.Zero || !r.lazyBlock(b) {
+			continue
+		}
+		l.extents = append(l.extents, uffd.Extent{Addr: b.Addr, Len: uint64(b.Len)})
+		l.bytes += uint64(b.Len)
+		withData[r.vmaAt(b.Addr)] = true
+	}
 	for i := range r.st.VMAs {
-		v := &r.st.VMAs[i]
-		if r.isLazy(v) {
+		if v := &r.st.VMAs[i]; withData[v] {
 			l.ranges = append(l.ranges, [2]uint64{v.Start, v.End})
 		}
 	}
-	for b := range r.pages.Blocks() {
-		if b.Kind == codec.Zero || r.eagerPage(b.Addr, uint64(b.Len)) {
-			continue
-		}
-		if v := r.vmaAt(b.Addr); v != nil && r.isLazy(v) {
-			l.extents = append(l.extents, uffd.Extent{Addr: b.Addr, Len: uint64(b.Len)})
+	// Threads and children created during the lazy phase are traced too.
+	for _, th := range r.threads {
+		if err := th.SetOptions(lazyTraceOptions); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// killTree kills the restored process and every process it forked during
+// the lazy phase (all traced, all held by our tracer).
+func (r *restorer) killTree() {
+	if r.child != nil {
+		if err := r.child.Kill(); err != nil {
+			unix.Kill(r.st.PID, unix.SIGKILL)
+		}
+	}
+	for _, p := range r.t.Processes() {
+		if err := p.Kill(); err != nil {
+			r.log.Error("kill child forked during the lazy phase", "pid", p.Pid(), "err", err)
+		}
+	}
 }
 
 // register registers the lazy VMAs, the last step before the process
@@ -148,14 +241,18 @@ func (r *restorer) finish(ctx context.Context) error {
 }
 
 // serveLazy runs the pager until every page is in, then hands the
-// process its memory for good: unregister, close, detach.
+// process its memory for good: unregister, close, detach (the process and
+// any child it forked meanwhile).
 func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	l := r.lazy
-	l.pager = uffd.New(l.fd, r.opts.Lazy, slices.Clip(l.extents), uffd.Options{Prefetch: true, Logger: r.log, Progress: r.opts.Progress})
+	o := r.opts.LazyOptions
+	po := o.Pager
+	po.Prefetch, po.PrefetchDelay, po.Logger, po.Progress, po.Holder = true, o.PrefetchDelay, r.log, o.Progress, o.Holder
+	l.pager = uffd.New(l.fd, r.opts.Lazy, slices.Clip(l.extents), po)
 	err := l.pager.Run(ctx)
 	*stats = l.pager.Stats()
 	if err != nil {
-		return err
+		return r.lazyError(err)
 	}
 	if !stats.Exited {
 		for _, rg := range l.ranges {
@@ -168,8 +265,68 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 		return err
 	}
 	l.pager = nil
+	if l.held {
+		l.held = false
+		if err := l.holder.Release(l.fd); err != nil {
+			r.log.Warn("userfaultfd keeper", "err", err)
+		}
+	}
 	unix.Close(l.fd)
 	l.fd = -1
 	r.lazy = nil
-	return r.child.Detach()
+	return r.detachTree()
+}
+
+// detachTree detaches the restored process, then every child it forked
+// during the lazy phase (which may have forked in turn until detached).
+func (r *restorer) detachTree() error {
+	var errs []error
+	if err := r.child.Detach(); err != nil {
+		errs = append(errs, err)
+	}
+	for range 100 {
+		ps := r.t.Processes()
+		if len(ps) == 0 {
+			break
+		}
+		for _, p := range ps {
+			if err := p.Detach(); err != nil {
+				errs = append(errs, fmt.Errorf("detach child %d: %w", p.Pid(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lazyError names the block behind a failed read: a read through a mount
+// reports only EIO, so the block is read again from the snapshot files,
+// which tells a corrupt block (its file, index, address and checksum)
+// from a source that went away.
+func (r *restorer) lazyError(err error) error {
+	var se *uffd.ServeError
+	if !errors.As(err, &se) || se.Op != "read" {
+		return err
+	}
+	var be *image.BlockError
+	if errors.As(se.Err, &be) {
+		return fmt.Errorf("%w (uffd read %#x+%#x)", be, se.Addr, se.Len)
+	}
+	src := se.Src
+	if src == 0 {
+		src = se.Addr
+	}
+	for a := src; a < src+se.Len; {
+		b, ok := r.pages.BlockAt(a)
+		if !ok {
+			break
+		}
+		if b.Kind != codec.Zero {
+			buf := make([]byte, b.Len)
+			if _, derr := r.pages.ReadAt(buf, int64(b.Addr)); errors.As(derr, &be) {
+				return fmt.Errorf("%w (uffd read %#x+%#x through the page source: %v)", be, se.Addr, se.Len, se.Err)
+			}
+		}
+		a = b.End()
+	}
+	return fmt.Errorf("%w (the snapshot files read fine there: the page source failed)", err)
 }
