@@ -3,19 +3,34 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 	"github.com/lazyfs/lazyfs/fs"
 )
+
+// init runs the lazy restore's helper when snapctl was re-executed as
+// one (see lazyHelper): before anything else, and nothing else.
+func init() {
+	if filepath.Base(os.Args[0]) == uffd.KeeperArg0 {
+		os.Exit(uffd.KeeperMain(os.Args, helperSetup))
+	}
+}
 
 func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [options]", `
@@ -24,10 +39,17 @@ file descriptors and registers, and let it run (reparented to init, like
 criu restore -d). Exits 0 once it runs; with --lazy, once every page is in.
 
 With --lazy, anonymous memory is not filled before the process runs: it is
-served on demand through userfaultfd, block by block, read through a lazyfs
-mount of the snapshot, while the rest streams in behind. Until every page is
-in, snapctl stays the process's tracer: if snapctl dies, the process dies
-with it rather than run with memory missing.
+served on demand through userfaultfd, a block at a time, while the rest
+streams in behind, faults first. Pages are read through a lazyfs mount of
+the snapshot: a private one that snapctl mounts and unmounts itself (in a
+mount namespace of its own, so nothing is left mounted if it dies), or with
+--mount a running lazyfs mount of the same snapshot, whose cache several
+restores then share; or with --source direct from the snapshot files. Until
+every page is in, snapctl stays the process's tracer (signals pass through):
+if snapctl dies, the process, and any child it forked meanwhile, dies with
+it rather than run with memory missing. A page that cannot be read (a
+corrupt block, a mount gone) kills the process: it never runs on wrong
+bytes.
 
 Established TCP connections are closed (their peers saw a reset when the
 dumped process went away); listening sockets listen again.`, stderr)
@@ -38,6 +60,7 @@ dumped process went away); listening sockets listen again.`, stderr)
 	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: read pages through a FUSE mount, or 'direct' from the snapshot files")
+	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after this long")
 	fl.Bool("tcp-close", true, "close established TCP connections (the only mode)")
 	verbose := fl.Bool("v", false, "log each step")
 	if err := parse(fl, args); err != nil {
@@ -46,8 +69,10 @@ dumped process went away); listening sockets listen again.`, stderr)
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	if !*lazy && (*mount != "" || fl.Lookup("source").Value.String() != "mount") {
-		return usagef("--mount and --source need --lazy")
+	set := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !*lazy && (set["mount"] || set["source"] || set["prefetch-delay"]) {
+		return usagef("--mount, --source and --prefetch-delay need --lazy")
 	}
 	if *source != "mount" && *source != "direct" {
 		return usagef("--source %q: want mount or direct", *source)
@@ -55,13 +80,17 @@ dumped process went away); listening sockets listen again.`, stderr)
 	if *mount != "" && *source == "direct" {
 		return usagef("--mount and --source direct are exclusive")
 	}
+	if *prefetchDelay < 0 {
+		return usagef("--prefetch-delay must not be negative")
+	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, Logger: log}
-	if isTerminal(stderr) {
+	tty := isTerminal(stderr)
+	if tty {
 		opts.Progress = progressPrinter(stderr, "restore", time.Second)
 	}
 	started := time.Now()
@@ -75,12 +104,22 @@ dumped process went away); listening sockets listen again.`, stderr)
 		return writePidfile(*pidfile, pid)
 	}
 	if *lazy {
-		src, done, err := lazySource(*dir, *mount, *source, *threads, log)
+		h, err := startLazyHelper(*dir, *mount, *source, *threads, log)
 		if err != nil {
 			return err
 		}
-		defer done()
-		opts.Lazy = src
+		// After Restore: by then the process tree is fully served or dead.
+		defer h.close()
+		opts.Lazy = h.src
+		opts.LazyOptions.PrefetchDelay = *prefetchDelay
+		if h.keeper != nil {
+			opts.LazyOptions.Holder = h.keeper
+		}
+		if tty {
+			p := newLazyProgress(stderr)
+			defer p.stop()
+			opts.LazyOptions.Progress = p.update
+		}
 	}
 	res, err := engine.Restore(ctx, opts)
 	if err != nil {
@@ -110,56 +149,239 @@ func writePidfile(path string, pid int) error {
 	return nil
 }
 
-// lazySource returns what a lazy restore reads pages from: a running
-// lazyfs mount, a private mount of our own, or the snapshot files.
-func lazySource(dir, mnt, source string, threads int, log *slog.Logger) (io.ReaderAt, func(), error) {
+// lazyProgress prints the lazy fill on a terminal without ever making the
+// pager wait: the pager stores counters, a ticker prints them.
+type lazyProgress struct {
+	done, total atomic.Uint64
+	quit        chan struct{}
+	finished    chan struct{}
+}
+
+func newLazyProgress(w io.Writer) *lazyProgress {
+	p := &lazyProgress{quit: make(chan struct{}), finished: make(chan struct{})}
+	go func() {
+		defer close(p.finished)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		printed := false
+		show := func() {
+			done, total := p.done.Load(), p.total.Load()
+			if total == 0 {
+				return
+			}
+			fmt.Fprintf(w, "\rlazy memory: %s of %s in (%.0f%%)  ", units.FormatSize(done), units.FormatSize(total), 100*float64(done)/float64(total))
+			printed = true
+		}
+		for {
+			select {
+			case <-t.C:
+				show()
+			case <-p.quit:
+				if printed {
+					show()
+					fmt.Fprintln(w)
+				}
+				return
+			}
+		}
+	}()
+	return p
+}
+
+func (p *lazyProgress) update(done, total uint64) {
+	p.done.Store(done)
+	p.total.Store(total)
+}
+
+func (p *lazyProgress) stop() {
+	close(p.quit)
+	<-p.finished
+}
+
+// lazyHelper is what a lazy restore needs besides the engine: the source
+// of pages, and a helper process (snapctl re-executed, see uffd.Keeper)
+// that holds copies of the userfaultfds while pages are missing and, for
+// --source mount without --mount, serves the private mount. The mount
+// must be served by another process than the one reading from it: a
+// SIGKILLed snapctl whose threads wait on FUSE requests to its own server
+// could never exit (they wait uninterruptibly for answers that its dead
+// server threads will never send).
+type lazyHelper struct {
+	src    io.ReaderAt
+	keeper *uffd.Keeper
+	closer func()
+	log    *slog.Logger
+}
+
+// helperSetupWait bounds how long the helper may take to mount.
+const helperSetupWait = 30 * time.Second
+
+// startLazyHelper starts the helper and opens the source: a running
+// lazyfs mount (mnt), the helper's private mount, or the snapshot files.
+func startLazyHelper(dir, mnt, source string, threads int, log *slog.Logger) (*lazyHelper, error) {
 	snap, err := image.Open(dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	pids := snap.PIDs()
 	if len(pids) != 1 {
-		return nil, nil, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
+		return nil, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
 	}
 	pid := pids[0]
-	if source == "direct" {
+	h := &lazyHelper{log: log, closer: func() {}}
+	exe, err := os.Executable()
+	if err == nil {
+		var args []string
+		if source == "mount" && mnt == "" {
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return nil, err
+			}
+			args = []string{"mount", abs, strconv.Itoa(pid), strconv.Itoa(threads)}
+		}
+		h.keeper, err = uffd.StartKeeper(exe, args...)
+	}
+	if err != nil {
+		if source == "mount" && mnt == "" {
+			return nil, fmt.Errorf("start the private mount: %w", err)
+		}
+		// Only the safety net is missing.
+		log.Warn("no userfaultfd keeper: if snapctl is killed, the process may see zero pages before it dies", "err", err)
+	}
+	switch {
+	case source == "direct":
 		r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads, Logger: log})
 		if err != nil {
-			return nil, nil, err
+			h.close()
+			return nil, err
 		}
-		return r, func() { r.Close() }, nil
+		h.src, h.closer = r, func() { r.Close() }
+	case mnt != "":
+		if err := sameSnapshot(dir, mnt); err != nil {
+			h.close()
+			return nil, err
+		}
+		f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+		if err != nil {
+			h.close()
+			return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+		}
+		h.src, h.closer = f, func() { f.Close() }
+	default:
+		_, fds, err := h.keeper.Setup(helperSetupWait)
+		if err == nil && len(fds) != 1 {
+			err = fmt.Errorf("the helper sent %d fds, want 1", len(fds))
+		}
+		if err != nil {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			h.close()
+			return nil, fmt.Errorf("private mount: %w", err)
+		}
+		f := os.NewFile(uintptr(fds[0]), "mem")
+		h.src, h.closer = f, func() { f.Close() }
 	}
-	var srv *fs.Server
-	if mnt == "" {
+	return h, nil
+}
+
+// close closes the source, then lets the helper go (it drops its copies
+// of the userfaultfds and unmounts).
+func (h *lazyHelper) close() {
+	h.closer()
+	if h.keeper != nil {
+		if err := h.keeper.Close(); err != nil {
+			h.log.Warn("lazy restore helper", "err", err)
+		}
+	}
+}
+
+// helperSetup is the helper's setup (uffd.SetupFunc): without arguments
+// nothing; with "mount DIR PID THREADS" it mounts the snapshot privately
+// and sends back an fd of MNT/PID/mem.
+func helperSetup(args []string) ([]byte, []int, func(), error) {
+	if len(args) == 0 {
+		return nil, nil, nil, nil
+	}
+	if len(args) != 4 || args[0] != "mount" {
+		return nil, nil, nil, fmt.Errorf("helper: unknown setup %q", args)
+	}
+	pid, err1 := strconv.Atoi(args[2])
+	threads, err2 := strconv.Atoi(args[3])
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, nil, nil, fmt.Errorf("helper: %w", err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	f, unmount, err := privateMount(args[1], pid, fs.Options{DecompressThreads: threads, DirectIO: true, Logger: log}, log)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unmount()
+		return nil, nil, nil, fmt.Errorf("helper: dup: %w", err)
+	}
+	return nil, []int{fd}, unmount, nil
+}
+
+// privateMount mounts the snapshot on a temporary directory and opens
+// MNT/<pid>/mem. As root the mount lives in a mount namespace of one
+// thread of ours: nobody else sees it, and when the process exits the
+// namespace and the mount go with it. The returned func closes the file
+// and unmounts.
+func privateMount(dir string, pid int, opts fs.Options, log *slog.Logger) (*os.File, func(), error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	res := make(chan result)
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		// The thread never returns to the runtime's pool: it exits with
+		// this goroutine, and its mount namespace with it.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			log.Debug("private mount namespace", "err", err)
+		} else if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			// Without it the mount would propagate to the shared parent.
+			res <- result{err: fmt.Errorf("private mount namespace: %w", err)}
+			return
+		}
 		tmp, err := os.MkdirTemp("", "snapctl-lazy-")
 		if err != nil {
-			return nil, nil, err
+			res <- result{err: err}
+			return
 		}
-		srv, err = fs.Mount(dir, tmp, fs.Options{DecompressThreads: threads, DirectIO: true, Logger: log})
+		defer os.Remove(tmp)
+		srv, err := fs.Mount(dir, tmp, opts)
 		if err != nil {
-			os.Remove(tmp)
-			return nil, nil, fmt.Errorf("mount snapshot: %w", err)
+			res <- result{err: fmt.Errorf("mount snapshot: %w", err)}
+			return
 		}
-		mnt = tmp
-	} else if err := sameSnapshot(dir, mnt); err != nil {
-		return nil, nil, err
-	}
-	f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
-	if err != nil {
-		if srv != nil {
-			srv.Unmount()
-			os.Remove(mnt)
-		}
-		return nil, nil, fmt.Errorf("open pages through the mount: %w", err)
-	}
-	return f, func() {
-		f.Close()
-		if srv != nil {
+		defer func() {
 			if err := srv.Unmount(); err != nil {
-				log.Error("unmount private mount", "mountpoint", mnt, "err", err)
+				log.Error("unmount private mount", "mountpoint", tmp, "err", err)
 			}
-			os.Remove(mnt)
+		}()
+		f, err := os.Open(srv.MemPath(pid))
+		if err != nil {
+			res <- result{err: fmt.Errorf("open pages through the mount: %w", err)}
+			return
 		}
+		res <- result{f: f}
+		<-quit
+		f.Close()
+	}()
+	r := <-res
+	if r.err != nil {
+		<-finished
+		return nil, nil, r.err
+	}
+	return r.f, func() {
+		close(quit)
+		<-finished
 	}, nil
 }
 
