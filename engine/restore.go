@@ -19,7 +19,9 @@ import (
 // RestoreOptions configure Restore.
 type RestoreOptions struct {
 	Dir string
-	// Threads is --decompress-threads: 1 serial, 0 automatic, N a maximum.
+	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
+	// automatic, N a maximum. The writes that place memory in the process
+	// (page faults, mostly) run on every CPU whatever its value.
 	Threads int
 	// Lazy, when set, is where lazily restored memory is read from (the
 	// lazyfs mount's MNT/<pid>/mem file, or an image.Reader): anonymous

@@ -345,6 +345,8 @@ func requeue(tgid, tid int, si *SigInfo) error {
 }
 
 // Kill sends SIGKILL to the process and waits until every thread is gone.
+// A process the tracer no longer holds (detached, or gone) is left alone:
+// Kill returns nil, and the caller must kill it by pid if it has to.
 func (p *Process) Kill() error { return p.t.Do(p.kill) }
 
 func (p *Process) kill() error {
