@@ -705,6 +705,55 @@ func TestLazyCorruptBlock(t *testing.T) {
 	}
 }
 
+// TestLazyMountGone takes the lazyfs mount away during the lazy phase:
+// the next fault cannot be served, so the process must be killed, with an
+// error that says the page source failed (the snapshot itself is fine).
+func TestLazyMountGone(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ctx := testContext(t)
+	p, dir, _ := lazyCounterDumped(t, ctx, "16M")
+	bin := buildTool(t, "lazyfs")
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if r := runTool(t, bin, commandTimeout, "--background", dir, mnt); r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	t.Cleanup(func() { runTool(t, bin, commandTimeout, "-u", "--force", mnt) })
+	l := startLazy(t, dir, "--mount", mnt, "--prefetch-delay", "1m")
+	l.waitRunning(t, ctx)
+	if err := p.Adopt(); err != nil {
+		t.Fatal(err)
+	}
+	if r := runTool(t, bin, commandTimeout, "-u", "--force", mnt); r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	// The report reads all memory: the first missing page faults.
+	p.Signal(syscall.SIGUSR1)
+	r := l.wait(t, ctx)
+	t.Logf("%s", strings.TrimSpace(r.Stderr))
+	if r.Code != 1 || !strings.Contains(r.Stderr, "the page source failed") {
+		t.Errorf("lazy restore whose mount went away: exit %d, want 1 and an error blaming the page source\n%s", r.Code, r)
+	}
+	if !lazyDead(ctx, p.PID) {
+		t.Errorf("pid %d still running after its page source failed", p.PID)
+	}
+	lines, err := p.Lines()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ln := range lines[1:] {
+		if ln.Event == "report" {
+			t.Errorf("the process ran on without its memory: %q", ln.Text)
+		}
+	}
+	l.lazyNothingLeft(t, dir)
+}
+
 // lazyFlipByte inverts the byte at off of the file at path.
 func lazyFlipByte(t *testing.T, path string, off int64) {
 	t.Helper()

@@ -125,7 +125,10 @@ dumped process went away); listening sockets listen again.`, stderr)
 	if err != nil {
 		return err
 	}
-	if *lazy {
+	if *lazy && res.Lazy.Exited {
+		fmt.Fprintf(stdout, "restored pid %d (%d threads): running after %s; it exited during the lazy phase, after %s\n",
+			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
+	} else if *lazy {
 		l := res.Lazy
 		fmt.Fprintf(stdout, "restored pid %d (%d threads): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
 			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
