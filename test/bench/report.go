@@ -154,8 +154,8 @@ func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
 	imgChart, blockChart, latChart := chartNames(s.Size)
 	m.p("## %s", sizeTitle(s.Size))
 	m.p("")
-	m.p("Memory in the snapshot: %s (the mapping plus heap, stack and libraries' data). Fixture start-up (filling its memory): %s. This size took %s.",
-		units.FormatSize(s.Memory), summarize(s.Init), s.Elapsed.Round(time.Second))
+	m.p("Memory in the snapshot: %.1f MiB (the mapping plus heap, stack and libraries' data). Fixture start-up (filling its memory): %s. This size took %s.",
+		float64(s.Memory)/(1<<20), summarize(s.Init), s.Elapsed.Round(time.Second))
 	m.p("")
 
 	m.p("### Snapshot size and dump")
@@ -332,7 +332,7 @@ func imageSizeChart(s *sizeResult) chart {
 		Title:    fmt.Sprintf("Snapshot size by option, %s modelserver", units.FormatSize(s.Size)),
 		YLabel:   "MiB",
 		Ref:      float64(s.Memory) / mib,
-		RefLabel: fmt.Sprintf("memory dumped: %s", units.FormatSize(s.Memory)),
+		RefLabel: fmt.Sprintf("memory dumped: %.1f MiB", float64(s.Memory)/mib),
 		Note:     "lazyfs image: every file of the snapshot; lz4 tool: the same memory through lz4 -1 with blocks of the option's size.",
 	}
 	img, lz := chartSeries{Name: "lazyfs image"}, chartSeries{Name: "lz4 tool, same blocks"}
