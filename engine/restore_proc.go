@@ -13,7 +13,7 @@ import (
 // processState restores the per-process state: signal actions, umask,
 // working and root directories, personality, prctl settings, resource
 // limits, session and process group, and credentials (last, since they
-// may drop the privileges the rest needs).
+// may drop the privileges the rest needs) with no_new_privs.
 func (r *restorer) processState(ctx context.Context) error {
 	st := r.st
 	if err := r.sigActions(); err != nil {
@@ -63,7 +63,15 @@ func (r *restorer) processState(ctx context.Context) error {
 	if err := r.session(); err != nil {
 		return err
 	}
-	return r.creds()
+	if err := r.creds(); err != nil {
+		return err
+	}
+	if st.Creds.NoNewPrivs {
+		if _, err := r.call(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
+		}
+	}
+	return nil
 }
 
 // sigActions sets the action of every signal: the dumped ones, and the

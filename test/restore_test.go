@@ -819,8 +819,9 @@ func TestRestoreStateHelper(t *testing.T) {
 	fmt.Printf("STATE %s\n", b)
 }
 
-// giveState gives the frozen process umask, personality, and its thread
-// worker a name and an alternate signal stack.
+// giveState gives the frozen process umask, personality and
+// no_new_privs, and its thread worker a name and an alternate signal
+// stack.
 func giveState(t *testing.T, proc *ptrace.Process, worker int) {
 	t.Helper()
 	call := func(in *ptrace.Injector, nr int, args ...uint64) uint64 {
@@ -837,6 +838,7 @@ func giveState(t *testing.T, proc *ptrace.Process, worker int) {
 	}
 	call(in, unix.SYS_UMASK, stateUmask)
 	call(in, unix.SYS_PERSONALITY, statePersonality)
+	call(in, unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -867,7 +869,7 @@ func giveState(t *testing.T, proc *ptrace.Process, worker int) {
 
 // TestRestoreProcessState gives the threads fixture state that a fresh
 // process would not have (a thread name, an alternate signal stack on a
-// worker, umask, personality, an RLIMIT_NOFILE soft limit) and checks
+// worker, umask, personality, no_new_privs, an RLIMIT_NOFILE soft limit) and checks
 // that it all survives, with each thread's rseq registration, robust list
 // and clear_child_tid, the working directory and the session.
 func TestRestoreProcessState(t *testing.T) {
@@ -905,6 +907,9 @@ func TestRestoreProcessState(t *testing.T) {
 	st := procStatus(t, p.PID)
 	if st["Umask"] != fmt.Sprintf("%04o", stateUmask) {
 		t.Errorf("umask %s, want %04o", st["Umask"], stateUmask)
+	}
+	if st["NoNewPrivs"] != "1" {
+		t.Errorf("NoNewPrivs %q after the restore, want 1", st["NoNewPrivs"])
 	}
 	if got := readProcFile(t, "%d/personality", p.PID); got != fmt.Sprintf("%08x", statePersonality) {
 		t.Errorf("personality %s, want %08x", got, statePersonality)
