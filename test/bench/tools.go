@@ -72,6 +72,9 @@ func buildTools(ctx context.Context, bin, dir string) (tools, error) {
 		t.GoVersion = info.GoVersion
 		t.Revision = revision(info.Settings)
 	}
+	if t.Revision == "" {
+		t.Revision = gitRevision(ctx, root)
+	}
 
 	src := filepath.Join(root, "test", "fixtures")
 	for _, name := range []string{"modelserver", "launch"} {
@@ -113,7 +116,7 @@ func revision(settings []debug.BuildSetting) string {
 		}
 	}
 	if rev == "" {
-		return "unknown (built outside a git checkout)"
+		return ""
 	}
 	out := "commit " + rev[:min(12, len(rev))]
 	if at != "" {
@@ -123,6 +126,25 @@ func revision(settings []debug.BuildSetting) string {
 		out += " plus uncommitted changes"
 	}
 	return out
+}
+
+// gitRevision describes the checkout the harness runs in, for binaries
+// built without VCS stamps (GOFLAGS=-buildvcs=false): make bench builds
+// them from this tree.
+func gitRevision(ctx context.Context, root string) string {
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "log", "-1", "--format=%h %cI").Output()
+	if err != nil {
+		return "unknown (not a git checkout)"
+	}
+	f := strings.Fields(string(out))
+	if len(f) != 2 {
+		return "unknown"
+	}
+	desc := "commit " + f[0] + " (" + f[1] + ")"
+	if st, err := exec.CommandContext(ctx, "git", "-C", root, "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
+		desc += " plus uncommitted changes"
+	}
+	return desc
 }
 
 // lz4Version picks "v1.9.4" out of lz4 --version's banner.
