@@ -64,6 +64,15 @@ func TestRender(t *testing.T) {
 	if !strings.Contains(string(md), "median (min–max) of 3 runs") {
 		t.Error("report does not say how many runs a figure summarises")
 	}
+	// The results file renders the same report again.
+	again, err := readResults(filepath.Join(out, ResultsName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md2, _ := render(again)
+	if !bytes.Equal(md, md2) {
+		t.Error("the report rendered from the results file differs")
+	}
 }
 
 // TestValidateRejects checks that validate catches missing and impossible

@@ -46,7 +46,12 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rep, err := measure(ctx, opts)
+	var rep *report
+	if opts.Render != "" {
+		rep, err = readResults(opts.Render)
+	} else {
+		rep, err = measure(ctx, opts)
+	}
 	if err != nil {
 		return err
 	}

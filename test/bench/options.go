@@ -25,14 +25,15 @@ const LargeEnv = "BENCH_LARGE"
 
 // options are the harness's settings.
 type options struct {
-	Sizes []uint64  // memory sizes of the fixture, in order
-	Runs  int       // runs per measurement
-	Out   string    // directory for BENCHMARKS.md and the charts
-	Bin   string    // directory with snapctl and lazyfs; empty: go build
-	Work  string    // parent of the work directory (snapshots, logs)
-	Smoke bool      // the CI run
-	Log   io.Writer // progress, one line per run
-	Now   func() time.Time
+	Sizes  []uint64  // memory sizes of the fixture, in order
+	Runs   int       // runs per measurement
+	Out    string    // directory for BENCHMARKS.md and the charts
+	Bin    string    // directory with snapctl and lazyfs; empty: go build
+	Work   string    // parent of the work directory (snapshots, logs)
+	Smoke  bool      // the CI run
+	Render string    // re-render the report from this results file instead of measuring
+	Log    io.Writer // progress, one line per run
+	Now    func() time.Time
 }
 
 // sizeFlag is a byte size flag with K/M/G suffixes.
@@ -63,6 +64,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	large := fl.Bool("large", os.Getenv(LargeEnv) == "1", "also measure a 4 GiB fixture (default from "+LargeEnv+"=1)")
 	smoke := fl.Bool("smoke", false, "CI smoke run: 64 MiB and 1 run unless -size/-runs say otherwise")
 	bin := fl.String("bin", "", "directory holding snapctl and lazyfs built from this module (default: go build them)")
+	render := fl.String("render", "", "write the report and charts from a results `FILE` ("+ResultsName+") instead of measuring")
 	work := fl.String("work", "", "parent `DIR` of the work directory holding snapshots (default $TMPDIR); it needs about 3x -size free")
 	if err := fl.Parse(args); err != nil {
 		return options{}, err
@@ -86,7 +88,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if size.v < 16<<20 || size.v > 8<<30 {
 		return options{}, fmt.Errorf("-size %s: want 16 MiB to 8 GiB", units.FormatSize(size.v))
 	}
-	o := options{Sizes: []uint64{size.v}, Runs: *runs, Out: *out, Bin: *bin, Work: *work, Smoke: *smoke, Log: stderr, Now: time.Now}
+	o := options{Sizes: []uint64{size.v}, Runs: *runs, Out: *out, Bin: *bin, Work: *work, Smoke: *smoke, Render: *render, Log: stderr, Now: time.Now}
 	if *large && size.v != largeSize {
 		o.Sizes = append(o.Sizes, largeSize)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -13,8 +14,11 @@ import (
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
-// ReportName is the file the harness writes into its -out directory.
-const ReportName = "BENCHMARKS.md"
+// Files the harness writes into its -out directory (besides the charts).
+const (
+	ReportName  = "BENCHMARKS.md"
+	ResultsName = "bench-results.json" // every run's figures, for -render and other tools
+)
 
 // writeReport writes BENCHMARKS.md and the charts into dir.
 func writeReport(dir string, rep *report) error {
@@ -27,10 +31,30 @@ func writeReport(dir string, rep *report) error {
 			return fmt.Errorf("write chart: %w", err)
 		}
 	}
+	js, err := json.MarshalIndent(rep, "", "\t")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ResultsName), append(js, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, ReportName), md, 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return nil
+}
+
+// readResults loads a results file written by writeReport.
+func readResults(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read results: %w", err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("read results %s: %w", path, err)
+	}
+	return &rep, nil
 }
 
 // sizeTag names a size in file names: "1GiB", "64MiB".

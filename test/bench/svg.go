@@ -62,10 +62,8 @@ func niceScale(max float64) (top, step float64) {
 			break
 		}
 	}
-	top = math.Ceil(max/step) * step
-	if top < max*1.05 {
-		top += step
-	}
+	// Headroom above the highest bar for its vertical value label.
+	top = math.Ceil(max*1.12/step) * step
 	return top, step
 }
 
@@ -164,8 +162,10 @@ func (c chart) SVG() []byte {
 					p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx-3, hi, cx+3, hi)
 					labelY = math.Min(labelY, hi-4)
 				}
-				if barW >= 14 {
-					p(`<text x="%.1f" y="%.1f" font-size="9" text-anchor="middle">%s</text>`+"\n", cx, labelY, valueLabel(v))
+				if barW >= 10 {
+					// Vertical, so that neighbouring labels never overlap.
+					p(`<text x="%.1f" y="%.1f" font-size="9" transform="rotate(-90 %.1f %.1f)">%s</text>`+"\n",
+						cx+3, labelY, cx+3, labelY, valueLabel(v))
 				}
 			}
 			// Category label, wrapped at spaces onto at most three lines.
