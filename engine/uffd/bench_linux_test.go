@@ -126,7 +126,7 @@ func median(v []float64) float64 {
 // fresh (not pre-touched) memory, untouched by the process, no CPU
 // pinning, from an in-memory source (a memcpy per read) or from a source
 // that computes its bytes at about the speed of an LZ4 decode (decode),
-// with and without read-ahead.
+// with and without read-ahead, or with prefetch workers.
 func BenchmarkPrefetch(b *testing.B) {
 	const region = 256 << 20
 	f, fd, base := benchFixture(b, region)
@@ -134,17 +134,23 @@ func BenchmarkPrefetch(b *testing.B) {
 	ext := cut(base, 256<<10, region/(256<<10))
 	decode := newPatternSrc(ext)
 	for _, tc := range []struct {
-		name  string
-		src   io.ReaderAt
-		chunk uint64
-		ra    int
+		name    string
+		src     io.ReaderAt
+		chunk   uint64
+		ra      int
+		workers int
 	}{
-		{"mem/chunk256K", mem, 256 << 10, 0},
-		{"mem/chunk1M", mem, 1 << 20, 0},
-		{"mem/chunk4M", mem, 4 << 20, 0},
-		{"mem/chunk1M-noreadahead", mem, 1 << 20, -1},
-		{"decode/chunk1M", decode, 1 << 20, 0},
-		{"decode/chunk1M-noreadahead", decode, 1 << 20, -1},
+		{"mem/chunk256K", mem, 256 << 10, 0, 0},
+		{"mem/chunk1M", mem, 1 << 20, 0, 0},
+		{"mem/chunk4M", mem, 4 << 20, 0, 0},
+		{"mem/chunk1M-noreadahead", mem, 1 << 20, -1, 0},
+		{"mem/chunk256K-workers2", mem, 256 << 10, 0, 2},
+		{"mem/chunk1M-workers2", mem, 1 << 20, 0, 2},
+		{"decode/chunk1M", decode, 1 << 20, 0, 0},
+		{"decode/chunk1M-noreadahead", decode, 1 << 20, -1, 0},
+		{"decode/chunk1M-workers1", decode, 1 << 20, 0, 1},
+		{"decode/chunk1M-workers2", decode, 1 << 20, 0, 2},
+		{"decode/chunk256K-workers2", decode, 256 << 10, 0, 2},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(region)
@@ -153,7 +159,7 @@ func BenchmarkPrefetch(b *testing.B) {
 				if _, err := Register(fd, base, region, RegisterModeMissing); err != nil {
 					b.Fatal(err)
 				}
-				p := New(fd, tc.src, ext, Options{Prefetch: true, PrefetchChunk: tc.chunk, ReadAhead: tc.ra})
+				p := New(fd, tc.src, ext, Options{Prefetch: true, PrefetchChunk: tc.chunk, ReadAhead: tc.ra, Workers: tc.workers})
 				ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
 				b.StartTimer()
 				err := p.Run(ctx)

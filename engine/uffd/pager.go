@@ -18,6 +18,7 @@ const (
 	DefaultReadAhead     = 2
 	DefaultMaxFaultBytes = 4 << 20
 	DefaultZeroChunk     = 64 << 10
+	DefaultZeroReadChunk = 2 << 20
 )
 
 // Options tune a Pager. The zero value serves faults only.
@@ -47,6 +48,12 @@ type Options struct {
 	// the faulting page up to the next pending extent. Page multiple;
 	// default DefaultZeroChunk; PageSize serves single pages.
 	ZeroChunk uint64
+	// ZeroReadChunk is ZeroChunk for a read fault, which is served the
+	// zero page (UFFDIO_ZEROPAGE: no memory, only page table entries, a
+	// few µs per MiB), so it can be large: a process reading through
+	// zero memory faults once per ZeroReadChunk. Default
+	// DefaultZeroReadChunk.
+	ZeroReadChunk uint64
 	// Spin, if positive, keeps the serving thread polling the userfaultfd
 	// for this long after each fault served from the source instead of
 	// sleeping: the next fault of a thread walking its memory is then
@@ -55,6 +62,12 @@ type Options struct {
 	// Affinity, if set, pins the serving threads (the root's and every
 	// forked child's) to these CPUs.
 	Affinity *unix.CPUSet
+	// Workers, if positive, is how many threads prefetch, each reading
+	// and placing chunks of its own, while the serving thread serves
+	// faults and events (forked children's pagers prefetch on their
+	// serving thread). 0 prefetches on the serving thread, with
+	// ReadAhead.
+	Workers int
 	// PrefetchDelay holds the prefetcher back for this long after Run
 	// starts (faults are served at once).
 	PrefetchDelay time.Duration
@@ -85,9 +98,11 @@ func (o Options) normalized() Options {
 	fix(&o.PrefetchChunk, DefaultPrefetchChunk)
 	fix(&o.MaxFaultBytes, DefaultMaxFaultBytes)
 	fix(&o.ZeroChunk, DefaultZeroChunk)
+	fix(&o.ZeroReadChunk, DefaultZeroReadChunk)
 	if o.ReadAhead == 0 {
 		o.ReadAhead = DefaultReadAhead
 	}
+	o.Workers = max(o.Workers, 0)
 	return o
 }
 

@@ -2,6 +2,8 @@ package uffd
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"testing"
@@ -110,113 +112,136 @@ func TestPagerFaultsAndEvents(t *testing.T) {
 
 // TestPagerPrefetch lets the prefetcher bring everything in untouched.
 func TestPagerPrefetch(t *testing.T) {
-	const size = 16 * mib
-	f, fd, base, ext, src := setup(t, size)
-	m := newMem(base, size, ext, src)
-	p := New(fd, src, ext, Options{Prefetch: true, Logger: testLogger(t)})
-	errc := runPager(t, p, fd, base, size, time.Minute)
-	if err := waitRun(t, errc, 30*time.Second); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	st := p.Stats()
-	if st.Pending != 0 || st.PrefetchBytes+st.FaultBytes != st.Total {
-		t.Fatalf("stats: %+v", st)
-	}
-	f.checkSum(m, "all", base, size)
+	forWorkers(t, func(t *testing.T, workers int) {
+		const size = 16 * mib
+		f, fd, base, ext, src := setup(t, size)
+		m := newMem(base, size, ext, src)
+		p := New(fd, src, ext, Options{Prefetch: true, Workers: workers, Logger: testLogger(t)})
+		errc := runPager(t, p, fd, base, size, time.Minute)
+		if err := waitRun(t, errc, 30*time.Second); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		st := p.Stats()
+		if st.Pending != 0 || st.PrefetchBytes+st.FaultBytes != st.Total {
+			t.Fatalf("stats: %+v", st)
+		}
+		f.checkSum(m, "all", base, size)
+	})
 }
 
 // slowSrc delays every read, so that a prefetch takes long.
 type slowSrc struct {
-	*patternSrc
+	io.ReaderAt
 	delay time.Duration
 }
 
 func (s slowSrc) ReadAt(b []byte, off int64) (int, error) {
 	time.Sleep(s.delay)
-	return s.patternSrc.ReadAt(b, off)
+	return s.ReaderAt.ReadAt(b, off)
 }
 
 // TestPagerFaultDuringPrefetch touches the far end of a region while a
 // slow prefetch is at its start: faults are served first, and right.
 func TestPagerFaultDuringPrefetch(t *testing.T) {
-	const size = 32 * mib
-	f, fd, base, ext, src := setup(t, size)
-	m := newMem(base, size, ext, src)
-	p := New(fd, slowSrc{src, 3 * time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Logger: testLogger(t)})
-	errc := runPager(t, p, fd, base, size, time.Minute)
-	f.checkSum(m, "far end", base+size-mib, mib)
-	f.checkSum(m, "middle", base+size/2, 2*PageSize)
-	during := p.Stats()
-	if err := waitRun(t, errc, 45*time.Second); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	st := p.Stats()
-	t.Logf("at the touch: faults %d prefetched %d of %d; at the end: %+v", during.Faults, during.PrefetchBytes, st.Total, st)
-	if st.PrefetchBytes+st.FaultBytes != st.Total {
-		t.Fatalf("placed %d+%d bytes, want %d", st.PrefetchBytes, st.FaultBytes, st.Total)
-	}
-	f.checkSum(m, "all", base, size)
+	forWorkers(t, func(t *testing.T, workers int) {
+		const size = 32 * mib
+		f, fd, base, ext, src := setup(t, size)
+		m := newMem(base, size, ext, src)
+		p := New(fd, slowSrc{src, 3 * time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Workers: workers, Logger: testLogger(t)})
+		errc := runPager(t, p, fd, base, size, time.Minute)
+		f.checkSum(m, "far end", base+size-mib, mib)
+		f.checkSum(m, "middle", base+size/2, 2*PageSize)
+		during := p.Stats()
+		if err := waitRun(t, errc, 45*time.Second); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		st := p.Stats()
+		t.Logf("at the touch: faults %d prefetched %d of %d; at the end: %+v", during.Faults, during.PrefetchBytes, st.Total, st)
+		if st.PrefetchBytes+st.FaultBytes != st.Total {
+			t.Fatalf("placed %d+%d bytes, want %d", st.PrefetchBytes, st.FaultBytes, st.Total)
+		}
+		f.checkSum(m, "all", base, size)
+	})
 }
 
 // TestPagerChurn runs a prefetch while the process faults from several
 // threads at once, drops pages and moves ranges: events land while copies
 // and read-ahead chunks are in flight.
 func TestPagerChurn(t *testing.T) {
-	const size = 16 * mib
-	f, fd, base, ext, src := setup(t, size)
-	m := newMem(base, size, ext, src)
-	spare1, spare2 := f.do("map %x", mib)[0], f.do("map %x", 2*mib)[0]
-	p := New(fd, slowSrc{src, time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Logger: testLogger(t)})
-	errc := runPager(t, p, fd, base, size, time.Minute)
+	forWorkers(t, func(t *testing.T, workers int) {
+		const size = 16 * mib
+		f, fd, base, ext, src := setup(t, size)
+		m := newMem(base, size, ext, src)
+		spare1, spare2 := f.do("map %x", mib)[0], f.do("map %x", 2*mib)[0]
+		// Reads of [8, 10) MiB, which nothing below touches, wait until the
+		// churn is over: the pager must still run (holes are served only
+		// while it does).
+		gate := &gatedSrc{patternSrc: src, from: base + 8*mib, to: base + 10*mib, open: make(chan struct{})}
+		p := New(fd, slowSrc{gate, time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Workers: workers, Logger: testLogger(t)})
+		errc := runPager(t, p, fd, base, size, time.Minute)
+		defer func() {
+			select {
+			case <-gate.open:
+			default:
+				close(gate.open)
+			}
+		}()
 
-	f.do("churn %x %x %x", base+4*mib, 4*mib, 64<<10)
-	for a := base + 4*mib; a < base+8*mib; a += 64 << 10 {
-		m.zero(a, PageSize)
-	}
-	if got := f.do("mremap %x %x %x", base+10*mib, 2*mib, spare2)[0]; got != spare2 {
-		t.Fatalf("mremap landed at %#x", got)
-	}
-	m.move(base+10*mib, spare2, 2*mib)
-	r := f.do("psum %x %x %x", base+12*mib, 4*mib, 4)
-	for i, h := range r {
-		a := base + 12*mib + uint64(i)*mib
-		if want := m.hash(t, a, mib); h != want {
-			t.Fatalf("thread %d: sum of %#x+1MiB = %016x, want %016x", i, a, h, want)
+		f.do("churn %x %x %x", base+4*mib, 4*mib, 64<<10)
+		for a := base + 4*mib; a < base+8*mib; a += 64 << 10 {
+			m.zero(a, PageSize)
 		}
-	}
-	if got := f.do("mremap %x %x %x", base+mib, mib, spare1)[0]; got != spare1 {
-		t.Fatalf("mremap landed at %#x", got)
-	}
-	m.move(base+mib, spare1, mib)
-	f.do("churn %x %x %x", spare2, 2*mib, 128<<10)
-	for a := spare2; a < spare2+2*mib; a += 128 << 10 {
-		m.zero(a, PageSize)
-	}
-	if err := waitRun(t, errc, 45*time.Second); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	st := p.Stats()
-	t.Logf("stats: %+v", st)
-	// Unregister the moved ranges as well before reading their holes.
-	if err := Unregister(fd, spare1, mib); err != nil {
-		t.Fatal(err)
-	}
-	if err := Unregister(fd, spare2, 2*mib); err != nil {
-		t.Fatal(err)
-	}
-	f.checkSum(m, "start", base, mib)
-	f.checkSum(m, "moved 1", spare1, mib)
-	f.checkSum(m, "middle", base+2*mib, 8*mib)
-	f.checkSum(m, "moved 2", spare2, 2*mib)
-	f.checkSum(m, "end", base+12*mib, 4*mib)
+		if got := f.do("mremap %x %x %x", base+10*mib, 2*mib, spare2)[0]; got != spare2 {
+			t.Fatalf("mremap landed at %#x", got)
+		}
+		m.move(base+10*mib, spare2, 2*mib)
+		r := f.do("psum %x %x %x", base+12*mib, 4*mib, 4)
+		for i, h := range r {
+			a := base + 12*mib + uint64(i)*mib
+			if want := m.hash(t, a, mib); h != want {
+				t.Fatalf("thread %d: sum of %#x+1MiB = %016x, want %016x", i, a, h, want)
+			}
+		}
+		if got := f.do("mremap %x %x %x", base+mib, mib, spare1)[0]; got != spare1 {
+			t.Fatalf("mremap landed at %#x", got)
+		}
+		m.move(base+mib, spare1, mib)
+		f.do("churn %x %x %x", spare2, 2*mib, 128<<10)
+		for a := spare2; a < spare2+2*mib; a += 128 << 10 {
+			m.zero(a, PageSize)
+		}
+		close(gate.open)
+		if err := waitRun(t, errc, 45*time.Second); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		st := p.Stats()
+		t.Logf("stats: %+v", st)
+		// Unregister the moved ranges as well before reading their holes.
+		if err := Unregister(fd, spare1, mib); err != nil {
+			t.Fatal(err)
+		}
+		if err := Unregister(fd, spare2, 2*mib); err != nil {
+			t.Fatal(err)
+		}
+		f.checkSum(m, "start", base, mib)
+		f.checkSum(m, "moved 1", spare1, mib)
+		f.checkSum(m, "middle", base+2*mib, 8*mib)
+		f.checkSum(m, "moved 2", spare2, 2*mib)
+		f.checkSum(m, "end", base+12*mib, 4*mib)
+	})
 }
 
 // TestPagerFork forks children while pages are pending: a child gets
 // what its parent had not received, from its own pager; the second child
 // exits without touching most of its memory.
 func TestPagerFork(t *testing.T) {
-	for _, prefetch := range []bool{false, true} {
-		t.Run(map[bool]string{false: "faults", true: "prefetch"}[prefetch], func(t *testing.T) {
+	for _, mode := range []struct {
+		name     string
+		prefetch bool
+		workers  int
+	}{{"faults", false, 0}, {"prefetch", true, 0}, {"workers", true, 2}} {
+		prefetch, workers := mode.prefetch, mode.workers
+		t.Run(mode.name, func(t *testing.T) {
 			const size = 8 * mib
 			f, fd, base, ext, src := setup(t, size)
 			m := newMem(base, size, ext, src)
@@ -226,7 +251,7 @@ func TestPagerFork(t *testing.T) {
 			if !prefetch {
 				close(gate.open)
 			}
-			p := New(fd, gate, ext, Options{Prefetch: prefetch, PrefetchChunk: block, Logger: testLogger(t)})
+			p := New(fd, gate, ext, Options{Prefetch: prefetch, PrefetchChunk: block, Workers: workers, Logger: testLogger(t)})
 			errc := runPager(t, p, fd, base, size, time.Minute)
 			// the parent takes some, drops some, writes some
 			f.checkSum(m, "parent part", base, 2*mib)
@@ -267,15 +292,16 @@ func TestPagerFork(t *testing.T) {
 	}
 }
 
-// gatedSrc holds reads at or above from until open is closed.
+// gatedSrc holds reads that reach [from, to) (to 0: no end) until open is
+// closed.
 type gatedSrc struct {
 	*patternSrc
-	from uint64
-	open chan struct{}
+	from, to uint64
+	open     chan struct{}
 }
 
 func (g *gatedSrc) ReadAt(b []byte, off int64) (int, error) {
-	if uint64(off)+uint64(len(b)) > g.from {
+	if uint64(off)+uint64(len(b)) > g.from && (g.to == 0 || uint64(off) < g.to) {
 		<-g.open
 	}
 	return g.patternSrc.ReadAt(b, off)
@@ -325,17 +351,27 @@ func TestPagerReadError(t *testing.T) {
 // TestPagerProcessExit: the process exits with pages pending; Run ends
 // without error and says so.
 func TestPagerProcessExit(t *testing.T) {
-	const size = 16 * mib
-	f, fd, base, ext, src := setup(t, size)
-	m := newMem(base, size, ext, src)
-	p := New(fd, slowSrc{src, 2 * time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block})
-	errc := runPager(t, p, fd, base, size, time.Minute)
-	f.checkSum(m, "some", base+size-block, block)
-	f.do("exit")
-	if err := waitRun(t, errc, 30*time.Second); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if st := p.Stats(); !st.Exited {
-		t.Fatalf("stats do not say exited: %+v", st)
+	forWorkers(t, func(t *testing.T, workers int) {
+		const size = 16 * mib
+		f, fd, base, ext, src := setup(t, size)
+		m := newMem(base, size, ext, src)
+		p := New(fd, slowSrc{src, 2 * time.Millisecond}, ext, Options{Prefetch: true, PrefetchChunk: block, Workers: workers})
+		errc := runPager(t, p, fd, base, size, time.Minute)
+		f.checkSum(m, "some", base+size-block, block)
+		f.do("exit")
+		if err := waitRun(t, errc, 30*time.Second); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if st := p.Stats(); !st.Exited {
+			t.Fatalf("stats do not say exited: %+v", st)
+		}
+	})
+}
+
+// forWorkers runs f with the prefetch on the serving thread (0 workers)
+// and with two prefetch workers.
+func forWorkers(t *testing.T, f func(t *testing.T, workers int)) {
+	for _, w := range []int{0, 2} {
+		t.Run(fmt.Sprintf("workers=%d", w), func(t *testing.T) { f(t, w) })
 	}
 }

@@ -1,13 +1,16 @@
 package uffd
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // plan returns the next chunk to prefetch, wrapping to the lowest address
 // once the cursor has passed the last pending piece and nothing is in
 // flight (pieces moved behind the cursor by mremap are found that way).
+// The caller holds setMu.
 func (s *server) plan(inflight int) (piece, bool) {
 	c, ok := s.pend.chunk(s.cursor, s.opts.PrefetchChunk)
 	if !ok && inflight == 0 && s.cursor != 0 {
@@ -20,11 +23,14 @@ func (s *server) plan(inflight int) (piece, bool) {
 	return c, ok
 }
 
-// prefetch places at most one chunk. progressed reports that it did work
-// (the loop then checks for faults again before the next chunk).
+// prefetch places at most one chunk, on the serving goroutine (Workers
+// 0). progressed reports that it did work (the loop then checks for
+// faults again before the next chunk).
 func (s *server) prefetch() (progressed, again bool, err error) {
 	if s.ra == nil {
+		s.setMu.Lock()
 		c, ok := s.plan(0)
+		s.setMu.Unlock()
 		if !ok {
 			return false, false, nil
 		}
@@ -35,12 +41,16 @@ func (s *server) prefetch() (progressed, again bool, err error) {
 		r.err = readFull(s.src, r.buf, c.src)
 		again, err = s.placeChunk(r)
 		if again {
+			s.setMu.Lock()
 			s.cursor = c.cur // replan it after the events
+			s.setMu.Unlock()
 		}
 		return true, again, err
 	}
 	for !s.ra.full() {
+		s.setMu.Lock()
 		c, ok := s.plan(len(s.ra.inflight))
+		s.setMu.Unlock()
 		if !ok {
 			break
 		}
@@ -58,23 +68,26 @@ func (s *server) prefetch() (progressed, again bool, err error) {
 	return true, false, nil
 }
 
-// placeChunk places the parts of a chunk that are still pending where the
-// chunk expects them: events since it was planned may have placed,
-// dropped or moved some (moved pages are found again by a later plan).
+// placeChunk places the parts of a prefetched chunk that are still
+// pending. again: a copy was refused until events are read (the chunk is
+// to be placed again after them).
 func (s *server) placeChunk(r *raReq) (again bool, err error) {
 	c := r.c
-	s.parts = s.parts[:0]
-	s.pend.overlapping(c.cur, c.end(), func(p piece) {
-		if p.src == c.src+(p.cur-c.cur) {
-			s.parts = append(s.parts, p)
-		}
-	})
-	if len(s.parts) == 0 {
-		return false, nil
-	}
 	if r.err != nil {
-		p := s.parts[0]
-		return false, &ServeError{Op: "read", Addr: c.cur, Len: c.len, Src: c.src, Err: fmt.Errorf("prefetch (first pending page %#x): %w", p.cur, r.err)}
+		// Only an error if something of it is still wanted.
+		var first piece
+		var any bool
+		s.setMu.Lock()
+		s.pend.overlapping(c.cur, c.end(), func(p piece) {
+			if !any && p.src == c.src+(p.cur-c.cur) {
+				first, any = p, true
+			}
+		})
+		s.setMu.Unlock()
+		if !any {
+			return false, nil
+		}
+		return false, &ServeError{Op: "read", Addr: c.cur, Len: c.len, Src: c.src, Err: fmt.Errorf("prefetch (first pending page %#x): %w", first.cur, r.err)}
 	}
 	if !r.counted {
 		r.counted = true
@@ -82,20 +95,146 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 		s.st.ReadBytes += c.len
 		s.mu.Unlock()
 	}
-	for _, p := range s.parts {
-		off := p.cur - c.cur
-		err := s.place(p.cur, p.src, r.buf[off:off+p.len], whyPrefetch)
-		switch {
-		case errors.Is(err, errAgain):
-			s.report()
-			return true, nil
-		case errors.Is(err, errGone):
-			s.exited()
-			return false, nil
-		case err != nil:
-			return false, err
-		}
+	_, err = s.placeRange(c, r.buf, whyPrefetch)
+	switch {
+	case errors.Is(err, errAgain):
+		s.report()
+		return true, nil
+	case errors.Is(err, errGone):
+		s.markGone()
+		return false, nil
+	case err != nil:
+		return false, err
 	}
 	s.report()
 	return false, nil
+}
+
+// Prefetch workers (Options.Workers > 0): each claims the next chunk from
+// the cursor, reads it from the source and places it, on its own thread,
+// while the serving goroutine serves faults and events. UFFDIO_COPY from
+// several threads at once is safe; what must not happen is a copy based
+// on a look at the pending set taken before an event that the process has
+// since acted on (a MADV_DONTNEED range must read zeros, not snapshot
+// data). The kernel refuses copies while an event is queued and unread;
+// once the serving goroutine has read it, the process goes on (zaps the
+// range, say) before the event is applied here. So every copy is made
+// under evMu held for reading, with the pending set looked at under it,
+// and the serving goroutine reads and applies events under evMu held for
+// writing: a copy either precedes the read (and the process's change
+// follows it) or sees the event applied.
+
+// startWorkers starts n prefetch workers; Run waits for them.
+func (s *server) startWorkers(ctx context.Context, n int) {
+	for range n {
+		s.workers.Add(1)
+		go func() {
+			defer s.workers.Done()
+			lockThread()
+			if err := s.work(ctx); err != nil {
+				s.setMu.Lock()
+				if s.werr == nil {
+					s.werr = err
+				}
+				s.setMu.Unlock()
+			}
+			s.wake()
+		}()
+	}
+}
+
+// stopWorkers makes the workers return and waits for them.
+func (s *server) stopWorkers() {
+	s.setMu.Lock()
+	s.stop = true
+	s.setCond.Broadcast()
+	s.setMu.Unlock()
+	s.workers.Wait()
+}
+
+// work is one worker's loop.
+func (s *server) work(ctx context.Context) error {
+	buf := make([]byte, s.opts.PrefetchChunk)
+	for {
+		c, ok := s.claim(ctx)
+		if !ok {
+			return nil
+		}
+		r := &raReq{c: c, buf: buf[:c.len]}
+		r.err = readFull(s.src, r.buf, c.src)
+		err := s.placeClaimed(ctx, r)
+		s.setMu.Lock()
+		s.inflight--
+		empty := s.pend.empty() && s.inflight == 0
+		s.setCond.Broadcast()
+		s.setMu.Unlock()
+		if empty {
+			s.wake() // the serving goroutine decides whether Run is done
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// claim waits for the next chunk to prefetch and takes it (counted in
+// inflight), or returns false when there is nothing left or the pager
+// stops.
+func (s *server) claim(ctx context.Context) (piece, bool) {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	for {
+		if s.stop || s.gone.Load() || s.werr != nil || ctx.Err() != nil || s.pend.empty() {
+			return piece{}, false
+		}
+		if d := time.Until(s.prefetchAt); d > 0 {
+			s.wakeIn(d)
+			s.setCond.Wait()
+			continue
+		}
+		if c, ok := s.plan(s.inflight); ok {
+			s.inflight++
+			return c, true
+		}
+		// Everything left is in other workers' hands (or moved behind
+		// the cursor while they have chunks in flight).
+		s.setCond.Wait()
+	}
+}
+
+// placeClaimed places a worker's chunk, waiting for the serving goroutine
+// to read the events that make the kernel refuse copies.
+func (s *server) placeClaimed(ctx context.Context, r *raReq) error {
+	backoff := 50 * time.Microsecond
+	for {
+		again, err := s.placeChunk(r)
+		if err != nil || !again {
+			return err
+		}
+		s.wake()
+		// The events may never come: a failed mremap lowers the kernel's
+		// flag without a message. Retry after a growing timeout too.
+		deadline := time.Now().Add(backoff)
+		s.setMu.Lock()
+		gen := s.evGen
+		s.wakeIn(backoff)
+		for s.evGen == gen && !s.stop && !s.gone.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
+			s.setCond.Wait()
+		}
+		stop := s.stop || s.gone.Load() || ctx.Err() != nil
+		s.setMu.Unlock()
+		if stop {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 10*time.Millisecond)
+	}
+}
+
+// wakeIn broadcasts setCond after d.
+func (s *server) wakeIn(d time.Duration) {
+	time.AfterFunc(d, func() {
+		s.setMu.Lock()
+		s.setCond.Broadcast()
+		s.setMu.Unlock()
+	})
 }

@@ -43,7 +43,9 @@ func (s *server) serveFault(f fault) error {
 		return &ServeError{Op: "fault", Addr: f.m.Addr, Len: PageSize, Err: fmt.Errorf("%v: %w", f.m, ErrUnexpected)}
 	}
 	page := f.m.Addr &^ (PageSize - 1)
+	s.setMu.Lock()
 	p, ok := s.pend.find(page)
+	s.setMu.Unlock()
 	if !ok {
 		zeroed, err := s.serveZero(page, f.m.Flags&PagefaultFlagWrite != 0)
 		if err != nil {
@@ -73,11 +75,14 @@ func (s *server) serveFault(f fault) error {
 	s.mu.Lock()
 	s.st.ReadBytes += hi - lo
 	s.mu.Unlock()
-	s.skipped = false
-	if err := s.place(lo, src, buf, whyFault); err != nil {
+	// A prefetch worker may have placed some of it meanwhile (the fault
+	// then finds the page present: it is woken), never an event: events
+	// are applied by this goroutine only.
+	skipped, err := s.placeRange(piece{lo, src, hi - lo}, buf, whyFault)
+	if err != nil {
 		return err
 	}
-	if s.skipped {
+	if skipped {
 		if err := s.wakePage(page); err != nil {
 			return err
 		}
@@ -92,15 +97,25 @@ func (s *server) serveFault(f fault) error {
 }
 
 // serveZero serves a fault outside every pending extent with zeros, from
-// the faulting page up to ZeroChunk or the next pending extent: the zero
-// page for a read, a copy of zeros for a write (no copy-on-write fault to
-// follow). A present page (the fault raced a copy) or a vanished VMA (it
-// raced munmap or mremap) only needs the waiting thread woken.
+// the faulting page up to ZeroReadChunk (a read: the zero page) or
+// ZeroChunk (a write: a copy of zeros, so that no copy-on-write fault
+// follows), or the next pending extent. A present page (the fault raced a
+// copy) or a vanished VMA (it raced munmap or mremap) only needs the
+// waiting thread woken.
 func (s *server) serveZero(page uint64, write bool) (uint64, error) {
+	// Under evMu: no event may move pending pages into the range between
+	// the look at the pending set and the fill.
+	s.evMu.RLock()
+	defer s.evMu.RUnlock()
 	end := page + s.opts.ZeroChunk
+	if !write {
+		end = page + s.opts.ZeroReadChunk
+	}
+	s.setMu.Lock()
 	if q, _, ok := s.pend.next(page); ok && q.cur < end {
 		end = q.cur
 	}
+	s.setMu.Unlock()
 	for {
 		var n int64
 		var err error
@@ -118,8 +133,9 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 		case errors.Is(err, ErrExist):
 			return 0, s.wakePage(page)
 		case errors.Is(err, ErrNoVMA):
+			// The range crosses the end of the VMA: halve it.
 			if end-page > PageSize {
-				end = page + PageSize
+				end = page + max(PageSize, (end-page)/2&^(PageSize-1))
 				continue
 			}
 			return 0, s.wakePage(page)
@@ -153,25 +169,73 @@ func (s *server) retried() {
 	s.mu.Unlock()
 }
 
-// exited drops everything pending: the address space is gone.
+// exited drops everything pending: the address space is gone. Serving
+// goroutine only (it owns the fault queue).
 func (s *server) exited() {
-	s.gone = true
-	s.pend = newPieceSet(nil)
+	s.markGone()
 	s.faults = nil
+}
+
+// markGone records that the address space is gone and drops the pending
+// set.
+func (s *server) markGone() {
+	s.setMu.Lock()
+	if s.gone.Load() {
+		s.setMu.Unlock()
+		return
+	}
+	s.gone.Store(true)
+	s.pend = newPieceSet(nil)
+	s.setCond.Broadcast()
+	s.setMu.Unlock()
 	s.mu.Lock()
 	s.st.Exited = true
 	s.mu.Unlock()
 	s.report()
+	s.wake()
 	s.log.Debug("uffd: process address space gone")
 }
 
+// placeRange places the parts of c (the snapshot bytes at c.src, in buf,
+// for [c.cur, c.end())) that are still pending where c expects them:
+// events since c was planned may have placed, dropped or moved some
+// (moved pages are planned again later). It holds evMu for reading, so
+// that no event is read, and acted on by the process, between the look at
+// the pending set and the copies. skipped reports pages found present.
+func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err error) {
+	s.evMu.RLock()
+	defer s.evMu.RUnlock()
+	var parts []piece
+	s.setMu.Lock()
+	if s.gone.Load() {
+		s.setMu.Unlock()
+		return false, errGone
+	}
+	s.pend.overlapping(c.cur, c.end(), func(p piece) {
+		if p.src == c.src+(p.cur-c.cur) {
+			parts = append(parts, p)
+		}
+	})
+	s.setMu.Unlock()
+	for _, p := range parts {
+		off := p.cur - c.cur
+		sk, err := s.place(p.cur, p.src, buf[off:off+p.len], why)
+		skipped = skipped || sk
+		if err != nil {
+			return skipped, err
+		}
+	}
+	return skipped, nil
+}
+
 // place copies buf (the snapshot bytes at src) to dst and takes what it
-// placed out of the pending set. Present pages are skipped one by one; a
-// range the kernel refuses as not in one registered VMA is halved until
-// the boundary is found. A page with no VMA at all is dropped in a forked
-// child (MADV_DONTFORK memory) and an error in the root, where events keep
-// the pending set inside registered VMAs.
-func (s *server) place(dst, src uint64, buf []byte, why int) error {
+// placed out of the pending set; the caller holds evMu for reading.
+// Present pages are skipped one by one; a range the kernel refuses as not
+// in one registered VMA is halved until the boundary is found. A page with
+// no VMA at all is dropped in a forked child (MADV_DONTFORK memory) and an
+// error in the root, where events keep the pending set inside registered
+// VMAs.
+func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err error) {
 	for len(buf) > 0 {
 		n, err := Copy(s.fd, dst, buf, 0)
 		if n > 0 {
@@ -182,26 +246,32 @@ func (s *server) place(dst, src uint64, buf []byte, why int) error {
 		case err == nil, errors.Is(err, ErrShort):
 			continue
 		case errors.Is(err, ErrExist):
+			s.setMu.Lock()
 			s.pend.remove(dst, dst+PageSize, nil)
+			s.setMu.Unlock()
 			s.mu.Lock()
 			s.st.ExistingBytes += PageSize
 			s.mu.Unlock()
-			s.skipped = true
+			skipped = true
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
 		case errors.Is(err, ErrNoVMA):
 			if len(buf) > PageSize {
 				h := len(buf) / PageSize / 2 * PageSize
-				if err := s.place(dst, src, buf[:h], why); err != nil {
-					return err
+				sk, err := s.place(dst, src, buf[:h], why)
+				skipped = skipped || sk
+				if err != nil {
+					return skipped, err
 				}
 				dst, src, buf = dst+uint64(h), src+uint64(h), buf[h:]
 				continue
 			}
 			if !s.child {
-				return &ServeError{Op: "copy", Addr: dst, Len: PageSize, Src: src, Err: err}
+				return skipped, &ServeError{Op: "copy", Addr: dst, Len: PageSize, Src: src, Err: err}
 			}
+			s.setMu.Lock()
 			s.pend.remove(dst, dst+PageSize, nil)
+			s.setMu.Unlock()
 			s.mu.Lock()
 			s.st.DroppedBytes += PageSize
 			s.mu.Unlock()
@@ -209,17 +279,19 @@ func (s *server) place(dst, src uint64, buf []byte, why int) error {
 			continue
 		case errors.Is(err, ErrAgain):
 			s.retried()
-			return errAgain
+			return skipped, errAgain
 		case errors.Is(err, ErrGone):
-			return errGone
+			return skipped, errGone
 		}
-		return &ServeError{Op: "copy", Addr: dst, Len: uint64(len(buf)), Src: src, Err: err}
+		return skipped, &ServeError{Op: "copy", Addr: dst, Len: uint64(len(buf)), Src: src, Err: err}
 	}
-	return nil
+	return skipped, nil
 }
 
 func (s *server) placed(dst, n uint64, why int) {
+	s.setMu.Lock()
 	s.pend.remove(dst, dst+n, nil)
+	s.setMu.Unlock()
 	s.mu.Lock()
 	if why == whyFault {
 		s.st.FaultBytes += n

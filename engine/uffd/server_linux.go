@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,7 +26,9 @@ type fault struct {
 }
 
 // server serves one userfaultfd: the root process's or a forked child's.
-// Everything but the stats is owned by the serving goroutine.
+// The serving goroutine owns the fault queue and the buffers; the pending
+// set and the prefetch state, which prefetch workers share, are under
+// setMu; the stats under mu.
 type server struct {
 	fd    int
 	src   io.ReaderAt
@@ -34,25 +37,38 @@ type server struct {
 	child bool
 	tree  *tree
 
-	pend       *pieceSet
+	pend       *pieceSet // under setMu
 	total      uint64
 	faults     []fault
 	msgBuf     []byte
 	faultBuf   []byte
 	zeros      []byte
 	parts      []piece
-	cursor     uint64 // prefetch: next address to plan
+	cursor     uint64 // prefetch: next address to plan; under setMu
 	ra         *readAhead
 	syncBuf    []byte // prefetch without read-ahead
 	wk         *waker
-	gone       bool
-	skipped    bool // a page was found present during the last placement
+	gone       atomic.Bool // the address space is gone (written under setMu)
 	probeSrc   []byte
 	spinUntil  time.Time
 	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
 	probed     time.Time
-	lastDone   uint64
-	reported   bool
+
+	// evMu: held for writing while messages are read and events applied,
+	// for reading around every look at the pending set that a copy or
+	// zero fill follows (see the workers in prefetch_linux.go).
+	evMu     sync.RWMutex
+	setMu    sync.Mutex
+	setCond  *sync.Cond // on setMu: the pending set, inflight, evGen or stop changed
+	inflight int        // chunks claimed by workers, not yet placed
+	evGen    uint64     // events applied so far
+	werr     error      // the first error of a worker
+	stop     bool       // workers must return
+	workers  sync.WaitGroup
+
+	progMu   sync.Mutex // serialises Progress; guards lastDone, reported
+	lastDone uint64
+	reported bool
 
 	fdMu     sync.Mutex
 	fdClosed bool
@@ -65,9 +81,11 @@ type server struct {
 
 func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, child bool) *server {
 	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, pend: pend, total: pend.bytes}
+	s.setCond = sync.NewCond(&s.setMu)
 	if child {
 		s.opts.Progress = nil
 		s.opts.PrefetchDelay = 0
+		s.opts.Workers = 0
 		s.log = s.log.With("child_uffd", fd)
 	}
 	s.st.Total, s.st.Pending = pend.bytes, pend.bytes
@@ -139,12 +157,17 @@ func (s *server) run(ctx context.Context) error {
 	s.probed = time.Now()
 
 	s.msgBuf = make([]byte, 64*MsgSize)
-	if s.opts.Prefetch && s.opts.ReadAhead > 0 && !s.pend.empty() {
+	start := time.Now()
+	s.prefetchAt = start.Add(s.opts.PrefetchDelay)
+	switch {
+	case !s.opts.Prefetch || s.pendingEmpty():
+	case s.opts.Workers > 0:
+		s.startWorkers(ctx, s.opts.Workers)
+		defer s.stopWorkers()
+	case s.opts.ReadAhead > 0:
 		s.ra = startReadAhead(s.src, s.opts.ReadAhead+1, s.opts.PrefetchChunk, wk.wake)
 		defer s.ra.stop()
 	}
-	start := time.Now()
-	s.prefetchAt = start.Add(s.opts.PrefetchDelay)
 	s.report()
 	err = s.loop(ctx)
 	st := s.stats()
@@ -166,11 +189,14 @@ func (s *server) loop(ctx context.Context) error {
 				return err
 			}
 		}
+		if err := s.workerErr(); err != nil {
+			return err
+		}
 		if err := s.pump(); err != nil {
 			return err
 		}
 		again, err := s.serveFaults()
-		if err == nil && !again && s.prefetching() && !s.pend.empty() {
+		if err == nil && !again && s.opts.Workers == 0 && s.prefetching() && !s.pendingEmpty() {
 			var progressed bool
 			progressed, again, err = s.prefetch()
 			if err == nil && progressed && !again {
@@ -191,7 +217,7 @@ func (s *server) loop(ctx context.Context) error {
 			continue
 		}
 		backoff = 20 * time.Microsecond
-		if s.pend.empty() && len(s.faults) == 0 {
+		if s.pendingEmpty() && len(s.faults) == 0 && s.idleWorkers() {
 			if s.child {
 				return nil
 			}
@@ -207,21 +233,42 @@ func (s *server) loop(ctx context.Context) error {
 			continue // poll the userfaultfd instead of sleeping
 		}
 		timeout := time.Duration(-1)
-		if !s.pend.empty() {
+		if !s.pendingEmpty() {
 			timeout = probeInterval
-			if s.opts.Prefetch && !s.prefetching() {
+			if s.opts.Prefetch && s.opts.Workers == 0 && !s.prefetching() {
 				timeout = min(timeout, time.Until(s.prefetchAt))
 			}
 		}
 		if err := s.wait(timeout); err != nil {
 			return err
 		}
-		if !s.pend.empty() && time.Since(s.probed) >= probeInterval {
+		if !s.pendingEmpty() && time.Since(s.probed) >= probeInterval {
 			if err := s.probe(); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// pendingEmpty reports whether nothing is pending.
+func (s *server) pendingEmpty() bool {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	return s.pend.empty()
+}
+
+// idleWorkers reports whether no worker holds a chunk.
+func (s *server) idleWorkers() bool {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	return s.inflight == 0
+}
+
+// workerErr returns the first error of a worker.
+func (s *server) workerErr() error {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	return s.werr
 }
 
 // prefetching reports whether the prefetcher may run now.
@@ -241,7 +288,9 @@ const probeInterval = 100 * time.Millisecond
 // EAGAIN, ENOENT) without placing anything.
 func (s *server) probe() error {
 	s.probed = time.Now()
+	s.setMu.Lock()
 	p, _, ok := s.pend.next(0)
+	s.setMu.Unlock()
 	if !ok {
 		return nil
 	}
@@ -272,7 +321,7 @@ func (s *server) wait(timeout time.Duration) error {
 		t := unix.NsecToTimespec(int64(timeout))
 		ts = &t
 	}
-	if s.gone {
+	if s.gone.Load() {
 		fds = fds[1:]
 	}
 	_, err := unix.Ppoll(fds, ts, nil)
@@ -293,9 +342,13 @@ func (s *server) wait(timeout time.Duration) error {
 // pump reads every pending message: events are applied at once, in order;
 // faults are queued and served afterwards against the updated state.
 func (s *server) pump() error {
-	if s.gone {
+	if s.gone.Load() {
 		return nil
 	}
+	// No copy may be between its look at the pending set and the copy
+	// while events are read and applied.
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
 	for {
 		n, err := ReadMsgs(s.fd, s.msgBuf)
 		if err != nil {
@@ -305,13 +358,21 @@ func (s *server) pump() error {
 			return nil
 		}
 		now := time.Now()
+		events := false
+		s.setMu.Lock()
 		for i := range n {
 			m, err := DecodeMsg(s.msgBuf[i*MsgSize:])
 			if err != nil {
+				s.setMu.Unlock()
 				return &ServeError{Op: "event", Err: err}
 			}
-			s.apply(m, now)
+			events = s.apply(m, now) || events
 		}
+		if events {
+			s.evGen++
+			s.setCond.Broadcast()
+		}
+		s.setMu.Unlock()
 		s.report()
 		if n < len(s.msgBuf)/MsgSize {
 			return nil
@@ -319,11 +380,13 @@ func (s *server) pump() error {
 	}
 }
 
-func (s *server) apply(m Msg, now time.Time) {
+// apply queues a fault or applies an event (reported true); the caller
+// holds setMu.
+func (s *server) apply(m Msg, now time.Time) bool {
 	switch m.Event {
 	case EventPagefault:
 		s.faults = append(s.faults, fault{m, now})
-		return
+		return false
 	case EventRemove:
 		n := s.pend.remove(m.Start, m.End, nil)
 		s.mu.Lock()
@@ -349,6 +412,7 @@ func (s *server) apply(m Msg, now time.Time) {
 		s.mu.Unlock()
 	}
 	s.log.Debug("uffd event", "msg", m)
+	return true
 }
 
 // fork starts a pager for a child forked with pages pending: its memory is
@@ -367,11 +431,15 @@ func (s *server) fork(ufd int) {
 
 // report publishes the pending count and calls Progress on a change.
 func (s *server) report() {
+	s.setMu.Lock()
 	pending := s.pend.bytes
+	s.setMu.Unlock()
 	s.mu.Lock()
 	s.st.Pending = pending
 	s.mu.Unlock()
 	done := s.total - pending
+	s.progMu.Lock()
+	defer s.progMu.Unlock()
 	if s.opts.Progress != nil && (done != s.lastDone || !s.reported) {
 		s.opts.Progress(done, s.total)
 	}
