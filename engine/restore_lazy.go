@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 
@@ -126,18 +127,22 @@ func (r *restorer) lazyBlock(b image.Block) bool {
 // prepareLazy creates the process's userfaultfd (inside it, by injection)
 // and takes it, then lists what the pager serves and what is registered.
 //
-// What is registered, measured (modelserver 1 GiB, one VMA of ½ weights,
-// ¼ zeros, ¼ random; see the report in test/lazy_bench_test.go): whole
-// VMAs that hold at least one non-zero block. A VMA whose blocks are all
-// ZERO (or that was never dumped) is not registered: the kernel fills it
-// on first touch (1-2 µs a page) where a fault round trip through the
-// pager costs tens of µs. Registering only the non-zero ranges inside a
-// VMA would do the same for zero ranges inside a VMA, but splits the VMA
-// for the whole lazy phase, and mremap() of a range that crosses a split
-// fails with EFAULT (a realloc the process could do before the restore
-// could then fail): zero ranges inside registered VMAs are served by the
-// pager in large zero-page chunks instead (uffd.Options.ZeroChunk), and
-// need nothing once the lazy phase ends and the VMA is unregistered.
+// What is registered: whole VMAs that hold at least one non-zero block.
+// A VMA whose blocks are all ZERO (or that was never dumped) is not
+// registered: the kernel fills it on first touch (1-2 µs a page) where a
+// fault round trip through the pager costs tens of µs. Zero ranges inside
+// a registered VMA are served by the pager, the zero page 2 MiB at a time
+// for reads (uffd.Options.ZeroReadChunk), and need nothing once the lazy
+// phase ends. Registering only the non-zero ranges of a VMA instead was
+// measured on the 1 GiB modelserver (one VMA: ½ weights, ¼ zeros, ¼
+// random; --source direct, 3 runs each): "touch 1" answered after
+// 474-621 ms (data ranges only) against 472-672 ms (whole VMA, 2 MiB zero
+// reads) and 481-504 ms (whole VMA, 64 KiB zero reads); "token" (reads
+// all) after 693-806 ms against 696-896 ms and 744-921 ms: no difference
+// beyond the noise, because the pager's zero reads are few and cheap. And
+// it costs: registering part of a VMA splits it for the whole lazy phase,
+// and mremap() of a range that crosses a split fails with EFAULT (a
+// realloc the process could do before the restore could fail during it).
 func (r *restorer) prepareLazy(ctx context.Context) error {
 	if r.opts.Lazy == nil {
 		return nil
@@ -248,7 +253,20 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	o := r.opts.LazyOptions
 	po := o.Pager
 	po.Prefetch, po.PrefetchDelay, po.Logger, po.Progress, po.Holder = true, o.PrefetchDelay, r.log, o.Progress, o.Holder
-	l.pager = uffd.New(l.fd, r.opts.Lazy, slices.Clip(l.extents), po)
+	if po.Workers == 0 {
+		po.Workers = lazyWorkers()
+	}
+	src := r.opts.Lazy
+	if _, ok := src.(*image.Reader); ok {
+		// --source direct: read the pages file ourselves (blockSource).
+		bs, err := newBlockSource(r.snap.Dir, r.pages)
+		if err != nil {
+			return err
+		}
+		defer bs.Close()
+		src = bs
+	}
+	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
 	err := l.pager.Run(ctx)
 	*stats = l.pager.Stats()
 	if err != nil {
@@ -275,6 +293,15 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	l.fd = -1
 	r.lazy = nil
 	return r.detachTree()
+}
+
+// lazyWorkers is how many threads prefetch: one per CPU we may run on, at
+// most 4. Each reads its chunk and places it, so that source reads and
+// copies overlap on several CPUs (BenchmarkPrefetch, 2 vCPUs: 1.2-1.4
+// GB/s with a decode-speed source against 0.9-1.1 for a serving thread
+// fed by a read-ahead goroutine).
+func lazyWorkers() int {
+	return min(4, max(1, runtime.GOMAXPROCS(0)))
 }
 
 // detachTree detaches the restored process, then every child it forked
