@@ -174,13 +174,25 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 		l.held = true
 	}
 	withData := map[*image.VMA]bool{}
+	// Blocks come in address order: the VMA and its verdict are looked up
+	// once per VMA, not per block (a 1 GiB snapshot of 4 KiB blocks has
+	// 262144 of them).
+	var v *image.VMA
+	lazy := false
+	l.extents = make([]uffd.Extent, 0, r.pages.Stats().Total.Blocks)
 	for b := range r.pages.Blocks() {
-		if b.Kind == codec.Zero || !r.lazyBlock(b) {
+		if v == nil || b.Addr < v.Start || b.Addr >= v.End {
+			v = r.vmaAt(b.Addr)
+			lazy = v != nil && r.isLazy(v)
+		}
+		if b.Kind == codec.Zero || !lazy || r.eagerPage(b.Addr, uint64(b.Len)) {
 			continue
+		}
+		if n := len(l.extents); n == 0 || l.extents[n-1].End() <= v.Start {
+			withData[v] = true // the VMA's first extent
 		}
 		l.extents = append(l.extents, uffd.Extent{Addr: b.Addr, Len: uint64(b.Len)})
 		l.bytes += uint64(b.Len)
-		withData[r.vmaAt(b.Addr)] = true
 	}
 	for i := range r.st.VMAs {
 		if v := &r.st.VMAs[i]; withData[v] {
