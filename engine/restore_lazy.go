@@ -307,13 +307,18 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	return r.detachTree()
 }
 
-// lazyWorkers is how many threads prefetch: one per CPU we may run on, at
-// most 4. Each reads its chunk and places it, so that source reads and
-// copies overlap on several CPUs (BenchmarkPrefetch, 2 vCPUs: 1.2-1.4
-// GB/s with a decode-speed source against 0.9-1.1 for a serving thread
-// fed by a read-ahead goroutine).
+// lazyWorkers is how many threads prefetch: one per CPU we may run on but
+// one, which the process and the fault service need (at least one, at most
+// 4). Each worker reads its chunk and places it. Measured on 2 vCPUs (1
+// GiB modelserver, --source direct, medians of 5, shared machine), one
+// worker against two: "touch 1" (one page in a hundred) answered after
+// 314 ms against 594 ms on a snapshot of 4 KiB blocks, 544 against 563 ms
+// on 256 KiB blocks; "token" (reads all) after 872 against 817 ms and 753
+// against 754 ms. With two, the process and the serving thread wait for a
+// CPU (fault service p99 1-3 ms instead of 65-150 µs). Running the
+// workers at SCHED_IDLE did not help.
 func lazyWorkers() int {
-	return min(4, max(1, runtime.GOMAXPROCS(0)))
+	return min(4, max(1, runtime.GOMAXPROCS(0)-1))
 }
 
 // detachTree detaches the restored process, then every child it forked

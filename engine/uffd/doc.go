@@ -26,6 +26,10 @@
 //
 //   - A fault at an address inside a pending extent is served with the whole
 //     extent (at most MaxFaultBytes around the address) in one UFFDIO_COPY.
+//     A fault right after the previous one (a thread reading through memory
+//     the prefetcher has not reached) is served the pending memory that
+//     follows as well, up to FaultAhead (1 MiB): a scan of 4 KiB blocks
+//     then faults once per MiB, not once per page.
 //     Pages found present (EEXIST) are skipped page by page; a range that
 //     crosses a VMA boundary (the process split the VMA) is split in halves.
 //   - A fault anywhere else in a registered VMA (a hole in the snapshot, a
@@ -44,7 +48,9 @@
 //     fault never waits behind more than one chunk. Workers are faster: on
 //     two vCPUs, 1.2-1.4 GB/s against 0.9-1.1 from a source that computes
 //     its bytes at LZ4 speed (BenchmarkPrefetch), and a lazy restore of 806
-//     MiB all in after 0.37-0.44 s against 0.47-0.69 s.
+//     MiB all in after 0.37-0.44 s against 0.47-0.69 s. Every worker takes
+//     a CPU from the process and the fault service, though: see
+//     engine's lazyWorkers for the measured choice.
 //
 // Faults and events are handled by one goroutine locked to its OS thread
 // (optionally pinned with Options.Affinity): on small machines a wakeup

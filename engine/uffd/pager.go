@@ -19,6 +19,7 @@ const (
 	DefaultMaxFaultBytes = 4 << 20
 	DefaultZeroChunk     = 64 << 10
 	DefaultZeroReadChunk = 2 << 20
+	DefaultFaultAhead    = 1 << 20
 )
 
 // Options tune a Pager. The zero value serves faults only.
@@ -44,6 +45,11 @@ type Options struct {
 	// address, clipped to the MaxFaultBytes-aligned window around it. Page
 	// multiple; default DefaultMaxFaultBytes.
 	MaxFaultBytes uint64
+	// FaultAhead is how much a fault that follows the previous one
+	// (the process reads through memory the prefetcher has not reached)
+	// brings in: the pending memory from the faulting extent on. Page
+	// multiple; default DefaultFaultAhead; PageSize turns it off.
+	FaultAhead uint64
 	// ZeroChunk is how much a fault outside every extent zero-fills, from
 	// the faulting page up to the next pending extent. Page multiple;
 	// default DefaultZeroChunk; PageSize serves single pages.
@@ -99,6 +105,7 @@ func (o Options) normalized() Options {
 	fix(&o.MaxFaultBytes, DefaultMaxFaultBytes)
 	fix(&o.ZeroChunk, DefaultZeroChunk)
 	fix(&o.ZeroReadChunk, DefaultZeroReadChunk)
+	fix(&o.FaultAhead, DefaultFaultAhead)
 	if o.ReadAhead == 0 {
 		o.ReadAhead = DefaultReadAhead
 	}

@@ -65,6 +65,19 @@ func (s *server) serveFault(f fault) error {
 		hi = min(hi, lo+w)
 	}
 	src := p.src + (lo - p.cur)
+	// A fault right after the previous one (a thread reading through its
+	// memory faster than the prefetcher) is served the pending memory that
+	// follows too, up to FaultAhead: one fault per FaultAhead bytes
+	// instead of one per block.
+	if s.opts.FaultAhead > hi-lo && lo >= s.lastFault.cur && lo <= s.lastFault.end()+PageSize {
+		s.setMu.Lock()
+		c, ok := s.pend.chunk(lo, s.opts.FaultAhead)
+		s.setMu.Unlock()
+		if ok && c.cur == lo && c.len > hi-lo {
+			hi = lo + c.len
+		}
+	}
+	s.lastFault = piece{lo, src, hi - lo}
 	if uint64(cap(s.faultBuf)) < hi-lo {
 		s.faultBuf = make([]byte, hi-lo)
 	}
@@ -212,9 +225,16 @@ func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err err
 		return false, errGone
 	}
 	s.pend.overlapping(c.cur, c.end(), func(p piece) {
-		if p.src == c.src+(p.cur-c.cur) {
-			parts = append(parts, p)
+		if p.src != c.src+(p.cur-c.cur) {
+			return
 		}
+		// Pieces that follow each other are placed with one copy (small
+		// blocks make many small pieces).
+		if n := len(parts); n > 0 && parts[n-1].end() == p.cur && parts[n-1].src+parts[n-1].len == p.src {
+			parts[n-1].len += p.len
+			return
+		}
+		parts = append(parts, p)
 	})
 	s.setMu.Unlock()
 	for _, p := range parts {

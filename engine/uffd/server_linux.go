@@ -53,6 +53,7 @@ type server struct {
 	spinUntil  time.Time
 	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
 	probed     time.Time
+	lastFault  piece // the range the last data fault was served
 
 	// evMu: held for writing while messages are read and events applied,
 	// for reading around every look at the pending set that a copy or
@@ -344,6 +345,14 @@ func (s *server) wait(timeout time.Duration) error {
 func (s *server) pump() error {
 	if s.gone.Load() {
 		return nil
+	}
+	if s.opts.Workers > 0 {
+		// Taking evMu waits for the workers' copies in progress: only
+		// when there is something to read.
+		p := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(p, 0); err == nil && n == 0 {
+			return nil
+		}
 	}
 	// No copy may be between its look at the pending set and the copy
 	// while events are read and applied.
