@@ -375,3 +375,37 @@ func forWorkers(t *testing.T, f func(t *testing.T, workers int)) {
 		t.Run(fmt.Sprintf("workers=%d", w), func(t *testing.T) { f(t, w) })
 	}
 }
+
+// TestPagerFaultAhead: a thread reading through memory of 4 KiB extents,
+// with no prefetch, faults about once per FaultAhead, not once per page,
+// and reads the right bytes; with FaultAhead a page, once per page.
+func TestPagerFaultAhead(t *testing.T) {
+	const size = 8 * mib
+	for _, ahead := range []uint64{0, PageSize} {
+		t.Run(fmt.Sprintf("ahead=%d", ahead), func(t *testing.T) {
+			f := startFixture(t, requireFixture(t))
+			fd := f.takeUffd()
+			base := f.do("map %x", uint64(size))[0]
+			if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
+				t.Fatal(err)
+			}
+			ext := cut(base, PageSize, size/PageSize)
+			src := newPatternSrc(ext)
+			m := newMem(base, size, ext, src)
+			p := New(fd, src, ext, Options{FaultAhead: ahead, Logger: testLogger(t)})
+			errc := runPager(t, p, fd, base, size, time.Minute)
+			f.checkSum(m, "all", base, size)
+			if err := waitRun(t, errc, 30*time.Second); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			st := p.Stats()
+			t.Logf("faults %d for %d pages", st.Faults, size/PageSize)
+			if ahead == 0 && st.Faults > 4*size/DefaultFaultAhead {
+				t.Errorf("%d faults for a sequential read of %d MiB: no fault-ahead", st.Faults, size/mib)
+			}
+			if ahead == PageSize && st.Faults < size/PageSize {
+				t.Errorf("%d faults for %d pages with FaultAhead a page", st.Faults, size/PageSize)
+			}
+		})
+	}
+}
