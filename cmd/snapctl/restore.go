@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,6 +104,7 @@ dumped process went away); listening sockets listen again.`, stderr)
 		}
 		return writePidfile(*pidfile, pid)
 	}
+	var progress *lazyProgress
 	if *lazy {
 		h, err := startLazyHelper(*dir, *mount, *source, *threads, log)
 		if err != nil {
@@ -116,12 +118,15 @@ dumped process went away); listening sockets listen again.`, stderr)
 			opts.LazyOptions.Holder = h.keeper
 		}
 		if tty {
-			p := newLazyProgress(stderr)
-			defer p.stop()
-			opts.LazyOptions.Progress = p.update
+			progress = newLazyProgress(stderr)
+			defer progress.stop()
+			opts.LazyOptions.Progress = progress.update
 		}
 	}
 	res, err := engine.Restore(ctx, opts)
+	if progress != nil {
+		progress.stop() // its last line before the summary
+	}
 	if err != nil {
 		return err
 	}
@@ -158,6 +163,7 @@ type lazyProgress struct {
 	done, total atomic.Uint64
 	quit        chan struct{}
 	finished    chan struct{}
+	once        sync.Once
 }
 
 func newLazyProgress(w io.Writer) *lazyProgress {
@@ -197,7 +203,7 @@ func (p *lazyProgress) update(done, total uint64) {
 }
 
 func (p *lazyProgress) stop() {
-	close(p.quit)
+	p.once.Do(func() { close(p.quit) })
 	<-p.finished
 }
 
