@@ -114,6 +114,18 @@ dumped process went away); listening sockets listen again.`, stderr)
 		defer h.close()
 		opts.Lazy = h.src
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
+		if h.private {
+			// Reads from the private mount wait on the helper's FUSE
+			// server (direct I/O: every read goes to it): with a worker
+			// per CPU, one reads while another copies. Measured (1 GiB
+			// modelserver, 256 KiB blocks, 2 vCPUs, medians of 5 on a
+			// busy machine): "touch 1" answered after 1.06 s with two
+			// workers against 1.41 s with one, "token" 1.30 s against
+			// 1.83 s (with 4 KiB blocks "touch 1" is faster with one,
+			// 1.03 s against 1.65 s, but then --source direct answers in
+			// 0.27 s).
+			opts.LazyOptions.Pager.Workers = min(4, max(2, runtime.GOMAXPROCS(0)))
+		}
 		if h.keeper != nil {
 			opts.LazyOptions.Holder = h.keeper
 		}
@@ -216,10 +228,11 @@ func (p *lazyProgress) stop() {
 // could never exit (they wait uninterruptibly for answers that its dead
 // server threads will never send).
 type lazyHelper struct {
-	src    io.ReaderAt
-	keeper *uffd.Keeper
-	closer func()
-	log    *slog.Logger
+	src     io.ReaderAt
+	private bool // src is the helper's private mount
+	keeper  *uffd.Keeper
+	closer  func()
+	log     *slog.Logger
 }
 
 // helperSetupWait bounds how long the helper may take to mount.
@@ -289,7 +302,7 @@ func startLazyHelper(dir, mnt, source string, threads int, log *slog.Logger) (*l
 			return nil, fmt.Errorf("private mount: %w", err)
 		}
 		f := os.NewFile(uintptr(fds[0]), "mem")
-		h.src, h.closer = f, func() { f.Close() }
+		h.src, h.closer, h.private = f, func() { f.Close() }, true
 	}
 	return h, nil
 }
