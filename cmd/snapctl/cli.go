@@ -111,7 +111,7 @@ func newFlags(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 			if arg != "" {
 				arg = " " + arg
 			}
-			if def := f.DefValue; def != "" && def != "false" && def != "0" && !strings.Contains(usage, "default") {
+			if def := f.DefValue; def != "" && def != "false" && def != "0" && def != "0s" && f.Name != "tcp-close" && !strings.Contains(usage, "default") {
 				usage += " (default " + def + ")"
 			}
 			fmt.Fprintf(fs.Output(), "  %s%s%s%s\n      %s\n", dash, f.Name, arg, aliasOf(fs, f), usage)

@@ -24,9 +24,9 @@ last: a failed dump leaves the process running and no manifest behind.
 
 Refused: a process with children, a process already being traced, and
 anything the format cannot describe yet (the error names it).`, stderr)
-	pid := fs.Int("t", 0, "process to dump")
+	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	alias(fs, "tree", "t")
-	dir := fs.String("D", "", "snapshot directory (created if missing; must not hold a snapshot)")
+	dir := fs.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
 	alias(fs, "images-dir", "D")
 	leave := fs.Bool("leave-running", false, "resume the process after the dump instead of killing it")
 	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")

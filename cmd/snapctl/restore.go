@@ -54,14 +54,14 @@ bytes.
 
 Established TCP connections are closed (their peers saw a reset when the
 dumped process went away); listening sockets listen again.`, stderr)
-	dir := fl.String("D", "", "snapshot directory")
+	dir := fl.String("D", "", "the snapshot directory `DIR`")
 	alias(fl, "images-dir", "D")
 	threads := threadsFlag(fl)
 	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
 	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
-	source := fl.String("source", "mount", "with --lazy: read pages through a FUSE mount, or 'direct' from the snapshot files")
-	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after this long")
+	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the\n      snapshot) or direct (the snapshot files)")
+	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after\n      `DELAY` (e.g. 200ms)")
 	fl.Bool("tcp-close", true, "close established TCP connections (the only mode)")
 	verbose := fl.Bool("v", false, "log each step")
 	if err := parse(fl, args); err != nil {
