@@ -351,12 +351,7 @@ func (f *filler) openUffd(blocks []image.Block) error {
 	if len(want) == 0 {
 		return nil
 	}
-	tfd, err := r.call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
-	if err != nil {
-		return fmt.Errorf("userfaultfd in the process: %w", err)
-	}
-	fd, err := takeFD(r.st.PID, int(tfd))
-	r.closeFD(int(tfd))
+	fd, err := r.userfaultfd()
 	if err != nil {
 		return err
 	}
@@ -389,14 +384,21 @@ func (f *filler) closeUffd() {
 	f.uffd, f.uffdVMAs = -1, nil
 }
 
-// takeFD returns a copy of descriptor fd of process pid.
-func takeFD(pid, fd int) (int, error) {
-	pidfd, err := unix.PidfdOpen(pid, 0)
+// userfaultfd makes a userfaultfd inside the process (registrations
+// apply to the address space of the process that created it) and returns
+// our copy of it; the process keeps none.
+func (r *restorer) userfaultfd() (int, error) {
+	tfd, err := r.call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
+	if err != nil {
+		return -1, fmt.Errorf("userfaultfd in the process: %w", err)
+	}
+	defer r.closeFD(int(tfd))
+	pidfd, err := unix.PidfdOpen(r.st.PID, 0)
 	if err != nil {
 		return -1, fmt.Errorf("pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
-	ours, err := unix.PidfdGetfd(pidfd, fd, 0)
+	ours, err := unix.PidfdGetfd(pidfd, int(tfd), 0)
 	if err != nil {
 		return -1, fmt.Errorf("pidfd_getfd: %w", err)
 	}

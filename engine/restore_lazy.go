@@ -150,20 +150,10 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	l := &lazyState{fd: -1, holder: r.opts.LazyOptions.Holder}
 	r.lazy = l
 	l.kill = r.killTree
-	tfd, err := r.call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
-	if err != nil {
-		return fmt.Errorf("userfaultfd in the process: %w", err)
+	var err error
+	if l.fd, err = r.userfaultfd(); err != nil {
+		return err
 	}
-	pidfd, err := unix.PidfdOpen(r.st.PID, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd_open: %w", err)
-	}
-	l.fd, err = unix.PidfdGetfd(pidfd, int(tfd), 0)
-	unix.Close(pidfd)
-	if err != nil {
-		return fmt.Errorf("pidfd_getfd: %w", err)
-	}
-	r.closeFD(int(tfd))
 	if _, _, err := uffd.API(l.fd, uffd.Features); err != nil {
 		return fmt.Errorf("UFFDIO_API: %w", err)
 	}
