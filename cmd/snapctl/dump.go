@@ -33,7 +33,7 @@ anything the format cannot describe yet (the error names it).`, stderr)
 	var block sizeFlag
 	fs.Var(&block, "compress-block", "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw")
-	threadsFlag(fs) // recorded for symmetry with restore; decoding happens there
+	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
