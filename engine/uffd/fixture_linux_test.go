@@ -271,12 +271,13 @@ func runPager(t *testing.T, p *Pager, fd int, base, size uint64, timeout time.Du
 	errc := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		err := p.Run(ctx)
 		if err == nil && !p.Stats().Exited { // no address space: nothing to unregister
 			err = Unregister(fd, base, size)
 		}
 		errc <- err
-		close(done)
+		drainEvents(ctx, fd)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -284,6 +285,31 @@ func runPager(t *testing.T, p *Pager, fd int, base, size uint64, timeout time.Du
 		p.Close()
 	})
 	return errc
+}
+
+// drainEvents reads fd's messages until ctx is done, closing the
+// userfaultfds of forked children. The tests keep the userfaultfd open
+// after Run (restore closes it at once): an event raised just before the
+// unregister, such as a fork that the process started as the pager
+// finished, would otherwise leave the process waiting in the kernel for
+// a reader.
+func drainEvents(ctx context.Context, fd int) {
+	buf := make([]byte, 16*MsgSize)
+	for ctx.Err() == nil {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(p, 20); err != nil || n == 0 {
+			continue
+		}
+		n, err := ReadMsgs(fd, buf)
+		if err != nil {
+			return
+		}
+		for i := range n {
+			if m, err := DecodeMsg(buf[i*MsgSize:]); err == nil && m.Event == EventFork {
+				unix.Close(m.UFD)
+			}
+		}
+	}
 }
 
 func waitRun(t *testing.T, errc <-chan error, timeout time.Duration) error {

@@ -180,6 +180,13 @@ func New(fd int, src io.ReaderAt, extents []Extent, opts Options) *Pager {
 // in this process and in every child it forked meanwhile, then returns
 // nil. It returns a *ServeError if a page cannot be served (the process
 // must then be killed), or the context's error. Run may be called once.
+//
+// Once Run has returned, nothing reads the userfaultfd: the caller
+// unregisters the ranges and closes it (and releases any copy a Holder
+// keeps) promptly. Until then, a fork or madvise the process began as
+// Run returned waits in the kernel for its event to be read; closing the
+// userfaultfd lets it go on (a child forked then gets no userfaultfd:
+// all its memory was in place).
 func (p *Pager) Run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.ran {
