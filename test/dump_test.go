@@ -55,6 +55,14 @@ func wantField(t *testing.T, l fixture.Line, key, want string) {
 // exactly (checkImage), verifies the snapshot, and resumes p.
 func dumpStopped(t *testing.T, ctx context.Context, p *fixture.Proc, flags ...string) *snapImage {
 	t.Helper()
+	si, _ := dumpRecorded(t, ctx, p, flags...)
+	return si
+}
+
+// dumpRecorded is dumpStopped, and also returns the record of the process
+// taken while it was stopped.
+func dumpRecorded(t *testing.T, ctx context.Context, p *fixture.Proc, flags ...string) (*snapImage, *memRecord) {
+	t.Helper()
 	if err := p.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +80,7 @@ func dumpStopped(t *testing.T, ctx context.Context, p *fixture.Proc, flags ...st
 	if err := p.Cont(); err != nil {
 		t.Fatal(err)
 	}
-	return si
+	return si, rec
 }
 
 // answersNormally checks that p runs untraced and unstopped and answers a

@@ -19,6 +19,10 @@
 //     maps, page table and present pages; [checkImage] compares an image
 //     with that record and with the process's memory afterwards, exactly,
 //     page for page.
+//   - lazyfs_test.go: [newMemModel] turns such a record into what a
+//     lazyfs mount must show of the process ([memModel]: the dumped pages'
+//     bytes, zeros elsewhere), which the lazyfs tests compare with cmp,
+//     sha256sum, dd, xxd, strings, lseek, cp --sparse and random preads.
 //
 // The dump benchmark (dump_bench_test.go) is run with
 // `go test -run '^$' -bench BenchmarkDump ./test/`.

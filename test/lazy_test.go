@@ -257,6 +257,9 @@ func lazyMountLazyfs(t testing.TB, dir string) string {
 		if r := runTool(t, bin, commandTimeout, "-u", mnt); r.Code != 0 {
 			t.Errorf("%s", r)
 		}
+		if mountedAt(t, mnt) {
+			t.Errorf("%s still mounted after lazyfs -u", mnt)
+		}
 	})
 	return mnt
 }
