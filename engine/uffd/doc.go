@@ -26,10 +26,12 @@
 //
 //   - A fault at an address inside a pending extent is served with the whole
 //     extent (at most MaxFaultBytes around the address) in one UFFDIO_COPY.
-//     A fault right after the previous one (a thread reading through memory
-//     the prefetcher has not reached) is served the pending memory that
-//     follows as well, up to FaultAhead (1 MiB): a scan of 4 KiB blocks
-//     then faults once per MiB, not once per page.
+//     A fault on the page right after what the previous fault brought in
+//     (a thread reading through memory the prefetcher has not reached) is
+//     served the pending memory that follows as well, up to FaultAhead
+//     (1 MiB): a scan of 4 KiB blocks then faults once per MiB, not once
+//     per page. A thread that touches a page every few blocks is not a
+//     scan: each of its faults brings in its own extent only.
 //     Pages found present (EEXIST) are skipped page by page; a range that
 //     crosses a VMA boundary (the process split the VMA) is split in halves.
 //   - A fault anywhere else in a registered VMA (a hole in the snapshot, a

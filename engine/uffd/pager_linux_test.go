@@ -409,3 +409,35 @@ func TestPagerFaultAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestPagerStrideNoFaultAhead: a thread touching one page every 400 KiB
+// of 256 KiB extents (a request reading 1% of a model's memory) faults in
+// the extent after the previous one half the time; each fault must still
+// bring in its own extent only, not FaultAhead of memory nobody asked for.
+func TestPagerStrideNoFaultAhead(t *testing.T) {
+	const size = 32 * mib
+	f := startFixture(t, requireFixture(t))
+	fd := f.takeUffd()
+	base := f.do("map %x", uint64(size))[0]
+	if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	ext := cut(base, block, size/block)
+	src := newPatternSrc(ext)
+	m := newMem(base, size, ext, src)
+	p := New(fd, src, ext, Options{Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	const stride = 400 << 10
+	if r := f.do("touch %x %x %x", base, uint64(size), uint64(stride)); r[0] != size/stride+1 {
+		t.Fatalf("touched %d pages, want %d", r[0], size/stride+1)
+	}
+	st := p.Stats()
+	t.Logf("after the touch: %d faults, %d bytes", st.DataFaults, st.FaultBytes)
+	if st.DataFaults == 0 || st.FaultBytes > st.DataFaults*block {
+		t.Errorf("%d faults brought in %d bytes: more than an extent each", st.DataFaults, st.FaultBytes)
+	}
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
