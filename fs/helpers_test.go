@@ -3,15 +3,12 @@ package fs
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -146,34 +143,4 @@ func mounted(t testing.TB, mnt string) bool {
 		}
 	}
 	return false
-}
-
-// command runs a tool with a deadline and returns its standard output.
-func command(t testing.TB, name string, args ...string) []byte {
-	t.Helper()
-	testutil.RequireCommand(t, name)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
-	}
-	return out
-}
-
-// writeTemp writes b to a new file and returns its path.
-func writeTemp(t testing.TB, b []byte) string {
-	t.Helper()
-	f, err := os.CreateTemp(t.TempDir(), "expected")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	return f.Name()
 }

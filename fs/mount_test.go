@@ -153,9 +153,9 @@ func TestMountTools(t *testing.T) {
 		for _, v := range vmas {
 			want := s.Memory(pidA, v.Start, int(v.End-v.Start))
 			reg := filepath.Join(pdir, "regions", regionName(imageVMA(v)))
-			command(t, "cmp", reg, writeTemp(t, want))
+			testutil.Output(t, "cmp", reg, testutil.WriteTemp(t, want))
 			sum := sha256.Sum256(want)
-			out := command(t, "sha256sum", reg)
+			out := testutil.Output(t, "sha256sum", reg)
 			if got := strings.Fields(string(out))[0]; got != hex.EncodeToString(sum[:]) {
 				t.Errorf("sha256sum %s = %s, want %x", reg, got, sum)
 			}
@@ -169,7 +169,7 @@ func TestMountTools(t *testing.T) {
 			{vmas[3].End - pages(1), 5},    // across the end of a VMA into a gap
 			{vmas[len(vmas)-1].End - pages(3), 3},
 		} {
-			out := command(t, "dd", "if="+mem, "bs=4096", fmt.Sprintf("skip=%d", tc.addr/4096), fmt.Sprintf("count=%d", tc.pages), "status=none")
+			out := testutil.Output(t, "dd", "if="+mem, "bs=4096", fmt.Sprintf("skip=%d", tc.addr/4096), fmt.Sprintf("count=%d", tc.pages), "status=none")
 			if !bytes.Equal(out, s.Memory(pidA, tc.addr, int(pages(tc.pages)))) {
 				t.Errorf("dd at %#x, %d pages: differs", tc.addr, tc.pages)
 			}
@@ -177,8 +177,8 @@ func TestMountTools(t *testing.T) {
 	})
 	t.Run("xxd of mem", func(t *testing.T) {
 		for _, addr := range []uint64{vmas[0].Start, vmas[1].Start + 4090, vmas[4].Start + 12345} {
-			got := command(t, "xxd", "-s", fmt.Sprint(addr), "-l", "64", mem)
-			want := command(t, "xxd", "-o", fmt.Sprint(addr), "-l", "64", writeTemp(t, s.Memory(pidA, addr, 64)))
+			got := testutil.Output(t, "xxd", "-s", fmt.Sprint(addr), "-l", "64", mem)
+			want := testutil.Output(t, "xxd", "-o", fmt.Sprint(addr), "-l", "64", testutil.WriteTemp(t, s.Memory(pidA, addr, 64)))
 			if !bytes.Equal(got, want) {
 				t.Errorf("xxd at %#x:\n%s\nwant\n%s", addr, got, want)
 			}
@@ -189,7 +189,7 @@ func TestMountTools(t *testing.T) {
 		if err != nil || len(regs) == 0 {
 			t.Fatal(regs, err)
 		}
-		out := command(t, "strings", regs...)
+		out := testutil.Output(t, "strings", regs...)
 		var n int
 		marker := fmt.Sprintf("%s pid=%d addr=", fstest.Marker, pidA)
 		for _, l := range strings.Split(string(out), "\n") {
@@ -228,7 +228,7 @@ func TestMountTools(t *testing.T) {
 	t.Run("cp --sparse=always keeps the holes", func(t *testing.T) {
 		testutil.RequireCommand(t, "cp")
 		dst := filepath.Join(shmDir(t), "mem")
-		command(t, "timeout", "60", "cp", "--sparse=always", mem, dst)
+		testutil.Output(t, "timeout", "60", "cp", "--sparse=always", mem, dst)
 		var st unix.Stat_t
 		if err := unix.Stat(dst, &st); err != nil {
 			t.Fatal(err)

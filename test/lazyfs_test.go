@@ -10,7 +10,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -177,38 +176,6 @@ func listRegions(t testing.TB, pdir string) []regionFile {
 	return out
 }
 
-// runCommand runs a command (a tool people use on memory images) under
-// commandTimeout and returns its standard output.
-func runCommand(t testing.TB, name string, args ...string) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, stderr.String())
-	}
-	return out
-}
-
-// writeTempFile writes b to a new file of the test's temp dir.
-func writeTempFile(t testing.TB, b []byte) string {
-	t.Helper()
-	f, err := os.CreateTemp(t.TempDir(), "want-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return f.Name()
-}
-
 // mountedAt reports whether /proc/mounts lists a mount at path.
 func mountedAt(t testing.TB, path string) bool {
 	t.Helper()
@@ -249,9 +216,9 @@ func checkRegions(t *testing.T, si *snapImage, pdir string, model *memModel) []r
 			a := r.Start + uint64(i)
 			t.Fatalf("%s differs from the memory at %#x (offset %#x): %x, want %x (image %x)", r.Path, a, i, got[i:min(i+16, len(got))], want[i:min(i+16, len(want))], si.read(t, a, 16))
 		}
-		runCommand(t, "cmp", r.Path, writeTempFile(t, want))
+		testutil.Output(t, "cmp", r.Path, testutil.WriteTemp(t, want))
 		sum := sha256.Sum256(want)
-		if got := strings.Fields(string(runCommand(t, "sha256sum", r.Path)))[0]; got != hex.EncodeToString(sum[:]) {
+		if got := strings.Fields(string(testutil.Output(t, "sha256sum", r.Path)))[0]; got != hex.EncodeToString(sum[:]) {
 			t.Errorf("sha256sum %s = %s, want %x", r.Path, got, sum)
 		}
 	}
@@ -331,14 +298,14 @@ func TestLazyfsCounter(t *testing.T) {
 			{markerAddr &^ (pageSize - 1), 2},     // the heap
 			{model.spans[0].Addr - 2*pageSize, 4}, // a hole into the first data
 		} {
-			out := runCommand(t, "dd", "if="+mem, "bs=4096", fmt.Sprintf("skip=%d", tc.addr/4096), fmt.Sprintf("count=%d", tc.pages), "status=none")
+			out := testutil.Output(t, "dd", "if="+mem, "bs=4096", fmt.Sprintf("skip=%d", tc.addr/4096), fmt.Sprintf("count=%d", tc.pages), "status=none")
 			if !bytes.Equal(out, model.bytes(tc.addr, tc.pages*pageSize)) {
 				t.Errorf("dd at %#x, %d pages: differs from the memory", tc.addr, tc.pages)
 			}
 		}
 		for _, a := range []uint64{markerAddr, addr + size/4 + 4000, addr + size - 32} {
-			got := runCommand(t, "xxd", "-s", fmt.Sprint(a), "-l", "64", mem)
-			want := runCommand(t, "xxd", "-o", fmt.Sprint(a), "-l", "64", writeTempFile(t, model.bytes(a, 64)))
+			got := testutil.Output(t, "xxd", "-s", fmt.Sprint(a), "-l", "64", mem)
+			want := testutil.Output(t, "xxd", "-o", fmt.Sprint(a), "-l", "64", testutil.WriteTemp(t, model.bytes(a, 64)))
 			if !bytes.Equal(got, want) {
 				t.Errorf("xxd -s %#x:\n%s\nwant\n%s", a, got, want)
 			}
@@ -349,7 +316,7 @@ func TestLazyfsCounter(t *testing.T) {
 		if err != nil || len(paths) == 0 {
 			t.Fatal(paths, err)
 		}
-		if !bytes.Contains(runCommand(t, "strings", paths...), []byte(marker)) {
+		if !bytes.Contains(testutil.Output(t, "strings", paths...), []byte(marker)) {
 			t.Errorf("strings regions/* does not show %q", marker)
 		}
 	})
@@ -379,7 +346,7 @@ func TestLazyfsCounter(t *testing.T) {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		dst := filepath.Join(dir, "mem")
 		start := time.Now()
-		runCommand(t, "cp", "--sparse=always", mem, dst)
+		testutil.Output(t, "cp", "--sparse=always", mem, dst)
 		took := time.Since(start)
 		var cst unix.Stat_t
 		if err := unix.Stat(dst, &cst); err != nil {
@@ -533,7 +500,7 @@ func TestLazyfsPython(t *testing.T) {
 
 	checkRegions(t, si, pdir, model)
 	key := fmt.Sprintf("key-%06d", p.Ready.MustInt(t, "entries")-1)
-	out := runCommand(t, "sh", "-c", `strings "$1"/regions/* | grep -c -F -- "$2"`, "sh", pdir, key)
+	out := testutil.Output(t, "sh", "-c", `strings "$1"/regions/* | grep -c -F -- "$2"`, "sh", pdir, key)
 	if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err != nil || n == 0 {
 		t.Errorf("strings regions/* | grep %s: %q", key, out)
 	}

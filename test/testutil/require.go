@@ -1,4 +1,5 @@
-// Package testutil holds the capability checks shared by lazyfs tests.
+// Package testutil holds the capability checks shared by lazyfs tests, and
+// Output, which runs the command-line tools they read snapshots with.
 //
 // A test that needs root, FUSE, ptrace, userfaultfd or an external command
 // calls the matching Require function first. Where the capability is
