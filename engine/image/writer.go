@@ -1,7 +1,6 @@
 package image
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -202,10 +201,9 @@ type PagesWriter struct {
 	pid    int
 	bs     uint64
 	f      *os.File
-	buf    *bufio.Writer
+	buf    *seqWriter
 	crc    uint32
 	off    uint64
-	synced uint64 // offset up to which writeback was started
 	pipe   *codec.Pipeline
 	chunks sync.Pool
 	ctx    context.Context
@@ -241,7 +239,7 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	}
 	w.entry(pid)
 	ctx, cancel := context.WithCancel(ctx)
-	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: bufio.NewWriterSize(f, 1<<20), ctx: ctx, cancel: cancel}
+	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: newSeqWriter(f), ctx: ctx, cancel: cancel}
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
 	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode}, pw.emit)
@@ -286,17 +284,13 @@ func (pw *PagesWriter) write(b []byte) error {
 	}
 	pw.crc = crc32.Update(pw.crc, castagnoli, b)
 	pw.off += uint64(len(b))
-	if flushed := pw.off - uint64(pw.buf.Buffered()); flushed-pw.synced >= writebackChunk {
-		startWriteback(pw.f, pw.synced, flushed-pw.synced)
-		pw.synced = flushed
-	}
 	return nil
 }
 
-// writebackChunk is how much written data starts writeback at once: the
-// disk writes while the dump goes on, and Close's fsync has little left
-// to do (it took ~0.4 s per 768 MiB at the end of a dump on the reference
-// machine, ~10 ms with this).
+// writebackChunk is how much data written through the page cache starts
+// writeback at once: the disk writes while the dump goes on, and Close's
+// fsync has little left to do (it took ~0.4 s per 768 MiB at the end of a
+// dump on the reference machine, ~10 ms with this).
 const writebackChunk = 16 << 20
 
 // Add adds the pages [addr, addr+length) to the image. fill is called
@@ -393,7 +387,9 @@ func (pw *PagesWriter) Close() error {
 	if err := pw.pipe.Close(); err != nil {
 		pw.fail(fmt.Errorf("encode pages: %w", err))
 	}
-	if pw.err == nil {
+	if pw.err != nil {
+		pw.buf.Abort()
+	} else {
 		if err := pw.buf.Flush(); err != nil {
 			pw.fail(fmt.Errorf("write %s: %w", pagesName(pw.pid), err))
 		} else if err := pw.f.Sync(); err != nil {
