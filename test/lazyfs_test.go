@@ -194,6 +194,7 @@ func mountedAt(t testing.TB, path string) bool {
 // checkRegions compares every region file with the model, with cmp and
 // sha256sum, and checks that every dumped range lies in a region file.
 func checkRegions(t *testing.T, si *snapImage, pdir string, model *memModel) []regionFile {
+	t.Helper()
 	regs := listRegions(t, pdir)
 	if len(regs) == 0 {
 		t.Fatal("no region files")
