@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
@@ -259,6 +261,30 @@ func TestDumpRefusals(t *testing.T) {
 			t.Errorf("the refused dump changed the snapshot's manifest (%v)", err)
 		}
 		verifyDir(t, dir)
+		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	})
+
+	t.Run("disk-full", func(t *testing.T) {
+		// A 16 MiB tmpfs cannot hold the ~50 MiB image of a 64 MiB
+		// counter: the write fails in the middle of the pages file.
+		testutil.RequireRoot(t)
+		ctx := testContext(t)
+		p := fixture.Start(t, "counter", "64M")
+		fs := t.TempDir()
+		if err := unix.Mount("lazyfs-e2e-full", fs, "tmpfs", 0, "size=16m"); err != nil {
+			t.Fatalf("mount a small tmpfs: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := unix.Unmount(fs, 0); err != nil {
+				t.Errorf("unmount %s: %v", fs, err)
+			}
+		})
+		dir := filepath.Join(fs, "snap")
+		// Without --leave-running: a successful dump would kill it.
+		refused(t, p.PID, dir, "pages-"+strconv.Itoa(p.PID)+".img", "no space left on device")
+		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+			t.Errorf("the failed dump left files in %s: %v", dir, ents)
+		}
 		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	})
 

@@ -280,11 +280,29 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 
 func (pw *PagesWriter) write(b []byte) error {
 	if _, err := pw.buf.Write(b); err != nil {
-		return fmt.Errorf("write %s: %w", pagesName(pw.pid), err)
+		return fileError("write", pw.f, err)
 	}
 	pw.crc = crc32.Update(pw.crc, castagnoli, b)
 	pw.off += uint64(len(b))
 	return nil
+}
+
+// fileError names f in err unless err already does (the errors of
+// os.File's methods name the file).
+func fileError(op string, f *os.File, err error) error {
+	if _, ok := errors.AsType[*os.PathError](err); ok {
+		return err
+	}
+	return &os.PathError{Op: op, Path: f.Name(), Err: err}
+}
+
+// pipeError words an error of the encoding pipeline: a failed write of
+// the pages file is passed on as it is, naming the file.
+func pipeError(err error) error {
+	if _, ok := errors.AsType[*os.PathError](err); ok {
+		return err
+	}
+	return fmt.Errorf("encode pages: %w", err)
 }
 
 // writebackChunk is how much data written through the page cache starts
@@ -346,7 +364,7 @@ func (pw *PagesWriter) Add(addr, length uint64, fill func(dst []byte, addr uint6
 		for i := 0; i < len(blocks); i += 2 {
 			lo, hi := blocks[i]-a, blocks[i+1]-a
 			if err := pw.pipe.Submit(c.b[lo:hi], c); err != nil {
-				return pw.fail(fmt.Errorf("encode pages: %w", err))
+				return pw.fail(pipeError(err))
 			}
 		}
 		a = cend
@@ -385,13 +403,13 @@ func (pw *PagesWriter) Close() error {
 	pw.closed = true
 	defer pw.cancel()
 	if err := pw.pipe.Close(); err != nil {
-		pw.fail(fmt.Errorf("encode pages: %w", err))
+		pw.fail(pipeError(err))
 	}
 	if pw.err != nil {
 		pw.buf.Abort()
 	} else {
 		if err := pw.buf.Flush(); err != nil {
-			pw.fail(fmt.Errorf("write %s: %w", pagesName(pw.pid), err))
+			pw.fail(fileError("write", pw.f, err))
 		} else if err := pw.f.Sync(); err != nil {
 			pw.fail(fmt.Errorf("sync %s: %w", pagesName(pw.pid), err))
 		}
