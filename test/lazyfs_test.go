@@ -10,6 +10,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -73,7 +74,7 @@ func newMemModel(t testing.TB, rec *memRecord, si *snapImage) *memModel {
 			m.spans = append(m.spans, span{r[0], b})
 		}
 	}
-	slices.SortFunc(m.spans, func(a, b span) int { return cmpUint(a.Addr, b.Addr) })
+	slices.SortFunc(m.spans, func(a, b span) int { return cmp.Compare(a.Addr, b.Addr) })
 	// The cpu fields of each thread's rseq area are the kernel's: it
 	// rewrote them when the dump's injected calls returned to the thread
 	// on another CPU (checkImage allows the same).
@@ -92,16 +93,6 @@ func newMemModel(t testing.TB, rec *memRecord, si *snapImage) *memModel {
 		}
 	}
 	return m
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // bytes returns what the mount must show at [addr, addr+n).

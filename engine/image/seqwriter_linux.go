@@ -25,7 +25,7 @@ type seqWriter struct {
 	cur  []byte // the buffer being filled
 	n    int    // bytes in cur
 	free chan []byte
-	full chan seqBuf
+	full chan []byte   // in order; the last one may be partial
 	done chan struct{} // closed when the writing goroutine returns
 
 	// Written by the goroutine; read after done or under errMu.
@@ -34,11 +34,6 @@ type seqWriter struct {
 	direct bool
 	off    uint64 // bytes written to the file
 	synced uint64 // buffered mode: offset up to which writeback was started
-}
-
-type seqBuf struct {
-	b    []byte
-	last bool // the final, possibly partial, buffer
 }
 
 const (
@@ -53,7 +48,7 @@ const (
 )
 
 func newSeqWriter(f *os.File) *seqWriter {
-	w := &seqWriter{f: f, free: make(chan []byte, seqBufs), full: make(chan seqBuf, seqBufs), done: make(chan struct{})}
+	w := &seqWriter{f: f, free: make(chan []byte, seqBufs), full: make(chan []byte, seqBufs), done: make(chan struct{})}
 	for range seqBufs - 1 {
 		w.free <- alignedBuffer(seqBufSize)
 	}
@@ -98,20 +93,17 @@ func (w *seqWriter) Write(b []byte) (int, error) {
 			if err := w.firstErr(); err != nil {
 				return done, err
 			}
-			w.full <- seqBuf{b: w.cur}
+			w.full <- w.cur
 			w.cur, w.n = <-w.free, 0
 		}
 	}
 	return done, w.firstErr()
 }
 
-// Buffered returns the bytes not yet handed to the writing goroutine.
-func (w *seqWriter) Buffered() int { return w.n }
-
 // Flush writes what is buffered and waits until everything is written;
 // the writer takes no more writes. The file ends where the data does.
 func (w *seqWriter) Flush() error {
-	w.full <- seqBuf{b: w.cur[:w.n], last: true}
+	w.full <- w.cur[:w.n]
 	close(w.full)
 	<-w.done
 	w.n = 0
@@ -131,31 +123,29 @@ func (w *seqWriter) firstErr() error {
 }
 
 // run writes the buffers handed to it, in order; after an error it only
-// recycles them.
+// recycles them. Every buffer goes back to free, which holds them all.
 func (w *seqWriter) run() {
 	defer close(w.done)
-	for sb := range w.full {
+	for b := range w.full {
 		if w.firstErr() == nil {
-			if err := w.writeOut(sb); err != nil {
+			if err := w.writeOut(b); err != nil {
 				w.errMu.Lock()
 				w.err = err
 				w.errMu.Unlock()
 			}
 		}
-		if !sb.last {
-			w.free <- sb.b[:cap(sb.b)]
-		}
+		w.free <- b[:cap(b)]
 	}
 }
 
-func (w *seqWriter) writeOut(sb seqBuf) error {
-	p := sb.b
+// writeOut writes p; its errors name the file.
+func (w *seqWriter) writeOut(p []byte) error {
 	if len(p) == 0 {
 		return nil
 	}
 	if w.direct && len(p)%directAlign != 0 {
 		if err := setDirect(w.f, false); err != nil {
-			return err
+			return &os.PathError{Op: "fcntl", Path: w.f.Name(), Err: err}
 		}
 		w.direct = false
 	}

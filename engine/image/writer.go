@@ -280,20 +280,11 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 
 func (pw *PagesWriter) write(b []byte) error {
 	if _, err := pw.buf.Write(b); err != nil {
-		return fileError("write", pw.f, err)
+		return err // names the file
 	}
 	pw.crc = crc32.Update(pw.crc, castagnoli, b)
 	pw.off += uint64(len(b))
 	return nil
-}
-
-// fileError names f in err unless err already does (the errors of
-// os.File's methods name the file).
-func fileError(op string, f *os.File, err error) error {
-	if _, ok := errors.AsType[*os.PathError](err); ok {
-		return err
-	}
-	return &os.PathError{Op: op, Path: f.Name(), Err: err}
 }
 
 // pipeError words an error of the encoding pipeline: a failed write of
@@ -409,7 +400,7 @@ func (pw *PagesWriter) Close() error {
 		pw.buf.Abort()
 	} else {
 		if err := pw.buf.Flush(); err != nil {
-			pw.fail(fileError("write", pw.f, err))
+			pw.fail(err) // names the file
 		} else if err := pw.f.Sync(); err != nil {
 			pw.fail(fmt.Errorf("sync %s: %w", pagesName(pw.pid), err))
 		}
