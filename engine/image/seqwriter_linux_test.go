@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestSeqWriter writes pieces of every size, some larger than the buffer,
@@ -68,5 +71,47 @@ func TestSeqWriterAbort(t *testing.T) {
 	w.Abort()
 	if st, err := f.Stat(); err != nil || st.Size() != seqBufSize {
 		t.Fatalf("after Abort the file holds %v bytes (%v), want %d", st.Size(), err, seqBufSize)
+	}
+}
+
+// TestSeqWriterBypassesPageCache: where the filesystem takes O_DIRECT,
+// the whole buffers written leave no page of the file in the page cache
+// (only the unaligned tail goes through it).
+func TestSeqWriterBypassesPageCache(t *testing.T) {
+	dir := t.TempDir()
+	probe, err := os.OpenFile(filepath.Join(dir, "probe"), os.O_CREATE|os.O_WRONLY|unix.O_DIRECT, 0o600)
+	if err != nil {
+		t.Skipf("the filesystem of %s refuses O_DIRECT (%v): nothing to check", dir, err)
+	}
+	probe.Close()
+	path := filepath.Join(dir, "f")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := newSeqWriter(f)
+	const total = 2*seqBufSize + 100
+	if _, err := w.Write(make([]byte, total)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (total+PageSize-1)/PageSize)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatalf("mincore: %v", e)
+	}
+	var resident int
+	for _, v := range vec[:2*seqBufSize/PageSize] {
+		resident += int(v & 1)
+	}
+	if resident > 0 {
+		t.Errorf("%d of the %d pages written in whole buffers are in the page cache", resident, 2*seqBufSize/PageSize)
 	}
 }
