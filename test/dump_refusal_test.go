@@ -281,7 +281,11 @@ func TestDumpRefusals(t *testing.T) {
 		})
 		dir := filepath.Join(fs, "snap")
 		// Without --leave-running: a successful dump would kill it.
-		refused(t, p.PID, dir, "pages-"+strconv.Itoa(p.PID)+".img", "no space left on device")
+		pages := "pages-" + strconv.Itoa(p.PID) + ".img"
+		r := refused(t, p.PID, dir, filepath.Join(dir, pages), "no space left on device")
+		if n := strings.Count(r.Stderr, pages); n != 1 {
+			t.Errorf("the error names %s %d times, want once: %s", pages, n, r.Stderr)
+		}
 		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
 			t.Errorf("the failed dump left files in %s: %v", dir, ents)
 		}
