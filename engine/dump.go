@@ -53,35 +53,6 @@ type DumpResult struct {
 	MemoryBytes uint64
 }
 
-var (
-	// ErrHasChildren: the process has child processes (process trees are
-	// not supported yet).
-	ErrHasChildren = errors.New("process has child processes")
-	// ErrUnsupported: the process holds something the snapshot format
-	// cannot describe; the error names it.
-	ErrUnsupported = errors.New("unsupported")
-)
-
-// StepError names the step of a dump or restore that failed.
-type StepError struct {
-	Step string
-	Err  error
-}
-
-func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
-func (e *StepError) Unwrap() error { return e.Err }
-
-func step(name string, err error) error {
-	if err == nil {
-		return nil
-	}
-	var se *StepError
-	if errors.As(err, &se) {
-		return err
-	}
-	return &StepError{Step: name, Err: err}
-}
-
 // Dump freezes the process opts.PID, writes its snapshot into opts.Dir and
 // then kills it once the snapshot is committed, or, with LeaveRunning,
 // resumes it as soon as its memory has been read. On any error the process

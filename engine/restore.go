@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,17 +55,6 @@ type RestoreResult struct {
 	Filled uint64
 	Lazy   LazyStats
 }
-
-var (
-	// ErrPIDInUse: the process's pid (or a thread's tid) is taken.
-	ErrPIDInUse = errors.New("pid in use")
-	// ErrKernelMismatch: the snapshot was taken on another kernel, whose
-	// vDSO this one does not provide.
-	ErrKernelMismatch = errors.New("snapshot taken on a different kernel")
-	// ErrFileChanged: a file the process mapped or opened is not the one
-	// it was.
-	ErrFileChanged = errors.New("file changed since the dump")
-)
 
 // Restore rebuilds the process of the snapshot in opts.Dir and lets it
 // run. On any error, everything it created is killed: no half-restored
