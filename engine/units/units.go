@@ -1,5 +1,5 @@
 // Package units parses and formats the byte sizes that lazyfs flags take
-// and its reports print.
+// and its reports print, and holds Range, an address range of a process.
 package units
 
 import (

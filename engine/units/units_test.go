@@ -23,3 +23,25 @@ func TestFormatSize(t *testing.T) {
 		}
 	}
 }
+
+func TestRange(t *testing.T) {
+	r := Range{0x1000, 0x3000}
+	if r.Len() != 0x2000 || (Range{5, 3}).Len() != 0 {
+		t.Errorf("Len: %d, inverted %d", r.Len(), (Range{5, 3}).Len())
+	}
+	if !r.Contains(0x1000) || !r.Contains(0x2fff) || r.Contains(0x3000) || r.Contains(0xfff) {
+		t.Error("Contains is not half-open")
+	}
+	if r.Overlaps(Range{0x3000, 0x4000}) || !r.Overlaps(Range{0x2fff, 0x4000}) {
+		t.Error("Overlaps at the edges")
+	}
+	if got := r.Intersect(Range{0x2000, 0x5000}); got != (Range{0x2000, 0x3000}) {
+		t.Errorf("Intersect = %v", got)
+	}
+	if got := r.Intersect(Range{0x4000, 0x5000}); got.Len() != 0 {
+		t.Errorf("disjoint Intersect = %v, want empty", got)
+	}
+	if r.String() != "1000-3000" {
+		t.Errorf("String = %q", r.String())
+	}
+}
