@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -140,7 +141,7 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		if opts.LeaveRunning {
 			resumeErr = p.Detach()
 		} else {
-			d.resetConnections(st) // no TIME_WAIT left holding its ports
+			fds.ResetConnections(st, log) // no TIME_WAIT left holding its ports
 			resumeErr = p.Kill()
 		}
 		freeze = time.Since(frozen)

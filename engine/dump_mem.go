@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
@@ -98,7 +99,7 @@ func (d *dumper) mappedFile(m *proc.Mapping) (image.FileID, error) {
 	if id.Ino != m.Inode {
 		return image.FileID{}, fmt.Errorf("%s: map_files reaches inode %d, maps says %d", m, id.Ino, m.Inode)
 	}
-	return fileID(m.Path, id), nil
+	return fds.FileIdentity(m.Path, id), nil
 }
 
 // memRange is a range of pages to dump and how to read it.

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -42,7 +43,7 @@ func (d *dumper) collect(ctx context.Context) (*image.Process, error) {
 	if err := d.injected(st); err != nil {
 		return nil, step("thread state", err)
 	}
-	fds, err := d.fds()
+	fds, err := fds.Dump(d.pid, d.maps, d.log)
 	if err != nil {
 		return nil, step("file descriptors", err)
 	}
@@ -84,7 +85,7 @@ func (d *dumper) processState(st *image.Process) error {
 	if err != nil {
 		return err
 	}
-	st.Exe = fileID(exe, id)
+	st.Exe = fds.FileIdentity(exe, id)
 	if st.Cwd, err = proc.Cwd(pid); err != nil {
 		return err
 	}
@@ -114,9 +115,6 @@ func (d *dumper) processState(st *image.Process) error {
 	return nil
 }
 
-func fileID(path string, id proc.FileID) image.FileID {
-	return image.FileID{Path: path, Dev: id.Dev, Ino: id.Ino, Size: id.Size, MtimeNs: id.Mtime.UnixNano(), Mode: id.Mode}
-}
 
 // injected reads the state that only the process itself can tell, by
 // system calls injected into each of its threads.

@@ -1,6 +1,11 @@
 package engine
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/image"
+)
 
 var (
 	// ErrHasChildren: the process has child processes (process trees are
@@ -8,7 +13,7 @@ var (
 	ErrHasChildren = errors.New("process has child processes")
 	// ErrUnsupported: the process holds something the snapshot format
 	// cannot describe; the error names it.
-	ErrUnsupported = errors.New("unsupported")
+	ErrUnsupported = image.ErrUnsupported
 )
 
 // StepError names the step of a dump or restore that failed.
@@ -39,5 +44,5 @@ var (
 	ErrKernelMismatch = errors.New("snapshot taken on a different kernel")
 	// ErrFileChanged: a file the process mapped or opened is not the one
 	// it was.
-	ErrFileChanged = errors.New("file changed since the dump")
+	ErrFileChanged = fds.ErrFileChanged
 )

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -45,6 +46,14 @@ type restorer struct {
 	lazy    *lazyState
 }
 
+// restoreFDs recreates every descriptor (engine/fds) and closes the
+// shared memory objects that mapping memory left open for them.
+func (r *restorer) restoreFDs(ctx context.Context) error {
+	err := fds.Restore(ctx, r.in, r.st, r.shmem, r.log)
+	r.shmem = nil
+	return err
+}
+
 // check refuses, before anything is created, a snapshot this machine or
 // build cannot restore.
 func (r *restorer) check() error {
@@ -68,63 +77,20 @@ func (r *restorer) check() error {
 	if len(st.Threads) == 0 || st.Threads[0].TID != st.PID {
 		return fmt.Errorf("%w: the first thread is not the process leader", image.ErrCorrupt)
 	}
-	if err := checkFile(st.Exe, "executable"); err != nil {
+	if err := fds.CheckFile(st.Exe, "executable"); err != nil {
 		return err
 	}
 	for _, v := range st.VMAs {
 		if v.File != nil && (v.Kind == image.VMAFile || v.Kind == image.VMAFileShared) {
-			if err := checkFile(*v.File, fmt.Sprintf("mapping %x-%x", v.Start, v.End)); err != nil {
+			if err := fds.CheckFile(*v.File, fmt.Sprintf("mapping %x-%x", v.Start, v.End)); err != nil {
 				return err
 			}
 		}
 	}
 	for _, f := range st.FDs {
-		if err := checkFD(f); err != nil {
+		if err := fds.Check(f); err != nil {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
-	}
-	return nil
-}
-
-// checkFile refuses a file whose identity differs from the dump.
-func checkFile(id image.FileID, what string) error {
-	cur, err := proc.StatFile(id.Path)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", what, id.Path, err)
-	}
-	if cur.Dev != id.Dev || cur.Ino != id.Ino || cur.Size != id.Size || cur.Mtime.UnixNano() != id.MtimeNs {
-		return fmt.Errorf("%w: %s %s: now device %d inode %d size %d mtime %d; dumped device %d inode %d size %d mtime %d",
-			ErrFileChanged, what, id.Path, cur.Dev, cur.Ino, cur.Size, cur.Mtime.UnixNano(), id.Dev, id.Ino, id.Size, id.MtimeNs)
-	}
-	return nil
-}
-
-// checkFD refuses a descriptor this build cannot restore.
-func checkFD(f image.FD) error {
-	switch f.Kind {
-	case image.FDFile, image.FDDir, image.FDFifo:
-		if f.File == nil {
-			return fmt.Errorf("%w: %s without file identity", image.ErrCorrupt, f.Kind)
-		}
-		cur, err := proc.StatFile(f.Path)
-		if err != nil {
-			return fmt.Errorf("%s: %w", f.Path, err)
-		}
-		// An open file may have grown since (a log): identity is the
-		// inode, and the offset must still be inside it.
-		if cur.Dev != f.File.Dev || cur.Ino != f.File.Ino {
-			return fmt.Errorf("%w: %s is now another file (inode %d, was %d)", ErrFileChanged, f.Path, cur.Ino, f.File.Ino)
-		}
-		if f.Kind == image.FDFile && f.Flags&unix.O_APPEND == 0 && f.Pos > cur.Size {
-			return fmt.Errorf("%w: %s is %d bytes, shorter than the saved offset %d", ErrFileChanged, f.Path, cur.Size, f.Pos)
-		}
-	case image.FDChr:
-		if _, err := os.Stat(f.Path); err != nil {
-			return err
-		}
-	case image.FDMemfd, image.FDPipe, image.FDEventfd, image.FDEpoll, image.FDSocket, image.FDTimerfd, image.FDSignalfd:
-	default:
-		return fmt.Errorf("%w: this build cannot restore %s descriptors", ErrUnsupported, f.Kind)
 	}
 	return nil
 }

@@ -1,10 +1,11 @@
-package engine
+package fds
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -12,18 +13,21 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
-// restoreFDs recreates every file descriptor at its number, with its
-// flags, in ascending order. A new object takes the lowest free number,
-// which is most often its own (the numbers below are placed already), so a
-// descriptor costs no move at all; otherwise it is moved there with dup3.
-// Objects shared by several descriptors (pipe and socket pair ends) and the
-// shared memory objects still open from mapping memory are kept above every
-// number the process uses until all are placed. Epoll registrations are
-// made last: their targets must be in place.
-func (r *restorer) restoreFDs(ctx context.Context) error {
-	fds := r.st.FDs
+// Restore recreates every file descriptor of st in the process that in
+// injects into, at its number, with its flags, in ascending order. A new
+// object takes the lowest free number, which is most often its own (the
+// numbers below are placed already), so a descriptor costs no move at all;
+// otherwise it is moved there with dup3. Objects shared by several
+// descriptors (pipe and socket pair ends) and the shared memory objects
+// still open from mapping memory (shmem: object id to its descriptor in
+// the process, closed here) are kept above every number the process uses
+// until all are placed. Epoll registrations are made last: their targets
+// must be in place.
+func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, log *slog.Logger) error {
+	fds := st.FDs
 	maxFD := 2
 	for _, f := range fds {
 		maxFD = max(maxFD, f.FD)
@@ -31,26 +35,49 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 	// The descriptor table must reach the highest number, and the kept
 	// objects (two ends per descriptor at most) above it.
 	high := maxFD + 1
-	need := uint64(high + 2*len(fds) + len(r.shmem) + 8)
-	for _, l := range r.st.Rlimits {
-		if l.Resource == unix.RLIMIT_NOFILE {
-			lim := unix.Rlimit{Cur: max(l.Cur, need), Max: max(l.Max, need)}
-			if err := unix.Prlimit(r.st.PID, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
-				return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
-			}
-		}
+	need := uint64(high + 2*len(fds) + len(shmem) + 8)
+	if err := setNoFile(st, func(l image.Rlimit) unix.Rlimit {
+		return unix.Rlimit{Cur: max(l.Cur, need), Max: max(l.Max, need)}
+	}); err != nil {
+		return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
 	}
-	fc := &fdCreator{r: r, high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
-	for id, fd := range r.shmem {
+	_, scratchLen := in.Scratch()
+	fc := &fdCreator{in: in, st: st, shmem: shmem, log: log, scratchLen: scratchLen,
+		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
+	for id, fd := range shmem {
 		nfd, err := fc.moveHigh(fd)
 		if err != nil {
 			return err
 		}
-		r.shmem[id] = nfd
+		shmem[id] = nfd
 	}
-	placed := make(map[int]bool, len(fds))
-	for i := range fds {
-		f := &fds[i]
+	if err := fc.place(ctx); err != nil {
+		return err
+	}
+	fc.closeAll()
+	fc.connectUnix()
+	for id, fd := range shmem {
+		fc.closeFD(fd)
+		delete(shmem, id)
+	}
+	if err := fc.epollTargets(); err != nil {
+		return err
+	}
+	// Restore the dumped limit (raised above for the move).
+	if err := setNoFile(st, func(l image.Rlimit) unix.Rlimit { return unix.Rlimit{Cur: l.Cur, Max: l.Max} }); err != nil {
+		return fmt.Errorf("restore RLIMIT_NOFILE: %w", err)
+	}
+	return nil
+}
+
+// place creates each descriptor in turn and puts it at its number.
+func (fc *fdCreator) place(ctx context.Context) error {
+	placed := make(map[int]bool, len(fc.st.FDs))
+	for i := range fc.st.FDs {
+		f := &fc.st.FDs[i]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		flags := 0
 		if f.CloExec {
 			flags = unix.O_CLOEXEC
@@ -64,7 +91,7 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 			if *f.SameAs >= f.FD || !placed[*f.SameAs] {
 				return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
 			}
-			if err := r.dup3(*f.SameAs, f.FD, flags); err != nil {
+			if err := fc.dup3(*f.SameAs, f.FD, flags); err != nil {
 				return fmt.Errorf("fd %d: %w", f.FD, err)
 			}
 			continue
@@ -76,60 +103,52 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 		if tmp == f.FD {
 			continue // created in place, with its close-on-exec flag
 		}
-		if err := r.dup3(tmp, f.FD, flags); err != nil {
+		if err := fc.dup3(tmp, f.FD, flags); err != nil {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
 		if !fc.kept(tmp) {
-			r.closeFD(tmp)
-		}
-	}
-	fc.closeAll()
-	fc.connectUnix()
-	for _, fd := range r.shmem {
-		r.closeFD(fd)
-	}
-	r.shmem = nil
-	for _, f := range fds {
-		if f.Epoll == nil {
-			continue
-		}
-		for _, t := range f.Epoll.Targets {
-			ev := make([]byte, 12) // struct epoll_event is packed on x86-64
-			binary.LittleEndian.PutUint32(ev[0:], t.Events)
-			binary.LittleEndian.PutUint64(ev[4:], t.Data)
-			at := r.area + pageSize
-			if err := r.child.WriteMem(at, ev); err != nil {
-				return err
-			}
-			if _, err := r.call(unix.SYS_EPOLL_CTL, uint64(f.FD), unix.EPOLL_CTL_ADD, uint64(t.FD), at); err != nil {
-				return fmt.Errorf("fd %d: epoll_ctl(ADD, %d, %#x): %w", f.FD, t.FD, t.Events, err)
-			}
-		}
-	}
-	// Restore the dumped limit (raised above for the move).
-	for _, l := range r.st.Rlimits {
-		if l.Resource == unix.RLIMIT_NOFILE {
-			lim := unix.Rlimit{Cur: l.Cur, Max: l.Max}
-			if err := unix.Prlimit(r.st.PID, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
-				return fmt.Errorf("restore RLIMIT_NOFILE: %w", err)
-			}
+			fc.closeFD(tmp)
 		}
 	}
 	return nil
 }
 
-func (r *restorer) dup3(from, to, flags int) error {
-	if _, err := r.call(unix.SYS_DUP3, uint64(from), uint64(to), uint64(flags)); err != nil {
+// setNoFile sets the process's RLIMIT_NOFILE, if the snapshot has one, to
+// what limit makes of the dumped one.
+func setNoFile(st *image.Process, limit func(image.Rlimit) unix.Rlimit) error {
+	for _, l := range st.Rlimits {
+		if l.Resource == unix.RLIMIT_NOFILE {
+			lim := limit(l)
+			return unix.Prlimit(st.PID, unix.RLIMIT_NOFILE, &lim, nil)
+		}
+	}
+	return nil
+}
+
+func (fc *fdCreator) dup3(from, to, flags int) error {
+	if _, err := fc.in.Call(unix.SYS_DUP3, uint64(from), uint64(to), uint64(flags)); err != nil {
 		return fmt.Errorf("dup3(%d, %d): %w", from, to, err)
 	}
 	return nil
+}
+
+// closeFD closes fd in the process; a failure is only logged.
+func (fc *fdCreator) closeFD(fd int) {
+	if err := fc.in.CloseFD(fd); err != nil {
+		fc.log.Warn("close in restored process", "fd", fd, "err", err)
+	}
 }
 
 // fdCreator creates the kernel objects behind descriptors; objects shared
 // by several descriptors (pipe ends, socket pairs) are created once and
 // kept at numbers from high up until every descriptor is placed.
 type fdCreator struct {
-	r     *restorer
+	in         *ptrace.Injector
+	st         *image.Process
+	shmem      map[uint64]int // shared object id -> its fd in the process
+	log        *slog.Logger
+	scratchLen int
+
 	high  int               // kept objects live at this number or above
 	pipes map[uint64][2]int // pipe id -> read, write end (kept)
 	pairs map[uint64]int    // socket inode -> its end of a socketpair (kept)
@@ -147,12 +166,31 @@ func (fc *fdCreator) connectUnix() {
 	for _, f := range fc.connects {
 		at, n, err := fc.sockaddr(f.Socket.Family, f.Socket.Peer)
 		if err == nil {
-			_, err = fc.r.call(unix.SYS_CONNECT, uint64(f.FD), at, n)
+			_, err = fc.in.Call(unix.SYS_CONNECT, uint64(f.FD), at, n)
 		}
 		if err != nil {
-			fc.r.log.Warn("unix socket not connected again", "fd", f.FD, "peer", f.Socket.Peer, "err", err)
+			fc.log.Warn("unix socket not connected again", "fd", f.FD, "peer", f.Socket.Peer, "err", err)
 		}
 	}
+}
+
+// epollTargets registers every epoll instance's targets, all in place.
+func (fc *fdCreator) epollTargets() error {
+	for _, f := range fc.st.FDs {
+		if f.Epoll == nil {
+			continue
+		}
+		for _, t := range f.Epoll.Targets {
+			at, err := fc.in.Put(0, epollEvent(t.Events, t.Data))
+			if err != nil {
+				return err
+			}
+			if _, err := fc.in.Call(unix.SYS_EPOLL_CTL, uint64(f.FD), unix.EPOLL_CTL_ADD, uint64(t.FD), at); err != nil {
+				return fmt.Errorf("fd %d: epoll_ctl(ADD, %d, %#x): %w", f.FD, t.FD, t.Events, err)
+			}
+		}
+	}
+	return nil
 }
 
 // kept reports whether fd is a kept object, which stays open.
@@ -163,11 +201,11 @@ func (fc *fdCreator) kept(fd int) bool {
 // moveHigh moves fd of the process to the first free number from high
 // up (close-on-exec) and returns it.
 func (fc *fdCreator) moveHigh(fd int) (int, error) {
-	nfd, err := fc.r.call(unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
+	nfd, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
 	if err != nil {
 		return -1, fmt.Errorf("fcntl(%d, F_DUPFD_CLOEXEC, %d): %w", fd, fc.high, err)
 	}
-	fc.r.closeFD(fd)
+	fc.closeFD(fd)
 	return int(nfd), nil
 }
 
@@ -175,7 +213,7 @@ func (fc *fdCreator) moveHigh(fd int) (int, error) {
 // of the way and keeps them.
 func (fc *fdCreator) keepPair(at uint64) ([2]int, error) {
 	var b [8]byte
-	if err := fc.r.child.ReadMem(at, b[:]); err != nil {
+	if err := fc.in.Get(0, b[:]); err != nil {
 		return [2]int{}, err
 	}
 	var out [2]int
@@ -192,7 +230,7 @@ func (fc *fdCreator) keepPair(at uint64) ([2]int, error) {
 
 func (fc *fdCreator) closeAll() {
 	for _, k := range fc.keep {
-		fc.r.closeFD(k)
+		fc.closeFD(k)
 	}
 	fc.keep = nil
 }
@@ -201,7 +239,6 @@ func (fc *fdCreator) closeAll() {
 // close-on-exec flag (the same bit, O_CLOEXEC, for every kind), and returns
 // the descriptor: a new one at the lowest free number, or a kept one.
 func (fc *fdCreator) create(f *image.FD) (int, error) {
-	r := fc.r
 	nonblock := uint64(0)
 	if f.Flags&unix.O_NONBLOCK != 0 {
 		nonblock = unix.O_NONBLOCK
@@ -212,12 +249,12 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDChr:
-		fd, err := r.open(f.Path, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY|int(cloexec), 0)
+		fd, err := fc.in.OpenAt(f.Path, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY|int(cloexec), 0)
 		if err != nil {
 			return -1, err
 		}
 		if f.Pos != 0 && f.Flags&unix.O_APPEND == 0 {
-			if _, err := r.call(unix.SYS_LSEEK, uint64(fd), uint64(f.Pos), unix.SEEK_SET); err != nil {
+			if _, err := fc.in.Call(unix.SYS_LSEEK, uint64(fd), uint64(f.Pos), unix.SEEK_SET); err != nil {
 				return -1, fmt.Errorf("lseek %s to %d: %w", f.Path, f.Pos, err)
 			}
 		}
@@ -228,7 +265,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		if f.File == nil {
 			return -1, fmt.Errorf("%w: memfd without identity", image.ErrCorrupt)
 		}
-		obj, ok := r.shmem[f.File.Ino]
+		obj, ok := fc.shmem[f.File.Ino]
 		if !ok {
 			return -1, fmt.Errorf("%w: memfd %s maps no restored object", image.ErrCorrupt, f.Path)
 		}
@@ -236,12 +273,12 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		if f.CloExec {
 			dup = unix.F_DUPFD_CLOEXEC
 		}
-		fd, err := r.call(unix.SYS_FCNTL, uint64(obj), dup, 0)
+		fd, err := fc.in.Call(unix.SYS_FCNTL, uint64(obj), dup, 0)
 		if err != nil {
 			return -1, err
 		}
 		if f.Pos != 0 {
-			if _, err := r.call(unix.SYS_LSEEK, fd, uint64(f.Pos), unix.SEEK_SET); err != nil {
+			if _, err := fc.in.Call(unix.SYS_LSEEK, fd, uint64(f.Pos), unix.SEEK_SET); err != nil {
 				return -1, err
 			}
 		}
@@ -253,7 +290,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		if f.Eventfd.Semaphore {
 			flags |= unix.EFD_SEMAPHORE
 		}
-		fd, err := r.call(unix.SYS_EVENTFD2, 0, flags)
+		fd, err := fc.in.Call(unix.SYS_EVENTFD2, 0, flags)
 		if err != nil {
 			return -1, fmt.Errorf("eventfd2: %w", err)
 		}
@@ -264,7 +301,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 		}
 		return int(fd), nil
 	case image.FDEpoll:
-		fd, err := r.call(unix.SYS_EPOLL_CREATE1, cloexec)
+		fd, err := fc.in.Call(unix.SYS_EPOLL_CREATE1, cloexec)
 		if err != nil {
 			return -1, fmt.Errorf("epoll_create1: %w", err)
 		}
@@ -277,11 +314,11 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	case image.FDTimerfd:
 		return fc.timerfd(f, nonblock|cloexec)
 	case image.FDSignalfd:
-		at := r.area + pageSize
-		if err := r.child.WriteMem(at, binary.LittleEndian.AppendUint64(nil, f.Signalfd.Mask)); err != nil {
+		at, err := fc.in.Put(0, binary.LittleEndian.AppendUint64(nil, f.Signalfd.Mask))
+		if err != nil {
 			return -1, err
 		}
-		fd, err := r.call(unix.SYS_SIGNALFD4, ^uint64(0), at, 8, nonblock|cloexec)
+		fd, err := fc.in.Call(unix.SYS_SIGNALFD4, ^uint64(0), at, 8, nonblock|cloexec)
 		if err != nil {
 			return -1, fmt.Errorf("signalfd4: %w", err)
 		}
@@ -289,18 +326,18 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	case image.FDSocket:
 		return fc.socket(f, nonblock|cloexec)
 	}
-	return -1, fmt.Errorf("%w: %s descriptors", ErrUnsupported, f.Kind)
+	return -1, fmt.Errorf("%w: %s descriptors", image.ErrUnsupported, f.Kind)
 }
 
 // write writes b into fd of the process, through scratch.
 func (fc *fdCreator) write(fd int, b []byte) error {
-	at := fc.r.area + pageSize
 	for len(b) > 0 {
-		n := min(len(b), scratchLen)
-		if err := fc.r.child.WriteMem(at, b[:n]); err != nil {
+		n := min(len(b), fc.scratchLen)
+		at, err := fc.in.Put(0, b[:n])
+		if err != nil {
 			return err
 		}
-		w, err := fc.r.call(unix.SYS_WRITE, uint64(fd), at, uint64(n))
+		w, err := fc.in.Call(unix.SYS_WRITE, uint64(fd), at, uint64(n))
 		if err != nil {
 			return err
 		}
@@ -315,23 +352,22 @@ func (fc *fdCreator) write(fd int, b []byte) error {
 // fifo opens a named FIFO without blocking: a read end opens with
 // O_NONBLOCK, a write end once a read end exists (held for the open).
 func (fc *fdCreator) fifo(f *image.FD, cloexec int) (int, error) {
-	r := fc.r
 	acc := f.Flags & unix.O_ACCMODE
 	flags := f.Flags &^ (unix.O_CREAT | unix.O_EXCL | unix.O_TRUNC)
 	holder := -1
 	if acc == unix.O_WRONLY {
 		var err error
-		if holder, err = r.open(f.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err != nil {
+		if holder, err = fc.in.OpenAt(f.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err != nil {
 			return -1, err
 		}
-		defer r.closeFD(holder)
+		defer fc.closeFD(holder)
 	}
-	fd, err := r.open(f.Path, flags|unix.O_NONBLOCK|cloexec, 0)
+	fd, err := fc.in.OpenAt(f.Path, flags|unix.O_NONBLOCK|cloexec, 0)
 	if err != nil {
 		return -1, err
 	}
 	if f.Flags&unix.O_NONBLOCK == 0 {
-		if _, err := r.call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(flags&^unix.O_NONBLOCK)); err != nil {
+		if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(flags&^unix.O_NONBLOCK)); err != nil {
 			return -1, err
 		}
 	}
@@ -341,11 +377,10 @@ func (fc *fdCreator) fifo(f *image.FD, cloexec int) (int, error) {
 // pipe returns this end of the pipe, creating the pipe (with its buffered
 // bytes) the first time one of its ends is met.
 func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
-	r := fc.r
 	ends, ok := fc.pipes[f.Pipe.ID]
 	if !ok {
-		at := r.area + pageSize
-		if _, err := r.call(unix.SYS_PIPE2, at, unix.O_CLOEXEC); err != nil {
+		at, _ := fc.in.Scratch()
+		if _, err := fc.in.Call(unix.SYS_PIPE2, at, unix.O_CLOEXEC); err != nil {
 			return -1, fmt.Errorf("pipe2: %w", err)
 		}
 		var err error
@@ -354,12 +389,12 @@ func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
 		}
 		fc.pipes[f.Pipe.ID] = ends
 		// Find the dumped size and bytes, stored with one read end.
-		for _, g := range r.st.FDs {
+		for _, g := range fc.st.FDs {
 			if g.Pipe == nil || g.Pipe.ID != f.Pipe.ID || (g.Pipe.Size == 0 && len(g.Pipe.Buffered) == 0) {
 				continue
 			}
 			if g.Pipe.Size > 0 {
-				if _, err := r.call(unix.SYS_FCNTL, uint64(ends[1]), unix.F_SETPIPE_SZ, uint64(g.Pipe.Size)); err != nil {
+				if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(ends[1]), unix.F_SETPIPE_SZ, uint64(g.Pipe.Size)); err != nil {
 					return -1, fmt.Errorf("F_SETPIPE_SZ %d: %w", g.Pipe.Size, err)
 				}
 			}
@@ -381,7 +416,7 @@ func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
 // setFlags sets the file status flags that F_SETFL can change.
 func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
 	const settable = unix.O_NONBLOCK | unix.O_DIRECT | unix.O_APPEND | unix.O_NOATIME
-	if _, err := fc.r.call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settable)); err != nil {
+	if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settable)); err != nil {
 		return fmt.Errorf("fcntl(F_SETFL, %#x): %w", f.Flags&settable, err)
 	}
 	return nil
@@ -391,9 +426,8 @@ func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
 const tfdIocSetTicks = 0x40085400
 
 func (fc *fdCreator) timerfd(f *image.FD, flags uint64) (int, error) {
-	r := fc.r
 	t := f.Timerfd
-	fd, err := r.call(unix.SYS_TIMERFD_CREATE, uint64(t.Clock), flags)
+	fd, err := fc.in.Call(unix.SYS_TIMERFD_CREATE, uint64(t.Clock), flags)
 	if err != nil {
 		return -1, fmt.Errorf("timerfd_create(%d): %w", t.Clock, err)
 	}
@@ -425,20 +459,20 @@ func (fc *fdCreator) timerfd(f *image.FD, flags uint64) (int, error) {
 		le.PutUint64(its[8:], uint64(t.IntervalNs%1e9))
 		le.PutUint64(its[16:], uint64(value/1e9))
 		le.PutUint64(its[24:], uint64(value%1e9))
-		at := r.area + pageSize
-		if err := r.child.WriteMem(at, its); err != nil {
+		at, err := fc.in.Put(0, its)
+		if err != nil {
 			return -1, err
 		}
-		if _, err := r.call(unix.SYS_TIMERFD_SETTIME, fd, settime, at, 0); err != nil {
+		if _, err := fc.in.Call(unix.SYS_TIMERFD_SETTIME, fd, settime, at, 0); err != nil {
 			return -1, fmt.Errorf("timerfd_settime: %w", err)
 		}
 	}
 	if t.Ticks > 0 {
-		at := r.area + pageSize
-		if err := r.child.WriteMem(at, binary.LittleEndian.AppendUint64(nil, t.Ticks)); err != nil {
+		at, err := fc.in.Put(0, binary.LittleEndian.AppendUint64(nil, t.Ticks))
+		if err != nil {
 			return -1, err
 		}
-		if _, err := r.call(unix.SYS_IOCTL, fd, tfdIocSetTicks, at); err != nil {
+		if _, err := fc.in.Call(unix.SYS_IOCTL, fd, tfdIocSetTicks, at); err != nil {
 			return -1, fmt.Errorf("timerfd: set %d pending ticks: %w", t.Ticks, err)
 		}
 	}
@@ -457,7 +491,6 @@ func (fc *fdCreator) timerfd(f *image.FD, flags uint64) (int, error) {
 // flags are O_NONBLOCK and O_CLOEXEC, the same bits as SOCK_NONBLOCK and
 // SOCK_CLOEXEC.
 func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
-	r := fc.r
 	s := f.Socket
 	typ := uint64(s.Type) | flags&(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
 	if s.Family == unix.AF_UNIX {
@@ -468,7 +501,7 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 			return fc.closedUnix(f, typ)
 		}
 	}
-	fd, err := r.call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
+	fd, err := fc.in.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
 	if err != nil {
 		return -1, fmt.Errorf("socket(%d, %d, %d): %w", s.Family, s.Type, s.Protocol, err)
 	}
@@ -478,8 +511,8 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		// EPOLLIN|EPOLLRDHUP|EPOLLHUP. (shutdown sets the flag even as
 		// it returns ENOTCONN for the unconnected socket.) Its options
 		// are not set: the program is about to close it.
-		r.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
-		r.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
+		fc.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
+		fc.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
 		return int(fd), nil
 	}
 	if err := fc.sockOpts(int(fd), s); err != nil {
@@ -497,7 +530,7 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		// an ephemeral port: connect picks another if it is taken.
 		if s.Local != "" && !(s.Family == unix.AF_UNIX && s.Local == "@") {
 			if err := fc.bind(int(fd), s); err != nil {
-				r.log.Warn("connected socket not bound to its address again", "fd", f.FD, "local", s.Local, "err", err)
+				fc.log.Warn("connected socket not bound to its address again", "fd", f.FD, "local", s.Local, "err", err)
 			}
 		}
 	}
@@ -507,7 +540,7 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		if backlog <= 0 {
 			backlog = unix.SOMAXCONN
 		}
-		if _, err := r.call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
+		if _, err := fc.in.Call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
 			return -1, fmt.Errorf("listen(%s, %d): %w", s.Local, backlog, err)
 		}
 	case s.State == sockConnected && s.Peer != "" && s.Family == unix.AF_UNIX:
@@ -518,7 +551,7 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		if err != nil {
 			return -1, err
 		}
-		if _, err := r.call(unix.SYS_CONNECT, fd, at, n); err != nil {
+		if _, err := fc.in.Call(unix.SYS_CONNECT, fd, at, n); err != nil {
 			return -1, fmt.Errorf("connect %s: %w", s.Peer, err)
 		}
 	}
@@ -535,18 +568,17 @@ func isConnection(state string) bool {
 // closed: it stands for a connection to a process outside, which the
 // program sees closed by its peer.
 func (fc *fdCreator) closedUnix(f *image.FD, typ uint64) (int, error) {
-	r := fc.r
-	at := r.area + pageSize
-	if _, err := r.call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
+	at, _ := fc.in.Scratch()
+	if _, err := fc.in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
 		return -1, fmt.Errorf("socketpair: %w", err)
 	}
 	var b [8]byte
-	if err := r.child.ReadMem(at, b[:]); err != nil {
+	if err := fc.in.Get(0, b[:]); err != nil {
 		return -1, err
 	}
-	r.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
+	fc.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
 	fd := int(binary.LittleEndian.Uint32(b[0:]))
-	r.log.Info("connection closed by restore", "fd", f.FD, "local", f.Socket.Local, "peer", f.Socket.Peer, "state", f.Socket.State)
+	fc.log.Info("connection closed by restore", "fd", f.FD, "local", f.Socket.Local, "peer", f.Socket.Peer, "state", f.Socket.State)
 	return fd, nil
 }
 
@@ -573,11 +605,11 @@ func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
 
 // setInt sets an int socket option of fd in the process.
 func (fc *fdCreator) setInt(fd, level, opt, v int) error {
-	at := fc.r.area + pageSize
-	if err := fc.r.child.WriteMem(at, binary.LittleEndian.AppendUint32(nil, uint32(v))); err != nil {
+	at, err := fc.in.Put(0, binary.LittleEndian.AppendUint32(nil, uint32(v)))
+	if err != nil {
 		return err
 	}
-	_, err := fc.r.call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(level), uint64(opt), at, 4)
+	_, err = fc.in.Call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(level), uint64(opt), at, 4)
 	return err
 }
 
@@ -588,26 +620,26 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 	if s.Family == unix.AF_UNIX && !strings.HasPrefix(s.Local, "@") {
 		if !strings.HasPrefix(s.Local, "/") && !fc.inCwd {
 			// The process state step sets the directory again later.
-			a, err := fc.r.putString(0, fc.r.st.Cwd)
+			a, err := fc.in.PutString(0, fc.st.Cwd)
 			if err != nil {
 				return err
 			}
-			if _, err := fc.r.call(unix.SYS_CHDIR, a); err != nil {
-				return fmt.Errorf("chdir %s to bind %s: %w", fc.r.st.Cwd, s.Local, err)
+			if _, err := fc.in.Call(unix.SYS_CHDIR, a); err != nil {
+				return fmt.Errorf("chdir %s to bind %s: %w", fc.st.Cwd, s.Local, err)
 			}
 			fc.inCwd = true
 		}
-		a, err := fc.r.putString(0, s.Local)
+		a, err := fc.in.PutString(0, s.Local)
 		if err != nil {
 			return err
 		}
-		fc.r.in.Syscall(unix.SYS_UNLINKAT, atFDCWD, a, 0) // ENOENT is fine
+		fc.in.Syscall(unix.SYS_UNLINKAT, ptrace.AtFDCWD, a, 0) // ENOENT is fine
 	}
 	at, n, err := fc.sockaddr(s.Family, s.Local)
 	if err != nil {
 		return err
 	}
-	if _, err := fc.r.call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
+	if _, err := fc.in.Call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
 		if errors.Is(err, unix.EADDRINUSE) && s.Type == unix.SOCK_STREAM && s.Family != unix.AF_UNIX && s.Options["SO_REUSEADDR"] == 0 {
 			err = fmt.Errorf("%w (the socket has no SO_REUSEADDR: connections in TIME_WAIT on the port refuse it until they expire)", err)
 		}
@@ -615,6 +647,10 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 	}
 	return nil
 }
+
+// sockaddrOff is where in scratch sockaddr puts an address: past the
+// strings (paths) that other arguments put at its start.
+const sockaddrOff = 1024
 
 // sockaddr writes a sockaddr into scratch and returns its address and
 // length.
@@ -655,10 +691,10 @@ func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
 		le.PutUint16(b, unix.AF_UNIX)
 		copy(b[2:], name)
 	default:
-		return 0, 0, fmt.Errorf("%w: address family %d", ErrUnsupported, family)
+		return 0, 0, fmt.Errorf("%w: address family %d", image.ErrUnsupported, family)
 	}
-	at := fc.r.area + pageSize + 1024
-	if err := fc.r.child.WriteMem(at, b); err != nil {
+	at, err := fc.in.Put(sockaddrOff, b)
+	if err != nil {
 		return 0, 0, err
 	}
 	return at, uint64(len(b)), nil
@@ -668,7 +704,6 @@ func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
 // in the process, creating the pair, with the data queued in each end,
 // the first time one of its ends is met.
 func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
-	r := fc.r
 	s := f.Socket
 	if end, ok := fc.pairs[s.ID]; ok {
 		if err := fc.setFlags(end, f); err != nil {
@@ -679,8 +714,8 @@ func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 		}
 		return end, nil
 	}
-	at := r.area + pageSize
-	if _, err := r.call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
+	at, _ := fc.in.Scratch()
+	if _, err := fc.in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
 		return -1, fmt.Errorf("socketpair: %w", err)
 	}
 	ends, err := fc.keepPair(at)
@@ -698,7 +733,7 @@ func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 	if err := fc.send(c, s.Type, s.Queued); err != nil {
 		return -1, fmt.Errorf("queue %d messages again: %w", len(s.Queued), err)
 	}
-	for _, g := range r.st.FDs {
+	for _, g := range fc.st.FDs {
 		if g.Socket != nil && g.Socket.ID == peer && g.SameAs == nil {
 			if err := fc.send(a, s.Type, g.Socket.Queued); err != nil {
 				return -1, fmt.Errorf("queue %d messages again in the peer: %w", len(g.Socket.Queued), err)
@@ -715,17 +750,17 @@ func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 // send sends msgs on a socket of the process without blocking: a stream
 // in pieces, each datagram whole.
 func (fc *fdCreator) send(fd, typ int, msgs [][]byte) error {
-	at := fc.r.area + pageSize
 	for _, m := range msgs {
-		if typ != unix.SOCK_STREAM && len(m) > scratchLen {
-			return fmt.Errorf("%w: a queued message of %d bytes (at most %d)", ErrUnsupported, len(m), scratchLen)
+		if typ != unix.SOCK_STREAM && len(m) > fc.scratchLen {
+			return fmt.Errorf("%w: a queued message of %d bytes (at most %d)", image.ErrUnsupported, len(m), fc.scratchLen)
 		}
 		for len(m) > 0 || typ != unix.SOCK_STREAM {
-			n := min(len(m), scratchLen)
-			if err := fc.r.child.WriteMem(at, m[:n]); err != nil {
+			n := min(len(m), fc.scratchLen)
+			at, err := fc.in.Put(0, m[:n])
+			if err != nil {
 				return err
 			}
-			w, err := fc.r.call(unix.SYS_SENDTO, uint64(fd), at, uint64(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+			w, err := fc.in.Call(unix.SYS_SENDTO, uint64(fd), at, uint64(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 			if err != nil {
 				return fmt.Errorf("send %d bytes: %w", n, err)
 			}

@@ -1,4 +1,4 @@
-package engine
+package fds
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
@@ -113,8 +114,8 @@ func TestPeekQueueRefusesDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := openFDs(t)
-	if _, err := peekQueue(a, unix.SOCK_STREAM); !errors.Is(err, ErrUnsupported) {
-		t.Errorf("a queue with a descriptor in flight peeked with %v, want ErrUnsupported", err)
+	if _, err := peekQueue(a, unix.SOCK_STREAM); !errors.Is(err, image.ErrUnsupported) {
+		t.Errorf("a queue with a descriptor in flight peeked with %v, want image.ErrUnsupported", err)
 	}
 	if after := openFDs(t); after != before {
 		t.Errorf("the peek left %d descriptors open, %d before", after, before)
@@ -150,7 +151,7 @@ func TestSharedFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := &fdDumper{d: &dumper{pid: os.Getpid()}, all: all}
+	fx := &fdDumper{pid: os.Getpid(), all: all}
 	shared := fx.sharedFiles()
 	lo, hi := min(e1, dup), max(e1, dup)
 	if first, ok := shared[hi]; !ok || first != lo {

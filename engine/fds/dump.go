@@ -1,8 +1,9 @@
-package engine
+package fds
 
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 
 	"golang.org/x/sys/unix"
@@ -11,19 +12,20 @@ import (
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
-// fds describes every open file descriptor, or refuses the first one the
-// snapshot format cannot describe, naming it.
-func (d *dumper) fds() ([]image.FD, error) {
-	fds, err := proc.ReadFDs(d.pid)
+// Dump describes every open file descriptor of the frozen process pid,
+// whose memory mappings are maps, or refuses the first one the snapshot
+// format cannot describe, naming it.
+func Dump(pid int, maps []proc.Mapping, log *slog.Logger) ([]image.FD, error) {
+	fds, err := proc.ReadFDs(pid)
 	if err != nil {
 		return nil, err
 	}
-	pidfd, err := unix.PidfdOpen(d.pid, 0)
+	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
-	fx := &fdDumper{d: d, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}}
+	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -67,7 +69,7 @@ func (fx *fdDumper) sharedFiles() map[int]int {
 				if _, dup := out[first]; dup {
 					continue // compare with the first of each group only
 				}
-				if sameFile(fx.d.pid, first, nums[i]) {
+				if sameFile(fx.pid, first, nums[i]) {
 					out[nums[i]] = first
 					break
 				}
@@ -93,7 +95,9 @@ type pipeEnds struct {
 }
 
 type fdDumper struct {
-	d       *dumper
+	pid     int
+	maps    []proc.Mapping
+	log     *slog.Logger
 	pidfd   int
 	all     []proc.FD
 	pipes   map[uint64]*pipeEnds
@@ -113,12 +117,12 @@ func (fx *fdDumper) fd(f *proc.FD) (image.FD, error) {
 	switch f.Kind {
 	case proc.FDFile, proc.FDDir, proc.FDCharDev, proc.FDFIFO:
 		if f.Deleted {
-			return out, fmt.Errorf("%w: open file %s was deleted", ErrUnsupported, f.Path)
+			return out, fmt.Errorf("%w: open file %s was deleted", image.ErrUnsupported, f.Path)
 		}
 		out.Kind = map[proc.FDKind]string{proc.FDFile: image.FDFile, proc.FDDir: image.FDDir, proc.FDCharDev: image.FDChr, proc.FDFIFO: image.FDFifo}[f.Kind]
 		out.Path = f.Path
 		out.Pos = f.Info.Pos
-		id := fileID(f.Path, f.Stat)
+		id := FileIdentity(f.Path, f.Stat)
 		out.File = &id
 		if f.Kind == proc.FDCharDev {
 			out.Rdev = f.Stat.Rdev
@@ -127,10 +131,10 @@ func (fx *fdDumper) fd(f *proc.FD) (image.FD, error) {
 		out.Kind = image.FDMemfd
 		out.Path = f.Path
 		out.Pos = f.Info.Pos
-		id := fileID(f.Path, f.Stat)
+		id := FileIdentity(f.Path, f.Stat)
 		out.File = &id
 		if !fx.mapped(f.Stat.Ino) {
-			return out, fmt.Errorf("%w: memfd %s is not mapped, so its contents are not dumped", ErrUnsupported, f.Path)
+			return out, fmt.Errorf("%w: memfd %s is not mapped, so its contents are not dumped", image.ErrUnsupported, f.Path)
 		}
 	case proc.FDPipe:
 		return fx.pipe(f, out)
@@ -146,7 +150,7 @@ func (fx *fdDumper) fd(f *proc.FD) (image.FD, error) {
 		out.Epoll = &image.Epoll{Targets: []image.EpollTarget{}}
 		for _, t := range f.Info.Epoll {
 			if !fx.open(t.TFD, t.Ino) {
-				return out, fmt.Errorf("%w: epoll watches fd %d (inode %d), which is no longer open under that number", ErrUnsupported, t.TFD, t.Ino)
+				return out, fmt.Errorf("%w: epoll watches fd %d (inode %d), which is no longer open under that number", image.ErrUnsupported, t.TFD, t.Ino)
 			}
 			out.Epoll.Targets = append(out.Epoll.Targets, image.EpollTarget{FD: t.TFD, Events: t.Events, Data: t.Data})
 		}
@@ -167,7 +171,7 @@ func (fx *fdDumper) fd(f *proc.FD) (image.FD, error) {
 	case proc.FDSocket:
 		return fx.socket(f, out)
 	default:
-		return out, fmt.Errorf("%w: %s file descriptors cannot be dumped yet", ErrUnsupported, f.Kind)
+		return out, fmt.Errorf("%w: %s file descriptors cannot be dumped yet", image.ErrUnsupported, f.Kind)
 	}
 	return out, nil
 }
@@ -184,8 +188,8 @@ func (fx *fdDumper) open(num int, ino uint64) bool {
 
 // mapped reports whether a shared mapping of inode ino exists.
 func (fx *fdDumper) mapped(ino uint64) bool {
-	for i := range fx.d.maps {
-		if m := &fx.d.maps[i]; m.IsShmem() && m.Inode == ino {
+	for i := range fx.maps {
+		if m := &fx.maps[i]; m.IsShmem() && m.Inode == ino {
 			return true
 		}
 	}
@@ -197,7 +201,7 @@ func (fx *fdDumper) mapped(ino uint64) bool {
 func (fx *fdDumper) pipe(f *proc.FD, out image.FD) (image.FD, error) {
 	ends := fx.pipes[f.Ino]
 	if ends == nil || len(ends.readers) == 0 || len(ends.writers) == 0 {
-		return out, fmt.Errorf("%w: pipe:[%d] has an end outside the process (restore could not reconnect it)", ErrUnsupported, f.Ino)
+		return out, fmt.Errorf("%w: pipe:[%d] has an end outside the process (restore could not reconnect it)", image.ErrUnsupported, f.Ino)
 	}
 	out.Kind = image.FDPipe
 	out.Pipe = &image.Pipe{ID: f.Ino}
@@ -284,7 +288,7 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 	switch sk.Family {
 	case unix.AF_INET, unix.AF_INET6:
 		if sk.Type != unix.SOCK_STREAM && sk.Type != unix.SOCK_DGRAM {
-			return out, fmt.Errorf("%w: inet socket of type %d", ErrUnsupported, sk.Type)
+			return out, fmt.Errorf("%w: inet socket of type %d", image.ErrUnsupported, sk.Type)
 		}
 		if err := fx.inetState(sk, accepting != 0); err != nil {
 			return out, err
@@ -294,11 +298,11 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 			return out, err
 		}
 	default:
-		return out, fmt.Errorf("%w: socket family %d", ErrUnsupported, sk.Family)
+		return out, fmt.Errorf("%w: socket family %d", image.ErrUnsupported, sk.Family)
 	}
 	if sk.State != sockListen && sk.Queued == nil {
 		if n, err := unix.IoctlGetInt(s, unix.SIOCINQ); err == nil && n > 0 {
-			fx.d.log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
+			fx.log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
 		}
 	}
 	out.Socket = sk
@@ -353,7 +357,7 @@ func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 		fx.inet = map[uint64]proc.InetDiag{}
 		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 			for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-				ds, err := proc.QueryInet(fx.d.pid, fam, pr)
+				ds, err := proc.QueryInet(fx.pid, fam, pr)
 				if err != nil {
 					return fmt.Errorf("sock_diag: %w", err)
 				}
@@ -399,7 +403,7 @@ func isUnspecifiedPortZero(s string) bool {
 // (closed at restore, like an established TCP connection).
 func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
 	if fx.unixd == nil {
-		ds, err := proc.QueryUnix(fx.d.pid)
+		ds, err := proc.QueryUnix(fx.pid)
 		if err != nil {
 			return fmt.Errorf("sock_diag: %w", err)
 		}
@@ -492,12 +496,12 @@ func peekQueue(s, typ int) ([][]byte, error) {
 			}
 		}
 		if flags&unix.MSG_CTRUNC != 0 {
-			return nil, fmt.Errorf("%w: unix socket has file descriptors in flight", ErrUnsupported)
+			return nil, fmt.Errorf("%w: unix socket has file descriptors in flight", image.ErrUnsupported)
 		}
 		if n > len(buf) {
 			// A message larger than the buffer: peek it again whole.
 			if n > maxQueued {
-				return nil, fmt.Errorf("%w: queued message of %d bytes", ErrUnsupported, n)
+				return nil, fmt.Errorf("%w: queued message of %d bytes", image.ErrUnsupported, n)
 			}
 			buf = make([]byte, n)
 			unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PEEK_OFF, total)
@@ -508,7 +512,7 @@ func peekQueue(s, typ int) ([][]byte, error) {
 		}
 		total += n
 		if total > maxQueued {
-			return nil, fmt.Errorf("%w: more than %d bytes queued", ErrUnsupported, maxQueued)
+			return nil, fmt.Errorf("%w: more than %d bytes queued", image.ErrUnsupported, maxQueued)
 		}
 		if typ == unix.SOCK_STREAM {
 			stream = append(stream, buf[:n]...)
@@ -536,7 +540,7 @@ func refuseRights(oob []byte) error {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return fmt.Errorf("%w: unix socket has file descriptors in flight", ErrUnsupported)
+		return fmt.Errorf("%w: unix socket has file descriptors in flight", image.ErrUnsupported)
 	}
 	return nil
 }
@@ -560,14 +564,14 @@ func sockaddrString(sa unix.Sockaddr) string {
 	return ""
 }
 
-// resetConnections sets SO_LINGER {on, 0 s} on every TCP connection of
+// ResetConnections sets SO_LINGER {on, 0 s} on every TCP connection of
 // the process, which is about to be killed: its close then sends a reset
 // and leaves no TIME_WAIT or FIN_WAIT socket behind. Those would hold the
 // ports of its listeners, and a listener without SO_REUSEADDR could not
 // be bound again by the restore until they expire. The peers see their
 // connection reset, as restore --tcp-close has it. Failures are only
 // logged: the snapshot is written already.
-func (d *dumper) resetConnections(st *image.Process) {
+func ResetConnections(st *image.Process, log *slog.Logger) {
 	pidfd := -1
 	defer func() {
 		if pidfd >= 0 {
@@ -582,8 +586,8 @@ func (d *dumper) resetConnections(st *image.Process) {
 		}
 		if pidfd < 0 {
 			var err error
-			if pidfd, err = unix.PidfdOpen(d.pid, 0); err != nil {
-				d.log.Warn("connections not reset", "pid", d.pid, "err", err)
+			if pidfd, err = unix.PidfdOpen(st.PID, 0); err != nil {
+				log.Warn("connections not reset", "pid", st.PID, "err", err)
 				return
 			}
 		}
@@ -593,7 +597,13 @@ func (d *dumper) resetConnections(st *image.Process) {
 			unix.Close(fd)
 		}
 		if err != nil {
-			d.log.Warn("connection not reset", "fd", f.FD, "local", s.Local, "peer", s.Peer, "err", err)
+			log.Warn("connection not reset", "fd", f.FD, "local", s.Local, "peer", s.Peer, "err", err)
 		}
 	}
+}
+
+// FileIdentity is the identity of the file at path that the snapshot
+// records, from what /proc said of it.
+func FileIdentity(path string, id proc.FileID) image.FileID {
+	return image.FileID{Path: path, Dev: id.Dev, Ino: id.Ino, Size: id.Size, MtimeNs: id.Mtime.UnixNano(), Mode: id.Mode}
 }

@@ -1,0 +1,62 @@
+package fds
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+)
+
+// ErrFileChanged: a file the process mapped or opened is not the one it
+// was at the dump.
+var ErrFileChanged = errors.New("file changed since the dump")
+
+// CheckFile refuses a file whose identity (device, inode, size, mtime)
+// differs from the dumped one; what names it in the error ("executable",
+// "mapping 7f..-7f..").
+func CheckFile(id image.FileID, what string) error {
+	cur, err := proc.StatFile(id.Path)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", what, id.Path, err)
+	}
+	if cur.Dev != id.Dev || cur.Ino != id.Ino || cur.Size != id.Size || cur.Mtime.UnixNano() != id.MtimeNs {
+		return fmt.Errorf("%w: %s %s: now device %d inode %d size %d mtime %d; dumped device %d inode %d size %d mtime %d",
+			ErrFileChanged, what, id.Path, cur.Dev, cur.Ino, cur.Size, cur.Mtime.UnixNano(), id.Dev, id.Ino, id.Size, id.MtimeNs)
+	}
+	return nil
+}
+
+// Check refuses, before the restore creates anything, a descriptor this
+// build cannot restore or whose file is not the one dumped.
+func Check(f image.FD) error {
+	switch f.Kind {
+	case image.FDFile, image.FDDir, image.FDFifo:
+		if f.File == nil {
+			return fmt.Errorf("%w: %s without file identity", image.ErrCorrupt, f.Kind)
+		}
+		cur, err := proc.StatFile(f.Path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Path, err)
+		}
+		// An open file may have grown since (a log): identity is the
+		// inode, and the offset must still be inside it.
+		if cur.Dev != f.File.Dev || cur.Ino != f.File.Ino {
+			return fmt.Errorf("%w: %s is now another file (inode %d, was %d)", ErrFileChanged, f.Path, cur.Ino, f.File.Ino)
+		}
+		if f.Kind == image.FDFile && f.Flags&unix.O_APPEND == 0 && f.Pos > cur.Size {
+			return fmt.Errorf("%w: %s is %d bytes, shorter than the saved offset %d", ErrFileChanged, f.Path, cur.Size, f.Pos)
+		}
+	case image.FDChr:
+		if _, err := os.Stat(f.Path); err != nil {
+			return err
+		}
+	case image.FDMemfd, image.FDPipe, image.FDEventfd, image.FDEpoll, image.FDSocket, image.FDTimerfd, image.FDSignalfd:
+	default:
+		return fmt.Errorf("%w: this build cannot restore %s descriptors", image.ErrUnsupported, f.Kind)
+	}
+	return nil
+}
