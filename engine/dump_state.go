@@ -115,7 +115,6 @@ func (d *dumper) processState(st *image.Process) error {
 	return nil
 }
 
-
 // injected reads the state that only the process itself can tell, by
 // system calls injected into each of its threads.
 func (d *dumper) injected(st *image.Process) error {
