@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -60,107 +61,165 @@ type DumpResult struct {
 // is resumed as it was and the directory holds no manifest.
 func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	start := time.Now()
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	d := &dumper{pid: opts.PID, opts: opts, log: logger(opts.Logger)}
+	defer d.cleanup(&err)
+	err = runSteps(ctx, d.log, "dump", []namedStep{
+		{"check", d.check},
+		{"create snapshot", d.create},
+		{"freeze", d.freeze},
+		{"check", d.checkFrozen},
+		{"read mappings", d.readMappings},
+		{"process state", d.processState},
+		{"memory layout", d.memoryLayout},
+		{"thread state", d.injected},
+		{"file descriptors", d.fds},
+		{"dump memory", d.dumpMemory},
+		{"write state", d.writeState},
+		{"commit", d.commit},
+		{"finish", d.finish},
+	})
+	if d.res != nil {
+		d.res.Total = time.Since(start)
 	}
-	pid := opts.PID
-	if err := precheck(pid); err != nil {
-		return nil, step("check", err)
-	}
-	w, err := image.Create(opts.Dir, image.Options{BlockSize: opts.BlockSize, Mode: opts.Mode, Workers: opts.Workers, Tool: "lazyfs " + Version})
-	if err != nil {
-		return nil, step("create snapshot", err)
-	}
-	defer func() {
-		if err != nil {
-			w.Abort()
-		}
-	}()
+	return d.res, err
+}
 
+// check refuses a process that cannot be dumped, before touching it.
+func (d *dumper) check(context.Context) error { return precheck(d.pid) }
+
+// create makes the snapshot directory's files.
+func (d *dumper) create(context.Context) error {
+	o := d.opts
+	var err error
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version})
+	return err
+}
+
+// freeze stops every thread of the process.
+func (d *dumper) freeze(context.Context) error {
 	t, err := ptrace.New()
 	if err != nil {
-		return nil, step("freeze", err)
+		return err
 	}
-	defer t.Close()
-	p, err := t.Seize(pid, ptrace.SeizeOptions{})
-	if err != nil {
-		return nil, step("freeze", err)
+	d.t = t
+	if d.p, err = t.Seize(d.pid, ptrace.SeizeOptions{}); err != nil {
+		return err
 	}
-	frozen := time.Now().Add(-p.Stats().Duration)
-	log.Info("frozen", "pid", pid, "threads", len(p.Threads()), "took", p.Stats().Duration)
-	resumed := false
-	defer func() {
-		if !resumed {
-			if derr := p.Detach(); derr != nil {
-				log.Error("resume after failed dump", "pid", pid, "err", derr)
-			}
-		}
-	}()
+	d.frozen = time.Now().Add(-d.p.Stats().Duration)
+	d.log.Info("frozen", "pid", d.pid, "threads", len(d.p.Threads()), "took", d.p.Stats().Duration)
+	return nil
+}
 
-	// Children may have appeared between the check and the freeze.
-	if kids, _ := children(pid); len(kids) > 0 {
-		return nil, step("check", fmt.Errorf("pid %d: %w (%v): dump the tree's leaves or stop them first", pid, ErrHasChildren, kids))
+// checkFrozen refuses children that appeared between the check and the
+// freeze.
+func (d *dumper) checkFrozen(context.Context) error {
+	if kids, _ := children(d.pid); len(kids) > 0 {
+		return fmt.Errorf("pid %d: %w (%v): dump the tree's leaves or stop them first", d.pid, ErrHasChildren, kids)
 	}
-	d := &dumper{pid: pid, p: p, log: log}
-	st, err := d.collect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	log.Debug("state collected", "pid", pid, "since freeze", time.Since(frozen))
-	// With LeaveRunning the process resumes as soon as its memory has been
-	// read: encoding the last blocks, syncing the files and committing
-	// need it no more. A dump that fails after that still leaves it
-	// running, as it would have been. Without LeaveRunning it is killed
-	// only once the snapshot is committed.
-	var freeze time.Duration
-	var resumeErr error
+	return nil
+}
+
+// readMappings reads the memory layout, before injection maps its scratch
+// page.
+func (d *dumper) readMappings(context.Context) error {
+	var err error
+	d.maps, err = proc.ReadMappings(d.pid)
+	d.st = &image.Process{PID: d.pid}
+	return err
+}
+
+func (d *dumper) memoryLayout(context.Context) error {
+	var err error
+	d.st.VMAs, err = mem.VMAs(d.pid, d.maps)
+	return err
+}
+
+func (d *dumper) fds(context.Context) error {
+	var err error
+	d.st.FDs, err = fds.Dump(d.pid, d.maps, d.log)
+	return err
+}
+
+// dumpMemory writes the pages. With LeaveRunning the process resumes as
+// soon as its memory has been read: encoding the last blocks, syncing the
+// files and committing need it no more. A dump that fails after that
+// still leaves it running, as it would have been. Without LeaveRunning it
+// is killed only once the snapshot is committed.
+func (d *dumper) dumpMemory(ctx context.Context) error {
+	d.log.Debug("state collected", "pid", d.pid, "since freeze", time.Since(d.frozen))
 	captured := func() {
-		if !opts.LeaveRunning {
-			return
+		if d.opts.LeaveRunning {
+			d.resume(d.p.Detach)
+			d.log.Info("resumed", "pid", d.pid, "frozen", d.freezeTime)
 		}
-		resumed = true
-		resumeErr = p.Detach()
-		freeze = time.Since(frozen)
-		log.Info("resumed", "pid", pid, "frozen", freeze)
 	}
-	if err := d.dumpMemory(ctx, w, st, opts.Progress, captured); err != nil {
-		return nil, step("dump memory", withResumeErr(err, resumeErr))
+	var err error
+	d.stats, err = mem.Dump(ctx, d.w, d.st, d.maps, d.p, mem.DumpOptions{Progress: d.opts.Progress, Captured: captured})
+	return d.withResumeErr(err)
+}
+
+func (d *dumper) writeState(context.Context) error {
+	d.log.Debug("pages written", "pid", d.pid, "since freeze", time.Since(d.frozen))
+	return d.withResumeErr(d.w.WriteState(d.st))
+}
+
+func (d *dumper) commit(context.Context) error {
+	if err := d.w.Commit(); err != nil {
+		return d.withResumeErr(err)
 	}
-	log.Debug("pages written", "pid", pid, "since freeze", time.Since(frozen))
-	if err := w.WriteState(st); err != nil {
-		return nil, step("write state", withResumeErr(err, resumeErr))
-	}
-	if err := w.Commit(); err != nil {
-		return nil, step("commit", withResumeErr(err, resumeErr))
-	}
-	log.Debug("committed", "pid", pid, "since freeze", time.Since(frozen))
-	res = &DumpResult{PID: pid, Threads: len(st.Threads), FreezeStop: p.Stats().Duration, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
-	if !resumed {
-		resumed = true
-		if opts.LeaveRunning {
-			resumeErr = p.Detach()
+	d.committed = true
+	d.log.Debug("committed", "pid", d.pid, "since freeze", time.Since(d.frozen))
+	return nil
+}
+
+// finish resumes or kills the process, the snapshot complete.
+func (d *dumper) finish(context.Context) error {
+	d.res = &DumpResult{PID: d.pid, Threads: len(d.st.Threads), FreezeStop: d.p.Stats().Duration, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
+	if !d.resumed {
+		if d.opts.LeaveRunning {
+			d.resume(d.p.Detach)
 		} else {
-			fds.ResetConnections(st, log) // no TIME_WAIT left holding its ports
-			resumeErr = p.Kill()
+			fds.ResetConnections(d.st, d.log) // no TIME_WAIT left holding its ports
+			d.resume(d.p.Kill)
 		}
-		freeze = time.Since(frozen)
 	}
-	res.Freeze = freeze
-	res.Total = time.Since(start)
-	if resumeErr != nil {
+	d.res.Freeze = d.freezeTime
+	if d.resumeErr != nil {
 		// The snapshot is complete; say so along with the failure.
-		return res, step("finish", fmt.Errorf("snapshot written, but %w", resumeErr))
+		return fmt.Errorf("snapshot written, but %w", d.resumeErr)
 	}
-	return res, nil
+	return nil
+}
+
+// resume lets the process go (fn: Detach or Kill) and ends the freeze.
+func (d *dumper) resume(fn func() error) {
+	d.resumed = true
+	d.resumeErr = fn()
+	d.freezeTime = time.Since(d.frozen)
+}
+
+// cleanup, after a failed dump, removes what it wrote and resumes the
+// process as it was; it ends the tracer in any case.
+func (d *dumper) cleanup(err *error) {
+	if *err != nil && d.w != nil && !d.committed {
+		d.w.Abort()
+	}
+	if d.p != nil && !d.resumed {
+		if derr := d.p.Detach(); derr != nil {
+			d.log.Error("resume after failed dump", "pid", d.pid, "err", derr)
+		}
+	}
+	if d.t != nil {
+		d.t.Close()
+	}
 }
 
 // withResumeErr adds to err the failure, if any, of the early resume.
-func withResumeErr(err, resumeErr error) error {
-	if resumeErr == nil {
+func (d *dumper) withResumeErr(err error) error {
+	if err == nil || d.resumeErr == nil {
 		return err
 	}
-	return errors.Join(err, fmt.Errorf("resume: %w", resumeErr))
+	return errors.Join(err, fmt.Errorf("resume: %w", d.resumeErr))
 }
 
 // precheck refuses a process that cannot be dumped, before touching it.

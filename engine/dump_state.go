@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -13,47 +14,30 @@ import (
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
-// dumper holds what a dump learns about its frozen process.
+// dumper is one dump: what it learns of its frozen process, and what it
+// has created and must undo if it fails.
 type dumper struct {
-	pid   int
-	p     *ptrace.Process
-	log   *slog.Logger
-	maps  []proc.Mapping
-	stats image.Stats
-}
+	pid  int
+	opts DumpOptions
+	log  *slog.Logger
 
-// collect reads the whole state of the frozen process: memory layout first
-// (before injection maps its scratch page), then per-process and
-// per-thread state, then file descriptors.
-func (d *dumper) collect(ctx context.Context) (*image.Process, error) {
-	maps, err := proc.ReadMappings(d.pid)
-	if err != nil {
-		return nil, step("read mappings", err)
-	}
-	d.maps = maps
-	st := &image.Process{PID: d.pid}
-	if err := d.processState(st); err != nil {
-		return nil, step("process state", err)
-	}
-	vmas, err := d.vmas()
-	if err != nil {
-		return nil, step("memory layout", err)
-	}
-	st.VMAs = vmas
-	if err := d.injected(st); err != nil {
-		return nil, step("thread state", err)
-	}
-	fds, err := fds.Dump(d.pid, d.maps, d.log)
-	if err != nil {
-		return nil, step("file descriptors", err)
-	}
-	st.FDs = fds
-	return st, ctx.Err()
+	w          *image.Writer
+	t          *ptrace.Tracer
+	p          *ptrace.Process
+	frozen     time.Time // when the first thread stopped
+	maps       []proc.Mapping
+	st         *image.Process
+	stats      image.Stats
+	committed  bool
+	resumed    bool // detached or killed
+	resumeErr  error
+	freezeTime time.Duration
+	res        *DumpResult
 }
 
 // processState fills what /proc tells of the process.
-func (d *dumper) processState(st *image.Process) error {
-	pid := d.pid
+func (d *dumper) processState(context.Context) error {
+	pid, st := d.pid, d.st
 	s, err := proc.ReadStatus(pid)
 	if err != nil {
 		return err
@@ -117,7 +101,8 @@ func (d *dumper) processState(st *image.Process) error {
 
 // injected reads the state that only the process itself can tell, by
 // system calls injected into each of its threads.
-func (d *dumper) injected(st *image.Process) error {
+func (d *dumper) injected(context.Context) error {
+	st := d.st
 	threads := d.p.Threads()
 	leader := d.p.Leader()
 	in, err := leader.NewInjector(4 * unix.Getpagesize())
@@ -215,16 +200,4 @@ func (d *dumper) thread(th *ptrace.Thread, in *ptrace.Injector) (image.Thread, e
 		t.SigPending = ts.SigPnd
 	}
 	return t, nil
-}
-
-func toImageRegs(r *ptrace.Regs) image.Regs {
-	return image.Regs{R15: r.R15, R14: r.R14, R13: r.R13, R12: r.R12, Rbp: r.Rbp, Rbx: r.Rbx, R11: r.R11, R10: r.R10,
-		R9: r.R9, R8: r.R8, Rax: r.Rax, Rcx: r.Rcx, Rdx: r.Rdx, Rsi: r.Rsi, Rdi: r.Rdi, OrigRax: r.Orig_rax, Rip: r.Rip,
-		Cs: r.Cs, Eflags: r.Eflags, Rsp: r.Rsp, Ss: r.Ss, FsBase: r.Fs_base, GsBase: r.Gs_base, Ds: r.Ds, Es: r.Es, Fs: r.Fs, Gs: r.Gs}
-}
-
-func fromImageRegs(r *image.Regs) ptrace.Regs {
-	return ptrace.Regs{R15: r.R15, R14: r.R14, R13: r.R13, R12: r.R12, Rbp: r.Rbp, Rbx: r.Rbx, R11: r.R11, R10: r.R10,
-		R9: r.R9, R8: r.R8, Rax: r.Rax, Rcx: r.Rcx, Rdx: r.Rdx, Rsi: r.Rsi, Rdi: r.Rdi, Orig_rax: r.OrigRax, Rip: r.Rip,
-		Cs: r.Cs, Eflags: r.Eflags, Rsp: r.Rsp, Ss: r.Ss, Fs_base: r.FsBase, Gs_base: r.GsBase, Ds: r.Ds, Es: r.Es, Fs: r.Fs, Gs: r.Gs}
 }

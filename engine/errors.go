@@ -16,26 +16,6 @@ var (
 	ErrUnsupported = image.ErrUnsupported
 )
 
-// StepError names the step of a dump or restore that failed.
-type StepError struct {
-	Step string
-	Err  error
-}
-
-func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
-func (e *StepError) Unwrap() error { return e.Err }
-
-func step(name string, err error) error {
-	if err == nil {
-		return nil
-	}
-	var se *StepError
-	if errors.As(err, &se) {
-		return err
-	}
-	return &StepError{Step: name, Err: err}
-}
-
 var (
 	// ErrPIDInUse: the process's pid (or a thread's tid) is taken.
 	ErrPIDInUse = errors.New("pid in use")

@@ -61,10 +61,7 @@ type RestoreResult struct {
 // process is left running. The error names the step that failed.
 func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err error) {
 	start := time.Now()
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := logger(opts.Logger)
 	if opts.LeaveStopped && opts.Lazy != nil {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
@@ -100,10 +97,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 		t.Close()
 	}()
-	steps := []struct {
-		name string
-		fn   func(context.Context) error
-	}{
+	err = runSteps(ctx, log, "restore", []namedStep{
 		{"create process", r.createProcess},
 		{"unmap stub", r.unmapStub},
 		{"move vdso", r.moveVDSO},
@@ -122,16 +116,9 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		{"pending signals", r.pendingSignals},
 		{"leave stopped", r.leaveStopped},
 		{"finish", r.finish},
-	}
-	for _, s := range steps {
-		if err := ctx.Err(); err != nil {
-			return nil, step(s.name, err)
-		}
-		t0 := time.Now()
-		if err := s.fn(ctx); err != nil {
-			return nil, step(s.name, err)
-		}
-		log.Debug("restore step", "step", s.name, "took", time.Since(t0))
+	})
+	if err != nil {
+		return nil, err
 	}
 	r.running = true
 	res = &RestoreResult{PID: st.PID, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}

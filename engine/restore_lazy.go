@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 )
 
@@ -81,46 +82,17 @@ func (l *lazyState) close() {
 	}
 }
 
-// isLazy reports whether v's memory is served through userfaultfd:
-// anonymous private memory but the stack, locked memory, and memory that a
-// fork must see as zeros (MADV_WIPEONFORK).
-func (r *restorer) isLazy(v *image.VMA) bool {
-	if r.opts.Lazy == nil || v.Kind != image.VMAAnon || !v.Dumped {
-		return false
-	}
-	if v.Flags&unix.MAP_GROWSDOWN != 0 || v.Name == "[stack]" {
-		return false
-	}
-	for _, f := range v.VMFlags {
-		if f == "lo" || f == "lf" || f == "wf" {
-			return false
-		}
-	}
-	return true
-}
+// isLazy reports whether v's memory is served through userfaultfd.
+func (r *restorer) isLazy(v *image.VMA) bool { return r.opts.Lazy != nil && mem.Lazy(v) }
 
-// eagerPage reports whether [addr, addr+n) holds memory the kernel writes
-// before the lazy phase starts (a thread's rseq area, written when rseq is
-// registered): such blocks are filled before the process runs, or the
-// kernel's write would fault in a zero page that snapshot data could
-// never replace.
-func (r *restorer) eagerPage(addr, n uint64) bool {
-	for _, t := range r.st.Threads {
-		if t.Rseq == nil {
-			continue
-		}
-		lo, hi := t.Rseq.Addr&^(pageSize-1), (t.Rseq.Addr+uint64(t.Rseq.Len)+pageSize-1)&^(pageSize-1)
-		if lo < addr+n && addr < hi {
-			return true
-		}
-	}
-	return false
-}
+// eagerPage reports whether [addr, addr+n) must be filled before the
+// process runs even in a lazy restore (see mem.EagerPage).
+func (r *restorer) eagerPage(addr, n uint64) bool { return mem.EagerPage(r.st.Threads, addr, n) }
 
 // lazyBlock reports whether block b is served by the pager rather than
 // written before the process runs.
 func (r *restorer) lazyBlock(b image.Block) bool {
-	v := r.vmaAt(b.Addr)
+	v := mem.VMAAt(r.st.VMAs, b.Addr)
 	return v != nil && r.isLazy(v) && !r.eagerPage(b.Addr, uint64(b.Len))
 }
 
@@ -151,7 +123,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	r.lazy = l
 	l.kill = r.killTree
 	var err error
-	if l.fd, err = r.userfaultfd(); err != nil {
+	if l.fd, err = mem.Userfaultfd(r.in, r.st.PID); err != nil {
 		return err
 	}
 	if _, _, err := uffd.API(l.fd, uffd.Features); err != nil {
@@ -172,7 +144,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	l.extents = make([]uffd.Extent, 0, r.pages.Stats().Total.Blocks)
 	for b := range r.pages.Blocks() {
 		if v == nil || b.Addr < v.Start || b.Addr >= v.End {
-			v = r.vmaAt(b.Addr)
+			v = mem.VMAAt(r.st.VMAs, b.Addr)
 			lazy = v != nil && r.isLazy(v)
 		}
 		if b.Kind == codec.Zero || !lazy || r.eagerPage(b.Addr, uint64(b.Len)) {

@@ -59,3 +59,7 @@ func (in *Injector) CloseFD(fd int) error {
 	_, err := in.Call(unix.SYS_CLOSE, uint64(fd))
 	return err
 }
+
+// WriteStub writes the injection stub ("syscall; int3") at addr of p, for
+// an Injector made with InjectorAt to run its calls through.
+func (p *Process) WriteStub(addr uint64) error { return p.WriteMem(addr, stubCode[:]) }

@@ -23,7 +23,7 @@ func (r *restorer) processState(ctx context.Context) error {
 		return fmt.Errorf("umask: %w", err)
 	}
 	if st.Root != "" && st.Root != "/" {
-		a, err := r.putString(0, st.Root)
+		a, err := r.in.PutString(0, st.Root)
 		if err != nil {
 			return err
 		}
@@ -31,7 +31,7 @@ func (r *restorer) processState(ctx context.Context) error {
 			return fmt.Errorf("chroot %s: %w", st.Root, err)
 		}
 	}
-	a, err := r.putString(0, st.Cwd)
+	a, err := r.in.PutString(0, st.Cwd)
 	if err != nil {
 		return err
 	}

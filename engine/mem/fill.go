@@ -1,4 +1,4 @@
-package engine
+package mem
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -16,30 +15,9 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 )
-
-// Filling memory.
-//
-// Most of an eager restore is page faults in the restored process: every
-// page written is a fresh page the kernel allocates and zeroes (first touch
-// of guest memory costs 1.3 to 10 µs a page, measured in PERF-NOTES.md),
-// and a write through process_vm_writev or /proc/PID/mem faults it in on
-// the writing thread. So the writes run on several goroutines at once
-// (768 MiB of fresh memory: 410-470 ms from one thread, 225-290 ms from
-// two, on two vCPUs). Better still, anonymous private memory is placed
-// with UFFDIO_COPY: the kernel allocates each page and copies into it, with
-// no fault and no zeroing (768 MiB: 245-290 ms from one thread, 180-230 ms
-// from two). The process's anonymous VMAs are registered with a
-// userfaultfd made inside it for the time of the fill; where userfaultfd
-// is refused, and for other memory, the writes go through
-// process_vm_writev, or /proc/PID/mem for mappings without write
-// permission. Raw blocks, most of a snapshot of incompressible
-// memory, are read by the writer itself, straight from the pages file,
-// checked against their CRC32C and written: no decoder stage between. The
-// other blocks (LZ4) are decoded in batches by codec.DecodeBlocks (with the
-// restore's --decompress-threads) and handed to the same writers. Zero
-// blocks are not written where the fresh mapping already reads as zeros.
 
 const (
 	// fillJobMax bounds the bytes of one write job.
@@ -64,9 +42,29 @@ func (j *fillJob) len() int {
 	return int(j.blocks[len(j.blocks)-1].End() - j.blocks[0].Addr)
 }
 
+// FillOptions say what Fill writes and how.
+type FillOptions struct {
+	// Pages is the snapshot's memory of the process; PagesPath its pages
+	// file, which Raw blocks are read from directly.
+	Pages     *image.Reader
+	PagesPath string
+	// Threads is --decompress-threads for the LZ4 blocks.
+	Threads int
+	// Skip, if set, leaves out the blocks it is true for (those a lazy
+	// restore serves later).
+	Skip func(b image.Block, v *image.VMA) bool
+	// Userfaultfd places anonymous private memory with UFFDIO_COPY
+	// through a userfaultfd made in the process for the time of the fill.
+	// Not with Skip: the lazy phase registers its own.
+	Userfaultfd bool
+	// Progress, if set, is called with the bytes written and their total.
+	Progress func(done, total uint64)
+}
+
 // filler writes the snapshot's memory into the process.
 type filler struct {
-	r       *restorer
+	t       *Target
+	o       FillOptions
 	pages   *os.File // the pages file, for Raw blocks and the decoder
 	mem     *os.File // /proc/PID/mem, for mappings without write permission
 	jobs    chan *fillJob
@@ -81,18 +79,18 @@ type filler struct {
 	uffdVMAs map[*image.VMA]bool
 }
 
-// fillMemory writes the snapshot's pages into the process, except those a
-// lazy restore serves later.
-func (r *restorer) fillMemory(ctx context.Context) error {
+// Fill writes the snapshot's pages into the process, but those o.Skip
+// leaves out, and returns the bytes written.
+func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
 	var raw, decode []image.Block
 	var vmas []*image.VMA // of decode's blocks
 	var zero []image.Block
-	for b := range r.pages.Blocks() {
-		v := r.vmaAt(b.Addr)
+	for b := range o.Pages.Blocks() {
+		v := VMAAt(t.State.VMAs, b.Addr)
 		if v == nil {
-			return fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, b.Addr)
+			return 0, fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, b.Addr)
 		}
-		if r.isLazy(v) && !r.eagerPage(b.Addr, uint64(b.Len)) {
+		if o.Skip != nil && o.Skip(b, v) {
 			continue
 		}
 		switch b.Kind {
@@ -109,21 +107,21 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 			vmas = append(vmas, v)
 		}
 	}
-	pages, err := os.Open(filepath.Join(r.snap.Dir, r.pages.Name()))
+	pages, err := os.Open(o.PagesPath)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer pages.Close()
-	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", r.st.PID), os.O_RDWR, 0)
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", t.State.PID), os.O_RDWR, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer mem.Close()
-	f := &filler{r: r, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
+	f := &filler{t: t, o: o, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
 		writers: min(maxFillWriters, max(1, runtime.GOMAXPROCS(0))), uffd: -1}
-	if r.opts.Lazy == nil {
+	if o.Userfaultfd {
 		if err := f.openUffd(append(raw, decode...)); err != nil {
-			r.log.Debug("fill without userfaultfd", "err", err)
+			t.Log.Debug("fill without userfaultfd", "err", err)
 		}
 		defer f.closeUffd()
 	}
@@ -133,7 +131,7 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 		}
 	}
 	if len(zero) > 0 {
-		f.zeros = make([]byte, r.pages.BlockSize())
+		f.zeros = make([]byte, o.Pages.BlockSize())
 	}
 	// Writers drain the queue to its end, even after an error, so that
 	// every job's done is called: the decoder waits on them.
@@ -161,11 +159,11 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 		cancel(err)
 	}
 	writers.Wait()
-	r.filled += f.done.Load()
+	filled := f.done.Load()
 	if err := context.Cause(fctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err
+		return filled, err
 	}
-	return ctx.Err()
+	return filled, ctx.Err()
 }
 
 // send queues j, unless ctx ends.
@@ -185,7 +183,7 @@ func (f *filler) send(ctx context.Context, j *fillJob) error {
 func (f *filler) queueRaw(ctx context.Context, blocks []image.Block) error {
 	var j *fillJob
 	for _, b := range blocks {
-		v := f.r.vmaAt(b.Addr)
+		v := VMAAt(f.t.State.VMAs, b.Addr)
 		if j != nil {
 			last := j.blocks[len(j.blocks)-1]
 			if j.vma == v && last.End() == b.Addr && last.Off+uint64(last.Len) == b.Off && j.len()+int(b.Len) <= fillJobMax {
@@ -208,7 +206,7 @@ func (f *filler) queueRaw(ctx context.Context, blocks []image.Block) error {
 // mappings), one job each.
 func (f *filler) queueZero(ctx context.Context, blocks []image.Block) error {
 	for _, b := range blocks {
-		if err := f.send(ctx, &fillJob{vma: f.r.vmaAt(b.Addr), blocks: []image.Block{b}, data: f.zeros[:b.Len]}); err != nil {
+		if err := f.send(ctx, &fillJob{vma: VMAAt(f.t.State.VMAs, b.Addr), blocks: []image.Block{b}, data: f.zeros[:b.Len]}); err != nil {
 			return err
 		}
 	}
@@ -225,7 +223,7 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 	for i, b := range blocks {
 		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
 	}
-	err := codec.DecodeBlocks(ctx, f.pages, cb, codec.DecodeOptions{Threads: f.r.opts.Threads}, func(first int, out [][]byte) error {
+	err := codec.DecodeBlocks(ctx, f.pages, cb, codec.DecodeOptions{Threads: f.o.Threads}, func(first int, out [][]byte) error {
 		var wg sync.WaitGroup
 		for i, d := range out {
 			wg.Add(1)
@@ -241,7 +239,7 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 	var be *codec.BlockError
 	if errors.As(err, &be) && be.Index >= 0 && be.Index < len(blocks) {
 		b := blocks[be.Index]
-		return &image.BlockError{File: f.r.pages.Name(), Block: b.Index, Addr: b.Addr, Err: be.Err}
+		return &image.BlockError{File: f.o.Pages.Name(), Block: b.Index, Addr: b.Addr, Err: be.Err}
 	}
 	return err
 }
@@ -291,12 +289,12 @@ func (f *filler) readRaw(j *fillJob, data []byte) error {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return &image.BlockError{File: f.r.pages.Name(), Block: j.blocks[0].Index, Addr: j.addr(), Err: err}
+		return &image.BlockError{File: f.o.Pages.Name(), Block: j.blocks[0].Index, Addr: j.addr(), Err: err}
 	}
 	for _, b := range j.blocks {
 		d := data[b.Addr-j.addr() : b.End()-j.addr()]
 		if got := codec.Checksum(d); got != b.CRC {
-			return &image.BlockError{File: f.r.pages.Name(), Block: b.Index, Addr: b.Addr,
+			return &image.BlockError{File: f.o.Pages.Name(), Block: b.Index, Addr: b.Addr,
 				Err: fmt.Errorf("%w: crc32c %08x, want %08x", codec.ErrChecksum, got, b.CRC)}
 		}
 	}
@@ -323,7 +321,7 @@ func (f *filler) write(j *fillJob, data []byte) error {
 		local := []unix.Iovec{{Base: &data[0]}}
 		local[0].SetLen(len(data))
 		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
-		n, err = unix.ProcessVMWritev(f.r.st.PID, local, remote, 0)
+		n, err = unix.ProcessVMWritev(f.t.State.PID, local, remote, 0)
 	} else {
 		n, err = f.mem.WriteAt(data, int64(addr))
 	}
@@ -341,17 +339,16 @@ func (f *filler) write(j *fillJob, data []byte) error {
 // that blocks will be written to. A VMA that asked for transparent huge
 // pages (MADV_HUGEPAGE) is left to the fault path, which allocates them.
 func (f *filler) openUffd(blocks []image.Block) error {
-	r := f.r
 	want := map[*image.VMA]bool{}
 	for _, b := range blocks {
-		if v := r.vmaAt(b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 && !slices.Contains(v.VMFlags, "hg") {
+		if v := VMAAt(f.t.State.VMAs, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 && !slices.Contains(v.VMFlags, "hg") {
 			want[v] = true
 		}
 	}
 	if len(want) == 0 {
 		return nil
 	}
-	fd, err := r.userfaultfd()
+	fd, err := Userfaultfd(f.t.In, f.t.State.PID)
 	if err != nil {
 		return err
 	}
@@ -377,23 +374,23 @@ func (f *filler) closeUffd() {
 	}
 	for v := range f.uffdVMAs {
 		if err := uffd.Unregister(f.uffd, v.Start, v.End-v.Start); err != nil {
-			f.r.log.Warn("unregister after the fill", "err", err)
+			f.t.Log.Warn("unregister after the fill", "err", err)
 		}
 	}
 	unix.Close(f.uffd)
 	f.uffd, f.uffdVMAs = -1, nil
 }
 
-// userfaultfd makes a userfaultfd inside the process (registrations
-// apply to the address space of the process that created it) and returns
-// our copy of it; the process keeps none.
-func (r *restorer) userfaultfd() (int, error) {
-	tfd, err := r.call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
+// Userfaultfd makes a userfaultfd inside process pid, which in injects
+// into (registrations apply to the address space of the process that
+// created it), and returns our copy of it; the process keeps none.
+func Userfaultfd(in *ptrace.Injector, pid int) (int, error) {
+	tfd, err := in.Call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK)
 	if err != nil {
 		return -1, fmt.Errorf("userfaultfd in the process: %w", err)
 	}
-	defer r.closeFD(int(tfd))
-	pidfd, err := unix.PidfdOpen(r.st.PID, 0)
+	defer in.CloseFD(int(tfd))
+	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return -1, fmt.Errorf("pidfd_open: %w", err)
 	}
@@ -407,7 +404,7 @@ func (r *restorer) userfaultfd() (int, error) {
 
 // progress counts n bytes written and reports the total.
 func (f *filler) progress(n uint64) {
-	p := f.r.opts.Progress
+	p := f.o.Progress
 	if p == nil {
 		f.done.Add(n)
 		return

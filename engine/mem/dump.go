@@ -1,4 +1,4 @@
-package engine
+package mem
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/units"
 )
 
 // vmaKind maps a /proc mapping to the snapshot's VMA kind.
@@ -26,7 +27,7 @@ func vmaKind(m *proc.Mapping) (string, error) {
 		return image.VMAFileShared, nil
 	case proc.KindShmem:
 		if m.IsSysV() {
-			return "", fmt.Errorf("%w: %s: System V shared memory", ErrUnsupported, m)
+			return "", fmt.Errorf("%w: %s: System V shared memory", image.ErrUnsupported, m)
 		}
 		return image.VMAShmem, nil
 	case proc.KindSpecial:
@@ -40,13 +41,30 @@ func vmaKind(m *proc.Mapping) (string, error) {
 		case "[vsyscall]":
 			return image.VMAVsyscall, nil
 		}
-		return "", fmt.Errorf("%w: %s: special mapping %s", ErrUnsupported, m, m.Path)
+		return "", fmt.Errorf("%w: %s: special mapping %s", image.ErrUnsupported, m, m.Path)
 	}
-	return "", fmt.Errorf("%w: %s: device mapping (VM_IO or VM_PFNMAP)", ErrUnsupported, m)
+	return "", fmt.Errorf("%w: %s: device mapping (VM_IO or VM_PFNMAP)", image.ErrUnsupported, m)
 }
 
-// vmas describes every mapping of the process. Whether each one's pages
-// are dumped is decided by dumpMemory.
+// Source reads the memory of the frozen process (a *ptrace.Process).
+type Source interface {
+	ReadMem(addr uint64, b []byte) error
+}
+
+// dumper is one dump of the memory of process pid, whose mappings (as
+// /proc/PID/smaps lists them) are maps.
+type dumper struct {
+	pid  int
+	maps []proc.Mapping
+	src  Source
+}
+
+// VMAs describes every mapping of process pid, maps as read from
+// /proc/PID/smaps. Whether each one's pages are dumped is decided by Dump.
+func VMAs(pid int, maps []proc.Mapping) ([]image.VMA, error) {
+	return (&dumper{pid: pid, maps: maps}).vmas()
+}
+
 func (d *dumper) vmas() ([]image.VMA, error) {
 	var out []image.VMA
 	for i := range d.maps {
@@ -75,7 +93,7 @@ func (d *dumper) vmas() ([]image.VMA, error) {
 		}
 		if kind == image.VMAFile || kind == image.VMAFileShared || (kind == image.VMAShmem && m.Inode != 0) {
 			if m.Deleted && kind != image.VMAShmem {
-				return nil, fmt.Errorf("%w: %s maps %s, which was deleted", ErrUnsupported, m, m.Path)
+				return nil, fmt.Errorf("%w: %s maps %s, which was deleted", image.ErrUnsupported, m, m.Path)
 			}
 			id, err := d.mappedFile(m)
 			if err != nil {
@@ -169,7 +187,7 @@ func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
 				return nil, files, fmt.Errorf("%s: %w", m, err)
 			}
 			for _, r := range data {
-				out = append(out, memRange{start: v.Start + r[0] - lo, end: v.Start + r[1] - lo, vma: i, file: f, fileOff: r[0]})
+				out = append(out, memRange{start: v.Start + r.Start - lo, end: v.Start + r.End - lo, vma: i, file: f, fileOff: r.Start})
 			}
 			v.Dumped = len(data) > 0
 			src := v.Start - v.Offset
@@ -184,8 +202,8 @@ func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
 
 // dataRanges returns the ranges of [lo, hi) of f that hold data, by
 // SEEK_DATA and SEEK_HOLE, page aligned.
-func dataRanges(f *os.File, lo, hi uint64) ([][2]uint64, error) {
-	var out [][2]uint64
+func dataRanges(f *os.File, lo, hi uint64) ([]units.Range, error) {
+	var out []units.Range
 	fd := int(f.Fd())
 	for off := lo; off < hi; {
 		d, err := unix.Seek(fd, int64(off), unix.SEEK_DATA)
@@ -204,17 +222,35 @@ func dataRanges(f *os.File, lo, hi uint64) ([][2]uint64, error) {
 		}
 		s := uint64(d) &^ (image.PageSize - 1)
 		e := min(hi, (uint64(h)+image.PageSize-1)&^(image.PageSize-1))
-		out = append(out, [2]uint64{max(s, off), e})
+		out = append(out, units.Range{Start: max(s, off), End: e})
 		off = e
 	}
 	return out, nil
 }
 
-// dumpMemory writes the planned pages into the snapshot. captured, if not
-// nil, is called as soon as every page has been read from the process,
-// before the last blocks are encoded and the pages file is flushed and
-// synced: from then on the process is no longer needed.
-func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Process, progress func(done, total uint64), captured func()) error {
+// DumpOptions are the callbacks of Dump.
+type DumpOptions struct {
+	// Progress, if set, is called from time to time with the bytes read
+	// so far and the total to read.
+	Progress func(done, total uint64)
+	// Captured, if set, is called as soon as every page has been read
+	// from the process, before the last blocks are encoded and the pages
+	// file is flushed and synced: from then on the process is no longer
+	// needed.
+	Captured func()
+}
+
+// Dump writes into w the pages of process st.PID worth keeping: present
+// or swapped pages of private anonymous memory, the copied-on-write pages
+// of private file mappings, and the data of shared anonymous and memfd
+// objects, once per object. It sets each VMA's Dumped and Shmem. maps are
+// the process's mappings, in the order of st.VMAs; src reads its memory.
+func Dump(ctx context.Context, w *image.Writer, st *image.Process, maps []proc.Mapping, src Source, opts DumpOptions) (image.Stats, error) {
+	d := &dumper{pid: st.PID, maps: maps, src: src}
+	return d.dump(ctx, w, st, opts.Progress, opts.Captured)
+}
+
+func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, progress func(done, total uint64), captured func()) (image.Stats, error) {
 	ranges, files, err := d.plan(st)
 	defer func() {
 		for _, f := range files {
@@ -222,7 +258,7 @@ func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Proc
 		}
 	}()
 	if err != nil {
-		return err
+		return image.Stats{}, err
 	}
 	var total, done uint64
 	for _, r := range ranges {
@@ -230,7 +266,7 @@ func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Proc
 	}
 	pw, err := w.Pages(ctx, d.pid)
 	if err != nil {
-		return err
+		return image.Stats{}, err
 	}
 	last, lastReport := -1, time.Now()
 	for _, r := range ranges {
@@ -246,7 +282,7 @@ func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Proc
 			if r.file != nil {
 				err = readFull(r.file, dst, int64(r.fileOff+addr-r.start))
 			} else {
-				err = d.p.ReadMem(addr, dst)
+				err = d.src.ReadMem(addr, dst)
 			}
 			done += uint64(len(dst))
 			if progress != nil && time.Since(lastReport) > 100*time.Millisecond {
@@ -257,7 +293,7 @@ func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Proc
 		})
 		if err != nil {
 			pw.Close()
-			return err
+			return image.Stats{}, err
 		}
 	}
 	for _, f := range files {
@@ -268,13 +304,12 @@ func (d *dumper) dumpMemory(ctx context.Context, w *image.Writer, st *image.Proc
 		captured()
 	}
 	if err := pw.Close(); err != nil {
-		return err
+		return image.Stats{}, err
 	}
 	if progress != nil {
 		progress(total, total)
 	}
-	d.stats = pw.Stats()
-	return nil
+	return pw.Stats(), nil
 }
 
 func readFull(f *os.File, b []byte, off int64) error {

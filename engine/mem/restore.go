@@ -1,0 +1,249 @@
+package mem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// madvFlags maps smaps VmFlags to the madvise calls that set them.
+var madvFlags = map[string]int{
+	"dc": unix.MADV_DONTFORK,
+	"wf": unix.MADV_WIPEONFORK,
+	"nh": unix.MADV_NOHUGEPAGE,
+	"hg": unix.MADV_HUGEPAGE,
+	"dd": unix.MADV_DONTDUMP,
+	"mg": unix.MADV_MERGEABLE,
+	"sr": unix.MADV_SEQUENTIAL,
+	"rr": unix.MADV_RANDOM,
+}
+
+// Target is the process under restore: injected calls reach it, and it
+// becomes the process of State.
+type Target struct {
+	In    *ptrace.Injector
+	State *image.Process
+	Log   *slog.Logger
+}
+
+func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }
+
+func (t *Target) closeFD(fd int) {
+	if err := t.In.CloseFD(fd); err != nil {
+		t.Log.Warn("close in restored process", "fd", fd, "err", err)
+	}
+}
+
+// Map maps every VMA of the snapshot at its address, with its advice
+// (madvise). It returns the shared memory objects it created (object id
+// to their descriptor in the process), which descriptors may share: the
+// caller closes them once the descriptors are restored (fds.Restore
+// does).
+func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
+	m := &mapper{Target: t, files: map[string]int{}, shmem: map[uint64]int{}}
+	defer func() {
+		for _, fd := range m.files {
+			t.closeFD(fd)
+		}
+		if err != nil {
+			for _, fd := range m.shmem {
+				t.closeFD(fd)
+			}
+		}
+	}()
+	for i := range t.State.VMAs {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := m.vma(&t.State.VMAs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return m.shmem, nil
+}
+
+// mapper is one Map.
+type mapper struct {
+	*Target
+	files map[string]int // mode:path -> fd of a mapped file in the process
+	shmem map[uint64]int
+}
+
+// vma maps v and gives it its advice.
+func (r *mapper) vma(v *image.VMA) error {
+	if err := r.mapVMA(v); err != nil {
+		return fmt.Errorf("map %x-%x %s %s: %w", v.Start, v.End, image.Perms(*v), v.Name, err)
+	}
+	for _, f := range v.VMFlags {
+		adv, ok := madvFlags[f]
+		if !ok {
+			continue
+		}
+		if _, err := r.call(unix.SYS_MADVISE, v.Start, v.End-v.Start, uint64(adv)); err != nil {
+			return fmt.Errorf("madvise %x-%x %s: %w", v.Start, v.End, f, err)
+		}
+	}
+	return nil
+}
+
+func (r *mapper) mapVMA(v *image.VMA) error {
+	length := v.End - v.Start
+	prot := uint64(v.Prot)
+	flags := uint64(unix.MAP_FIXED_NOREPLACE) | uint64(v.Flags&(unix.MAP_SHARED|unix.MAP_PRIVATE|unix.MAP_GROWSDOWN))
+	if slices.Contains(v.VMFlags, "nr") {
+		flags |= unix.MAP_NORESERVE
+	}
+	// A private mapping that was writable once (a RELRO segment made
+	// read-only after relocation) is accounted ("ac"): map it writable
+	// so that it is accounted too, then take write away. Without the
+	// flag it would merge with the read-only mapping before it.
+	reprotect := v.Flags&unix.MAP_PRIVATE != 0 && v.Prot&unix.PROT_WRITE == 0 && slices.Contains(v.VMFlags, "ac")
+	if reprotect {
+		prot |= unix.PROT_WRITE
+	}
+	fd, off := ^uint64(0), uint64(0)
+	switch v.Kind {
+	case image.VMAVDSO, image.VMAVVar, image.VMAVVarVclock, image.VMAVsyscall:
+		return nil
+	case image.VMAAnon:
+		flags |= unix.MAP_ANONYMOUS
+	case image.VMAFile, image.VMAFileShared:
+		// A shared mapping of a file open for writing may be made
+		// writable later ("mw", VM_MAYWRITE); the kernel grants that only
+		// to a mapping of a file opened read-write.
+		mode := unix.O_RDONLY
+		if v.Kind == image.VMAFileShared && (v.Prot&unix.PROT_WRITE != 0 || slices.Contains(v.VMFlags, "mw")) {
+			mode = unix.O_RDWR
+		}
+		key := fmt.Sprintf("%d:%s", mode, v.File.Path)
+		f, ok := r.files[key]
+		if !ok {
+			var err error
+			if f, err = r.In.OpenAt(v.File.Path, mode|unix.O_CLOEXEC, 0); err != nil {
+				return err
+			}
+			r.files[key] = f
+		}
+		fd, off = uint64(f), v.Offset
+	case image.VMAShmem:
+		if r.anonShared(v) {
+			flags |= unix.MAP_ANONYMOUS
+			break
+		}
+		f, err := r.shmemFD(v)
+		if err != nil {
+			return err
+		}
+		fd, off = uint64(f), v.Offset
+	default:
+		return fmt.Errorf("%w: VMA kind %q", image.ErrUnsupported, v.Kind)
+	}
+	got, err := r.call(unix.SYS_MMAP, v.Start, length, prot, flags, fd, off)
+	if err != nil {
+		return err
+	}
+	if got != v.Start {
+		return fmt.Errorf("mapped at %#x", got)
+	}
+	if reprotect {
+		if _, err := r.call(unix.SYS_MPROTECT, v.Start, length, uint64(v.Prot)); err != nil {
+			return fmt.Errorf("mprotect: %w", err)
+		}
+	}
+	return nil
+}
+
+// anonShared reports whether v is the only mapping of a shared anonymous
+// object, which mmap(MAP_SHARED|MAP_ANONYMOUS) recreates as it was (other
+// shared objects become memfds: several mappings of one object need a
+// file to map it from).
+func (r *mapper) anonShared(v *image.VMA) bool {
+	if strings.HasPrefix(v.Name, "/memfd:") || v.Shmem == nil || v.Offset != 0 || (v.Shmem.Size != 0 && v.Shmem.Size != v.End-v.Start) {
+		return false
+	}
+	for i := range r.State.VMAs {
+		w := &r.State.VMAs[i]
+		if w != v && w.Shmem != nil && w.Shmem.ID == v.Shmem.ID {
+			return false
+		}
+	}
+	for _, f := range r.State.FDs {
+		if f.File != nil && f.File.Ino == v.Shmem.ID {
+			return false
+		}
+	}
+	return true
+}
+
+// shmemFD returns an fd in the child for the shared object v maps,
+// creating the object (a memfd of the dumped size) the first time.
+func (r *mapper) shmemFD(v *image.VMA) (int, error) {
+	if v.Shmem == nil {
+		return -1, fmt.Errorf("%w: shared mapping without object", image.ErrCorrupt)
+	}
+	if fd, ok := r.shmem[v.Shmem.ID]; ok {
+		return fd, nil
+	}
+	name := "lazyfs-shmem"
+	if n, ok := strings.CutPrefix(v.Name, "/memfd:"); ok {
+		name = strings.TrimSuffix(n, " (deleted)")
+	}
+	a, err := r.In.PutString(0, name)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := r.call(unix.SYS_MEMFD_CREATE, a, unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("memfd_create: %w", err)
+	}
+	size := v.Shmem.Size
+	if size == 0 {
+		size = v.Offset + v.End - v.Start
+	}
+	if _, err := r.call(unix.SYS_FTRUNCATE, fd, size); err != nil {
+		return -1, fmt.Errorf("ftruncate shared object to %d: %w", size, err)
+	}
+	r.shmem[v.Shmem.ID] = int(fd)
+	return int(fd), nil
+}
+
+// VMAAt returns the VMA of vmas (sorted by address) holding addr, or nil.
+func VMAAt(vmas []image.VMA, addr uint64) *image.VMA {
+	i := sort.Search(len(vmas), func(i int) bool { return vmas[i].End > addr })
+	if i < len(vmas) && vmas[i].Start <= addr {
+		return &vmas[i]
+	}
+	return nil
+}
+
+// Lock mlocks the VMAs that were locked ("lo"; "lf" for
+// MLOCK_ONFAULT), once their contents are in: locking populates the
+// range, which before the fill would only fault in zero pages to
+// overwrite.
+func Lock(ctx context.Context, r *Target) error {
+	for _, v := range r.State.VMAs {
+		for _, f := range v.VMFlags {
+			var err error
+			switch f {
+			case "lo":
+				_, err = r.call(unix.SYS_MLOCK, v.Start, v.End-v.Start)
+			case "lf":
+				_, err = r.call(unix.SYS_MLOCK2, v.Start, v.End-v.Start, unix.MLOCK_ONFAULT)
+			default:
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("mlock %x-%x: %w", v.Start, v.End, err)
+			}
+		}
+	}
+	return nil
+}

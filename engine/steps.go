@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// StepError names the step of a dump or restore that failed.
+type StepError struct {
+	Step string
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// step wraps err, if not nil and not a StepError already, in a StepError
+// naming the step.
+func step(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *StepError
+	if errors.As(err, &se) {
+		return err
+	}
+	return &StepError{Step: name, Err: err}
+}
+
+// namedStep is one step of a dump or restore.
+type namedStep struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// runSteps runs steps in order until one fails or ctx ends, and returns
+// that error as a StepError naming the step. Each step is timed and logged
+// at debug level (snapctl -v): what names the operation ("dump",
+// "restore").
+func runSteps(ctx context.Context, log *slog.Logger, what string, steps []namedStep) error {
+	for _, s := range steps {
+		if err := ctx.Err(); err != nil {
+			return step(s.name, err)
+		}
+		t0 := time.Now()
+		if err := s.fn(ctx); err != nil {
+			return step(s.name, err)
+		}
+		log.Debug(what+" step", "step", s.name, "took", time.Since(t0))
+	}
+	return nil
+}
+
+// logger is l, or a logger that discards.
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
