@@ -2,16 +2,13 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/task"
 )
 
 // dumper is one dump: what it learns of its frozen process, and what it
@@ -35,169 +32,9 @@ type dumper struct {
 	res        *DumpResult
 }
 
-// processState fills what /proc tells of the process.
-func (d *dumper) processState(context.Context) error {
-	pid, st := d.pid, d.st
-	s, err := proc.ReadStatus(pid)
-	if err != nil {
-		return err
-	}
-	stat, err := proc.ReadStat(pid)
-	if err != nil {
-		return err
-	}
-	st.PPID, st.PGID, st.SID = stat.PPid, stat.Pgrp, stat.Session
-	st.Umask = s.Umask
-	st.Creds = image.Creds{UID: s.Uid, GID: s.Gid, Groups: s.Groups, CapInh: s.CapInh, CapPrm: s.CapPrm, CapEff: s.CapEff,
-		CapBnd: s.CapBnd, CapAmb: s.CapAmb, NoNewPrivs: s.NoNewPrivs, Seccomp: s.Seccomp}
-	if s.Seccomp != 0 {
-		return fmt.Errorf("%w: pid %d runs under seccomp (mode %d), which restore cannot rebuild", ErrUnsupported, pid, s.Seccomp)
-	}
-	if len(s.NSpid) > 1 {
-		return fmt.Errorf("%w: pid %d is in a nested pid namespace (%v)", ErrUnsupported, pid, s.NSpid)
-	}
-	st.SigPending = s.ShdPnd
-	if st.Comm, err = proc.ReadComm(pid); err != nil {
-		return err
-	}
-	st.Cmdline, _ = proc.ReadCmdline(pid)
-	exe, err := proc.Exe(pid)
-	if err != nil {
-		return err
-	}
-	id, err := proc.ExeFile(pid)
-	if err != nil {
-		return err
-	}
-	st.Exe = fds.FileIdentity(exe, id)
-	if st.Cwd, err = proc.Cwd(pid); err != nil {
-		return err
-	}
-	if st.Root, err = proc.Root(pid); err != nil {
-		return err
-	}
-	pers, err := proc.Personality(pid)
-	if err != nil {
-		return err
-	}
-	st.Personality = uint64(pers)
-	st.TimerSlackNs, _ = proc.TimerSlack(pid)
-	rl, err := proc.ReadRlimits(pid)
-	if err != nil {
-		return err
-	}
-	for i, l := range rl {
-		st.Rlimits = append(st.Rlimits, image.Rlimit{Resource: i, Cur: l.Cur, Max: l.Max})
-	}
-	auxv, err := proc.ReadAuxv(pid)
-	if err != nil {
-		return err
-	}
-	st.MM = image.MM{StartCode: stat.StartCode, EndCode: stat.EndCode, StartData: stat.StartData, EndData: stat.EndData,
-		StartBrk: stat.StartBrk, StartStack: stat.StartStack, ArgStart: stat.ArgStart, ArgEnd: stat.ArgEnd,
-		EnvStart: stat.EnvStart, EnvEnd: stat.EnvEnd, Auxv: auxv}
-	return nil
-}
+// processState reads what /proc tells of the process (task.ReadProcess).
+func (d *dumper) processState(context.Context) error { return task.ReadProcess(d.pid, d.st) }
 
-// injected reads the state that only the process itself can tell, by
-// system calls injected into each of its threads.
-func (d *dumper) injected(context.Context) error {
-	st := d.st
-	threads := d.p.Threads()
-	leader := d.p.Leader()
-	in, err := leader.NewInjector(4 * unix.Getpagesize())
-	if err != nil {
-		return fmt.Errorf("thread %d: prepare injection: %w", leader.Tid(), err)
-	}
-	defer func() {
-		if cerr := in.Close(); cerr != nil {
-			d.log.Error("end injection", "tid", leader.Tid(), "err", cerr)
-		}
-	}()
-	acts, err := in.SigActions()
-	if err != nil {
-		return err
-	}
-	for i, a := range acts {
-		if a == (ptrace.SigAction{}) {
-			continue
-		}
-		st.SigActions = append(st.SigActions, image.SigAction{Signal: i + 1, Handler: a.Handler, Flags: a.Flags, Restorer: a.Restorer, Mask: a.Mask})
-	}
-	if st.MM.Brk, err = in.Brk(); err != nil {
-		return err
-	}
-	dumpable, err := in.PrctlInt(unix.PR_GET_DUMPABLE)
-	if err != nil {
-		return err
-	}
-	st.Dumpable = int(dumpable)
-	if sub, err := in.PrctlInt(unix.PR_GET_CHILD_SUBREAPER); err == nil {
-		st.ChildSubreaper = sub != 0
-	}
-	scratch, n := in.Scratch()
-	for _, th := range threads {
-		ti := in
-		if th != leader {
-			ti, err = th.InjectorAt(in.Stub(), scratch, n)
-			if err != nil {
-				return fmt.Errorf("thread %d: %w", th.Tid(), err)
-			}
-		}
-		t, err := d.thread(th, ti)
-		if th != leader {
-			if cerr := ti.Close(); err == nil {
-				err = cerr
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("thread %d: %w", th.Tid(), err)
-		}
-		st.Threads = append(st.Threads, t)
-	}
-	return nil
-}
-
-// thread reads one thread's state. The Injector's saved registers are the
-// thread's registers at the freeze.
-func (d *dumper) thread(th *ptrace.Thread, in *ptrace.Injector) (image.Thread, error) {
-	t := image.Thread{TID: th.Tid()}
-	regs := in.SavedRegs()
-	t.Regs = toImageRegs(&regs)
-	t.Syscall = int64(regs.Orig_rax)
-	fp, err := th.FPState()
-	if err != nil {
-		return t, err
-	}
-	if fp.Note == ptrace.NTX86XState {
-		t.XState = fp.Data
-	} else {
-		t.FPRegs = fp.Data
-	}
-	if t.SigMask, err = th.SigMask(); err != nil {
-		return t, err
-	}
-	if rs, err := th.Rseq(); err != nil {
-		return t, err
-	} else if rs.Ptr != 0 {
-		t.Rseq = &image.Rseq{Addr: rs.Ptr, Len: rs.Size, Sig: rs.Signature, Flags: rs.Flags}
-	}
-	if t.ClearChildTID, err = in.TidAddress(); err != nil {
-		return t, err
-	}
-	if t.RobustList, t.RobustListLen, err = ptrace.RobustList(th.Tid()); err != nil {
-		return t, err
-	}
-	as, err := in.SigAltStack()
-	if err != nil {
-		return t, err
-	}
-	t.AltStack = image.AltStack{SP: as.Sp, Flags: as.Flags, Size: as.Size}
-	if t.Comm, err = proc.ReadTaskComm(d.pid, th.Tid()); err != nil {
-		return t, err
-	}
-	if ts, err := proc.ReadTaskStatus(d.pid, th.Tid()); err == nil {
-		t.SigPending = ts.SigPnd
-	}
-	return t, nil
-}
+// injected reads what only the process can tell, by injected system calls
+// (task.Inject).
+func (d *dumper) injected(context.Context) error { return task.Inject(d.p, d.st, d.log) }

@@ -2,19 +2,12 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
-)
-
-// sigaltstack flags (not in x/sys/unix).
-const (
-	ssOnStack = 1
-	ssDisable = 2
+	"github.com/lazyfs/lazyfs/engine/task"
 )
 
 // threadFlags are the clone flags of a pthread.
@@ -49,7 +42,7 @@ func (r *restorer) threadState(ctx context.Context) error {
 				return fmt.Errorf("thread %d: %w", t.TID, err)
 			}
 		}
-		err := r.oneThread(in, &t)
+		err := task.RestoreThread(in, &t)
 		if i > 0 {
 			if cerr := in.Close(); err == nil {
 				err = cerr
@@ -62,70 +55,20 @@ func (r *restorer) threadState(ctx context.Context) error {
 	return nil
 }
 
-func (r *restorer) oneThread(in *ptrace.Injector, t *image.Thread) error {
-	scratch := r.area + pageSize
-	name := t.Comm
-	if len(name) > 15 {
-		name = name[:15]
-	}
-	if err := r.child.WriteMem(scratch, append([]byte(name), 0)); err != nil {
-		return err
-	}
-	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_NAME, scratch); err != nil {
-		return fmt.Errorf("prctl(PR_SET_NAME): %w", err)
-	}
-	if _, err := in.Call(unix.SYS_SET_TID_ADDRESS, t.ClearChildTID); err != nil {
-		return fmt.Errorf("set_tid_address: %w", err)
-	}
-	if t.RobustList != 0 {
-		if _, err := in.Call(unix.SYS_SET_ROBUST_LIST, t.RobustList, t.RobustListLen); err != nil {
-			return fmt.Errorf("set_robust_list: %w", err)
-		}
-	}
-	if t.AltStack.Flags&ssDisable == 0 && t.AltStack.Size != 0 {
-		ss := make([]byte, 24) // stack_t: sp, flags (int + pad), size
-		binary.LittleEndian.PutUint64(ss[0:], t.AltStack.SP)
-		binary.LittleEndian.PutUint32(ss[8:], uint32(t.AltStack.Flags&^ssOnStack))
-		binary.LittleEndian.PutUint64(ss[16:], t.AltStack.Size)
-		if err := r.child.WriteMem(scratch+64, ss); err != nil {
+// setThreadRegs sets each thread's registers, FP state and signal mask
+// (task.SetThreadRegs): the last thing before the process runs.
+func (r *restorer) setThreadRegs() error {
+	for i := range r.st.Threads {
+		if err := task.SetThreadRegs(r.threads[i], &r.st.Threads[i]); err != nil {
 			return err
-		}
-		if _, err := in.Call(unix.SYS_SIGALTSTACK, scratch+64, 0); err != nil {
-			return fmt.Errorf("sigaltstack: %w", err)
-		}
-	}
-	if t.Rseq != nil {
-		if _, err := in.Call(unix.SYS_RSEQ, t.Rseq.Addr, uint64(t.Rseq.Len), 0, uint64(t.Rseq.Sig)); err != nil {
-			return fmt.Errorf("rseq register at %#x: %w", t.Rseq.Addr, err)
 		}
 	}
 	return nil
 }
 
-// setThreadRegs sets each thread's registers, FP state and signal mask:
-// the last thing before the process runs. A thread that was inside a
-// system call (orig_rax >= 0, rax = -ERESTART*) has it restarted by the
-// kernel when it resumes from this stop; -ERESTART_RESTARTBLOCK becomes
-// -EINTR, since the restart block stayed with the dumped process.
-func (r *restorer) setThreadRegs() error {
-	for i, t := range r.st.Threads {
-		th := r.threads[i]
-		regs := fromImageRegs(&t.Regs)
-		if err := th.SetRegs(&regs); err != nil {
-			return fmt.Errorf("thread %d: set registers: %w", t.TID, err)
-		}
-		fp := ptrace.FPState{Note: ptrace.NTX86XState, Data: t.XState}
-		if len(t.XState) == 0 {
-			fp = ptrace.FPState{Note: ptrace.NTPRFPReg, Data: t.FPRegs}
-		}
-		if err := th.SetFPState(fp); err != nil {
-			return fmt.Errorf("thread %d: set FP state (%d bytes; this CPU may differ from the dump's): %w", t.TID, len(fp.Data), err)
-		}
-		if err := th.SetSigMask(t.SigMask); err != nil {
-			return fmt.Errorf("thread %d: set signal mask: %w", t.TID, err)
-		}
-	}
-	return nil
+// processState restores the per-process state (task.RestoreProcess).
+func (r *restorer) processState(ctx context.Context) error {
+	return task.RestoreProcess(r.in, r.st, r.log)
 }
 
 // pendingSignals queues again the standard signals that were pending at

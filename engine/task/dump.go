@@ -1,0 +1,177 @@
+package task
+
+import (
+	"fmt"
+	"log/slog"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// ReadProcess fills st with what /proc tells of process pid.
+func ReadProcess(pid int, st *image.Process) error {
+	s, err := proc.ReadStatus(pid)
+	if err != nil {
+		return err
+	}
+	stat, err := proc.ReadStat(pid)
+	if err != nil {
+		return err
+	}
+	st.PPID, st.PGID, st.SID = stat.PPid, stat.Pgrp, stat.Session
+	st.Umask = s.Umask
+	st.Creds = image.Creds{UID: s.Uid, GID: s.Gid, Groups: s.Groups, CapInh: s.CapInh, CapPrm: s.CapPrm, CapEff: s.CapEff,
+		CapBnd: s.CapBnd, CapAmb: s.CapAmb, NoNewPrivs: s.NoNewPrivs, Seccomp: s.Seccomp}
+	if s.Seccomp != 0 {
+		return fmt.Errorf("%w: pid %d runs under seccomp (mode %d), which restore cannot rebuild", image.ErrUnsupported, pid, s.Seccomp)
+	}
+	if len(s.NSpid) > 1 {
+		return fmt.Errorf("%w: pid %d is in a nested pid namespace (%v)", image.ErrUnsupported, pid, s.NSpid)
+	}
+	st.SigPending = s.ShdPnd
+	if st.Comm, err = proc.ReadComm(pid); err != nil {
+		return err
+	}
+	st.Cmdline, _ = proc.ReadCmdline(pid)
+	exe, err := proc.Exe(pid)
+	if err != nil {
+		return err
+	}
+	id, err := proc.ExeFile(pid)
+	if err != nil {
+		return err
+	}
+	st.Exe = fds.FileIdentity(exe, id)
+	if st.Cwd, err = proc.Cwd(pid); err != nil {
+		return err
+	}
+	if st.Root, err = proc.Root(pid); err != nil {
+		return err
+	}
+	pers, err := proc.Personality(pid)
+	if err != nil {
+		return err
+	}
+	st.Personality = uint64(pers)
+	st.TimerSlackNs, _ = proc.TimerSlack(pid)
+	rl, err := proc.ReadRlimits(pid)
+	if err != nil {
+		return err
+	}
+	for i, l := range rl {
+		st.Rlimits = append(st.Rlimits, image.Rlimit{Resource: i, Cur: l.Cur, Max: l.Max})
+	}
+	auxv, err := proc.ReadAuxv(pid)
+	if err != nil {
+		return err
+	}
+	st.MM = image.MM{StartCode: stat.StartCode, EndCode: stat.EndCode, StartData: stat.StartData, EndData: stat.EndData,
+		StartBrk: stat.StartBrk, StartStack: stat.StartStack, ArgStart: stat.ArgStart, ArgEnd: stat.ArgEnd,
+		EnvStart: stat.EnvStart, EnvEnd: stat.EnvEnd, Auxv: auxv}
+	return nil
+}
+
+// Inject fills st with the state that only the process itself can tell,
+// by system calls injected into each thread of the frozen process p.
+func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
+	threads := p.Threads()
+	leader := p.Leader()
+	in, err := leader.NewInjector(4 * unix.Getpagesize())
+	if err != nil {
+		return fmt.Errorf("thread %d: prepare injection: %w", leader.Tid(), err)
+	}
+	defer func() {
+		if cerr := in.Close(); cerr != nil {
+			log.Error("end injection", "tid", leader.Tid(), "err", cerr)
+		}
+	}()
+	acts, err := in.SigActions()
+	if err != nil {
+		return err
+	}
+	for i, a := range acts {
+		if a == (ptrace.SigAction{}) {
+			continue
+		}
+		st.SigActions = append(st.SigActions, image.SigAction{Signal: i + 1, Handler: a.Handler, Flags: a.Flags, Restorer: a.Restorer, Mask: a.Mask})
+	}
+	if st.MM.Brk, err = in.Brk(); err != nil {
+		return err
+	}
+	dumpable, err := in.PrctlInt(unix.PR_GET_DUMPABLE)
+	if err != nil {
+		return err
+	}
+	st.Dumpable = int(dumpable)
+	if sub, err := in.PrctlInt(unix.PR_GET_CHILD_SUBREAPER); err == nil {
+		st.ChildSubreaper = sub != 0
+	}
+	scratch, n := in.Scratch()
+	for _, th := range threads {
+		ti := in
+		if th != leader {
+			ti, err = th.InjectorAt(in.Stub(), scratch, n)
+			if err != nil {
+				return fmt.Errorf("thread %d: %w", th.Tid(), err)
+			}
+		}
+		t, err := thread(st.PID, th, ti)
+		if th != leader {
+			if cerr := ti.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("thread %d: %w", th.Tid(), err)
+		}
+		st.Threads = append(st.Threads, t)
+	}
+	return nil
+}
+
+// thread reads one thread's state. The Injector's saved registers are the
+// thread's registers at the freeze.
+func thread(pid int, th *ptrace.Thread, in *ptrace.Injector) (image.Thread, error) {
+	t := image.Thread{TID: th.Tid()}
+	regs := in.SavedRegs()
+	t.Regs, t.Syscall = toImageRegs(&regs)
+	fp, err := th.FPState()
+	if err != nil {
+		return t, err
+	}
+	if fp.Note == ptrace.NTX86XState {
+		t.XState = fp.Data
+	} else {
+		t.FPRegs = fp.Data
+	}
+	if t.SigMask, err = th.SigMask(); err != nil {
+		return t, err
+	}
+	if rs, err := th.Rseq(); err != nil {
+		return t, err
+	} else if rs.Ptr != 0 {
+		t.Rseq = &image.Rseq{Addr: rs.Ptr, Len: rs.Size, Sig: rs.Signature, Flags: rs.Flags}
+	}
+	if t.ClearChildTID, err = in.TidAddress(); err != nil {
+		return t, err
+	}
+	if t.RobustList, t.RobustListLen, err = ptrace.RobustList(th.Tid()); err != nil {
+		return t, err
+	}
+	as, err := in.SigAltStack()
+	if err != nil {
+		return t, err
+	}
+	t.AltStack = image.AltStack{SP: as.Sp, Flags: as.Flags, Size: as.Size}
+	if t.Comm, err = proc.ReadTaskComm(pid, th.Tid()); err != nil {
+		return t, err
+	}
+	if ts, err := proc.ReadTaskStatus(pid, th.Tid()); err == nil {
+		t.SigPending = ts.SigPnd
+	}
+	return t, nil
+}

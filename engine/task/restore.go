@@ -1,0 +1,241 @@
+package task
+
+import (
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// sigaltstack flags (not in x/sys/unix).
+const (
+	ssOnStack = 1
+	ssDisable = 2
+)
+
+// restorer is one RestoreProcess.
+type restorer struct {
+	in  *ptrace.Injector
+	st  *image.Process
+	log *slog.Logger
+}
+
+// RestoreProcess restores, through in, the per-process state: signal actions, umask,
+// working and root directories, personality, prctl settings, resource
+// limits, session and process group, and credentials (last, since they
+// may drop the privileges the rest needs) with no_new_privs.
+func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
+	r := &restorer{in: in, st: st, log: log}
+	if err := r.sigActions(); err != nil {
+		return err
+	}
+	if _, err := r.in.Call(unix.SYS_UMASK, uint64(st.Umask)); err != nil {
+		return fmt.Errorf("umask: %w", err)
+	}
+	if st.Root != "" && st.Root != "/" {
+		a, err := r.in.PutString(0, st.Root)
+		if err != nil {
+			return err
+		}
+		if _, err := r.in.Call(unix.SYS_CHROOT, a); err != nil {
+			return fmt.Errorf("chroot %s: %w", st.Root, err)
+		}
+	}
+	a, err := r.in.PutString(0, st.Cwd)
+	if err != nil {
+		return err
+	}
+	if _, err := r.in.Call(unix.SYS_CHDIR, a); err != nil {
+		return fmt.Errorf("chdir %s: %w", st.Cwd, err)
+	}
+	if _, err := r.in.Call(unix.SYS_PERSONALITY, st.Personality); err != nil {
+		return fmt.Errorf("personality %#x: %w", st.Personality, err)
+	}
+	if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, uint64(st.Dumpable)); err != nil {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE, %d): %w", st.Dumpable, err)
+	}
+	if st.ChildSubreaper {
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_CHILD_SUBREAPER, 1); err != nil {
+			return fmt.Errorf("prctl(PR_SET_CHILD_SUBREAPER): %w", err)
+		}
+	}
+	if st.TimerSlackNs != 0 {
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_TIMERSLACK, st.TimerSlackNs); err != nil {
+			return fmt.Errorf("prctl(PR_SET_TIMERSLACK): %w", err)
+		}
+	}
+	for _, l := range st.Rlimits {
+		lim := unix.Rlimit{Cur: l.Cur, Max: l.Max}
+		if err := unix.Prlimit(st.PID, l.Resource, &lim, nil); err != nil {
+			r.log.Warn("resource limit not restored", "resource", l.Resource, "cur", l.Cur, "max", l.Max, "err", err)
+		}
+	}
+	if err := r.session(); err != nil {
+		return err
+	}
+	if err := r.creds(); err != nil {
+		return err
+	}
+	if st.Creds.NoNewPrivs {
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
+		}
+	}
+	return nil
+}
+
+// sigActions sets the action of every signal: the dumped ones, and the
+// default for the rest (the stub may have inherited ignored signals).
+func (r *restorer) sigActions() error {
+	acts := map[int][4]uint64{}
+	for _, a := range r.st.SigActions {
+		acts[a.Signal] = [4]uint64{a.Handler, a.Flags, a.Restorer, a.Mask}
+	}
+	buf := make([]byte, 32)
+	at, _ := r.in.Scratch()
+	for sig := 1; sig <= ptrace.NumSignals; sig++ {
+		if sig == int(unix.SIGKILL) || sig == int(unix.SIGSTOP) {
+			continue
+		}
+		a := acts[sig]
+		for i, w := range a {
+			binary.LittleEndian.PutUint64(buf[8*i:], w)
+		}
+		if _, err := r.in.Put(0, buf); err != nil {
+			return err
+		}
+		if _, err := r.in.Call(unix.SYS_RT_SIGACTION, uint64(sig), at, 0, 8); err != nil {
+			return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
+		}
+	}
+	return nil
+}
+
+// session puts the process back in its own session or process group when
+// it led one; otherwise it stays in snapctl's session, in a process group
+// of its own (a dumped session or group led by another process cannot be
+// joined).
+func (r *restorer) session() error {
+	st := r.st
+	switch {
+	case st.SID == st.PID:
+		if _, err := r.in.Call(unix.SYS_SETSID); err != nil {
+			return fmt.Errorf("setsid: %w", err)
+		}
+	case st.PGID == st.PID:
+		if _, err := r.in.Call(unix.SYS_SETPGID, 0, 0); err != nil {
+			return fmt.Errorf("setpgid: %w", err)
+		}
+	default:
+		r.log.Warn("process rejoins no session: it did not lead its session or group", "sid", st.SID, "pgid", st.PGID)
+		if _, err := r.in.Call(unix.SYS_SETPGID, 0, 0); err != nil {
+			return fmt.Errorf("setpgid: %w", err)
+		}
+	}
+	return nil
+}
+
+// creds sets groups, gids and uids where they differ from snapctl's.
+func (r *restorer) creds() error {
+	c := r.st.Creds
+	if c.UID == [4]uint32{} && c.GID == [4]uint32{} && len(c.Groups) <= 1 && unix.Geteuid() == 0 {
+		return nil
+	}
+	buf := make([]byte, 4*len(c.Groups))
+	for i, g := range c.Groups {
+		binary.LittleEndian.PutUint32(buf[4*i:], g)
+	}
+	at, _ := r.in.Scratch()
+	if len(buf) > 0 {
+		if _, err := r.in.Put(0, buf); err != nil {
+			return err
+		}
+	}
+	if _, err := r.in.Call(unix.SYS_SETGROUPS, uint64(len(c.Groups)), at); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if _, err := r.in.Call(unix.SYS_SETRESGID, uint64(c.GID[0]), uint64(c.GID[1]), uint64(c.GID[2])); err != nil {
+		return fmt.Errorf("setresgid: %w", err)
+	}
+	if _, err := r.in.Call(unix.SYS_SETFSGID, uint64(c.GID[3])); err != nil {
+		return fmt.Errorf("setfsgid: %w", err)
+	}
+	if _, err := r.in.Call(unix.SYS_SETRESUID, uint64(c.UID[0]), uint64(c.UID[1]), uint64(c.UID[2])); err != nil {
+		return fmt.Errorf("setresuid: %w", err)
+	}
+	if _, err := r.in.Call(unix.SYS_SETFSUID, uint64(c.UID[3])); err != nil {
+		return fmt.Errorf("setfsuid: %w", err)
+	}
+	return nil
+}
+
+// RestoreThread restores, through in (injecting into the thread), what
+// the thread t registers with the kernel: its name, clear_child_tid,
+// robust list, alternate signal stack and rseq.
+func RestoreThread(in *ptrace.Injector, t *image.Thread) error {
+	name := t.Comm
+	if len(name) > 15 {
+		name = name[:15]
+	}
+	scratch, err := in.PutString(0, name)
+	if err != nil {
+		return err
+	}
+	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_NAME, scratch); err != nil {
+		return fmt.Errorf("prctl(PR_SET_NAME): %w", err)
+	}
+	if _, err := in.Call(unix.SYS_SET_TID_ADDRESS, t.ClearChildTID); err != nil {
+		return fmt.Errorf("set_tid_address: %w", err)
+	}
+	if t.RobustList != 0 {
+		if _, err := in.Call(unix.SYS_SET_ROBUST_LIST, t.RobustList, t.RobustListLen); err != nil {
+			return fmt.Errorf("set_robust_list: %w", err)
+		}
+	}
+	if t.AltStack.Flags&ssDisable == 0 && t.AltStack.Size != 0 {
+		ss := make([]byte, 24) // stack_t: sp, flags (int + pad), size
+		binary.LittleEndian.PutUint64(ss[0:], t.AltStack.SP)
+		binary.LittleEndian.PutUint32(ss[8:], uint32(t.AltStack.Flags&^ssOnStack))
+		binary.LittleEndian.PutUint64(ss[16:], t.AltStack.Size)
+		at, err := in.Put(64, ss)
+		if err != nil {
+			return err
+		}
+		if _, err := in.Call(unix.SYS_SIGALTSTACK, at, 0); err != nil {
+			return fmt.Errorf("sigaltstack: %w", err)
+		}
+	}
+	if t.Rseq != nil {
+		if _, err := in.Call(unix.SYS_RSEQ, t.Rseq.Addr, uint64(t.Rseq.Len), 0, uint64(t.Rseq.Sig)); err != nil {
+			return fmt.Errorf("rseq register at %#x: %w", t.Rseq.Addr, err)
+		}
+	}
+	return nil
+}
+
+// SetThreadRegs sets the thread's registers, FP state and signal mask:
+// the last thing before the process runs. A thread that was inside a
+// system call (orig_rax >= 0, rax = -ERESTART*) has it restarted by the
+// kernel when it resumes from this stop; -ERESTART_RESTARTBLOCK becomes
+// -EINTR, since the restart block stayed with the dumped process.
+func SetThreadRegs(th *ptrace.Thread, t *image.Thread) error {
+	regs := fromImageRegs(&t.Regs)
+	if err := th.SetRegs(&regs); err != nil {
+		return fmt.Errorf("thread %d: set registers: %w", t.TID, err)
+	}
+	fp := ptrace.FPState{Note: ptrace.NTX86XState, Data: t.XState}
+	if len(t.XState) == 0 {
+		fp = ptrace.FPState{Note: ptrace.NTPRFPReg, Data: t.FPRegs}
+	}
+	if err := th.SetFPState(fp); err != nil {
+		return fmt.Errorf("thread %d: set FP state (%d bytes; this CPU may differ from the dump's): %w", t.TID, len(fp.Data), err)
+	}
+	if err := th.SetSigMask(t.SigMask); err != nil {
+		return fmt.Errorf("thread %d: set signal mask: %w", t.TID, err)
+	}
+	return nil
+}
