@@ -82,31 +82,11 @@ type filler struct {
 // Fill writes the snapshot's pages into the process, but those o.Skip
 // leaves out, and returns the bytes written.
 func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
-	var raw, decode []image.Block
-	var vmas []*image.VMA // of decode's blocks
-	var zero []image.Block
-	for b := range o.Pages.Blocks() {
-		v := VMAAt(t.State.VMAs, b.Addr)
-		if v == nil {
-			return 0, fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, b.Addr)
-		}
-		if o.Skip != nil && o.Skip(b, v) {
-			continue
-		}
-		switch b.Kind {
-		case codec.Zero:
-			// A fresh anonymous or shared mapping reads as zeros; a
-			// private file mapping reads the file.
-			if v.Kind != image.VMAAnon && v.Kind != image.VMAShmem {
-				zero = append(zero, b)
-			}
-		case codec.Raw:
-			raw = append(raw, b)
-		default:
-			decode = append(decode, b)
-			vmas = append(vmas, v)
-		}
+	bs, err := sortBlocks(t.State.VMAs, o)
+	if err != nil {
+		return 0, err
 	}
+	raw, decode, vmas, zero := bs.raw, bs.decode, bs.vmas, bs.zero
 	pages, err := os.Open(o.PagesPath)
 	if err != nil {
 		return 0, err
@@ -164,6 +144,42 @@ func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
 		return filled, err
 	}
 	return filled, ctx.Err()
+}
+
+// fillBlocks are the blocks a Fill writes, by how.
+type fillBlocks struct {
+	raw    []image.Block // read from the pages file by the writers
+	decode []image.Block // decoded first
+	vmas   []*image.VMA  // of decode's blocks
+	zero   []image.Block // zeros to write (private file mappings)
+}
+
+// sortBlocks sorts the blocks to write by how they are written.
+func sortBlocks(vmas []image.VMA, o FillOptions) (fillBlocks, error) {
+	var bs fillBlocks
+	for b := range o.Pages.Blocks() {
+		v := VMAAt(vmas, b.Addr)
+		if v == nil {
+			return bs, fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, b.Addr)
+		}
+		if o.Skip != nil && o.Skip(b, v) {
+			continue
+		}
+		switch b.Kind {
+		case codec.Zero:
+			// A fresh anonymous or shared mapping reads as zeros; a
+			// private file mapping reads the file.
+			if v.Kind != image.VMAAnon && v.Kind != image.VMAShmem {
+				bs.zero = append(bs.zero, b)
+			}
+		case codec.Raw:
+			bs.raw = append(bs.raw, b)
+		default:
+			bs.decode = append(bs.decode, b)
+			bs.vmas = append(bs.vmas, v)
+		}
+	}
+	return bs, nil
 }
 
 // send queues j, unless ctx ends.

@@ -1,0 +1,332 @@
+package fds
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// socket records a socket: family, type, protocol, state, addresses,
+// backlog and the options restore sets.
+func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
+	out.Kind = image.FDSocket
+	s, err := unix.PidfdGetfd(fx.pidfd, f.Num, 0)
+	if err != nil {
+		return out, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	defer unix.Close(s)
+	sk := &image.Socket{ID: f.Ino, Options: map[string]int{}}
+	if sk.Family, err = unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil {
+		return out, err
+	}
+	if sk.Type, err = unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_TYPE); err != nil {
+		return out, err
+	}
+	if sk.Protocol, err = unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil {
+		return out, err
+	}
+	accepting, _ := unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if la, err := unix.Getsockname(s); err == nil {
+		sk.Local = sockaddrString(la)
+	}
+	if pa, err := unix.Getpeername(s); err == nil {
+		sk.Peer = sockaddrString(pa)
+	}
+	for name, o := range sockOptions(sk.Family, sk.Type) {
+		if v, err := unix.GetsockoptInt(s, o.level, o.opt); err == nil {
+			sk.Options[name] = v
+		}
+	}
+	switch sk.Family {
+	case unix.AF_INET, unix.AF_INET6:
+		if sk.Type != unix.SOCK_STREAM && sk.Type != unix.SOCK_DGRAM {
+			return out, fmt.Errorf("%w: inet socket of type %d", image.ErrUnsupported, sk.Type)
+		}
+		if err := fx.inetState(sk, accepting != 0); err != nil {
+			return out, err
+		}
+	case unix.AF_UNIX:
+		if err := fx.unixState(f, s, sk, accepting != 0); err != nil {
+			return out, err
+		}
+	default:
+		return out, fmt.Errorf("%w: socket family %d", image.ErrUnsupported, sk.Family)
+	}
+	if sk.State != sockListen && sk.Queued == nil {
+		if n, err := unix.IoctlGetInt(s, unix.SIOCINQ); err == nil && n > 0 {
+			fx.log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
+		}
+	}
+	out.Socket = sk
+	return out, nil
+}
+
+// Socket states as image.Socket records them.
+const (
+	sockListen      = "listen"
+	sockEstablished = "established" // a connection: closed at restore
+	sockConnected   = "connected"   // connected again (or re-paired) at restore
+	sockBound       = "bound"
+	sockUnbound     = "unbound"
+	// peerInodeOption, in image.Socket.Options, is the inode of the other
+	// end of a unix socket pair held by the process.
+	peerInodeOption = "peer_inode"
+)
+
+type sockOpt struct{ level, opt int }
+
+// sockOptions lists the options a socket of the family and type gets back.
+func sockOptions(family, typ int) map[string]sockOpt {
+	o := map[string]sockOpt{
+		"SO_REUSEADDR": {unix.SOL_SOCKET, unix.SO_REUSEADDR},
+		"SO_REUSEPORT": {unix.SOL_SOCKET, unix.SO_REUSEPORT},
+		"SO_KEEPALIVE": {unix.SOL_SOCKET, unix.SO_KEEPALIVE},
+		"SO_BROADCAST": {unix.SOL_SOCKET, unix.SO_BROADCAST},
+		"SO_PASSCRED":  {unix.SOL_SOCKET, unix.SO_PASSCRED},
+		"SO_RCVLOWAT":  {unix.SOL_SOCKET, unix.SO_RCVLOWAT},
+	}
+	if family == unix.AF_INET || family == unix.AF_INET6 {
+		if typ == unix.SOCK_STREAM {
+			o["TCP_NODELAY"] = sockOpt{unix.IPPROTO_TCP, unix.TCP_NODELAY}
+			o["TCP_DEFER_ACCEPT"] = sockOpt{unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT}
+			o["TCP_KEEPIDLE"] = sockOpt{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE}
+			o["TCP_KEEPINTVL"] = sockOpt{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL}
+			o["TCP_KEEPCNT"] = sockOpt{unix.IPPROTO_TCP, unix.TCP_KEEPCNT}
+			o["TCP_FASTOPEN"] = sockOpt{unix.IPPROTO_TCP, unix.TCP_FASTOPEN}
+		}
+		if family == unix.AF_INET6 {
+			o["IPV6_V6ONLY"] = sockOpt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY}
+		}
+	}
+	return o
+}
+
+// sockaddrString formats a socket address as restore parses it.
+func sockaddrString(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrUnix:
+		if a.Name == "" {
+			return ""
+		}
+		if a.Name[0] == 0 {
+			return "@" + a.Name[1:]
+		}
+		return a.Name
+	}
+	return ""
+}
+
+// socket recreates a socket in its state: listening and bound sockets are
+// bound (and listen) again at their address with their options, socket
+// pairs are paired again with the data that was queued in them, a
+// datagram socket connected to an address is connected again. A
+// connection (established TCP, or a unix stream connected to a process
+// outside) cannot follow the process: it comes back as a socket whose
+// peer has closed, on which the program reads end-of-file (its peer saw
+// the connection reset when the dumped process went away).
+//
+// flags are O_NONBLOCK and O_CLOEXEC, the same bits as SOCK_NONBLOCK and
+// SOCK_CLOEXEC.
+func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
+	s := f.Socket
+	typ := uint64(s.Type) | flags&(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+	if s.Family == unix.AF_UNIX {
+		if _, paired := s.Options[peerInodeOption]; paired && s.State == sockConnected {
+			return fc.socketPair(f, typ)
+		}
+		if isConnection(s.State) {
+			return fc.closedUnix(f, typ)
+		}
+	}
+	fd, err := fc.in.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
+	if err != nil {
+		return -1, fmt.Errorf("socket(%d, %d, %d): %w", s.Family, s.Type, s.Protocol, err)
+	}
+	if isConnection(s.State) {
+		// A fresh TCP socket whose receive side is shut down reads as a
+		// connection the peer closed: read returns 0, poll reports
+		// EPOLLIN|EPOLLRDHUP|EPOLLHUP. (shutdown sets the flag even as
+		// it returns ENOTCONN for the unconnected socket.) Its options
+		// are not set: the program is about to close it.
+		fc.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
+		fc.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
+		return int(fd), nil
+	}
+	if err := fc.sockOpts(int(fd), s); err != nil {
+		return -1, err
+	}
+	switch s.State {
+	case sockListen, sockBound:
+		if s.Local != "" {
+			if err := fc.bind(int(fd), s); err != nil {
+				return -1, err
+			}
+		}
+	case sockConnected:
+		// The local address of a connected datagram socket is most often
+		// an ephemeral port: connect picks another if it is taken.
+		if s.Local != "" && !(s.Family == unix.AF_UNIX && s.Local == "@") {
+			if err := fc.bind(int(fd), s); err != nil {
+				fc.log.Warn("connected socket not bound to its address again", "fd", f.FD, "local", s.Local, "err", err)
+			}
+		}
+	}
+	switch {
+	case s.State == sockListen:
+		backlog := s.Backlog
+		if backlog <= 0 {
+			backlog = unix.SOMAXCONN
+		}
+		if _, err := fc.in.Call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
+			return -1, fmt.Errorf("listen(%s, %d): %w", s.Local, backlog, err)
+		}
+	case s.State == sockConnected && s.Peer != "" && s.Family == unix.AF_UNIX:
+		// Its peer may be a socket of the process not bound yet.
+		fc.connects = append(fc.connects, f)
+	case s.State == sockConnected && s.Peer != "":
+		at, n, err := fc.sockaddr(s.Family, s.Peer)
+		if err != nil {
+			return -1, err
+		}
+		if _, err := fc.in.Call(unix.SYS_CONNECT, fd, at, n); err != nil {
+			return -1, fmt.Errorf("connect %s: %w", s.Peer, err)
+		}
+	}
+	return int(fd), nil
+}
+
+// isConnection reports whether a socket state is a connection that
+// restore closes.
+func isConnection(state string) bool {
+	return state == sockEstablished || strings.HasPrefix(state, "tcp-state-")
+}
+
+// sockOpts sets the recorded options.
+func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
+	opts := sockOptions(s.Family, s.Type)
+	for name, v := range s.Options {
+		o, ok := opts[name]
+		if !ok {
+			continue
+		}
+		if name == "SO_RCVLOWAT" && v == 1 {
+			continue
+		}
+		if v == 0 && name != "IPV6_V6ONLY" {
+			continue // the default
+		}
+		if err := fc.setInt(fd, o.level, o.opt, v); err != nil {
+			return fmt.Errorf("setsockopt %s=%d: %w", name, v, err)
+		}
+	}
+	return nil
+}
+
+// setInt sets an int socket option of fd in the process.
+func (fc *fdCreator) setInt(fd, level, opt, v int) error {
+	at, err := fc.in.Put(0, binary.LittleEndian.AppendUint32(nil, uint32(v)))
+	if err != nil {
+		return err
+	}
+	_, err = fc.in.Call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(level), uint64(opt), at, 4)
+	return err
+}
+
+// bind binds fd to the socket's local address; a unix socket's stale
+// file is removed first, as a server starting up would. A relative unix
+// path is taken from the process's working directory.
+func (fc *fdCreator) bind(fd int, s *image.Socket) error {
+	if s.Family == unix.AF_UNIX && !strings.HasPrefix(s.Local, "@") {
+		if !strings.HasPrefix(s.Local, "/") && !fc.inCwd {
+			// The process state step sets the directory again later.
+			a, err := fc.in.PutString(0, fc.st.Cwd)
+			if err != nil {
+				return err
+			}
+			if _, err := fc.in.Call(unix.SYS_CHDIR, a); err != nil {
+				return fmt.Errorf("chdir %s to bind %s: %w", fc.st.Cwd, s.Local, err)
+			}
+			fc.inCwd = true
+		}
+		a, err := fc.in.PutString(0, s.Local)
+		if err != nil {
+			return err
+		}
+		fc.in.Syscall(unix.SYS_UNLINKAT, ptrace.AtFDCWD, a, 0) // ENOENT is fine
+	}
+	at, n, err := fc.sockaddr(s.Family, s.Local)
+	if err != nil {
+		return err
+	}
+	if _, err := fc.in.Call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
+		if errors.Is(err, unix.EADDRINUSE) && s.Type == unix.SOCK_STREAM && s.Family != unix.AF_UNIX && s.Options["SO_REUSEADDR"] == 0 {
+			err = fmt.Errorf("%w (the socket has no SO_REUSEADDR: connections in TIME_WAIT on the port refuse it until they expire)", err)
+		}
+		return fmt.Errorf("bind %s: %w", s.Local, err)
+	}
+	return nil
+}
+
+// sockaddrOff is where in scratch sockaddr puts an address: past the
+// strings (paths) that other arguments put at its start.
+const sockaddrOff = 1024
+
+// sockaddr writes a sockaddr into scratch and returns its address and
+// length.
+func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
+	var b []byte
+	le := binary.LittleEndian
+	switch family {
+	case unix.AF_INET, unix.AF_INET6:
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return 0, 0, fmt.Errorf("%w: address %q", image.ErrCorrupt, addr)
+		}
+		port := []byte{byte(ap.Port() >> 8), byte(ap.Port())}
+		if family == unix.AF_INET {
+			b = make([]byte, 16)
+			le.PutUint16(b, unix.AF_INET)
+			copy(b[2:], port)
+			a4 := ap.Addr().Unmap().As4()
+			copy(b[4:], a4[:])
+		} else {
+			b = make([]byte, 28)
+			le.PutUint16(b, unix.AF_INET6)
+			copy(b[2:], port)
+			a16 := ap.Addr().As16()
+			copy(b[8:], a16[:])
+		}
+	case unix.AF_UNIX:
+		name := []byte(addr)
+		if strings.HasPrefix(addr, "@") {
+			name[0] = 0
+		} else {
+			name = append(name, 0)
+		}
+		if len(name) > 108 {
+			return 0, 0, fmt.Errorf("unix socket path %q too long", addr)
+		}
+		b = make([]byte, 2+len(name))
+		le.PutUint16(b, unix.AF_UNIX)
+		copy(b[2:], name)
+	default:
+		return 0, 0, fmt.Errorf("%w: address family %d", image.ErrUnsupported, family)
+	}
+	at, err := fc.in.Put(sockaddrOff, b)
+	if err != nil {
+		return 0, 0, err
+	}
+	return at, uint64(len(b)), nil
+}
