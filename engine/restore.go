@@ -2,16 +2,16 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
@@ -171,21 +171,18 @@ const zombieWait = 5 * time.Second
 func pidInUse(id int) (bool, string) {
 	deadline := time.Now().Add(zombieWait)
 	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", id))
+		st, err := proc.ReadStat(id)
+		if errors.Is(err, proc.ErrMalformed) || errors.Is(err, proc.ErrTooLarge) {
+			return true, "?"
+		}
 		if err != nil {
 			return false, ""
 		}
-		s := string(b)
-		i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if i < 0 || j < i || j+2 >= len(s) {
-			return true, "?"
-		}
-		comm := s[i+1 : j]
-		if s[j+2] != 'Z' && s[j+2] != 'X' {
-			return true, comm
+		if !st.Exited() {
+			return true, st.Comm
 		}
 		if time.Now().After(deadline) {
-			return true, comm + " (a zombie its parent has not reaped)"
+			return true, st.Comm + " (a zombie its parent has not reaped)"
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -197,17 +194,16 @@ func waitStopped(ctx context.Context, pid, n int) error {
 	deadline := time.Now().Add(zombieWait)
 	for {
 		stopped := 0
-		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		tids, err := proc.Tasks(pid)
 		if err != nil {
 			return err
 		}
-		for _, e := range ents {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, e.Name()))
-			if j := strings.LastIndexByte(string(b), ')'); err == nil && j >= 0 && j+2 < len(b) && b[j+2] == 'T' {
+		for _, tid := range tids {
+			if st, err := proc.ReadTaskStat(pid, tid); err == nil && st.State == 'T' {
 				stopped++
 			}
 		}
-		if stopped == n && len(ents) == n {
+		if stopped == n && len(tids) == n {
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -258,36 +257,5 @@ func (r *restorer) setMM(ctx context.Context) error {
 		return err
 	}
 	defer r.closeFD(exeFD)
-	return setMMMap(r.in, r.child, r.area+pageSize, scratchLen, r.st.MM, exeFD)
-}
-
-// mmMapSize is sizeof(struct prctl_mm_map).
-const mmMapSize = 104
-
-// setMMMap injects prctl(PR_SET_MM, PR_SET_MM_MAP) with mm, its auxv and
-// exeFD (-1 keeps the exe) through n bytes of scratch memory at scratch.
-func setMMMap(in *ptrace.Injector, p *ptrace.Process, scratch uint64, n int, mm image.MM, exeFD int) error {
-	auxv := make([]byte, 8*len(mm.Auxv))
-	for i, w := range mm.Auxv {
-		binary.LittleEndian.PutUint64(auxv[8*i:], w)
-	}
-	if mmMapSize+len(auxv) > n {
-		return fmt.Errorf("auxv of %d bytes does not fit the scratch area", len(auxv))
-	}
-	auxvAt := scratch + mmMapSize
-	m := make([]byte, mmMapSize, mmMapSize+len(auxv))
-	le := binary.LittleEndian
-	for i, f := range []uint64{mm.StartCode, mm.EndCode, mm.StartData, mm.EndData, mm.StartBrk, mm.Brk, mm.StartStack,
-		mm.ArgStart, mm.ArgEnd, mm.EnvStart, mm.EnvEnd, auxvAt} {
-		le.PutUint64(m[8*i:], f)
-	}
-	le.PutUint32(m[96:], uint32(len(auxv)))
-	le.PutUint32(m[100:], uint32(int32(exeFD)))
-	if err := p.WriteMem(scratch, append(m, auxv...)); err != nil {
-		return err
-	}
-	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_MM, unix.PR_SET_MM_MAP, scratch, mmMapSize); err != nil {
-		return fmt.Errorf("prctl(PR_SET_MM_MAP): %w", err)
-	}
-	return nil
+	return r.in.SetMM(ptrace.MM(r.st.MM), exeFD)
 }

@@ -273,9 +273,12 @@ func TestCheckFUSE(t *testing.T) {
 		{"fusermount3, root", "/dev/null", 0, found, true},
 		{"fusermount3, user", dev, 1000, found, true},
 	} {
-		err := checkFUSEWith(tc.dev, tc.euid, tc.look, dir) // dir holds no helper
+		seen, err := checkFUSEWith(tc.dev, tc.euid, tc.look, dir) // dir holds no helper
 		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrNoFUSE)) {
 			t.Errorf("%s: %v", tc.name, err)
+		}
+		if tc.ok && !strings.HasSuffix(seen, "; /usr/bin/fusermount3") {
+			t.Errorf("%s: found %q, want the fusermount3 path last", tc.name, seen)
 		}
 	}
 }

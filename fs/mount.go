@@ -72,7 +72,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkFUSE(); err != nil {
+	if _, err := CheckFUSE(); err != nil {
 		return nil, err
 	}
 	snap, err := image.Open(snapshotDir)

@@ -46,32 +46,40 @@ func checkMountpoint(path string) (string, error) {
 	return abs, nil
 }
 
-// checkFUSE reports ErrNoFUSE, with the fix, when a mount cannot work:
-// no usable /dev/fuse, or no fusermount3 (every mount goes through it).
-func checkFUSE() error {
+// CheckFUSE reports whether a lazyfs mount can work here: a /dev/fuse the
+// caller may open read-write (opened, as root) and fusermount3 (every
+// mount goes through it). It returns what it found, or an error wrapping
+// ErrNoFUSE that says the fix. Mount makes the same check first; snapctl
+// check reports it.
+func CheckFUSE() (string, error) {
 	return checkFUSEWith("/dev/fuse", os.Geteuid(), exec.LookPath, "/bin")
 }
 
-// checkFUSEWith is checkFUSE for the device dev, the effective uid euid,
+// checkFUSEWith is CheckFUSE for the device dev, the effective uid euid,
 // and fusermount3 looked up with lookPath or in fallbackDir.
-func checkFUSEWith(dev string, euid int, lookPath func(string) (string, error), fallbackDir string) error {
+func checkFUSEWith(dev string, euid int, lookPath func(string) (string, error), fallbackDir string) (string, error) {
+	seen := dev + " opens"
 	if euid == 0 {
 		fd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("%w: open %s: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, dev, err)
+			return "", fmt.Errorf("%w: open %s: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, dev, err)
 		}
 		unix.Close(fd)
 	} else {
 		if _, err := os.Stat(dev); err != nil {
-			return fmt.Errorf("%w: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, err)
+			return "", fmt.Errorf("%w: %w (is the fuse module loaded? modprobe fuse)", ErrNoFUSE, err)
 		}
 		// fusermount3 opens the device with the caller's rights.
 		if err := unix.Access(dev, unix.R_OK|unix.W_OK); err != nil {
-			return fmt.Errorf("%w: %s: %w (run as root, or make it mode 0666 as distributions do)", ErrNoFUSE, dev, err)
+			return "", fmt.Errorf("%w: %s: %w (run as root, or make it mode 0666 as distributions do)", ErrNoFUSE, dev, err)
 		}
+		seen = dev + " readable and writable"
 	}
-	_, err := fusermountWith(lookPath, fallbackDir)
-	return err
+	bin, err := fusermountWith(lookPath, fallbackDir)
+	if err != nil {
+		return "", err
+	}
+	return seen + "; " + bin, nil
 }
 
 // fusermount returns the path of fusermount3 (or fusermount).

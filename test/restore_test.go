@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/check"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -994,7 +995,7 @@ const fsImmutableFL = 0x00000010
 // runCheck runs `snapctl check --json` with env (nil: ours), through
 // prefix (a command such as unshare) if given, and returns the exit
 // status and the features by name.
-func runCheck(t *testing.T, env []string, prefix ...string) (int, map[string]engine.Feature, cmdResult) {
+func runCheck(t *testing.T, env []string, prefix ...string) (int, map[string]check.Feature, cmdResult) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), commandTimeout)
 	defer cancel()
@@ -1012,11 +1013,11 @@ func runCheck(t *testing.T, env []string, prefix ...string) (int, map[string]eng
 	case err != nil:
 		t.Fatalf("%v\n%s", err, r)
 	}
-	var feats []engine.Feature
+	var feats []check.Feature
 	if err := json.Unmarshal([]byte(r.Stdout), &feats); err != nil {
 		t.Fatalf("check --json: %v\n%s", err, r)
 	}
-	out := map[string]engine.Feature{}
+	out := map[string]check.Feature{}
 	for _, f := range feats {
 		out[f.Name] = f
 	}
@@ -1026,7 +1027,7 @@ func runCheck(t *testing.T, env []string, prefix ...string) (int, map[string]eng
 func TestCheck(t *testing.T) {
 	testutil.RequirePtrace(t)
 	names := []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "FUSE"}
-	wantOK := func(t *testing.T, feats map[string]engine.Feature, except ...string) {
+	wantOK := func(t *testing.T, feats map[string]check.Feature, except ...string) {
 		t.Helper()
 		for _, n := range names {
 			f, ok := feats[n]
@@ -1050,8 +1051,16 @@ func TestCheck(t *testing.T) {
 	})
 	t.Run("no-fusermount", func(t *testing.T) {
 		testutil.RequireUserfaultfd(t)
+		testutil.RequireRoot(t)
+		unshare, mount := testutil.RequireCommand(t, "unshare"), testutil.RequireCommand(t, "mount")
+		// Off PATH is not enough: fs, like go-fuse, also looks in /bin. In a
+		// private mount namespace, /dev/null (not a regular file) hides
+		// those too.
+		hide := fmt.Sprintf(`for f in /bin/fusermount3 /bin/fusermount; do
+			if [ -e "$f" ]; then %s --bind /dev/null "$f" || exit 1; fi
+		done; exec "$@"`, mount)
 		env := append(os.Environ(), "PATH="+t.TempDir())
-		code, feats, r := runCheck(t, env)
+		code, feats, r := runCheck(t, env, unshare, "-m", "--propagation", "private", "/bin/sh", "-c", hide, "sh")
 		if code != 1 || !strings.Contains(r.Stderr, "FUSE") {
 			t.Errorf("exit %d, want 1 and an error naming FUSE\n%s", code, r)
 		}

@@ -7,7 +7,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/check"
+	"github.com/lazyfs/lazyfs/fs"
 )
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -20,7 +21,7 @@ for each whether it works and what needs it. Exits 1 if one is missing.`, stderr
 	if err := parse(fl, args); err != nil {
 		return err
 	}
-	feats := engine.CheckFeatures(ctx, "")
+	feats := append(check.Run(ctx, ""), check.FUSE(fs.CheckFUSE()))
 	var missing []string
 	for _, f := range feats {
 		if !f.OK {

@@ -17,7 +17,9 @@
 //     pages by category (present, swapped, file-mapped, ...).
 //   - Process and task state: ParseStatus, ParseStat, ParseAuxv,
 //     ParseLimits / Rlimits, comm, cmdline, cwd, root, exe, personality,
-//     timer slack, tasks and children.
+//     timer slack, tasks and children; Exists for whether a task id is
+//     taken, zombies included.
+//   - Kernel parameters: Sysctl and SysctlInt read /proc/sys.
 //   - File descriptors: ReadFDs lists /proc/PID/fd with readlink targets,
 //     classifies each (FDKind), parses /proc/PID/fdinfo/N (ParseFDInfo) and
 //     stats the open file.

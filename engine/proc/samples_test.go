@@ -237,6 +237,32 @@ func TestStatSamples(t *testing.T) {
 	}
 }
 
+// TestStatStates parses the stat of a zombie (its mm fields printed as
+// zero) and of a stopped process, as restore reads them for a pid in use
+// and a thread in group stop.
+func TestStatStates(t *testing.T) {
+	for _, tc := range []struct {
+		sample string
+		state  byte
+		exited bool
+	}{
+		{"zombie/stat", 'Z', true},
+		{"stopped/stat", 'T', false},
+		{"fixture/stat", 'S', false},
+	} {
+		s, err := ParseStat(readSample(t, tc.sample))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.sample, err)
+		}
+		if s.State != tc.state || s.Exited() != tc.exited || s.Comm == "" {
+			t.Errorf("%s: state %c exited %v comm %q, want %c %v", tc.sample, s.State, s.Exited(), s.Comm, tc.state, tc.exited)
+		}
+	}
+	if s := (&Stat{State: 'X'}); !s.Exited() {
+		t.Error("state X (dead) is not exited")
+	}
+}
+
 func TestLimitsSample(t *testing.T) {
 	l, err := ParseLimits(readSample(t, "fixture/limits"))
 	if err != nil {

@@ -34,6 +34,10 @@ type Stat struct {
 	ExitCode                       int    // field 52
 }
 
+// Exited reports whether the task has exited: a zombie its parent has not
+// reaped ('Z') or one being torn down ('X'). Its id stays taken until then.
+func (s *Stat) Exited() bool { return s.State == 'Z' || s.State == 'X' }
+
 // ParseStat parses /proc/PID/stat (or /proc/PID/task/TID/stat). The comm
 // may contain spaces and parentheses: it runs from the first '(' to the
 // last ')'. At least the 44 fields every kernel since 2.6.24 prints are

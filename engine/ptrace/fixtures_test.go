@@ -2,6 +2,7 @@ package ptrace
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/test/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -350,21 +352,20 @@ func newTracer(t testing.TB) *Tracer {
 // taskStates returns tid -> state letter from /proc/PID/task/*/stat.
 func taskStates(t testing.TB, pid int) map[int]byte {
 	t.Helper()
-	tids, err := listTasks(pid)
+	tids, err := proc.Tasks(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := make(map[int]byte, len(tids))
 	for _, tid := range tids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
-		if err != nil {
+		st, err := proc.ReadTaskStat(pid, tid)
+		if errors.Is(err, os.ErrNotExist) {
 			continue // exited
 		}
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 || i+2 >= len(b) {
-			t.Fatalf("bad stat %q", b)
+		if err != nil {
+			t.Fatal(err)
 		}
-		out[tid] = b[i+2]
+		out[tid] = st.State
 	}
 	return out
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // SeizeOptions configure Tracer.Seize.
@@ -44,19 +46,19 @@ func (t *Tracer) seize(pid int, o SeizeOptions) (*Process, error) {
 	if pid <= 0 {
 		return nil, ErrNoProcess
 	}
-	st, err := readStatus(pid)
+	st, err := proc.ReadStatus(pid)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, ErrNoProcess
 	}
 	if err != nil {
 		return nil, err
 	}
-	if st.tgid != pid {
-		return nil, fmt.Errorf("%d is a thread of process %d, not a process", pid, st.tgid)
+	if st.Tgid != pid {
+		return nil, fmt.Errorf("%d is a thread of process %d, not a process", pid, st.Tgid)
 	}
-	if st.state == 'Z' || st.state == 'X' {
+	if st.State == 'Z' || st.State == 'X' {
 		// A zombie leader whose other threads still run is a live process.
-		if tids, err := listTasks(pid); err != nil || len(tids) <= 1 {
+		if tids, err := proc.Tasks(pid); err != nil || len(tids) <= 1 {
 			return nil, ErrExited
 		}
 	}
@@ -65,7 +67,7 @@ func (t *Tracer) seize(pid int, o SeizeOptions) (*Process, error) {
 	}
 	p := &Process{
 		t: t, pid: pid, opts: o.Options,
-		foreignChild: st.ppid == os.Getpid(),
+		foreignChild: st.PPid == os.Getpid(),
 		threads:      make(map[int]*Thread),
 		attached:     true,
 	}
@@ -93,7 +95,7 @@ func (t *Tracer) freezeFrom(p *Process, start, deadline time.Time) error {
 	stats := FreezeStats{}
 	for {
 		stats.Rounds++
-		tids, err := listTasks(p.pid)
+		tids, err := proc.Tasks(p.pid)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				return ErrExited
@@ -150,19 +152,19 @@ func (t *Tracer) attachThread(p *Process, tid int) error {
 	case errors.Is(err, unix.ESRCH):
 		return nil // exited since the listing
 	case errors.Is(err, unix.EPERM):
-		st, serr := readStatus(tid)
-		if serr != nil || st.state == 'Z' || st.state == 'X' {
+		st, serr := proc.ReadStatus(tid)
+		if serr != nil || st.State == 'Z' || st.State == 'X' {
 			return nil // dead thread (a zombie cannot be attached)
 		}
-		if st.tracerPid == t.tid {
+		if st.TracerPid == t.tid {
 			// Created by a thread we hold and auto-attached
 			// (PTRACE_O_TRACECLONE) before its parent's clone event was
 			// seen: it reports its own first stop.
 			t.adopt(p, tid)
 			return nil
 		}
-		if st.tracerPid != 0 {
-			return &AlreadyTracedError{Pid: p.pid, TracerPid: st.tracerPid}
+		if st.TracerPid != 0 {
+			return &AlreadyTracedError{Pid: p.pid, TracerPid: st.TracerPid}
 		}
 		return fmt.Errorf("PTRACE_SEIZE %d: %w", tid, err)
 	default:

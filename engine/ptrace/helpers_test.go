@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // SA_* flags of x86-64.
@@ -205,8 +207,8 @@ func TestStartStoppedClone3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := mappingOf(t, stub.Pid(), sr.Rip); !strings.Contains(m.path, "ld-linux") {
-		t.Fatalf("stub stopped at %#x in %q, want the loader", sr.Rip, m.path)
+	if m := mappingOf(t, stub.Pid(), sr.Rip); !strings.Contains(m.Path, "ld-linux") {
+		t.Fatalf("stub stopped at %#x in %q, want the loader", sr.Rip, m.Path)
 	}
 	in, err := stub.Leader().NewInjector(pageSize)
 	if err != nil {
@@ -220,12 +222,12 @@ func TestStartStoppedClone3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc := child.Process()
-	t.Cleanup(func() { proc.Kill() })
-	if child.Tid() != wantPid || proc.Pid() != wantPid || proc == stub {
-		t.Fatalf("child tid %d pid %d, want %d", child.Tid(), proc.Pid(), wantPid)
+	created := child.Process()
+	t.Cleanup(func() { created.Kill() })
+	if child.Tid() != wantPid || created.Pid() != wantPid || created == stub {
+		t.Fatalf("child tid %d pid %d, want %d", child.Tid(), created.Pid(), wantPid)
 	}
-	if tr.Process(wantPid) != proc {
+	if tr.Process(wantPid) != created {
 		t.Fatal("Tracer.Process does not know the child")
 	}
 	if st := taskStates(t, wantPid)[wantPid]; st != 't' {
@@ -257,7 +259,7 @@ func TestStartStoppedClone3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if nt.Tid() != wantTid || nt.Process() != proc {
+	if nt.Tid() != wantTid || nt.Process() != created {
 		t.Fatalf("thread %d in %d, want %d in %d", nt.Tid(), nt.Process().Pid(), wantTid, wantPid)
 	}
 	tin, err := nt.InjectorAt(in.Stub(), scratch, n)
@@ -270,25 +272,25 @@ func TestStartStoppedClone3(t *testing.T) {
 	if got := mustCall(t, tin, unix.SYS_GETPID); int(got) != wantPid {
 		t.Fatalf("getpid in new thread = %d", got)
 	}
-	if len(proc.Threads()) != 2 {
-		t.Fatalf("child has %d threads", len(proc.Threads()))
+	if len(created.Threads()) != 2 {
+		t.Fatalf("child has %d threads", len(created.Threads()))
 	}
 	// The thread leaves by an injected exit.
 	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ErrExited) {
 		t.Fatalf("injected exit: %v, want ErrExited", err)
 	}
-	if len(proc.Threads()) != 1 {
-		t.Fatalf("child has %d threads after exit", len(proc.Threads()))
+	if len(created.Threads()) != 1 {
+		t.Fatalf("child has %d threads after exit", len(created.Threads()))
 	}
 	if err := cin.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := proc.Kill(); err != nil {
+	if err := created.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	// Dead; a zombie until its real parent, the stub, waits or dies.
-	if st, err := readStatus(wantPid); err == nil && st.state != 'Z' {
-		t.Fatalf("child %d in state %c after Kill", wantPid, st.state)
+	if st, err := proc.ReadStatus(wantPid); err == nil && st.State != 'Z' {
+		t.Fatalf("child %d in state %c after Kill", wantPid, st.State)
 	}
 	// With CLONE_PARENT the new process is a child of ours, not of the
 	// stub: killing the stub does not reparent it. clone3 wants
@@ -368,17 +370,17 @@ func TestClone3ThreadInSeized(t *testing.T) {
 	}
 }
 
-func mappingOf(t *testing.T, pid int, addr uint64) mapping {
+func mappingOf(t *testing.T, pid int, addr uint64) proc.Mapping {
 	t.Helper()
-	maps, err := readMaps(pid)
+	maps, err := proc.ReadMaps(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range maps {
-		if addr >= m.start && addr < m.end {
+		if addr >= m.Start && addr < m.End {
 			return m
 		}
 	}
 	t.Fatalf("%#x not mapped in %d", addr, pid)
-	return mapping{}
+	return proc.Mapping{}
 }

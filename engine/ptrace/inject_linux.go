@@ -3,10 +3,11 @@ package ptrace
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 const pageSize = 4096
@@ -94,7 +95,7 @@ func (th *Thread) newInjector(scratchLen int) (*Injector, error) {
 	}
 	scratchLen = (scratchLen + pageSize - 1) &^ (pageSize - 1)
 	total := pageSize + scratchLen
-	maps, err := readMaps(th.p.pid)
+	maps, err := proc.ReadMaps(th.p.pid)
 	if err != nil {
 		return nil, fmt.Errorf("read maps: %w", err)
 	}
@@ -141,16 +142,19 @@ func (th *Thread) newInjector(scratchLen int) (*Injector, error) {
 // patchSites lists where the stub may be written temporarily: [vdso]
 // first (its pages are never dumped, so the copy-on-write the write causes
 // changes nothing a dump sees), then every other r-x mapping.
-func patchSites(maps []mapping) []uint64 {
+func patchSites(maps []proc.Mapping) []uint64 {
+	rx := func(m proc.Mapping) bool {
+		return m.Perms&(proc.PermRead|proc.PermWrite|proc.PermExec) == proc.PermRead|proc.PermExec
+	}
 	var out []uint64
 	for _, m := range maps {
-		if m.path == "[vdso]" && strings.HasPrefix(m.perms, "r-x") {
-			out = append(out, m.start)
+		if m.Path == "[vdso]" && rx(m) {
+			out = append(out, m.Start)
 		}
 	}
 	for _, m := range maps {
-		if strings.HasPrefix(m.perms, "r-x") && m.path != "[vdso]" && m.path != "[vsyscall]" {
-			out = append(out, m.start)
+		if rx(m) && m.Path != "[vdso]" && m.Path != "[vsyscall]" {
+			out = append(out, m.Start)
 		}
 	}
 	return out

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // Kernel restart codes seen in rax of a thread stopped inside a system
@@ -33,12 +35,12 @@ func mustCall(t *testing.T, in *Injector, nr int, args ...uint64) uint64 {
 
 func mapsContain(t *testing.T, pid int, addr uint64) bool {
 	t.Helper()
-	maps, err := readMaps(pid)
+	maps, err := proc.ReadMaps(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range maps {
-		if addr >= m.start && addr < m.end {
+		if addr >= m.Start && addr < m.End {
 			return true
 		}
 	}
@@ -133,14 +135,14 @@ func TestInjectBasics(t *testing.T) {
 
 func vdsoBytes(t *testing.T, p *Process) []byte {
 	t.Helper()
-	maps, err := readMaps(p.Pid())
+	maps, err := proc.ReadMaps(p.Pid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range maps {
-		if m.path == "[vdso]" {
-			b := make([]byte, m.end-m.start)
-			if err := p.ReadMem(m.start, b); err != nil {
+		if m.Path == "[vdso]" {
+			b := make([]byte, m.Len())
+			if err := p.ReadMem(m.Start, b); err != nil {
 				t.Fatal(err)
 			}
 			return b

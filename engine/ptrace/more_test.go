@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // Signals racing with the freeze are never lost: each one sent just
@@ -342,15 +344,15 @@ func TestFreezeTimeoutLeavesProcess(t *testing.T) {
 	c.expect(t, "tick", 2*time.Second)
 	deadline = time.Now().Add(2 * time.Second)
 	for {
-		st, err := readStatus(c.pid)
+		st, err := proc.ReadStatus(c.pid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.tracerPid == 0 {
+		if st.TracerPid == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still traced by %d after thaw", st.tracerPid)
+			t.Fatalf("still traced by %d after thaw", st.TracerPid)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // threadState is where a tracee thread is, as far as the tracer knows.
@@ -481,8 +483,8 @@ func (t *Tracer) adopt(p *Process, tid int) *Thread {
 		return th
 	}
 	tgid := tid
-	if st, err := readStatus(tid); err == nil && st.tgid > 0 {
-		tgid = st.tgid
+	if st, err := proc.ReadStatus(tid); err == nil && st.Tgid > 0 {
+		tgid = st.Tgid
 	}
 	owner := p
 	if tgid != p.pid {

@@ -3,12 +3,12 @@ package ptrace
 import (
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // StartOptions configure Tracer.StartStopped.
@@ -138,22 +138,9 @@ func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Proc
 // sigPending reports whether sig is pending for pid (thread or process
 // queue), from /proc/PID/status.
 func sigPending(pid int, sig unix.Signal) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := proc.ReadStatus(pid)
 	if err != nil {
 		return false
 	}
-	for _, key := range []string{"SigPnd:", "ShdPnd:"} {
-		i := strings.Index(string(b), key)
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+len(key):]))
-		if len(f) == 0 {
-			continue
-		}
-		if m, err := strconv.ParseUint(f[0], 16, 64); err == nil && m&(1<<(uint(sig)-1)) != 0 {
-			return true
-		}
-	}
-	return false
+	return (st.SigPnd|st.ShdPnd)&(1<<(uint(sig)-1)) != 0
 }

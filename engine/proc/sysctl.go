@@ -1,0 +1,35 @@
+package proc
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Sysctl reads the kernel parameter name, dotted as sysctl(8) names it
+// ("kernel.pid_max") or as its path under /proc/sys ("kernel/pid_max"),
+// without its trailing newline.
+func Sysctl(name string) (string, error) {
+	rel := strings.ReplaceAll(name, ".", "/")
+	if rel == "" || strings.HasPrefix(rel, "/") || strings.Contains(rel, "//") {
+		return "", fmt.Errorf("sysctl %q: %w", name, malformed("name", []byte(name)))
+	}
+	b, err := readFile(procRoot+"/sys/"+rel, maxSmallFile)
+	if err != nil {
+		return "", fmt.Errorf("sysctl %s: %w", name, err)
+	}
+	return strings.TrimRight(string(b), "\n"), nil
+}
+
+// SysctlInt reads an integer kernel parameter, such as kernel.pid_max or
+// kernel.ns_last_pid.
+func SysctlInt(name string) (int, error) {
+	s, err := Sysctl(name)
+	if err != nil {
+		return 0, err
+	}
+	v, ok := parseInt([]byte(strings.TrimSpace(s)))
+	if !ok || v < -1<<31 || v > 1<<31-1 {
+		return 0, fmt.Errorf("sysctl %s: %w", name, malformed("integer", []byte(s)))
+	}
+	return int(v), nil
+}
