@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -252,7 +253,7 @@ func (r *restorer) closeFD(fd int) {
 // setMM sets the mm fields, auxv and exe with PR_SET_MM_MAP. The old
 // exe (the stub's) is unmapped already, as the kernel requires.
 func (r *restorer) setMM(ctx context.Context) error {
-	exeFD, err := r.in.OpenAt(r.st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	exeFD, err := fds.OpenVerified(r.in, r.st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, r.st.Exe, true)
 	if err != nil {
 		return err
 	}

@@ -54,12 +54,12 @@ func (fc *fdCreator) fifo(f *image.FD, cloexec int) (int, error) {
 	holder := -1
 	if acc == unix.O_WRONLY {
 		var err error
-		if holder, err = fc.in.OpenAt(f.Path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err != nil {
+		if holder, err = fc.open(f, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
 			return -1, err
 		}
 		defer fc.closeFD(holder)
 	}
-	fd, err := fc.in.OpenAt(f.Path, flags|unix.O_NONBLOCK|cloexec, 0)
+	fd, err := fc.open(f, flags|unix.O_NONBLOCK|cloexec)
 	if err != nil {
 		return -1, err
 	}
@@ -74,7 +74,7 @@ func (fc *fdCreator) fifo(f *image.FD, cloexec int) (int, error) {
 // file opens a regular file, directory or character device at its
 // offset.
 func (fc *fdCreator) file(f *image.FD, cloexec uint64) (int, error) {
-	fd, err := fc.in.OpenAt(f.Path, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY|int(cloexec), 0)
+	fd, err := fc.open(f, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY|int(cloexec))
 	if err != nil {
 		return -1, err
 	}
@@ -110,4 +110,28 @@ func (fc *fdCreator) memfd(f *image.FD) (int, error) {
 		}
 	}
 	return int(fd), nil
+}
+
+// open opens the file of f in the process with flags, and checks it is
+// the one dumped: the same inode, or for a device the same device number.
+func (fc *fdCreator) open(f *image.FD, flags int) (int, error) {
+	if f.Kind != image.FDChr {
+		if f.File == nil {
+			return -1, fmt.Errorf("%w: %s without file identity", image.ErrCorrupt, f.Kind)
+		}
+		return OpenVerified(fc.in, f.Path, flags, *f.File, false)
+	}
+	fd, err := fc.in.OpenAt2(f.Path, flags, 0, resolveNoLinks)
+	if err != nil {
+		return -1, err
+	}
+	st, err := fc.in.Fstat(fd)
+	if err == nil && (st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != f.Rdev) {
+		err = fmt.Errorf("%w: %s is now another device (mode %o rdev %#x, dumped rdev %#x)", ErrFileChanged, f.Path, st.Mode, st.Rdev, f.Rdev)
+	}
+	if err != nil {
+		fc.closeFD(fd)
+		return -1, err
+	}
+	return fd, nil
 }

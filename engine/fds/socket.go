@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // socket records a socket: family, type, protocol, state, addresses,
@@ -245,8 +245,9 @@ func (fc *fdCreator) setInt(fd, level, opt, v int) error {
 }
 
 // bind binds fd to the socket's local address; a unix socket's stale
-// file is removed first, as a server starting up would. A relative unix
-// path is taken from the process's working directory.
+// file is removed first, as a server starting up would, if it is a socket
+// in a directory nobody else can change (removeStaleSocket). A relative
+// unix path is taken from the process's working directory.
 func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 	if s.Family == unix.AF_UNIX && !strings.HasPrefix(s.Local, "@") {
 		if !strings.HasPrefix(s.Local, "/") && !fc.inCwd {
@@ -260,11 +261,13 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 			}
 			fc.inCwd = true
 		}
-		a, err := fc.in.PutString(0, s.Local)
-		if err != nil {
+		path := s.Local
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(fc.st.Cwd, path)
+		}
+		if err := removeStaleSocket(path, fc.st.Creds.UID[3]); err != nil {
 			return err
 		}
-		fc.in.Syscall(unix.SYS_UNLINKAT, ptrace.AtFDCWD, a, 0) // ENOENT is fine
 	}
 	at, n, err := fc.sockaddr(s.Family, s.Local)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -127,7 +128,7 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 		f, ok := r.files[key]
 		if !ok {
 			var err error
-			if f, err = r.In.OpenAt(v.File.Path, mode|unix.O_CLOEXEC, 0); err != nil {
+			if f, err = fds.OpenVerified(r.In, v.File.Path, mode|unix.O_CLOEXEC, *v.File, true); err != nil {
 				return err
 			}
 			r.files[key] = f

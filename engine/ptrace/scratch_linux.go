@@ -1,6 +1,7 @@
 package ptrace
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -40,20 +41,6 @@ func (in *Injector) Get(off int, b []byte) error {
 	return in.th.p.ReadMem(in.scratch+uint64(off), b)
 }
 
-// OpenAt injects openat(AT_FDCWD, path, flags, mode) and returns the
-// descriptor the tracee got.
-func (in *Injector) OpenAt(path string, flags int, mode uint32) (int, error) {
-	a, err := in.PutString(0, path)
-	if err != nil {
-		return -1, err
-	}
-	fd, err := in.Call(unix.SYS_OPENAT, AtFDCWD, a, uint64(flags), uint64(mode))
-	if err != nil {
-		return -1, fmt.Errorf("open %s: %w", path, err)
-	}
-	return int(fd), nil
-}
-
 // CloseFD injects close(fd).
 func (in *Injector) CloseFD(fd int) error {
 	_, err := in.Call(unix.SYS_CLOSE, uint64(fd))
@@ -63,3 +50,43 @@ func (in *Injector) CloseFD(fd int) error {
 // WriteStub writes the injection stub ("syscall; int3") at addr of p, for
 // an Injector made with InjectorAt to run its calls through.
 func (p *Process) WriteStub(addr uint64) error { return p.WriteMem(addr, stubCode[:]) }
+
+// OpenAt2 injects openat2(AT_FDCWD, path, {flags, mode, resolve}) and
+// returns the descriptor the tracee got: with resolve
+// RESOLVE_NO_SYMLINKS, no component of path may be a symbolic link (the
+// kernel refuses with ELOOP), so a path recorded at the dump cannot be
+// redirected by a link planted since.
+func (in *Injector) OpenAt2(path string, flags int, mode uint32, resolve uint64) (int, error) {
+	how := make([]byte, unix.SizeofOpenHow)
+	binary.LittleEndian.PutUint64(how[0:], uint64(flags))
+	binary.LittleEndian.PutUint64(how[8:], uint64(mode))
+	binary.LittleEndian.PutUint64(how[16:], resolve)
+	at, err := in.Put(0, how)
+	if err != nil {
+		return -1, err
+	}
+	p, err := in.PutString(len(how), path)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := in.Call(unix.SYS_OPENAT2, AtFDCWD, p, at, uint64(len(how)))
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", path, err)
+	}
+	return int(fd), nil
+}
+
+// Fstat injects fstat(fd) and returns what the tracee sees of its
+// descriptor fd.
+func (in *Injector) Fstat(fd int) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	b := bytesOf(&st)
+	at, err := in.Put(0, make([]byte, len(b)))
+	if err != nil {
+		return st, err
+	}
+	if _, err := in.Call(unix.SYS_FSTAT, uint64(fd), at); err != nil {
+		return st, fmt.Errorf("fstat %d: %w", fd, err)
+	}
+	return st, in.Get(0, b)
+}

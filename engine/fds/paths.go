@@ -1,0 +1,142 @@
+package fds
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// A restore runs as root and acts on paths that the snapshot recorded.
+// Between the dump and the restore, anyone who can write a directory on
+// such a path can plant a symbolic link or another file there. So no path
+// is opened by name and trusted: files are opened with no symbolic link
+// in the path (openat2 RESOLVE_NO_SYMLINKS; the paths a dump records are
+// the kernel's, which have none) and the file opened is compared with the
+// one dumped; a unix socket's stale file is removed only through a
+// directory whose whole path nobody but root and the process's own user
+// can change, and only if it is a socket.
+
+// ErrUntrustedPath: a path the restore would create or remove a file on
+// passes through a symbolic link or a directory that a user other than
+// root and the restored process's own can change.
+var ErrUntrustedPath = errors.New("untrusted path")
+
+// resolveNoLinks is the openat2 resolve mask for every path a restore
+// opens: no symbolic link (magic links of /proc included) on the way.
+const resolveNoLinks = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// OpenVerified opens path in the process in injects into, with flags,
+// refusing a symbolic link anywhere in the path, and checks that the file
+// opened is the one dumped (id): its device and inode, and with strict
+// its size and modification time too (a mapped file must be the same
+// bytes; an open file may have grown since, like a log). On a mismatch
+// the descriptor is closed and the error wraps ErrFileChanged.
+func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, strict bool) (int, error) {
+	fd, err := in.OpenAt2(path, flags, 0, resolveNoLinks)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			return -1, fmt.Errorf("%w: %s: a symbolic link is now on its path (%w)", ErrFileChanged, path, err)
+		}
+		return -1, err
+	}
+	st, err := in.Fstat(fd)
+	if err == nil {
+		err = isDumped(path, st, id, strict)
+	}
+	if err != nil {
+		in.CloseFD(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// isDumped compares what fstat says of an opened file with the dumped
+// identity.
+func isDumped(path string, st unix.Stat_t, id image.FileID, strict bool) error {
+	if st.Dev != id.Dev || st.Ino != id.Ino {
+		return fmt.Errorf("%w: %s is now another file (device %d inode %d, dumped device %d inode %d)", ErrFileChanged, path, st.Dev, st.Ino, id.Dev, id.Ino)
+	}
+	if strict && (st.Size != id.Size || st.Mtim.Nano() != id.MtimeNs) {
+		return fmt.Errorf("%w: %s changed (size %d mtime %d, dumped size %d mtime %d)", ErrFileChanged, path, st.Size, st.Mtim.Nano(), id.Size, id.MtimeNs)
+	}
+	return nil
+}
+
+// removeStaleSocket removes the file at path, absolute, that a unix
+// socket about to be bound there again left behind, as a server starting
+// up would. Its directory is opened component by component, refusing a
+// symbolic link or a directory that a user other than root and uid may
+// change (StrictModes); the file is removed through that directory, and
+// only if it is a socket.
+func removeStaleSocket(path string, uid uint32) error {
+	dir, name := filepath.Split(path)
+	dfd, err := trustedDir(dir, uid)
+	if err != nil {
+		return fmt.Errorf("unix socket %s: %w", path, err)
+	}
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("unix socket %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return fmt.Errorf("%w: unix socket %s: a file that is not a socket is there now; not removing it", ErrUntrustedPath, path)
+	}
+	if err := unix.Unlinkat(dfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unix socket %s: remove the stale socket: %w", path, err)
+	}
+	return nil
+}
+
+// trustedDir opens the absolute directory dir (O_PATH) one component at
+// a time, each without following a symbolic link, and checks that every
+// directory from / down is owned by root or uid and writable by nobody
+// else (group or others may write a sticky directory, like /tmp: they
+// cannot rename or remove what they do not own).
+func trustedDir(dir string, uid uint32) (int, error) {
+	if !filepath.IsAbs(dir) {
+		return -1, fmt.Errorf("%w: %s is not absolute", ErrUntrustedPath, dir)
+	}
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	at := "/"
+	for _, c := range append([]string{""}, strings.Split(strings.Trim(filepath.Clean(dir), "/"), "/")...) {
+		if c != "" {
+			next, err := unix.Openat2(fd, c, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveNoLinks})
+			unix.Close(fd)
+			at = filepath.Join(at, c)
+			if err != nil {
+				if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+					return -1, fmt.Errorf("%w: %s is a symbolic link or not a directory", ErrUntrustedPath, at)
+				}
+				return -1, fmt.Errorf("open %s: %w", at, err)
+			}
+			fd = next
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		if st.Uid != 0 && st.Uid != uid {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%w: directory %s belongs to uid %d, neither root nor the process's uid %d", ErrUntrustedPath, at, st.Uid, uid)
+		}
+		if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%w: directory %s is writable by group or others (mode %04o) and not sticky", ErrUntrustedPath, at, st.Mode&0o7777)
+		}
+	}
+	return fd, nil
+}
