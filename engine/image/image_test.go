@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -444,8 +445,11 @@ func fixSum(t *testing.T, dir, name string, b []byte) {
 		t.Fatal(err)
 	}
 	m.Files[name] = FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
-	w := &Writer{dir: dir, m: *m}
-	if err := w.Commit(); err != nil {
+	mb, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ManifestName), append(mb, '\n'), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -6,12 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
@@ -34,17 +38,36 @@ type Options struct {
 // Writer creates a snapshot directory. Files appear as they are written;
 // the manifest is written last, by Commit, so that a snapshot whose dump
 // failed is never mistaken for a whole one.
+//
+// Every file is created through the directory's descriptor, exclusively
+// (O_EXCL) and without following a symbolic link, and the directory is
+// locked (flock) from Create to Commit or Abort: whoever can write the
+// directory's parent cannot redirect a file, and two dumps into one
+// directory cannot both succeed.
 type Writer struct {
 	dir   string
+	dfd   *os.File // the directory, locked
 	opts  Options
 	m     Manifest
 	files []string // written so far, for Abort
 	done  bool
 }
 
-// Create starts a snapshot in dir, creating it (mode 0700: memory images
-// hold secrets) if needed. It refuses a directory that already holds a
-// snapshot (ErrExists).
+var (
+	// ErrUnsafeDir: the snapshot directory exists but is not the caller's
+	// own (another owner, or writable by group or others), or is a
+	// symbolic link.
+	ErrUnsafeDir = errors.New("unsafe snapshot directory")
+	// ErrLocked: another dump is writing into the directory.
+	ErrLocked = errors.New("snapshot directory in use by another dump")
+)
+
+// Create starts a snapshot in dir. A missing dir is created (mode 0700:
+// memory images hold secrets, as do the process's paths and environment);
+// an existing one must be an empty directory, not a symbolic link, owned
+// by the caller and writable by nobody else (ErrUnsafeDir), and not in use
+// by another dump (ErrLocked). A directory that holds a snapshot, or the
+// files of a dump that was killed, is refused (ErrExists).
 func Create(dir string, opts Options) (*Writer, error) {
 	if opts.BlockSize == 0 {
 		opts.BlockSize = codec.DefaultBlockSize
@@ -55,11 +78,9 @@ func Create(dir string, opts Options) (*Writer, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = runtime.GOMAXPROCS(0)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create snapshot directory: %w", err)
-	}
-	if _, err := os.Lstat(filepath.Join(dir, ManifestName)); err == nil {
-		return nil, fmt.Errorf("%s: %w", dir, ErrExists)
+	dfd, err := openNewDir(dir)
+	if err != nil {
+		return nil, err
 	}
 	if opts.Kernel == (Kernel{}) {
 		opts.Kernel = runningKernel()
@@ -68,7 +89,7 @@ func Create(dir string, opts Options) (*Writer, error) {
 	if opts.Mode == codec.NoCompress {
 		compression = "none"
 	}
-	w := &Writer{dir: dir, opts: opts, m: Manifest{
+	w := &Writer{dir: dir, dfd: dfd, opts: opts, m: Manifest{
 		Format:      manifestFormat,
 		Version:     manifestVersion,
 		Tool:        opts.Tool,
@@ -82,18 +103,83 @@ func Create(dir string, opts Options) (*Writer, error) {
 	return w, nil
 }
 
+// openNewDir makes or opens the snapshot directory dir, checks it (see
+// Create) and locks it.
+func openNewDir(dir string) (*os.File, error) {
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := os.MkdirAll(parent, 0o700); err != nil {
+			return nil, fmt.Errorf("create snapshot directory: %w", err)
+		}
+	}
+	created := true
+	if err := unix.Mkdir(dir, 0o700); errors.Is(err, unix.EEXIST) {
+		created = false
+	} else if err != nil {
+		return nil, fmt.Errorf("create snapshot directory %s: %w", dir, err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			return nil, fmt.Errorf("%w: %s is a symbolic link or not a directory", ErrUnsafeDir, dir)
+		}
+		return nil, fmt.Errorf("open snapshot directory %s: %w", dir, err)
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s: %w", dir, ErrLocked)
+		}
+		return nil, fmt.Errorf("lock snapshot directory %s: %w", dir, err)
+	}
+	if err := checkNewDir(f, created); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// checkNewDir checks an open snapshot directory: the caller's, writable
+// by nobody else, empty.
+func checkNewDir(f *os.File, created bool) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != euid {
+		return fmt.Errorf("%w: %s belongs to uid %d, not to the caller (uid %d)", ErrUnsafeDir, f.Name(), st.Uid, euid)
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("%w: %s is writable by group or others (mode %04o): dump into a directory only you can write", ErrUnsafeDir, f.Name(), st.Mode&0o7777)
+	}
+	if created {
+		return nil
+	}
+	names, err := f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read snapshot directory %s: %w", f.Name(), err)
+	}
+	if names[0] == ManifestName {
+		return fmt.Errorf("%s: %w", f.Name(), ErrExists)
+	}
+	return fmt.Errorf("%w: %s is not empty (it holds %s, perhaps of a dump that was killed): remove it or dump elsewhere", ErrExists, f.Name(), names[0])
+}
+
 // Dir returns the snapshot directory.
 func (w *Writer) Dir() string { return w.dir }
 
-// createFile creates (truncating a leftover of a failed dump) one file of
-// the snapshot.
+// createFile creates one file of the snapshot, exclusively, in the
+// directory it holds open.
 func (w *Writer) createFile(name string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(w.dir, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	fd, err := unix.Openat(int(w.dfd.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "create", Path: filepath.Join(w.dir, name), Err: err}
 	}
 	w.files = append(w.files, name)
-	return f, nil
+	return os.NewFile(uintptr(fd), filepath.Join(w.dir, name)), nil
 }
 
 // writeFile writes a whole small file and records its sum.
@@ -139,8 +225,8 @@ func (w *Writer) WriteState(p *Process) error {
 	return w.writeFile(stateName(p.PID), append(b, '\n'))
 }
 
-// Commit writes the manifest, atomically, and syncs the directory. After
-// Commit the snapshot is complete.
+// Commit writes the manifest, atomically, syncs the directory and
+// unlocks it. After Commit the snapshot is complete.
 func (w *Writer) Commit() error {
 	for _, p := range w.m.Processes {
 		for _, name := range []string{p.State, p.Index, p.Pages} {
@@ -153,44 +239,42 @@ func (w *Writer) Commit() error {
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
 	}
-	tmp := filepath.Join(w.dir, "."+ManifestName+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+	tmp := fmt.Sprintf(".%s.%d-%x.tmp", ManifestName, os.Getpid(), rand.Uint64())
+	if err := w.writeFile(tmp, append(b, '\n')); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
-	if err := syncPath(tmp); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(w.dir, ManifestName)); err != nil {
-		os.Remove(tmp)
+	delete(w.m.Files, tmp)
+	dfd := int(w.dfd.Fd())
+	if err := unix.Renameat2(dfd, tmp, dfd, ManifestName, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			err = ErrExists
+		}
 		return fmt.Errorf("commit manifest: %w", err)
 	}
+	w.files = w.files[:len(w.files)-1] // tmp is the manifest now
 	w.done = true
-	return syncPath(w.dir)
+	err = w.dfd.Sync()
+	if cerr := w.dfd.Close(); err == nil { // and unlock
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", w.dir, err)
+	}
+	return nil
 }
 
-// Abort removes the files written so far; the directory itself is left.
-// It does nothing after a successful Commit.
+// Abort removes the files written so far and unlocks the directory; the
+// directory itself is left. It does nothing after a successful Commit.
 func (w *Writer) Abort() {
 	if w.done {
 		return
 	}
 	for _, name := range w.files {
-		os.Remove(filepath.Join(w.dir, name))
+		unix.Unlinkat(int(w.dfd.Fd()), name, 0)
 	}
 	w.files = nil
-}
-
-func syncPath(p string) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	w.done = true
+	w.dfd.Close()
 }
 
 // PagesWriter streams the memory of one process into pagemap-PID.img and

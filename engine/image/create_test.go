@@ -1,0 +1,128 @@
+package image
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// nobody is a uid that is neither root nor the test's.
+const nobody = 65534
+
+func TestCreateDirectoryChecks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a directory to another user")
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, dir string)
+		want  error
+	}{
+		{"world-writable", func(t *testing.T, dir string) { mustDo(t, os.Mkdir(dir, 0o777), os.Chmod(dir, 0o777)) }, ErrUnsafeDir},
+		{"group-writable", func(t *testing.T, dir string) { mustDo(t, os.Mkdir(dir, 0o770), os.Chmod(dir, 0o770)) }, ErrUnsafeDir},
+		{"another owner", func(t *testing.T, dir string) { mustDo(t, os.Mkdir(dir, 0o700), os.Chown(dir, nobody, nobody)) }, ErrUnsafeDir},
+		{"symbolic link", func(t *testing.T, dir string) {
+			target := filepath.Join(filepath.Dir(dir), "elsewhere")
+			mustDo(t, os.Mkdir(target, 0o700), os.Symlink(target, dir))
+		}, ErrUnsafeDir},
+		{"planted files", func(t *testing.T, dir string) {
+			// A user who could write the directory planted links to root
+			// files under the names the dump will write.
+			mustDo(t, os.Mkdir(dir, 0o700), os.Symlink("/etc/passwd", filepath.Join(dir, stateName(3))),
+				os.Symlink("/etc/shadow", filepath.Join(dir, "."+ManifestName+".tmp")))
+		}, ErrExists},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "snap")
+			tc.setup(t, dir)
+			w, err := Create(dir, Options{})
+			if !errors.Is(err, tc.want) {
+				if w != nil {
+					w.Abort()
+				}
+				t.Fatalf("Create: %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func mustDo(t *testing.T, errs ...error) {
+	t.Helper()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestCreateMakesPrivateDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "snap")
+	old := unix.Umask(0)
+	defer unix.Umask(old)
+	writeSnapshot(t, dir, 3, layoutRanges(5)[:1], Options{})
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("snapshot directory mode %v, want 0700", fi.Mode().Perm())
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, _ := e.Info(); fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s mode %v: readable by others", e.Name(), fi.Mode().Perm())
+		}
+	}
+}
+
+// TestCreateLocked: a second dump into a directory that one is writing
+// is refused, and the first one's snapshot is the one committed.
+func TestCreateLocked(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	w, err := Create(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	if w2, err := Create(dir, Options{}); !errors.Is(err, ErrLocked) {
+		if w2 != nil {
+			w2.Abort()
+		}
+		t.Fatalf("second Create: %v, want ErrLocked", err)
+	}
+	w.Abort()
+	// Unlocked by Abort, and empty again: a new dump may start.
+	w3, err := Create(dir, Options{})
+	if err != nil {
+		t.Fatalf("Create after Abort: %v", err)
+	}
+	w3.Abort()
+}
+
+// TestCommitNeverReplaces: a manifest that appears during a dump (placed
+// by hand: two dumps cannot run at once) is not replaced by Commit.
+func TestCommitNeverReplaces(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	w, err := Create(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	if err := w.WriteState(&Process{PID: 3}); err != nil {
+		t.Fatal(err)
+	}
+	delete(w.m.Files, stateName(3)) // commit checks nothing but the manifest here
+	w.m.Processes = nil
+	if err := os.WriteFile(filepath.Join(dir, ManifestName), []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); !errors.Is(err, ErrExists) {
+		t.Fatalf("Commit over a manifest: %v, want ErrExists", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, ManifestName)); string(b) != "{}\n" {
+		t.Errorf("the manifest was replaced: %q", b)
+	}
+}
