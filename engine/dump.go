@@ -222,6 +222,9 @@ func (d *dumper) withResumeErr(err error) error {
 	return errors.Join(err, fmt.Errorf("resume: %w", d.resumeErr))
 }
 
+// pfKthread is PF_KTHREAD, the flag of a kernel thread in /proc/PID/stat.
+const pfKthread = 0x00200000
+
 // precheck refuses a process that cannot be dumped, before touching it.
 func precheck(pid int) error {
 	if pid <= 0 {
@@ -242,6 +245,9 @@ func precheck(pid int) error {
 	}
 	if s.State == 'Z' {
 		return fmt.Errorf("pid %d is a zombie", pid)
+	}
+	if st, err := proc.ReadStat(pid); err == nil && st.Flags&pfKthread != 0 {
+		return fmt.Errorf("%w: pid %d (%s) is a kernel thread: it has no memory or state of its own to dump", ErrUnsupported, pid, st.Comm)
 	}
 	if s.TracerPid != 0 {
 		return tracedError(pid, s.TracerPid)
