@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -282,7 +281,7 @@ func (pw *PagesWriter) write(b []byte) error {
 	if _, err := pw.buf.Write(b); err != nil {
 		return err // names the file
 	}
-	pw.crc = crc32.Update(pw.crc, castagnoli, b)
+	pw.crc = codec.UpdateChecksum(pw.crc, b)
 	pw.off += uint64(len(b))
 	return nil
 }
