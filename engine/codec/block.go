@@ -27,6 +27,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"sync"
 
@@ -90,6 +91,14 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Checksum returns the CRC32C of b, the checksum stored for every block.
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// UpdateChecksum returns crc updated with b: the Checksum of data
+// written in pieces, starting from 0.
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
+// NewChecksum returns a hash computing Checksum, for data read as a
+// stream.
+func NewChecksum() hash.Hash32 { return crc32.New(castagnoli) }
 
 var zeros = make([]byte, 64<<10)
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"iter"
 	"log/slog"
@@ -609,7 +608,7 @@ func (s *Snapshot) VerifyPagesFile(pid int) error {
 		return err
 	}
 	defer f.Close()
-	h := crc32.New(castagnoli)
+	h := codec.NewChecksum()
 	n, err := io.Copy(h, f)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", e.Pages, err)

@@ -1,14 +1,10 @@
 package image
 
 import (
-	"hash/crc32"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // KindStats are the figures of the blocks of one kind.
 type KindStats struct {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -366,7 +365,7 @@ func (pw *PagesWriter) write(b []byte) error {
 	if _, err := pw.buf.Write(b); err != nil {
 		return err // names the file
 	}
-	pw.crc = crc32.Update(pw.crc, castagnoli, b)
+	pw.crc = codec.UpdateChecksum(pw.crc, b)
 	pw.off += uint64(len(b))
 	return nil
 }

@@ -161,6 +161,20 @@ func ReadFD(pid, fd int) (*FD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fd %d: %w", fd, err)
 	}
+	info, err := ReadFDInfo(pid, fd)
+	if err != nil {
+		return nil, err
+	}
+	f := &FD{Num: fd, Target: target, Info: info, Stat: st}
+	f.Kind, f.Path, f.Deleted, f.Ino = ClassifyTarget(target, st.Mode)
+	if f.Ino == 0 {
+		f.Ino = st.Ino
+	}
+	return f, nil
+}
+
+// ReadFDInfo reads /proc/PID/fdinfo/FD.
+func ReadFDInfo(pid, fd int) (*FDInfo, error) {
 	b, err := readFile(pidPath(pid, "fdinfo/"+strconv.Itoa(fd)), maxSmallFile)
 	if err != nil {
 		return nil, fmt.Errorf("fd %d: read fdinfo: %w", fd, err)
@@ -169,12 +183,7 @@ func ReadFD(pid, fd int) (*FD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fd %d: parse fdinfo: %w", fd, err)
 	}
-	f := &FD{Num: fd, Target: target, Info: info, Stat: st}
-	f.Kind, f.Path, f.Deleted, f.Ino = ClassifyTarget(target, st.Mode)
-	if f.Ino == 0 {
-		f.Ino = st.Ino
-	}
-	return f, nil
+	return info, nil
 }
 
 // ReadFDs reads every open descriptor of pid, in ascending order. A

@@ -26,9 +26,10 @@ type FDInfo struct {
 	Signalfd *SignalfdInfo
 	Inotify  []InotifyWatch
 	Pidfd    *PidfdInfo
+	Uffd     *UffdInfo
 	// Locks are the "lock:" lines of file locks held through this file.
 	Locks []string
-	// Extra holds every other line (fanotify, userfaultfd, tun, ...).
+	// Extra holds every other line (fanotify, tun, ...).
 	Extra []string
 }
 
@@ -86,6 +87,15 @@ type InotifyWatch struct {
 type PidfdInfo struct {
 	Pid   int   // -1 when the process has been reaped
 	NSpid []int // pid in each nested namespace
+}
+
+// UffdInfo is the state of a userfaultfd.
+type UffdInfo struct {
+	Pending uint64 // faults reported and not yet resolved
+	Total   uint64 // faults reported since it was opened
+	// API is UFFD_API, Features those UFFDIO_API enabled (0 before it was
+	// called), Ioctls the ioctls it accepts: the "API:" line, in hex.
+	API, Features, Ioctls uint64
 }
 
 // ParseFDInfo parses /proc/PID/fdinfo/N.
@@ -221,6 +231,19 @@ func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 			return true, malformed("fdinfo NSpid", line)
 		}
 		fi.Pidfd.NSpid, ok = ps, true
+	case "pending":
+		fi.uffd().Pending, ok = parseUint(val, 10)
+	case "total":
+		fi.uffd().Total, ok = parseUint(val, 10)
+	case "API":
+		u := fi.uffd()
+		api, rest, ok1 := bytes.Cut(val, []byte{':'})
+		features, ioctls, ok2 := bytes.Cut(rest, []byte{':'})
+		var ok3, ok4, ok5 bool
+		u.API, ok3 = parseUint(api, 16)
+		u.Features, ok4 = parseUint(features, 16)
+		u.Ioctls, ok5 = parseUint(ioctls, 16)
+		ok = ok1 && ok2 && ok3 && ok4 && ok5
 	default:
 		return false, nil
 	}
@@ -235,6 +258,13 @@ func (fi *FDInfo) eventfd() *EventfdInfo {
 		fi.Eventfd = &EventfdInfo{}
 	}
 	return fi.Eventfd
+}
+
+func (fi *FDInfo) uffd() *UffdInfo {
+	if fi.Uffd == nil {
+		fi.Uffd = &UffdInfo{}
+	}
+	return fi.Uffd
 }
 
 func (fi *FDInfo) timerfd() *TimerfdInfo {

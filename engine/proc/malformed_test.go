@@ -194,13 +194,20 @@ func TestParseFDInfoMalformed(t *testing.T) {
 		"timespec":       base + "it_value: (1 2)\n",
 		"no colon":       base + "garbage\n",
 		"pidfd":          base + "Pid:\t-5\n",
+		"uffd API":       base + "API:\taa:0\n",
+		"uffd API hex":   base + "API:\taa:zz:1ff\n",
+		"uffd pending":   base + "pending:\t-1\n",
 	}
 	for name, in := range cases {
 		if _, err := ParseFDInfo([]byte(in)); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	fi, err := ParseFDInfo([]byte(base + "lock:\t1: POSIX  ADVISORY  WRITE 1 fe:00:5 0 EOF\nfanotify flags:10 event-flags:0\n"))
+	fi, err := ParseFDInfo([]byte(base + "pending:\t2\ntotal:\t7\nAPI:\taa:1c0:80000000000001ff\n"))
+	if err != nil || fi.Uffd == nil || *fi.Uffd != (UffdInfo{Pending: 2, Total: 7, API: 0xaa, Features: 0x1c0, Ioctls: 0x80000000000001ff}) {
+		t.Errorf("userfaultfd fdinfo %+v, %v", fi, err)
+	}
+	fi, err = ParseFDInfo([]byte(base + "lock:\t1: POSIX  ADVISORY  WRITE 1 fe:00:5 0 EOF\nfanotify flags:10 event-flags:0\n"))
 	if err != nil || len(fi.Locks) != 1 || len(fi.Extra) != 1 || fi.Flags != unix.O_RDWR || fi.Ino != 5 {
 		t.Errorf("fdinfo %+v, %v", fi, err)
 	}

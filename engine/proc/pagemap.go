@@ -8,9 +8,6 @@ import (
 	"os"
 )
 
-// PageSize is the page size pagemap entries describe (x86-64).
-const PageSize = 4096
-
 // Entry is one 64-bit entry of /proc/PID/pagemap, describing one virtual
 // page (Documentation/admin-guide/mm/pagemap.rst).
 type Entry uint64

@@ -359,8 +359,8 @@ func TestFDInfoFixture(t *testing.T) {
 				t.Errorf("pidfd %+v", fi.Pidfd)
 			}
 		case FDUserfaultfd:
-			if len(fi.Extra) != 3 {
-				t.Errorf("userfaultfd extra lines %q", fi.Extra)
+			if fi.Uffd == nil || *fi.Uffd != (UffdInfo{API: 0xaa, Ioctls: 0x80000000000001ff}) || len(fi.Extra) != 0 {
+				t.Errorf("userfaultfd %+v, extra lines %q", fi.Uffd, fi.Extra)
 			}
 		case FDFile:
 			if target == "/tmp/fx/fixture.data" && fi.Pos != 1234 {

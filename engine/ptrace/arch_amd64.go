@@ -1,12 +1,26 @@
 package ptrace
 
-import "golang.org/x/sys/unix"
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// What is x86-64 about the tracer: the general registers and how a system
+// call is set up in them, the stub's instructions, the layout of struct
+// kernel_sigaction, and the floating-point register sets.
 
 // Regs are the general registers of an x86-64 thread.
 type Regs = unix.PtraceRegs
 
 // stubCode is "syscall; int3", padded with int3.
 var stubCode = [8]byte{0x0f, 0x05, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc}
+
+// SyscallStub returns the stub an Injector runs system calls through:
+// "syscall; int3", padded with int3. A caller that maps its own stub for
+// Thread.InjectorAt writes these bytes there.
+func SyscallStub() []byte { return append([]byte(nil), stubCode[:]...) }
 
 const (
 	syscallLen = 2 // length of the syscall instruction
@@ -28,11 +42,64 @@ func syscallResult(r *Regs) int64 { return int64(r.Rax) }
 
 func pc(r *Regs) uint64 { return r.Rip }
 
-// is64 reports whether the thread runs 64-bit code (syscall injection
-// uses the 64-bit ABI).
-func is64(r *Regs) bool { return r.Cs == userCS }
+// checkABI refuses a thread that does not run 64-bit code (syscall
+// injection uses the 64-bit ABI).
+func checkABI(r *Regs) error {
+	if r.Cs != userCS {
+		return fmt.Errorf("runs 32-bit code (cs=%#x): not supported", r.Cs)
+	}
+	return nil
+}
 
 // patchWord puts the stub into the low bytes of a text word.
 func patchWord(w uint64) uint64 {
 	return w&^0xffffff | uint64(stubCode[0]) | uint64(stubCode[1])<<8 | uint64(stubCode[2])<<16
 }
+
+func ptGetRegs(tid int, r *Regs) error {
+	_, err := ptracePtr(unix.PTRACE_GETREGS, tid, 0, unsafe.Pointer(r))
+	return err
+}
+
+func ptSetRegs(tid int, r *Regs) error {
+	_, err := ptracePtr(unix.PTRACE_SETREGS, tid, 0, unsafe.Pointer(r))
+	return err
+}
+
+// SigAction is struct kernel_sigaction as rt_sigaction(2) sees it on
+// x86-64.
+type SigAction struct {
+	Handler  uint64 // SIG_DFL 0, SIG_IGN 1, or the handler address
+	Flags    uint64 // SA_*
+	Restorer uint64
+	Mask     uint64
+}
+
+// Register sets for RegSet/SetRegSet.
+const (
+	NTPRFPReg   = unix.NT_PRFPREG    // 512-byte FXSAVE area
+	NTX86XState = unix.NT_X86_XSTATE // XSAVE area, its size set by the CPU's features
+)
+
+// FPState is the floating-point and vector state of a thread.
+type FPState struct {
+	Note int    // NTX86XState, or NTPRFPReg where XSAVE is unavailable
+	Data []byte // the regset as the kernel gives it
+}
+
+// FPState reads the XSAVE area (NT_X86_XSTATE), falling back to the
+// FXSAVE area (NT_PRFPREG) on CPUs or kernels without XSAVE.
+func (th *Thread) FPState() (FPState, error) {
+	b, err := th.RegSet(NTX86XState)
+	if err == nil {
+		return FPState{Note: NTX86XState, Data: b}, nil
+	}
+	b, err2 := th.RegSet(NTPRFPReg)
+	if err2 != nil {
+		return FPState{}, fmt.Errorf("xstate: %w; fpregs: %w", err, err2)
+	}
+	return FPState{Note: NTPRFPReg, Data: b}, nil
+}
+
+// SetFPState writes back what FPState returned.
+func (th *Thread) SetFPState(s FPState) error { return th.SetRegSet(s.Note, s.Data) }

@@ -63,5 +63,7 @@
 // negative errno as the result; [Injector.Call] turns it into a
 // [*SyscallError] that matches the errno with errors.Is.
 //
-// The package is Linux and x86-64 only.
+// The package is Linux and x86-64 only; what is x86-64 about it (registers,
+// the stub, struct kernel_sigaction, the FPU register sets) is in
+// arch_amd64.go.
 package ptrace

@@ -12,15 +12,6 @@ import (
 // Helpers for the state only an injected system call can read. Each uses
 // the start of the Injector's scratch memory.
 
-// SigAction is struct kernel_sigaction as rt_sigaction(2) sees it on
-// x86-64.
-type SigAction struct {
-	Handler  uint64 // SIG_DFL 0, SIG_IGN 1, or the handler address
-	Flags    uint64 // SA_*
-	Restorer uint64
-	Mask     uint64
-}
-
 // NumSignals is the number of signals (1..64).
 const NumSignals = 64
 

@@ -82,8 +82,8 @@ func (th *Thread) begin(stub, scratch uint64, scratchLen int) (*Injector, error)
 	if err := ptGetRegs(th.tid, &in.saved); err != nil {
 		return nil, th.check("PTRACE_GETREGS", err)
 	}
-	if !is64(&in.saved) {
-		return nil, fmt.Errorf("thread %d runs 32-bit code (cs=%#x): not supported", th.tid, in.saved.Cs)
+	if err := checkABI(&in.saved); err != nil {
+		return nil, fmt.Errorf("thread %d %w", th.tid, err)
 	}
 	th.inj = in
 	return in, nil

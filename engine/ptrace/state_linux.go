@@ -7,12 +7,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Register sets for RegSet/SetRegSet.
-const (
-	NTPRFPReg   = unix.NT_PRFPREG    // 512-byte FXSAVE area
-	NTX86XState = unix.NT_X86_XSTATE // XSAVE area, size per CPU (11008 bytes here)
-)
-
 // maxRegSet bounds a register set read (XSAVE with AMX is about 11 KiB).
 const maxRegSet = 64 << 10
 
@@ -68,29 +62,6 @@ func (th *Thread) SetRegSet(note int, b []byte) error {
 		return th.check(fmt.Sprintf("PTRACE_SETREGSET %#x", note), ptSetRegSet(th.tid, note, b))
 	})
 }
-
-// FPState is the floating-point and vector state of a thread.
-type FPState struct {
-	Note int    // NTX86XState, or NTPRFPReg where XSAVE is unavailable
-	Data []byte // the regset as the kernel gives it
-}
-
-// FPState reads the XSAVE area (NT_X86_XSTATE), falling back to the
-// FXSAVE area (NT_PRFPREG) on CPUs or kernels without XSAVE.
-func (th *Thread) FPState() (FPState, error) {
-	b, err := th.RegSet(NTX86XState)
-	if err == nil {
-		return FPState{Note: NTX86XState, Data: b}, nil
-	}
-	b, err2 := th.RegSet(NTPRFPReg)
-	if err2 != nil {
-		return FPState{}, fmt.Errorf("xstate: %w; fpregs: %w", err, err2)
-	}
-	return FPState{Note: NTPRFPReg, Data: b}, nil
-}
-
-// SetFPState writes back what FPState returned.
-func (th *Thread) SetFPState(s FPState) error { return th.SetRegSet(s.Note, s.Data) }
 
 // SigMask returns the blocked-signal mask (bit n-1 = signal n). For a
 // thread inside ppoll, pselect, epoll_pwait or rt_sigsuspend the kernel

@@ -73,16 +73,6 @@ func ptPoke(tid int, addr, w uint64) error {
 	return err
 }
 
-func ptGetRegs(tid int, r *unix.PtraceRegs) error {
-	_, err := ptracePtr(unix.PTRACE_GETREGS, tid, 0, unsafe.Pointer(r))
-	return err
-}
-
-func ptSetRegs(tid int, r *unix.PtraceRegs) error {
-	_, err := ptracePtr(unix.PTRACE_SETREGS, tid, 0, unsafe.Pointer(r))
-	return err
-}
-
 // ptGetRegSet reads regset note into buf and returns the length the kernel
 // filled in.
 func ptGetRegSet(tid int, note int, buf []byte) (int, error) {

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // waker is an eventfd that wakes a serving thread blocked in ppoll: the
@@ -58,31 +58,19 @@ func (w *waker) close() {
 // leaks into the runtime's thread pool.
 func lockThread() { runtime.LockOSThread() }
 
-// checkFeatures reads the userfaultfd's enabled features from
-// /proc/self/fdinfo ("API:\taa:<features>:<ioctls>") and refuses one
-// without RequiredFeatures or on which UFFDIO_API was not done.
+// checkFeatures reads the userfaultfd's enabled features from its fdinfo
+// ("API:\taa:<features>:<ioctls>") and refuses one without
+// RequiredFeatures or on which UFFDIO_API was not done.
 func checkFeatures(fd int) error {
-	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	fi, err := proc.ReadFDInfo(os.Getpid(), fd)
 	if err != nil {
 		return fmt.Errorf("check userfaultfd features: %w", err)
 	}
-	for line := range strings.Lines(string(b)) {
-		v, ok := strings.CutPrefix(line, "API:")
-		if !ok {
-			continue
-		}
-		f := strings.Split(strings.TrimSpace(v), ":")
-		if len(f) != 3 {
-			break
-		}
-		feat, err := strconv.ParseUint(f[1], 16, 64)
-		if err != nil {
-			break
-		}
-		if feat&RequiredFeatures != RequiredFeatures {
-			return fmt.Errorf("check userfaultfd %d: features %#x, need %#x: %w", fd, feat, uint64(RequiredFeatures), ErrFeatures)
-		}
-		return nil
+	if fi.Uffd == nil {
+		return fmt.Errorf("check userfaultfd %d: no userfaultfd API line in fdinfo: %w", fd, ErrFeatures)
 	}
-	return fmt.Errorf("check userfaultfd %d: no userfaultfd API line in fdinfo: %w", fd, ErrFeatures)
+	if feat := fi.Uffd.Features; feat&RequiredFeatures != RequiredFeatures {
+		return fmt.Errorf("check userfaultfd %d: features %#x, need %#x: %w", fd, feat, uint64(RequiredFeatures), ErrFeatures)
+	}
+	return nil
 }
