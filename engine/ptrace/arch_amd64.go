@@ -17,10 +17,6 @@ type Regs = unix.PtraceRegs
 // stubCode is "syscall; int3", padded with int3.
 var stubCode = [8]byte{0x0f, 0x05, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc}
 
-// SyscallStub returns the stub an Injector runs system calls through:
-// "syscall; int3", padded with int3. A caller that maps its own stub for
-// Thread.InjectorAt writes these bytes there.
-func SyscallStub() []byte { return append([]byte(nil), stubCode[:]...) }
 
 const (
 	syscallLen = 2 // length of the syscall instruction
