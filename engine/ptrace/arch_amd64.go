@@ -17,7 +17,6 @@ type Regs = unix.PtraceRegs
 // stubCode is "syscall; int3", padded with int3.
 var stubCode = [8]byte{0x0f, 0x05, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc}
 
-
 const (
 	syscallLen = 2 // length of the syscall instruction
 	stubTrapAt = 3 // rip after the int3 that ends an injected call
