@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // Kernel restart codes seen in rax of a thread stopped inside a system
@@ -47,8 +49,8 @@ func mapsContain(t *testing.T, pid int, addr uint64) bool {
 
 func TestInjectBasics(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "loop")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	c := start(t, "spin")
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,14 +66,14 @@ func TestInjectBasics(t *testing.T) {
 		t.Fatal(err)
 	}
 	scratch, n := in.Scratch()
-	if n != 2*pageSize || !mapsContain(t, c.pid, in.Stub()) || !mapsContain(t, c.pid, scratch) {
+	if n != 2*pageSize || !mapsContain(t, c.PID, in.Stub()) || !mapsContain(t, c.PID, scratch) {
 		t.Fatalf("stub %#x scratch %#x+%d not mapped", in.Stub(), scratch, n)
 	}
-	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.pid {
-		t.Fatalf("getpid %d want %d", got, c.pid)
+	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.PID {
+		t.Fatalf("getpid %d want %d", got, c.PID)
 	}
-	if got := mustCall(t, in, unix.SYS_GETTID); int(got) != c.pid {
-		t.Fatalf("gettid %d want %d", got, c.pid)
+	if got := mustCall(t, in, unix.SYS_GETTID); int(got) != c.PID {
+		t.Fatalf("gettid %d want %d", got, c.PID)
 	}
 	// The text we patched to get going is as it was.
 	if !bytes.Equal(vdsoBefore, vdsoBytes(t, p)) {
@@ -103,7 +105,7 @@ func TestInjectBasics(t *testing.T) {
 		t.Fatalf("raw result %d (%v)", r, err)
 	}
 	mustCall(t, in, unix.SYS_MUNMAP, fixed, 3*pageSize)
-	if mapsContain(t, c.pid, fixed) {
+	if mapsContain(t, c.PID, fixed) {
 		t.Fatal("munmap left the mapping")
 	}
 	if err := p.ReadMem(fixed, got); err == nil {
@@ -114,7 +116,7 @@ func TestInjectBasics(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if mapsContain(t, c.pid, stub) {
+	if mapsContain(t, c.PID, stub) {
 		t.Fatal("injection area still mapped after Close")
 	}
 	after, err := th.Regs()
@@ -127,8 +129,8 @@ func TestInjectBasics(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 }
 
 func vdsoBytes(t *testing.T, p *Process) []byte {
@@ -154,10 +156,10 @@ func vdsoBytes(t *testing.T, p *Process) []byte {
 // injected calls must not disturb it and the call must carry on.
 func TestRestartNanosleep(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "sleeper")
-	c.expect(t, "tick", 2*time.Second)
+	c := start(t, "sleeper")
+	c.Expect(t, "tick", 2*time.Second)
 	time.Sleep(50 * time.Millisecond) // well inside the next 300 ms sleep
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,20 +181,20 @@ func TestRestartNanosleep(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
+	c.Skip()
 	for range 3 {
-		l := c.expect(t, "tick", 2*time.Second)
-		if !strings.HasSuffix(l, "r=0") {
-			t.Fatalf("nanosleep after resume: %q, want r=0 (no EINTR)", l)
+		l := c.Expect(t, "tick", 2*time.Second)
+		if !strings.HasSuffix(l.Text, "r=0") {
+			t.Fatalf("nanosleep after resume: %q, want r=0 (no EINTR)", l.Text)
 		}
 	}
 }
 
 func TestRestartRead(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "piper")
-	waitSyscall(t, c.pid, unix.SYS_READ)
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	c := fixture.StartWith(t, "piper", fixture.Options{Stdin: true, Traced: true})
+	waitSyscall(t, c.PID, unix.SYS_READ)
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,12 +210,12 @@ func TestRestartRead(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.stdin.Write([]byte("hello")); err != nil {
+	if _, err := c.Stdin.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	l := c.expect(t, "", 2*time.Second)
-	if l != "got hello" {
-		t.Fatalf("after resume the fixture printed %q, want %q", l, "got hello")
+	l := c.Expect(t, "", 2*time.Second)
+	if l.Text != "got hello" {
+		t.Fatalf("after resume the fixture printed %q, want %q", l.Text, "got hello")
 	}
 }
 
@@ -254,9 +256,9 @@ func injectSome(t *testing.T, th *Thread) {
 // An injected call that blocks is cut short; the thread is left as it was.
 func TestInjectTimeout(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "piper")
-	waitSyscall(t, c.pid, unix.SYS_READ)
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	c := fixture.StartWith(t, "piper", fixture.Options{Stdin: true, Traced: true})
+	waitSyscall(t, c.PID, unix.SYS_READ)
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +280,7 @@ func TestInjectTimeout(t *testing.T) {
 	}
 	// Still usable.
 	in.SetTimeout(0)
-	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.pid {
+	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.PID {
 		t.Fatalf("getpid after timeout = %d", got)
 	}
 	if err := in.Close(); err != nil {
@@ -290,11 +292,11 @@ func TestInjectTimeout(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.stdin.Write([]byte("again")); err != nil {
+	if _, err := c.Stdin.Write([]byte("again")); err != nil {
 		t.Fatal(err)
 	}
-	if l := c.expect(t, "", 2*time.Second); l != "got again" {
-		t.Fatalf("got %q", l)
+	if l := c.Expect(t, "", 2*time.Second); l.Text != "got again" {
+		t.Fatalf("got %q", l.Text)
 	}
 }
 
@@ -302,13 +304,13 @@ func TestInjectTimeout(t *testing.T) {
 // resume, to the handler, siginfo intact.
 func TestSignalHeldDuringInjection(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "sigs")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	c := start(t, "handlers")
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	th := p.Leader()
-	if err := unix.Tgkill(c.pid, c.pid, unix.SIGUSR1); err != nil {
+	if err := unix.Tgkill(c.PID, c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	pend, err := th.PendingSignals(false)
@@ -332,17 +334,17 @@ func TestSignalHeldDuringInjection(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
+	c.Skip()
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "usr1=1", 2*time.Second)
+	c.Expect(t, "usr1=1", 2*time.Second)
 }
 
 func TestConcurrentUse(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "threads")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	c := start(t, "tickthreads")
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,15 +400,15 @@ func TestConcurrentUse(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 }
 
 // Detach with an injector still open restores the thread first.
 func TestDetachClosesInjector(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "sleeper")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	c := start(t, "sleeper")
+	p, err := tr.Seize(c.PID, SeizeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,9 +421,9 @@ func TestDetachClosesInjector(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if mapsContain(t, c.pid, stub) {
+	if mapsContain(t, c.PID, stub) {
 		t.Fatal("injection area left mapped")
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 }
