@@ -33,10 +33,9 @@ func newMemSrc(base, size uint64) *memSrc {
 
 // benchFixture starts a fixture with a region of size bytes and takes its
 // userfaultfd.
-func benchFixture(b *testing.B, size uint64) (*fixture, int, uint64) {
+func benchFixture(b *testing.B, size uint64) (*target, int, uint64) {
 	b.Helper()
-	bin := requireFixture(b)
-	f := startFixture(b, bin)
+	f := startTarget(b)
 	fd := f.takeUffd()
 	base := f.do("map %x", size)[0]
 	return f, fd, base
