@@ -31,10 +31,10 @@ import (
 // the mean), ratio (pages file size / memory). LAZYFS_BENCH_DUMP_SIZE
 // changes the size (e.g. 64M for a quick run).
 //
-// Timings on a VM guest with free page reporting are bimodal: the image's
-// page cache pages cost ~4x more when the host has taken the memory back
-// (see /work/shared/PERF-NOTES.md); run it several times and compare
-// medians.
+// On a VM guest with free page reporting, the host takes back memory the
+// guest has left unused, and the first touch of such a page (here, the
+// image's page cache) is slow, so timings swing between runs (see
+// test/bench/BENCHMARKS.md); run it several times and compare medians.
 //
 //	go test -run '^$' -bench BenchmarkDump -benchtime 3x -count 3 ./test/
 func BenchmarkDump(b *testing.B) {
