@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
@@ -85,4 +86,25 @@ func freePid(t testing.TB, after int) int {
 	}
 	t.Fatal("no free pid")
 	return 0
+}
+
+// seize seizes pid, failing the test on error.
+func seize(t testing.TB, tr *Tracer, pid int, o SeizeOptions) *Process {
+	t.Helper()
+	p, err := tr.Seize(pid, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// detachRuns detaches p and checks that the fixture c runs on: it ticks
+// again.
+func detachRuns(t testing.TB, p *Process, c *fixture.Proc) {
+	t.Helper()
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 }

@@ -40,14 +40,11 @@ func TestSeizeThreadIDRefused(t *testing.T) {
 func TestAlreadyTraced(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "spin")
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	defer p.Detach()
 
 	tr2 := newTracer(t)
-	_, err = tr2.Seize(c.PID, SeizeOptions{})
+	_, err := tr2.Seize(c.PID, SeizeOptions{})
 	var ate *AlreadyTracedError
 	if !errors.Is(err, ErrAlreadyTraced) || !errors.As(err, &ate) {
 		t.Fatalf("second tracer: %v, want ErrAlreadyTraced", err)
@@ -64,10 +61,7 @@ func TestAlreadyTraced(t *testing.T) {
 func TestFreezeSingleThreadRegsXState(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "spin")
-	p, err := tr.Seize(c.PID, SeizeOptions{Options: unix.PTRACE_O_EXITKILL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{Options: unix.PTRACE_O_EXITKILL})
 	requireFrozen(t, p)
 	st := p.Stats()
 	if st.Threads != 1 || st.Duration <= 0 {
@@ -126,20 +120,13 @@ func TestFreezeSingleThreadRegsXState(t *testing.T) {
 	if _, err := th.SigMask(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.Skip()
-	c.Expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 }
 
 func TestFreezeThreads(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "tickthreads")
-	p, err := tr.Seize(c.PID, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE})
 	requireFrozen(t, p)
 	ths := p.Threads()
 	if len(ths) != 5 || ths[0].Tid() != c.PID {
@@ -197,10 +184,7 @@ func TestGroupStopKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, c.PID, 'T')
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	if st := p.Stats(); st.GroupStopped != 1 {
 		t.Errorf("stats %+v, want 1 group-stopped", st)
 	}
@@ -234,10 +218,7 @@ func waitState(t *testing.T, pid int, want byte) {
 func TestKilledUnderneath(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "spin")
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	th := p.Leader()
 	in, err := th.NewInjector(4096)
 	if err != nil {
@@ -258,10 +239,7 @@ func TestKilledUnderneath(t *testing.T) {
 	}
 	// The tracer still works.
 	c2 := start(t, "spin")
-	p2, err := tr.Seize(c2.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p2 := seize(t, tr, c2.PID, SeizeOptions{})
 	if err := p2.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -278,10 +256,7 @@ func TestKilledUnderneath(t *testing.T) {
 func TestResumeFollowsSignals(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "handlers")
-	p, err := tr.Seize(c.PID, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL})
 	if err := p.Resume(); err != nil {
 		t.Fatal(err)
 	}

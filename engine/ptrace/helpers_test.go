@@ -25,10 +25,7 @@ func TestSigActionsAltStackPrctl(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "handlers")
 	ready := c.Ready
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	in, err := p.Leader().NewInjector(pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -125,10 +122,7 @@ func TestPerThreadState(t *testing.T) {
 	c := start(t, "tickthreads")
 	// The fixture reported each thread before "ready"; collect them.
 	want := map[int]fixture.Line{}
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	lines, err := c.Lines()
 	if err != nil {
 		t.Fatal(err)
@@ -187,11 +181,7 @@ func TestPerThreadState(t *testing.T) {
 	if err := lead.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.Skip()
-	c.Expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 }
 
 const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
@@ -337,10 +327,7 @@ func TestStartStoppedClone3(t *testing.T) {
 func TestClone3ThreadInSeized(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "sleeper")
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	in, err := p.Leader().NewInjector(2 * pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -369,11 +356,7 @@ func TestClone3ThreadInSeized(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.Skip()
-	c.Expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 	if n := len(taskStates(t, c.PID)); n != 1 {
 		t.Fatalf("%d tasks after the injected thread exited", n)
 	}

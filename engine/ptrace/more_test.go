@@ -46,10 +46,7 @@ func TestSigMaskOfPpoll(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "ppoll")
 	waitSyscall(t, c.PID, unix.SYS_PPOLL)
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	th := p.Leader()
 	r, _ := th.Regs()
 	if r.Orig_rax != unix.SYS_PPOLL || int64(r.Rax) != errRestartNoHand {
@@ -91,17 +88,14 @@ func TestFreezeLetsSignalThrough(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "handlers")
 	ready := c.Ready
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	if err := unix.Tgkill(c.PID, c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	// Resume and freeze again in one request, so that the tracer cannot
 	// pass the signal on in between: the thread sits in its
 	// signal-delivery-stop when the freeze starts.
-	err = tr.Do(func() error {
+	err := tr.Do(func() error {
 		for _, th := range p.threadList() {
 			if err := th.release(false); err != nil {
 				return err
@@ -154,10 +148,7 @@ func TestCloseDetaches(t *testing.T) {
 func TestRemoteMemory(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "sleeper")
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		t.Fatal(err)
@@ -251,10 +242,7 @@ func BenchmarkFreezeThreads(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		q, err := tr.Seize(pid, SeizeOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
+		q := seize(b, tr, pid, SeizeOptions{})
 		if err := q.Detach(); err != nil {
 			b.Fatal(err)
 		}
@@ -266,10 +254,7 @@ func benchSeize(b *testing.B, name string) (*Tracer, *Process) {
 	b.Helper()
 	tr := newTracer(b)
 	c := start(b, name)
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	p := seize(b, tr, c.PID, SeizeOptions{})
 	return tr, p
 }
 
@@ -356,10 +341,7 @@ func TestFreezeTimeoutLeavesProcess(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// And the tracer can have it now.
-	p, err := tr.Seize(c.PID, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	requireFrozen(t, p)
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
