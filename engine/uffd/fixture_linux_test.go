@@ -35,6 +35,27 @@ func startTarget(t testing.TB) *target {
 	return &target{t: t, p: p, ufd: int(p.Ready.MustInt(t, "uffd"))}
 }
 
+// startMapped starts uffdops, takes its userfaultfd (takeUffd) and maps
+// size bytes in it, at base.
+func startMapped(t testing.TB, size uint64) (f *target, fd int, base uint64) {
+	t.Helper()
+	f = startTarget(t)
+	fd = f.takeUffd()
+	base = f.do("map %x", size)[0]
+	return f, fd, base
+}
+
+// startRegistered is startMapped with the mapping registered for missing
+// faults.
+func startRegistered(t testing.TB, size uint64) (f *target, fd int, base uint64) {
+	t.Helper()
+	f, fd, base = startMapped(t, size)
+	if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	return f, fd, base
+}
+
 // send writes a command without waiting for its answer.
 func (f *target) send(format string, args ...any) {
 	f.t.Helper()

@@ -26,12 +26,7 @@ func testLogger(t *testing.T) *slog.Logger {
 // into test extents.
 func setup(t *testing.T, size uint64) (*target, int, uint64, []Extent, *patternSrc) {
 	t.Helper()
-	f := startTarget(t)
-	fd := f.takeUffd()
-	base := f.do("map %x", size)[0]
-	if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
-		t.Fatal(err)
-	}
+	f, fd, base := startRegistered(t, size)
 	ext := testExtents(base, size, block)
 	return f, fd, base, ext, newPatternSrc(ext)
 }
@@ -378,12 +373,7 @@ func TestPagerFaultAhead(t *testing.T) {
 	const size = 8 * mib
 	for _, ahead := range []uint64{0, PageSize} {
 		t.Run(fmt.Sprintf("ahead=%d", ahead), func(t *testing.T) {
-			f := startTarget(t)
-			fd := f.takeUffd()
-			base := f.do("map %x", uint64(size))[0]
-			if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
-				t.Fatal(err)
-			}
+			f, fd, base := startRegistered(t, uint64(size))
 			ext := cut(base, PageSize, size/PageSize)
 			src := newPatternSrc(ext)
 			m := newMem(base, size, ext, src)
@@ -411,12 +401,7 @@ func TestPagerFaultAhead(t *testing.T) {
 // bring in its own extent only, not FaultAhead of memory nobody asked for.
 func TestPagerStrideNoFaultAhead(t *testing.T) {
 	const size = 32 * mib
-	f := startTarget(t)
-	fd := f.takeUffd()
-	base := f.do("map %x", uint64(size))[0]
-	if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
-		t.Fatal(err)
-	}
+	f, fd, base := startRegistered(t, uint64(size))
 	ext := cut(base, block, size/block)
 	src := newPatternSrc(ext)
 	m := newMem(base, size, ext, src)
