@@ -62,6 +62,17 @@ func requireFrozen(t testing.TB, p *Process) {
 	}
 }
 
+// requireNotTraced checks that no task of pid is in tracing stop (when,
+// say "after detach", goes in the message).
+func requireNotTraced(t testing.TB, pid int, when string) {
+	t.Helper()
+	for tid, st := range taskStates(t, pid) {
+		if st == 't' {
+			t.Errorf("task %d still in tracing stop %s", tid, when)
+		}
+	}
+}
+
 // freePid returns a pid that is not in use, well above the last one given.
 func freePid(t testing.TB, after int) int {
 	t.Helper()
@@ -86,6 +97,15 @@ func freePid(t testing.TB, after int) int {
 	}
 	t.Fatal("no free pid")
 	return 0
+}
+
+// startSeized starts fixture name (start) and seizes it with o, on a new
+// Tracer.
+func startSeized(t testing.TB, name string, o SeizeOptions) (*Tracer, *fixture.Proc, *Process) {
+	t.Helper()
+	tr := newTracer(t)
+	c := start(t, name)
+	return tr, c, seize(t, tr, c.PID, o)
 }
 
 // seize seizes pid, failing the test on error.

@@ -38,9 +38,7 @@ func TestSeizeThreadIDRefused(t *testing.T) {
 }
 
 func TestAlreadyTraced(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "spin")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	tr, c, p := startSeized(t, "spin", SeizeOptions{})
 	defer p.Detach()
 
 	tr2 := newTracer(t)
@@ -59,9 +57,7 @@ func TestAlreadyTraced(t *testing.T) {
 }
 
 func TestFreezeSingleThreadRegsXState(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "spin")
-	p := seize(t, tr, c.PID, SeizeOptions{Options: unix.PTRACE_O_EXITKILL})
+	_, c, p := startSeized(t, "spin", SeizeOptions{Options: unix.PTRACE_O_EXITKILL})
 	requireFrozen(t, p)
 	st := p.Stats()
 	if st.Threads != 1 || st.Duration <= 0 {
@@ -124,9 +120,7 @@ func TestFreezeSingleThreadRegsXState(t *testing.T) {
 }
 
 func TestFreezeThreads(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "tickthreads")
-	p := seize(t, tr, c.PID, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE})
+	_, c, p := startSeized(t, "tickthreads", SeizeOptions{Options: unix.PTRACE_O_TRACECLONE})
 	requireFrozen(t, p)
 	ths := p.Threads()
 	if len(ths) != 5 || ths[0].Tid() != c.PID {
@@ -145,11 +139,7 @@ func TestFreezeThreads(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Expect(t, "tick", 2*time.Second)
-	for tid, st := range taskStates(t, c.PID) {
-		if st == 't' {
-			t.Errorf("task %d still in tracing stop after detach", tid)
-		}
-	}
+	requireNotTraced(t, c.PID, "after detach")
 }
 
 func TestFreezeChurn(t *testing.T) {
@@ -216,9 +206,7 @@ func waitState(t *testing.T, pid int, want byte) {
 }
 
 func TestKilledUnderneath(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "spin")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	tr, c, p := startSeized(t, "spin", SeizeOptions{})
 	th := p.Leader()
 	in, err := th.NewInjector(4096)
 	if err != nil {
@@ -254,9 +242,7 @@ func TestKilledUnderneath(t *testing.T) {
 }
 
 func TestResumeFollowsSignals(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "handlers")
-	p := seize(t, tr, c.PID, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL})
+	_, c, p := startSeized(t, "handlers", SeizeOptions{Options: unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL})
 	if err := p.Resume(); err != nil {
 		t.Fatal(err)
 	}

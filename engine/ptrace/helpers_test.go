@@ -325,9 +325,7 @@ func TestStartStoppedClone3(t *testing.T) {
 // Thread creation by injection in a seized, running program, which goes on
 // working afterwards.
 func TestClone3ThreadInSeized(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "sleeper")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	_, c, p := startSeized(t, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(2 * pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +360,19 @@ func TestClone3ThreadInSeized(t *testing.T) {
 	}
 }
 
+// mappingOf returns the mapping of pid that holds addr, failing the test if
+// none does.
 func mappingOf(t *testing.T, pid int, addr uint64) mapping {
+	t.Helper()
+	m, ok := findMapping(t, pid, addr)
+	if !ok {
+		t.Fatalf("%#x not mapped in %d", addr, pid)
+	}
+	return m
+}
+
+// findMapping returns the mapping of pid that holds addr, if any.
+func findMapping(t *testing.T, pid int, addr uint64) (mapping, bool) {
 	t.Helper()
 	maps, err := readMaps(pid)
 	if err != nil {
@@ -370,9 +380,8 @@ func mappingOf(t *testing.T, pid int, addr uint64) mapping {
 	}
 	for _, m := range maps {
 		if addr >= m.start && addr < m.end {
-			return m
+			return m, true
 		}
 	}
-	t.Fatalf("%#x not mapped in %d", addr, pid)
-	return mapping{}
+	return mapping{}, false
 }

@@ -34,24 +34,15 @@ func mustCall(t *testing.T, in *Injector, nr int, args ...uint64) uint64 {
 	return r
 }
 
+// mapsContain reports whether addr is mapped in pid.
 func mapsContain(t *testing.T, pid int, addr uint64) bool {
 	t.Helper()
-	maps, err := readMaps(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range maps {
-		if addr >= m.start && addr < m.end {
-			return true
-		}
-	}
-	return false
+	_, ok := findMapping(t, pid, addr)
+	return ok
 }
 
 func TestInjectBasics(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "spin")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	_, c, p := startSeized(t, "spin", SeizeOptions{})
 	th := p.Leader()
 	before, err := th.Regs()
 	if err != nil {
@@ -296,9 +287,7 @@ func TestInjectTimeout(t *testing.T) {
 // A signal that arrives while injected calls run is held and delivered on
 // resume, to the handler, siginfo intact.
 func TestSignalHeldDuringInjection(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "handlers")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	_, c, p := startSeized(t, "handlers", SeizeOptions{})
 	th := p.Leader()
 	if err := unix.Tgkill(c.PID, c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
@@ -332,9 +321,7 @@ func TestSignalHeldDuringInjection(t *testing.T) {
 }
 
 func TestConcurrentUse(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "tickthreads")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	_, c, p := startSeized(t, "tickthreads", SeizeOptions{})
 	ths := p.Threads()
 	lead, err := ths[0].NewInjector(pageSize)
 	if err != nil {
@@ -389,9 +376,7 @@ func TestConcurrentUse(t *testing.T) {
 
 // Detach with an injector still open restores the thread first.
 func TestDetachClosesInjector(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "sleeper")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	_, c, p := startSeized(t, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(pageSize)
 	if err != nil {
 		t.Fatal(err)

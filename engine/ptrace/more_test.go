@@ -138,17 +138,11 @@ func TestCloseDetaches(t *testing.T) {
 	}
 	c.Skip()
 	c.Expect(t, "tick", 2*time.Second)
-	for tid, st := range taskStates(t, c.PID) {
-		if st == 't' {
-			t.Errorf("task %d still traced after Close", tid)
-		}
-	}
+	requireNotTraced(t, c.PID, "after Close")
 }
 
 func TestRemoteMemory(t *testing.T) {
-	tr := newTracer(t)
-	c := start(t, "sleeper")
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	_, _, p := startSeized(t, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +184,7 @@ func TestRemoteMemory(t *testing.T) {
 }
 
 func BenchmarkInjectGetpid(b *testing.B) {
-	_, p := benchSeize(b, "sleeper")
+	_, _, p := startSeized(b, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		b.Fatal(err)
@@ -204,7 +198,7 @@ func BenchmarkInjectGetpid(b *testing.B) {
 }
 
 func BenchmarkReadMem(b *testing.B) {
-	_, p := benchSeize(b, "sleeper")
+	_, _, p := startSeized(b, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		b.Fatal(err)
@@ -236,7 +230,7 @@ func BenchmarkReadMem(b *testing.B) {
 }
 
 func BenchmarkFreezeThreads(b *testing.B) {
-	tr, p := benchSeize(b, "tickthreads")
+	tr, _, p := startSeized(b, "tickthreads", SeizeOptions{})
 	pid := p.Pid()
 	if err := p.Detach(); err != nil {
 		b.Fatal(err)
@@ -249,18 +243,9 @@ func BenchmarkFreezeThreads(b *testing.B) {
 	}
 }
 
-// benchSeize starts fixture name and seizes it.
-func benchSeize(b *testing.B, name string) (*Tracer, *Process) {
-	b.Helper()
-	tr := newTracer(b)
-	c := start(b, name)
-	p := seize(b, tr, c.PID, SeizeOptions{})
-	return tr, p
-}
-
 // Many calls in one Tracer.Do save the hand-off to the tracer thread.
 func BenchmarkInjectGetpidInDo(b *testing.B) {
-	tr, p := benchSeize(b, "sleeper")
+	tr, _, p := startSeized(b, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		b.Fatal(err)
