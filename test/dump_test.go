@@ -31,23 +31,16 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
+// request and wantField are the e2e tests' short names for the harness's
+// Proc.MustRequest and Line.CheckField.
 func request(t *testing.T, ctx context.Context, p *fixture.Proc, sig syscall.Signal, event string) fixture.Line {
 	t.Helper()
-	l, err := p.Request(ctx, sig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.Event != event {
-		t.Fatalf("%v answered %q, want event %q", sig, l.Text, event)
-	}
-	return l
+	return p.MustRequest(t, ctx, sig, event)
 }
 
 func wantField(t *testing.T, l fixture.Line, key, want string) {
 	t.Helper()
-	if got, ok := l.Value(key); !ok || got != want {
-		t.Errorf("%s=%q in %q, want %q", key, got, l.Text, want)
-	}
+	l.CheckField(t, key, want)
 }
 
 // dumpStopped stops p, records it, dumps it with --leave-running (plus

@@ -29,11 +29,13 @@ import (
 //	go test -run '^$' -bench BenchmarkRestore -benchtime 5x ./test/
 //
 // Each sub-benchmark reports the median time (median-s), the mean as
-// ns/op, and the pages file's size over the median as MB/s. The reference on this kind of
-// machine is CRIU's eager restore of the same process: 0.44 s warm, 1.45 s
-// cold (/work/shared/PERF-NOTES.md). Memory is not pre-touched: the
-// restored process's pages are freed (the previous restore killed) just
-// before each restore, so the guest has them at hand.
+// ns/op, and the pages file's size over the median as MB/s; the reference
+// to hold them against is CRIU's eager restore of the same process on the
+// same machine. Memory is not pre-touched: the restored process's pages
+// are freed (the previous restore killed) just before each restore, so the
+// guest has them at hand; with free page reporting, memory the host took
+// back is slow at first touch and swings timings (see
+// test/bench/BENCHMARKS.md).
 func BenchmarkRestore(b *testing.B) {
 	testutil.RequirePtrace(b)
 	size := "1G"

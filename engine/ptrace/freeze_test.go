@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,29 +25,24 @@ func TestSeizeNoProcess(t *testing.T) {
 
 func TestSeizeThreadIDRefused(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "threads")
+	c := start(t, "tickthreads")
 	var other int
-	for tid := range taskStates(t, c.pid) {
-		if tid != c.pid {
+	for tid := range taskStates(t, c.PID) {
+		if tid != c.PID {
 			other = tid
 		}
 	}
 	if _, err := tr.Seize(other, SeizeOptions{}); err == nil {
-		t.Fatalf("seize of thread %d of %d succeeded", other, c.pid)
+		t.Fatalf("seize of thread %d of %d succeeded", other, c.PID)
 	}
 }
 
 func TestAlreadyTraced(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "loop")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, c, p := startSeized(t, "spin", SeizeOptions{})
 	defer p.Detach()
 
 	tr2 := newTracer(t)
-	_, err = tr2.Seize(c.pid, SeizeOptions{})
+	_, err := tr2.Seize(c.PID, SeizeOptions{})
 	var ate *AlreadyTracedError
 	if !errors.Is(err, ErrAlreadyTraced) || !errors.As(err, &ate) {
 		t.Fatalf("second tracer: %v, want ErrAlreadyTraced", err)
@@ -55,18 +51,13 @@ func TestAlreadyTraced(t *testing.T) {
 	if ate.TracerPid != tr.tid {
 		t.Errorf("TracerPid %d, want the tracer thread %d", ate.TracerPid, tr.tid)
 	}
-	if _, err := tr.Seize(c.pid, SeizeOptions{}); !errors.Is(err, ErrAlreadyTraced) {
+	if _, err := tr.Seize(c.PID, SeizeOptions{}); !errors.Is(err, ErrAlreadyTraced) {
 		t.Fatalf("same tracer twice: %v, want ErrAlreadyTraced", err)
 	}
 }
 
 func TestFreezeSingleThreadRegsXState(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "loop")
-	p, err := tr.Seize(c.pid, SeizeOptions{Options: unix.PTRACE_O_EXITKILL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "spin", SeizeOptions{Options: unix.PTRACE_O_EXITKILL})
 	requireFrozen(t, p)
 	st := p.Stats()
 	if st.Threads != 1 || st.Duration <= 0 {
@@ -125,23 +116,14 @@ func TestFreezeSingleThreadRegsXState(t *testing.T) {
 	if _, err := th.SigMask(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 }
 
 func TestFreezeThreads(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "threads")
-	p, err := tr.Seize(c.pid, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "tickthreads", SeizeOptions{Options: unix.PTRACE_O_TRACECLONE})
 	requireFrozen(t, p)
 	ths := p.Threads()
-	if len(ths) != 5 || ths[0].Tid() != c.pid {
+	if len(ths) != 5 || ths[0].Tid() != c.PID {
 		t.Fatalf("threads %v", ths)
 	}
 	t.Logf("freeze of 5 threads: %+v", p.Stats())
@@ -151,32 +133,24 @@ func TestFreezeThreads(t *testing.T) {
 		}
 	}
 	// Frozen means frozen: the output stops.
-	c.drain()
-	select {
-	case l := <-c.lines:
-		t.Fatalf("frozen process printed %q", l)
-	case <-time.After(100 * time.Millisecond):
-	}
+	c.Skip()
+	c.ExpectQuiet(t, 100*time.Millisecond)
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "tick", 2*time.Second)
-	for tid, st := range taskStates(t, c.pid) {
-		if st == 't' {
-			t.Errorf("task %d still in tracing stop after detach", tid)
-		}
-	}
+	c.Expect(t, "tick", 2*time.Second)
+	requireNotTraced(t, c.PID, "after detach")
 }
 
 func TestFreezeChurn(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "churn")
+	c := start(t, "churn")
 	for i := range 20 {
 		opts := SeizeOptions{}
 		if i%2 == 0 {
 			opts.Options = unix.PTRACE_O_TRACECLONE
 		}
-		p, err := tr.Seize(c.pid, opts)
+		p, err := tr.Seize(c.PID, opts)
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
@@ -189,21 +163,18 @@ func TestFreezeChurn(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 }
 
 func TestGroupStopKept(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "loop")
-	if err := unix.Kill(c.pid, unix.SIGSTOP); err != nil {
+	c := start(t, "spin")
+	if err := unix.Kill(c.PID, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c.pid, 'T')
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	waitState(t, c.PID, 'T')
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	if st := p.Stats(); st.GroupStopped != 1 {
 		t.Errorf("stats %+v, want 1 group-stopped", st)
 	}
@@ -214,12 +185,12 @@ func TestGroupStopKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if st := taskStates(t, c.pid)[c.pid]; st != 'T' {
+	if st := taskStates(t, c.PID)[c.PID]; st != 'T' {
 		t.Fatalf("state after detach %c, want T (still stopped)", st)
 	}
-	c.drain()
-	_ = unix.Kill(c.pid, unix.SIGCONT)
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	_ = unix.Kill(c.PID, unix.SIGCONT)
+	c.Expect(t, "tick", 2*time.Second)
 }
 
 func waitState(t *testing.T, pid int, want byte) {
@@ -235,18 +206,13 @@ func waitState(t *testing.T, pid int, want byte) {
 }
 
 func TestKilledUnderneath(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "loop")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, c, p := startSeized(t, "spin", SeizeOptions{})
 	th := p.Leader()
 	in, err := th.NewInjector(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Kill(c.pid, unix.SIGKILL); err != nil {
+	if err := unix.Kill(c.PID, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_, err = in.Syscall(unix.SYS_GETPID)
@@ -260,36 +226,32 @@ func TestKilledUnderneath(t *testing.T) {
 		t.Fatalf("detach after kill: %v", err)
 	}
 	// The tracer still works.
-	c2, _ := start(t, "loop")
-	p2, err := tr.Seize(c2.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := start(t, "spin")
+	p2 := seize(t, tr, c2.PID, SeizeOptions{})
 	if err := p2.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	// Our process is the real parent: the exit is left for cmd.Wait.
-	if err := c2.cmd.Wait(); err == nil {
-		t.Fatal("killed child exited cleanly")
+	// Our process is the real parent: the exit is left for its wait.
+	st, err := c2.WaitExit(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st == nil || st.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("killed child's exit state %v, want killed by SIGKILL", st)
 	}
 }
 
 func TestResumeFollowsSignals(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "sigs")
-	p, err := tr.Seize(c.pid, SeizeOptions{Options: unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "handlers", SeizeOptions{Options: unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL})
 	if err := p.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	// Running under the tracer: a signal reaches the handler.
-	c.drain()
-	if err := unix.Kill(c.pid, unix.SIGUSR1); err != nil {
+	c.Skip()
+	if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "usr1=1", 2*time.Second)
+	c.Expect(t, "usr1=1", 2*time.Second)
 	if err := p.Interrupt(0); err != nil {
 		t.Fatal(err)
 	}
@@ -297,17 +259,17 @@ func TestResumeFollowsSignals(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Kill(c.pid, unix.SIGUSR1); err != nil {
+	if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "usr1=2", 2*time.Second)
+	c.Expect(t, "usr1=2", 2*time.Second)
 }
 
 func TestRobustList(t *testing.T) {
 	testutil := newTracer(t) // only for the ptrace capability check
 	_ = testutil
-	c, _ := start(t, "threads")
-	for tid := range taskStates(t, c.pid) {
+	c := start(t, "tickthreads")
+	for tid := range taskStates(t, c.PID) {
 		head, size, err := RobustList(tid)
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // SA_* flags of x86-64.
@@ -23,11 +24,9 @@ const (
 
 func TestSigActionsAltStackPrctl(t *testing.T) {
 	tr := newTracer(t)
-	c, ready := start(t, "sigs")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := start(t, "handlers")
+	ready := c.Ready
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	in, err := p.Leader().NewInjector(pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -37,14 +36,14 @@ func TestSigActionsAltStackPrctl(t *testing.T) {
 		t.Fatal(err)
 	}
 	usr1 := acts[unix.SIGUSR1-1]
-	if usr1.Handler != field(t, ready, "h1") ||
+	if usr1.Handler != ready.MustUint(t, "h1") ||
 		usr1.Flags&(saSigInfo|saRestart) != saSigInfo|saRestart ||
 		usr1.Flags&saRestorer == 0 || usr1.Restorer == 0 ||
 		usr1.Mask != 1<<(unix.SIGUSR2-1) {
 		t.Errorf("SIGUSR1 action %+v (ready line %q)", usr1, ready)
 	}
 	term := acts[unix.SIGTERM-1]
-	if term.Handler != field(t, ready, "h2") || term.Flags&saOnStack == 0 || term.Mask != 0 {
+	if term.Handler != ready.MustUint(t, "h2") || term.Flags&saOnStack == 0 || term.Mask != 0 {
 		t.Errorf("SIGTERM action %+v", term)
 	}
 	if acts[unix.SIGPIPE-1].Handler != 1 {
@@ -64,16 +63,20 @@ func TestSigActionsAltStackPrctl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if alt.Sp != field(t, ready, "alt") || alt.Size != field(t, ready, "altsize") || alt.Flags != 0 {
-		t.Errorf("altstack %+v, want sp %#x size %d", alt, field(t, ready, "alt"), field(t, ready, "altsize"))
+	if alt.Sp != ready.MustUint(t, "alt") || alt.Size != ready.MustUint(t, "altsize") || alt.Flags != 0 {
+		t.Errorf("altstack %+v, want sp %#x size %d", alt, ready.MustUint(t, "alt"), ready.MustUint(t, "altsize"))
 	}
 
 	brk, err := in.Brk()
 	if err != nil || brk == 0 {
 		t.Errorf("brk %#x, %v", brk, err)
 	}
-	if name, err := in.Name(); err != nil || name != "sigs" {
-		t.Errorf("name %q, %v", name, err)
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, err := in.Name(); err != nil || name != strings.TrimSuffix(string(comm), "\n") || !strings.HasPrefix(name, "handlers") {
+		t.Errorf("name %q, %v; want %q, the start of the binary's name", name, err, comm)
 	}
 	if v, err := in.Prctl(unix.PR_GET_DUMPABLE); err != nil || v != 1 {
 		t.Errorf("PR_GET_DUMPABLE %d, %v", v, err)
@@ -106,31 +109,32 @@ func TestSigActionsAltStackPrctl(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
-	if err := unix.Kill(c.pid, unix.SIGUSR1); err != nil {
+	c.Skip()
+	if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "usr1=1", 2*time.Second)
+	c.Expect(t, "usr1=1", 2*time.Second)
 }
 
 // Per-thread state that only the thread itself (or an injected call) can
 // read: tid address and rseq.
 func TestPerThreadState(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "threads")
+	c := start(t, "tickthreads")
 	// The fixture reported each thread before "ready"; collect them.
-	want := map[int]string{}
-	p, err := tr.Seize(c.pid, SeizeOptions{})
+	want := map[int]fixture.Line{}
+	p := seize(t, tr, c.PID, SeizeOptions{})
+	lines, err := c.Lines()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range c.before {
-		if strings.HasPrefix(l, "main") || strings.HasPrefix(l, "thread") {
-			want[int(field(t, l, "tid"))] = l
+	for _, l := range lines {
+		if l.Event == "main" || l.Event == "thread" {
+			want[int(l.MustInt(t, "tid"))] = l
 		}
 	}
 	if len(want) != 5 {
-		t.Fatalf("%d thread lines: %q", len(want), c.before)
+		t.Fatalf("%d thread lines: %v", len(want), want)
 	}
 	lead, err := p.Leader().NewInjector(pageSize)
 	if err != nil {
@@ -152,15 +156,15 @@ func TestPerThreadState(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ta != field(t, line, "tidaddr") {
-			t.Errorf("thread %d: tid address %#x, reported %q", th.Tid(), ta, line)
+		if ta != line.MustUint(t, "tidaddr") {
+			t.Errorf("thread %d: tid address %#x, reported %q", th.Tid(), ta, line.Text)
 		}
 		rs, err := th.Rseq()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rs.Ptr != field(t, line, "rseq") || rs.Signature != 0x53053053 || rs.Size < 32 {
-			t.Errorf("thread %d: rseq %+v, reported %q", th.Tid(), rs, line)
+		if rs.Ptr != line.MustUint(t, "rseq") || rs.Signature != 0x53053053 || rs.Size < 32 {
+			t.Errorf("thread %d: rseq %+v, reported %q", th.Tid(), rs, line.Text)
 		}
 		head, _, err := RobustList(th.Tid())
 		if err != nil || head == 0 {
@@ -178,11 +182,7 @@ func TestPerThreadState(t *testing.T) {
 	if err := lead.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 }
 
 const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
@@ -193,7 +193,7 @@ const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLON
 // both.
 func TestStartStoppedClone3(t *testing.T) {
 	tr := newTracer(t)
-	bin := fixture(t, "sleeper")
+	bin := fixture.Build(t, "sleeper")
 	stub, err := tr.StartStopped(bin, []string{"stub"}, StartOptions{Options: unix.PTRACE_O_EXITKILL})
 	if err != nil {
 		t.Fatal(err)
@@ -326,12 +326,7 @@ func TestStartStoppedClone3(t *testing.T) {
 // Thread creation by injection in a seized, running program, which goes on
 // working afterwards.
 func TestClone3ThreadInSeized(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "sleeper")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(2 * pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -360,17 +355,25 @@ func TestClone3ThreadInSeized(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
-	if n := len(taskStates(t, c.pid)); n != 1 {
+	detachRuns(t, p, c)
+	if n := len(taskStates(t, c.PID)); n != 1 {
 		t.Fatalf("%d tasks after the injected thread exited", n)
 	}
 }
 
+// mappingOf returns the mapping of pid that holds addr, failing the test if
+// none does.
 func mappingOf(t *testing.T, pid int, addr uint64) proc.Mapping {
+	t.Helper()
+	m, ok := findMapping(t, pid, addr)
+	if !ok {
+		t.Fatalf("%#x not mapped in %d", addr, pid)
+	}
+	return m
+}
+
+// findMapping returns the mapping of pid that holds addr, if any.
+func findMapping(t *testing.T, pid int, addr uint64) (proc.Mapping, bool) {
 	t.Helper()
 	maps, err := proc.ReadMaps(pid)
 	if err != nil {
@@ -378,9 +381,8 @@ func mappingOf(t *testing.T, pid int, addr uint64) proc.Mapping {
 	}
 	for _, m := range maps {
 		if addr >= m.Start && addr < m.End {
-			return m
+			return m, true
 		}
 	}
-	t.Fatalf("%#x not mapped in %d", addr, pid)
-	return proc.Mapping{}
+	return proc.Mapping{}, false
 }

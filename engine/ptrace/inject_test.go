@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // Kernel restart codes seen in rax of a thread stopped inside a system
@@ -33,27 +35,15 @@ func mustCall(t *testing.T, in *Injector, nr int, args ...uint64) uint64 {
 	return r
 }
 
+// mapsContain reports whether addr is mapped in pid.
 func mapsContain(t *testing.T, pid int, addr uint64) bool {
 	t.Helper()
-	maps, err := proc.ReadMaps(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range maps {
-		if addr >= m.Start && addr < m.End {
-			return true
-		}
-	}
-	return false
+	_, ok := findMapping(t, pid, addr)
+	return ok
 }
 
 func TestInjectBasics(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "loop")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "spin", SeizeOptions{})
 	th := p.Leader()
 	before, err := th.Regs()
 	if err != nil {
@@ -66,14 +56,14 @@ func TestInjectBasics(t *testing.T) {
 		t.Fatal(err)
 	}
 	scratch, n := in.Scratch()
-	if n != 2*pageSize || !mapsContain(t, c.pid, in.Stub()) || !mapsContain(t, c.pid, scratch) {
+	if n != 2*pageSize || !mapsContain(t, c.PID, in.Stub()) || !mapsContain(t, c.PID, scratch) {
 		t.Fatalf("stub %#x scratch %#x+%d not mapped", in.Stub(), scratch, n)
 	}
-	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.pid {
-		t.Fatalf("getpid %d want %d", got, c.pid)
+	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.PID {
+		t.Fatalf("getpid %d want %d", got, c.PID)
 	}
-	if got := mustCall(t, in, unix.SYS_GETTID); int(got) != c.pid {
-		t.Fatalf("gettid %d want %d", got, c.pid)
+	if got := mustCall(t, in, unix.SYS_GETTID); int(got) != c.PID {
+		t.Fatalf("gettid %d want %d", got, c.PID)
 	}
 	// The text we patched to get going is as it was.
 	if !bytes.Equal(vdsoBefore, vdsoBytes(t, p)) {
@@ -105,7 +95,7 @@ func TestInjectBasics(t *testing.T) {
 		t.Fatalf("raw result %d (%v)", r, err)
 	}
 	mustCall(t, in, unix.SYS_MUNMAP, fixed, 3*pageSize)
-	if mapsContain(t, c.pid, fixed) {
+	if mapsContain(t, c.PID, fixed) {
 		t.Fatal("munmap left the mapping")
 	}
 	if err := p.ReadMem(fixed, got); err == nil {
@@ -116,7 +106,7 @@ func TestInjectBasics(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if mapsContain(t, c.pid, stub) {
+	if mapsContain(t, c.PID, stub) {
 		t.Fatal("injection area still mapped after Close")
 	}
 	after, err := th.Regs()
@@ -126,11 +116,7 @@ func TestInjectBasics(t *testing.T) {
 	if after != before {
 		t.Fatalf("regs not restored:\n got %+v\nwant %+v", after, before)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 }
 
 func vdsoBytes(t *testing.T, p *Process) []byte {
@@ -156,13 +142,10 @@ func vdsoBytes(t *testing.T, p *Process) []byte {
 // injected calls must not disturb it and the call must carry on.
 func TestRestartNanosleep(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "sleeper")
-	c.expect(t, "tick", 2*time.Second)
+	c := start(t, "sleeper")
+	c.Expect(t, "tick", 2*time.Second)
 	time.Sleep(50 * time.Millisecond) // well inside the next 300 ms sleep
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	th := p.Leader()
 	r, err := th.Regs()
 	if err != nil {
@@ -181,23 +164,19 @@ func TestRestartNanosleep(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
+	c.Skip()
 	for range 3 {
-		l := c.expect(t, "tick", 2*time.Second)
-		if !strings.HasSuffix(l, "r=0") {
-			t.Fatalf("nanosleep after resume: %q, want r=0 (no EINTR)", l)
+		l := c.Expect(t, "tick", 2*time.Second)
+		if !strings.HasSuffix(l.Text, "r=0") {
+			t.Fatalf("nanosleep after resume: %q, want r=0 (no EINTR)", l.Text)
 		}
 	}
 }
 
 func TestRestartRead(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "piper")
-	waitSyscall(t, c.pid, unix.SYS_READ)
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startInRead(t)
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	th := p.Leader()
 	r, err := th.Regs()
 	if err != nil {
@@ -210,12 +189,27 @@ func TestRestartRead(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.stdin.Write([]byte("hello")); err != nil {
+	echoes(t, c, "hello")
+}
+
+// startInRead starts piper with a stdin pipe and waits until it is
+// blocked reading it.
+func startInRead(t *testing.T) *fixture.Proc {
+	t.Helper()
+	c := fixture.StartWith(t, "piper", fixture.Options{Stdin: true, Traced: true})
+	waitSyscall(t, c.PID, unix.SYS_READ)
+	return c
+}
+
+// echoes writes s to piper's stdin and checks that its read returns it:
+// the next line is "got s".
+func echoes(t *testing.T, c *fixture.Proc, s string) {
+	t.Helper()
+	if _, err := io.WriteString(c.Stdin, s); err != nil {
 		t.Fatal(err)
 	}
-	l := c.expect(t, "", 2*time.Second)
-	if l != "got hello" {
-		t.Fatalf("after resume the fixture printed %q, want %q", l, "got hello")
+	if l := c.Expect(t, "", 2*time.Second); l.Text != "got "+s {
+		t.Fatalf("after resume the fixture printed %q, want %q", l.Text, "got "+s)
 	}
 }
 
@@ -256,12 +250,8 @@ func injectSome(t *testing.T, th *Thread) {
 // An injected call that blocks is cut short; the thread is left as it was.
 func TestInjectTimeout(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "piper")
-	waitSyscall(t, c.pid, unix.SYS_READ)
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startInRead(t)
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	th := p.Leader()
 	orig, _ := th.Regs()
 	in, err := th.NewInjector(pageSize)
@@ -280,7 +270,7 @@ func TestInjectTimeout(t *testing.T) {
 	}
 	// Still usable.
 	in.SetTimeout(0)
-	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.pid {
+	if got := mustCall(t, in, unix.SYS_GETPID); int(got) != c.PID {
 		t.Fatalf("getpid after timeout = %d", got)
 	}
 	if err := in.Close(); err != nil {
@@ -292,25 +282,15 @@ func TestInjectTimeout(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.stdin.Write([]byte("again")); err != nil {
-		t.Fatal(err)
-	}
-	if l := c.expect(t, "", 2*time.Second); l != "got again" {
-		t.Fatalf("got %q", l)
-	}
+	echoes(t, c, "again")
 }
 
 // A signal that arrives while injected calls run is held and delivered on
 // resume, to the handler, siginfo intact.
 func TestSignalHeldDuringInjection(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "sigs")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "handlers", SeizeOptions{})
 	th := p.Leader()
-	if err := unix.Tgkill(c.pid, c.pid, unix.SIGUSR1); err != nil {
+	if err := unix.Tgkill(c.PID, c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	pend, err := th.PendingSignals(false)
@@ -334,20 +314,15 @@ func TestSignalHeldDuringInjection(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
+	c.Skip()
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "usr1=1", 2*time.Second)
+	c.Expect(t, "usr1=1", 2*time.Second)
 }
 
 func TestConcurrentUse(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "threads")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "tickthreads", SeizeOptions{})
 	ths := p.Threads()
 	lead, err := ths[0].NewInjector(pageSize)
 	if err != nil {
@@ -397,21 +372,12 @@ func TestConcurrentUse(t *testing.T) {
 	if err := lead.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	detachRuns(t, p, c)
 }
 
 // Detach with an injector still open restores the thread first.
 func TestDetachClosesInjector(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "sleeper")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, c, p := startSeized(t, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(pageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -421,9 +387,9 @@ func TestDetachClosesInjector(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	if mapsContain(t, c.pid, stub) {
+	if mapsContain(t, c.PID, stub) {
 		t.Fatal("injection area left mapped")
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 }

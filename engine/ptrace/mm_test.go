@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // SetMM with the values a stub has changes nothing and succeeds; one
@@ -15,7 +16,7 @@ import (
 // auxv does not fit the scratch memory is refused before any injection.
 func TestSetMM(t *testing.T) {
 	tr := newTracer(t)
-	stub, err := tr.StartStopped(fixture(t, "sleeper"), []string{"stub"}, StartOptions{Options: unix.PTRACE_O_EXITKILL})
+	stub, err := tr.StartStopped(fixture.Build(t, "sleeper"), []string{"stub"}, StartOptions{Options: unix.PTRACE_O_EXITKILL})
 	if err != nil {
 		t.Fatal(err)
 	}

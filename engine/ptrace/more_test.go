@@ -21,14 +21,14 @@ import (
 // the seize, let through by the freeze, or left pending across it.
 func TestNoSignalLostAcrossFreeze(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "sigs")
+	c := start(t, "handlers")
 	const rounds = 30
 	caught := 0
 	for i := 1; i <= rounds; i++ {
-		if err := unix.Kill(c.pid, unix.SIGUSR1); err != nil {
+		if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
 			t.Fatal(err)
 		}
-		p, err := tr.Seize(c.pid, SeizeOptions{})
+		p, err := tr.Seize(c.PID, SeizeOptions{})
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
@@ -36,7 +36,7 @@ func TestNoSignalLostAcrossFreeze(t *testing.T) {
 		if err := p.Detach(); err != nil {
 			t.Fatal(err)
 		}
-		c.expect(t, fmt.Sprintf("usr1=%d", i), 2*time.Second)
+		c.Expect(t, fmt.Sprintf("usr1=%d", i), 2*time.Second)
 	}
 	t.Logf("%d of %d signals arrived during the freeze and were let through", caught, rounds)
 }
@@ -46,12 +46,9 @@ func TestNoSignalLostAcrossFreeze(t *testing.T) {
 // temporary one, before and after injected calls.
 func TestSigMaskOfPpoll(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "ppoll")
-	waitSyscall(t, c.pid, unix.SYS_PPOLL)
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := start(t, "ppoll")
+	waitSyscall(t, c.PID, unix.SYS_PPOLL)
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	th := p.Leader()
 	r, _ := th.Regs()
 	if r.Orig_rax != unix.SYS_PPOLL || int64(r.Rax) != errRestartNoHand {
@@ -78,10 +75,10 @@ func TestSigMaskOfPpoll(t *testing.T) {
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
+	c.Skip()
 	for range 3 {
-		if l := c.expect(t, "tick", 2*time.Second); !strings.HasSuffix(l, "r=0") {
-			t.Fatalf("ppoll after resume: %q", l)
+		if l := c.Expect(t, "tick", 2*time.Second); !strings.HasSuffix(l.Text, "r=0") {
+			t.Fatalf("ppoll after resume: %q", l.Text)
 		}
 	}
 }
@@ -91,18 +88,16 @@ func TestSigMaskOfPpoll(t *testing.T) {
 // the handler runs after the detach.
 func TestFreezeLetsSignalThrough(t *testing.T) {
 	tr := newTracer(t)
-	c, ready := start(t, "sigs")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Tgkill(c.pid, c.pid, unix.SIGUSR1); err != nil {
+	c := start(t, "handlers")
+	ready := c.Ready
+	p := seize(t, tr, c.PID, SeizeOptions{})
+	if err := unix.Tgkill(c.PID, c.PID, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	// Resume and freeze again in one request, so that the tracer cannot
 	// pass the signal on in between: the thread sits in its
 	// signal-delivery-stop when the freeze starts.
-	err = tr.Do(func() error {
+	err := tr.Do(func() error {
 		for _, th := range p.threadList() {
 			if err := th.release(false); err != nil {
 				return err
@@ -121,44 +116,35 @@ func TestFreezeLetsSignalThrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Rip != field(t, ready, "h1") || r.Rdi != uint64(unix.SIGUSR1) {
-		t.Fatalf("stopped at rip %#x rdi %d, want the SIGUSR1 handler %#x entered with signo", r.Rip, r.Rdi, field(t, ready, "h1"))
+	if r.Rip != ready.MustUint(t, "h1") || r.Rdi != uint64(unix.SIGUSR1) {
+		t.Fatalf("stopped at rip %#x rdi %d, want the SIGUSR1 handler %#x entered with signo", r.Rip, r.Rdi, ready.MustUint(t, "h1"))
 	}
-	c.drain()
+	c.Skip()
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)
 	}
-	c.expect(t, "usr1=1", 2*time.Second)
+	c.Expect(t, "usr1=1", 2*time.Second)
 }
 
 func TestCloseDetaches(t *testing.T) {
 	tr := newTracer(t)
-	c, _ := start(t, "threads")
-	if _, err := tr.Seize(c.pid, SeizeOptions{}); err != nil {
+	c := start(t, "tickthreads")
+	if _, err := tr.Seize(c.PID, SeizeOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.Seize(c.pid, SeizeOptions{}); !errors.Is(err, ErrClosed) {
+	if _, err := tr.Seize(c.PID, SeizeOptions{}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("seize after close: %v", err)
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
-	for tid, st := range taskStates(t, c.pid) {
-		if st == 't' {
-			t.Errorf("task %d still traced after Close", tid)
-		}
-	}
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
+	requireNotTraced(t, c.PID, "after Close")
 }
 
 func TestRemoteMemory(t *testing.T) {
-	tr := newTracer(t)
-	c, _ := start(t, "sleeper")
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, p := startSeized(t, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +186,7 @@ func TestRemoteMemory(t *testing.T) {
 }
 
 func BenchmarkInjectGetpid(b *testing.B) {
-	_, p := benchSeize(b, "sleeper")
+	_, _, p := startSeized(b, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		b.Fatal(err)
@@ -214,7 +200,7 @@ func BenchmarkInjectGetpid(b *testing.B) {
 }
 
 func BenchmarkReadMem(b *testing.B) {
-	_, p := benchSeize(b, "sleeper")
+	_, _, p := startSeized(b, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		b.Fatal(err)
@@ -246,37 +232,22 @@ func BenchmarkReadMem(b *testing.B) {
 }
 
 func BenchmarkFreezeThreads(b *testing.B) {
-	tr, p := benchSeize(b, "threads")
+	tr, _, p := startSeized(b, "tickthreads", SeizeOptions{})
 	pid := p.Pid()
 	if err := p.Detach(); err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		q, err := tr.Seize(pid, SeizeOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
+		q := seize(b, tr, pid, SeizeOptions{})
 		if err := q.Detach(); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
-// benchSeize starts fixture name and seizes it.
-func benchSeize(b *testing.B, name string) (*Tracer, *Process) {
-	b.Helper()
-	tr := newTracer(b)
-	c, _ := start(b, name)
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return tr, p
-}
-
 // Many calls in one Tracer.Do save the hand-off to the tracer thread.
 func BenchmarkInjectGetpidInDo(b *testing.B) {
-	tr, p := benchSeize(b, "sleeper")
+	tr, _, p := startSeized(b, "sleeper", SeizeOptions{})
 	in, err := p.Leader().NewInjector(0)
 	if err != nil {
 		b.Fatal(err)
@@ -306,17 +277,17 @@ func TestFreezeTimeoutLeavesProcess(t *testing.T) {
 			t.Skipf("no cgroup v1 freezer at %s", root)
 		}
 	}
-	c, _ := start(t, "loop")
-	cg := fmt.Sprintf("%s/lazyfs-ptrace-%d", root, c.pid)
+	c := start(t, "spin")
+	cg := fmt.Sprintf("%s/lazyfs-ptrace-%d", root, c.PID)
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = os.WriteFile(cg+"/freezer.state", []byte("THAWED"), 0)
-		_ = os.WriteFile(root+"/tasks", []byte(strconv.Itoa(c.pid)), 0)
+		_ = os.WriteFile(root+"/tasks", []byte(strconv.Itoa(c.PID)), 0)
 		_ = os.Remove(cg)
 	})
-	if err := os.WriteFile(cg+"/tasks", []byte(strconv.Itoa(c.pid)), 0); err != nil {
+	if err := os.WriteFile(cg+"/tasks", []byte(strconv.Itoa(c.PID)), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(cg+"/freezer.state", []byte("FROZEN"), 0); err != nil {
@@ -333,18 +304,18 @@ func TestFreezeTimeoutLeavesProcess(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	_, err := tr.Seize(c.pid, SeizeOptions{Timeout: 200 * time.Millisecond})
+	_, err := tr.Seize(c.PID, SeizeOptions{Timeout: 200 * time.Millisecond})
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("seize of a frozen process: %v, want ErrTimeout", err)
 	}
 	if err := os.WriteFile(cg+"/freezer.state", []byte("THAWED"), 0); err != nil {
 		t.Fatal(err)
 	}
-	c.drain()
-	c.expect(t, "tick", 2*time.Second)
+	c.Skip()
+	c.Expect(t, "tick", 2*time.Second)
 	deadline = time.Now().Add(2 * time.Second)
 	for {
-		st, err := proc.ReadStatus(c.pid)
+		st, err := proc.ReadStatus(c.PID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,10 +328,7 @@ func TestFreezeTimeoutLeavesProcess(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// And the tracer can have it now.
-	p, err := tr.Seize(c.pid, SeizeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := seize(t, tr, c.PID, SeizeOptions{})
 	requireFrozen(t, p)
 	if err := p.Detach(); err != nil {
 		t.Fatal(err)

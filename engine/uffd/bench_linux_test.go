@@ -31,17 +31,6 @@ func newMemSrc(base, size uint64) *memSrc {
 	return s
 }
 
-// benchFixture starts a fixture with a region of size bytes and takes its
-// userfaultfd.
-func benchFixture(b *testing.B, size uint64) (*fixture, int, uint64) {
-	b.Helper()
-	bin := requireFixture(b)
-	f := startFixture(b, bin)
-	fd := f.takeUffd()
-	base := f.do("map %x", size)[0]
-	return f, fd, base
-}
-
 // cut returns n extents of size ext from base.
 func cut(base, ext uint64, n int) []Extent {
 	e := make([]Extent, n)
@@ -61,7 +50,7 @@ func BenchmarkFault(b *testing.B) {
 		b.Skipf("page size %d", n)
 	}
 	const region = 64 << 20
-	f, fd, base := benchFixture(b, region)
+	f, fd, base := startMapped(b, region)
 	src := newMemSrc(base, region)
 	var cpu0 unix.CPUSet
 	cpu0.Set(0)
@@ -129,7 +118,7 @@ func median(v []float64) float64 {
 // with and without read-ahead, or with prefetch workers.
 func BenchmarkPrefetch(b *testing.B) {
 	const region = 256 << 20
-	f, fd, base := benchFixture(b, region)
+	f, fd, base := startMapped(b, region)
 	mem := newMemSrc(base, region)
 	ext := cut(base, 256<<10, region/(256<<10))
 	decode := newPatternSrc(ext)
@@ -182,7 +171,7 @@ func BenchmarkPrefetch(b *testing.B) {
 // 256 MiB of fresh memory in chunks from one buffer, no source reads.
 func BenchmarkCopyRaw(b *testing.B) {
 	const region = 256 << 20
-	f, fd, base := benchFixture(b, region)
+	f, fd, base := startMapped(b, region)
 	for _, chunk := range []uint64{256 << 10, 1 << 20, 4 << 20} {
 		b.Run(fmt.Sprintf("chunk%dK", chunk>>10), func(b *testing.B) {
 			buf := make([]byte, chunk)

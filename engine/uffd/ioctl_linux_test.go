@@ -44,6 +44,21 @@ func localRegion(t *testing.T, n int) []byte {
 
 func addrOf(b []byte) uint64 { return uint64(uintptrOf(b)) }
 
+// localRegistered maps n pages in this process (localRegion) and registers
+// them for missing faults on a new userfaultfd with Features; they are
+// unregistered at cleanup, before the unmap.
+func localRegistered(t *testing.T, n int) (mem []byte, fd int, base uint64) {
+	t.Helper()
+	mem = localRegion(t, n)
+	fd = localUffd(t, Features)
+	base = addrOf(mem)
+	if _, err := Register(fd, base, uint64(n)*PageSize, RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unregister(fd, base, uint64(n)*PageSize) })
+	return mem, fd, base
+}
+
 func TestIoctls(t *testing.T) {
 	mem := localRegion(t, 16)
 	other := localRegion(t, 1)
@@ -145,12 +160,7 @@ func TestBadExtents(t *testing.T) {
 func TestPrefetchLocal(t *testing.T) {
 	for _, ra := range []int{-1, 0, 3} {
 		const pages = 1024
-		mem := localRegion(t, pages)
-		fd := localUffd(t, Features)
-		base := addrOf(mem)
-		if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
-			t.Fatal(err)
-		}
+		mem, fd, base := localRegistered(t, pages)
 		ext := testExtents(base, pages*PageSize, 64*PageSize)
 		src := newPatternSrc(ext)
 		var lastDone, lastTotal uint64
@@ -184,12 +194,7 @@ func TestPrefetchLocal(t *testing.T) {
 func TestPrefetchLocalReadError(t *testing.T) {
 	for _, short := range []bool{false, true} {
 		const pages = 256
-		mem := localRegion(t, pages)
-		fd := localUffd(t, Features)
-		base := addrOf(mem)
-		if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
-			t.Fatal(err)
-		}
+		_, fd, base := localRegistered(t, pages)
 		ext := testExtents(base, pages*PageSize, 16*PageSize)
 		bad := ext[5].Addr + 3*PageSize
 		src := &faultySrc{ReaderAt: newPatternSrc(ext), bad: bad, short: short}
@@ -241,13 +246,7 @@ func (f *faultySrc) ReadAt(b []byte, off int64) (int, error) {
 // (mprotect): the kernel refuses a copy across VMAs, the pager halves it.
 func TestPrefetchLocalSplitVMA(t *testing.T) {
 	const pages = 64
-	mem := localRegion(t, pages)
-	fd := localUffd(t, Features)
-	base := addrOf(mem)
-	if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { Unregister(fd, base, pages*PageSize) })
+	mem, fd, base := localRegistered(t, pages)
 	for _, r := range [][3]int{{10, 13, unix.PROT_READ}, {40, 41, unix.PROT_NONE}, {41, 42, unix.PROT_READ}} {
 		if err := unix.Mprotect(mem[r[0]*PageSize:r[1]*PageSize], r[2]); err != nil {
 			t.Fatal(err)
@@ -279,13 +278,7 @@ func TestPrefetchLocalSplitVMA(t *testing.T) {
 // either), and cannot be run again.
 func TestRunCancel(t *testing.T) {
 	const pages = 16
-	mem := localRegion(t, pages)
-	fd := localUffd(t, Features)
-	base := addrOf(mem)
-	if _, err := Register(fd, base, pages*PageSize, RegisterModeMissing); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { Unregister(fd, base, pages*PageSize) })
+	_, fd, base := localRegistered(t, pages)
 	ext := []Extent{{base, pages * PageSize}}
 	p := New(fd, newPatternSrc(ext), ext, Options{})
 	ctx, cancel := context.WithTimeout(t.Context(), 350*time.Millisecond) // several probes
