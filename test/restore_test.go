@@ -118,7 +118,16 @@ func pidGone(ctx context.Context, pid int) bool {
 // there.
 func stubLeft(t *testing.T) []int {
 	t.Helper()
-	return cmdlineHolders(t, "lazyfs-restore-stub")
+	// Only this test binary's snapctl's stubs: other runs on the machine
+	// (another checkout's tests) have stubs of their own.
+	snapctl := buildTool(t, "snapctl")
+	var out []int
+	for _, pid := range cmdlineHolders(t, "lazyfs-restore-stub") {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && l == snapctl {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // processesOf lists the processes whose executable is exe.
