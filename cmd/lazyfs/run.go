@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -69,19 +68,4 @@ func newLogger(c *config, stderr io.Writer) (*slog.Logger, func(), error) {
 		w, closeFn = f, func() { f.Close() }
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), closeFn, nil
-}
-
-// report prints err and returns the exit code for it.
-func report(w io.Writer, err error) int {
-	var ue *usageError
-	switch {
-	case err == nil, errors.Is(err, errHelp):
-		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(w, "lazyfs: %v\n", err)
-		return exitUsage
-	default:
-		fmt.Fprintf(w, "lazyfs: %v\n", err)
-		return exitFailure
-	}
 }
