@@ -2,8 +2,8 @@
 #
 #   make build   binaries of ./cmd/... into bin/
 #   make test    lint, the go.mod tidiness check, race-detector tests of the
-#                pure packages, the FUSE server and the userfaultfd pager, then
-#                every other test (as root with LAZYFS_TEST_REQUIRE=all in CI:
+#                pure packages, the FUSE server, the userfaultfd pager, the
+#                tracer and the engine, then every other test (as root with LAZYFS_TEST_REQUIRE=all in CI:
 #                .ci/run)
 #   make bench   the benchmark harness (test/bench, root, under 15 minutes):
 #                snapshot size, dump time, eager and lazy restore to first
@@ -27,11 +27,12 @@ GO ?= go
 BIN ?= bin
 
 # Packages tested with -race: those that need no privileges, processes or
-# mounts, and the most concurrent code, which does: the FUSE server (fs) and
-# the userfaultfd pager (engine/uffd). The other packages run real processes
-# and big fixtures, too slowly under the race detector for CI.
+# mounts, and the most concurrent code, which does: the FUSE server (fs),
+# the userfaultfd pager (engine/uffd), the tracer (engine/ptrace) and the
+# engine's own tests. The end-to-end tests (test/...) run the binaries on
+# real processes and big fixtures, too slowly under the race detector.
 PURE_DIRS ?= engine/codec engine/image engine/proc engine/units cache test/testutil
-RACE_DIRS ?= $(PURE_DIRS) fs engine/uffd
+RACE_DIRS ?= $(PURE_DIRS) fs engine/uffd engine/ptrace engine
 RACE_PKGS := $(foreach d,$(RACE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)))
 
 TEST_TIMEOUT ?= 15m
