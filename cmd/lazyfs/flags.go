@@ -19,6 +19,7 @@ type config struct {
 	background           bool
 	debug                bool
 	logFile              string
+	version              bool
 }
 
 // options turns the command line into mount options.
@@ -88,6 +89,7 @@ func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
 	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit; refused while files on it are open")
+	f.BoolVar(&c.version, "version", false, "print the version and exit")
 	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")
 	return f
 }
@@ -100,6 +102,9 @@ func parseArgs(args []string, stdout, stderr io.Writer) (*config, error) {
 	pos, err := f.ParseOperands(args)
 	if err != nil {
 		return nil, err
+	}
+	if c.version {
+		return c, nil
 	}
 	if c.force && !c.unmount {
 		return nil, cli.Usagef("--force goes with -u MOUNTPOINT")

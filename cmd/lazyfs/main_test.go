@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
+	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/fs/fstest"
@@ -304,6 +305,13 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("--help lacks %q", want)
 		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := lazyfs(t, "--version").Output()
+	if err != nil || string(out) != "lazyfs "+engine.Version+"\n" {
+		t.Errorf("lazyfs --version: %v, %q", err, out)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/fs"
 )
 
@@ -16,6 +17,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := parseArgs(args, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	if c.version {
+		fmt.Fprintf(stdout, "lazyfs %s\n", engine.Version)
+		return nil
 	}
 	if c.unmount && c.force {
 		return fs.ForceUnmount(c.mountpoint)
