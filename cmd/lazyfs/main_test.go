@@ -271,7 +271,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{"no manifest", []string{incomplete, mountpoint(t)}, cli.ExitBadSnapshot, incomplete},
 		{"no manifest in background", []string{"--background", incomplete, mountpoint(t)}, cli.ExitBadSnapshot, incomplete},
-		{"corrupt manifest", []string{corrupt, mountpoint(t)}, cli.ExitBadSnapshot, "manifest"},
+		{"corrupt manifest", []string{corrupt, mountpoint(t)}, cli.ExitBadSnapshot, filepath.Join(corrupt, image.ManifestName)},
 		{"missing snapshot", []string{filepath.Join(t.TempDir(), "nope"), mountpoint(t)}, cli.ExitFailure, "no such file or directory"},
 		{"mountpoint busy", []string{s.Dir, busy}, cli.ExitFailure, "already a mount point"},
 		{"mountpoint busy in background", []string{"--background", s.Dir, busy}, cli.ExitFailure, "already a mount point"},

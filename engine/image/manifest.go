@@ -82,9 +82,13 @@ func readManifest(dir string) (*Manifest, error) {
 		return nil, err
 	}
 	if len(b) > maxManifestSize {
-		return nil, fmt.Errorf("%w: manifest larger than %d bytes", ErrCorrupt, maxManifestSize)
+		return nil, fmt.Errorf("%s: %w: manifest larger than %d bytes", f.Name(), ErrCorrupt, maxManifestSize)
 	}
-	return parseManifest(b)
+	m, err := parseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name(), err)
+	}
+	return m, nil
 }
 
 // parseManifest decodes and validates a manifest.
