@@ -1,13 +1,19 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/fs/fstest"
 )
 
 // snapctl runs the command line args in process and returns its exit
@@ -85,4 +91,60 @@ func TestSnapshotErrors(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestVerifyCorrupt: verify and inspect of a damaged snapshot exit 7 and
+// name the file (and the block) that is wrong.
+func TestVerifyCorrupt(t *testing.T) {
+	const pid = 31
+	write := func(t *testing.T) string {
+		s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.NoCompress},
+			fstest.Process{PID: pid, Seed: 4, VMAs: []fstest.VMA{
+				{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: fstest.Patchwork, Name: "[heap]"},
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Dir
+	}
+	pages := fmt.Sprintf("pages-%d.img", pid)
+
+	t.Run("block", func(t *testing.T) {
+		dir := write(t)
+		if code, stdout, stderr := snapctl(t, "verify", "-D", dir); code != 0 {
+			t.Fatalf("verify of a good snapshot: exit %d\n%s%s", code, stdout, stderr)
+		}
+		// The last byte of the pages file is in its last raw block.
+		f, err := os.OpenFile(filepath.Join(dir, pages), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := f.Stat()
+		b := make([]byte, 1)
+		f.ReadAt(b, st.Size()-1)
+		b[0] ^= 0xff
+		_, err = f.WriteAt(b, st.Size()-1)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, _, stderr := snapctl(t, "verify", "-D", dir)
+		t.Logf("%s", stderr)
+		if code != cli.ExitBadSnapshot || !strings.Contains(stderr, pages+": block ") {
+			t.Errorf("verify of a flipped byte: exit %d, stderr %q; want %d naming %s and the block", code, stderr, cli.ExitBadSnapshot, pages)
+		}
+	})
+	t.Run("truncated", func(t *testing.T) {
+		dir := write(t)
+		if err := os.Truncate(filepath.Join(dir, pages), 4096); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"verify", "inspect"} {
+			code, _, stderr := snapctl(t, cmd, "-D", dir)
+			t.Logf("%s", stderr)
+			if code != cli.ExitBadSnapshot || !strings.Contains(stderr, pages) {
+				t.Errorf("%s of a truncated pages file: exit %d, stderr %q; want %d naming %s", cmd, code, stderr, cli.ExitBadSnapshot, pages)
+			}
+		}
+	})
 }
