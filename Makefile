@@ -1,8 +1,10 @@
 # lazyfs: build, test, benchmark and fuzz entry points (see README.md).
 #
 #   make build   binaries of ./cmd/... into bin/
-#   make test    go vet, race-detector tests of the pure packages, then every
-#                test (as root with LAZYFS_TEST_REQUIRE=all in CI: .ci/run)
+#   make test    lint, the go.mod tidiness check, race-detector tests of the
+#                pure packages, the FUSE server, the userfaultfd pager, the
+#                tracer and the engine, then every other test (as root with LAZYFS_TEST_REQUIRE=all in CI:
+#                .ci/run)
 #   make bench   the benchmark harness (test/bench, root, under 15 minutes):
 #                snapshot size, dump time, eager and lazy restore to first
 #                response of a 1 GiB modelserver, cold and warm, with the
@@ -14,6 +16,7 @@
 #   make gobench go test benchmarks of every package, output also in bin/bench.txt
 #   make fuzz    every Fuzz target for FUZZTIME each
 #   make lint    gofmt and go vet
+#   make tidy    check that go.mod and go.sum are tidy (go mod tidy -diff)
 #   make demo    the whole tool in a minute: dump, mount, lazy restore
 #   make clean   remove build outputs and compiled test fixtures
 
@@ -23,9 +26,14 @@ SHELL := /bin/bash
 GO ?= go
 BIN ?= bin
 
-# Packages that need no privileges, processes or mounts: tested with -race.
+# Packages tested with -race: those that need no privileges, processes or
+# mounts, and the most concurrent code, which does: the FUSE server (fs),
+# the userfaultfd pager (engine/uffd), the tracer (engine/ptrace) and the
+# engine's own tests. The end-to-end tests (test/...) run the binaries on
+# real processes and big fixtures, too slowly under the race detector.
 PURE_DIRS ?= engine/codec engine/image engine/proc engine/units cache test/testutil
-PURE_PKGS := $(foreach d,$(PURE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)))
+RACE_DIRS ?= $(PURE_DIRS) fs engine/uffd engine/ptrace engine
+RACE_PKGS := $(foreach d,$(RACE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)))
 
 TEST_TIMEOUT ?= 15m
 TESTFLAGS ?=
@@ -35,7 +43,7 @@ BENCH ?= .
 FUZZTIME ?= 30s
 FUZZ_PKGS ?= ./...
 
-.PHONY: all build test vet race test-all bench bench-smoke gobench fuzz lint demo clean
+.PHONY: all build test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
 
 # GNU make starts recipes with posix_spawn, which in glibc 2.36 leaves
 # signals 32 and 33 ignored in the child, and an ignored signal stays ignored
@@ -56,22 +64,22 @@ $(LAUNCH): test/fixtures/launch.c test/fixtures/fixture.h
 vet:
 	$(GO) vet ./...
 
-# race: the pure packages under the race detector.
+# race: RACE_DIRS under the race detector.
 race: $(LAUNCH)
-	$(if $(PURE_PKGS),$(LAUNCH) $(GO) test -race -count=1 $(TESTFLAGS) $(PURE_PKGS),@echo "no pure packages yet")
+	$(if $(RACE_PKGS),$(LAUNCH) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) $(RACE_PKGS),@echo "no packages to race")
 
 # test-all: every other package, without the race detector (they run real
 # processes, FUSE mounts and big fixtures).
 test-all: $(LAUNCH)
-	pure=" $$($(if $(PURE_PKGS),$(GO) list $(PURE_PKGS),true) | tr '\n' ' ') "; \
+	raced=" $$($(if $(RACE_PKGS),$(GO) list $(RACE_PKGS),true) | tr '\n' ' ') "; \
 	pkgs=(); \
 	for p in $$($(GO) list ./...); do \
-		[[ "$$pure" == *" $$p "* ]] || pkgs+=("$$p"); \
+		[[ "$$raced" == *" $$p "* ]] || pkgs+=("$$p"); \
 	done; \
 	if [ $${#pkgs[@]} -eq 0 ]; then echo "no packages to test"; exit 0; fi; \
 	$(LAUNCH) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) "$${pkgs[@]}"
 
-test: vet race test-all
+test: lint tidy race test-all
 
 BENCH_LARGE ?=
 BENCH_FLAGS ?=
@@ -102,6 +110,11 @@ lint:
 	unformatted=$$(gofmt -l .); \
 	if [ -n "$$unformatted" ]; then echo "gofmt -l:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+
+# tidy: go.mod and go.sum say exactly what the code imports (go mod tidy
+# -diff prints what tidying would change, and fails if anything).
+tidy:
+	$(GO) mod tidy -diff
 
 demo: build
 	test/demo/demo.sh

@@ -3,12 +3,9 @@ module github.com/lazyfs/lazyfs
 go 1.26.8
 
 require (
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/pierrec/lz4/v4 v4.1.33
+	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.50.0
-)
-
-require (
-	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
-	github.com/hashicorp/golang-lru/v2 v2.0.7 // indirect
-	golang.org/x/sync v0.25.0 // indirect
 )

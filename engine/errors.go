@@ -7,12 +7,16 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 )
 
+// Sentinel errors, tested with errors.Is. Here and below: snapctl maps
+// them to its exit statuses (cmd/internal/cli.ExitCode).
 var (
 	// ErrHasChildren: the process has child processes (process trees are
 	// not supported yet).
 	ErrHasChildren = errors.New("process has child processes")
 	// ErrUnsupported: the process holds something the snapshot format
-	// cannot describe; the error names it.
+	// cannot describe; the error names it. (A kernel that lacks an
+	// interface gives errors matching the standard library's
+	// errors.ErrUnsupported instead, as ENOSYS does.)
 	ErrUnsupported = image.ErrUnsupported
 )
 

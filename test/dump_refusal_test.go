@@ -172,21 +172,21 @@ func startHolder(t *testing.T, mode string) *fixture.Proc {
 	return fixture.StartPython(t, script, mode)
 }
 
-// refused runs a dump that must fail: exit status 1, an error on stderr
-// that contains every one of want, and no snapshot in dir.
-func refused(t *testing.T, pid int, dir string, want ...string) cmdResult {
+// refused runs a dump that must fail: exit status code, one error line
+// on stderr that names every one of names, and no snapshot in dir.
+func refused(t *testing.T, pid int, dir string, code int, names ...string) cmdResult {
 	t.Helper()
 	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir)
-	if r.Code != 1 {
-		t.Fatalf("dump exit status %d, want 1:\n%s", r.Code, r)
+	if r.Code != code {
+		t.Fatalf("dump exit status %d, want %d:\n%s", r.Code, code, r)
 	}
 	msg := strings.TrimSpace(r.Stderr)
 	if strings.Count(msg, "\n") != 0 || !strings.HasPrefix(msg, "snapctl: ") {
 		t.Errorf("want one error line, got:\n%s", r.Stderr)
 	}
-	for _, w := range want {
-		if !strings.Contains(msg, w) {
-			t.Errorf("error %q does not say %q", msg, w)
+	for _, n := range names {
+		if !strings.Contains(msg, n) {
+			t.Errorf("error %q does not name %q", msg, n)
 		}
 	}
 	if hasManifest(t, dir) {
@@ -207,7 +207,7 @@ func TestDumpRefusals(t *testing.T) {
 		}
 		pid := cmd.Process.Pid
 		dir := filepath.Join(t.TempDir(), "snap")
-		refused(t, pid, dir, "pid "+strconv.Itoa(pid), "no such process")
+		refused(t, pid, dir, exitNoProcess, "pid "+strconv.Itoa(pid))
 	})
 
 	t.Run("has-child", func(t *testing.T) {
@@ -215,7 +215,7 @@ func TestDumpRefusals(t *testing.T) {
 		p := startHolder(t, "child")
 		child := int(p.Ready.MustInt(t, "child"))
 		t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
-		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), "child", strconv.Itoa(child))
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), exitUnsupported, strconv.Itoa(child))
 		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	})
 
@@ -232,7 +232,7 @@ func TestDumpRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), "already traced",
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), exitUnsupported,
 			fmt.Sprintf("pid %d (%s)", tracer.Process.Pid, strings.TrimSpace(string(comm))))
 		// Still traced by the other tracer, still running: it passes
 		// the request on.
@@ -254,7 +254,7 @@ func TestDumpRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", dir)
-		if r.Code != 1 || !strings.Contains(r.Stderr, "already holds a snapshot") {
+		if r.Code != exitFailure || !strings.Contains(r.Stderr, "already holds a snapshot") {
 			t.Errorf("second dump into %s:\n%s", dir, r)
 		}
 		if again, err := os.ReadFile(filepath.Join(dir, "snapshot.json")); err != nil || string(again) != string(manifest) {
@@ -282,7 +282,7 @@ func TestDumpRefusals(t *testing.T) {
 		dir := filepath.Join(fs, "snap")
 		// Without --leave-running: a successful dump would kill it.
 		pages := "pages-" + strconv.Itoa(p.PID) + ".img"
-		r := refused(t, p.PID, dir, filepath.Join(dir, pages), "no space left on device")
+		r := refused(t, p.PID, dir, exitFailure, filepath.Join(dir, pages), "no space left on device")
 		if n := strings.Count(r.Stderr, pages); n != 1 {
 			t.Errorf("the error names %s %d times, want once: %s", pages, n, r.Stderr)
 		}
@@ -298,7 +298,7 @@ func TestDumpRefusals(t *testing.T) {
 		fd := p.Ready.MustInt(t, "fd")
 		dir := filepath.Join(t.TempDir(), "snap")
 		// Without --leave-running: a successful dump would kill it.
-		refused(t, p.PID, dir, "fd "+strconv.FormatInt(fd, 10)+" ", "inotify", "unsupported")
+		refused(t, p.PID, dir, exitUnsupported, "fd "+strconv.FormatInt(fd, 10)+" ", "inotify")
 		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
 			t.Errorf("the failed dump left files in %s: %v", dir, ents)
 		}

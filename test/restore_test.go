@@ -147,12 +147,12 @@ func processesOf(t *testing.T, exe string) []int {
 	return out
 }
 
-// wantRefused checks that a restore failed cleanly: exit status 1, an
+// wantRefused checks that a restore failed cleanly: exit status code, an
 // error naming each of names, no process at pid and no stub left.
-func wantRefused(t *testing.T, ctx context.Context, r cmdResult, pid int, names ...string) {
+func wantRefused(t *testing.T, ctx context.Context, r cmdResult, code, pid int, names ...string) {
 	t.Helper()
-	if r.Code != 1 {
-		t.Fatalf("restore exit %d, want 1\n%s", r.Code, r)
+	if r.Code != code {
+		t.Fatalf("restore exit %d, want %d\n%s", r.Code, code, r)
 	}
 	for _, n := range names {
 		if !strings.Contains(r.Stderr, n) {
@@ -648,8 +648,8 @@ func TestRestorePIDInUse(t *testing.T) {
 	dumpPID(t, p.PID, dir, "--leave-running")
 
 	r := runSnapctl(t, "restore", "-D", dir)
-	if r.Code != 1 || !strings.Contains(r.Stderr, strconv.Itoa(p.PID)) {
-		t.Errorf("restore over a live pid: exit %d, want 1 and an error naming pid %d\n%s", r.Code, p.PID, r)
+	if r.Code != exitPIDInUse || !strings.Contains(r.Stderr, strconv.Itoa(p.PID)) {
+		t.Errorf("restore over a live pid: exit %d, want %d and an error naming pid %d\n%s", r.Code, exitPIDInUse, p.PID, r)
 	}
 	if got := processesOf(t, exe); !slices.Equal(got, []int{p.PID}) {
 		t.Errorf("processes running %s: %v, want only the original %d", exe, got, p.PID)
@@ -674,7 +674,7 @@ func TestRestoreFileChanged(t *testing.T) {
 		if err := os.Chtimes(path, later, later); err != nil {
 			t.Fatal(err)
 		}
-		wantRefused(t, ctx, runSnapctl(t, "restore", "-D", dir), p.PID, path)
+		wantRefused(t, ctx, runSnapctl(t, "restore", "-D", dir), exitFileChanged, p.PID, path)
 	})
 	t.Run("exe", func(t *testing.T) {
 		// A private fixture cache: the binary is modified.
@@ -689,7 +689,7 @@ func TestRestoreFileChanged(t *testing.T) {
 		if err := os.Chtimes(exe, later, later); err != nil {
 			t.Fatal(err)
 		}
-		wantRefused(t, ctx, runSnapctl(t, "restore", "-D", dir), p.PID, exe)
+		wantRefused(t, ctx, runSnapctl(t, "restore", "-D", dir), exitFileChanged, p.PID, exe)
 	})
 }
 
@@ -711,7 +711,8 @@ func TestRestoreFailureKillsProcess(t *testing.T) {
 		}
 	})
 	r := runSnapctl(t, "restore", "-D", dir)
-	wantRefused(t, ctx, r, p.PID, "file descriptors", p.LogPath)
+	// Opening an immutable file for writing is EPERM, even for root.
+	wantRefused(t, ctx, r, exitNoPrivilege, p.PID, "file descriptors", p.LogPath)
 }
 
 // kernelThreadState is what one thread registered with the kernel.
@@ -974,7 +975,7 @@ func TestRestoreCorruptBlock(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := runSnapctl(t, "restore", "-D", dir)
-			wantRefused(t, ctx, r, p.PID, "fill memory", si.Pages.Name(), fmt.Sprintf("%#x", blk.Addr))
+			wantRefused(t, ctx, r, exitBadSnapshot, p.PID, "fill memory", si.Pages.Name(), fmt.Sprintf("%#x", blk.Addr))
 		})
 	}
 }
@@ -1070,8 +1071,8 @@ func TestCheck(t *testing.T) {
 		done; exec "$@"`, mount)
 		env := append(os.Environ(), "PATH="+t.TempDir())
 		code, feats, r := runCheck(t, env, unshare, "-m", "--propagation", "private", "/bin/sh", "-c", hide, "sh")
-		if code != 1 || !strings.Contains(r.Stderr, "FUSE") {
-			t.Errorf("exit %d, want 1 and an error naming FUSE\n%s", code, r)
+		if code != exitNoPrivilege || !strings.Contains(r.Stderr, "FUSE") {
+			t.Errorf("exit %d, want %d and an error naming FUSE\n%s", code, exitNoPrivilege, r)
 		}
 		wantOK(t, feats, "FUSE")
 	})
@@ -1083,8 +1084,8 @@ func TestCheck(t *testing.T) {
 			t.Skipf("no user namespaces here: %v %s", err, out)
 		}
 		code, feats, r := runCheck(t, nil, unshare, "-U", "-r")
-		if code != 1 {
-			t.Errorf("exit %d, want 1\n%s", code, r)
+		if code != exitNoPrivilege {
+			t.Errorf("exit %d, want %d\n%s", code, exitNoPrivilege, r)
 		}
 		if f := feats["clone3 set_tid"]; f.OK || !strings.Contains(f.Detail, "not permitted") {
 			t.Errorf("clone3 set_tid in a user namespace: %+v, want missing: not permitted", f)

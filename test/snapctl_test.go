@@ -22,6 +22,20 @@ const (
 	commandTimeout = 2 * time.Minute
 )
 
+// Exit statuses of snapctl and lazyfs (README.md, Exit status). The tests
+// spell them out, as a script would, rather than import them: they are the
+// contract, and a failure's status is what the tests check first, its
+// message only for the pid, file or block it names.
+const (
+	exitFailure     = 1
+	exitUnsupported = 3
+	exitNoProcess   = 4
+	exitPIDInUse    = 5
+	exitBadSnapshot = 7
+	exitFileChanged = 9
+	exitNoPrivilege = 10
+)
+
 // tools holds the commands built for this test binary, in a directory
 // TestMain creates and removes.
 var tools struct {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 )
 
 // readyEnv names the file descriptor on which a --background child
@@ -65,7 +67,13 @@ func startBackground(ctx context.Context, args []string) error {
 	}
 	werr := cmd.Wait()
 	if len(b) > 0 {
-		return errors.New(string(bytes.TrimSpace(b)))
+		// The child's message, with its exit status: the sentinels
+		// behind it stayed in the child.
+		err := errors.New(string(bytes.TrimSpace(b)))
+		if ee, ok := errors.AsType[*exec.ExitError](werr); ok && ee.ExitCode() > 0 {
+			return cli.WithExit(ee.ExitCode(), err)
+		}
+		return err
 	}
 	return fmt.Errorf("background: lazyfs exited before the mount was ready: %v", werr)
 }

@@ -1,57 +1,37 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"fmt"
 	"io"
-	"strings"
 
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/fs"
 )
-
-// Exit codes.
-const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
-)
-
-// usageError is a mistake in the command line: exit code 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
 // config is the parsed command line.
 type config struct {
 	snapshot, mountpoint string
 	unmount              bool // -u MOUNTPOINT
 	force                bool // with -u
-	cacheSize            sizeFlag
+	cacheSize            *cli.Size
 	threads              int
 	allowOther           bool
 	directIO             bool
 	background           bool
 	debug                bool
 	logFile              string
+	version              bool
 }
 
 // options turns the command line into mount options.
 func (c *config) options() fs.Options {
 	return fs.Options{
-		CacheSize:         c.cacheSize.v,
+		CacheSize:         c.cacheSize.V,
 		DecompressThreads: c.threads,
 		AllowOther:        c.allowOther,
 		DirectIO:          c.directIO,
 		Debug:             c.debug,
 	}
 }
-
-const synopsis = `usage: lazyfs [options] SNAPSHOT MOUNTPOINT
-       lazyfs -u [--force] MOUNTPOINT`
 
 const about = `
 lazyfs mounts the snapshot directory SNAPSHOT (written by snapctl dump)
@@ -87,130 +67,61 @@ Examples:
   xxd -s 0x7f3a1c000000 -l 64 /mnt/redis/4242/mem
   strings /mnt/redis/4242/regions/* | grep secret
   cp --sparse=always /mnt/redis/4242/mem /tmp/redis.mem
-  lazyfs -u /mnt/redis
+  lazyfs -u /mnt/redis`
 
-Exit status: 0 success (after a clean unmount), 1 failure, 2 usage error.`
+// command is lazyfs's command line, for its help.
+var command = cli.Command{
+	Name:     "lazyfs",
+	Synopsis: []string{"[options] SNAPSHOT MOUNTPOINT", "-u [--force] MOUNTPOINT"},
+	About:    about,
+	Footer:   examples,
+	Exits:    []int{cli.ExitBadSnapshot, cli.ExitNoPrivilege},
+}
 
 // newFlagSet returns the flags of lazyfs bound to c.
-func newFlagSet(c *config, out io.Writer) *flag.FlagSet {
-	f := flag.NewFlagSet("lazyfs", flag.ContinueOnError)
-	f.SetOutput(out)
-	c.cacheSize.v = fs.DefaultCacheSize
-	f.Var(&c.cacheSize, "cache-size", "keep up to `SIZE` of decoded blocks in memory, shared by the whole mount: bytes, or with a K, M or G suffix")
+func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
+	f := command.Flags(stdout, stderr)
+	c.cacheSize = f.Size("cache-size", fs.DefaultCacheSize, "keep up to `SIZE` of decoded blocks in memory, shared by the whole mount: bytes, or with a K, M or G suffix")
 	f.IntVar(&c.threads, "decompress-threads", 1, "decode the blocks of one request with up to `N` threads: 1 serial, 0 automatic from the CPU affinity mask and the work, N > 1 a maximum")
 	f.BoolVar(&c.allowOther, "allow-other", false, "let other users reach the files (FUSE allow_other; non-root needs user_allow_other in /etc/fuse.conf). Off by default: memory images hold secrets")
 	f.BoolVar(&c.directIO, "direct-io", false, "serve mem and region files with direct I/O instead of keeping them in the page cache: for one reader that reads everything once; rereads and small reads are much slower")
 	f.BoolVar(&c.background, "background", false, "detach once the mount is ready and serving; exit non-zero with the error if it cannot be")
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
-	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on MOUNTPOINT (like fusermount3 -u) and exit; refused while files on it are open")
+	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit; refused while files on it are open")
+	f.BoolVar(&c.version, "version", false, "print the version and exit")
 	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")
-	f.Usage = func() {
-		fmt.Fprintf(f.Output(), "%s\n%s\n\nOptions:\n", synopsis, about)
-		f.VisitAll(func(fl *flag.Flag) {
-			dash := "--"
-			if len(fl.Name) == 1 {
-				dash = "-"
-			}
-			arg, usage := flag.UnquoteUsage(fl)
-			if fl.Name == "u" {
-				arg = "MOUNTPOINT"
-			}
-			if arg != "" {
-				arg = " " + arg
-			}
-			def := ""
-			if fl.Name == "cache-size" {
-				def = " (default 256M)"
-			} else if fl.Name == "decompress-threads" {
-				def = " (default 1)"
-			}
-			fmt.Fprintf(f.Output(), "  %s%s%s\n%s", dash, fl.Name, arg, wrap(usage+def, "      ", 78))
-		})
-		fmt.Fprintln(f.Output(), examples)
-	}
 	return f
 }
-
-// errHelp is --help: usage on standard output, exit code 0.
-var errHelp = flag.ErrHelp
 
 // parseArgs parses the command line. Options may come before, between or
 // after the two operands; "--" ends the options.
 func parseArgs(args []string, stdout, stderr io.Writer) (*config, error) {
 	c := &config{}
-	f := newFlagSet(c, io.Discard)
-	var pos []string
-	for {
-		if err := f.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				f.SetOutput(stdout)
-				f.Usage()
-				return nil, errHelp
-			}
-			fmt.Fprintf(stderr, "%s\nRun 'lazyfs --help' for the options.\n", synopsis)
-			return nil, &usageError{err.Error()}
-		}
-		rest := f.Args()
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			pos = append(pos, rest...)
-			break
-		}
-		if len(rest) == 0 {
-			break
-		}
-		pos, args = append(pos, rest[0]), rest[1:]
+	f := newFlagSet(c, stdout, stderr)
+	pos, err := f.ParseOperands(args)
+	if err != nil {
+		return nil, err
+	}
+	if c.version {
+		return c, nil
 	}
 	if c.force && !c.unmount {
-		return nil, usagef("--force goes with -u MOUNTPOINT")
+		return nil, cli.Usagef("--force goes with -u MOUNTPOINT")
 	}
 	if c.unmount {
 		if len(pos) != 1 {
-			return nil, usagef("-u takes one MOUNTPOINT, got %d arguments", len(pos))
+			return nil, cli.Usagef("-u takes one MOUNTPOINT, got %d arguments", len(pos))
 		}
 		c.mountpoint = pos[0]
 		return c, nil
 	}
 	if len(pos) != 2 {
-		fmt.Fprintf(stderr, "%s\nRun 'lazyfs --help' for the options.\n", synopsis)
-		return nil, usagef("want SNAPSHOT and MOUNTPOINT, got %d arguments", len(pos))
+		return nil, f.Usagef("want SNAPSHOT and MOUNTPOINT, got %d arguments", len(pos))
 	}
 	if c.threads < 0 {
-		return nil, usagef("--decompress-threads %d: want 0 (automatic), 1 (serial) or more", c.threads)
+		return nil, cli.Usagef("--decompress-threads %d: want 0 (automatic), 1 (serial) or more", c.threads)
 	}
 	c.snapshot, c.mountpoint = pos[0], pos[1]
 	return c, nil
-}
-
-// sizeFlag is a byte size flag (256M, 1G, or bytes).
-type sizeFlag struct{ v int64 }
-
-func (s *sizeFlag) String() string { return units.FormatSize(uint64(s.v)) }
-
-func (s *sizeFlag) Set(v string) error {
-	n, err := units.ParseSize(v)
-	if err != nil {
-		return err
-	}
-	s.v = n
-	return nil
-}
-
-// wrap breaks text into lines of at most width columns, each starting
-// with indent.
-func wrap(text, indent string, width int) string {
-	var b strings.Builder
-	line := indent
-	for _, w := range strings.Fields(text) {
-		if len(line) > len(indent) && len(line)+1+len(w) > width {
-			b.WriteString(line + "\n")
-			line = indent
-		}
-		if len(line) > len(indent) {
-			line += " "
-		}
-		line += w
-	}
-	b.WriteString(line + "\n")
-	return b.String()
 }

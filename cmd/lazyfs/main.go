@@ -4,15 +4,9 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/signal"
 	"syscall"
+
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(report(os.Stderr, err))
-}
+func main() { cli.Main("lazyfs", run, syscall.SIGHUP) }

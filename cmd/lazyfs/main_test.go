@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
+	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/fs/fstest"
@@ -244,6 +246,11 @@ func TestErrors(t *testing.T) {
 	incomplete := filepath.Join(t.TempDir(), "incomplete")
 	os.CopyFS(incomplete, os.DirFS(s.Dir))
 	os.Remove(filepath.Join(incomplete, image.ManifestName))
+	corrupt := filepath.Join(t.TempDir(), "corrupt")
+	os.CopyFS(corrupt, os.DirFS(s.Dir))
+	if err := os.Truncate(filepath.Join(corrupt, image.ManifestName), 10); err != nil {
+		t.Fatal(err)
+	}
 	file := filepath.Join(t.TempDir(), "file")
 	os.WriteFile(file, nil, 0o600)
 
@@ -254,24 +261,27 @@ func TestErrors(t *testing.T) {
 	}
 	t.Cleanup(func() { lazyfs(t, "-u", busy).Run() })
 
+	// The status is the contract; want is what the message must name (or,
+	// for the statuses that several failures share, what it must say).
 	for _, tc := range []struct {
 		name string
 		args []string
 		code int
 		want string
 	}{
-		{"no manifest", []string{incomplete, mountpoint(t)}, exitFailure, "incomplete snapshot"},
-		{"no manifest in background", []string{"--background", incomplete, mountpoint(t)}, exitFailure, "incomplete snapshot"},
-		{"missing snapshot", []string{filepath.Join(t.TempDir(), "nope"), mountpoint(t)}, exitFailure, "no such file or directory"},
-		{"mountpoint busy", []string{s.Dir, busy}, exitFailure, "already a mount point"},
-		{"mountpoint busy in background", []string{"--background", s.Dir, busy}, exitFailure, "already a mount point"},
-		{"mountpoint is a file", []string{s.Dir, file}, exitFailure, "not a directory"},
-		{"unmount a plain directory", []string{"-u", t.TempDir()}, exitFailure, "not a lazyfs mount"},
-		{"one operand", []string{s.Dir}, exitUsage, "want SNAPSHOT and MOUNTPOINT"},
-		{"bad size", []string{"--cache-size", "12Q", s.Dir, mountpoint(t)}, exitUsage, "invalid size"},
-		{"unknown flag", []string{"--frobnicate", s.Dir, mountpoint(t)}, exitUsage, "flag provided but not defined"},
-		{"-u with two operands", []string{"-u", s.Dir, busy}, exitUsage, "-u takes one MOUNTPOINT"},
-		{"--force without -u", []string{"--force", s.Dir, busy}, exitUsage, "--force goes with -u"},
+		{"no manifest", []string{incomplete, mountpoint(t)}, cli.ExitBadSnapshot, incomplete},
+		{"no manifest in background", []string{"--background", incomplete, mountpoint(t)}, cli.ExitBadSnapshot, incomplete},
+		{"corrupt manifest", []string{corrupt, mountpoint(t)}, cli.ExitBadSnapshot, filepath.Join(corrupt, image.ManifestName)},
+		{"missing snapshot", []string{filepath.Join(t.TempDir(), "nope"), mountpoint(t)}, cli.ExitFailure, "no such file or directory"},
+		{"mountpoint busy", []string{s.Dir, busy}, cli.ExitFailure, "already a mount point"},
+		{"mountpoint busy in background", []string{"--background", s.Dir, busy}, cli.ExitFailure, "already a mount point"},
+		{"mountpoint is a file", []string{s.Dir, file}, cli.ExitFailure, "not a directory"},
+		{"unmount a plain directory", []string{"-u", t.TempDir()}, cli.ExitFailure, "not a lazyfs mount"},
+		{"one operand", []string{s.Dir}, cli.ExitUsage, "want SNAPSHOT and MOUNTPOINT"},
+		{"bad size", []string{"--cache-size", "12Q", s.Dir, mountpoint(t)}, cli.ExitUsage, "invalid size"},
+		{"unknown flag", []string{"--frobnicate", s.Dir, mountpoint(t)}, cli.ExitUsage, "flag provided but not defined"},
+		{"-u with two operands", []string{"-u", s.Dir, busy}, cli.ExitUsage, "-u takes one MOUNTPOINT"},
+		{"--force without -u", []string{"--force", s.Dir, busy}, cli.ExitUsage, "--force goes with -u"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := lazyfs(t, tc.args...)
@@ -297,6 +307,13 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("--help lacks %q", want)
 		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := lazyfs(t, "--version").Output()
+	if err != nil || string(out) != "lazyfs "+engine.Version+"\n" {
+		t.Errorf("lazyfs --version: %v, %q", err, out)
 	}
 }
 

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 
+	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/fs"
 )
 
@@ -17,6 +17,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c, err := parseArgs(args, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	if c.version {
+		fmt.Fprintf(stdout, "lazyfs %s\n", engine.Version)
+		return nil
 	}
 	if c.unmount && c.force {
 		return fs.ForceUnmount(c.mountpoint)
@@ -69,19 +73,4 @@ func newLogger(c *config, stderr io.Writer) (*slog.Logger, func(), error) {
 		w, closeFn = f, func() { f.Close() }
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), closeFn, nil
-}
-
-// report prints err and returns the exit code for it.
-func report(w io.Writer, err error) int {
-	var ue *usageError
-	switch {
-	case err == nil, errors.Is(err, errHelp):
-		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintf(w, "lazyfs: %v\n", err)
-		return exitUsage
-	default:
-		fmt.Fprintf(w, "lazyfs: %v\n", err)
-		return exitFailure
-	}
 }

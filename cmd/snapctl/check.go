@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/check"
 	"github.com/lazyfs/lazyfs/fs"
 )
@@ -16,9 +17,10 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 Check that this machine can dump and restore: try each kernel facility a
 restore needs, for real (ptrace on a stub it starts, clone3 with a chosen
 pid, PR_SET_MM_MAP, userfaultfd, PAGEMAP_SCAN) and FUSE for lazyfs, and say
-for each whether it works and what needs it. Exits 1 if one is missing.`, stderr)
+for each whether it works and what needs it. Exits 10 if one is missing.`,
+		[]int{cli.ExitNoPrivilege}, stdout, stderr)
 	asJSON := fl.Bool("json", false, "print the results as JSON")
-	if err := parse(fl, args); err != nil {
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	feats := append(check.Run(ctx, ""), check.FUSE(fs.CheckFUSE()))
@@ -44,7 +46,7 @@ for each whether it works and what needs it. Exits 1 if one is missing.`, stderr
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("check: missing %s", strings.Join(missing, ", "))
+		return cli.WithExit(cli.ExitNoPrivilege, fmt.Errorf("check: missing %s", strings.Join(missing, ", ")))
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/check"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -81,7 +82,7 @@ func TestCheckJSON(t *testing.T) {
 
 func TestCheckUsage(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	var ue *usageError
+	var ue *cli.UsageError
 	if err := run(t.Context(), []string{"check", "extra"}, &stdout, &stderr); !errors.As(err, &ue) {
 		t.Errorf("check extra: %v, want a usage error", err)
 	}

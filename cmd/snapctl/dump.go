@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/units"
@@ -23,44 +24,44 @@ blocks take no space, others are LZ4-compressed when that saves more than
 last: a failed dump leaves the process running and no manifest behind.
 
 Refused: a process with children, a process already being traced, and
-anything the format cannot describe yet (the error names it).`, stderr)
+anything the format cannot describe yet (the error names it).`,
+		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
-	alias(fs, "tree", "t")
+	fs.Alias("tree", "t")
 	dir := fs.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
-	alias(fs, "images-dir", "D")
+	fs.Alias("images-dir", "D")
 	leave := fs.Bool("leave-running", false, "resume the process after the dump instead of killing it")
 	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
-	var block sizeFlag
-	fs.Var(&block, "compress-block", "block `SIZE`: a power of two from 4K to 4M (default 256K)")
+	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
-	if err := parse(fs, args); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *pid <= 0 {
-		return usagef("-t PID (--tree) is required")
+		return cli.Usagef("-t PID (--tree) is required")
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
 	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress}
 	n := 0
-	for _, b := range []bool{*compress, block.set, *noCompress} {
+	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {
 			n++
 		}
 	}
 	if n > 1 {
-		return usagef("--compress, --compress-block and --no-compress are exclusive")
+		return cli.Usagef("--compress, --compress-block and --no-compress are exclusive")
 	}
 	switch {
 	case *compress:
 		opts.BlockSize = codec.PageSize
-	case block.set:
-		if block.v < codec.PageSize || block.v > codec.MaxBlockSize || block.v&(block.v-1) != 0 {
-			return usagef("--compress-block %s: must be a power of two from 4K to 4M", units.FormatSize(uint64(block.v)))
+	case block.Given:
+		if block.V < codec.PageSize || block.V > codec.MaxBlockSize || block.V&(block.V-1) != 0 {
+			return cli.Usagef("--compress-block %s: must be a power of two from 4K to 4M", units.FormatSize(uint64(block.V)))
 		}
-		opts.BlockSize = int(block.v)
+		opts.BlockSize = int(block.V)
 	case *noCompress:
 		opts.Mode = codec.NoCompress
 	}

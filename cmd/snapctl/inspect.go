@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -15,11 +16,12 @@ import (
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("inspect", "-D DIR [--json]", `
 Show what a snapshot holds: its processes, their memory regions, and the
-blocks by kind (zero, raw, lz4) with original and stored bytes.`, stderr)
+blocks by kind (zero, raw, lz4) with original and stored bytes.`,
+		[]int{cli.ExitBadSnapshot, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
-	alias(fs, "images-dir", "D")
+	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
-	if err := parse(fs, args); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
@@ -67,7 +69,7 @@ type regionReport struct {
 func inspect(dir string) (*inspectReport, error) {
 	s, err := image.Open(dir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open snapshot: %w", err)
 	}
 	rep := &inspectReport{Dir: dir, Manifest: s.Manifest}
 	for _, pid := range s.PIDs() {

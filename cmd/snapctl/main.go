@@ -3,16 +3,6 @@
 // snapshots.
 package main
 
-import (
-	"context"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/lazyfs/lazyfs/cmd/internal/cli"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(report(os.Stderr, err))
-}
+func main() { cli.Main("snapctl", run) }

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/uffd"
@@ -53,18 +54,19 @@ corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
 Established TCP connections are closed (their peers saw a reset when the
-dumped process went away); listening sockets listen again.`, stderr)
+dumped process went away); listening sockets listen again.`,
+		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fl.String("D", "", "the snapshot directory `DIR`")
-	alias(fl, "images-dir", "D")
+	fl.Alias("images-dir", "D")
 	threads := threadsFlag(fl)
 	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
 	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
-	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the\n      snapshot) or direct (the snapshot files)")
-	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after\n      `DELAY` (e.g. 200ms)")
-	fl.Bool("tcp-close", true, "close established TCP connections (the only mode)")
+	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
+	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
+	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
 	verbose := fl.Bool("v", false, "log each step")
-	if err := parse(fl, args); err != nil {
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
@@ -73,16 +75,16 @@ dumped process went away); listening sockets listen again.`, stderr)
 	set := map[string]bool{}
 	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if !*lazy && (set["mount"] || set["source"] || set["prefetch-delay"]) {
-		return usagef("--mount, --source and --prefetch-delay need --lazy")
+		return cli.Usagef("--mount, --source and --prefetch-delay need --lazy")
 	}
 	if *source != "mount" && *source != "direct" {
-		return usagef("--source %q: want mount or direct", *source)
+		return cli.Usagef("--source %q: want mount or direct", *source)
 	}
 	if *mount != "" && *source == "direct" {
-		return usagef("--mount and --source direct are exclusive")
+		return cli.Usagef("--mount and --source direct are exclusive")
 	}
 	if *prefetchDelay < 0 {
-		return usagef("--prefetch-delay must not be negative")
+		return cli.Usagef("--prefetch-delay must not be negative")
 	}
 	level := slog.LevelWarn
 	if *verbose {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -13,11 +14,12 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("verify", "-D DIR [--decompress-threads N]", `
 Check a snapshot: the manifest, every file's size and checksum, and every
 block of memory against its CRC32C. Exits non-zero at the first bad block,
-naming the file, the block and its address.`, stderr)
+naming the file, the block and its address.`,
+		[]int{cli.ExitBadSnapshot, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
-	alias(fs, "images-dir", "D")
+	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
-	if err := parse(fs, args); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
@@ -25,7 +27,7 @@ naming the file, the block and its address.`, stderr)
 	}
 	s, err := image.Open(*dir)
 	if err != nil {
-		return err
+		return fmt.Errorf("open snapshot: %w", err)
 	}
 	for _, pid := range s.PIDs() {
 		if _, err := s.State(pid); err != nil {

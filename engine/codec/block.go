@@ -83,8 +83,9 @@ const (
 var (
 	// ErrChecksum: a block's decoded bytes do not match its CRC32C.
 	ErrChecksum = errors.New("block checksum mismatch")
-	// ErrCorrupt: a block's stored bytes cannot be decoded to its length.
-	ErrCorrupt = errors.New("corrupt block")
+	// ErrUndecodable: a block's stored bytes cannot be decoded to its
+	// length (a wrong kind, stored length or LZ4 stream).
+	ErrUndecodable = errors.New("corrupt block")
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -177,24 +178,24 @@ func Decode(dst []byte, kind Kind, stored []byte) error {
 	switch kind {
 	case Zero:
 		if len(stored) != 0 {
-			return fmt.Errorf("%w: zero block with %d stored bytes", ErrCorrupt, len(stored))
+			return fmt.Errorf("%w: zero block with %d stored bytes", ErrUndecodable, len(stored))
 		}
 		clear(dst)
 	case Raw:
 		if len(stored) != len(dst) {
-			return fmt.Errorf("%w: raw block of %d bytes, want %d", ErrCorrupt, len(stored), len(dst))
+			return fmt.Errorf("%w: raw block of %d bytes, want %d", ErrUndecodable, len(stored), len(dst))
 		}
 		copy(dst, stored)
 	case LZ4:
 		n, err := lz4.UncompressBlock(stored, dst)
 		if err != nil {
-			return fmt.Errorf("%w: lz4: %v", ErrCorrupt, err)
+			return fmt.Errorf("%w: lz4: %v", ErrUndecodable, err)
 		}
 		if n != len(dst) {
-			return fmt.Errorf("%w: lz4 block decodes to %d bytes, want %d", ErrCorrupt, n, len(dst))
+			return fmt.Errorf("%w: lz4 block decodes to %d bytes, want %d", ErrUndecodable, n, len(dst))
 		}
 	default:
-		return fmt.Errorf("%w: unknown kind %d", ErrCorrupt, kind)
+		return fmt.Errorf("%w: unknown kind %d", ErrUndecodable, kind)
 	}
 	return nil
 }

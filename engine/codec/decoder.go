@@ -43,7 +43,7 @@ type DecodeOptions struct {
 }
 
 // BlockError reports a block that could not be read or decoded, or whose
-// decoded bytes do not match its CRC32C. Err wraps ErrChecksum, ErrCorrupt
+// decoded bytes do not match its CRC32C. Err wraps ErrChecksum, ErrUndecodable
 // or the error of the read.
 type BlockError struct {
 	Index int   // index of the block in the slice given to DecodeBlocks
@@ -61,28 +61,28 @@ func (e *BlockError) Unwrap() error { return e.Err }
 // is read or allocated for it.
 func (b *Block) check() error {
 	if !b.Kind.Valid() {
-		return fmt.Errorf("%w: unknown kind %d", ErrCorrupt, b.Kind)
+		return fmt.Errorf("%w: unknown kind %d", ErrUndecodable, b.Kind)
 	}
 	if b.Len <= 0 || b.Len > MaxBlockSize || b.Len%PageSize != 0 {
-		return fmt.Errorf("%w: decoded length %d", ErrCorrupt, b.Len)
+		return fmt.Errorf("%w: decoded length %d", ErrUndecodable, b.Len)
 	}
 	switch b.Kind {
 	case Zero:
 		if b.StoredLen != 0 {
-			return fmt.Errorf("%w: zero block with %d stored bytes", ErrCorrupt, b.StoredLen)
+			return fmt.Errorf("%w: zero block with %d stored bytes", ErrUndecodable, b.StoredLen)
 		}
 		return nil
 	case Raw:
 		if b.StoredLen != b.Len {
-			return fmt.Errorf("%w: raw block of %d stored bytes, length %d", ErrCorrupt, b.StoredLen, b.Len)
+			return fmt.Errorf("%w: raw block of %d stored bytes, length %d", ErrUndecodable, b.StoredLen, b.Len)
 		}
 	case LZ4:
 		if b.StoredLen <= 0 || b.StoredLen > b.Len {
-			return fmt.Errorf("%w: lz4 block of %d stored bytes, length %d", ErrCorrupt, b.StoredLen, b.Len)
+			return fmt.Errorf("%w: lz4 block of %d stored bytes, length %d", ErrUndecodable, b.StoredLen, b.Len)
 		}
 	}
 	if b.Off < 0 || b.Off > math.MaxInt64-int64(b.StoredLen) {
-		return fmt.Errorf("%w: stored offset %d", ErrCorrupt, b.Off)
+		return fmt.Errorf("%w: stored offset %d", ErrUndecodable, b.Off)
 	}
 	return nil
 }

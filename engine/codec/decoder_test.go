@@ -41,7 +41,7 @@ func checkPrefix(t *testing.T, src io.ReaderAt, blocks []Block, data []byte, opt
 }
 
 // TestDecodeBitFlip flips a bit in each stored block in turn: decoding must
-// stop at that block with ErrChecksum or ErrCorrupt, after handing fn only
+// stop at that block with ErrChecksum or ErrUndecodable, after handing fn only
 // correct bytes of the blocks before it.
 func TestDecodeBitFlip(t *testing.T) {
 	const bs = 64 << 10
@@ -60,8 +60,8 @@ func TestDecodeBitFlip(t *testing.T) {
 			if !errors.As(err, &be) || be.Index != i {
 				t.Fatalf("flip in %v block %d: error %v, want a BlockError for block %d", blk.Kind, i, err, i)
 			}
-			if !errors.Is(err, ErrChecksum) && !errors.Is(err, ErrCorrupt) {
-				t.Errorf("flip in block %d: %v, want ErrChecksum or ErrCorrupt", i, err)
+			if !errors.Is(err, ErrChecksum) && !errors.Is(err, ErrUndecodable) {
+				t.Errorf("flip in block %d: %v, want ErrChecksum or ErrUndecodable", i, err)
 			}
 			if n != i {
 				t.Errorf("flip in block %d: %d blocks delivered, want %d", i, n, i)
@@ -89,21 +89,21 @@ func TestDecodeBadIndex(t *testing.T) {
 		want error
 	}{
 		{"zero crc", Zero, func(b *Block) { b.CRC ^= 1 }, ErrChecksum},
-		{"zero stored", Zero, func(b *Block) { b.StoredLen = 10 }, ErrCorrupt},
+		{"zero stored", Zero, func(b *Block) { b.StoredLen = 10 }, ErrUndecodable},
 		{"raw crc", Raw, func(b *Block) { b.CRC ^= 1 }, ErrChecksum},
-		{"raw short", Raw, func(b *Block) { b.StoredLen-- }, ErrCorrupt},
+		{"raw short", Raw, func(b *Block) { b.StoredLen-- }, ErrUndecodable},
 		{"lz4 crc", LZ4, func(b *Block) { b.CRC ^= 1 }, ErrChecksum},
-		{"lz4 longer than len", LZ4, func(b *Block) { b.StoredLen = b.Len + 1 }, ErrCorrupt},
-		{"lz4 empty", LZ4, func(b *Block) { b.StoredLen = 0 }, ErrCorrupt},
-		{"lz4 short", LZ4, func(b *Block) { b.StoredLen -= 5 }, ErrCorrupt},
-		{"lz4 wrong len", LZ4, func(b *Block) { b.Len -= PageSize }, ErrCorrupt},
-		{"huge len", LZ4, func(b *Block) { b.Len = math.MaxInt }, ErrCorrupt},
-		{"len over max", Raw, func(b *Block) { b.Len = MaxBlockSize + PageSize; b.StoredLen = b.Len }, ErrCorrupt},
-		{"len not pages", Raw, func(b *Block) { b.Len = 100; b.StoredLen = 100 }, ErrCorrupt},
-		{"negative len", Zero, func(b *Block) { b.Len = -PageSize }, ErrCorrupt},
-		{"negative off", Raw, func(b *Block) { b.Off = -1 }, ErrCorrupt},
-		{"off overflow", LZ4, func(b *Block) { b.Off = math.MaxInt64 - 10 }, ErrCorrupt},
-		{"unknown kind", LZ4, func(b *Block) { b.Kind = 7 }, ErrCorrupt},
+		{"lz4 longer than len", LZ4, func(b *Block) { b.StoredLen = b.Len + 1 }, ErrUndecodable},
+		{"lz4 empty", LZ4, func(b *Block) { b.StoredLen = 0 }, ErrUndecodable},
+		{"lz4 short", LZ4, func(b *Block) { b.StoredLen -= 5 }, ErrUndecodable},
+		{"lz4 wrong len", LZ4, func(b *Block) { b.Len -= PageSize }, ErrUndecodable},
+		{"huge len", LZ4, func(b *Block) { b.Len = math.MaxInt }, ErrUndecodable},
+		{"len over max", Raw, func(b *Block) { b.Len = MaxBlockSize + PageSize; b.StoredLen = b.Len }, ErrUndecodable},
+		{"len not pages", Raw, func(b *Block) { b.Len = 100; b.StoredLen = 100 }, ErrUndecodable},
+		{"negative len", Zero, func(b *Block) { b.Len = -PageSize }, ErrUndecodable},
+		{"negative off", Raw, func(b *Block) { b.Off = -1 }, ErrUndecodable},
+		{"off overflow", LZ4, func(b *Block) { b.Off = math.MaxInt64 - 10 }, ErrUndecodable},
+		{"unknown kind", LZ4, func(b *Block) { b.Kind = 7 }, ErrUndecodable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			i := firstOf(tc.kind)

@@ -18,14 +18,14 @@ func FuzzDecode(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, kind, pages uint8, stored []byte, crc uint32, off int64, storedLen, blockLen int32) {
 		dst := make([]byte, int(pages%65)*PageSize)
-		if err := Decode(dst, Kind(kind), stored); err != nil && !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("Decode: %v is not ErrCorrupt", err)
+		if err := Decode(dst, Kind(kind), stored); err != nil && !errors.Is(err, ErrUndecodable) {
+			t.Fatalf("Decode: %v is not ErrUndecodable", err)
 		}
 		err := DecodeChecked(dst, Kind(kind), stored, crc)
 		if err == nil && Checksum(dst) != crc {
 			t.Fatal("DecodeChecked accepted bytes that do not match the CRC")
 		}
-		if err != nil && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrChecksum) {
+		if err != nil && !errors.Is(err, ErrUndecodable) && !errors.Is(err, ErrChecksum) {
 			t.Fatalf("DecodeChecked: %v", err)
 		}
 

@@ -325,7 +325,7 @@ func TestCorruptBlock(t *testing.T) {
 			if !errors.As(err, &be) || be.Block != b.Index || be.Addr != b.Addr || be.File != pagesName(9) {
 				t.Fatalf("block %d (%v): read = %d, %v; want a BlockError naming it", b.Index, b.Kind, n, err)
 			}
-			if !errors.Is(err, codec.ErrChecksum) && !errors.Is(err, codec.ErrCorrupt) {
+			if !errors.Is(err, codec.ErrChecksum) && !errors.Is(err, codec.ErrUndecodable) {
 				t.Fatalf("block %d: %v is neither ErrChecksum nor ErrCorrupt", b.Index, err)
 			}
 			if err := r.Verify(context.Background(), nil); !errors.As(err, &be) || be.Block != b.Index {
@@ -395,8 +395,8 @@ func TestOpenErrors(t *testing.T) {
 		{"manifest garbage", edit(ManifestName, func(b []byte) []byte { return b[:len(b)/2] }), ErrCorrupt},
 		{"manifest version", edit(ManifestName, func(b []byte) []byte { return bytes.Replace(b, []byte(`"version": 1`), []byte(`"version": 99`), 1) }), ErrVersion},
 		{"manifest format", edit(ManifestName, func(b []byte) []byte { return bytes.Replace(b, []byte(`lazyfs-snapshot`), []byte(`criu-snapshot`), 1) }), ErrBadMagic},
-		{"pages truncated", edit(pagesName(5), func(b []byte) []byte { return b[:len(b)-1] }), ErrFileChanged},
-		{"state edited", edit(stateName(5), func(b []byte) []byte { return bytes.Replace(b, []byte("synth"), []byte("sYnth"), 1) }), ErrFileChanged},
+		{"pages truncated", edit(pagesName(5), func(b []byte) []byte { return b[:len(b)-1] }), ErrManifestMismatch},
+		{"state edited", edit(stateName(5), func(b []byte) []byte { return bytes.Replace(b, []byte("synth"), []byte("sYnth"), 1) }), ErrManifestMismatch},
 		{"index bad magic", reindex(func(b []byte) { b[0] = 'X' }), ErrBadMagic},
 		{"index version", reindex(func(b []byte) { b[8] = 2 }), ErrVersion},
 		{"index header crc", func(d string) {

@@ -2,7 +2,6 @@ package image
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/bits"
 
@@ -32,20 +31,6 @@ const (
 	maxAddr = 1 << 57
 
 	rawAlign = 4096
-)
-
-var (
-	// ErrBadMagic: a file is not what its name says.
-	ErrBadMagic = errors.New("bad magic")
-	// ErrVersion: a file was written by an incompatible format version.
-	ErrVersion = errors.New("unsupported format version")
-	// ErrHeaderChecksum: a header or table fails its CRC.
-	ErrHeaderChecksum = errors.New("checksum mismatch")
-	// ErrTruncated: a file is shorter than its header says.
-	ErrTruncated = errors.New("truncated file")
-	// ErrCorrupt: a structure is inconsistent (overlapping runs, bad
-	// lengths, counts past their bounds).
-	ErrCorrupt = errors.New("corrupt snapshot")
 )
 
 // Run is a range of dumped pages.

@@ -21,15 +21,6 @@ const (
 	maxStateSize    = 256 << 20
 )
 
-var (
-	// ErrIncomplete: the directory has no manifest (a dump did not finish).
-	ErrIncomplete = errors.New("incomplete snapshot: no " + ManifestName)
-	// ErrExists: a snapshot is already there.
-	ErrExists = errors.New("directory already holds a snapshot")
-	// ErrFileChanged: a file's size or checksum differs from the manifest.
-	ErrFileChanged = errors.New("snapshot file does not match the manifest")
-)
-
 // Manifest is snapshot.json.
 type Manifest struct {
 	Format      string             `json:"format"`
@@ -79,21 +70,25 @@ func readManifest(dir string) (*Manifest, error) {
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			if _, serr := os.Stat(dir); serr != nil {
-				return nil, fmt.Errorf("open snapshot: %w", serr)
+				return nil, serr
 			}
 			return nil, fmt.Errorf("%s: %w", dir, ErrIncomplete)
 		}
-		return nil, fmt.Errorf("open manifest: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
+		return nil, err
 	}
 	if len(b) > maxManifestSize {
-		return nil, fmt.Errorf("%w: manifest larger than %d bytes", ErrCorrupt, maxManifestSize)
+		return nil, fmt.Errorf("%s: %w: manifest larger than %d bytes", f.Name(), ErrCorrupt, maxManifestSize)
 	}
-	return parseManifest(b)
+	m, err := parseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name(), err)
+	}
+	return m, nil
 }
 
 // parseManifest decodes and validates a manifest.

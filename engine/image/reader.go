@@ -51,10 +51,10 @@ func Open(dir string) (*Snapshot, error) {
 	for name, sum := range m.Files {
 		st, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
-			return nil, fmt.Errorf("open snapshot: %w", err)
+			return nil, err
 		}
 		if st.Size() != sum.Size {
-			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrFileChanged, st.Size(), sum.Size)
+			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size(), sum.Size)
 		}
 	}
 	return &Snapshot{Dir: dir, Manifest: m}, nil
@@ -86,7 +86,7 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
-		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, ErrFileChanged, got, sum.CRC32C)
+		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, ErrManifestMismatch, got, sum.CRC32C)
 	}
 	return b, nil
 }
@@ -615,7 +615,7 @@ func (s *Snapshot) VerifyPagesFile(pid int) error {
 	}
 	sum := s.Manifest.Files[e.Pages]
 	if got := crcHex(h.Sum32()); n != sum.Size || got != sum.CRC32C {
-		return fmt.Errorf("%s: %w: %d bytes crc32c %s, manifest says %d bytes crc32c %s", e.Pages, ErrFileChanged, n, got, sum.Size, sum.CRC32C)
+		return fmt.Errorf("%s: %w: %d bytes crc32c %s, manifest says %d bytes crc32c %s", e.Pages, ErrManifestMismatch, n, got, sum.Size, sum.CRC32C)
 	}
 	return nil
 }

@@ -2,6 +2,10 @@ package proc
 
 import "errors"
 
+// Sentinel errors. An interface the running kernel lacks (PAGEMAP_SCAN),
+// or a query a method cannot answer, gives an error that matches the
+// standard library's errors.ErrUnsupported, as ENOSYS and EOPNOTSUPP do:
+// proc has no sentinel of its own for it.
 var (
 	// ErrMalformed is wrapped by every error about input that does not have
 	// the format of the /proc file it claims to be.
@@ -9,7 +13,4 @@ var (
 	// ErrTooLarge is wrapped by errors about input exceeding a hard limit
 	// (a line, a count or a file size) set to keep allocations bounded.
 	ErrTooLarge = errors.New("/proc data exceeds limit")
-	// ErrUnsupported is returned when the running kernel lacks an interface
-	// (PAGEMAP_SCAN) or a query asks for something a method cannot answer.
-	ErrUnsupported = errors.New("unsupported by this kernel or method")
 )

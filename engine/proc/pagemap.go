@@ -238,7 +238,7 @@ func (p *Pagemap) SetMethod(m Method) error {
 	case MethodRead:
 	case MethodScan:
 		if !p.scanOK {
-			return fmt.Errorf("pagemap: PAGEMAP_SCAN: %w", ErrUnsupported)
+			return fmt.Errorf("pagemap: PAGEMAP_SCAN: %w", errors.ErrUnsupported)
 		}
 	default:
 		return fmt.Errorf("pagemap: unknown method %d", int(m))
@@ -284,7 +284,7 @@ func (p *Pagemap) ReadEntries(vaddr uint64, dst []Entry) (int, error) {
 // Runs appends to dst the runs of pages q selects, in address order, using
 // the Pagemap's method. A query on PageExclusive or PageUffdWP is always
 // answered by reading entries; one on categories only PAGEMAP_SCAN knows
-// fails with ErrUnsupported where the kernel lacks it.
+// fails with errors.ErrUnsupported where the kernel lacks it.
 func (p *Pagemap) Runs(q Query, dst []Run) ([]Run, error) {
 	c := q.categories()
 	scanOK := p.scanOK && c&^scanCategories == 0 && q.AnyOf&q.Exclude == 0
@@ -300,7 +300,7 @@ func (p *Pagemap) RunsRead(q Query, dst []Run) ([]Run, error) {
 		return dst, err
 	}
 	if c := q.categories(); c&^entryCategories != 0 || q.WriteProtect {
-		return dst, fmt.Errorf("pagemap read: categories %#x: %w", uint64(c&^entryCategories), ErrUnsupported)
+		return dst, fmt.Errorf("pagemap read: categories %#x: %w", uint64(c&^entryCategories), errors.ErrUnsupported)
 	}
 	if cap(p.buf) < 8*readChunkEntries {
 		p.buf = make([]byte, 8*readChunkEntries)

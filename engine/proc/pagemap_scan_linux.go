@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -78,10 +79,10 @@ func (p *Pagemap) RunsScan(q Query, dst []Run) ([]Run, error) {
 		return dst, err
 	}
 	if !p.scanOK {
-		return dst, fmt.Errorf("pagemap: PAGEMAP_SCAN: %w", ErrUnsupported)
+		return dst, fmt.Errorf("pagemap: PAGEMAP_SCAN: %w", errors.ErrUnsupported)
 	}
 	if c := q.categories(); c&^scanCategories != 0 {
-		return dst, fmt.Errorf("pagemap scan: categories %#x: %w", uint64(c&^scanCategories), ErrUnsupported)
+		return dst, fmt.Errorf("pagemap scan: categories %#x: %w", uint64(c&^scanCategories), errors.ErrUnsupported)
 	}
 	if p.vec == nil {
 		p.vec = make([]pageRegion, scanVecLen)
@@ -95,7 +96,7 @@ func (p *Pagemap) RunsScan(q Query, dst []Run) ([]Run, error) {
 		returnMask:        uint64(q.Return),
 	}
 	if q.AnyOf&q.Exclude != 0 {
-		return dst, fmt.Errorf("pagemap scan: a category both excluded and in AnyOf: %w", ErrUnsupported)
+		return dst, fmt.Errorf("pagemap scan: a category both excluded and in AnyOf: %w", errors.ErrUnsupported)
 	}
 	if q.WriteProtect {
 		arg.flags = pmScanWPMatching | pmScanCheckWPAsync

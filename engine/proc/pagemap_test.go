@@ -101,11 +101,11 @@ func TestPagemapQueryErrors(t *testing.T) {
 	if _, err := p.RunsRead(Query{Start: 1, End: PageSize, AnyOf: PagePresent}, nil); err == nil {
 		t.Fatal("unaligned query accepted")
 	}
-	if _, err := p.RunsRead(Query{Start: 0, End: PageSize, Require: PageWritten}, nil); !errors.Is(err, ErrUnsupported) {
+	if _, err := p.RunsRead(Query{Start: 0, End: PageSize, Require: PageWritten}, nil); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("read of PageWritten: %v, want ErrUnsupported", err)
 	}
 	if p.ScanSupported() {
-		if _, err := p.RunsScan(Query{Start: 0, End: PageSize, Require: PageExclusive}, nil); !errors.Is(err, ErrUnsupported) {
+		if _, err := p.RunsScan(Query{Start: 0, End: PageSize, Require: PageExclusive}, nil); !errors.Is(err, errors.ErrUnsupported) {
 			t.Fatalf("scan of PageExclusive: %v, want ErrUnsupported", err)
 		}
 	}

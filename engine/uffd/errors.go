@@ -24,13 +24,20 @@ var (
 var (
 	// ErrShortRead: the source returned fewer bytes than the extent holds.
 	ErrShortRead = errors.New("short read from source")
-	// ErrFeatures: the userfaultfd lacks RequiredFeatures.
-	ErrFeatures = errors.New("userfaultfd lacks required event features")
+	// ErrFeatures: the userfaultfd lacks RequiredFeatures. It matches
+	// errors.ErrUnsupported: the kernel lacks what the pager needs.
+	ErrFeatures error = unsupported("userfaultfd lacks required event features")
 	// ErrExtents: the extents are not sorted, page aligned and disjoint.
 	ErrExtents = errors.New("invalid extents")
 	// ErrUnexpected: a message the pager did not register for.
 	ErrUnexpected = errors.New("unexpected userfaultfd message")
 )
+
+// unsupported is a sentinel that also matches errors.ErrUnsupported.
+type unsupported string
+
+func (e unsupported) Error() string        { return string(e) }
+func (e unsupported) Is(target error) bool { return target == errors.ErrUnsupported }
 
 // ServeError is the error that ends Run: what failed, where.
 type ServeError struct {

@@ -1,0 +1,128 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/fs"
+)
+
+// TestExitCode maps errors wrapped as the commands return them (a step
+// name, a path, a BlockError...) to their statuses. The numbers are
+// spelled out: they are the contract.
+func TestExitCode(t *testing.T) {
+	step := func(name string, err error) error { return &engine.StepError{Step: name, Err: err} }
+	block := func(err error) error {
+		return step("fill memory", &image.BlockError{File: "pages-7.img", Block: 3, Addr: 0x7f0000000000, Err: err})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		code int
+	}{
+		{"nil", nil, 0},
+		{"help", ErrHelp, 0},
+		{"other", errors.New("boom"), 1},
+		{"context canceled, no signal", fmt.Errorf("lazy memory: %w", context.Canceled), 1},
+		{"snapshot exists", fmt.Errorf("create /x: %w", image.ErrExists), 1},
+		{"missing directory", step("open snapshot", &os.PathError{Op: "stat", Path: "/x", Err: syscall.ENOENT}), 1},
+		{"mountpoint busy", fmt.Errorf("mount /m: %w: %w", fs.ErrBusy, syscall.EBUSY), 1},
+		{"block read failed", block(syscall.EIO), 1},
+		{"usage", Usagef("-D DIR is required"), 2},
+		{"usage wrapped", fmt.Errorf("x: %w", &UsageError{"bad"}), 2},
+		{"unsupported", step("dump descriptors", fmt.Errorf("fd 5: %w: inotify file descriptors cannot be dumped yet", engine.ErrUnsupported)), 3},
+		{"children", step("check", fmt.Errorf("pid 5: %w ([6])", engine.ErrHasChildren)), 3},
+		{"already traced", step("freeze", &ptrace.AlreadyTracedError{Pid: 5, TracerPid: 6}), 3},
+		{"no such process", step("check", fmt.Errorf("pid 5: %w", ptrace.ErrNoProcess)), 4},
+		{"pid in use", step("check", fmt.Errorf("%w: pid 5 is taken by \"sleep\"", engine.ErrPIDInUse)), 5},
+		{"tid in use", step("create process", fmt.Errorf("%w: pid 5 was taken meanwhile", engine.ErrPIDInUse)), 5},
+		{"other kernel", step("check", fmt.Errorf("%w: dumped on 6.1 x86_64", engine.ErrKernelMismatch)), 6},
+		{"incomplete", step("open snapshot", fmt.Errorf("/x: %w", image.ErrIncomplete)), 7},
+		{"corrupt", fmt.Errorf("%w: manifest: unexpected end of JSON input", image.ErrCorrupt), 7},
+		{"bad magic", fmt.Errorf("pagemap-5.img: %w", image.ErrBadMagic), 7},
+		{"header checksum", fmt.Errorf("pagemap-5.img: %w", image.ErrHeaderChecksum), 7},
+		{"truncated", fmt.Errorf("pagemap-5.img: %w", image.ErrTruncated), 7},
+		{"manifest mismatch", fmt.Errorf("pages-5.img: %w: 10 bytes", image.ErrManifestMismatch), 7},
+		{"format version", fmt.Errorf("%w: manifest version 2", image.ErrVersion), 7},
+		{"block checksum", block(fmt.Errorf("%w: crc32c 1, want 2", codec.ErrChecksum)), 7},
+		{"block undecodable", block(fmt.Errorf("%w: lz4", codec.ErrUndecodable)), 7},
+		{"codec error alone", fmt.Errorf("verify: %w", &codec.BlockError{Index: 1, Err: codec.ErrChecksum}), 7},
+		{"file changed", step("check", fmt.Errorf("%w: /lib/x.so is now another file", engine.ErrFileChanged)), 9},
+		{"EPERM", step("start tracer", fmt.Errorf("seize 5: %w", syscall.EPERM)), 10},
+		{"EACCES", &os.PathError{Op: "open", Path: "/x", Err: syscall.EACCES}, 10},
+		{"ENOSYS", fmt.Errorf("userfaultfd: %w", syscall.ENOSYS), 10},
+		{"no FUSE", fmt.Errorf("mount /m: %w: %w", fs.ErrNoFUSE, syscall.ENODEV), 10},
+		{"kernel lacks", fmt.Errorf("pagemap: PAGEMAP_SCAN: %w", errors.ErrUnsupported), 10},
+		{"chosen", WithExit(ExitNoPrivilege, errors.New("check: missing FUSE")), 10},
+		// The more specific sentinel wins over an errno behind it.
+		{"pid in use over EEXIST", fmt.Errorf("%w: clone3: %w", engine.ErrPIDInUse, syscall.EEXIST), 5},
+		{"unsupported over EPERM", fmt.Errorf("%w: %w", engine.ErrUnsupported, syscall.EPERM), 3},
+	} {
+		if got := ExitCode(tc.err); got != tc.code {
+			t.Errorf("%s: ExitCode(%v) = %d, want %d", tc.name, tc.err, got, tc.code)
+		}
+	}
+}
+
+func TestReport(t *testing.T) {
+	var b []byte
+	w := writerFunc(func(p []byte) { b = append(b, p...) })
+	if code := Report(w, "snapctl", nil, false); code != 0 || len(b) > 0 {
+		t.Errorf("nil: %d %q", code, b)
+	}
+	if code := Report(w, "snapctl", ErrHelp, false); code != 0 || len(b) > 0 {
+		t.Errorf("help: %d %q", code, b)
+	}
+	err := fmt.Errorf("%w: pid 5", engine.ErrPIDInUse)
+	if code := Report(w, "snapctl", err, false); code != 5 || string(b) != "snapctl: pid in use: pid 5\n" {
+		t.Errorf("pid in use: %d %q", code, b)
+	}
+	b = nil
+	if code := Report(w, "snapctl", err, true); code != 130 || len(b) == 0 {
+		t.Errorf("interrupted: %d %q", code, b)
+	}
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
+
+// TestStatusesDocumented: README.md's exit status table lists every
+// status with its code, and no other (8 is marked reserved).
+func TestStatusesDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := regexp.MustCompile("(?m)^\\| `?(\\d+)`? \\|").FindAllSubmatch(b, -1)
+	var got []int
+	for _, r := range rows {
+		n, _ := strconv.Atoi(string(r[1]))
+		got = append(got, n)
+	}
+	var want []int
+	for _, s := range Statuses {
+		want = append(want, s.Code)
+	}
+	want = slices.Insert(want, slices.Index(want, ExitFileChanged), 8) // reserved: untrusted snapshot
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("README.md exit status rows %v, want %v", got, want)
+	}
+	for i := 1; i < len(Statuses); i++ {
+		if Statuses[i].Code <= Statuses[i-1].Code {
+			t.Errorf("Statuses out of order at %d", Statuses[i].Code)
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
+	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/fs/fstest"
+)
+
+// snapctl runs the command line args in process and returns its exit
+// status, standard output and standard error as snapctl would print them.
+func snapctl(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	err := run(t.Context(), args, &stdout, &stderr)
+	code := cli.Report(&stderr, "snapctl", err, false)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		{nil, "no command given"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"dump", "-D", "/x"}, "-t PID (--tree) is required"},
+		{[]string{"dump", "-t", "1"}, "-D DIR (--images-dir) is required"},
+		{[]string{"dump", "-t", "1", "-D", "/x", "--compress", "--no-compress"}, "exclusive"},
+		{[]string{"dump", "-t", "1", "-D", "/x", "--compress-block", "3K"}, "power of two"},
+		{[]string{"dump", "-t", "1", "-D", "/x", "--bogus"}, "flag provided but not defined"},
+		{[]string{"inspect", "-D", "/x", "extra"}, `unexpected argument "extra"`},
+		{[]string{"restore", "-D", "/x", "--mount", "/m"}, "need --lazy"},
+		{[]string{"restore", "-D", "/x", "--lazy", "--source", "disk"}, "want mount or direct"},
+		{[]string{"verify"}, "-D DIR (--images-dir) is required"},
+	} {
+		code, _, stderr := snapctl(t, tc.args...)
+		if code != cli.ExitUsage || !strings.Contains(stderr, tc.want) {
+			t.Errorf("snapctl %q: exit %d, stderr %q; want exit %d and %q", tc.args, code, stderr, cli.ExitUsage, tc.want)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"dump", "--help"}, {"restore", "-h"}, {"inspect", "--help"}, {"verify", "--help"}, {"check", "--help"}} {
+		code, stdout, stderr := snapctl(t, args...)
+		if code != 0 || stderr != "" || !strings.Contains(stdout, "usage: snapctl") || !strings.Contains(stdout, "\nExit status:\n  0   success\n") {
+			t.Errorf("snapctl %q: exit %d, stderr %q, stdout:\n%s", args, code, stderr, stdout)
+		}
+	}
+	_, stdout, _ := snapctl(t, "restore", "--help")
+	for _, want := range []string{"-D DIR, --images-dir", "\n  5   ", "\n  9   ", "\n  10  "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("restore --help lacks %q:\n%s", want, stdout)
+		}
+	}
+	if code, stdout, _ := snapctl(t, "--version"); code != 0 || stdout != "snapctl "+engine.Version+"\n" {
+		t.Errorf("--version: exit %d, %q", code, stdout)
+	}
+}
+
+// TestSnapshotErrors: a missing or unfinished snapshot gets its status,
+// and the message names it once.
+func TestSnapshotErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	incomplete := t.TempDir()
+	if err := os.WriteFile(filepath.Join(incomplete, "pages-5.img"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"inspect", "verify", "restore"} {
+		for _, tc := range []struct {
+			dir  string
+			code int
+			want string
+		}{
+			{missing, cli.ExitFailure, "snapctl: open snapshot: stat " + missing + ": no such file or directory\n"},
+			{incomplete, cli.ExitBadSnapshot, "snapctl: open snapshot: " + incomplete + ": incomplete snapshot: no snapshot.json\n"},
+		} {
+			code, _, stderr := snapctl(t, cmd, "-D", tc.dir)
+			if code != tc.code || stderr != tc.want {
+				t.Errorf("snapctl %s -D %s: exit %d, stderr %q; want exit %d, %q", cmd, tc.dir, code, stderr, tc.code, tc.want)
+			}
+		}
+	}
+}
+
+// TestVerifyCorrupt: verify and inspect of a damaged snapshot exit 7 and
+// name the file (and the block) that is wrong.
+func TestVerifyCorrupt(t *testing.T) {
+	const pid = 31
+	write := func(t *testing.T) string {
+		s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.NoCompress},
+			fstest.Process{PID: pid, Seed: 4, VMAs: []fstest.VMA{
+				{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: fstest.Patchwork, Name: "[heap]"},
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Dir
+	}
+	pages := fmt.Sprintf("pages-%d.img", pid)
+
+	t.Run("block", func(t *testing.T) {
+		dir := write(t)
+		if code, stdout, stderr := snapctl(t, "verify", "-D", dir); code != 0 {
+			t.Fatalf("verify of a good snapshot: exit %d\n%s%s", code, stdout, stderr)
+		}
+		// The last byte of the pages file is in its last raw block.
+		f, err := os.OpenFile(filepath.Join(dir, pages), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := f.Stat()
+		b := make([]byte, 1)
+		f.ReadAt(b, st.Size()-1)
+		b[0] ^= 0xff
+		_, err = f.WriteAt(b, st.Size()-1)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, _, stderr := snapctl(t, "verify", "-D", dir)
+		t.Logf("%s", stderr)
+		if code != cli.ExitBadSnapshot || !strings.Contains(stderr, pages+": block ") {
+			t.Errorf("verify of a flipped byte: exit %d, stderr %q; want %d naming %s and the block", code, stderr, cli.ExitBadSnapshot, pages)
+		}
+	})
+	t.Run("truncated", func(t *testing.T) {
+		dir := write(t)
+		if err := os.Truncate(filepath.Join(dir, pages), 4096); err != nil {
+			t.Fatal(err)
+		}
+		for _, cmd := range []string{"verify", "inspect"} {
+			code, _, stderr := snapctl(t, cmd, "-D", dir)
+			t.Logf("%s", stderr)
+			if code != cli.ExitBadSnapshot || !strings.Contains(stderr, pages) {
+				t.Errorf("%s of a truncated pages file: exit %d, stderr %q; want %d naming %s", cmd, code, stderr, cli.ExitBadSnapshot, pages)
+			}
+		}
+	})
+}

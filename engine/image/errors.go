@@ -1,0 +1,54 @@
+package image
+
+import (
+	"errors"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+)
+
+// Sentinel errors. Every way a snapshot's bytes can be damaged matches
+// ErrCorrupt, so that one errors.Is answers "is the snapshot corrupt?";
+// the narrower sentinels say how. ErrIncomplete (a dump that did not
+// finish) and ErrVersion (a snapshot of another format version) are not
+// corruption and match only themselves.
+var (
+	// ErrCorrupt: the snapshot is damaged: a structure is inconsistent
+	// (overlapping runs, bad lengths, counts past their bounds), or one of
+	// the errors below that wrap it.
+	ErrCorrupt = errors.New("corrupt snapshot")
+	// ErrBadMagic: a file is not what its name says. It matches ErrCorrupt.
+	ErrBadMagic error = &corruption{"bad magic"}
+	// ErrHeaderChecksum: a header or table fails its CRC. It matches
+	// ErrCorrupt.
+	ErrHeaderChecksum error = &corruption{"checksum mismatch"}
+	// ErrTruncated: a file is shorter than its header says. It matches
+	// ErrCorrupt.
+	ErrTruncated error = &corruption{"truncated file"}
+	// ErrManifestMismatch: a file's size or checksum differs from what the
+	// manifest recorded for it. It matches ErrCorrupt. (Not to be confused
+	// with engine.ErrFileChanged: a file of the dumped process, outside
+	// the snapshot, that changed since the dump.)
+	ErrManifestMismatch error = &corruption{"snapshot file does not match the manifest"}
+
+	// ErrVersion: a file was written by an incompatible format version.
+	ErrVersion = errors.New("unsupported format version")
+	// ErrIncomplete: the directory has no manifest (a dump did not finish).
+	ErrIncomplete = errors.New("incomplete snapshot: no " + ManifestName)
+	// ErrExists: a snapshot is already there.
+	ErrExists = errors.New("directory already holds a snapshot")
+)
+
+// corruption is a sentinel for one way a snapshot can be damaged: it also
+// matches ErrCorrupt.
+type corruption struct{ msg string }
+
+func (e *corruption) Error() string        { return e.msg }
+func (e *corruption) Is(target error) bool { return target == ErrCorrupt }
+
+// Is makes a block whose stored bytes fail their checksum or do not decode
+// (codec.ErrChecksum, codec.ErrUndecodable) match ErrCorrupt. A block that
+// could not be read (an I/O error, a mount gone) does not: the snapshot
+// may be fine.
+func (e *BlockError) Is(target error) bool {
+	return target == ErrCorrupt && (errors.Is(e.Err, codec.ErrChecksum) || errors.Is(e.Err, codec.ErrUndecodable))
+}
