@@ -32,6 +32,7 @@ const (
 	exitNoProcess   = 4
 	exitPIDInUse    = 5
 	exitBadSnapshot = 7
+	exitUntrusted   = 8
 	exitFileChanged = 9
 	exitNoPrivilege = 10
 )

@@ -25,7 +25,8 @@ import (
 // ErrUntrustedPath: a path the restore would create or remove a file on
 // passes through a symbolic link or a directory that a user other than
 // root and the restored process's own can change.
-var ErrUntrustedPath = errors.New("untrusted path")
+// It matches image.ErrUntrusted.
+var ErrUntrustedPath = image.Untrusted("untrusted path")
 
 // resolveNoLinks is the openat2 resolve mask for every path a restore
 // opens: no symbolic link (magic links of /proc included) on the way.

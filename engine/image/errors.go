@@ -36,7 +36,34 @@ var (
 	ErrIncomplete = errors.New("incomplete snapshot: no " + ManifestName)
 	// ErrExists: a snapshot is already there.
 	ErrExists = errors.New("directory already holds a snapshot")
+
+	// ErrUnsupported: the process holds something a snapshot cannot
+	// describe, or a snapshot holds something this build cannot restore;
+	// the error wrapping it names the thing.
+	ErrUnsupported = errors.New("unsupported")
+
+	// ErrUntrusted: a snapshot, or a path a dump or restore would act on,
+	// can be changed by a user other than the caller and root; the error
+	// wrapping it names the file or directory and its owner or mode.
+	ErrUntrusted = errors.New("untrusted")
+	// ErrUnsafeDir: the snapshot directory of a dump exists but is not
+	// the caller's own (another owner, or writable by group or others), or
+	// is a symbolic link. It matches ErrUntrusted.
+	ErrUnsafeDir error = &untrusted{"unsafe snapshot directory"}
+	// ErrLocked: another dump is writing into the directory.
+	ErrLocked = errors.New("snapshot directory in use by another dump")
 )
+
+// untrusted is a sentinel for one way a path is not the caller's to
+// trust: it also matches ErrUntrusted.
+type untrusted struct{ msg string }
+
+func (e *untrusted) Error() string        { return e.msg }
+func (e *untrusted) Is(target error) bool { return target == ErrUntrusted }
+
+// Untrusted returns a sentinel that matches ErrUntrusted, with its own
+// message, for another package's kind of untrusted path.
+func Untrusted(msg string) error { return &untrusted{msg} }
 
 // corruption is a sentinel for one way a snapshot can be damaged: it also
 // matches ErrCorrupt.

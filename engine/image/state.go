@@ -1,12 +1,5 @@
 package image
 
-import "errors"
-
-// ErrUnsupported: the process holds something a snapshot cannot describe,
-// or a snapshot holds something this build cannot restore; the error
-// wrapping it names the thing.
-var ErrUnsupported = errors.New("unsupported")
-
 // Process is the state of one dumped process, stored as
 // process-PID.json. Addresses and masks are plain numbers; binary blobs
 // (XSTATE, pipe contents) are base64 (encoding/json's []byte).

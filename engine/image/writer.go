@@ -52,15 +52,6 @@ type Writer struct {
 	done  bool
 }
 
-var (
-	// ErrUnsafeDir: the snapshot directory exists but is not the caller's
-	// own (another owner, or writable by group or others), or is a
-	// symbolic link.
-	ErrUnsafeDir = errors.New("unsafe snapshot directory")
-	// ErrLocked: another dump is writing into the directory.
-	ErrLocked = errors.New("snapshot directory in use by another dump")
-)
-
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
 // memory images hold secrets, as do the process's paths and environment);
 // an existing one must be an empty directory, not a symbolic link, owned

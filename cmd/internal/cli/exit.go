@@ -36,8 +36,10 @@ const (
 	// finish), corrupt (a checksum, magic, size or structure is wrong), or of
 	// a format version this build does not read.
 	ExitBadSnapshot = 7
-	// 8 is kept for a snapshot refused because it is not trusted (writable
-	// by, or owned by, another user).
+	// ExitUntrusted: a snapshot, or a path a dump or restore would act
+	// on, can be changed by a user other than the caller and root (the
+	// message names it and its owner or mode).
+	ExitUntrusted = 8
 
 	// ExitFileChanged: a file the process mapped or held open changed
 	// since the dump.
@@ -69,6 +71,7 @@ var Statuses = []Status{
 	{ExitPIDInUse, "the snapshot's pid or a thread id is in use"},
 	{ExitOtherKernel, "the snapshot was taken on another kernel"},
 	{ExitBadSnapshot, "incomplete or corrupt snapshot, or another format version"},
+	{ExitUntrusted, "untrusted: the snapshot, or a path it names, can be changed by another user"},
 	{ExitFileChanged, "a file the process mapped or held open changed since the dump"},
 	{ExitNoPrivilege, "missing privilege or kernel feature (EPERM, EACCES, no FUSE, no userfaultfd feature, ENOSYS); snapctl check says which"},
 	{ExitInterrupted, "interrupted by SIGINT or SIGTERM"},
@@ -95,6 +98,8 @@ func ExitCode(err error) int {
 	case errors.Is(err, image.ErrIncomplete), errors.Is(err, image.ErrCorrupt), errors.Is(err, image.ErrVersion),
 		errors.Is(err, codec.ErrChecksum), errors.Is(err, codec.ErrUndecodable):
 		return ExitBadSnapshot
+	case errors.Is(err, image.ErrUntrusted):
+		return ExitUntrusted
 	case errors.Is(err, engine.ErrFileChanged):
 		return ExitFileChanged
 	case errors.Is(err, engine.ErrUnsupported), errors.Is(err, engine.ErrHasChildren), errors.Is(err, ptrace.ErrAlreadyTraced):

@@ -7,13 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"syscall"
 	"testing"
 
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/fs"
@@ -56,6 +56,10 @@ func TestExitCode(t *testing.T) {
 		{"truncated", fmt.Errorf("pagemap-5.img: %w", image.ErrTruncated), 7},
 		{"manifest mismatch", fmt.Errorf("pages-5.img: %w: 10 bytes", image.ErrManifestMismatch), 7},
 		{"format version", fmt.Errorf("%w: manifest version 2", image.ErrVersion), 7},
+		{"untrusted snapshot", fmt.Errorf("%w: /x is writable by others", image.ErrUntrusted), 8},
+		{"unsafe dump directory", step("create snapshot", fmt.Errorf("%w: /x belongs to uid 1000", image.ErrUnsafeDir)), 8},
+		{"untrusted socket path", step("file descriptors", fmt.Errorf("fd 3: %w", fds.ErrUntrustedPath)), 8},
+		{"dump directory locked", fmt.Errorf("/x: %w", image.ErrLocked), 1},
 		{"block checksum", block(fmt.Errorf("%w: crc32c 1, want 2", codec.ErrChecksum)), 7},
 		{"block undecodable", block(fmt.Errorf("%w: lz4", codec.ErrUndecodable)), 7},
 		{"codec error alone", fmt.Errorf("verify: %w", &codec.BlockError{Index: 1, Err: codec.ErrChecksum}), 7},
@@ -100,7 +104,7 @@ type writerFunc func([]byte)
 func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
 
 // TestStatusesDocumented: README.md's exit status table lists every
-// status with its code, and no other (8 is marked reserved).
+// status with its code, and no other.
 func TestStatusesDocumented(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
 	if err != nil {
@@ -116,7 +120,6 @@ func TestStatusesDocumented(t *testing.T) {
 	for _, s := range Statuses {
 		want = append(want, s.Code)
 	}
-	want = slices.Insert(want, slices.Index(want, ExitFileChanged), 8) // reserved: untrusted snapshot
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("README.md exit status rows %v, want %v", got, want)
 	}

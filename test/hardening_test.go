@@ -1,0 +1,266 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// The tests of what a root dump or restore does to paths that another
+// user controls. Each one stands for a defect a review reproduced on an
+// earlier build; "nobody" (uid 65534) is the other user, and the test does
+// as root what that user could do in a directory of theirs.
+
+// nobodyUID owns the directories another user controls.
+const nobodyUID = 65534
+
+// userDir makes dir (under a root-only temporary directory) owned by
+// nobody, as a directory of an ordinary user's would be.
+func userDir(t *testing.T, parent, name string) string {
+	t.Helper()
+	dir := filepath.Join(parent, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, nobodyUID, nobodyUID); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// wantGone checks that no process holds pid after a refused restore, and
+// that no restore stub is left.
+func wantGone(t *testing.T, ctx context.Context, pid int) {
+	t.Helper()
+	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if !pidGone(gctx, pid) {
+		t.Errorf("a process holds pid %d after the refused restore", pid)
+	}
+	if s := stubLeft(t); len(s) > 0 {
+		t.Errorf("restore stubs left behind: %v", s)
+	}
+}
+
+// rootSecret writes a root-only file and returns its path and contents.
+func rootSecret(t *testing.T, dir, name string) (string, []byte) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name)
+	data := []byte("root:secret:" + name + "\n")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, data
+}
+
+// wantUntouched checks that path is still the regular file holding data.
+func wantUntouched(t *testing.T, path string, data []byte) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		t.Fatalf("%s is now %v, not the regular file it was", path, fi.Mode())
+	}
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, data) {
+		t.Fatalf("%s now holds %q, want %q", path, b, data)
+	}
+}
+
+// TestRestoreSocketPathSwapped: a root process listens on a unix socket
+// in a directory of an ordinary user; after the dump, the user makes a
+// component of that path a link to a root-only directory holding a file
+// of the socket's name. The restore must neither remove that file nor
+// bind anything there.
+func TestRestoreSocketPathSwapped(t *testing.T) {
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	base := t.TempDir()
+	u := userDir(t, base, "u")
+	tdir := userDir(t, u, "tdir")
+	sock := filepath.Join(tdir, "passwd")
+	p := fixture.StartPython(t, "holder.py", "--listen", sock)
+	dir, _ := dumpForRestore(t, ctx, p)
+
+	secret, data := rootSecret(t, filepath.Join(base, "rootonly"), "passwd")
+	if err := os.RemoveAll(tdir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Dir(secret), tdir); err != nil {
+		t.Fatal(err)
+	}
+	r := runSnapctl(t, "restore", "-D", dir)
+	if r.Code != exitUntrusted {
+		t.Errorf("restore exit %d, want %d (untrusted path)\n%s", r.Code, exitUntrusted, r)
+	}
+	wantUntouched(t, secret, data)
+	if !strings.Contains(r.Stderr, tdir) {
+		t.Errorf("the error does not name %s:\n%s", tdir, r.Stderr)
+	}
+	wantGone(t, ctx, p.PID)
+}
+
+// TestRestoreSocketInUserDir: the same root process and socket, path
+// untouched: the user could still swap it at any moment, so the restore
+// refuses to remove or create a file there; a process of that user
+// binding in its own directory is another matter (see TestRestoreFDKinds
+// and the servers' tests).
+func TestRestoreSocketInUserDir(t *testing.T) {
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	u := userDir(t, t.TempDir(), "u")
+	p := fixture.StartPython(t, "holder.py", "--listen", filepath.Join(u, "s"))
+	dir, _ := dumpForRestore(t, ctx, p)
+	r := runSnapctl(t, "restore", "-D", dir)
+	if r.Code != exitUntrusted {
+		t.Errorf("restore exit %d, want %d (untrusted path)\n%s", r.Code, exitUntrusted, r)
+	}
+	wantGone(t, ctx, p.PID)
+}
+
+// TestRestoreOpenFileThroughLink: a file the process held read-write, in
+// a user's directory, is replaced by a symbolic link after the dump. The
+// restore opens no path through a link (here to the very file, moved: a
+// check by path would pass, and a link swapped in between a check and
+// the open could point anywhere), and refuses.
+func TestRestoreOpenFileThroughLink(t *testing.T) {
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	u := userDir(t, t.TempDir(), "u")
+	data := filepath.Join(u, "data")
+	if err := os.WriteFile(data, []byte("the process's own\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := fixture.StartPython(t, "holder.py", "--open", data)
+	dir, _ := dumpForRestore(t, ctx, p)
+	moved := filepath.Join(u, "moved")
+	if err := os.Rename(data, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(moved, data); err != nil {
+		t.Fatal(err)
+	}
+	r := runSnapctl(t, "restore", "-D", dir)
+	if r.Code != exitFileChanged {
+		t.Errorf("restore exit %d, want %d (file changed)\n%s", r.Code, exitFileChanged, r)
+	}
+	if !strings.Contains(r.Stderr, data) {
+		t.Errorf("the error does not name %s:\n%s", data, r.Stderr)
+	}
+	wantGone(t, ctx, p.PID)
+
+	// The file back in place: the same restore succeeds.
+	if err := os.Remove(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(moved, data); err != nil {
+		t.Fatal(err)
+	}
+	restoreAndAdopt(t, p, dir)
+	answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+}
+
+// TestDumpIntoUserDir: a user pre-creates the snapshot directory,
+// writable by all, with links under the names the dump writes pointing
+// at root files. The dump refuses the directory and writes nothing; the
+// process is left running.
+func TestDumpIntoUserDir(t *testing.T) {
+	testutil.RequirePtrace(t)
+	base := t.TempDir()
+	secrets := filepath.Join(base, "rootonly")
+	s1, d1 := rootSecret(t, secrets, "one")
+	s2, d2 := rootSecret(t, secrets, "two")
+	p := fixture.Start(t, "counter", "4M")
+	snap := userDir(t, base, "snap")
+	if err := os.Chmod(snap, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{"process-" + strconv.Itoa(p.PID) + ".json": s1, ".snapshot.json.tmp": s2} {
+		if err := os.Symlink(target, filepath.Join(snap, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", snap)
+	if r.Code != exitUntrusted {
+		t.Errorf("dump exit %d, want %d (untrusted directory)\n%s", r.Code, exitUntrusted, r)
+	}
+	wantUntouched(t, s1, d1)
+	wantUntouched(t, s2, d2)
+	if _, err := os.Lstat(filepath.Join(snap, "snapshot.json")); err == nil {
+		t.Error("a manifest was written into the refused directory")
+	}
+	if st := p.ExitState(); st != nil {
+		t.Errorf("the process did not survive the refused dump: %v", st)
+	}
+}
+
+// TestDumpTwiceIntoOneDir: two dumps into one directory at once. One
+// writes its snapshot; the other is refused and leaves its process
+// running; the snapshot written is whole.
+func TestDumpTwiceIntoOneDir(t *testing.T) {
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	big := fixture.Start(t, "counter", "256M")
+	small := fixture.Start(t, "counter", "4M")
+	snap := filepath.Join(t.TempDir(), "snap")
+	var wg sync.WaitGroup
+	var first cmdResult
+	wg.Go(func() { first = runSnapctl(t, "dump", "-t", strconv.Itoa(big.PID), "-D", snap) })
+	// The big dump is in its memory step once its pages file exists.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(snap, "pages-"+strconv.Itoa(big.PID)+".img")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			wg.Wait()
+			t.Fatalf("the first dump never wrote its pages file:\n%s", first)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	second := runSnapctl(t, "dump", "-t", strconv.Itoa(small.PID), "-D", snap)
+	wg.Wait()
+	if first.Code != 0 {
+		t.Fatalf("the first dump failed:\n%s", first)
+	}
+	if second.Code == 0 {
+		t.Fatalf("the second dump into the same directory succeeded too:\n%s", second)
+	}
+	if !strings.Contains(second.Stderr, "in use by another dump") {
+		t.Errorf("the second dump's error does not say the directory is in use:\n%s", second.Stderr)
+	}
+	if st := small.ExitState(); st != nil {
+		t.Errorf("the refused dump's process is gone: %v", st)
+	}
+	if _, err := big.WaitExit(ctx); err != nil {
+		t.Fatalf("the dumped process outlived its dump: %v", err)
+	}
+	mustSnapctl(t, "verify", "-D", snap)
+}
+
+// TestDumpKernelThread: a kernel thread is refused by name, as an
+// unsupported resource, before anything is written.
+func TestDumpKernelThread(t *testing.T) {
+	snap := filepath.Join(t.TempDir(), "snap")
+	r := runSnapctl(t, "dump", "-t", "2", "-D", snap)
+	if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "kernel thread") {
+		t.Errorf("dump -t 2: exit %d, want %d naming a kernel thread\n%s", r.Code, exitUnsupported, r)
+	}
+	if _, err := os.Stat(snap); err == nil {
+		t.Error("the refused dump created its directory")
+	}
+}
