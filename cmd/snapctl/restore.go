@@ -158,14 +158,30 @@ dumped process went away); listening sockets listen again.`,
 	return nil
 }
 
-// writePidfile writes pid atomically.
+// writePidfile writes pid to path atomically.
 func writePidfile(path string, pid int) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+	// A temporary file of a new, random name (O_CREAT|O_EXCL: never a link
+	// someone planted), renamed over path: rename replaces a link at path
+	// itself, never what it points to.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
 		return fmt.Errorf("pidfile: %w", err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	_, err = f.WriteString(strconv.Itoa(pid) + "\n")
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("pidfile: %w", err)
 	}
 	return nil
