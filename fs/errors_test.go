@@ -158,6 +158,19 @@ func TestMountRefuses(t *testing.T) {
 			t.Errorf("mount on a missing directory: %v, want ErrNotExist", err)
 		}
 	})
+	t.Run("mountpoint of the kernel's", func(t *testing.T) {
+		// /proc/self is this process's own /proc/PID: a mount there would
+		// hide it from itself.
+		for _, mnt := range []string{"/proc/self", "/sys/kernel"} {
+			srv, err := Mount(s.Dir, mnt, Options{})
+			if err == nil {
+				srv.Unmount()
+				t.Errorf("mounted on %s", mnt)
+			} else if !errors.Is(err, ErrKernelFS) {
+				t.Errorf("mount on %s: %v, want a refusal naming the kernel's filesystem", mnt, err)
+			}
+		}
+	})
 	t.Run("mountpoint already a mount", func(t *testing.T) {
 		srv, _ := mount(t, s.Dir, Options{})
 		if _, err := Mount(s.Dir, srv.Mountpoint(), Options{}); !errors.Is(err, ErrBusy) {

@@ -281,6 +281,9 @@ var (
 	ErrBusy = errors.New("mountpoint busy")
 	// ErrNotMounted: Unmount was given a path that is not a lazyfs mount.
 	ErrNotMounted = errors.New("not a lazyfs mount")
+	// ErrKernelFS: the mountpoint is a directory the kernel makes (under
+	// /proc, /sys, a cgroup), which a mount would hide.
+	ErrKernelFS = errors.New("on a filesystem of the kernel's own")
 )
 
 // mountError adds the sentinel a caller can test to an error of the

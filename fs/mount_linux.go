@@ -43,7 +43,32 @@ func checkMountpoint(path string) (string, error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(abs, &sfs); err != nil {
+		return "", fmt.Errorf("mountpoint %s: %w", abs, err)
+	}
+	if name, ok := kernelFS[sfs.Type]; ok {
+		return "", fmt.Errorf("mountpoint %s: %w (%s): mount on a directory of a disk or tmpfs filesystem", abs, ErrKernelFS, name)
+	}
 	return abs, nil
+}
+
+// kernelFS are the filesystems whose directories the kernel makes (a
+// process's /proc/PID, cgroups, sysfs): a mount over one would hide what
+// the kernel shows there, or a process's own view of itself.
+var kernelFS = map[int64]string{
+	unix.PROC_SUPER_MAGIC:    "proc",
+	unix.SYSFS_MAGIC:         "sysfs",
+	unix.CGROUP_SUPER_MAGIC:  "cgroup",
+	unix.CGROUP2_SUPER_MAGIC: "cgroup2",
+	unix.DEBUGFS_MAGIC:       "debugfs",
+	unix.TRACEFS_MAGIC:       "tracefs",
+	unix.SECURITYFS_MAGIC:    "securityfs",
+	unix.BPF_FS_MAGIC:        "bpf",
+	unix.DEVPTS_SUPER_MAGIC:  "devpts",
+	unix.PSTOREFS_MAGIC:      "pstore",
+	unix.EFIVARFS_MAGIC:      "efivarfs",
+	unix.NSFS_MAGIC:          "nsfs",
 }
 
 // CheckFUSE reports whether a lazyfs mount can work here: a /dev/fuse the
