@@ -17,7 +17,9 @@
 #   make fuzz    every Fuzz target for FUZZTIME each
 #   make lint    gofmt and go vet
 #   make tidy    check that go.mod and go.sum are tidy (go mod tidy -diff)
-#   make demo    the whole tool in a minute: dump, mount, lazy restore
+#   make setup   install what the build and tests need (.ci/setup: Debian 12, root)
+#   make demo    set up, build, then the whole tool in a minute: dump, mount,
+#                lazy restore
 #   make clean   remove build outputs and compiled test fixtures
 
 SHELL := /bin/bash
@@ -43,7 +45,7 @@ BENCH ?= .
 FUZZTIME ?= 30s
 FUZZ_PKGS ?= ./...
 
-.PHONY: all build test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
+.PHONY: all setup build test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
 
 # GNU make starts recipes with posix_spawn, which in glibc 2.36 leaves
 # signals 32 and 33 ignored in the child, and an ignored signal stays ignored
@@ -116,7 +118,10 @@ lint:
 tidy:
 	$(GO) mod tidy -diff
 
-demo: build
+setup:
+	bash .ci/setup
+
+demo: setup build
 	test/demo/demo.sh
 
 clean:

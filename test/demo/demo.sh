@@ -7,7 +7,7 @@
 # moment all its memory is back. Everything it creates lives in one temp
 # directory, removed at the end, and every process and mount it starts is
 # stopped, even on failure or Ctrl-C. Run as root (dump and restore trace
-# processes); `sudo .ci/setup && make build` first.
+# processes); `sudo make demo` sets the machine up and builds first.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
