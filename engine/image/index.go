@@ -109,7 +109,9 @@ func (ix *Index) MarshalBinary() ([]byte, error) {
 
 // UnmarshalIndex decodes and validates an index. pagesSize is the actual
 // size of the pages file, checked against the index; pass -1 to skip that
-// check. Every count is bounded by len(b) before allocation.
+// check. Every count is bounded by len(b) before allocation. The checks
+// run in the order of the bytes (header, runs, block records, totals) in
+// one function, so that each bound is visibly in place before its use.
 func UnmarshalIndex(b []byte, pagesSize int64) (*Index, error) {
 	if len(b) < indexHeaderSize {
 		if len(b) >= len(indexMagic) && string(b[:len(indexMagic)]) != indexMagic {

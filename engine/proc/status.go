@@ -36,7 +36,9 @@ type Status struct {
 
 // ParseStatus parses /proc/PID/status (or /proc/PID/task/TID/status).
 // Fields it does not use are ignored; the fields above must each be
-// well-formed where present. Umask is absent on kernels before 4.7.
+// well-formed where present. Umask is absent on kernels before 4.7. It is
+// one switch with a case per field, longer than most functions, so that
+// the fields read as the table they are.
 func ParseStatus(b []byte) (*Status, error) {
 	if len(b) > maxSmallFile {
 		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, maxSmallFile)

@@ -47,6 +47,10 @@ func (t *Tracer) StartStopped(path string, argv []string, o StartOptions) (*Proc
 	return p, nil
 }
 
+// startStopped is StartStopped on the tracer thread. It is one function
+// of numbered steps, longer than most, because each step's failure must
+// undo the same way (fail) and the order is the whole point: exec stop,
+// detach into a group-stop, seize, SIGCONT into an interrupt stop.
 func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Process, error) {
 	files := make([]uintptr, len(o.Files))
 	for i, f := range o.Files {
