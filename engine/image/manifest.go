@@ -75,6 +75,15 @@ var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // readManifest reads and validates DIR/snapshot.json.
 func readManifest(dir string) (*Manifest, error) {
+	b, err := readManifestBytes(dir)
+	if err != nil {
+		return nil, err
+	}
+	return parseManifest(b)
+}
+
+// readManifestBytes reads DIR/snapshot.json, bounded by maxManifestSize.
+func readManifestBytes(dir string) ([]byte, error) {
 	f, err := os.Open(filepath.Join(dir, ManifestName))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -93,7 +102,7 @@ func readManifest(dir string) (*Manifest, error) {
 	if len(b) > maxManifestSize {
 		return nil, fmt.Errorf("%w: manifest larger than %d bytes", ErrCorrupt, maxManifestSize)
 	}
-	return parseManifest(b)
+	return b, nil
 }
 
 // parseManifest decodes and validates a manifest.
