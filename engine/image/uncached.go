@@ -49,13 +49,14 @@ func (u uncached) ReadAt(p []byte, off int64) (int, error) {
 			a = next
 			continue
 		}
-		b, _ := r.lay.blockAt(a)
+		run, bs := r.lay.ix.Runs[ri], r.lay.ix.BlockSize
+		b := r.lay.block(ri, run.FirstBlock+a/bs-run.Addr/bs)
 		hi := min(end, b.End())
 		switch {
 		case b.Kind == codec.Zero:
 			clear(p[a-addr : hi-addr])
 		case a == b.Addr && hi == b.End() && b.Kind == codec.Raw:
-			n, err := u.loadRaw(b, p[a-addr:])
+			n, err := u.loadRaw(ri, b, p[a-addr:])
 			if err != nil {
 				return 0, err
 			}
@@ -78,16 +79,16 @@ func (u uncached) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// loadRaw reads Raw block b, and the whole Raw blocks after it that follow
-// it both in memory and in the pages file and fit in dst, with one pread
-// into dst, checks each, and returns the bytes read. Small blocks
-// (--compress makes them 4 KiB) would otherwise cost a pread each.
-func (u uncached) loadRaw(b Block, dst []byte) (uint64, error) {
+// loadRaw reads Raw block b, of run ri, and the whole Raw blocks after it
+// that follow it both in memory and in the pages file and fit in dst,
+// with one pread into dst, checks each, and returns the bytes read. Small
+// blocks (--compress makes them 4 KiB) would otherwise cost a pread each.
+func (u uncached) loadRaw(ri int, b Block, dst []byte) (uint64, error) {
 	r := u.r
 	last, n, count := b, uint64(b.Len), 1
-	for count < maxRawBatch {
-		next, ok := r.lay.blockAt(last.End())
-		if !ok || next.Kind != codec.Raw || next.Addr != last.End() || next.Off != last.Off+uint64(last.StoredLen) || n+uint64(next.Len) > uint64(len(dst)) {
+	for ri, ok := ri, true; count < maxRawBatch; {
+		var next Block
+		if ri, next, ok = u.next(ri, last); !ok || next.Kind != codec.Raw || next.Off != last.Off+uint64(last.StoredLen) || n+uint64(next.Len) > uint64(len(dst)) {
 			break
 		}
 		last, n, count = next, n+uint64(next.Len), count+1
@@ -102,6 +103,18 @@ func (u uncached) loadRaw(b Block, dst []byte) (uint64, error) {
 		if c.Index == last.Index {
 			return n, nil
 		}
-		c, _ = r.lay.blockAt(c.End())
+		ri, c, _ = u.next(ri, c)
 	}
+}
+
+// next returns the block after b (of run ri) and its run, if it starts
+// where b ends: in the same run, or in a run that touches it.
+func (u uncached) next(ri int, b Block) (int, Block, bool) {
+	runs := u.r.lay.ix.Runs
+	if b.End() >= runs[ri].End() {
+		if ri++; ri == len(runs) || runs[ri].Addr != b.End() {
+			return ri, Block{}, false
+		}
+	}
+	return ri, u.r.lay.block(ri, b.Index+1), true
 }

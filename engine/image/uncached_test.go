@@ -12,8 +12,9 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
 
-// uncachedRanges are two runs with a hole between: random (Raw), zero
-// (Zero) and repetitive (LZ4) stretches.
+// uncachedRanges are runs with a hole between the first two and none
+// between the last two (a VMA boundary: runs that touch): random (Raw),
+// zero (Zero) and repetitive (LZ4) stretches.
 func uncachedRanges() []memRange {
 	mk := func(n int, kind string) []byte {
 		b := make([]byte, n)
@@ -30,6 +31,7 @@ func uncachedRanges() []memRange {
 	return []memRange{
 		{addr: 0x10000000, data: append(append(mk(300<<10, "random"), mk(128<<10, "zero")...), mk(100<<10, "text")...)},
 		{addr: 0x20000000, data: append(mk(64<<10, "text"), mk(200<<10, "random")...)},
+		{addr: 0x20000000 + 264<<10, data: mk(64<<10, "random"), brk: true},
 	}
 }
 
@@ -58,7 +60,8 @@ func TestUncachedMatchesReadAt(t *testing.T) {
 			{0x0fff0000, 0x20000},               // a hole, then data
 			{0x20000000, 264 << 10},             // LZ4 then Raw
 			{0x20000000 + 64<<10 - 4096, 12288}, // the edge between them
-			{0x20000000 + 264<<10, 4096},        // after the last run
+			{0x20000000 + 200<<10, 128 << 10},   // Raw blocks of two runs that touch
+			{0x20000000 + 328<<10, 4096},        // after the last run
 		}
 		for range 50 {
 			a := 0x10000000 + rng.Uint64N(0x10100000)
@@ -208,7 +211,7 @@ func TestDumpedIn(t *testing.T) {
 	writeSnapshot(t, dir, 42, uncachedRanges(), Options{BlockSize: 4 << 10})
 	r := openReader(t, dir, 42, ReaderOptions{})
 	for _, c := range []struct{ lo, hi, want uint64 }{
-		{0, 1 << 40, 528<<10 + 264<<10},
+		{0, 1 << 40, 528<<10 + 328<<10},
 		{0x10000000, 0x10000000 + 528<<10, 528 << 10},
 		{0x10000000 + 4096, 0x20000000 + 4096, 528<<10 - 4096 + 4096},
 		{0x10100000, 0x20000000, 0},
