@@ -22,10 +22,13 @@ type RestoreOptions struct {
 	// automatic, N a maximum. The writes that place memory in the process
 	// (page faults, mostly) run on every CPU whatever its value.
 	Threads int
-	// Lazy, when set, is where lazily restored memory is read from (the
-	// lazyfs mount's MNT/<pid>/mem file, or an image.Reader): anonymous
-	// private memory is then served on demand through userfaultfd instead
-	// of being filled before the process runs.
+	// Lazy, when set, is where lazily restored memory is read from: the
+	// memory of the snapshot's process (SnapshotPID) at its addresses,
+	// such as a lazyfs mount's MNT/<pid>/mem file (fs.MountPrivate) or
+	// the snapshot's pages read uncached (image.Reader.Uncached).
+	// Anonymous private memory is then served on demand through
+	// userfaultfd instead of being filled before the process runs.
+	// LazyOptions say what the source is like.
 	Lazy io.ReaderAt
 	// LazyOptions tune the lazy phase (with Lazy).
 	LazyOptions LazyOptions
@@ -69,11 +72,11 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}
-	pids := snap.PIDs()
-	if len(pids) != 1 {
-		return nil, step("open snapshot", fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids)))
+	pid, err := SnapshotPID(snap)
+	if err != nil {
+		return nil, step("open snapshot", err)
 	}
-	st, err := snap.State(pids[0])
+	st, err := snap.State(pid)
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}
@@ -82,6 +85,10 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, step("open snapshot", err)
 	}
 	defer pages.Close()
+	if k := startKeeper(opts, log); k != nil {
+		defer closeKeeper(k, log) // after abort, which kills what it protects
+		opts.LazyOptions.Holder = k
+	}
 	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log}
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
@@ -139,6 +146,16 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	res.Total = time.Since(start)
 	return res, nil
+}
+
+// SnapshotPID returns the pid of the process of snap, the one Restore
+// restores: this build restores snapshots of one process.
+func SnapshotPID(snap *image.Snapshot) (int, error) {
+	pids := snap.PIDs()
+	if len(pids) != 1 {
+		return 0, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
+	}
+	return pids[0], nil
 }
 
 // abort kills everything the restore created.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"runtime"
 	"slices"
 	"time"
@@ -28,16 +30,69 @@ type LazyOptions struct {
 	// Progress, if set, is called from the pager with the lazily served
 	// bytes placed so far and their total. It must return at once.
 	Progress func(done, total uint64)
-	// Holder, if set, holds a copy of every userfaultfd of the restored
-	// process tree (see uffd.Keeper) from before the process runs until
-	// its memory is all in, so that if snapctl dies, the userfaultfds
-	// outlive the kill that PTRACE_O_EXITKILL sends: a missing page is
-	// never filled with zeros in a process still running.
+	// SourceWaits says what the source is like: its reads wait on
+	// another process that does the work (a FUSE server answering with
+	// direct I/O, as fs.MountPrivate's). The pager then reads with a
+	// worker per CPU, so that one waits while another copies; otherwise
+	// with one per CPU but one, which the process and the fault service
+	// need. See lazyWorkers.
+	SourceWaits bool
+	// Keeper starts a keeper process (see KeeperArg0) that holds a copy
+	// of every userfaultfd of the restored process tree from before the
+	// process runs until its memory is all in, so that if snapctl dies,
+	// the userfaultfds outlive the kill that PTRACE_O_EXITKILL sends: a
+	// missing page is never filled with zeros in a process still
+	// running. If it cannot start, the restore goes on without (and logs
+	// a warning). Ignored when Holder is set.
+	Keeper bool
+	// Holder, if set, holds those copies instead of a keeper that
+	// Restore starts.
 	Holder uffd.Holder
 	// Pager tunes the pager (chunk sizes, spinning, affinity); its
 	// Prefetch, Logger, Progress, Holder and PrefetchDelay are set by
-	// Restore.
+	// Restore, and its Workers if zero (see SourceWaits).
 	Pager uffd.Options
+}
+
+// KeeperArg0 is the argv[0] of the keeper process that a lazy restore
+// with LazyOptions.Keeper starts: the running program, re-executed. A
+// program that sets Keeper must run KeeperMain before anything else when
+// os.Args[0] is KeeperArg0, in an init function:
+//
+//	func init() {
+//		if filepath.Base(os.Args[0]) == engine.KeeperArg0 {
+//			os.Exit(engine.KeeperMain(os.Args))
+//		}
+//	}
+const KeeperArg0 = uffd.KeeperArg0
+
+// KeeperMain is the keeper process (args is its os.Args); it returns the
+// exit code.
+func KeeperMain(args []string) int { return uffd.KeeperMain(args, nil) }
+
+// startKeeper starts the keeper that opts ask for, or returns nil.
+func startKeeper(opts RestoreOptions, log *slog.Logger) *uffd.Keeper {
+	if opts.Lazy == nil || !opts.LazyOptions.Keeper || opts.LazyOptions.Holder != nil {
+		return nil
+	}
+	exe, err := os.Executable()
+	var k *uffd.Keeper
+	if err == nil {
+		k, err = uffd.StartKeeper(exe)
+	}
+	if err != nil {
+		log.Warn("no userfaultfd keeper: if snapctl is killed, the process may see zero pages before it dies", "err", err)
+		return nil
+	}
+	return k
+}
+
+// closeKeeper lets the keeper go: by then every userfaultfd it held was
+// released, or the processes they served are dead.
+func closeKeeper(k *uffd.Keeper, log *slog.Logger) {
+	if err := k.Close(); err != nil {
+		log.Warn("userfaultfd keeper", "err", err)
+	}
 }
 
 // lazyTraceOptions are the ptrace options of every thread of a lazily
@@ -101,20 +156,16 @@ func (r *restorer) lazyBlock(b image.Block) bool {
 //
 // What is registered: whole VMAs that hold at least one non-zero block.
 // A VMA whose blocks are all ZERO (or that was never dumped) is not
-// registered: the kernel fills it on first touch (1-2 µs a page) where a
-// fault round trip through the pager costs tens of µs. Zero ranges inside
-// a registered VMA are served by the pager, the zero page 2 MiB at a time
-// for reads (uffd.Options.ZeroReadChunk), and need nothing once the lazy
-// phase ends. Registering only the non-zero ranges of a VMA instead was
-// measured on the 1 GiB modelserver (one VMA: ½ weights, ¼ zeros, ¼
-// random; --source direct, 3 runs each): "touch 1" answered after
-// 474-621 ms (data ranges only) against 472-672 ms (whole VMA, 2 MiB zero
-// reads) and 481-504 ms (whole VMA, 64 KiB zero reads); "token" (reads
-// all) after 693-806 ms against 696-896 ms and 744-921 ms: no difference
-// beyond the noise, because the pager's zero reads are few and cheap. And
-// it costs: registering part of a VMA splits it for the whole lazy phase,
-// and mremap() of a range that crosses a split fails with EFAULT (a
-// realloc the process could do before the restore could fail during it).
+// registered: the kernel fills it on first touch where a fault round
+// trip through the pager costs far more. Zero ranges inside a registered
+// VMA are served by the pager, the zero page 2 MiB at a time for reads
+// (uffd.Options.ZeroReadChunk), and need nothing once the lazy phase
+// ends. Registering only the non-zero ranges of a VMA instead was no
+// faster (the pager's zero reads are few and cheap; see
+// test/bench/BENCHMARKS.md, Decisions), and it costs: registering part of
+// a VMA splits it for the whole lazy phase, and mremap() of a range that
+// crosses a split fails with EFAULT (a realloc the process could do
+// before the restore could fail during it).
 func (r *restorer) prepareLazy(ctx context.Context) error {
 	if r.opts.Lazy == nil {
 		return nil
@@ -228,19 +279,9 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	po := o.Pager
 	po.Prefetch, po.PrefetchDelay, po.Logger, po.Progress, po.Holder = true, o.PrefetchDelay, r.log, o.Progress, o.Holder
 	if po.Workers == 0 {
-		po.Workers = lazyWorkers()
+		po.Workers = lazyWorkers(o.SourceWaits)
 	}
-	src := r.opts.Lazy
-	if _, ok := src.(*image.Reader); ok {
-		// --source direct: read the pages file ourselves (blockSource).
-		bs, err := newBlockSource(r.snap.Dir, r.pages)
-		if err != nil {
-			return err
-		}
-		defer bs.Close()
-		src = bs
-	}
-	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
+	l.pager = uffd.New(l.fd, r.opts.Lazy, slices.Clip(l.extents), po)
 	err := l.pager.Run(ctx)
 	*stats = l.pager.Stats()
 	if err != nil {
@@ -269,17 +310,18 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	return r.detachTree()
 }
 
-// lazyWorkers is how many threads prefetch: one per CPU we may run on but
-// one, which the process and the fault service need (at least one, at most
-// 4). Each worker reads its chunk and places it. Measured on 2 vCPUs (1
-// GiB modelserver, --source direct, medians of 5, shared machine), one
-// worker against two: "touch 1" (one page in a hundred) answered after
-// 314 ms against 594 ms on a snapshot of 4 KiB blocks, 544 against 563 ms
-// on 256 KiB blocks; "token" (reads all) after 872 against 817 ms and 753
-// against 754 ms. With two, the process and the serving thread wait for a
-// CPU (fault service p99 1-3 ms instead of 65-150 µs). Running the
-// workers at SCHED_IDLE did not help.
-func lazyWorkers() int {
+// lazyWorkers is how many threads prefetch, each reading its chunk and
+// placing it. A source that does its own work (a file read) gets one per
+// CPU we may run on but one, which the process and the fault service
+// need: with more, they wait for a CPU. A source whose reads wait on
+// another process gets one per CPU: one reads while another copies. At
+// least one (two when waiting), at most 4. Running the workers at
+// SCHED_IDLE did not help. The figures behind it: test/bench/BENCHMARKS.md
+// (Decisions).
+func lazyWorkers(sourceWaits bool) int {
+	if sourceWaits {
+		return min(4, max(2, runtime.GOMAXPROCS(0)))
+	}
 	return min(4, max(1, runtime.GOMAXPROCS(0)-1))
 }
 

@@ -91,6 +91,12 @@ func writePlain(path string, s *fstest.Snapshot, vmas []fstest.VMA) error {
 }
 
 func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == PrivateArg0 {
+		os.Exit(PrivateMain(os.Args))
+	}
+	if dir := os.Getenv(privateChildEnv); dir != "" {
+		os.Exit(privateChildMain(dir))
+	}
 	if path := os.Getenv(preadWorkerEnv); path != "" {
 		os.Exit(preadMain(path))
 	}

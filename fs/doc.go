@@ -84,6 +84,15 @@
 // start-up (mount checks use /proc/self/mountinfo): a FUSE server killed
 // while one of its threads waits on its own mount cannot exit, and holds
 // the mount until ForceUnmount (lazyfs -u --force) aborts the connection.
-// For the same reason, a program that reads its own mount in-process (a
-// lazy restore) must not be SIGKILLed expecting a clean exit.
+// For the same reason, a program that reads its own mount in-process
+// must not be SIGKILLed expecting a clean exit.
+//
+// # Private mounts
+//
+// MountPrivate mounts a snapshot for one reader (snapctl restore --lazy):
+// a helper process, the program re-executed as PrivateArg0, mounts it in
+// a mount namespace of its own (as root), hands back an fd of
+// MNT/PID/mem, and serves it until the reader closes it or has exited;
+// then it unmounts. The reader is never its own FUSE server, and nothing
+// stays mounted if either process dies.
 package fs

@@ -36,18 +36,7 @@ var (
 )
 
 func newMemNode(own *owner, p *process, base, size uint64, openFlags uint32) *memNode {
-	return &memNode{own: own, proc: p, base: base, size: size, dumped: dumpedIn(p.r.Runs(), base, base+size), openFlags: openFlags}
-}
-
-// dumpedIn returns how many bytes of runs lie in [lo, hi).
-func dumpedIn(runs []image.Run, lo, hi uint64) uint64 {
-	var n uint64
-	for _, r := range runs {
-		if s, e := max(lo, r.Addr), min(hi, r.End()); s < e {
-			n += e - s
-		}
-	}
-	return n
+	return &memNode{own: own, proc: p, base: base, size: size, dumped: p.r.DumpedIn(base, base+size), openFlags: openFlags}
 }
 
 func (m *memNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {

@@ -37,10 +37,6 @@ const timeout = 24 * time.Hour
 // of sequential reads.
 const minReadaheadCache = 128 << 20
 
-// maxManifestSize bounds snapshot.json as served (image.Open has already
-// checked it against the same bound).
-const maxManifestSize = 16 << 20
-
 // Server is a mounted snapshot.
 type Server struct {
 	mountpoint string
@@ -82,10 +78,6 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	manifest, err := readManifest(snapshotDir)
-	if err != nil {
-		return nil, err
-	}
 	c := opts.Cache
 	if c == nil {
 		size := opts.CacheSize
@@ -115,7 +107,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	}
 	root := &rootNode{
 		dirNode:   dirNode{own: &owner{uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), mtime: snap.Manifest.Created}},
-		manifest:  manifest,
+		manifest:  snap.ManifestJSON(),
 		procs:     s.procs,
 		openFlags: openFlags,
 		stats:     statsText,
@@ -168,23 +160,6 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 		logger.Debug("raise read-ahead of the mount", "mountpoint", mnt, "err", err)
 	}
 	return s, nil
-}
-
-// readManifest returns snapshot.json as stored.
-func readManifest(dir string) ([]byte, error) {
-	f, err := os.Open(filepath.Join(dir, image.ManifestName))
-	if err != nil {
-		return nil, fmt.Errorf("open manifest: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
-	}
-	if len(b) > maxManifestSize {
-		return nil, fmt.Errorf("read manifest: %w: larger than %d bytes", image.ErrCorrupt, maxManifestSize)
-	}
-	return b, nil
 }
 
 // snapshotName is the source column of the mount in /proc/mounts.

@@ -183,38 +183,44 @@ func lazyTracedBy(t testing.TB, pid, tracer int) bool {
 	return err == nil && strings.Contains(string(b), fmt.Sprintf("\nTgid:\t%d\n", tracer))
 }
 
-// lazyNothingLeft checks that snapctl's helper (which holds the
-// userfaultfds and serves the private mount) did not outlive it, and that
-// nothing of the snapshot is mounted in our mount namespace (the private
-// mount lives in a namespace of the helper's).
+// lazyNothingLeft checks that snapctl's helpers (the keeper, which holds
+// the userfaultfds, and the private mount's server) did not outlive it,
+// and that nothing of the snapshot is mounted in our mount namespace (the
+// private mount lives in a namespace of its helper's).
 func (l *lazyRun) lazyNothingLeft(t testing.TB, dir string) {
 	t.Helper()
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	helper := []byte(fmt.Sprintf("lazyfs-uffd-keeper\x00%d\x00", l.cmd.Process.Pid))
+	var helpers [][]byte
+	for _, arg0 := range []string{"lazyfs-uffd-keeper", "lazyfs-private-mount"} {
+		helpers = append(helpers, []byte(fmt.Sprintf("%s\x00%d\x00", arg0, l.cmd.Process.Pid)))
+	}
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		var mounted []string
 		b, _ := os.ReadFile("/proc/self/mountinfo")
 		for line := range strings.Lines(string(b)) {
 			if _, rest, ok := strings.Cut(line, " - "); ok {
-				if f := strings.Fields(rest); len(f) > 1 && f[1] == abs && strings.Contains(line, "snapctl-lazy-") {
+				if f := strings.Fields(rest); len(f) > 1 && f[1] == abs && strings.Contains(line, "lazyfs-private-") {
 					mounted = append(mounted, line)
 				}
 			}
 		}
-		helpers := lazyProcs(t, helper)
-		if len(mounted) == 0 && len(helpers) == 0 {
+		var left []int
+		for _, h := range helpers {
+			left = append(left, lazyProcs(t, h)...)
+		}
+		if len(mounted) == 0 && len(left) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
 			if len(mounted) > 0 {
 				t.Errorf("the private mount of snapctl is visible or left behind: %q", mounted)
 			}
-			if len(helpers) > 0 {
-				t.Errorf("snapctl's helper outlived it: %v", helpers)
+			if len(left) > 0 {
+				t.Errorf("snapctl's helpers outlived it: %v", left)
 			}
 			return
 		}

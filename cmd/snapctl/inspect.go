@@ -83,22 +83,12 @@ func inspect(dir string) (*inspectReport, error) {
 		}
 		pr := processReport{PID: pid, Comm: st.Comm, Exe: st.Exe.Path, Threads: len(st.Threads), FDs: len(st.FDs), Blocks: r.Stats(), Ratio: r.Stats().Ratio()}
 		for _, v := range st.VMAs {
-			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: dumpedIn(r, v.Start, v.End)})
+			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: r.DumpedIn(v.Start, v.End)})
 		}
 		r.Close()
 		rep.Processes = append(rep.Processes, pr)
 	}
 	return rep, nil
-}
-
-// dumpedIn returns the dumped bytes in [lo, hi).
-func dumpedIn(r *image.Reader, lo, hi uint64) uint64 {
-	var n uint64
-	ri, _ := r.FindRun(lo)
-	for runs := r.Runs(); ri < len(runs) && runs[ri].Addr < hi; ri++ {
-		n += min(hi, runs[ri].End()) - max(lo, runs[ri].Addr)
-	}
-	return n
 }
 
 func printInspect(w io.Writer, rep *inspectReport) {

@@ -3,34 +3,32 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 	"github.com/lazyfs/lazyfs/fs"
 )
 
-// init runs the lazy restore's helper when snapctl was re-executed as
-// one (see lazyHelper): before anything else, and nothing else.
+// init runs the helper processes of a lazy restore when snapctl was
+// re-executed as one: before anything else, and nothing else.
 func init() {
-	if filepath.Base(os.Args[0]) == uffd.KeeperArg0 {
-		os.Exit(uffd.KeeperMain(os.Args, helperSetup))
+	switch filepath.Base(os.Args[0]) {
+	case engine.KeeperArg0:
+		os.Exit(engine.KeeperMain(os.Args))
+	case fs.PrivateArg0:
+		os.Exit(fs.PrivateMain(os.Args))
 	}
 }
 
@@ -108,29 +106,22 @@ dumped process went away); listening sockets listen again.`,
 	}
 	var progress *lazyProgress
 	if *lazy {
-		h, err := startLazyHelper(*dir, *mount, *source, *threads, log)
+		src, closeSource, err := openLazySource(*dir, *mount, *source, *threads)
 		if err != nil {
 			return err
 		}
 		// After Restore: by then the process tree is fully served or dead.
-		defer h.close()
-		opts.Lazy = h.src
+		defer func() {
+			if err := closeSource(); err != nil {
+				log.Warn("lazy page source", "err", err)
+			}
+		}()
+		opts.Lazy = src
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
-		if h.private {
-			// Reads from the private mount wait on the helper's FUSE
-			// server (direct I/O: every read goes to it): with a worker
-			// per CPU, one reads while another copies. Measured (1 GiB
-			// modelserver, 256 KiB blocks, 2 vCPUs, medians of 5 on a
-			// busy machine): "touch 1" answered after 1.06 s with two
-			// workers against 1.41 s with one, "token" 1.30 s against
-			// 1.83 s (with 4 KiB blocks "touch 1" is faster with one,
-			// 1.03 s against 1.65 s, but then --source direct answers in
-			// 0.27 s).
-			opts.LazyOptions.Pager.Workers = min(4, max(2, runtime.GOMAXPROCS(0)))
-		}
-		if h.keeper != nil {
-			opts.LazyOptions.Holder = h.keeper
-		}
+		opts.LazyOptions.Keeper = true
+		// The private mount answers with direct I/O: its reads wait on
+		// the helper's FUSE server.
+		opts.LazyOptions.SourceWaits = *source == "mount" && *mount == ""
 		if tty {
 			progress = newLazyProgress(stderr)
 			defer progress.stop()
@@ -237,197 +228,43 @@ func (p *lazyProgress) stop() {
 	<-p.finished
 }
 
-// lazyHelper is what a lazy restore needs besides the engine: the source
-// of pages, and a helper process (snapctl re-executed, see uffd.Keeper)
-// that holds copies of the userfaultfds while pages are missing and, for
-// --source mount without --mount, serves the private mount. The mount
-// must be served by another process than the one reading from it: a
-// SIGKILLed snapctl whose threads wait on FUSE requests to its own server
-// could never exit (they wait uninterruptibly for answers that its dead
-// server threads will never send).
-type lazyHelper struct {
-	src     io.ReaderAt
-	private bool // src is the helper's private mount
-	keeper  *uffd.Keeper
-	closer  func()
-	log     *slog.Logger
-}
-
-// helperSetupWait bounds how long the helper may take to mount.
-const helperSetupWait = 30 * time.Second
-
-// startLazyHelper starts the helper and opens the source: a running
-// lazyfs mount (mnt), the helper's private mount, or the snapshot files.
-func startLazyHelper(dir, mnt, source string, threads int, log *slog.Logger) (*lazyHelper, error) {
+// openLazySource opens where a lazy restore reads pages from: the
+// snapshot files (--source direct), a running lazyfs mount (--mount), or
+// a private mount of the snapshot (fs.MountPrivate). The returned func
+// closes it.
+func openLazySource(dir, mnt, source string, threads int) (io.ReaderAt, func() error, error) {
 	snap, err := image.Open(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	pids := snap.PIDs()
-	if len(pids) != 1 {
-		return nil, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
-	}
-	pid := pids[0]
-	h := &lazyHelper{log: log, closer: func() {}}
-	exe, err := os.Executable()
-	if err == nil {
-		var args []string
-		if source == "mount" && mnt == "" {
-			abs, err := filepath.Abs(dir)
-			if err != nil {
-				return nil, err
-			}
-			args = []string{"mount", abs, strconv.Itoa(pid), strconv.Itoa(threads)}
-		}
-		h.keeper, err = uffd.StartKeeper(exe, args...)
-	}
+	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
-		if source == "mount" && mnt == "" {
-			return nil, fmt.Errorf("start the private mount: %w", err)
-		}
-		// Only the safety net is missing.
-		log.Warn("no userfaultfd keeper: if snapctl is killed, the process may see zero pages before it dies", "err", err)
+		return nil, nil, err
 	}
 	switch {
 	case source == "direct":
-		r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads, Logger: log})
+		r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
 		if err != nil {
-			h.close()
-			return nil, err
+			return nil, nil, err
 		}
-		h.src, h.closer = r, func() { r.Close() }
+		return r.Uncached(), r.Close, nil
 	case mnt != "":
 		if err := sameSnapshot(dir, mnt); err != nil {
-			h.close()
-			return nil, err
+			return nil, nil, err
 		}
 		f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
 		if err != nil {
-			h.close()
-			return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+			return nil, nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
 		}
-		h.src, h.closer = f, func() { f.Close() }
-	default:
-		_, fds, err := h.keeper.Setup(helperSetupWait)
-		if err == nil && len(fds) != 1 {
-			err = fmt.Errorf("the helper sent %d fds, want 1", len(fds))
-		}
-		if err != nil {
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
-			h.close()
-			return nil, fmt.Errorf("private mount: %w", err)
-		}
-		f := os.NewFile(uintptr(fds[0]), "mem")
-		h.src, h.closer, h.private = f, func() { f.Close() }, true
+		return f, f.Close, nil
 	}
-	return h, nil
-}
-
-// close closes the source, then lets the helper go (it drops its copies
-// of the userfaultfds and unmounts).
-func (h *lazyHelper) close() {
-	h.closer()
-	if h.keeper != nil {
-		if err := h.keeper.Close(); err != nil {
-			h.log.Warn("lazy restore helper", "err", err)
-		}
-	}
-}
-
-// helperSetup is the helper's setup (uffd.SetupFunc): without arguments
-// nothing; with "mount DIR PID THREADS" it mounts the snapshot privately
-// and sends back an fd of MNT/PID/mem.
-func helperSetup(args []string) ([]byte, []int, func(), error) {
-	if len(args) == 0 {
-		return nil, nil, nil, nil
-	}
-	if len(args) != 4 || args[0] != "mount" {
-		return nil, nil, nil, fmt.Errorf("helper: unknown setup %q", args)
-	}
-	pid, err1 := strconv.Atoi(args[2])
-	threads, err2 := strconv.Atoi(args[3])
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, nil, nil, fmt.Errorf("helper: %w", err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	// Measured on the 1 GiB modelserver (BenchmarkLazyRestore): direct
-	// I/O beats the page cache here (all memory in: 0.7-0.8 s against
-	// 1.1-1.4 s; nobody rereads these pages), and a 16 MiB cache beats the
-	// default 256 MiB (its buffers are reused while they are warm; no
-	// block is read twice).
-	f, unmount, err := privateMount(args[1], pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, Logger: log}, log)
+	// Direct I/O and a small block cache: the pager reads each block
+	// once (see test/bench/BENCHMARKS.md, Decisions).
+	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		unmount()
-		return nil, nil, nil, fmt.Errorf("helper: dup: %w", err)
-	}
-	return nil, []int{fd}, unmount, nil
-}
-
-// privateMount mounts the snapshot on a temporary directory and opens
-// MNT/<pid>/mem. As root the mount lives in a mount namespace of one
-// thread of ours: nobody else sees it, and when the process exits the
-// namespace and the mount go with it. The returned func closes the file
-// and unmounts.
-func privateMount(dir string, pid int, opts fs.Options, log *slog.Logger) (*os.File, func(), error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	res := make(chan result)
-	quit := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		// The thread never returns to the runtime's pool: it exits with
-		// this goroutine, and its mount namespace with it.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			log.Debug("private mount namespace", "err", err)
-		} else if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			// Without it the mount would propagate to the shared parent.
-			res <- result{err: fmt.Errorf("private mount namespace: %w", err)}
-			return
-		}
-		tmp, err := os.MkdirTemp("", "snapctl-lazy-")
-		if err != nil {
-			res <- result{err: err}
-			return
-		}
-		defer os.Remove(tmp)
-		srv, err := fs.Mount(dir, tmp, opts)
-		if err != nil {
-			res <- result{err: fmt.Errorf("mount snapshot: %w", err)}
-			return
-		}
-		defer func() {
-			if err := srv.Unmount(); err != nil {
-				log.Error("unmount private mount", "mountpoint", tmp, "err", err)
-			}
-		}()
-		f, err := os.Open(srv.MemPath(pid))
-		if err != nil {
-			res <- result{err: fmt.Errorf("open pages through the mount: %w", err)}
-			return
-		}
-		res <- result{f: f}
-		<-quit
-		f.Close()
-	}()
-	r := <-res
-	if r.err != nil {
-		<-finished
-		return nil, nil, r.err
-	}
-	return r.f, func() {
-		close(quit)
-		<-finished
-	}, nil
+	return m, m.Close, nil
 }
 
 // sameSnapshot checks that mnt serves the snapshot in dir.

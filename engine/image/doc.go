@@ -47,9 +47,12 @@
 // block once into the shared cache (cache.Cache); concurrent readers of the
 // same block wait for that one decode. Every block is checked against its
 // CRC32C before it is cached or returned; a mismatch is a *BlockError that
-// names the file, the block and its address, and never wrong bytes. Stream
-// decodes ranges in bounded parallel batches (codec.DecodeBlocks) for
-// restore and verification.
+// names the file, the block and its address, and never wrong bytes.
+// Uncached is the same memory for a reader that reads each block once (a
+// lazy restore's pager): blocks are read straight into its buffer, through
+// the same loader and checks, without the cache. Stream decodes ranges in
+// bounded parallel batches (codec.DecodeBlocks) for restore and
+// verification.
 //
 // Every length and count read from a file is bounded by the file's size and
 // a hard maximum before anything is allocated.

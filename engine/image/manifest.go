@@ -66,6 +66,19 @@ var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // readManifest reads and validates DIR/snapshot.json.
 func readManifest(dir string) (*Manifest, error) {
+	b, err := readManifestBytes(dir)
+	if err != nil {
+		return nil, err
+	}
+	m, err := parseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestName), err)
+	}
+	return m, nil
+}
+
+// readManifestBytes reads DIR/snapshot.json, bounded by maxManifestSize.
+func readManifestBytes(dir string) ([]byte, error) {
 	f, err := os.Open(filepath.Join(dir, ManifestName))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -84,11 +97,7 @@ func readManifest(dir string) (*Manifest, error) {
 	if len(b) > maxManifestSize {
 		return nil, fmt.Errorf("%s: %w: manifest larger than %d bytes", f.Name(), ErrCorrupt, maxManifestSize)
 	}
-	m, err := parseManifest(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", f.Name(), err)
-	}
-	return m, nil
+	return b, nil
 }
 
 // parseManifest decodes and validates a manifest.

@@ -38,15 +38,20 @@ func (e *BlockError) Unwrap() error { return e.Err }
 type Snapshot struct {
 	Dir      string
 	Manifest *Manifest
+	manifest []byte // snapshot.json as read
 }
 
 // Open opens the snapshot in dir. It refuses a directory without a
 // manifest (ErrIncomplete) and checks that every file the manifest lists
 // exists with its size.
 func Open(dir string) (*Snapshot, error) {
-	m, err := readManifest(dir)
+	raw, err := readManifestBytes(dir)
 	if err != nil {
 		return nil, err
+	}
+	m, err := parseManifest(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestName), err)
 	}
 	for name, sum := range m.Files {
 		st, err := os.Stat(filepath.Join(dir, name))
@@ -57,8 +62,12 @@ func Open(dir string) (*Snapshot, error) {
 			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size(), sum.Size)
 		}
 	}
-	return &Snapshot{Dir: dir, Manifest: m}, nil
+	return &Snapshot{Dir: dir, Manifest: m, manifest: raw}, nil
 }
+
+// ManifestJSON returns snapshot.json as Open read it (and checked it),
+// byte for byte. The slice must not be modified.
+func (s *Snapshot) ManifestJSON() []byte { return s.manifest }
 
 // PIDs returns the processes of the snapshot.
 func (s *Snapshot) PIDs() []int {
@@ -277,6 +286,20 @@ func (r *Reader) Blocks() iter.Seq[Block] {
 	}
 }
 
+// DumpedIn returns how many dumped bytes lie in [lo, hi) (the st_blocks
+// of a window of memory, the DUMPED column of snapctl inspect).
+func (r *Reader) DumpedIn(lo, hi uint64) uint64 {
+	if hi <= lo {
+		return 0
+	}
+	var n uint64
+	ri, _ := r.lay.findRun(lo)
+	for runs := r.lay.ix.Runs; ri < len(runs) && runs[ri].Addr < hi; ri++ {
+		n += min(hi, runs[ri].End()) - max(lo, runs[ri].Addr)
+	}
+	return n
+}
+
 // NextData returns the start of the first dumped byte at or after addr
 // (lseek SEEK_DATA), or false if there is none.
 func (r *Reader) NextData(addr uint64) (uint64, bool) {
@@ -312,43 +335,66 @@ func (r *Reader) blockError(b Block, err error) error {
 	return be
 }
 
-// load reads and decodes block b into dst, checking its CRC.
+// load reads and decodes block b into dst (len(dst) == b.Len) and checks
+// its CRC32C: a Raw block is read in place, then checked; an LZ4 block is
+// read into a scratch buffer and decoded into dst, then checked. The
+// cached ReadAt and the uncached reader (Uncached) both load through it.
 func (r *Reader) load(b Block, dst []byte) error {
-	var stored []byte
 	switch b.Kind {
 	case codec.Raw:
-		stored = dst // read in place, then check
-	case codec.LZ4:
-		buf := storedPool.Get().(*[]byte)
-		defer storedPool.Put(buf)
-		if cap(*buf) < int(b.StoredLen) {
-			*buf = make([]byte, b.StoredLen)
+		if err := r.pread(b, dst); err != nil {
+			return err
 		}
-		stored = (*buf)[:b.StoredLen]
+		return r.checkRaw(b, dst)
 	}
+	var stored []byte // nil for a Zero block
 	if b.Kind != codec.Zero {
-		if _, err := r.f.ReadAt(stored, int64(b.Off)); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return r.blockError(b, err)
+		buf := scratch(int(b.StoredLen))
+		defer scratchPool.Put(buf)
+		if err := r.pread(b, *buf); err != nil {
+			return err
 		}
+		stored = *buf
 	}
-	var err error
-	if b.Kind == codec.Raw {
-		if got := codec.Checksum(dst); got != b.CRC {
-			err = fmt.Errorf("%w: crc32c %08x, want %08x", codec.ErrChecksum, got, b.CRC)
-		}
-	} else {
-		err = codec.DecodeChecked(dst, b.Kind, stored, b.CRC)
-	}
-	if err != nil {
+	if err := codec.DecodeChecked(dst, b.Kind, stored, b.CRC); err != nil {
 		return r.blockError(b, err)
 	}
 	return nil
 }
 
-var storedPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+// pread reads len(dst) bytes of the pages file from the payload of block
+// b on (the payloads of the blocks after it, if dst is longer).
+func (r *Reader) pread(b Block, dst []byte) error {
+	if _, err := r.f.ReadAt(dst, int64(b.Off)); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return r.blockError(b, err)
+	}
+	return nil
+}
+
+// checkRaw checks the CRC32C of Raw block b, read into data.
+func (r *Reader) checkRaw(b Block, data []byte) error {
+	if got := codec.Checksum(data); got != b.CRC {
+		return r.blockError(b, fmt.Errorf("%w: crc32c %08x, want %08x", codec.ErrChecksum, got, b.CRC))
+	}
+	return nil
+}
+
+// scratchPool holds buffers for LZ4 payloads and partly read blocks.
+var scratchPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+// scratch returns a buffer of n bytes from scratchPool; put it back when
+// done.
+func scratch(n int) *[]byte {
+	b := scratchPool.Get().(*[]byte)
+	if cap(*b) < n {
+		*b = make([]byte, n)
+	}
+	*b = (*b)[:n]
+	return b
+}
 
 // get returns block b from the cache, decoding it once if needed.
 func (r *Reader) get(ctx context.Context, b Block) (*cache.Ref, error) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	_ "embed"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -19,6 +20,12 @@ const (
 	ReportName  = "BENCHMARKS.md"
 	ResultsName = "bench-results.json" // every run's figures, for -render and other tools
 )
+
+// decisions is the report's last section: the choices in the code that
+// rest on measurements, kept by every run.
+//
+//go:embed decisions.md
+var decisions []byte
 
 // writeReport writes BENCHMARKS.md and the charts into dir.
 func writeReport(dir string, rep *report) error {
@@ -122,6 +129,7 @@ func render(rep *report) ([]byte, map[string][]byte) {
 	for _, s := range rep.Sizes {
 		sizeSection(&m, s, charts)
 	}
+	m.Write(decisions)
 	return m.Bytes(), charts
 }
 

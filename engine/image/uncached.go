@@ -1,0 +1,120 @@
+package image
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+)
+
+// Uncached returns the memory of r as an io.ReaderAt that bypasses the
+// block cache, for a reader that reads each block about once (a lazy
+// restore's pager): as archive/zip's (*File).OpenRaw is to Open, it is
+// the same file read with less in between. Blocks are read straight into
+// the caller's buffer: whole Raw blocks with one pread (several that
+// follow each other in memory and in the pages file with one pread
+// together), then checked; LZ4 blocks read and decoded into it, then
+// checked. Only a block read in part goes through a scratch buffer. The
+// cached ReadAt decodes into the cache and copies out: for such a reader,
+// that doubles the cost of a read (see test/bench/BENCHMARKS.md).
+//
+// Blocks are loaded and checked as by ReadAt, and errors are the same
+// *BlockError. Addresses that were not dumped read as zeros. Safe for
+// concurrent use; valid until r is closed.
+func (r *Reader) Uncached() io.ReaderAt { return uncached{r} }
+
+type uncached struct{ r *Reader }
+
+// maxRawBatch bounds the blocks one pread of an uncached read covers.
+const maxRawBatch = 1024
+
+func (u uncached) ReadAt(p []byte, off int64) (int, error) {
+	r := u.r
+	if off < 0 {
+		return 0, fmt.Errorf("read at %d: negative address", off)
+	}
+	addr := uint64(off)
+	end := addr + uint64(len(p))
+	if end < addr || end > maxAddr {
+		return 0, fmt.Errorf("read at %#x+%d: outside the address space", addr, len(p))
+	}
+	for a := addr; a < end; {
+		ri, in := r.lay.findRun(a)
+		if !in {
+			next := end
+			if ri < len(r.lay.ix.Runs) {
+				next = min(end, r.lay.ix.Runs[ri].Addr)
+			}
+			clear(p[a-addr : next-addr])
+			a = next
+			continue
+		}
+		run, bs := r.lay.ix.Runs[ri], r.lay.ix.BlockSize
+		b := r.lay.block(ri, run.FirstBlock+a/bs-run.Addr/bs)
+		hi := min(end, b.End())
+		switch {
+		case b.Kind == codec.Zero:
+			clear(p[a-addr : hi-addr])
+		case a == b.Addr && hi == b.End() && b.Kind == codec.Raw:
+			n, err := u.loadRaw(ri, b, p[a-addr:])
+			if err != nil {
+				return 0, err
+			}
+			hi = a + n
+		case a == b.Addr && hi == b.End():
+			if err := r.load(b, p[a-addr:hi-addr]); err != nil {
+				return 0, err
+			}
+		default:
+			buf := scratch(int(b.Len))
+			err := r.load(b, *buf)
+			copy(p[a-addr:hi-addr], (*buf)[a-b.Addr:])
+			scratchPool.Put(buf)
+			if err != nil {
+				return 0, err
+			}
+		}
+		a = hi
+	}
+	return len(p), nil
+}
+
+// loadRaw reads Raw block b, of run ri, and the whole Raw blocks after it
+// that follow it both in memory and in the pages file and fit in dst,
+// with one pread into dst, checks each, and returns the bytes read. Small
+// blocks (--compress makes them 4 KiB) would otherwise cost a pread each.
+func (u uncached) loadRaw(ri int, b Block, dst []byte) (uint64, error) {
+	r := u.r
+	last, n, count := b, uint64(b.Len), 1
+	for ri, ok := ri, true; count < maxRawBatch; {
+		var next Block
+		if ri, next, ok = u.next(ri, last); !ok || next.Kind != codec.Raw || next.Off != last.Off+uint64(last.StoredLen) || n+uint64(next.Len) > uint64(len(dst)) {
+			break
+		}
+		last, n, count = next, n+uint64(next.Len), count+1
+	}
+	if err := r.pread(b, dst[:n]); err != nil {
+		return 0, err
+	}
+	for c := b; ; {
+		if err := r.checkRaw(c, dst[c.Addr-b.Addr:c.End()-b.Addr]); err != nil {
+			return 0, err
+		}
+		if c.Index == last.Index {
+			return n, nil
+		}
+		ri, c, _ = u.next(ri, c)
+	}
+}
+
+// next returns the block after b (of run ri) and its run, if it starts
+// where b ends: in the same run, or in a run that touches it.
+func (u uncached) next(ri int, b Block) (int, Block, bool) {
+	runs := u.r.lay.ix.Runs
+	if b.End() >= runs[ri].End() {
+		if ri++; ri == len(runs) || runs[ri].Addr != b.End() {
+			return ri, Block{}, false
+		}
+	}
+	return ri, u.r.lay.block(ri, b.Index+1), true
+}

@@ -1,0 +1,281 @@
+package image
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+)
+
+// uncachedRanges are runs with a hole between the first two and none
+// between the last two (a VMA boundary: runs that touch): random (Raw),
+// zero (Zero) and repetitive (LZ4) stretches.
+func uncachedRanges() []memRange {
+	mk := func(n int, kind string) []byte {
+		b := make([]byte, n)
+		switch kind {
+		case "random":
+			synth("random", b, uint64(n))
+		case "text":
+			for i := range b {
+				b[i] = "lazyfs-"[i%7]
+			}
+		}
+		return b
+	}
+	return []memRange{
+		{addr: 0x10000000, data: append(append(mk(300<<10, "random"), mk(128<<10, "zero")...), mk(100<<10, "text")...)},
+		{addr: 0x20000000, data: append(mk(64<<10, "text"), mk(200<<10, "random")...)},
+		{addr: 0x20000000 + 264<<10, data: mk(64<<10, "random"), brk: true},
+	}
+}
+
+// TestUncachedMatchesReadAt: the uncached reader reads what ReadAt reads,
+// for whole blocks, batches of Raw blocks, parts of blocks and holes.
+func TestUncachedMatchesReadAt(t *testing.T) {
+	ranges := uncachedRanges()
+	for _, bs := range []int{4 << 10, 64 << 10} {
+		dir := filepath.Join(t.TempDir(), "snap")
+		writeSnapshot(t, dir, 42, ranges, Options{BlockSize: bs})
+		r := openReader(t, dir, 42, ReaderOptions{})
+		kinds := map[codec.Kind]int{}
+		for b := range r.Blocks() {
+			kinds[b.Kind]++
+		}
+		if kinds[codec.Raw] < 2 || kinds[codec.Zero] == 0 || kinds[codec.LZ4] == 0 {
+			t.Fatalf("block size %d: kinds %v, want every kind", bs, kinds)
+		}
+		u := r.Uncached()
+		rng := rand.New(rand.NewPCG(7, 7))
+		cases := [][2]uint64{
+			{0x10000000, 300 << 10},             // Raw blocks, one batch
+			{0x10000000, 528 << 10},             // the whole first run
+			{0x10000000 + 5000, 100000},         // parts of blocks
+			{0x10000000 + 500<<10, 0x100000},    // across the end of the run into the hole
+			{0x0fff0000, 0x20000},               // a hole, then data
+			{0x20000000, 264 << 10},             // LZ4 then Raw
+			{0x20000000 + 64<<10 - 4096, 12288}, // the edge between them
+			{0x20000000 + 200<<10, 128 << 10},   // Raw blocks of two runs that touch
+			{0x20000000 + 328<<10, 4096},        // after the last run
+		}
+		for range 50 {
+			a := 0x10000000 + rng.Uint64N(0x10100000)
+			cases = append(cases, [2]uint64{a &^ 4095, 4096 * (1 + rng.Uint64N(200))})
+		}
+		for _, c := range cases {
+			want := expected(ranges, c[0], c[0]+c[1])
+			got := bytes.Repeat([]byte{0xa5}, int(c[1])) // holes must be cleared
+			if n, err := u.ReadAt(got, int64(c[0])); err != nil || n != len(got) {
+				t.Fatalf("block size %d: ReadAt %#x+%#x = %d, %v", bs, c[0], c[1], n, err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("block size %d: uncached ReadAt %#x+%#x differs from the memory dumped", bs, c[0], c[1])
+			}
+			cached := make([]byte, c[1])
+			if _, err := r.ReadAt(cached, int64(c[0])); err != nil || !bytes.Equal(cached, got) {
+				t.Fatalf("block size %d: ReadAt %#x+%#x: %v, or the cached and uncached reads differ", bs, c[0], c[1], err)
+			}
+		}
+		if _, err := u.ReadAt(make([]byte, 1), -1); err == nil {
+			t.Errorf("ReadAt at a negative address: no error")
+		}
+	}
+}
+
+// TestUncachedConcurrent: concurrent readers of the same blocks (as the
+// pager's workers) all read the memory dumped (run with -race).
+func TestUncachedConcurrent(t *testing.T) {
+	ranges := uncachedRanges()
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 4 << 10})
+	u := openReader(t, dir, 42, ReaderOptions{}).Uncached()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 3))
+			for range 100 {
+				a := uint64(0x10000000) + rng.Uint64N(600<<10)
+				n := 1 + rng.Uint64N(64<<10)
+				got := make([]byte, n)
+				if _, err := u.ReadAt(got, int64(a)); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(got, expected(ranges, a, a+n)) {
+					errs <- errors.New("a concurrent read differs from the memory dumped")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// TestUncachedCorrupt: a flipped byte in a block is an error naming that
+// block, never bytes: in a Raw block inside a batch, in a Raw block read
+// in part, and in an LZ4 block; the cached ReadAt reports the same block.
+func TestUncachedCorrupt(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kind codec.Kind
+		nth  int    // the nth block of that kind
+		off  uint64 // read from the block's address + off
+	}{
+		{"raw in a batch", codec.Raw, 3, 0},
+		{"raw in part", codec.Raw, 3, 100},
+		{"lz4", codec.LZ4, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "snap")
+			writeSnapshot(t, dir, 42, uncachedRanges(), Options{BlockSize: 4 << 10})
+			r := openReader(t, dir, 42, ReaderOptions{})
+			var bad Block
+			n := 0
+			for b := range r.Blocks() {
+				if b.Kind == tc.kind {
+					if n == tc.nth {
+						bad = b
+						break
+					}
+					n++
+				}
+			}
+			if bad.Len == 0 {
+				t.Fatalf("no %v block %d", tc.kind, tc.nth)
+			}
+			f, err := os.OpenFile(filepath.Join(dir, r.Name()), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			one := []byte{0}
+			f.ReadAt(one, int64(bad.Off)+10)
+			one[0] ^= 0xff
+			f.WriteAt(one, int64(bad.Off)+10)
+			f.Close()
+			for name, ra := range map[string]interface {
+				ReadAt([]byte, int64) (int, error)
+			}{"uncached": r.Uncached(), "cached": r} {
+				start := bad.Addr + tc.off
+				if tc.kind == codec.Raw && tc.off == 0 {
+					start = bad.Addr - 2*uint64(bad.Len) // the batch starts before it
+				}
+				buf := make([]byte, 64<<10)
+				_, err := ra.ReadAt(buf, int64(start))
+				var be *BlockError
+				if !errors.As(err, &be) || be.Block != bad.Index || be.Addr != bad.Addr || be.File != r.Name() {
+					t.Fatalf("%s ReadAt over a corrupt block: %v, want a BlockError naming block %d", name, err, bad.Index)
+				}
+				if want := (error)(codec.ErrChecksum); tc.kind == codec.Raw && !errors.Is(err, want) {
+					t.Fatalf("%s ReadAt over a corrupt Raw block: %v, want %v", name, err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestUncachedTruncated: a pages file cut short is an error naming the
+// block, wrapping io.ErrUnexpectedEOF.
+func TestUncachedTruncated(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	ranges := uncachedRanges()
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 64 << 10})
+	r := openReader(t, dir, 42, ReaderOptions{})
+	var last Block
+	for b := range r.Blocks() {
+		if b.Kind == codec.Raw {
+			last = b
+		}
+	}
+	if err := os.Truncate(filepath.Join(dir, r.Name()), int64(last.Off)+100); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.Uncached().ReadAt(make([]byte, last.Len), int64(last.Addr))
+	var be *BlockError
+	if !errors.As(err, &be) || be.Block != last.Index {
+		t.Fatalf("ReadAt of a truncated block: %v, want a BlockError naming block %d", err, last.Index)
+	}
+}
+
+func TestDumpedIn(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, uncachedRanges(), Options{BlockSize: 4 << 10})
+	r := openReader(t, dir, 42, ReaderOptions{})
+	for _, c := range []struct{ lo, hi, want uint64 }{
+		{0, 1 << 40, 528<<10 + 328<<10},
+		{0x10000000, 0x10000000 + 528<<10, 528 << 10},
+		{0x10000000 + 4096, 0x20000000 + 4096, 528<<10 - 4096 + 4096},
+		{0x10100000, 0x20000000, 0},
+		{0x20000000 + 100, 0x20000000 + 200, 100},
+		{0x20000000 + 200, 0x20000000 + 100, 0},
+	} {
+		if got := r.DumpedIn(c.lo, c.hi); got != c.want {
+			t.Errorf("DumpedIn(%#x, %#x) = %d, want %d", c.lo, c.hi, got, c.want)
+		}
+	}
+}
+
+func TestManifestJSON(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, uncachedRanges(), Options{BlockSize: 4 << 10})
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(s.ManifestJSON(), want) {
+		t.Errorf("ManifestJSON differs from %s", ManifestName)
+	}
+}
+
+// BenchmarkReadAt reads 128 MiB of memory (¾ random, stored Raw; ¼
+// repetitive, LZ4) in 1 MiB reads, as a lazy restore's prefetch does,
+// through the cached ReadAt and through Uncached; the pages file is in the
+// page cache.
+func BenchmarkReadAt(b *testing.B) {
+	const size = 128 << 20
+	data := make([]byte, size)
+	synth("random", data[:size*3/4], 1)
+	for i := size * 3 / 4; i < size; i++ {
+		data[i] = "lazyfs-"[i%7]
+	}
+	ranges := []memRange{{addr: 0x10000000, data: data}}
+	for _, bs := range []struct {
+		name string
+		size int
+	}{{"4K", 4 << 10}, {"256K", 256 << 10}} {
+		dir := filepath.Join(b.TempDir(), "snap")
+		writeSnapshot(b, dir, 42, ranges, Options{BlockSize: bs.size})
+		r := openReader(b, dir, 42, ReaderOptions{})
+		for _, mode := range []struct {
+			name string
+			ra   interface {
+				ReadAt([]byte, int64) (int, error)
+			}
+		}{{"cached", r}, {"uncached", r.Uncached()}} {
+			b.Run(bs.name+"/"+mode.name, func(b *testing.B) {
+				buf := make([]byte, 1<<20)
+				b.SetBytes(size)
+				for range b.N {
+					for off := uint64(0); off < size; off += uint64(len(buf)) {
+						if _, err := mode.ra.ReadAt(buf, int64(0x10000000+off)); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+		}
+	}
+}
