@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestLayout holds the import rules README.md (Layout) states: what each
+// layer may depend on, directly or not (go list's Deps), or import itself
+// (its Imports).
+func TestLayout(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go not on PATH")
+	}
+	const mod = "github.com/lazyfs/lazyfs/"
+	list := func(field string) (map[string][]string, string) {
+		out, err := exec.Command(goBin, "list", "-f", "{{.ImportPath}}{{range ."+field+"}} {{.}}{{end}}", mod+"...").Output()
+		if err != nil {
+			t.Fatalf("go list: %v", err)
+		}
+		m := map[string][]string{}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			f := strings.Fields(line)
+			var ours []string
+			for _, d := range f[1:] {
+				if rest, ok := strings.CutPrefix(d, mod); ok {
+					ours = append(ours, rest)
+				}
+			}
+			m[strings.TrimPrefix(f[0], mod)] = ours
+		}
+		return m, string(out)
+	}
+	deps, out := list("Deps")
+	imports, _ := list("Imports")
+	// pkg (or every package under it, with a trailing /) must not depend
+	// on any of these (again, a trailing / is a whole tree).
+	rules := []struct {
+		pkg       string
+		forbidden []string
+		why       string
+		direct    bool // imports only: the packages it names in its import blocks
+	}{
+		{"engine/", []string{"fs", "fs/", "cmd/"}, "the engine knows nothing of mounts or of the commands", false},
+		{"engine", []string{"fs", "cmd/"}, "the engine knows nothing of mounts or of the commands", false},
+		{"cmd/", []string{"engine/uffd"}, "commands wire flags to options; the pager is the engine's", true},
+		{"engine/image", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/check", "fs", "cmd/"}, "the format is a leaf: it reads and writes bytes", false},
+		{"engine/image/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "fs", "cmd/"}, "the format is a leaf", false},
+		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
+		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
+		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
+		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "cmd/"}, "fs serves snapshots through engine/image only", false},
+	}
+	match := func(pattern, pkg string) bool {
+		if p, ok := strings.CutSuffix(pattern, "/"); ok {
+			return strings.HasPrefix(pkg, p+"/")
+		}
+		return pkg == pattern
+	}
+	checked := 0
+	for pkg, ds := range deps {
+		if strings.HasPrefix(pkg, "test") {
+			continue
+		}
+		for _, r := range rules {
+			if !match(r.pkg, pkg) {
+				continue
+			}
+			checked++
+			if r.direct {
+				ds = imports[pkg]
+			}
+			for _, d := range ds {
+				for _, f := range r.forbidden {
+					if match(f, d) {
+						t.Errorf("%s depends on %s: %s", pkg, d, r.why)
+					}
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Errorf("only %d packages checked: go list output changed?\n%s", checked, out)
+	}
+}
