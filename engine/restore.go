@@ -68,19 +68,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if opts.LeaveStopped && opts.Lazy != nil {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
-	snap, err := image.Open(opts.Dir)
-	if err != nil {
-		return nil, step("open snapshot", err)
-	}
-	pid, err := SnapshotPID(snap)
-	if err != nil {
-		return nil, step("open snapshot", err)
-	}
-	st, err := snap.State(pid)
-	if err != nil {
-		return nil, step("open snapshot", err)
-	}
-	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
+	snap, st, pages, err := openSnapshot(opts)
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}
@@ -156,6 +144,28 @@ func SnapshotPID(snap *image.Snapshot) (int, error) {
 		return 0, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
 	}
 	return pids[0], nil
+}
+
+// openSnapshot opens the snapshot of a restore: its one process's state
+// and pages.
+func openSnapshot(opts RestoreOptions) (*image.Snapshot, *image.Process, *image.Reader, error) {
+	snap, err := image.Open(opts.Dir)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pid, err := SnapshotPID(snap)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	st, err := snap.State(pid)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return snap, st, pages, nil
 }
 
 // abort kills everything the restore created.

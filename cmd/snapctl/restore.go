@@ -32,6 +32,8 @@ func init() {
 	}
 }
 
+// runRestore is snapctl restore: flags to engine.RestoreOptions. Most of
+// its lines are its help text and its flags.
 func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [options]", `
 Rebuild the process of the snapshot in DIR, with its pid, threads, memory,
@@ -70,19 +72,8 @@ dumped process went away); listening sockets listen again.`,
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	set := map[string]bool{}
-	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if !*lazy && (set["mount"] || set["source"] || set["prefetch-delay"]) {
-		return cli.Usagef("--mount, --source and --prefetch-delay need --lazy")
-	}
-	if *source != "mount" && *source != "direct" {
-		return cli.Usagef("--source %q: want mount or direct", *source)
-	}
-	if *mount != "" && *source == "direct" {
-		return cli.Usagef("--mount and --source direct are exclusive")
-	}
-	if *prefetchDelay < 0 {
-		return cli.Usagef("--prefetch-delay must not be negative")
+	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
+		return err
 	}
 	level := slog.LevelWarn
 	if *verbose {
@@ -135,18 +126,44 @@ dumped process went away); listening sockets listen again.`,
 	if err != nil {
 		return err
 	}
-	if *lazy && res.Lazy.Exited {
-		fmt.Fprintf(stdout, "restored pid %d (%d threads): running after %s; it exited during the lazy phase, after %s\n",
-			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
-	} else if *lazy {
-		l := res.Lazy
-		fmt.Fprintf(stdout, "restored pid %d (%d threads): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
-			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
-			units.FormatSize(l.FaultBytes), l.Faults, units.FormatSize(l.PrefetchBytes))
-	} else {
-		fmt.Fprintf(stdout, "restored pid %d (%d threads): %s of memory in %s\n", res.PID, res.Threads, units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
+	printRestored(stdout, res, *lazy)
+	return nil
+}
+
+// checkLazyFlags refuses the lazy restore's flags without --lazy, and
+// their combinations that mean nothing.
+func checkLazyFlags(fl *cli.FlagSet, lazy bool, source, mount string, prefetchDelay time.Duration) error {
+	set := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !lazy && (set["mount"] || set["source"] || set["prefetch-delay"]) {
+		return cli.Usagef("--mount, --source and --prefetch-delay need --lazy")
+	}
+	if source != "mount" && source != "direct" {
+		return cli.Usagef("--source %q: want mount or direct", source)
+	}
+	if mount != "" && source == "direct" {
+		return cli.Usagef("--mount and --source direct are exclusive")
+	}
+	if prefetchDelay < 0 {
+		return cli.Usagef("--prefetch-delay must not be negative")
 	}
 	return nil
+}
+
+// printRestored prints the restore's one-line summary.
+func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
+	switch {
+	case lazy && res.Lazy.Exited:
+		fmt.Fprintf(w, "restored pid %d (%d threads): running after %s; it exited during the lazy phase, after %s\n",
+			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
+	case lazy:
+		l := res.Lazy
+		fmt.Fprintf(w, "restored pid %d (%d threads): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
+			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
+			units.FormatSize(l.FaultBytes), l.Faults, units.FormatSize(l.PrefetchBytes))
+	default:
+		fmt.Fprintf(w, "restored pid %d (%d threads): %s of memory in %s\n", res.PID, res.Threads, units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
+	}
 }
 
 // writePidfile writes pid to path atomically.

@@ -7,6 +7,11 @@
 // bound every count and length they accept, and report malformed input as an
 // error wrapping ErrMalformed and limits exceeded as ErrTooLarge.
 //
+// It is the largest package of the tree, and one package on purpose: it is
+// the only one that parses /proc (a rule the rest of the tree keeps), its
+// parsers share the bounded-reading helpers and the malformed-input
+// sentinels, and each file format is a file of its own.
+//
 // # What is covered
 //
 //   - Memory map: ParseMaps, ParseSmaps, ReadMappings (Mapping, Perms,

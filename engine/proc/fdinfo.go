@@ -166,7 +166,7 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 }
 
 // parseField parses one "key: value" line; it returns false for a key it
-// does not know.
+// does not know. One case per key, so that the keys read as a table.
 func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 	var ok bool
 	switch key {

@@ -66,4 +66,10 @@
 // The package is Linux and x86-64 only; what is x86-64 about it (registers,
 // the stub, struct kernel_sigaction, the FPU register sets) is in
 // arch_amd64.go.
+//
+// Its size (more than most packages here) is one responsibility: every
+// ptrace request must come from the one thread that traces, so freezing,
+// injection, register sets and the start of a stopped stub all run through
+// the same Tracer loop and its per-thread state machine, which no other
+// package may touch.
 package ptrace

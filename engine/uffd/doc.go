@@ -114,4 +114,9 @@
 // the lazy phase would be served snapshot data where the kernel gives it
 // zeros. Without Prefetch, Run ends only when every extent has faulted in
 // (or the context ends).
+//
+// Its size is one responsibility: the fault-serving thread, the prefetch
+// workers and the keeper all act on the same userfaultfd registrations and
+// the same set of pages still missing, which must change under one lock
+// and one set of rules.
 package uffd

@@ -19,6 +19,10 @@
 // -bin names a directory holding snapctl and lazyfs built from this module;
 // without it the harness builds them with `go build` into its work
 // directory. -smoke is the CI run: 64 MiB, one run, every row of the report.
+//
+// It is a program, not a library, of one responsibility (measure and
+// report); its report and chart functions are long because each lays out
+// one section or picture of BENCHMARKS.md top to bottom.
 package main
 
 import (
