@@ -51,8 +51,10 @@ type FlagSet struct {
 // Flags returns an empty flag set for c.
 func (c Command) Flags(stdout, stderr io.Writer) *FlagSet {
 	f := &FlagSet{FlagSet: flag.NewFlagSet(c.Name, flag.ContinueOnError), cmd: c, stdout: stdout, stderr: stderr}
-	f.SetOutput(io.Discard) // the messages are ours: see Parse
-	f.FlagSet.Usage = func() { f.PrintHelp(f.stdout) }
+	f.SetOutput(io.Discard) // the messages are ours: see parse
+	// flag calls Usage on -h and on every mistake alike: parse prints the
+	// help for -h, the synopsis for a mistake.
+	f.FlagSet.Usage = func() {}
 	return f
 }
 
@@ -121,7 +123,8 @@ func (f *FlagSet) parse(args []string) error {
 	err := f.FlagSet.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		return ErrHelp // flag called Usage: the help is out
+		f.PrintHelp(f.stdout)
+		return ErrHelp
 	case err != nil:
 		return f.Usagef("%v", err)
 	}
