@@ -18,6 +18,9 @@ import (
 // RestoreOptions configure Restore.
 type RestoreOptions struct {
 	Dir string
+	// TrustSnapshot accepts a snapshot that users other than the caller
+	// and root can change (image.OpenOptions.Trust).
+	TrustSnapshot bool
 	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
 	// automatic, N a maximum. The writes that place memory in the process
 	// (page faults, mostly) run on every CPU whatever its value.
@@ -73,6 +76,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, step("open snapshot", err)
 	}
 	defer pages.Close()
+	defer snap.Close()
 	if k := startKeeper(opts, log); k != nil {
 		defer closeKeeper(k, log) // after abort, which kills what it protects
 		opts.LazyOptions.Holder = k
@@ -149,23 +153,22 @@ func SnapshotPID(snap *image.Snapshot) (int, error) {
 // openSnapshot opens the snapshot of a restore: its one process's state
 // and pages.
 func openSnapshot(opts RestoreOptions) (*image.Snapshot, *image.Process, *image.Reader, error) {
-	snap, err := image.Open(opts.Dir)
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	pid, err := SnapshotPID(snap)
-	if err != nil {
-		return nil, nil, nil, err
+	if err == nil {
+		var st *image.Process
+		if st, err = snap.State(pid); err == nil {
+			var pages *image.Reader
+			if pages, err = snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads}); err == nil {
+				return snap, st, pages, nil
+			}
+		}
 	}
-	st, err := snap.State(pid)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return snap, st, pages, nil
+	snap.Close()
+	return nil, nil, nil, err
 }
 
 // abort kills everything the restore created.

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"path/filepath"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
@@ -25,9 +24,14 @@ func (r *restorer) mapMemory(ctx context.Context) error {
 // fillMemory writes the snapshot's pages, but those a lazy restore serves
 // later.
 func (r *restorer) fillMemory(ctx context.Context) error {
+	f, err := r.snap.OpenFile(r.pages.Name())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	o := mem.FillOptions{
 		Pages:       r.pages,
-		PagesPath:   filepath.Join(r.snap.Dir, r.pages.Name()),
+		PagesFile:   f,
 		Threads:     r.opts.Threads,
 		Userfaultfd: r.opts.Lazy == nil,
 		Progress:    r.opts.Progress,

@@ -71,13 +71,14 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if _, err := CheckFUSE(); err != nil {
 		return nil, err
 	}
-	snap, err := image.Open(snapshotDir)
+	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot})
 	if errors.Is(err, image.ErrIncomplete) {
 		return nil, fmt.Errorf("%w (the dump did not finish: nothing to mount)", err)
 	}
 	if err != nil {
 		return nil, err
 	}
+	defer snap.Close() // the readers keep their own files
 	c := opts.Cache
 	if c == nil {
 		size := opts.CacheSize

@@ -40,6 +40,9 @@ type Options struct {
 	// are checked by the kernel (default_permissions) either way: files are
 	// 0400 and directories 0500, owned by the mounting uid.
 	AllowOther bool
+	// TrustSnapshot accepts a snapshot that users other than the caller
+	// and root can change (image.OpenOptions.Trust).
+	TrustSnapshot bool
 	// DirectIO opens mem and region files with FOPEN_DIRECT_IO instead of
 	// FOPEN_KEEP_CACHE: every read goes to the server, nothing is kept in
 	// the kernel's page cache. See the package documentation for when that

@@ -264,3 +264,38 @@ func TestDumpKernelThread(t *testing.T) {
 		t.Error("the refused dump created its directory")
 	}
 }
+
+// TestRestoreUntrustedSnapshot: a snapshot another user could have
+// changed (here handed to nobody, then made writable by all) is refused by
+// restore, inspect, verify and lazyfs with status 8, and restored with
+// --trust-snapshot.
+func TestRestoreUntrustedSnapshot(t *testing.T) {
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	p := fixture.Start(t, "counter", "4M")
+	dir, _ := dumpForRestore(t, ctx, p)
+	if err := filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chown(path, nobodyUID, nobodyUID)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"restore", "-D", dir}, {"inspect", "-D", dir}, {"verify", "-D", dir}} {
+		if r := runSnapctl(t, args...); r.Code != exitUntrusted || !strings.Contains(r.Stderr, dir) {
+			t.Errorf("snapctl %s: exit %d, want %d naming %s\n%s", args[0], r.Code, exitUntrusted, dir, r)
+		}
+	}
+	mnt := t.TempDir()
+	if r := runTool(t, buildTool(t, "lazyfs"), commandTimeout, "--background", dir, mnt); r.Code != exitUntrusted {
+		t.Errorf("lazyfs: exit %d, want %d\n%s", r.Code, exitUntrusted, r)
+		runTool(t, buildTool(t, "lazyfs"), commandTimeout, "-u", mnt)
+	}
+	wantGone(t, ctx, p.PID)
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	restoreAndAdopt(t, p, dir, "--trust-snapshot")
+	answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+}

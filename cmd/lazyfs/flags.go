@@ -20,6 +20,7 @@ type config struct {
 	debug                bool
 	logFile              string
 	version              bool
+	trust                bool
 }
 
 // options turns the command line into mount options.
@@ -30,6 +31,7 @@ func (c *config) options() fs.Options {
 		AllowOther:        c.allowOther,
 		DirectIO:          c.directIO,
 		Debug:             c.debug,
+		TrustSnapshot:     c.trust,
 	}
 }
 
@@ -75,7 +77,7 @@ var command = cli.Command{
 	Synopsis: []string{"[options] SNAPSHOT MOUNTPOINT", "-u [--force] MOUNTPOINT"},
 	About:    about,
 	Footer:   examples,
-	Exits:    []int{cli.ExitBadSnapshot, cli.ExitNoPrivilege},
+	Exits:    []int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege},
 }
 
 // newFlagSet returns the flags of lazyfs bound to c.
@@ -89,6 +91,7 @@ func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
 	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit; refused while files on it are open")
+	f.BoolVar(&c.trust, "trust-snapshot", false, "accept a snapshot that users other than you and root can change (its directory or a file writable by group or others, or owned by another user): a snapshot is memory and code a restore runs")
 	f.BoolVar(&c.version, "version", false, "print the version and exit")
 	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")
 	return f

@@ -66,6 +66,11 @@ func threadsFlag(fs *cli.FlagSet) *int {
 	return fs.Int("decompress-threads", 1, "decode with up to `N` threads: 1 serial, 0 automatic from the CPU affinity mask and the work, N > 1 a maximum")
 }
 
+// trustFlag is --trust-snapshot (image.OpenOptions.Trust).
+func trustFlag(fl *cli.FlagSet) *bool {
+	return fl.Bool("trust-snapshot", false, "accept a snapshot that users other than you and root can change (its directory or a file writable by group or others, or owned by another user): a snapshot is memory and code a restore runs")
+}
+
 func requireDir(dir string) error {
 	if dir == "" {
 		return cli.Usagef("-D DIR (--images-dir) is required")

@@ -82,7 +82,7 @@ func TestSnapshotErrors(t *testing.T) {
 			code int
 			want string
 		}{
-			{missing, cli.ExitFailure, "snapctl: open snapshot: stat " + missing + ": no such file or directory\n"},
+			{missing, cli.ExitFailure, "snapctl: open snapshot: open " + missing + ": no such file or directory\n"},
 			{incomplete, cli.ExitBadSnapshot, "snapctl: open snapshot: " + incomplete + ": incomplete snapshot: no snapshot.json\n"},
 		} {
 			code, _, stderr := snapctl(t, cmd, "-D", tc.dir)

@@ -17,17 +17,18 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlags("inspect", "-D DIR [--json]", `
 Show what a snapshot holds: its processes, their memory regions, and the
 blocks by kind (zero, raw, lz4) with original and stored bytes.`,
-		[]int{cli.ExitBadSnapshot, cli.ExitNoPrivilege}, stdout, stderr)
+		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
+	trust := trustFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	rep, err := inspect(*dir)
+	rep, err := inspect(*dir, *trust)
 	if err != nil {
 		return err
 	}
@@ -66,11 +67,12 @@ type regionReport struct {
 	Dumped uint64 `json:"dumped_bytes"`
 }
 
-func inspect(dir string) (*inspectReport, error) {
-	s, err := image.Open(dir)
+func inspect(dir string, trust bool) (*inspectReport, error) {
+	s, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot: %w", err)
 	}
+	defer s.Close()
 	rep := &inspectReport{Dir: dir, Manifest: s.Manifest}
 	for _, pid := range s.PIDs() {
 		st, err := s.State(pid)

@@ -55,10 +55,11 @@ bytes.
 
 Established TCP connections are closed (their peers saw a reset when the
 dumped process went away); listening sockets listen again.`,
-		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
+		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fl.String("D", "", "the snapshot directory `DIR`")
 	fl.Alias("images-dir", "D")
 	threads := threadsFlag(fl)
+	trust := trustFlag(fl)
 	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
 	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
@@ -80,7 +81,7 @@ dumped process went away); listening sockets listen again.`,
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, Logger: log}
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log}
 	tty := isTerminal(stderr)
 	if tty {
 		opts.Progress = progressPrinter(stderr, "restore", time.Second)
@@ -97,7 +98,7 @@ dumped process went away); listening sockets listen again.`,
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, closeSource, err := openLazySource(*dir, *mount, *source, *threads)
+		src, closeSource, err := openLazySource(*dir, *mount, *source, *threads, *trust)
 		if err != nil {
 			return err
 		}
@@ -249,11 +250,12 @@ func (p *lazyProgress) stop() {
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
 // a private mount of the snapshot (fs.MountPrivate). The returned func
 // closes it.
-func openLazySource(dir, mnt, source string, threads int) (io.ReaderAt, func() error, error) {
-	snap, err := image.Open(dir)
+func openLazySource(dir, mnt, source string, threads int, trust bool) (io.ReaderAt, func() error, error) {
+	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
 	if err != nil {
 		return nil, nil, err
 	}
+	defer snap.Close()
 	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
 		return nil, nil, err
@@ -277,7 +279,7 @@ func openLazySource(dir, mnt, source string, threads int) (io.ReaderAt, func() e
 	}
 	// Direct I/O and a small block cache: the pager reads each block
 	// once (see test/bench/BENCHMARKS.md, Decisions).
-	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20})
+	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -15,20 +15,22 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 Check a snapshot: the manifest, every file's size and checksum, and every
 block of memory against its CRC32C. Exits non-zero at the first bad block,
 naming the file, the block and its address.`,
-		[]int{cli.ExitBadSnapshot, cli.ExitNoPrivilege}, stdout, stderr)
+		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
+	trust := trustFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	s, err := image.Open(*dir)
+	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}
+	defer s.Close()
 	for _, pid := range s.PIDs() {
 		if _, err := s.State(pid); err != nil {
 			return err

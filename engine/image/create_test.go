@@ -126,3 +126,56 @@ func TestCommitNeverReplaces(t *testing.T) {
 		t.Errorf("the manifest was replaced: %q", b)
 	}
 }
+
+// TestOpenRefusesUntrusted: a snapshot that another user could have
+// changed (its directory or a file owned by them, or writable by group or
+// others) is refused unless the caller says to trust it; a file replaced
+// by a link is refused even then.
+func TestOpenRefusesUntrusted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give files to another user")
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(t *testing.T, dir string)
+		want error // without Trust; with Trust, nil
+	}{
+		{"directory of another user", func(t *testing.T, dir string) { mustDo(t, os.Chown(dir, nobody, nobody)) }, ErrUntrusted},
+		{"directory writable by all", func(t *testing.T, dir string) { mustDo(t, os.Chmod(dir, 0o777)) }, ErrUntrusted},
+		{"pages of another user", func(t *testing.T, dir string) { mustDo(t, os.Chown(filepath.Join(dir, pagesName(3)), nobody, nobody)) }, ErrUntrusted},
+		{"state writable by group", func(t *testing.T, dir string) { mustDo(t, os.Chmod(filepath.Join(dir, stateName(3)), 0o660)) }, ErrUntrusted},
+		{"manifest writable by others", func(t *testing.T, dir string) { mustDo(t, os.Chmod(filepath.Join(dir, ManifestName), 0o602)) }, ErrUntrusted},
+		{"root's, read by all", func(t *testing.T, dir string) { mustDo(t, os.Chmod(dir, 0o755), os.Chmod(filepath.Join(dir, pagesName(3)), 0o644)) }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "snap")
+			writeSnapshot(t, dir, 3, layoutRanges(5)[:1], Options{})
+			tc.mod(t, dir)
+			s, err := Open(dir)
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+				t.Fatalf("Open: %v, want %v", err, tc.want)
+			}
+			s, err = OpenWith(dir, OpenOptions{Trust: true})
+			if err != nil {
+				t.Fatalf("OpenWith Trust: %v", err)
+			}
+			s.Close()
+		})
+	}
+	t.Run("file replaced by a link", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "snap")
+		writeSnapshot(t, dir, 3, layoutRanges(5)[:1], Options{})
+		p := filepath.Join(dir, stateName(3))
+		moved := filepath.Join(filepath.Dir(dir), "moved.json")
+		mustDo(t, os.Rename(p, moved), os.Symlink(moved, p))
+		if s, err := OpenWith(dir, OpenOptions{Trust: true}); err == nil {
+			s.Close()
+			t.Fatal("opened a snapshot whose state file is a link")
+		} else if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open: %v, want ErrCorrupt", err)
+		}
+	})
+}

@@ -66,7 +66,12 @@ var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // readManifest reads and validates DIR/snapshot.json.
 func readManifest(dir string) (*Manifest, error) {
-	b, err := readManifestBytes(dir)
+	d, err := openDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	b, err := readManifestBytes(d)
 	if err != nil {
 		return nil, err
 	}
@@ -77,15 +82,13 @@ func readManifest(dir string) (*Manifest, error) {
 	return m, nil
 }
 
-// readManifestBytes reads DIR/snapshot.json, bounded by maxManifestSize.
-func readManifestBytes(dir string) ([]byte, error) {
-	f, err := os.Open(filepath.Join(dir, ManifestName))
+// readManifestBytes reads snapshot.json of the open snapshot directory d,
+// bounded by maxManifestSize.
+func readManifestBytes(d *os.File) ([]byte, error) {
+	f, err := openAt(d, ManifestName)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			if _, serr := os.Stat(dir); serr != nil {
-				return nil, serr
-			}
-			return nil, fmt.Errorf("%s: %w", dir, ErrIncomplete)
+			return nil, fmt.Errorf("%s: %w", d.Name(), ErrIncomplete)
 		}
 		return nil, err
 	}

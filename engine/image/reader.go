@@ -8,12 +8,15 @@ import (
 	"io"
 	"iter"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/codec"
@@ -34,35 +37,132 @@ func (e *BlockError) Error() string {
 
 func (e *BlockError) Unwrap() error { return e.Err }
 
-// Snapshot is an opened, complete snapshot directory.
+// Snapshot is an opened, complete snapshot directory. Its directory is
+// opened once, by Open: every file is then opened through it, never
+// following a link, so that nothing done to the path afterwards changes
+// what is read.
 type Snapshot struct {
 	Dir      string
 	Manifest *Manifest
-	manifest []byte // snapshot.json as read
+	manifest []byte   // snapshot.json as read
+	dir      *os.File // the directory
 }
 
-// Open opens the snapshot in dir. It refuses a directory without a
-// manifest (ErrIncomplete) and checks that every file the manifest lists
-// exists with its size.
-func Open(dir string) (*Snapshot, error) {
-	raw, err := readManifestBytes(dir)
+// OpenOptions tune OpenWith.
+type OpenOptions struct {
+	// Trust accepts a snapshot that a user other than the caller and root
+	// can change (snapctl --trust-snapshot): its directory or a file
+	// writable by group or others, or owned by another user. Without it
+	// such a snapshot is refused (ErrUntrusted): it is memory and code
+	// that a restore runs, as root if the process was root's.
+	Trust bool
+}
+
+// Open opens the snapshot in dir: OpenWith with no options.
+func Open(dir string) (*Snapshot, error) { return OpenWith(dir, OpenOptions{}) }
+
+// OpenWith opens the snapshot in dir. It refuses a directory without a
+// manifest (ErrIncomplete), one that another user can change (ErrUntrusted,
+// unless o.Trust), and checks that every file the manifest lists is
+// there, a regular file (not a link) of its size.
+func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
+	d, err := openDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	s, err := openSnapshot(d, o)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
+	if !o.Trust {
+		if err := trusted(d, "snapshot directory "+d.Name()); err != nil {
+			return nil, err
+		}
+	}
+	raw, err := readManifestBytes(d)
 	if err != nil {
 		return nil, err
 	}
 	m, err := parseManifest(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestName), err)
+		return nil, fmt.Errorf("%s: %w", filepath.Join(d.Name(), ManifestName), err)
 	}
-	for name, sum := range m.Files {
-		st, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			return nil, err
+	for _, name := range append([]string{ManifestName}, slices.Sorted(maps.Keys(m.Files))...) {
+		var st unix.Stat_t
+		if err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return nil, &os.PathError{Op: "stat", Path: filepath.Join(d.Name(), name), Err: err}
 		}
-		if st.Size() != sum.Size {
-			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size(), sum.Size)
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return nil, fmt.Errorf("%s: %w: not a regular file (mode %o)", filepath.Join(d.Name(), name), ErrCorrupt, st.Mode)
+		}
+		if !o.Trust {
+			if err := trustedStat(&st, filepath.Join(d.Name(), name)); err != nil {
+				return nil, err
+			}
+		}
+		if sum, ok := m.Files[name]; ok && st.Size != sum.Size {
+			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size, sum.Size)
 		}
 	}
-	return &Snapshot{Dir: dir, Manifest: m, manifest: raw}, nil
+	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d}, nil
+}
+
+// Close closes the snapshot's directory. Readers opened from it stay
+// usable.
+func (s *Snapshot) Close() error { return s.dir.Close() }
+
+// OpenFile opens one file of the snapshot for reading, through its
+// directory, never following a link.
+func (s *Snapshot) OpenFile(name string) (*os.File, error) { return openAt(s.dir, name) }
+
+// openDir opens a snapshot directory (following a link the caller named
+// as the directory itself).
+func openDir(dir string) (*os.File, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	return os.NewFile(uintptr(fd), dir), nil
+}
+
+// openAt opens the file name of the directory d for reading, refusing a
+// link.
+func openAt(d *os.File, name string) (*os.File, error) {
+	fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			err = fmt.Errorf("%w: a symbolic link", ErrCorrupt)
+		}
+		return nil, &os.PathError{Op: "open", Path: filepath.Join(d.Name(), name), Err: err}
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(d.Name(), name)), nil
+}
+
+// trusted checks that the open file f (what names it) is one that only
+// the caller and root can change.
+func trusted(f *os.File, what string) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	return trustedStat(&st, what)
+}
+
+// trustedStat checks a file's owner and mode: owned by the caller or
+// root, writable by neither group nor others (OpenSSH's StrictModes).
+func trustedStat(st *unix.Stat_t, what string) error {
+	if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
+		return fmt.Errorf("%w: %s belongs to uid %d, neither the caller (uid %d) nor root (--trust-snapshot accepts it)", ErrUntrusted, what, st.Uid, euid)
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("%w: %s is writable by group or others (mode %04o; --trust-snapshot accepts it)", ErrUntrusted, what, st.Mode&0o7777)
+	}
+	return nil
 }
 
 // ManifestJSON returns snapshot.json as Open read it (and checked it),
@@ -85,7 +185,7 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 	if sum.Size > limit {
 		return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", name, ErrCorrupt, sum.Size, limit)
 	}
-	f, err := os.Open(filepath.Join(s.Dir, name))
+	f, err := s.OpenFile(name)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +284,7 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(s.Dir, e.Pages))
+	f, err := s.OpenFile(e.Pages)
 	if err != nil {
 		return nil, fmt.Errorf("open pages: %w", err)
 	}
@@ -649,7 +749,7 @@ func (s *Snapshot) VerifyPagesFile(pid int) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(filepath.Join(s.Dir, e.Pages))
+	f, err := s.OpenFile(e.Pages)
 	if err != nil {
 		return err
 	}

@@ -44,10 +44,11 @@ func (j *fillJob) len() int {
 
 // FillOptions say what Fill writes and how.
 type FillOptions struct {
-	// Pages is the snapshot's memory of the process; PagesPath its pages
-	// file, which Raw blocks are read from directly.
+	// Pages is the snapshot's memory of the process; PagesFile its pages
+	// file, which Raw blocks are read from directly (the caller closes
+	// it).
 	Pages     *image.Reader
-	PagesPath string
+	PagesFile *os.File
 	// Threads is --decompress-threads for the LZ4 blocks.
 	Threads int
 	// Skip, if set, leaves out the blocks it is true for (those a lazy
@@ -87,11 +88,7 @@ func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
 		return 0, err
 	}
 	raw, decode, vmas, zero := bs.raw, bs.decode, bs.vmas, bs.zero
-	pages, err := os.Open(o.PagesPath)
-	if err != nil {
-		return 0, err
-	}
-	defer pages.Close()
+	pages := o.PagesFile
 	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", t.State.PID), os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
