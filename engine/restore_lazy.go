@@ -37,6 +37,13 @@ type LazyOptions struct {
 	// with one per CPU but one, which the process and the fault service
 	// need. See lazyWorkers.
 	SourceWaits bool
+	// CheckSource says that the source's bytes are someone else's (a
+	// lazyfs mount): the pager then checks every block it reads from it
+	// against the snapshot's CRC32C (image.Reader.Checked), as the
+	// snapshot's own readers do, and a block that fails kills the
+	// process. A source that checks its own reads (image.Reader's) needs
+	// none.
+	CheckSource bool
 	// Keeper starts a keeper process (see KeeperArg0) that holds a copy
 	// of every userfaultfd of the restored process tree from before the
 	// process runs until its memory is all in, so that if snapctl dies,
@@ -281,7 +288,11 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	if po.Workers == 0 {
 		po.Workers = lazyWorkers(o.SourceWaits)
 	}
-	l.pager = uffd.New(l.fd, r.opts.Lazy, slices.Clip(l.extents), po)
+	src := r.opts.Lazy
+	if o.CheckSource {
+		src = r.pages.Checked(src)
+	}
+	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
 	err := l.pager.Run(ctx)
 	*stats = l.pager.Stats()
 	if err != nil {

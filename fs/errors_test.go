@@ -295,3 +295,31 @@ func TestCheckFUSE(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckMount: a lazyfs mount of the snapshot passes; a plain
+// directory holding the same manifest, and a lazyfs mount of another
+// snapshot, do not.
+func TestCheckMount(t *testing.T) {
+	testutil.RequireFUSE(t)
+	s := writeSnapshot(t, 64<<10)
+	manifest, err := os.ReadFile(filepath.Join(s.Dir, image.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := mount(t, s.Dir, Options{})
+	if err := CheckMount(srv.Mountpoint(), manifest); err != nil {
+		t.Errorf("a lazyfs mount of the snapshot: %v", err)
+	}
+	fake := t.TempDir()
+	if err := os.WriteFile(filepath.Join(fake, image.ManifestName), manifest, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckMount(fake, manifest); !errors.Is(err, ErrNotMounted) {
+		t.Errorf("a plain directory with the manifest: %v, want ErrNotMounted", err)
+	}
+	other := writeSnapshot(t, 128<<10)
+	srv2, _ := mount(t, other.Dir, Options{})
+	if err := CheckMount(srv2.Mountpoint(), manifest); !errors.Is(err, ErrNotMounted) {
+		t.Errorf("a lazyfs mount of another snapshot: %v, want ErrNotMounted", err)
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // checkMountpoint returns the absolute, symlink-free path of a usable
@@ -252,6 +254,37 @@ func ForceUnmount(mountpoint string) error {
 	return nil
 }
 
+// CheckMount checks that mnt is a lazyfs mount of the snapshot whose
+// manifest is manifest, made by root or the caller: the filesystem
+// mounted there (from mountinfo) is lazyfs's, its FUSE server was started
+// by one of them, and it serves those manifest bytes. A restore reads a
+// process's memory from such a mount (snapctl restore --lazy --mount); the
+// bytes it reads are checked against the snapshot's CRC32C besides.
+func CheckMount(mnt string, manifest []byte) error {
+	abs, err := filepath.Abs(mnt)
+	if err != nil {
+		return err
+	}
+	m, err := findMount(abs)
+	if err != nil {
+		return fmt.Errorf("%s: %w", abs, err)
+	}
+	if m.fstype != FSType {
+		return fmt.Errorf("%s: %w (it is a %s mount)", abs, ErrNotMounted, m.fstype)
+	}
+	if euid := os.Geteuid(); m.userID != 0 && m.userID != euid {
+		return fmt.Errorf("%s: %w: mounted by uid %d, neither the caller (uid %d) nor root", abs, image.ErrUntrusted, m.userID, euid)
+	}
+	b, err := os.ReadFile(filepath.Join(abs, image.ManifestName))
+	if err != nil {
+		return fmt.Errorf("%s: %w", abs, err)
+	}
+	if !bytes.Equal(b, manifest) {
+		return fmt.Errorf("%s: %w: it serves another snapshot", abs, ErrNotMounted)
+	}
+	return nil
+}
+
 // lazyfsMount returns the absolute path of mountpoint if a lazyfs file
 // system is mounted there, and ErrNotMounted otherwise.
 func lazyfsMount(mountpoint string) (string, error) {
@@ -273,6 +306,7 @@ func lazyfsMount(mountpoint string) (string, error) {
 type mountEntry struct {
 	dev    uint64 // st_dev of the file system
 	fstype string
+	userID int // a FUSE mount's user_id: who mounted it; -1 if not said
 }
 
 // findMount returns the mount whose mount point is exactly mnt (the last
@@ -314,7 +348,16 @@ func parseMountinfo(b []byte, mnt string) (mountEntry, bool) {
 		}
 		for i := 6; i+1 < len(f); i++ {
 			if f[i] == "-" {
-				found, ok = mountEntry{dev: unix.Mkdev(maj, min), fstype: f[i+1]}, true
+				found, ok = mountEntry{dev: unix.Mkdev(maj, min), fstype: f[i+1], userID: -1}, true
+				if i+3 < len(f) {
+					for _, o := range strings.Split(f[i+3], ",") {
+						if v, isUID := strings.CutPrefix(o, "user_id="); isUID {
+							if id, err := strconv.Atoi(v); err == nil {
+								found.userID = id
+							}
+						}
+					}
+				}
 				break
 			}
 		}
