@@ -24,7 +24,8 @@ type memNode struct {
 	size uint64
 	// dumped is the number of dumped bytes inside the window (st_blocks).
 	dumped uint64
-	// openFlags is FOPEN_KEEP_CACHE or FOPEN_DIRECT_IO (Options.DirectIO).
+	// openFlags is FOPEN_KEEP_CACHE or FOPEN_DIRECT_IO (Options.DirectIO),
+	// with FOPEN_NOFLUSH.
 	openFlags uint32
 }
 

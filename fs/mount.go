@@ -37,6 +37,13 @@ const timeout = 24 * time.Hour
 // of sequential reads.
 const minReadaheadCache = 128 << 20
 
+// noFlush is in the flags of every open: nothing is ever written, so the
+// kernel need not send FLUSH on close(2). It also makes a close that no
+// server can answer return at once: the helper of MountPrivate closes its
+// copy of a file of its own mount, and a helper killed while its close
+// waited for its own (dead) server threads could never exit.
+const noFlush = fuse.FOPEN_NOFLUSH
+
 // Server is a mounted snapshot.
 type Server struct {
 	mountpoint string
@@ -106,6 +113,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if opts.DirectIO {
 		openFlags = fuse.FOPEN_DIRECT_IO
 	}
+	openFlags |= noFlush
 	root := &rootNode{
 		dirNode:   dirNode{own: &owner{uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), mtime: snap.Manifest.Created}},
 		manifest:  snap.ManifestJSON(),

@@ -71,7 +71,7 @@ func (b *bytesNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, 
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	return nil, fuse.FOPEN_KEEP_CACHE | noFlush, 0
 }
 
 func (b *bytesNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -108,7 +108,7 @@ func (g *genNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, ui
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EROFS
 	}
-	return &genHandle{data: g.gen()}, fuse.FOPEN_DIRECT_IO, 0
+	return &genHandle{data: g.gen()}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 }
 
 func (g *genNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

@@ -191,8 +191,16 @@ func (m *PrivateMount) close() error {
 	select {
 	case err = <-m.waited:
 	case <-time.After(privateExitWait):
+		// A helper killed while one of its threads waited on its own
+		// mount (while it set up) cannot exit until the FUSE
+		// connection is aborted.
+		m.abort()
 		m.cmd.Process.Kill()
-		<-m.waited
+		select {
+		case <-m.waited:
+		case <-time.After(privateExitWait):
+			return fmt.Errorf("private mount helper %d: killed, and still there", m.cmd.Process.Pid)
+		}
 		err = fmt.Errorf("did not exit within %v; killed", privateExitWait)
 	}
 	if err != nil {
@@ -209,6 +217,21 @@ func (m *PrivateMount) close() error {
 		}
 	}
 	return err
+}
+
+// abort aborts the FUSE connection of the helper's mount, found in its
+// mount namespace (/proc/PID/mountinfo), where fusectl allows (root).
+func (m *PrivateMount) abort() {
+	if m.mnt == "" {
+		return
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", m.cmd.Process.Pid))
+	if err != nil {
+		return
+	}
+	if e, ok := parseMountinfo(b, m.mnt); ok && e.fstype == FSType {
+		abortConnection(e.dev)
+	}
 }
 
 // PrivateMain is the helper process of MountPrivate (args is its
