@@ -43,6 +43,7 @@ type privateArgs struct {
 	DecompressThreads int
 	DirectIO          bool
 	ReadaheadKB       int
+	TrustSnapshot     bool
 }
 
 // PrivateMount is a snapshot mounted for one reader: the MNT/PID/mem file
@@ -81,7 +82,8 @@ func MountPrivate(dir string, pid int, opts Options) (*PrivateMount, error) {
 		return nil, err
 	}
 	args, err := json.Marshal(privateArgs{Dir: abs, PID: pid, CacheSize: opts.CacheSize,
-		DecompressThreads: opts.DecompressThreads, DirectIO: opts.DirectIO, ReadaheadKB: opts.ReadaheadKB})
+		DecompressThreads: opts.DecompressThreads, DirectIO: opts.DirectIO, ReadaheadKB: opts.ReadaheadKB,
+		TrustSnapshot: opts.TrustSnapshot})
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +278,7 @@ func PrivateMain(args []string) int {
 	}
 	defer os.Remove(tmp)
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
-		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB})
+		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}
