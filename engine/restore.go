@@ -77,11 +77,12 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	defer pages.Close()
 	defer snap.Close()
-	if k := startKeeper(opts, log); k != nil {
+	k := startKeeper(opts, log)
+	if k != nil {
 		defer closeKeeper(k, log) // after abort, which kills what it protects
 		opts.LazyOptions.Holder = k
 	}
-	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log}
+	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
 	}

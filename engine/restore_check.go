@@ -10,6 +10,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/uffd"
 )
 
 // restorer holds the state of one restore.
@@ -35,6 +36,7 @@ type restorer struct {
 	// restore).
 	running bool
 	lazy    *lazyState
+	keeper  *uffd.Keeper // the keeper Restore started, if any
 }
 
 // restoreFDs recreates every descriptor (engine/fds) and closes the

@@ -52,6 +52,12 @@ type LazyOptions struct {
 	// running. If it cannot start, the restore goes on without (and logs
 	// a warning). Ignored when Holder is set.
 	Keeper bool
+	// SourceGone, if set, receives an error naming what died when the
+	// process that serves the source is gone (the private mount's FUSE
+	// server): the lazy phase then ends at once, the process tree is
+	// killed, and Restore returns that error rather than wait for faults
+	// that can no longer be served.
+	SourceGone <-chan error
 	// Holder, if set, holds those copies instead of a keeper that
 	// Restore starts.
 	Holder uffd.Holder
@@ -293,8 +299,14 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 		src = r.pages.Checked(src)
 	}
 	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go r.watchHelpers(ctx, cancel)
 	err := l.pager.Run(ctx)
 	*stats = l.pager.Stats()
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause // a helper died: say which
+	}
 	if err != nil {
 		return r.lazyError(err)
 	}
@@ -319,6 +331,33 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	l.fd = -1
 	r.lazy = nil
 	return r.detachTree()
+}
+
+// ErrHelperDied: a process a lazy restore depends on (the keeper of the
+// userfaultfds, the private mount's FUSE server) died during the lazy
+// phase; the error wrapping it names it.
+var ErrHelperDied = errors.New("helper process died")
+
+// watchHelpers ends the lazy phase (cancel, with the cause) if the keeper
+// or the source's server dies before it is over: without the keeper, a
+// snapctl killed now would leave the process reading zeros; without the
+// server, faults would fail one by one, or never come if the process is
+// idle, and snapctl would wait on a restore that cannot finish.
+func (r *restorer) watchHelpers(ctx context.Context, cancel context.CancelCauseFunc) {
+	var keeperExited <-chan struct{}
+	if r.keeper != nil {
+		keeperExited = r.keeper.Exited()
+	}
+	select {
+	case <-ctx.Done():
+	case err, ok := <-r.opts.LazyOptions.SourceGone:
+		if !ok || err == nil {
+			err = errors.New("the page source's server")
+		}
+		cancel(fmt.Errorf("%w: %w", ErrHelperDied, err))
+	case <-keeperExited:
+		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, KeeperArg0, r.keeper.Pid(), r.keeper.ExitErr()))
+	}
 }
 
 // lazyWorkers is how many threads prefetch, each reading its chunk and

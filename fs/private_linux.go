@@ -54,7 +54,8 @@ type PrivateMount struct {
 	cmd    *exec.Cmd
 	sock   int
 	mnt    string     // the helper's mountpoint
-	waited chan error // the helper's exit
+	exited  chan struct{} // closed when the helper has exited
+	exitErr error         // how, once exited is closed
 
 	once sync.Once
 	err  error
@@ -110,8 +111,11 @@ func MountPrivate(dir string, pid int, opts Options) (*PrivateMount, error) {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("private mount: start helper: %w", err)
 	}
-	m := &PrivateMount{cmd: cmd, sock: fds[0], waited: make(chan error, 1)}
-	go func() { m.waited <- cmd.Wait() }()
+	m := &PrivateMount{cmd: cmd, sock: fds[0], exited: make(chan struct{})}
+	go func() {
+		m.exitErr = cmd.Wait()
+		close(m.exited)
+	}()
 	if err := m.setup(); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("private mount: %w", err)
@@ -173,6 +177,16 @@ func (m *PrivateMount) setup() error {
 // ReadAt reads the memory at address off (MNT/PID/mem at offset off).
 func (m *PrivateMount) ReadAt(p []byte, off int64) (int, error) { return m.f.ReadAt(p, off) }
 
+// Exited is closed when the helper process has exited: before Close, that
+// means it died, and reads fail from then on.
+func (m *PrivateMount) Exited() <-chan struct{} { return m.exited }
+
+// ExitErr says how the helper exited, once Exited is closed.
+func (m *PrivateMount) ExitErr() error {
+	<-m.exited
+	return m.exitErr
+}
+
 // HelperPID returns the process id of the helper that serves the mount.
 func (m *PrivateMount) HelperPID() int { return m.cmd.Process.Pid }
 
@@ -191,7 +205,8 @@ func (m *PrivateMount) close() error {
 	unix.Close(m.sock) // the helper reads EOF: unmount and exit
 	var err error
 	select {
-	case err = <-m.waited:
+	case <-m.exited:
+		err = m.exitErr
 	case <-time.After(privateExitWait):
 		// A helper killed while one of its threads waited on its own
 		// mount (while it set up) cannot exit until the FUSE
@@ -199,7 +214,7 @@ func (m *PrivateMount) close() error {
 		m.abort()
 		m.cmd.Process.Kill()
 		select {
-		case <-m.waited:
+		case <-m.exited:
 		case <-time.After(privateExitWait):
 			return fmt.Errorf("private mount helper %d: killed, and still there", m.cmd.Process.Pid)
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -298,4 +299,88 @@ func TestRestoreUntrustedSnapshot(t *testing.T) {
 	}
 	restoreAndAdopt(t, p, dir, "--trust-snapshot")
 	answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+}
+
+// TestLazyHelperKilled: whichever helper of a lazy restore dies (the
+// keeper of the userfaultfds, the private mount's FUSE server) while the
+// process is still being served, nothing hangs: snapctl exits non-zero
+// within seconds naming what died, the restored process is gone, and no
+// mount or helper is left.
+func TestLazyHelperKilled(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	for _, helper := range []string{"lazyfs-uffd-keeper", "lazyfs-private-mount"} {
+		t.Run(helper, func(t *testing.T) {
+			ctx := testContext(t)
+			p := fixture.Start(t, "modelserver", "2G")
+			dir, _ := dumpForRestore(t, ctx, p)
+			l := startLazy(t, dir, "--prefetch-delay", "1m")
+			l.waitRunning(t, ctx)
+			if err := p.Adopt(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(150 * time.Millisecond)
+			if !l.running() {
+				t.Fatalf("the lazy phase ended before the helper could be killed\n%s", l.res)
+			}
+			pids := lazyProcs(t, []byte(fmt.Sprintf("%s\x00%d\x00", helper, l.cmd.Process.Pid)))
+			if len(pids) != 1 {
+				t.Fatalf("%d %s processes of snapctl %d, want 1", len(pids), helper, l.cmd.Process.Pid)
+			}
+			if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			select {
+			case <-l.done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("snapctl still runs 5 s after its %s was killed", helper)
+			}
+			t.Logf("snapctl exited %v after SIGKILL of %s: %d %s", time.Since(killed), helper, l.res.Code, strings.TrimSpace(l.res.Stderr))
+			if l.res.Code == 0 {
+				t.Errorf("snapctl exited 0 after its %s died", helper)
+			}
+			if !strings.Contains(l.res.Stderr, helper) {
+				t.Errorf("snapctl's error does not name the %s:\n%s", helper, l.res.Stderr)
+			}
+			gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if !lazyDead(gctx, p.PID) {
+				t.Errorf("the restored process still runs 5 s after its %s died", helper)
+			}
+			l.lazyNothingLeft(t, dir)
+		})
+	}
+}
+
+// TestLazyMountNotLazyfs: --mount of a plain directory that holds the
+// snapshot's manifest and a mem file with a page changed is refused: the
+// process never runs on bytes a lazyfs mount of the snapshot did not serve.
+func TestLazyMountNotLazyfs(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	ctx := testContext(t)
+	p := fixture.Start(t, "counter", "4M")
+	dir, _ := dumpForRestore(t, ctx, p)
+	fake := t.TempDir()
+	b, err := os.ReadFile(filepath.Join(dir, "snapshot.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(fake, "snapshot.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(fake, strconv.Itoa(p.PID)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(fake, strconv.Itoa(p.PID), "mem"), []byte("not the memory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := runSnapctl(t, "restore", "-D", dir, "--lazy", "--mount", fake)
+	if r.Code == 0 || !strings.Contains(r.Stderr, "not a lazyfs mount") {
+		t.Errorf("restore --mount of a plain directory: exit %d, want a refusal naming it\n%s", r.Code, r)
+	}
+	wantGone(t, ctx, p.PID)
 }

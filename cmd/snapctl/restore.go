@@ -97,17 +97,18 @@ dumped process went away); listening sockets listen again.`,
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, closeSource, err := openLazySource(*dir, *mount, *source, *threads, *trust)
+		src, err := openLazySource(*dir, *mount, *source, *threads, *trust)
 		if err != nil {
 			return err
 		}
 		// After Restore: by then the process tree is fully served or dead.
 		defer func() {
-			if err := closeSource(); err != nil {
+			if err := src.close(); err != nil {
 				log.Warn("lazy page source", "err", err)
 			}
 		}()
-		opts.Lazy = src
+		opts.Lazy = src.ReaderAt
+		opts.LazyOptions.SourceGone = src.gone
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
 		opts.LazyOptions.Keeper = true
 		// The private mount answers with direct I/O: its reads wait on
@@ -248,42 +249,58 @@ func (p *lazyProgress) stop() {
 	<-p.finished
 }
 
+// lazySource is where a lazy restore reads pages from.
+type lazySource struct {
+	io.ReaderAt
+	close func() error
+	// gone, if not nil, receives an error naming the helper that served
+	// the source if it dies (engine.LazyOptions.SourceGone).
+	gone <-chan error
+}
+
 // openLazySource opens where a lazy restore reads pages from: the
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
-// a private mount of the snapshot (fs.MountPrivate). The returned func
-// closes it.
-func openLazySource(dir, mnt, source string, threads int, trust bool) (io.ReaderAt, func() error, error) {
+// a private mount of the snapshot (fs.MountPrivate).
+func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
 	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer snap.Close()
 	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	switch {
 	case source == "direct":
 		r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		return r.Uncached(), r.Close, nil
+		return &lazySource{ReaderAt: r.Uncached(), close: r.Close}, nil
 	case mnt != "":
 		if err := fs.CheckMount(mnt, snap.ManifestJSON()); err != nil {
-			return nil, nil, fmt.Errorf("--mount %w", err)
+			return nil, fmt.Errorf("--mount %w", err)
 		}
 		f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
 		if err != nil {
-			return nil, nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+			return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
 		}
-		return f, f.Close, nil
+		return &lazySource{ReaderAt: f, close: f.Close}, nil
 	}
 	// Direct I/O and a small block cache: the pager reads each block
 	// once (see test/bench/BENCHMARKS.md, Decisions).
 	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return m, m.Close, nil
+	gone, stop := make(chan error, 1), make(chan struct{})
+	go func() {
+		select {
+		case <-m.Exited():
+			gone <- fmt.Errorf("the private mount's FUSE server (%s, pid %d): %v", fs.PrivateArg0, m.HelperPID(), m.ExitErr())
+		case <-stop:
+		}
+	}()
+	return &lazySource{ReaderAt: m, close: func() error { close(stop); return m.Close() }, gone: gone}, nil
 }

@@ -45,6 +45,9 @@ type Keeper struct {
 	sock int
 	cmd  *exec.Cmd
 	done bool
+
+	exited  chan struct{} // closed when the keeper has exited
+	exitErr error         // how, once exited is closed
 }
 
 var _ Holder = (*Keeper)(nil)
@@ -70,7 +73,23 @@ func StartKeeper(path string, args ...string) (*Keeper, error) {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("start keeper: %w", err)
 	}
-	return &Keeper{sock: fds[0], cmd: cmd}, nil
+	k := &Keeper{sock: fds[0], cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		k.exitErr = cmd.Wait()
+		close(k.exited)
+	}()
+	return k, nil
+}
+
+// Exited is closed when the keeper process has exited, for whatever
+// reason: before Close, that means it died, and the copies it held with
+// it.
+func (k *Keeper) Exited() <-chan struct{} { return k.exited }
+
+// ExitErr says how the keeper exited, once Exited is closed.
+func (k *Keeper) ExitErr() error {
+	<-k.exited
+	return k.exitErr
 }
 
 // Pid returns the keeper's process id.
@@ -181,17 +200,15 @@ func (k *Keeper) Close() error {
 	// closing it with its messages to us unread would reset the
 	// connection, and the keeper could lose 'D'.
 	defer unix.Close(k.sock)
-	waited := make(chan error, 1)
-	go func() { waited <- k.cmd.Wait() }()
 	select {
-	case err := <-waited:
-		if err != nil {
-			return fmt.Errorf("keeper: %w", err)
+	case <-k.exited:
+		if k.exitErr != nil {
+			return fmt.Errorf("keeper: %w", k.exitErr)
 		}
 		return sendErr
 	case <-time.After(keeperExitWait):
 		k.cmd.Process.Kill()
-		<-waited
+		<-k.exited
 		return errors.New("keeper: did not exit; killed")
 	}
 }
