@@ -50,10 +50,10 @@ type privateArgs struct {
 // of a mount that a helper process serves (see MountPrivate). It is an
 // io.ReaderAt of the process's memory at its addresses.
 type PrivateMount struct {
-	f      *os.File
-	cmd    *exec.Cmd
-	sock   int
-	mnt    string     // the helper's mountpoint
+	f       *os.File
+	cmd     *exec.Cmd
+	sock    int
+	mnt     string        // the helper's mountpoint
 	exited  chan struct{} // closed when the helper has exited
 	exitErr error         // how, once exited is closed
 

@@ -145,7 +145,9 @@ func TestOpenRefusesUntrusted(t *testing.T) {
 		{"pages of another user", func(t *testing.T, dir string) { mustDo(t, os.Chown(filepath.Join(dir, pagesName(3)), nobody, nobody)) }, ErrUntrusted},
 		{"state writable by group", func(t *testing.T, dir string) { mustDo(t, os.Chmod(filepath.Join(dir, stateName(3)), 0o660)) }, ErrUntrusted},
 		{"manifest writable by others", func(t *testing.T, dir string) { mustDo(t, os.Chmod(filepath.Join(dir, ManifestName), 0o602)) }, ErrUntrusted},
-		{"root's, read by all", func(t *testing.T, dir string) { mustDo(t, os.Chmod(dir, 0o755), os.Chmod(filepath.Join(dir, pagesName(3)), 0o644)) }, nil},
+		{"root's, read by all", func(t *testing.T, dir string) {
+			mustDo(t, os.Chmod(dir, 0o755), os.Chmod(filepath.Join(dir, pagesName(3)), 0o644))
+		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "snap")
