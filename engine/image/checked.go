@@ -12,8 +12,9 @@ import (
 // every block a read touches is read whole from src and its bytes
 // compared with the block's CRC32C (zeros for a Zero block, and for what
 // was not dumped), so that a mount that serves wrong bytes, whoever runs
-// it, fails the read with a *BlockError wrapping codec.ErrChecksum rather
-// than hand them on. A read of whole blocks goes straight into the
+// it, fails the read with ErrSourceMismatch rather than hand them on. A
+// read the source fails is returned as it failed: neither is the
+// snapshot's fault, and neither matches ErrCorrupt. A read of whole blocks goes straight into the
 // caller's buffer; only a block read in part goes through a scratch
 // buffer. Safe for concurrent use if src is; valid until r is closed.
 func (r *Reader) Checked(src io.ReaderAt) io.ReaderAt { return checked{r, src} }
@@ -70,15 +71,18 @@ func (c checked) ReadAt(p []byte, off int64) (int, error) {
 // readBlock reads block b whole from the source into dst and checks it.
 func (c checked) readBlock(b Block, dst []byte) error {
 	if _, err := c.src.ReadAt(dst, int64(b.Addr)); err != nil && err != io.EOF {
-		return c.r.blockError(b, err)
+		return fmt.Errorf("block %d at %#x: %w", b.Index, b.Addr, err)
 	}
 	if b.Kind == codec.Zero {
 		if !allZero(dst) {
-			return c.r.blockError(b, fmt.Errorf("%w: a zero block reads as data", codec.ErrChecksum))
+			return fmt.Errorf("block %d at %#x: %w: a zero block reads as data", b.Index, b.Addr, ErrSourceMismatch)
 		}
 		return nil
 	}
-	return c.r.checkRaw(b, dst)
+	if got := codec.Checksum(dst); got != b.CRC {
+		return fmt.Errorf("block %d at %#x: %w: crc32c %08x, want %08x", b.Index, b.Addr, ErrSourceMismatch, got, b.CRC)
+	}
+	return nil
 }
 
 // readZeros reads what was not dumped, which must read as zeros.
@@ -87,7 +91,7 @@ func (c checked) readZeros(dst []byte, addr uint64) error {
 		return fmt.Errorf("read at %#x: %w", addr, err)
 	}
 	if !allZero(dst) {
-		return fmt.Errorf("read at %#x: %w: memory that was not dumped reads as data", addr, codec.ErrChecksum)
+		return fmt.Errorf("read at %#x: %w: memory that was not dumped reads as data", addr, ErrSourceMismatch)
 	}
 	return nil
 }

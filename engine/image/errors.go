@@ -37,6 +37,11 @@ var (
 	// ErrExists: a snapshot is already there.
 	ErrExists = errors.New("directory already holds a snapshot")
 
+	// ErrSourceMismatch: memory read from a source other than the
+	// snapshot's files (a lazyfs mount) fails the snapshot's checksum
+	// (Reader.Checked). The snapshot may be fine: the source is not.
+	ErrSourceMismatch = errors.New("the page source served bytes that fail the snapshot's checksum")
+
 	// ErrUnsupported: the process holds something a snapshot cannot
 	// describe, or a snapshot holds something this build cannot restore;
 	// the error wrapping it names the thing.
