@@ -70,12 +70,13 @@ func isDumped(path string, st unix.Stat_t, id image.FileID, strict bool) error {
 }
 
 // removeStaleSocket removes the file at path, absolute, that a unix
-// socket about to be bound there again left behind, as a server starting
-// up would. Its directory is opened component by component, refusing a
-// symbolic link or a directory that a user other than root and uid may
-// change (StrictModes); the file is removed through that directory, and
-// only if it is a socket.
-func removeStaleSocket(path string, uid uint32) error {
+// socket of type typ about to be bound there again left behind, as a
+// server starting up would. Its directory is opened component by
+// component, refusing a symbolic link or a directory that a user other
+// than root and uid may change (StrictModes); the file is removed through
+// that directory, only if it is a socket, and only if nobody listens on
+// it (a live socket of another program is never taken: EADDRINUSE).
+func removeStaleSocket(path string, typ int, uid uint32) error {
 	dir, name := filepath.Split(path)
 	dfd, err := trustedDir(dir, uid)
 	if err != nil {
@@ -92,10 +93,31 @@ func removeStaleSocket(path string, uid uint32) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return fmt.Errorf("%w: unix socket %s: a file that is not a socket is there now; not removing it", ErrUntrustedPath, path)
 	}
+	if live(dfd, name, typ) {
+		return fmt.Errorf("unix socket %s: %w: another program listens on it now", path, unix.EADDRINUSE)
+	}
 	if err := unix.Unlinkat(dfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unix socket %s: remove the stale socket: %w", path, err)
 	}
 	return nil
+}
+
+// live reports whether a socket of type typ at name in the directory
+// dfd accepts a connection: a stale file refuses it (ECONNREFUSED).
+func live(dfd int, name string, typ int) bool {
+	s, err := unix.Socket(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(s)
+	// Connect through /proc/self/fd/DFD/NAME: the directory already
+	// opened, not the path again.
+	addr := fmt.Sprintf("/proc/self/fd/%d/%s", dfd, name)
+	if len(addr) >= 108 {
+		return false // cannot say: the file is removed as before
+	}
+	err = unix.Connect(s, &unix.SockaddrUnix{Name: addr})
+	return err == nil || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINPROGRESS)
 }
 
 // trustedDir opens the absolute directory dir (O_PATH) one component at

@@ -99,7 +99,7 @@ func FuzzRemoveStaleSocket(f *testing.F) {
 		path, canaries := staleTree(t, root, shape)
 		var before unix.Stat_t
 		hadSocket := unix.Lstat(path, &before) == nil && before.Mode&unix.S_IFMT == unix.S_IFSOCK
-		err := removeStaleSocket(path, 0)
+		err := removeStaleSocket(path, unix.SOCK_STREAM, 0)
 		for _, c := range canaries {
 			if _, serr := os.Lstat(c); serr != nil {
 				t.Fatalf("shape %v: %s outside was removed (err %v)", shape, c, err)
@@ -128,4 +128,30 @@ func FuzzRemoveStaleSocket(f *testing.F) {
 			t.Errorf("shape %v: a socket in a trusted directory was not removed: %v", shape, err)
 		}
 	})
+}
+
+// TestRemoveStaleSocketLeavesLiveOne: a socket another program listens on
+// is never removed; one nobody listens on is.
+func TestRemoveStaleSocketLeavesLiveOne(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "live.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	must(t, unix.Bind(fd, &unix.SockaddrUnix{Name: path}))
+	must(t, unix.Listen(fd, 1))
+	if err := removeStaleSocket(path, unix.SOCK_STREAM, uint32(os.Geteuid())); !errors.Is(err, unix.EADDRINUSE) {
+		t.Errorf("removing a live socket: %v, want EADDRINUSE", err)
+	}
+	if _, err := os.Lstat(path); err != nil {
+		t.Errorf("the live socket is gone: %v", err)
+	}
+	stale := filepath.Join(dir, "stale.sock")
+	mkSocket(t, stale)
+	if err := removeStaleSocket(stale, unix.SOCK_STREAM, uint32(os.Geteuid())); err != nil {
+		t.Errorf("removing a stale socket: %v", err)
+	}
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the stale socket is still there: %v", err)
+	}
 }

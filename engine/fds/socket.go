@@ -265,7 +265,7 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(fc.st.Cwd, path)
 		}
-		if err := removeStaleSocket(path, fc.st.Creds.UID[3]); err != nil {
+		if err := removeStaleSocket(path, s.Type, fc.st.Creds.UID[3]); err != nil {
 			return err
 		}
 	}
