@@ -3,7 +3,9 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -383,4 +387,210 @@ func TestLazyMountNotLazyfs(t *testing.T) {
 		t.Errorf("restore --mount of a plain directory: exit %d, want a refusal naming it\n%s", r.Code, r)
 	}
 	wantGone(t, ctx, p.PID)
+}
+
+// fingerprint describes every file under dir (name, type, mode, owner,
+// inode, size, contents' checksum), to tell whether anything changed.
+func fingerprint(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(path, &st); err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %o %d %d %d", path, st.Mode, st.Uid, st.Ino, st.Size)
+		if d.Type().IsRegular() {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, " %08x", codec.Checksum(data))
+		}
+		b.WriteByte('\n')
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// rewriteState edits the process state of the snapshot in dir and fixes
+// the manifest's size and checksum of it, as someone who can write the
+// snapshot (and so is trusted with it) could.
+func rewriteState(t *testing.T, dir string, pid int, edit func(*image.Process)) {
+	t.Helper()
+	name := fmt.Sprintf("process-%d.json", pid)
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st image.Process
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	edit(&st)
+	if b, err = json.MarshalIndent(&st, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mb, err := os.ReadFile(filepath.Join(dir, image.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m image.Manifest
+	if err := json.Unmarshal(mb, &m); err != nil {
+		t.Fatal(err)
+	}
+	m.Files[name] = image.FileSum{Size: int64(len(b)), CRC32C: fmt.Sprintf("%08x", codec.Checksum(b))}
+	if mb, err = json.MarshalIndent(&m, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, image.ManifestName), mb, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRestoreCraftedPaths is a property test over crafted process state:
+// whatever paths a snapshot names for its open files, mapped files, unix
+// sockets and working directory, when they lead outside a test directory
+// through a directory another user controls (a link they planted, a
+// relative path from a directory of theirs), a root restore changes
+// nothing outside: no file written, removed, replaced or created. The
+// file identities are crafted to be the outside files' own, as someone
+// who knows their inodes would.
+func TestRestoreCraftedPaths(t *testing.T) {
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	outside := t.TempDir()
+	secret, _ := rootSecret(t, outside, "secret")
+	oldSock := filepath.Join(outside, "old.sock")
+	mkStaleSocket(t, oldSock)
+	var sst syscall.Stat_t
+	if err := syscall.Stat(secret, &sst); err != nil {
+		t.Fatal(err)
+	}
+	before := fingerprint(t, outside)
+
+	inside := t.TempDir()
+	u := userDir(t, inside, "u")
+	link := filepath.Join(u, "link")
+	if err := os.Symlink(outside, link); err != nil {
+		t.Fatal(err)
+	}
+	sock, data := filepath.Join(inside, "s.sock"), filepath.Join(inside, "data")
+	if err := os.WriteFile(data, []byte("the process's own\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := fixture.StartPython(t, "holder.py", "--listen", sock, "--open", data)
+	dir, _ := dumpForRestore(t, ctx, p)
+
+	secretID := func(f *image.FileID) {
+		f.Dev, f.Ino, f.Size = uint64(sst.Dev), sst.Ino, sst.Size
+		f.MtimeNs = sst.Mtim.Nano()
+	}
+	mutations := []struct {
+		name string
+		edit func(*image.Process)
+	}{
+		{"socket through a link", func(st *image.Process) { setSocket(st, sock, filepath.Join(link, "old.sock")) }},
+		{"socket relative to a user's directory", func(st *image.Process) { st.Cwd = u; setSocket(st, sock, "link/old.sock") }},
+		{"socket from a working directory through a link", func(st *image.Process) { st.Cwd = link; setSocket(st, sock, "old.sock") }},
+		{"socket up from a user's directory", func(st *image.Process) { setSocket(st, sock, filepath.Join(link, "..", "link", "old.sock")) }},
+		{"file through a link", func(st *image.Process) {
+			for i := range st.FDs {
+				if f := &st.FDs[i]; f.Path == data {
+					f.Path = filepath.Join(link, "secret")
+					secretID(f.File)
+				}
+			}
+		}},
+		{"mapping through a link", func(st *image.Process) {
+			for i := range st.VMAs {
+				if v := &st.VMAs[i]; v.File != nil && v.Kind == image.VMAFile {
+					v.File.Path = filepath.Join(link, "secret")
+					secretID(v.File)
+					return
+				}
+			}
+		}},
+		{"executable through a link", func(st *image.Process) { st.Exe.Path = filepath.Join(link, "secret"); secretID(&st.Exe) }},
+	}
+	rng := rand.New(rand.NewPCG(20, 26))
+	for i := range 10 {
+		// One to three mutations at once, drawn at random (seeded).
+		var names []string
+		var edits []func(*image.Process)
+		for _, k := range rng.Perm(len(mutations))[:1+rng.IntN(3)] {
+			names = append(names, mutations[k].name)
+			edits = append(edits, mutations[k].edit)
+		}
+		crafted := filepath.Join(t.TempDir(), "snap")
+		copySnapshot(t, dir, crafted)
+		rewriteState(t, crafted, p.PID, func(st *image.Process) {
+			for _, e := range edits {
+				e(st)
+			}
+		})
+		r := runSnapctl(t, "restore", "-D", crafted)
+		t.Logf("case %d %v: exit %d %s", i, names, r.Code, strings.TrimSpace(r.Stderr))
+		if r.Code == 0 {
+			t.Errorf("case %d %v: a restore of crafted state succeeded", i, names)
+			syscall.Kill(p.PID, syscall.SIGKILL)
+		}
+		if after := fingerprint(t, outside); after != before {
+			t.Fatalf("case %d %v: the restore changed files outside:\nbefore:\n%safter:\n%s", i, names, before, after)
+		}
+		wantGone(t, ctx, p.PID)
+	}
+}
+
+// setSocket gives the socket bound at from the address to.
+func setSocket(st *image.Process, from, to string) {
+	for i := range st.FDs {
+		if s := st.FDs[i].Socket; s != nil && s.Local == from {
+			s.Local = to
+		}
+	}
+}
+
+// mkStaleSocket leaves a socket file at path that nobody listens on.
+func mkStaleSocket(t *testing.T, path string) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// copySnapshot copies the files of the snapshot in from into a new
+// directory to, with their modes.
+func copySnapshot(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.Mkdir(to, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
