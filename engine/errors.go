@@ -25,7 +25,7 @@ var (
 	ErrPIDInUse = errors.New("pid in use")
 	// ErrKernelMismatch: the snapshot was taken on another kernel, whose
 	// vDSO this one does not provide.
-	ErrKernelMismatch = errors.New("snapshot taken on a different kernel")
+	ErrKernelMismatch = image.ErrKernelMismatch
 	// ErrFileChanged: a file the process mapped or opened is not the one
 	// it was.
 	ErrFileChanged = fds.ErrFileChanged

@@ -13,6 +13,17 @@ func (r *restorer) target() *mem.Target {
 	return &mem.Target{In: r.in, State: r.st, Log: r.log}
 }
 
+// unmapStub closes every descriptor the stub inherited and removes every
+// mapping it left in the child but our area and the kernel's special
+// mappings (moved next).
+func (r *restorer) unmapStub(ctx context.Context) error {
+	return mem.UnmapAllBut(ctx, r.target(), r.area)
+}
+
+// moveVDSO moves the kernel's special mappings where the process had
+// them.
+func (r *restorer) moveVDSO(ctx context.Context) error { return mem.MoveVDSO(ctx, r.target(), areaLen) }
+
 // mapMemory maps every VMA; the shared objects it made stay open for the
 // descriptors that share them (restoreFDs closes them).
 func (r *restorer) mapMemory(ctx context.Context) error {

@@ -42,6 +42,10 @@ var (
 	// (Reader.Checked). The snapshot may be fine: the source is not.
 	ErrSourceMismatch = errors.New("the page source served bytes that fail the snapshot's checksum")
 
+	// ErrKernelMismatch: the snapshot was taken on another kernel, whose
+	// vDSO and special mappings this one does not provide.
+	ErrKernelMismatch = errors.New("snapshot taken on a different kernel")
+
 	// ErrUnsupported: the process holds something a snapshot cannot
 	// describe, or a snapshot holds something this build cannot restore;
 	// the error wrapping it names the thing.

@@ -1,0 +1,154 @@
+package mem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+)
+
+// FreeAreas lists candidate addresses for n bytes outside every one of
+// vmas (sorted by address), at most 16, from 4 GiB up.
+func FreeAreas(vmas []image.VMA, n uint64) []uint64 {
+	var out []uint64
+	lo := uint64(1 << 32)
+	for i := 0; i <= len(vmas) && len(out) < 16; i++ {
+		hi := uint64(0x7ffffffff000)
+		if i < len(vmas) {
+			hi = vmas[i].Start
+		}
+		// keep a page of distance from stacks that grow down
+		if hi > lo+n+2*image.PageSize {
+			out = append(out, lo+image.PageSize)
+		}
+		if i < len(vmas) {
+			lo = max(lo, vmas[i].End)
+		}
+	}
+	return out
+}
+
+// UnmapAllBut closes every descriptor of the process (a stub's, which it
+// inherited) and removes every mapping but the one at keep (the
+// injection area) and the kernel's special mappings (see MoveVDSO).
+func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
+	r := t
+	if _, err := r.call(unix.SYS_CLOSE_RANGE, 0, ^uint64(0)>>32, 0); err != nil {
+		return fmt.Errorf("close_range: %w", err)
+	}
+	maps, err := proc.ReadMaps(r.State.PID)
+	if err != nil {
+		return err
+	}
+	for _, m := range maps {
+		if m.Start == keep || m.IsSpecial() {
+			continue
+		}
+		if _, err := r.call(unix.SYS_MUNMAP, m.Start, m.Len()); err != nil {
+			return fmt.Errorf("munmap %s: %w", m.String(), err)
+		}
+	}
+	return nil
+}
+
+// MoveVDSO moves [vvar], [vvar_vclock] and [vdso] where the process had
+// them (same kernel: same sizes, same relative layout), through a free
+// area with slack bytes of room to spare if a target overlaps a current
+// position; it refuses a kernel whose special mappings differ
+// (image.ErrKernelMismatch).
+func MoveVDSO(ctx context.Context, t *Target, slack uint64) error {
+	r := t
+	maps, err := proc.ReadMaps(r.State.PID)
+	if err != nil {
+		return err
+	}
+	type move struct {
+		name     string
+		from, to uint64
+		len      uint64
+	}
+	var moves []move
+	for _, v := range r.State.VMAs {
+		if v.Kind != image.VMAVDSO && v.Kind != image.VMAVVar && v.Kind != image.VMAVVarVclock {
+			continue
+		}
+		found := false
+		for _, m := range maps {
+			if m.Path == v.Name {
+				if m.Len() != v.End-v.Start {
+					return fmt.Errorf("%w: %s is %d bytes here, %d in the snapshot", image.ErrKernelMismatch, v.Name, m.Len(), v.End-v.Start)
+				}
+				moves = append(moves, move{v.Name, m.Start, v.Start, m.Len()})
+				found = true
+			}
+		}
+		if !found {
+			return fmt.Errorf("%w: no %s mapping here", image.ErrKernelMismatch, v.Name)
+		}
+	}
+	// Unmap specials the snapshot did not have.
+	for _, m := range maps {
+		if m.IsSpecial() && m.Path != "[vsyscall]" && !hasVMA(r.State.VMAs, m.Path) {
+			if _, err := r.call(unix.SYS_MUNMAP, m.Start, m.Len()); err != nil {
+				return fmt.Errorf("munmap %s: %w", m.Path, err)
+			}
+		}
+	}
+	// If a target overlaps a current position, go through a free area.
+	overlap := false
+	for _, a := range moves {
+		for _, b := range moves {
+			if a.to < b.from+b.len && b.from < a.to+a.len && a.to != a.from {
+				overlap = true
+			}
+		}
+	}
+	if overlap {
+		var total uint64
+		for _, m := range moves {
+			total += m.len
+		}
+		tmp := FreeAreas(r.State.VMAs, total+slack)
+		if len(tmp) == 0 {
+			return errors.New("no room to move the vDSO through")
+		}
+		at := tmp[len(tmp)-1]
+		for i := range moves {
+			if err := r.mremap(moves[i].from, moves[i].len, at); err != nil {
+				return fmt.Errorf("move %s: %w", moves[i].name, err)
+			}
+			moves[i].from = at
+			at += moves[i].len
+		}
+	}
+	for _, m := range moves {
+		if m.from == m.to {
+			continue
+		}
+		if err := r.mremap(m.from, m.len, m.to); err != nil {
+			return fmt.Errorf("move %s to %#x: %w", m.name, m.to, err)
+		}
+	}
+	return nil
+}
+
+func hasVMA(vmas []image.VMA, name string) bool {
+	for _, v := range vmas {
+		if v.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Target) mremap(from, n, to uint64) error {
+	got, err := r.call(unix.SYS_MREMAP, from, n, n, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, to)
+	if err == nil && got != to {
+		err = fmt.Errorf("mremap moved to %#x", got)
+	}
+	return err
+}
