@@ -16,6 +16,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/units"
 )
 
 // LazyStats describe the lazy phase of a restore.
@@ -123,7 +124,7 @@ const lazyTraceOptions = unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE | uni
 type lazyState struct {
 	fd      int // our copy of the process's userfaultfd
 	held    bool
-	ranges  [][2]uint64 // registered: the lazy VMAs that hold data
+	ranges  []units.Range // registered: the lazy VMAs that hold data
 	extents []uffd.Extent
 	bytes   uint64 // in the extents
 	pager   *uffd.Pager
@@ -222,7 +223,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	}
 	for i := range r.st.VMAs {
 		if v := &r.st.VMAs[i]; withData[v] {
-			l.ranges = append(l.ranges, [2]uint64{v.Start, v.End})
+			l.ranges = append(l.ranges, units.Range{Start: v.Start, End: v.End})
 		}
 	}
 	// Threads and children created during the lazy phase are traced too.
@@ -253,8 +254,8 @@ func (r *restorer) killTree() {
 // runs: every page not present from now on faults to us.
 func (l *lazyState) register() error {
 	for _, rg := range l.ranges {
-		if _, err := uffd.Register(l.fd, rg[0], rg[1]-rg[0], uffd.RegisterModeMissing); err != nil {
-			return fmt.Errorf("UFFDIO_REGISTER %#x-%#x: %w", rg[0], rg[1], err)
+		if _, err := uffd.Register(l.fd, rg.Start, rg.Len(), uffd.RegisterModeMissing); err != nil {
+			return fmt.Errorf("UFFDIO_REGISTER %v: %w", rg, err)
 		}
 	}
 	return nil
@@ -312,8 +313,8 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	}
 	if !stats.Exited {
 		for _, rg := range l.ranges {
-			if err := uffd.Unregister(l.fd, rg[0], rg[1]-rg[0]); err != nil {
-				return fmt.Errorf("UFFDIO_UNREGISTER %#x-%#x: %w", rg[0], rg[1], err)
+			if err := uffd.Unregister(l.fd, rg.Start, rg.Len()); err != nil {
+				return fmt.Errorf("UFFDIO_UNREGISTER %v: %w", rg, err)
 			}
 		}
 	}
