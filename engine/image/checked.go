@@ -25,45 +25,27 @@ type checked struct {
 }
 
 func (c checked) ReadAt(p []byte, off int64) (int, error) {
-	r := c.r
-	if off < 0 {
-		return 0, fmt.Errorf("read at %d: negative address", off)
+	addr, end, err := checkRead(off, len(p))
+	if err != nil {
+		return 0, err
 	}
-	addr := uint64(off)
-	end := addr + uint64(len(p))
-	if end < addr || end > maxAddr {
-		return 0, fmt.Errorf("read at %#x+%d: outside the address space", addr, len(p))
-	}
-	for a := addr; a < end; {
-		ri, in := r.lay.findRun(a)
-		if !in {
-			next := end
-			if ri < len(r.lay.ix.Runs) {
-				next = min(end, r.lay.ix.Runs[ri].Addr)
-			}
-			if err := c.readZeros(p[a-addr:next-addr], a); err != nil {
-				return 0, err
-			}
-			a = next
-			continue
-		}
-		run, bs := r.lay.ix.Runs[ri], r.lay.ix.BlockSize
-		b := r.lay.block(ri, run.FirstBlock+a/bs-run.Addr/bs)
-		hi := min(end, b.End())
-		if a == b.Addr && hi == b.End() {
-			if err := c.readBlock(b, p[a-addr:hi-addr]); err != nil {
-				return 0, err
-			}
-		} else {
+	err = c.r.lay.walk(addr, end, func(s span) (uint64, error) {
+		dst, b := p[s.lo-addr:s.hi-addr], s.b
+		switch {
+		case !s.in:
+			return s.hi, c.readZeros(dst, s.lo)
+		case s.lo == b.Addr && s.hi == b.End():
+			return s.hi, c.readBlock(b, dst)
+		default:
 			buf := scratch(int(b.Len))
 			err := c.readBlock(b, *buf)
-			copy(p[a-addr:hi-addr], (*buf)[a-b.Addr:])
+			copy(dst, (*buf)[s.lo-b.Addr:])
 			scratchPool.Put(buf)
-			if err != nil {
-				return 0, err
-			}
+			return s.hi, err
 		}
-		a = hi
+	})
+	if err != nil {
+		return 0, err
 	}
 	return len(p), nil
 }

@@ -109,3 +109,52 @@ func (l *layout) runOfBlock(i uint64) int {
 	runs := l.ix.Runs
 	return sort.Search(len(runs), func(k int) bool { return runs[k].FirstBlock > i }) - 1
 }
+
+// span is one piece of a read, as walk cuts it: a hole (in false: what
+// was not dumped, [lo, hi)) or the part [lo, hi) of block b of run ri.
+type span struct {
+	lo, hi uint64
+	in     bool
+	ri     int
+	b      Block
+}
+
+// walk cuts [addr, end) into holes and parts of blocks, in order, and
+// calls fn with each. fn returns where the next span starts: s.hi, or
+// further if it consumed more (several blocks at once).
+func (l *layout) walk(addr, end uint64, fn func(s span) (uint64, error)) error {
+	for a := addr; a < end; {
+		ri, in := l.findRun(a)
+		s := span{lo: a, ri: ri, in: in}
+		if !in {
+			s.hi = end
+			if ri < len(l.ix.Runs) {
+				s.hi = min(end, l.ix.Runs[ri].Addr)
+			}
+		} else {
+			run, bs := l.ix.Runs[ri], l.ix.BlockSize
+			s.b = l.block(ri, run.FirstBlock+a/bs-run.Addr/bs)
+			s.hi = min(end, s.b.End())
+		}
+		next, err := fn(s)
+		if err != nil {
+			return err
+		}
+		a = next
+	}
+	return nil
+}
+
+// checkRead checks a read of n bytes at off and returns its address
+// range.
+func checkRead(off int64, n int) (addr, end uint64, err error) {
+	if off < 0 {
+		return 0, 0, fmt.Errorf("read at %d: negative address", off)
+	}
+	addr = uint64(off)
+	end = addr + uint64(n)
+	if end < addr || end > maxAddr {
+		return 0, 0, fmt.Errorf("read at %#x+%d: outside the address space", addr, n)
+	}
+	return addr, end, nil
+}

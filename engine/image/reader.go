@@ -512,34 +512,21 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 
 // ReadAtContext is ReadAt with a context for waits on the cache.
 func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, fmt.Errorf("read at %d: negative address", off)
-	}
-	addr := uint64(off)
-	end := addr + uint64(len(p))
-	if end < addr || end > maxAddr {
-		return 0, fmt.Errorf("read at %#x+%d: outside the address space", addr, len(p))
+	addr, end, err := checkRead(off, len(p))
+	if err != nil {
+		return 0, err
 	}
 	var todo []Block
-	for a := addr; a < end; {
-		ri, in := r.lay.findRun(a)
-		if !in {
-			next := end
-			if ri < len(r.lay.ix.Runs) {
-				next = min(end, r.lay.ix.Runs[ri].Addr)
-			}
-			clear(p[a-addr : next-addr])
-			a = next
-			continue
-		}
-		b, _ := r.lay.blockAt(a)
-		hi := min(end, b.End())
-		if b.Kind == codec.Zero {
-			clear(p[a-addr : hi-addr])
+	err = r.lay.walk(addr, end, func(s span) (uint64, error) {
+		if !s.in || s.b.Kind == codec.Zero {
+			clear(p[s.lo-addr : s.hi-addr])
 		} else {
-			todo = append(todo, b)
+			todo = append(todo, s.b)
 		}
-		a = hi
+		return s.hi, nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	copyOut := func(b Block) error {
 		ref, err := r.get(ctx, b)

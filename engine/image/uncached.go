@@ -1,7 +1,6 @@
 package image
 
 import (
-	"fmt"
 	"io"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
@@ -30,51 +29,31 @@ const maxRawBatch = 1024
 
 func (u uncached) ReadAt(p []byte, off int64) (int, error) {
 	r := u.r
-	if off < 0 {
-		return 0, fmt.Errorf("read at %d: negative address", off)
+	addr, end, err := checkRead(off, len(p))
+	if err != nil {
+		return 0, err
 	}
-	addr := uint64(off)
-	end := addr + uint64(len(p))
-	if end < addr || end > maxAddr {
-		return 0, fmt.Errorf("read at %#x+%d: outside the address space", addr, len(p))
-	}
-	for a := addr; a < end; {
-		ri, in := r.lay.findRun(a)
-		if !in {
-			next := end
-			if ri < len(r.lay.ix.Runs) {
-				next = min(end, r.lay.ix.Runs[ri].Addr)
-			}
-			clear(p[a-addr : next-addr])
-			a = next
-			continue
-		}
-		run, bs := r.lay.ix.Runs[ri], r.lay.ix.BlockSize
-		b := r.lay.block(ri, run.FirstBlock+a/bs-run.Addr/bs)
-		hi := min(end, b.End())
+	err = r.lay.walk(addr, end, func(s span) (uint64, error) {
+		dst, b := p[s.lo-addr:s.hi-addr], s.b
 		switch {
-		case b.Kind == codec.Zero:
-			clear(p[a-addr : hi-addr])
-		case a == b.Addr && hi == b.End() && b.Kind == codec.Raw:
-			n, err := u.loadRaw(ri, b, p[a-addr:])
-			if err != nil {
-				return 0, err
-			}
-			hi = a + n
-		case a == b.Addr && hi == b.End():
-			if err := r.load(b, p[a-addr:hi-addr]); err != nil {
-				return 0, err
-			}
+		case !s.in || b.Kind == codec.Zero:
+			clear(dst)
+		case s.lo == b.Addr && s.hi == b.End() && b.Kind == codec.Raw:
+			n, err := u.loadRaw(s.ri, b, p[s.lo-addr:])
+			return s.lo + n, err
+		case s.lo == b.Addr && s.hi == b.End():
+			return s.hi, r.load(b, dst)
 		default:
 			buf := scratch(int(b.Len))
 			err := r.load(b, *buf)
-			copy(p[a-addr:hi-addr], (*buf)[a-b.Addr:])
+			copy(dst, (*buf)[s.lo-b.Addr:])
 			scratchPool.Put(buf)
-			if err != nil {
-				return 0, err
-			}
+			return s.hi, err
 		}
-		a = hi
+		return s.hi, nil
+	})
+	if err != nil {
+		return 0, err
 	}
 	return len(p), nil
 }
