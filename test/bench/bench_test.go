@@ -70,6 +70,9 @@ func TestRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	md2, _ := render(again)
+	if md2, err = withNotes(md2); err != nil {
+		t.Fatal(err)
+	}
 	if !bytes.Equal(md, md2) {
 		t.Error("the report rendered from the results file differs")
 	}

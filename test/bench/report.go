@@ -18,7 +18,35 @@ import (
 const (
 	ReportName  = "BENCHMARKS.md"
 	ResultsName = "bench-results.json" // every run's figures, for -render and other tools
+	// NotesDir (under test/bench) holds hand-written markdown that ends
+	// BENCHMARKS.md: measurements taken outside the harness, such as the
+	// alternatives a change was measured against and rejected, with how
+	// they were taken. Its files are appended in name order.
+	NotesDir = "notes"
 )
+
+// withNotes returns the report md followed by the notes of the module's
+// test/bench/notes, if any.
+func withNotes(md []byte) ([]byte, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	names, err := filepath.Glob(filepath.Join(root, "test", "bench", NotesDir, "*.md"))
+	if err != nil || len(names) == 0 {
+		return md, err
+	}
+	slices.Sort(names)
+	out := append(slices.Clip(md), "## Measurements outside the harness\n\nKept in [notes](notes) and appended here by the harness; each says how it was taken.\n\n"...)
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return nil, fmt.Errorf("notes: %w", err)
+		}
+		out = append(append(out, bytes.TrimSpace(b)...), "\n\n"...)
+	}
+	return out, nil
+}
 
 // writeReport writes BENCHMARKS.md and the charts into dir.
 func writeReport(dir string, rep *report) error {
@@ -26,6 +54,10 @@ func writeReport(dir string, rep *report) error {
 		return fmt.Errorf("report directory: %w", err)
 	}
 	md, charts := render(rep)
+	md, err := withNotes(md)
+	if err != nil {
+		return err
+	}
 	for name, svg := range charts {
 		if err := os.WriteFile(filepath.Join(dir, name), svg, 0o644); err != nil {
 			return fmt.Errorf("write chart: %w", err)
