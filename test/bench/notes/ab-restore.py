@@ -15,7 +15,8 @@ counts the huge pages collapsed meanwhile (thp_collapse_alloc),
 checks the answers against the original's, reads the restored process's
 smaps (VMAs with hg, AnonHugePages) and kills it. The order of the
 snapctls and of the advices alternates between rounds. NAME after or
-collapse sets EXP_HG for a snapctl built with huge-pages-alternatives.patch.
+collapse sets EXP_HG for a snapctl built with huge-pages-alternatives.patch
+(made against 38e84f4).
 Prints every run, then medians.
 """
 import ctypes, os, socket, subprocess, sys, time, re, statistics, signal
