@@ -8,7 +8,8 @@
 #   make bench   the benchmark harness (test/bench, root, under 15 minutes):
 #                snapshot size, dump time, eager and lazy restore to first
 #                response of a 1 GiB modelserver, cold and warm, with the
-#                pages-file and lz4 baselines; writes test/bench/BENCHMARKS.md
+#                pages-file and lz4 baselines, and of a 1 GiB weightserver
+#                with and without MADV_HUGEPAGE; writes test/bench/BENCHMARKS.md
 #                and its SVG charts. BENCH_LARGE=1 adds 4 GiB (about 4x longer);
 #                BENCH_FLAGS passes more flags (-size, -runs, -out, -work)
 #   make bench-smoke  the harness at 64 MiB, one run, into bin/bench-smoke

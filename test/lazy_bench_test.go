@@ -44,7 +44,9 @@ import (
 // snapctl to the answer; all-in-s, the median until snapctl exited (for
 // a lazy restore: every page in). Memory is not pre-touched: the previous
 // run's server is killed just before. LAZYFS_BENCH_SIZE overrides the
-// size.
+// size; LAZYFS_BENCH_FIXTURE=weightserver benchmarks the weightserver
+// instead (its weights in 16 MiB arrays advised MADV_HUGEPAGE, as numpy
+// lays them out; weightserver-none: the same without the advice).
 func BenchmarkLazyRestore(b *testing.B) {
 	testutil.RequireRoot(b)
 	testutil.RequirePtrace(b)
@@ -61,7 +63,17 @@ func BenchmarkLazyRestore(b *testing.B) {
 	}
 	b.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
 
-	p := fixture.Start(b, "modelserver", size)
+	name, args := "modelserver", []string{size}
+	switch f := os.Getenv("LAZYFS_BENCH_FIXTURE"); f {
+	case "", "modelserver":
+	case "weightserver":
+		name, args = f, []string{size, "0", "42", "hugepage"}
+	case "weightserver-none":
+		name, args = "weightserver", []string{size, "0", "42", "none"}
+	default:
+		b.Fatalf("LAZYFS_BENCH_FIXTURE=%s: want modelserver, weightserver or weightserver-none", f)
+	}
+	p := fixture.Start(b, name, args...)
 	pid, port := p.PID, int(p.Ready.MustInt(b, "port"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -349,12 +348,19 @@ func (f *filler) write(j *fillJob, data []byte) error {
 
 // openUffd makes a userfaultfd in the process, takes a copy of it and
 // closes the process's, and registers MISSING every anonymous private VMA
-// that blocks will be written to. A VMA that asked for transparent huge
-// pages (MADV_HUGEPAGE) is left to the fault path, which allocates them.
+// that blocks will be written to.
+//
+// That includes the VMAs that asked for transparent huge pages
+// (MADV_HUGEPAGE, VmFlags "hg"), which Map has already advised: UFFDIO_COPY
+// places 4 KiB pages in them as anywhere else, where a write through the
+// fault path would first allocate and zero a 2 MiB page for the bytes to
+// overwrite (slow where the host backs free memory lazily). They keep their
+// advice: pages the snapshot does not hold fault in as huge pages once
+// the fill is over, and khugepaged may collapse the filled ones.
 func (f *filler) openUffd(blocks []image.Block) error {
 	want := map[*image.VMA]bool{}
 	for _, b := range blocks {
-		if v := VMAAt(f.t.State.VMAs, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 && !slices.Contains(v.VMFlags, "hg") {
+		if v := VMAAt(f.t.State.VMAs, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 {
 			want[v] = true
 		}
 	}

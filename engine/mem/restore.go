@@ -60,15 +60,72 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 			}
 		}
 	}()
-	for i := range t.State.VMAs {
+	vmas := t.State.VMAs
+	for i := 0; i < len(vmas); {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := m.vma(&t.State.VMAs[i]); err != nil {
+		n := anonRun(vmas[i:])
+		if err := m.mapRun(vmas[i : i+n]); err != nil {
 			return nil, err
 		}
+		for j := i; j < i+n; j++ {
+			if err := m.advise(&vmas[j]); err != nil {
+				return nil, err
+			}
+		}
+		i += n
 	}
 	return m.shmem, nil
+}
+
+// anonRun returns how many VMAs from vmas[0] on one mmap can map: 1, or
+// a run of contiguous unnamed anonymous private VMAs that differ only in
+// what madvise sets. Mapped one by one they would merge into one VMA
+// anyway, for madvise to split again: a process whose allocator advises
+// its large allocations (MADV_HUGEPAGE on every numpy array) has
+// hundreds of them, each mmap an injected call.
+func anonRun(vmas []image.VMA) int {
+	mergeable := func(v *image.VMA) bool {
+		return v.Kind == image.VMAAnon && v.Name == "" && v.Flags&(unix.MAP_SHARED|unix.MAP_GROWSDOWN) == 0 &&
+			v.Flags&unix.MAP_PRIVATE != 0 && !reprotected(v)
+	}
+	n := 1
+	if !mergeable(&vmas[0]) {
+		return n
+	}
+	nr := slices.Contains(vmas[0].VMFlags, "nr")
+	for n < len(vmas) {
+		v, prev := &vmas[n], &vmas[n-1]
+		if v.Start != prev.End || !mergeable(v) || v.Prot != vmas[0].Prot || v.Flags != vmas[0].Flags || slices.Contains(v.VMFlags, "nr") != nr {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// mapRun maps the VMAs of run (one, or what anonRun found) with one mmap.
+// A single VMA is passed on as itself: mapVMA tells a shared object's
+// mappings apart by address in State.
+func (r *mapper) mapRun(run []image.VMA) error {
+	v := &run[0]
+	if len(run) > 1 {
+		whole := *v
+		whole.End = run[len(run)-1].End
+		v = &whole
+	}
+	if err := r.mapVMA(v); err != nil {
+		return fmt.Errorf("map %x-%x %s %s: %w", v.Start, v.End, image.Perms(*v), v.Name, err)
+	}
+	return nil
+}
+
+// reprotected reports whether mapVMA maps v writable, then takes write
+// away: a private mapping that was writable once (a RELRO segment made
+// read-only after relocation) is accounted ("ac").
+func reprotected(v *image.VMA) bool {
+	return v.Flags&unix.MAP_PRIVATE != 0 && v.Prot&unix.PROT_WRITE == 0 && slices.Contains(v.VMFlags, "ac")
 }
 
 // mapper is one Map.
@@ -78,11 +135,8 @@ type mapper struct {
 	shmem map[uint64]int
 }
 
-// vma maps v and gives it its advice.
-func (r *mapper) vma(v *image.VMA) error {
-	if err := r.mapVMA(v); err != nil {
-		return fmt.Errorf("map %x-%x %s %s: %w", v.Start, v.End, image.Perms(*v), v.Name, err)
-	}
+// advise gives mapped VMA v its advice.
+func (r *mapper) advise(v *image.VMA) error {
 	for _, f := range v.VMFlags {
 		adv, ok := madvFlags[f]
 		if !ok {
@@ -106,7 +160,7 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 	// read-only after relocation) is accounted ("ac"): map it writable
 	// so that it is accounted too, then take write away. Without the
 	// flag it would merge with the read-only mapping before it.
-	reprotect := v.Flags&unix.MAP_PRIVATE != 0 && v.Prot&unix.PROT_WRITE == 0 && slices.Contains(v.VMFlags, "ac")
+	reprotect := reprotected(v)
 	if reprotect {
 		prot |= unix.PROT_WRITE
 	}

@@ -70,6 +70,9 @@ func TestRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	md2, _ := render(again)
+	if md2, err = withNotes(md2); err != nil {
+		t.Fatal(err)
+	}
 	if !bytes.Equal(md, md2) {
 		t.Error("the report rendered from the results file differs")
 	}
@@ -105,6 +108,8 @@ func TestValidateRejects(t *testing.T) {
 			}
 		}},
 		{"zero time", func(r *report) { r.Sizes[0].Baselines[0].Warm[0] = 0 }},
+		{"missing weightserver", func(r *report) { r.Sizes[0].Weights = r.Sizes[0].Weights[:1] }},
+		{"hg lost in a restore", func(r *report) { r.Sizes[0].Weights[0].Restores[2].Runs[0].HugeVMAs = 0 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := fakeReport(2, smokeSize)
@@ -215,6 +220,12 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 	for _, th := range []string{"1 (default)", "2", "0 (automatic)"} {
 		expect("| "+th+" |", 8, 0)
 	}
+	for _, c := range weightCases() {
+		for _, advice := range weightAdvices {
+			expect("| "+c.Label()+" | "+c.Cache()+" | "+adviceLabel(advice)+" |", 10, 0)
+		}
+		expect("| "+c.Label()+" | "+c.Cache()+" |", 6, 0) // ratio
+	}
 }
 
 // checkSVG checks that svg is well-formed XML with a title and bars.
@@ -301,6 +312,25 @@ func fakeReport(runs int, sizes ...uint64) *report {
 				checked.Kind = lz4Checked
 				s.Baselines = append(s.Baselines, &checked)
 			}
+		}
+		for _, advice := range weightAdvices {
+			w := &weightsResult{Advice: advice, Arrays: int(size >> 24), Init: time.Second}
+			if advice == "hugepage" {
+				w.HugeVMAs, w.AnonHuge = w.Arrays, size-size/8
+			}
+			for _, c := range weightCases() {
+				rr := &restoreResult{Config: defaultConfig(), Case: c}
+				for r := range runs {
+					run := restoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100, HugeVMAs: w.HugeVMAs,
+						Ping: ms(50, r), First: ms(300, r), Token: ms(600, r)}
+					if !c.Lazy() {
+						run.Running, run.Total, run.Faults, run.Ping, run.First = ms(500, r), ms(500, r), 0, ms(510, r), ms(520, r)
+					}
+					rr.Runs = append(rr.Runs, run)
+				}
+				w.Restores = append(w.Restores, rr)
+			}
+			s.Weights = append(s.Weights, w)
 		}
 		rep.Sizes = append(rep.Sizes, s)
 	}

@@ -7,7 +7,10 @@
 // the fixture with every compression option, restores each snapshot eagerly
 // and lazily with the page cache dropped (cold) and kept (warm), and times
 // the baselines a restore should be judged against: reading the pages file
-// and decompressing the same memory with the lz4 command-line tool. Every
+// and decompressing the same memory with the lz4 command-line tool. Then it
+// dumps the weightserver fixture (test/fixtures/weightserver.c: weights in
+// arrays advised MADV_HUGEPAGE, as numpy lays them out) of the same size
+// with and without the advice and restores both alike. Every
 // figure is the median and min–max of -runs runs. The report explains each
 // measurement; read it, or report.go, before quoting a number.
 //

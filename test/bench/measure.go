@@ -28,6 +28,7 @@ type harness struct {
 	live    int // pid of the server alive now (original or restored), 0 if none
 	started time.Time
 	expect  expectation
+	smaps   bool // restoreOnce records the restored process's huge pages
 }
 
 // expectation is what the original server answered; every restored server
@@ -133,6 +134,11 @@ func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*sizeR
 	for _, cfg := range dumpConfigs() {
 		sr.Dumps = append(sr.Dumps, dumps[cfg.Short])
 	}
+	ws, err := h.weightsSeries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sr.Weights = ws
 	sr.Elapsed = now().Sub(start)
 	h.logf("done in %s", sr.Elapsed.Round(time.Second))
 	return sr, nil
@@ -171,7 +177,7 @@ func (h *harness) dumpSeries(ctx context.Context, sr *sizeResult, cfg dumpConfig
 func (h *harness) dumpOnce(ctx context.Context, sr *sizeResult, cfg dumpConfig, dir string, dr *dumpResult) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.size, h.logPath, h.work)
+	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
 	if err != nil {
 		return nil, err
 	}

@@ -19,13 +19,35 @@ import (
 const (
 	ReportName  = "BENCHMARKS.md"
 	ResultsName = "bench-results.json" // every run's figures, for -render and other tools
+	// NotesDir (under test/bench) holds hand-written markdown that ends
+	// BENCHMARKS.md: measurements taken outside the harness, such as the
+	// alternatives a change was measured against and rejected, with how
+	// they were taken. Its files are appended in name order.
+	NotesDir = "notes"
 )
 
-// decisions is the report's last section: the choices in the code that
-// rest on measurements, kept by every run.
-//
-//go:embed decisions.md
-var decisions []byte
+// withNotes returns the report md followed by the notes of the module's
+// test/bench/notes, if any.
+func withNotes(md []byte) ([]byte, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	names, err := filepath.Glob(filepath.Join(root, "test", "bench", NotesDir, "*.md"))
+	if err != nil || len(names) == 0 {
+		return md, err
+	}
+	slices.Sort(names)
+	out := append(slices.Clip(md), "## Measurements outside the harness\n\nKept in [notes](notes) and appended here by the harness; each says how it was taken.\n\n"...)
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return nil, fmt.Errorf("notes: %w", err)
+		}
+		out = append(append(out, bytes.TrimSpace(b)...), "\n\n"...)
+	}
+	return out, nil
+}
 
 // writeReport writes BENCHMARKS.md and the charts into dir.
 func writeReport(dir string, rep *report) error {
@@ -33,6 +55,10 @@ func writeReport(dir string, rep *report) error {
 		return fmt.Errorf("report directory: %w", err)
 	}
 	md, charts := render(rep)
+	md, err := withNotes(md)
+	if err != nil {
+		return err
+	}
 	for name, svg := range charts {
 		if err := os.WriteFile(filepath.Join(dir, name), svg, 0o644); err != nil {
 			return fmt.Errorf("write chart: %w", err)
@@ -129,7 +155,6 @@ func render(rep *report) ([]byte, map[string][]byte) {
 	for _, s := range rep.Sizes {
 		sizeSection(&m, s, charts)
 	}
-	m.Write(decisions)
 	return m.Bytes(), charts
 }
 
@@ -161,6 +186,7 @@ func methodSection(m *md) {
 	m.p("")
 	for _, l := range []string{
 		"**Fixture**: `test/fixtures/modelserver.c`, an initialised inference server: one anonymous mapping of SIZE bytes (½ bf16-like weights, ¼ zeros that were written, ¼ random) plus 32 MiB of heap records with pointers, serving TCP on 127.0.0.1. `touch 1` reads every 100th page of the mapping and answers a checksum; `token` reads all of it and walks the heap. Started through `test/fixtures/launch.c` (default signal dispositions, no inherited descriptors).",
+		"**weightserver**: `test/fixtures/weightserver.c`, laid out like a Python/numpy or PyTorch model server: SIZE bytes of float32 weights drawn from N(0, 0.02) in arrays of 16 MiB, each a `malloc` of its own mapping advised `MADV_HUGEPAGE` from its first page boundary as numpy advises arrays of 4 MiB or more (or, the baseline, not advised), plus the same 32 MiB of heap records; same protocol. Its two snapshots (default option) are restored eagerly and lazily, cold and warm, in its own section of each size; after each restore the harness reads the process's smaps: the VMAs advised `hg` must be the original's.",
 		"**Dump**: every run starts a fresh server and dumps it with `snapctl dump` (which kills it). *dump* is the command's wall time; *snapctl: in* and *frozen* are what it prints (`dumped pid N …: X of memory into Y (ratio R) in D; frozen F`). *image* is every file of the snapshot directory; *pages/memory* is snapctl's ratio (pages file over dumped memory). The last snapshot of each option is kept for the restores.",
 		"**Cold** runs `sync; echo 3 > /proc/sys/vm/drop_caches` right before the command, so the snapshot (and the snapctl binary) come from the disk, a virtio disk whose host may cache them. **Warm** reads every snapshot file once before the command.",
 		"**Restore**: `snapctl restore -D DIR --decompress-threads N [--lazy --source mount|direct]`. A client starts with the command, tries to connect every 2 ms until the restored server accepts, sends `touch 1`, then `token` on the same connection. *first answer* is from the start of the command to the answer to `touch 1` (time to first response); *token* is from the start of the command to the answer to `token`. Every answer is checked against the original server's checksums.",
@@ -293,6 +319,78 @@ func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
 			def.Name, e.dist(wallOf), ew.Seconds()/lw.Seconds(), summarize(b.Warm), summarize(s.baseline(def.Short, readPages).Warm))
 		m.p("")
 	}
+	if len(s.Weights) > 0 {
+		weightsSection(m, s)
+	}
+}
+
+// adviceLabel names a weightserver advice in tables.
+func adviceLabel(advice string) string {
+	if advice == "hugepage" {
+		return "`MADV_HUGEPAGE`"
+	}
+	return "none"
+}
+
+// weightsSection reports the weightserver restores, with and without
+// MADV_HUGEPAGE, and their ratio.
+func weightsSection(m *md, s *sizeResult) {
+	def := defaultConfig()
+	m.p("### weightserver: weights in arrays advised `MADV_HUGEPAGE` (`%s`)", def.Name)
+	m.p("")
+	var parts []string
+	for _, w := range s.Weights {
+		parts = append(parts, fmt.Sprintf("with advice %s, %d arrays, %d VMAs with `hg`, %s in huge pages, started in %s",
+			adviceLabel(w.Advice), w.Arrays, w.HugeVMAs, units.FormatSize(w.AnonHuge), w.Init.Round(time.Millisecond)))
+	}
+	m.p("The weightserver (`test/fixtures/weightserver.c`) holds %s of float32 weights drawn from N(0, 0.02) in arrays of 16 MiB, each its own `malloc`ed mapping advised as numpy advises it, plus 32 MiB of heap records. Its original: %s. Each is dumped once with the default option; the two snapshots are restored back to back in every round, in alternating order.",
+		units.FormatSize(s.Size), strings.Join(parts, "; "))
+	m.p("")
+	m.header("restore", "cache", "advice", "process runs", "ping answered", "first answer (touch 1)", "token", "command exits", "`hg` VMAs after", "huge pages after")
+	for _, c := range weightCases() {
+		for _, w := range s.Weights {
+			r := w.find(c)
+			vmas, huge := "—", "—"
+			if r != nil && len(r.Runs) > 0 {
+				hv := make([]int, 0, len(r.Runs))
+				hp := make([]int, 0, len(r.Runs))
+				for _, run := range r.Runs {
+					hv, hp = append(hv, run.HugeVMAs), append(hp, int(run.AnonHuge>>20))
+				}
+				slices.Sort(hv)
+				slices.Sort(hp)
+				vmas, huge = fmt.Sprint(hv[len(hv)/2]), fmt.Sprintf("%d MiB", hp[len(hp)/2])
+			}
+			m.row(c.Label(), c.Cache(), adviceLabel(w.Advice), cell(r, runningOf), cell(r, pingOf), cell(r, firstOf), cell(r, tokenOf), cell(r, wallOf), vmas, huge)
+		}
+	}
+	m.p("")
+	m.p("*huge pages after*: the restored process's `AnonHugePages` (median) once snapctl exited. The ratio of each median with the advice to the same median without it, from this run:")
+	m.p("")
+	m.header("restore", "cache", "process runs", "first answer (touch 1)", "token", "command exits")
+	for _, c := range weightCases() {
+		var with, without *restoreResult
+		for _, w := range s.Weights {
+			switch w.Advice {
+			case "hugepage":
+				with = w.find(c)
+			case "none":
+				without = w.find(c)
+			}
+		}
+		ratio := func(f func(restoreRun) time.Duration) string {
+			if with == nil || without == nil || len(with.Runs) == 0 || len(without.Runs) == 0 {
+				return "—"
+			}
+			b := without.dist(f).Med
+			if b <= 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.2f×", with.dist(f).Med.Seconds()/b.Seconds())
+		}
+		m.row(c.Label(), c.Cache(), ratio(runningOf), ratio(firstOf), ratio(tokenOf), ratio(wallOf))
+	}
+	m.p("")
 }
 
 // medianFaults is the median fault count of lazy runs.

@@ -108,6 +108,11 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 		return run, fmt.Errorf("restore reported pid %d, want %d: %w", rep.PID, snap.PID, ErrOutput)
 	}
 	run.Wall, run.Running, run.Total, run.Faults = e.wall, rep.Running, rep.Total, rep.Faults
+	if h.smaps {
+		if run.HugeVMAs, run.AnonHuge, err = hugeState(snap.PID); err != nil {
+			return run, err
+		}
+	}
 	if err := killAndReap(ctx, snap.PID); err != nil {
 		return run, err
 	}

@@ -20,7 +20,29 @@ type sizeResult struct {
 	Dumps     []*dumpResult   // report order
 	Restores  []*restoreResult
 	Baselines []*baselineResult
+	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
 	Elapsed   time.Duration
+}
+
+// weightsResult is the weightserver series of one advice: its snapshot
+// (the default dump option) restored as weightCases says.
+type weightsResult struct {
+	Advice   string // the fixture's ADVICE: "hugepage" or "none"
+	Arrays   int    // weight arrays, each its own mapping
+	Init     time.Duration
+	HugeVMAs int    // VMAs with VmFlags hg in the original
+	AnonHuge uint64 // the original's AnonHugePages, bytes
+	Restores []*restoreResult
+}
+
+// find returns the restore result of a case, or nil.
+func (w *weightsResult) find(c restoreCase) *restoreResult {
+	for _, r := range w.Restores {
+		if r.Case == c {
+			return r
+		}
+	}
+	return nil
 }
 
 // dumpResult is the dump series of one configuration.
@@ -44,6 +66,10 @@ type restoreRun struct {
 	First   time.Duration // "touch 1" answered right after it; 0 when idle
 	Token   time.Duration // "token" answered right after it; 0 when idle
 	Faults  int           // lazy: faults served
+	// Of the restored process once snapctl exited (weightserver runs
+	// only): VMAs with VmFlags hg, and AnonHugePages in bytes.
+	HugeVMAs int
+	AnonHuge uint64
 }
 
 // restoreResult is the runs of one restore case of one configuration.

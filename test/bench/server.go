@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,10 +57,12 @@ func freePort() (int, error) {
 	return 0, errors.New("no free port in 20000-29999")
 }
 
-// startServer starts the modelserver with size bytes of memory through
-// launch (pristine signals and descriptors), in a session of its own, its
-// output appended to logPath, and waits for its ready line.
-func startServer(ctx context.Context, t tools, size uint64, logPath, dir string) (*server, error) {
+// startServer starts fixture program prog (the modelserver or the
+// weightserver, which take SIZE PORT first) with size bytes of memory and
+// the arguments extra after the port, through launch (pristine signals and
+// descriptors), in a session of its own, its output appended to logPath,
+// and waits for its ready line.
+func startServer(ctx context.Context, t tools, prog string, size uint64, extra []string, logPath, dir string) (*server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -72,7 +75,7 @@ func startServer(ctx context.Context, t tools, size uint64, logPath, dir string)
 	if err != nil {
 		return nil, fmt.Errorf("server log: %w", err)
 	}
-	cmd := exec.Command(t.Launch, t.Modelserver, strconv.FormatUint(size, 10), strconv.Itoa(port))
+	cmd := exec.Command(t.Launch, append([]string{prog, strconv.FormatUint(size, 10), strconv.Itoa(port)}, extra...)...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.Dir = dir
@@ -80,7 +83,7 @@ func startServer(ctx context.Context, t tools, size uint64, logPath, dir string)
 	err = cmd.Start()
 	logFile.Close()
 	if err != nil {
-		return nil, fmt.Errorf("start modelserver: %w", err)
+		return nil, fmt.Errorf("start %s: %w", filepath.Base(prog), err)
 	}
 	s := &server{PID: cmd.Process.Pid, Port: port, done: make(chan struct{})}
 	go func() {
@@ -109,9 +112,9 @@ func waitReady(ctx context.Context, logPath string, from int64, s *server) (fixt
 		}
 		select {
 		case <-s.done:
-			return fixture.Line{}, fmt.Errorf("modelserver exited before it was ready; log %s: %s", logPath, tail(logPath))
+			return fixture.Line{}, fmt.Errorf("the server exited before it was ready; log %s: %s", logPath, tail(logPath))
 		case <-ctx.Done():
-			return fixture.Line{}, fmt.Errorf("wait for the modelserver's ready line: %w", ctx.Err())
+			return fixture.Line{}, fmt.Errorf("wait for the server's ready line: %w", ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

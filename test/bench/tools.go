@@ -22,6 +22,7 @@ type tools struct {
 	Snapctl     string
 	Lazyfs      string
 	Modelserver string
+	Weights     string // the weightserver fixture
 	Launch      string
 	LZ4         string
 	Cat         string
@@ -77,7 +78,7 @@ func buildTools(ctx context.Context, bin, dir string) (tools, error) {
 	}
 
 	src := filepath.Join(root, "test", "fixtures")
-	for _, name := range []string{"modelserver", "launch"} {
+	for _, name := range []string{"modelserver", "weightserver", "launch"} {
 		out := filepath.Join(dir, name)
 		if err := command(ctx, root, "gcc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-pthread",
 			"-I", src, "-o", out, filepath.Join(src, name+".c")); err != nil {
@@ -85,6 +86,7 @@ func buildTools(ctx context.Context, bin, dir string) (tools, error) {
 		}
 	}
 	t.Modelserver = filepath.Join(dir, "modelserver")
+	t.Weights = filepath.Join(dir, "weightserver")
 	t.Launch = filepath.Join(dir, "launch")
 
 	if t.LZ4, err = exec.LookPath("lz4"); err != nil {

@@ -22,6 +22,7 @@ func validate(rep *report) error {
 	}
 	for _, s := range rep.Sizes {
 		validateSize(rep.Runs, s, bad)
+		validateWeights(rep.Runs, s, bad)
 	}
 	return errors.Join(errs...)
 }
@@ -116,6 +117,41 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 			positive("lz4 baseline "+cfg.Short+" warm", lz.Warm...)
 			if lz.Output != s.Memory || lz.Bytes == 0 {
 				bad("lz4 baseline %s: %d bytes in, %d out, memory %d", cfg.Short, lz.Bytes, lz.Output, s.Memory)
+			}
+		}
+	}
+}
+
+// validateWeights checks the weightserver series of a size.
+func validateWeights(runs int, s *sizeResult, bad func(string, ...any)) {
+	if len(s.Weights) != len(weightAdvices) {
+		bad("%d weightserver series, want %d", len(s.Weights), len(weightAdvices))
+		return
+	}
+	for i, w := range s.Weights {
+		if w.Advice != weightAdvices[i] {
+			bad("weightserver series %d has advice %q, want %q", i, w.Advice, weightAdvices[i])
+		}
+		if w.Arrays <= 0 || (w.Advice == "hugepage") != (w.HugeVMAs >= w.Arrays) || (w.Advice == "none" && w.HugeVMAs != 0) {
+			bad("weightserver %s: %d arrays, %d VMAs with hg", w.Advice, w.Arrays, w.HugeVMAs)
+		}
+		for _, c := range weightCases() {
+			r := w.find(c)
+			what := "weightserver " + w.Advice + " " + c.String()
+			if r == nil {
+				bad("restore %s missing", what)
+				continue
+			}
+			if len(r.Runs) != runs {
+				bad("restore %s: %d runs, want %d", what, len(r.Runs), runs)
+			}
+			for i, run := range r.Runs {
+				if msg := checkRun(c, run); msg != "" {
+					bad("restore %s run %d: %s", what, i, msg)
+				}
+				if run.HugeVMAs != w.HugeVMAs {
+					bad("restore %s run %d: %d VMAs with hg, the original %d", what, i, run.HugeVMAs, w.HugeVMAs)
+				}
 			}
 		}
 	}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// weightAdvices are the weightserver's two layouts: numpy's MADV_HUGEPAGE
+// on every array, and the same process without it (the baseline).
+var weightAdvices = []string{"hugepage", "none"}
+
+// weightCases are the restores of each weightserver snapshot.
+func weightCases() []restoreCase {
+	return []restoreCase{
+		{Mode: eager, Threads: 1},
+		{Mode: eager, Cold: true, Threads: 1},
+		{Mode: lazyMount, Threads: 1},
+		{Mode: lazyMount, Cold: true, Threads: 1},
+		{Mode: lazyDirect, Threads: 1},
+		{Mode: lazyDirect, Cold: true, Threads: 1},
+	}
+}
+
+// weightsSeries dumps the weightserver of h.size once per advice with the
+// default option and restores both snapshots as weightCases says, h.runs
+// times: round by round, case by case, the two advices back to back in an
+// order that alternates between rounds, so that a slow spell of the
+// machine lands on both.
+func (h *harness) weightsSeries(ctx context.Context) ([]*weightsResult, error) {
+	def := defaultConfig()
+	var out []*weightsResult
+	snaps := map[string]*snapshot{}
+	expect := map[string]expectation{}
+	defer func() {
+		for _, s := range snaps {
+			os.RemoveAll(s.Dir)
+		}
+	}()
+	for _, advice := range weightAdvices {
+		w := &weightsResult{Advice: advice}
+		snap, exp, err := h.dumpWeights(ctx, w, def)
+		if err != nil {
+			return nil, fmt.Errorf("weightserver, advice %s: %w", advice, err)
+		}
+		snaps[advice], expect[advice] = snap, exp
+		for _, c := range weightCases() {
+			w.Restores = append(w.Restores, &restoreResult{Config: def, Case: c})
+		}
+		out = append(out, w)
+	}
+	files := map[string][]string{}
+	for advice, s := range snaps {
+		fs, err := snapshotFiles(s.Dir)
+		if err != nil {
+			return nil, err
+		}
+		files[advice] = fs
+	}
+	h.smaps = true
+	defer func() { h.smaps = false }()
+	for r := range h.runs {
+		for i, c := range weightCases() {
+			order := slices.Clone(out)
+			if r%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, w := range order {
+				h.expect = expect[w.Advice]
+				run, err := h.restoreOnce(ctx, snaps[w.Advice], files[w.Advice], c)
+				if err != nil {
+					return nil, fmt.Errorf("weightserver %s, %s: %w", w.Advice, c, err)
+				}
+				if run.HugeVMAs != w.HugeVMAs {
+					return nil, fmt.Errorf("weightserver %s, %s: %d VMAs with hg after the restore, %d in the original: %w",
+						w.Advice, c, run.HugeVMAs, w.HugeVMAs, ErrInsane)
+				}
+				w.Restores[i].Runs = append(w.Restores[i].Runs, run)
+				h.logf("restore weights %-8s %-24s %s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s, exit %s, huge %d MiB",
+					w.Advice, c.Label(), c.Cache(), r+1, h.runs, ms(run.Running), ms(run.Ping), ms(run.First), ms(run.Token),
+					ms(run.Total), ms(run.Wall), run.AnonHuge>>20)
+			}
+		}
+	}
+	h.expect = expectation{}
+	return out, nil
+}
+
+// dumpWeights starts a weightserver with w's advice, learns its answers
+// and its huge pages, and dumps it with cfg.
+func (h *harness) dumpWeights(ctx context.Context, w *weightsResult, cfg dumpConfig) (*snapshot, expectation, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	defer cancel()
+	srv, err := startServer(ctx, h.tools, h.tools.Weights, h.size, []string{"42", w.Advice}, h.logPath, h.work)
+	if err != nil {
+		return nil, expectation{}, err
+	}
+	h.live = srv.PID
+	if ms, err := srv.Ready.Int("init_ms"); err == nil {
+		w.Init = time.Duration(ms) * time.Millisecond
+	}
+	n, err := srv.Ready.Int("arrays")
+	if err != nil {
+		return nil, expectation{}, fmt.Errorf("weightserver ready line %q: %w", srv.Ready.Text, ErrOutput)
+	}
+	w.Arrays = int(n)
+	h.expect = expectation{}
+	if err := h.learn(ctx, srv.Port); err != nil {
+		return nil, expectation{}, err
+	}
+	exp := h.expect
+	if w.HugeVMAs, w.AnonHuge, err = hugeState(srv.PID); err != nil {
+		return nil, expectation{}, err
+	}
+	dir := filepath.Join(h.work, "snap-weights-"+w.Advice)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, expectation{}, err
+	}
+	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, cfg.Args...)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
+	if err := cmd.Run(); err != nil {
+		return nil, expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	if err := srv.waitGone(ctx); err != nil {
+		return nil, expectation{}, err
+	}
+	h.live = 0
+	rep, err := parseDump(out)
+	if err != nil {
+		return nil, expectation{}, err
+	}
+	if rep.PID != srv.PID {
+		return nil, expectation{}, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, ErrOutput)
+	}
+	h.logf("dump weights %s: %d arrays, %d VMAs with hg, %d MiB in huge pages, init %s; %s",
+		w.Advice, w.Arrays, w.HugeVMAs, w.AnonHuge>>20, w.Init, strings.TrimSpace(out))
+	return &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}, exp, nil
+}
+
+// hugeState returns the VMAs of pid whose VmFlags hold hg (MADV_HUGEPAGE)
+// and its AnonHugePages in bytes, from /proc/PID/smaps.
+func hugeState(pid int) (vmas int, anonHuge uint64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		return 0, 0, fmt.Errorf("huge pages of %d: %w", pid, err)
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 1 && f[0] == "VmFlags:" && slices.Contains(f[1:], "hg"):
+			vmas++
+		case len(f) == 3 && f[0] == "AnonHugePages:":
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("smaps of %d: %q: %w", pid, line, ErrOutput)
+			}
+			anonHuge += kb << 10
+		}
+	}
+	return vmas, anonHuge, nil
+}
