@@ -88,6 +88,12 @@ func TestCoreGDB(t *testing.T) {
 			}
 		}
 	})
+	t.Run("snapctl inspect says how to open it", func(t *testing.T) {
+		r := runTool(t, buildTool(t, "snapctl"), commandTimeout, "inspect", "-D", si.Dir)
+		if want := fmt.Sprintf("gdb %s MNT/%d/core", si.State.Exe.Path, p.PID); r.Code != 0 || !strings.Contains(r.Stdout, want) {
+			t.Errorf("snapctl inspect does not say %q:\n%s", want, r)
+		}
+	})
 	t.Run("eu-stack --core shows the frames", func(t *testing.T) {
 		out := string(testutil.Output(t, "eu-stack", "--core="+core, "--executable="+exe))
 		t.Logf("eu-stack:\n%s", out)
