@@ -39,9 +39,11 @@ import (
 // Which VMAs have file bytes (p_filesz) follows the kernel's default
 // coredump_filter (0x33):
 //
-//   - private and shared anonymous memory, memfd and shmem: the whole VMA;
-//     pages that were not dumped are holes (they read as zeros, as they
-//     did in the process);
+//   - private anonymous memory with dumped pages, shared anonymous memory,
+//     memfd and shmem: the whole VMA; pages that were not dumped are holes
+//     (they read as zeros, as they did in the process);
+//   - the vDSO, when the snapshot was taken on a kernel of the mount's
+//     release: the mount's own vDSO (vdso.go);
 //   - a private file mapping that holds copied-on-write pages (Dumped) or
 //     is writable: the whole VMA; the pages that were not dumped are the
 //     mapped file's bytes, read from the file named in the snapshot. The
@@ -54,10 +56,12 @@ import (
 //     never sees zeros the process did not hold. When it changes after
 //     the mount, reads of those pages fail with EIO. (MNT/PID/mem shows
 //     such pages as holes, zeros: it serves only what the snapshot holds.)
-//   - read-only private file mappings with nothing dumped, shared file
-//     mappings (their contents live in the file), the vDSO, vvar and
-//     vsyscall (not in the snapshot), and VMAs marked MADV_DONTDUMP (dd):
-//     a PT_LOAD with p_filesz 0, as the kernel writes them.
+//   - private anonymous memory never touched (nothing dumped: the kernel
+//     skips a VMA without anon_vma), read-only private file mappings with
+//     nothing dumped, shared file mappings (their contents live in the
+//     file), vvar and vsyscall and any other vDSO (not in the snapshot),
+//     and VMAs marked MADV_DONTDUMP (dd): a PT_LOAD with p_filesz 0, as the
+//     kernel writes them.
 //
 // The core is x86-64 only (core_amd64.go lays out the arch's structures).
 type coreFile struct {
@@ -83,6 +87,8 @@ type coreSeg struct {
 	// at addr.
 	file    *mappedFile
 	fileOff uint64
+	// bytes, if set, are the segment's bytes (the vDSO, vdso.go).
+	bytes []byte
 }
 
 // coreRange is [off, end) of the core file.
@@ -107,8 +113,9 @@ const (
 	pnXNum = 0xffff
 )
 
-// newCore lays out the core of p.
-func newCore(p *process) *coreFile {
+// newCore lays out the core of p, a process of a snapshot taken on kernel
+// release.
+func newCore(p *process, release string) *coreFile {
 	c := &coreFile{proc: p, files: map[string]*mappedFile{}}
 	st := p.state
 	type load struct {
@@ -133,6 +140,12 @@ func newCore(p *process) *coreFile {
 		switch {
 		case slices.Contains(v.VMFlags, "dd"):
 			empty(v.Start, v.End)
+		case v.Kind == image.VMAAnon && !v.Dumped:
+			// never touched (the kernel dumps an anonymous VMA only
+			// if it has an anon_vma): a reservation, a guard
+			empty(v.Start, v.End)
+		case v.Kind == image.VMAVDSO && vdsoFor(release, v.End-v.Start) != nil:
+			whole(coreSeg{bytes: vdsoFor(release, v.End-v.Start)})
 		case v.Kind == image.VMAAnon || v.Kind == image.VMAShmem:
 			src := v.Start
 			if v.Shmem != nil && v.Kind == image.VMAShmem {
@@ -209,6 +222,10 @@ func newCore(p *process) *coreFile {
 // segData adds the data extents of s: its dumped runs and, when a file
 // fills the rest, the pages that the file holds.
 func (c *coreFile) segData(s coreSeg) {
+	if s.bytes != nil {
+		c.addData(s.off, s.off+s.size)
+		return
+	}
 	r := c.proc.r
 	end := s.src + s.size
 	fileEnd := s.src
@@ -448,6 +465,10 @@ func (c *coreFile) ReadAt(ctx context.Context, dst []byte, off uint64) ([]byte, 
 // readSeg reads the bytes at rel in segment s: the image's, and where a
 // file serves the pages that were not dumped, the file's there.
 func (c *coreFile) readSeg(ctx context.Context, s *coreSeg, dst []byte, rel uint64) error {
+	if s.bytes != nil {
+		copy(dst, s.bytes[rel:])
+		return nil
+	}
 	r := c.proc.r
 	src := s.src + rel
 	if _, err := r.ReadAtContext(ctx, dst, int64(src)); err != nil {

@@ -76,7 +76,8 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 			Content: []fstest.Content{fstest.Zero, fstest.Random, fstest.BF16, fstest.Text, fstest.Patchwork}[rng.IntN(5)]}
 		a = v.End + pages(rng.Uint64N(3)) // touching or not
 		switch rng.IntN(8) {
-		case 0, 1, 2: // anonymous
+		case 0, 1, 2: // anonymous, sometimes never touched
+			v.NotDumped = rng.IntN(8) == 0
 		case 3: // shmem
 			v.Kind, v.Shared, v.Name = image.VMAShmem, true, "/memfd:x (deleted)"
 		case 4, 5: // private file mapping, file there or not
@@ -97,6 +98,11 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 			v.File = &image.FileID{Path: v.Name}
 		case 7:
 			v.Kind, v.NotDumped, v.Name, v.Prot = image.VMAVDSO, true, "[vdso]", protRX
+			if vdso, _ := hostVDSO(); vdso != nil && rng.IntN(2) == 0 {
+				v.End = v.Start + uint64(len(vdso)) // as large as the mount's
+				n = uint64(len(vdso)) / fstest.PageSize
+				a = v.End + pages(rng.Uint64N(3))
+			}
 		}
 		if !v.NotDumped {
 			for range rng.IntN(3) {
@@ -138,6 +144,10 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 // memory the snapshot holds there, and, in a private file mapping whose
 // file is there, the file's bytes where nothing was dumped.
 func wantCoreBytes(s *fstest.Snapshot, pid int, v *fstest.VMA, files map[string][]byte, addr, n uint64) []byte {
+	if v.Kind == image.VMAVDSO {
+		vdso, _ := hostVDSO()
+		return vdso[addr-v.Start : addr-v.Start+n]
+	}
 	b := s.Memory(pid, addr, int(n))
 	if v.Kind != image.VMAFile || v.File == nil || files[v.File.Path] == nil {
 		return b
@@ -225,7 +235,9 @@ func checkCore(t *testing.T, seed uint64) {
 					t.Fatalf("seed %d: PT_LOAD %#x: filesz %#x of memsz %#x", seed, l.Vaddr, l.Filesz, l.Memsz)
 				}
 			}
-			wantBytes := !slices.Contains(v.VMFlags, "dd") && (v.Kind == "" || v.Kind == image.VMAShmem ||
+			vdso, _ := hostVDSO()
+			wantBytes := !slices.Contains(v.VMFlags, "dd") && (v.Kind == "" && !v.NotDumped || v.Kind == image.VMAShmem ||
+				v.Kind == image.VMAVDSO && uint64(len(vdso)) == v.End-v.Start ||
 				v.Kind == image.VMAFile && files[v.File.Path] != nil && (!v.NotDumped || v.Prot&unix.PROT_WRITE != 0))
 			if wantBytes && l.Filesz != v.End-v.Start {
 				t.Fatalf("seed %d: PT_LOAD %#x of VMA %#x-%#x %s: filesz %#x, want the whole VMA", seed, l.Vaddr, v.Start, v.End, v.Kind, l.Filesz)

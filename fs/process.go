@@ -36,7 +36,7 @@ func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions) (*proces
 		return nil, fmt.Errorf("process %d: open pages: %w", pid, err)
 	}
 	p := &process{pid: pid, state: st, json: js, r: r, log: ropts.Logger}
-	p.core = newCore(p)
+	p.core = newCore(p, s.Manifest.Kernel.Release)
 	return p, nil
 }
 
