@@ -326,6 +326,19 @@ func checkNotes(t *testing.T, seed uint64, pt *elf.Prog, proc *fstest.Process) {
 			t.Fatalf("seed %d: first NT_PRSTATUS is thread %d, want the main thread", seed, tid)
 		}
 	}
+	// a pending signal of the first thread is NT_SIGINFO's and pr_cursig
+	first := proc.Threads[slices.IndexFunc(proc.Threads, func(th image.Thread) bool {
+		return th.TID == int(binary.LittleEndian.Uint32(status[0].desc[32:]))
+	})]
+	sigi := slices.IndexFunc(notes, func(n note) bool { return n.typ == ntSIGINFO })
+	if sig := pendingSignal(first.SigPending); sig != 0 {
+		if sigi < 0 || binary.LittleEndian.Uint32(notes[sigi].desc) != uint32(sig) || len(notes[sigi].desc) != siginfoSize ||
+			binary.LittleEndian.Uint16(status[0].desc[12:]) != uint16(sig) {
+			t.Fatalf("seed %d: signal %d pending: NT_SIGINFO at %d, pr_cursig %d", seed, sig, sigi, binary.LittleEndian.Uint16(status[0].desc[12:]))
+		}
+	} else if sigi >= 0 {
+		t.Fatalf("seed %d: NT_SIGINFO with no signal pending", seed)
+	}
 	for _, typ := range []uint32{uint32(elf.NT_PRPSINFO), ntAUXV, ntFILE} {
 		if !slices.ContainsFunc(notes, func(n note) bool { return n.typ == typ && n.name == "CORE" }) {
 			t.Fatalf("seed %d: no note of type %#x", seed, typ)
@@ -507,5 +520,33 @@ func TestCoreReadsDecodeOnlyTheirBlocks(t *testing.T) {
 	// pages 10, 11 are in the block of pages 0-15; pages 40, 41 in 32-47
 	if st := p.r.CacheStats(); st.Misses != 2 || st.Entries != 2 {
 		t.Errorf("four small reads in two blocks decoded %d blocks (%d cached), want 2", st.Misses, st.Entries)
+	}
+}
+
+// TestCoreCorruptBlockIsEIO: a read of the core that touches a corrupt
+// block fails with EIO, as the same read of mem does; the headers and the
+// other PT_LOADs read fine.
+func TestCoreCorruptBlockIsEIO(t *testing.T) {
+	s := writeSnapshot(t, 64<<10)
+	b := corrupt(t, s.Dir, pidA, codec.Raw)
+	p := openTestProcess(t, s, pidA)
+	node := &coreNode{own: &owner{}, proc: p}
+	i := slices.IndexFunc(p.core.segs, func(sg coreSeg) bool { return sg.src <= b.Addr && b.Addr < sg.src+sg.size })
+	if i < 0 {
+		t.Fatalf("no PT_LOAD holds %#x", b.Addr)
+	}
+	sg := p.core.segs[i]
+	if _, errno := node.Read(context.Background(), nil, make([]byte, 4096), int64(sg.off+b.Addr-sg.src)); errno != syscall.EIO {
+		t.Errorf("read of the corrupt block through the core: %v, want EIO", errno)
+	}
+	if _, errno := node.Read(context.Background(), nil, make([]byte, 4096), 0); errno != 0 {
+		t.Errorf("read of the headers: %v", errno)
+	}
+	for _, other := range p.core.segs {
+		if other.src+other.size <= b.Addr || other.src > b.End() {
+			if _, errno := node.Read(context.Background(), nil, make([]byte, 4096), int64(other.off)); errno != 0 {
+				t.Errorf("read of PT_LOAD %#x: %v", other.addr, errno)
+			}
+		}
 	}
 }
