@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
@@ -109,3 +110,59 @@ const (
 	seekData = 3 // SEEK_DATA
 	seekHole = 4 // SEEK_HOLE
 )
+
+// coreNode is MNT/PID/core: the process's ELF core file (core.go), a
+// sparse file whose holes are the dumped holes of its PT_LOADs.
+type coreNode struct {
+	fusefs.Inode
+	own  *owner
+	proc *process
+	// openFlags as memNode's.
+	openFlags uint32
+}
+
+var (
+	_ = (fusefs.NodeGetattrer)((*coreNode)(nil))
+	_ = (fusefs.NodeOpener)((*coreNode)(nil))
+	_ = (fusefs.NodeReader)((*coreNode)(nil))
+	_ = (fusefs.NodeLseeker)((*coreNode)(nil))
+)
+
+func (c *coreNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	c.own.fill(&out.Attr, syscall.S_IFREG|fileMode)
+	setSize(&out.Attr, c.proc.core.size, c.proc.core.used)
+	return 0
+}
+
+func (c *coreNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, c.openFlags, 0
+}
+
+func (c *coreNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off < 0 {
+		return nil, syscall.EINVAL
+	}
+	b, err := c.proc.core.ReadAt(ctx, dest, uint64(off))
+	if err != nil {
+		return nil, c.proc.errno(fmt.Errorf("core at offset %#x: %w", off, err), uint64(off), len(dest))
+	}
+	return fuse.ReadResultData(b), 0
+}
+
+// Lseek implements SEEK_DATA and SEEK_HOLE: data is the headers and
+// notes, the dumped pages and the pages a mapped file serves.
+func (c *coreNode) Lseek(ctx context.Context, f fusefs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	switch whence {
+	case seekData, seekHole:
+	default:
+		return 0, syscall.EINVAL
+	}
+	o, ok := c.proc.core.seek(off, whence == seekData)
+	if !ok {
+		return 0, syscall.ENXIO
+	}
+	return o, 0
+}

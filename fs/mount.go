@@ -250,7 +250,7 @@ func (s *Server) unmount() error {
 // (or when Mount fails).
 func (s *Server) closeReaders() {
 	for _, p := range s.procs {
-		if err := p.r.Close(); err != nil {
+		if err := p.close(); err != nil {
 			s.log.Debug("close pages", "pid", p.pid, "err", err)
 		}
 	}

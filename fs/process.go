@@ -18,6 +18,7 @@ type process struct {
 	json  []byte // process-PID.json as stored
 	r     *image.Reader
 	log   *slog.Logger
+	core  *coreFile // MNT/PID/core, laid out at mount time
 }
 
 // openProcess reads the state of pid and opens its pages.
@@ -34,7 +35,15 @@ func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions) (*proces
 	if err != nil {
 		return nil, fmt.Errorf("process %d: open pages: %w", pid, err)
 	}
-	return &process{pid: pid, state: st, json: js, r: r, log: ropts.Logger}, nil
+	p := &process{pid: pid, state: st, json: js, r: r, log: ropts.Logger}
+	p.core = newCore(p, s.Manifest.Kernel.Release)
+	return p, nil
+}
+
+// close closes the pages and the files the core opened.
+func (p *process) close() error {
+	p.core.close()
+	return p.r.Close()
 }
 
 // dumpedVMAs returns the VMAs whose contents are in the pages image.

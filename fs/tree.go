@@ -13,7 +13,7 @@ import (
 // zipfs does:
 //
 //	snapshot.json
-//	PID/maps  PID/mem  PID/process.json  PID/stats  PID/regions/START-END-PERMS[-NAME]
+//	PID/maps  PID/mem  PID/core  PID/process.json  PID/stats  PID/regions/START-END-PERMS[-NAME]
 type rootNode struct {
 	dirNode
 	manifest  []byte
@@ -40,6 +40,7 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 		file(pd, "maps", &bytesNode{own: r.own, data: formatMaps(vmas)})
 		file(pd, "process.json", &bytesNode{own: r.own, data: p.json})
 		file(pd, "mem", newMemNode(r.own, p, 0, p.memSize(), r.openFlags))
+		file(pd, "core", &coreNode{own: r.own, proc: p, openFlags: r.openFlags})
 		file(pd, "stats", &genNode{own: r.own, gen: func() []byte { return r.stats(p) }})
 		rd := dir(pd, "regions")
 		for _, v := range vmas {

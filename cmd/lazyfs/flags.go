@@ -49,6 +49,10 @@ Files:
                                     virtual address; holes where nothing was
                                     dumped (lseek SEEK_DATA/SEEK_HOLE, cp
                                     --sparse=always, st_blocks = dumped bytes)
+  MOUNTPOINT/PID/core               an ELF core file of the process at the
+                                    dump (threads' registers, auxv, mapped
+                                    files, memory), made as it is read:
+                                    gdb EXE MOUNTPOINT/PID/core
   MOUNTPOINT/PID/regions/START-END-PERMS[-NAME]
                                     one file per dumped VMA, its memory
   MOUNTPOINT/PID/process.json       the process state (registers, fds, VMAs...)
@@ -69,6 +73,7 @@ Examples:
   xxd -s 0x7f3a1c000000 -l 64 /mnt/redis/4242/mem
   strings /mnt/redis/4242/regions/* | grep secret
   cp --sparse=always /mnt/redis/4242/mem /tmp/redis.mem
+  gdb -batch -ex 'thread apply all bt' /usr/bin/redis-server /mnt/redis/4242/core
   lazyfs -u /mnt/redis`
 
 // command is lazyfs's command line, for its help.

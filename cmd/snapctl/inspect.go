@@ -16,7 +16,9 @@ import (
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("inspect", "-D DIR [--json]", `
 Show what a snapshot holds: its processes, their memory regions, and the
-blocks by kind (zero, raw, lz4) with original and stored bytes.`,
+blocks by kind (zero, raw, lz4) with original and stored bytes; and how to
+open each process in a debugger: mounted with lazyfs, MOUNTPOINT/PID/core is
+its ELF core file (gdb EXE MOUNTPOINT/PID/core).`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
@@ -56,6 +58,9 @@ type processReport struct {
 	Regions []regionReport `json:"regions"`
 	Blocks  image.Stats    `json:"blocks"`
 	Ratio   float64        `json:"ratio"`
+	// Core is the process's ELF core file, relative to a lazyfs mount of
+	// the snapshot.
+	Core string `json:"core"`
 }
 
 type regionReport struct {
@@ -83,7 +88,8 @@ func inspect(dir string, trust bool) (*inspectReport, error) {
 		if err != nil {
 			return nil, err
 		}
-		pr := processReport{PID: pid, Comm: st.Comm, Exe: st.Exe.Path, Threads: len(st.Threads), FDs: len(st.FDs), Blocks: r.Stats(), Ratio: r.Stats().Ratio()}
+		pr := processReport{PID: pid, Comm: st.Comm, Exe: st.Exe.Path, Threads: len(st.Threads), FDs: len(st.FDs), Blocks: r.Stats(), Ratio: r.Stats().Ratio(),
+			Core: fmt.Sprintf("%d/core", pid)}
 		for _, v := range st.VMAs {
 			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: r.DumpedIn(v.Start, v.End)})
 		}
@@ -122,5 +128,18 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		}
 		tw.Flush()
 		fmt.Fprintf(w, "  pages file %s for %s of memory: ratio %.3f (%s)\n", units.FormatSize(b.FileSize), units.FormatSize(b.Total.Bytes), p.Ratio, strings.TrimSpace(fmt.Sprintf("%.1f%% saved", 100*(1-p.Ratio))))
+		exe := p.Exe
+		if exe == "" {
+			exe = "EXE"
+		}
+		fmt.Fprintf(w, "  debug it: lazyfs %s MNT, then gdb %s MNT/%s (an ELF core file made as it is read)\n", shellQuote(rep.Dir), shellQuote(exe), p.Core)
 	}
+}
+
+// shellQuote quotes s for a shell command line when it needs quoting.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

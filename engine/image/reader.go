@@ -512,6 +512,18 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 
 // ReadAtContext is ReadAt with a context for waits on the cache.
 func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	return r.readAt(ctx, p, off, r.readahead)
+}
+
+// ReadRange is ReadAtContext without readahead: it decodes the blocks
+// that [off, off+len(p)) touches and no others, whatever the reads before
+// it (a debugger's reads of a core file, scattered and small, must not
+// decode memory nobody asked for).
+func (r *Reader) ReadRange(ctx context.Context, p []byte, off int64) (int, error) {
+	return r.readAt(ctx, p, off, false)
+}
+
+func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead bool) (int, error) {
 	addr, end, err := checkRead(off, len(p))
 	if err != nil {
 		return 0, err
@@ -559,7 +571,7 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 			}
 		}
 	}
-	if r.readahead {
+	if ahead {
 		r.sequential(addr, end)
 	}
 	return len(p), nil

@@ -58,6 +58,12 @@ type VMA struct {
 	// NotDumped lists the VMA in the state without dumping it (as a
 	// clean file mapping is).
 	NotDumped bool
+	// File and Offset, for a file mapping, name the mapped file and the
+	// offset of Start in it.
+	File   *image.FileID
+	Offset uint64
+	// VMFlags are the smaps VmFlags mnemonics of the state.
+	VMFlags []string
 }
 
 // Process is one synthetic process.
@@ -65,6 +71,9 @@ type Process struct {
 	PID  int
 	Seed uint64
 	VMAs []VMA // sorted by address, not overlapping
+	// Threads and Auxv, if set, are written into the state as they are.
+	Threads []image.Thread
+	Auxv    []uint64
 }
 
 // Snapshot is a written synthetic snapshot.
@@ -98,7 +107,8 @@ func writeProcess(w *image.Writer, p *Process) error {
 	if err != nil {
 		return err
 	}
-	st := &image.Process{PID: p.PID, Comm: "synthetic", Cmdline: []string{"synthetic", fmt.Sprint(p.PID)}}
+	st := &image.Process{PID: p.PID, Comm: "synthetic", Cmdline: []string{"synthetic", fmt.Sprint(p.PID)}, Threads: p.Threads}
+	st.MM.Auxv = p.Auxv
 	for _, v := range p.VMAs {
 		if v.Start%PageSize != 0 || v.End%PageSize != 0 || v.End <= v.Start {
 			pw.Close()
@@ -136,7 +146,8 @@ func (v *VMA) state() image.VMA {
 	if v.Shared {
 		flags = unix.MAP_SHARED
 	}
-	return image.VMA{Start: v.Start, End: v.End, Prot: v.Prot, Flags: flags, Kind: kind, Name: v.Name, Dumped: !v.NotDumped}
+	return image.VMA{Start: v.Start, End: v.End, Prot: v.Prot, Flags: flags, Kind: kind, Name: v.Name, Dumped: !v.NotDumped,
+		File: v.File, Offset: v.Offset, VMFlags: v.VMFlags}
 }
 
 // dumped returns the dumped address ranges of v: the VMA minus its holes.
