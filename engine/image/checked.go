@@ -3,6 +3,7 @@ package image
 import (
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
@@ -14,66 +15,124 @@ import (
 // was not dumped), so that a mount that serves wrong bytes, whoever runs
 // it, fails the read with ErrSourceMismatch rather than hand them on. A
 // read the source fails is returned as it failed: neither is the
-// snapshot's fault, and neither matches ErrCorrupt. A read of whole blocks goes straight into the
-// caller's buffer; only a block read in part goes through a scratch
-// buffer. Safe for concurrent use if src is; valid until r is closed.
-func (r *Reader) Checked(src io.ReaderAt) io.ReaderAt { return checked{r, src} }
+// snapshot's fault, and neither matches ErrCorrupt.
+//
+// The whole blocks and holes of a read are read from src with one ReadAt,
+// straight into the caller's buffer, and checked there: a pager's 1 MiB
+// read of 4 KiB blocks is one request to the mount, not 256. A block read
+// in part (its head or tail) is read whole and kept, checked, among the
+// last few such blocks, so that reading a big block a piece at a time
+// reads it from src once. Safe for concurrent use if src is; valid until
+// r is closed.
+func (r *Reader) Checked(src io.ReaderAt) io.ReaderAt {
+	return &checked{r: r, src: src}
+}
+
+// checkedKeep is how many blocks read in part a checked reader keeps.
+const checkedKeep = 4
 
 type checked struct {
 	r   *Reader
 	src io.ReaderAt
+
+	mu   sync.Mutex
+	kept []keptBlock // most recent last
 }
 
-func (c checked) ReadAt(p []byte, off int64) (int, error) {
+// keptBlock is a block read whole and checked for a read of part of it.
+type keptBlock struct {
+	index uint64
+	data  []byte
+}
+
+func (c *checked) ReadAt(p []byte, off int64) (int, error) {
 	addr, end, err := checkRead(off, len(p))
 	if err != nil {
 		return 0, err
 	}
-	err = c.r.lay.walk(addr, end, func(s span) (uint64, error) {
-		dst, b := p[s.lo-addr:s.hi-addr], s.b
-		switch {
-		case !s.in:
-			return s.hi, c.readZeros(dst, s.lo)
-		case s.lo == b.Addr && s.hi == b.End():
-			return s.hi, c.readBlock(b, dst)
-		default:
-			buf := scratch(int(b.Len))
-			err := c.readBlock(b, *buf)
-			copy(dst, (*buf)[s.lo-b.Addr:])
-			scratchPool.Put(buf)
-			return s.hi, err
+	// The parts of blocks at either end come from whole blocks; what is
+	// between, [mid, midEnd), is whole blocks and holes.
+	mid, midEnd := addr, end
+	if b, ok := c.r.lay.blockAt(addr); ok && b.Addr < addr {
+		hi := min(end, b.End())
+		if err := c.part(b, p[:hi-addr], addr); err != nil {
+			return 0, err
 		}
-	})
-	if err != nil {
-		return 0, err
+		mid = hi
+	}
+	if b, ok := c.r.lay.blockAt(end - 1); ok && mid < end && b.End() > end {
+		lo := max(mid, b.Addr)
+		if err := c.part(b, p[lo-addr:], lo); err != nil {
+			return 0, err
+		}
+		midEnd = lo
+	}
+	if mid < midEnd {
+		if err := c.whole(p[mid-addr:midEnd-addr], mid); err != nil {
+			return 0, err
+		}
 	}
 	return len(p), nil
 }
 
-// readBlock reads block b whole from the source into dst and checks it.
-func (c checked) readBlock(b Block, dst []byte) error {
-	if _, err := c.src.ReadAt(dst, int64(b.Addr)); err != nil && err != io.EOF {
+// whole reads [at, at+len(dst)), whole blocks and holes, with one ReadAt
+// and checks every block and hole in it.
+func (c *checked) whole(dst []byte, at uint64) error {
+	if _, err := c.src.ReadAt(dst, int64(at)); err != nil && err != io.EOF {
+		return fmt.Errorf("read %#x+%#x: %w", at, len(dst), err)
+	}
+	return c.r.lay.walk(at, at+uint64(len(dst)), func(s span) (uint64, error) {
+		d := dst[s.lo-at : s.hi-at]
+		if !s.in {
+			if !allZero(d) {
+				return 0, fmt.Errorf("read at %#x: %w: memory that was not dumped reads as data", s.lo, ErrSourceMismatch)
+			}
+			return s.hi, nil
+		}
+		return s.hi, c.check(s.b, d)
+	})
+}
+
+// part copies into dst the bytes of block b from at on, from the block
+// read whole and checked (or kept from an earlier read).
+func (c *checked) part(b Block, dst []byte, at uint64) error {
+	c.mu.Lock()
+	for i, k := range c.kept {
+		if k.index == b.Index {
+			copy(dst, k.data[at-b.Addr:])
+			c.kept = append(append(c.kept[:i:i], c.kept[i+1:]...), k) // most recent last
+			c.mu.Unlock()
+			return nil
+		}
+	}
+	c.mu.Unlock()
+	data := make([]byte, b.Len)
+	if _, err := c.src.ReadAt(data, int64(b.Addr)); err != nil && err != io.EOF {
 		return fmt.Errorf("block %d at %#x: %w", b.Index, b.Addr, err)
 	}
+	if err := c.check(b, data); err != nil {
+		return err
+	}
+	copy(dst, data[at-b.Addr:])
+	c.mu.Lock()
+	if len(c.kept) == checkedKeep {
+		c.kept = c.kept[1:]
+	}
+	c.kept = append(c.kept, keptBlock{b.Index, data})
+	c.mu.Unlock()
+	return nil
+}
+
+// check compares block b, read whole into data, with its CRC32C.
+func (c *checked) check(b Block, data []byte) error {
 	if b.Kind == codec.Zero {
-		if !allZero(dst) {
+		if !allZero(data) {
 			return fmt.Errorf("block %d at %#x: %w: a zero block reads as data", b.Index, b.Addr, ErrSourceMismatch)
 		}
 		return nil
 	}
-	if got := codec.Checksum(dst); got != b.CRC {
+	if got := codec.Checksum(data); got != b.CRC {
 		return fmt.Errorf("block %d at %#x: %w: crc32c %08x, want %08x", b.Index, b.Addr, ErrSourceMismatch, got, b.CRC)
-	}
-	return nil
-}
-
-// readZeros reads what was not dumped, which must read as zeros.
-func (c checked) readZeros(dst []byte, addr uint64) error {
-	if _, err := c.src.ReadAt(dst, int64(addr)); err != nil && err != io.EOF {
-		return fmt.Errorf("read at %#x: %w", addr, err)
-	}
-	if !allZero(dst) {
-		return fmt.Errorf("read at %#x: %w: memory that was not dumped reads as data", addr, ErrSourceMismatch)
 	}
 	return nil
 }

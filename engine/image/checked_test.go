@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -64,6 +65,55 @@ func TestChecked(t *testing.T) {
 		far := page + 1<<20
 		if _, err := bad.ReadAt(make([]byte, 4096), int64(far)); err != nil {
 			t.Errorf("%s: a read 1 MiB away failed: %v", tc.name, err)
+		}
+	}
+}
+
+// countingSource counts the reads that reach a source.
+type countingSource struct {
+	memSource
+	mu    sync.Mutex
+	reads int
+}
+
+func (c *countingSource) ReadAt(p []byte, off int64) (int, error) {
+	c.mu.Lock()
+	c.reads++
+	c.mu.Unlock()
+	return c.memSource.ReadAt(p, off)
+}
+
+// TestCheckedReadsOnce: a read of many small whole blocks is one read of
+// the source; a big block read a piece at a time is read from the source
+// once.
+func TestCheckedReadsOnce(t *testing.T) {
+	ranges := uncachedRanges()
+	for _, tc := range []struct {
+		bs          int
+		addr, n     uint64
+		piece       uint64
+		wantReads   int
+		description string
+	}{
+		{4 << 10, 0x10000000, 256 << 10, 256 << 10, 1, "64 whole 4 KiB blocks in one read"},
+		{64 << 10, 0x10000000, 256 << 10, 16 << 10, 4, "four 64 KiB blocks read 16 KiB at a time"},
+	} {
+		dir := filepath.Join(t.TempDir(), "snap")
+		writeSnapshot(t, dir, 42, ranges, Options{BlockSize: tc.bs})
+		r := openReader(t, dir, 42, ReaderOptions{})
+		src := &countingSource{memSource: memSource{ranges: ranges}}
+		c := r.Checked(src)
+		for a := tc.addr; a < tc.addr+tc.n; a += tc.piece {
+			got := make([]byte, tc.piece)
+			if _, err := c.ReadAt(got, int64(a)); err != nil {
+				t.Fatalf("%s: ReadAt %#x: %v", tc.description, a, err)
+			}
+			if !bytes.Equal(got, expected(ranges, a, a+tc.piece)) {
+				t.Fatalf("%s: ReadAt %#x differs", tc.description, a)
+			}
+		}
+		if src.reads != tc.wantReads {
+			t.Errorf("%s: %d reads of the source, want %d", tc.description, src.reads, tc.wantReads)
 		}
 	}
 }
