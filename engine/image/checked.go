@@ -21,8 +21,8 @@ import (
 // straight into the caller's buffer, and checked there: a pager's 1 MiB
 // read of 4 KiB blocks is one request to the mount, not 256. A block read
 // in part (its head or tail) is read whole and kept, checked, among the
-// last few such blocks, so that reading a big block a piece at a time
-// reads it from src once. Safe for concurrent use if src is; valid until
+// last few such blocks, so that reading a big block a piece at a time, by
+// one reader or several at once, reads it from src once. Safe for concurrent use if src is; valid until
 // r is closed.
 func (r *Reader) Checked(src io.ReaderAt) io.ReaderAt {
 	return &checked{r: r, src: src}
@@ -35,8 +35,18 @@ type checked struct {
 	r   *Reader
 	src io.ReaderAt
 
-	mu   sync.Mutex
-	kept []keptBlock // most recent last
+	mu       sync.Mutex
+	kept     []keptBlock           // most recent last
+	inFlight map[uint64]*blockCall // blocks being read for a read in part
+}
+
+// blockCall is one read of a whole block that other reads of part of it
+// wait for, rather than read it again (two prefetch workers reading the
+// two halves of one big block).
+type blockCall struct {
+	done chan struct{}
+	data []byte
+	err  error
 }
 
 // keptBlock is a block read whole and checked for a read of part of it.
@@ -94,33 +104,56 @@ func (c *checked) whole(dst []byte, at uint64) error {
 }
 
 // part copies into dst the bytes of block b from at on, from the block
-// read whole and checked (or kept from an earlier read).
+// read whole and checked: kept from an earlier read, being read by
+// another, or read now.
 func (c *checked) part(b Block, dst []byte, at uint64) error {
-	c.mu.Lock()
-	for i, k := range c.kept {
-		if k.index == b.Index {
-			copy(dst, k.data[at-b.Addr:])
-			c.kept = append(append(c.kept[:i:i], c.kept[i+1:]...), k) // most recent last
-			c.mu.Unlock()
-			return nil
-		}
-	}
-	c.mu.Unlock()
-	data := make([]byte, b.Len)
-	if _, err := c.src.ReadAt(data, int64(b.Addr)); err != nil && err != io.EOF {
-		return fmt.Errorf("block %d at %#x: %w", b.Index, b.Addr, err)
-	}
-	if err := c.check(b, data); err != nil {
+	data, err := c.wholeBlock(b)
+	if err != nil {
 		return err
 	}
 	copy(dst, data[at-b.Addr:])
-	c.mu.Lock()
-	if len(c.kept) == checkedKeep {
-		c.kept = c.kept[1:]
-	}
-	c.kept = append(c.kept, keptBlock{b.Index, data})
-	c.mu.Unlock()
 	return nil
+}
+
+// wholeBlock returns block b read whole and checked.
+func (c *checked) wholeBlock(b Block) ([]byte, error) {
+	c.mu.Lock()
+	for i, k := range c.kept {
+		if k.index == b.Index {
+			c.kept = append(append(c.kept[:i:i], c.kept[i+1:]...), k) // most recent last
+			c.mu.Unlock()
+			return k.data, nil
+		}
+	}
+	if call, ok := c.inFlight[b.Index]; ok {
+		c.mu.Unlock()
+		<-call.done
+		return call.data, call.err
+	}
+	call := &blockCall{done: make(chan struct{})}
+	if c.inFlight == nil {
+		c.inFlight = map[uint64]*blockCall{}
+	}
+	c.inFlight[b.Index] = call
+	c.mu.Unlock()
+
+	call.data = make([]byte, b.Len)
+	if _, err := c.src.ReadAt(call.data, int64(b.Addr)); err != nil && err != io.EOF {
+		call.err = fmt.Errorf("block %d at %#x: %w", b.Index, b.Addr, err)
+	} else {
+		call.err = c.check(b, call.data)
+	}
+	c.mu.Lock()
+	delete(c.inFlight, b.Index)
+	if call.err == nil {
+		if len(c.kept) == checkedKeep {
+			c.kept = c.kept[1:]
+		}
+		c.kept = append(c.kept, keptBlock{b.Index, call.data})
+	}
+	c.mu.Unlock()
+	close(call.done)
+	return call.data, call.err
 }
 
 // check compares block b, read whole into data, with its CRC32C.

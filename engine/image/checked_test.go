@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 )
 
 // memSource is memory served by someone else: the dumped ranges at their
@@ -115,5 +116,40 @@ func TestCheckedReadsOnce(t *testing.T) {
 		if src.reads != tc.wantReads {
 			t.Errorf("%s: %d reads of the source, want %d", tc.description, src.reads, tc.wantReads)
 		}
+	}
+}
+
+// slowSource holds every read a moment, so that reads overlap.
+type slowSource struct{ *countingSource }
+
+func (s slowSource) ReadAt(p []byte, off int64) (int, error) {
+	time.Sleep(20 * time.Millisecond)
+	return s.countingSource.ReadAt(p, off)
+}
+
+// TestCheckedConcurrentParts: readers of the parts of one block at once
+// (prefetch workers) read it from the source once between them.
+func TestCheckedConcurrentParts(t *testing.T) {
+	ranges := uncachedRanges()
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 64 << 10})
+	r := openReader(t, dir, 42, ReaderOptions{})
+	src := &countingSource{memSource: memSource{ranges: ranges}}
+	c := r.Checked(slowSource{src})
+	var wg sync.WaitGroup
+	for i := range uint64(4) {
+		wg.Go(func() {
+			a := 0x10000000 + i*16<<10
+			got := make([]byte, 16<<10)
+			if _, err := c.ReadAt(got, int64(a)); err != nil {
+				t.Errorf("ReadAt %#x: %v", a, err)
+			} else if !bytes.Equal(got, expected(ranges, a, a+16<<10)) {
+				t.Errorf("ReadAt %#x differs", a)
+			}
+		})
+	}
+	wg.Wait()
+	if src.reads != 1 {
+		t.Errorf("%d reads of the source for four parts of one block read at once, want 1", src.reads)
 	}
 }
