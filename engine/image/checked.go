@@ -57,7 +57,7 @@ type keptBlock struct {
 
 func (c *checked) ReadAt(p []byte, off int64) (int, error) {
 	addr, end, err := checkRead(off, len(p))
-	if err != nil {
+	if err != nil || len(p) == 0 {
 		return 0, err
 	}
 	// The parts of blocks at either end come from whole blocks; what is
