@@ -116,7 +116,9 @@ const (
 )
 
 // newCore lays out the core of p, a process of a snapshot taken on kernel
-// release.
+// release. It lays the file out from start to end, headers, notes, then
+// each segment, in one function so that every offset is computed where it
+// is used.
 func newCore(p *process, release string) *coreFile {
 	c := &coreFile{proc: p, files: map[string]*mappedFile{}}
 	st := p.state

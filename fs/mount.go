@@ -65,7 +65,8 @@ type Server struct {
 // image.ErrIncomplete)) or one whose index is corrupt; a mountpoint that
 // is not a directory (syscall.ENOTDIR) or is already a mount point
 // (ErrBusy); and reports ErrNoFUSE when /dev/fuse or fusermount3 is
-// missing.
+// missing. It is long because it is the one place that turns Options into
+// the snapshot's readers, the node tree and go-fuse's options, in order.
 func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	logger := opts.Logger
 	if logger == nil {
