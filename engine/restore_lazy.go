@@ -223,6 +223,14 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	}
 	for i := range r.st.VMAs {
 		if v := &r.st.VMAs[i]; withData[v] {
+			// VMAs that touch are registered with one UFFDIO_REGISTER
+			// (the kernel walks the VMAs of a range): numpy's arrays are
+			// two VMAs each, and a 1 GiB process of them had 128 to
+			// register one by one before it could run.
+			if n := len(l.ranges); n > 0 && l.ranges[n-1].End == v.Start {
+				l.ranges[n-1].End = v.End
+				continue
+			}
 			l.ranges = append(l.ranges, units.Range{Start: v.Start, End: v.End})
 		}
 	}
