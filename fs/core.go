@@ -50,13 +50,13 @@ import (
 //     is writable: the whole VMA; the pages that were not dumped are the
 //     mapped file's bytes, read from the file named in the snapshot. The
 //     file is checked against the identity the dump recorded (device,
-//     inode, size, mtime) when the snapshot is mounted, and again on every
-//     read. When it is missing or differs at mount time, the VMA is split
-//     instead: each dumped run is a PT_LOAD with its bytes and each range
+//     inode, size, mtime) when the core is laid out (the first time it is
+//     used), and again on every read. When it is missing or differs then,
+//     the VMA is split instead: each dumped run is a PT_LOAD with its bytes and each range
 //     between runs a PT_LOAD with p_filesz 0, so a debugger reads those
 //     from its own copy of the file (as it does for read-only code) and
 //     never sees zeros the process did not hold. When it changes after
-//     the mount, reads of those pages fail with EIO. (MNT/PID/mem shows
+//     that, reads of those pages fail with EIO. (MNT/PID/mem shows
 //     such pages as holes, zeros: it serves only what the snapshot holds.)
 //   - private anonymous memory never touched (nothing dumped: the kernel
 //     skips a VMA without anon_vma), read-only private file mappings with

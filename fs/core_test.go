@@ -192,8 +192,8 @@ func checkCore(t *testing.T, seed uint64) {
 		t.Fatal(err)
 	}
 	p := openTestProcess(t, s, proc.PID)
-	t.Cleanup(p.core.close)
-	c := p.core
+	t.Cleanup(p.core().close)
+	c := p.core()
 	f, err := elf.NewFile(io.NewSectionReader(coreReader{c}, 0, int64(c.size)))
 	if err != nil {
 		t.Fatalf("seed %d: debug/elf: %v", seed, err)
@@ -506,10 +506,10 @@ func TestCoreReadsDecodeOnlyTheirBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := openTestProcess(t, s, pid) // a reader with readahead, as a mount's
-	seg := p.core.segs[0]
+	seg := p.core().segs[0]
 	for i, rel := range []uint64{pages(10), pages(11) + 100, pages(40), pages(41)} {
 		b := make([]byte, 64)
-		if _, err := p.core.ReadAt(context.Background(), b, seg.off+rel); err != nil {
+		if _, err := p.core().ReadAt(context.Background(), b, seg.off+rel); err != nil {
 			t.Fatal(err)
 		}
 		if want := s.Memory(pid, vma.Start+rel, 64); !bytes.Equal(b, want) {
@@ -531,18 +531,18 @@ func TestCoreCorruptBlockIsEIO(t *testing.T) {
 	b := corrupt(t, s.Dir, pidA, codec.Raw)
 	p := openTestProcess(t, s, pidA)
 	node := &coreNode{own: &owner{}, proc: p}
-	i := slices.IndexFunc(p.core.segs, func(sg coreSeg) bool { return sg.src <= b.Addr && b.Addr < sg.src+sg.size })
+	i := slices.IndexFunc(p.core().segs, func(sg coreSeg) bool { return sg.src <= b.Addr && b.Addr < sg.src+sg.size })
 	if i < 0 {
 		t.Fatalf("no PT_LOAD holds %#x", b.Addr)
 	}
-	sg := p.core.segs[i]
+	sg := p.core().segs[i]
 	if _, errno := node.Read(context.Background(), nil, make([]byte, 4096), int64(sg.off+b.Addr-sg.src)); errno != syscall.EIO {
 		t.Errorf("read of the corrupt block through the core: %v, want EIO", errno)
 	}
 	if _, errno := node.Read(context.Background(), nil, make([]byte, 4096), 0); errno != 0 {
 		t.Errorf("read of the headers: %v", errno)
 	}
-	for _, other := range p.core.segs {
+	for _, other := range p.core().segs {
 		if other.src+other.size <= b.Addr || other.src > b.End() {
 			if _, errno := node.Read(context.Background(), nil, make([]byte, 4096), int64(other.off)); errno != 0 {
 				t.Errorf("read of PT_LOAD %#x: %v", other.addr, errno)

@@ -31,7 +31,7 @@ func TestCoreManyVMAs(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := openTestProcess(t, s, pid)
-	c := p.core
+	c := p.core()
 	if got := binary.LittleEndian.Uint16(c.head[56:]); got != pnXNum {
 		t.Fatalf("e_phnum %#x, want PN_XNUM", got)
 	}

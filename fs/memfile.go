@@ -48,10 +48,7 @@ func (m *memNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.At
 }
 
 func (m *memNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		return nil, 0, syscall.EROFS
-	}
-	return nil, m.openFlags, 0
+	return openReadOnly(flags, m.openFlags)
 }
 
 func (m *memNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -130,22 +127,19 @@ var (
 
 func (c *coreNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	c.own.fill(&out.Attr, syscall.S_IFREG|fileMode)
-	setSize(&out.Attr, c.proc.core.size, c.proc.core.used)
+	setSize(&out.Attr, c.proc.core().size, c.proc.core().used)
 	return 0
 }
 
 func (c *coreNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		return nil, 0, syscall.EROFS
-	}
-	return nil, c.openFlags, 0
+	return openReadOnly(flags, c.openFlags)
 }
 
 func (c *coreNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if off < 0 {
 		return nil, syscall.EINVAL
 	}
-	b, err := c.proc.core.ReadAt(ctx, dest, uint64(off))
+	b, err := c.proc.core().ReadAt(ctx, dest, uint64(off))
 	if err != nil {
 		return nil, c.proc.errno(fmt.Errorf("core at offset %#x: %w", off, err), uint64(off), len(dest))
 	}
@@ -160,7 +154,7 @@ func (c *coreNode) Lseek(ctx context.Context, f fusefs.FileHandle, off uint64, w
 	default:
 		return 0, syscall.EINVAL
 	}
-	o, ok := c.proc.core.seek(off, whence == seekData)
+	o, ok := c.proc.core().seek(off, whence == seekData)
 	if !ok {
 		return 0, syscall.ENXIO
 	}

@@ -68,10 +68,16 @@ func (b *bytesNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.
 }
 
 func (b *bytesNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	return openReadOnly(flags, fuse.FOPEN_KEEP_CACHE|noFlush)
+}
+
+// openReadOnly is the Open of a file with no handle of its own: EROFS for
+// anything but a read-only open, else the FOPEN flags fuseFlags.
+func openReadOnly(flags, fuseFlags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE | noFlush, 0
+	return nil, fuseFlags, 0
 }
 
 func (b *bytesNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

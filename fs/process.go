@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"syscall"
 
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -18,7 +19,10 @@ type process struct {
 	json  []byte // process-PID.json as stored
 	r     *image.Reader
 	log   *slog.Logger
-	core  *coreFile // MNT/PID/core, laid out at mount time
+
+	release  string    // the kernel the snapshot was taken on
+	coreOnce sync.Once // lays out coreFile on first use
+	coreFile *coreFile // MNT/PID/core
 }
 
 // openProcess reads the state of pid and opens its pages.
@@ -35,14 +39,23 @@ func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions) (*proces
 	if err != nil {
 		return nil, fmt.Errorf("process %d: open pages: %w", pid, err)
 	}
-	p := &process{pid: pid, state: st, json: js, r: r, log: ropts.Logger}
-	p.core = newCore(p, s.Manifest.Kernel.Release)
-	return p, nil
+	return &process{pid: pid, state: st, json: js, r: r, log: ropts.Logger, release: s.Manifest.Kernel.Release}, nil
+}
+
+// core returns MNT/PID/core, laid out the first time it is asked for (a
+// mount nobody reads a core from, such as the private mount of a lazy
+// restore, never pays for it); its size and offsets are fixed from then
+// on.
+func (p *process) core() *coreFile {
+	p.coreOnce.Do(func() { p.coreFile = newCore(p, p.release) })
+	return p.coreFile
 }
 
 // close closes the pages and the files the core opened.
 func (p *process) close() error {
-	p.core.close()
+	if p.coreFile != nil {
+		p.coreFile.close()
+	}
 	return p.r.Close()
 }
 
