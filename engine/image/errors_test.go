@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
@@ -42,5 +43,29 @@ func TestCorruptMatches(t *testing.T) {
 	}
 	if errors.Is(ErrBadMagic, ErrTruncated) || errors.Is(ErrCorrupt, ErrBadMagic) {
 		t.Error("the narrower sentinels match each other or ErrCorrupt matches them")
+	}
+}
+
+func TestManifestFeatures(t *testing.T) {
+	base := func(features string) []byte {
+		return []byte(`{"format":"lazyfs-snapshot","version":1,"page_size":4096,"block_size":262144,` +
+			`"processes":[{"pid":7,"state":"s","index":"i","pages":"p"}],` +
+			`"files":{"s":{"size":1,"crc32c":"0"},"i":{"size":1,"crc32c":"0"},"p":{"size":1,"crc32c":"0"}}` + features + `}`)
+	}
+	if _, err := parseManifest(base("")); err != nil {
+		t.Fatalf("no features: %v", err)
+	}
+	_, err := parseManifest(base(`,"features":["from-the-future"]`))
+	if !errors.Is(err, ErrVersion) || !strings.Contains(err.Error(), `"from-the-future"`) {
+		t.Fatalf("unknown feature: %v, want ErrVersion naming it", err)
+	}
+	knownFeatures["test-a"], knownFeatures["test-b"] = true, true
+	t.Cleanup(func() { delete(knownFeatures, "test-a"); delete(knownFeatures, "test-b") })
+	m, err := parseManifest(base(`,"features":["test-a","test-b"]`))
+	if err != nil || !m.HasFeature("test-b") || m.HasFeature("test-c") {
+		t.Fatalf("known features: %v %v", m, err)
+	}
+	if _, err := parseManifest(base(`,"features":["test-b","test-a"]`)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("unsorted features: %v, want ErrCorrupt", err)
 	}
 }

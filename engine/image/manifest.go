@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
 )
 
@@ -33,6 +34,23 @@ type Manifest struct {
 	Compression string             `json:"compression"` // "lz4" or "none"
 	Processes   []ProcessEntry     `json:"processes"`
 	Files       map[string]FileSum `json:"files"`
+	// Features names what a reader must understand to read the snapshot
+	// right, beyond version 1 of the format (sorted, each once). A reader
+	// refuses a snapshot that needs a feature it does not know, as it
+	// refuses another version; snapshots that need none (every snapshot
+	// of version 1 written before features existed) omit the field.
+	Features []string `json:"features,omitempty"`
+}
+
+// knownFeatures is every feature this build reads. A change to the format
+// that an older reader would misread adds a feature name here and to the
+// manifests that use it (Writer.AddFeature), rather than a new version:
+// changes that are independent of each other then stay so.
+var knownFeatures = map[string]bool{}
+
+// HasFeature reports whether the snapshot needs feature f.
+func (m *Manifest) HasFeature(f string) bool {
+	return slices.Contains(m.Features, f)
 }
 
 // Kernel identifies the kernel a snapshot was taken on.
@@ -114,6 +132,14 @@ func parseManifest(b []byte) (*Manifest, error) {
 	}
 	if m.Version != manifestVersion {
 		return nil, fmt.Errorf("%w: manifest version %d, this build reads %d", ErrVersion, m.Version, manifestVersion)
+	}
+	for i, f := range m.Features {
+		if !knownFeatures[f] {
+			return nil, fmt.Errorf("%w: the snapshot needs format feature %q, which this build does not read", ErrVersion, f)
+		}
+		if i > 0 && m.Features[i-1] >= f {
+			return nil, fmt.Errorf("%w: manifest features not sorted and unique", ErrCorrupt)
+		}
 	}
 	if m.PageSize != PageSize {
 		return nil, fmt.Errorf("%w: page size %d", ErrCorrupt, m.PageSize)

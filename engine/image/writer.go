@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -160,6 +161,18 @@ func checkNewDir(f *os.File, created bool) error {
 
 // Dir returns the snapshot directory.
 func (w *Writer) Dir() string { return w.dir }
+
+// addFeature records that the snapshot needs format feature f (one of
+// knownFeatures) to be read right; Commit writes the sorted set.
+func (w *Writer) addFeature(f string) {
+	if !knownFeatures[f] {
+		panic("image: unknown format feature " + f)
+	}
+	if !slices.Contains(w.m.Features, f) {
+		w.m.Features = append(w.m.Features, f)
+		slices.Sort(w.m.Features)
+	}
+}
 
 // createFile creates one file of the snapshot, exclusively, in the
 // directory it holds open.
