@@ -11,7 +11,8 @@
 #                pages-file and lz4 baselines, and of a 1 GiB weightserver
 #                with and without MADV_HUGEPAGE; writes test/bench/BENCHMARKS.md
 #                and its SVG charts. BENCH_LARGE=1 adds 4 GiB (about 4x longer);
-#                BENCH_FLAGS passes more flags (-size, -runs, -out, -work)
+#                BENCH_FLAGS passes more flags (-size, -runs, -out, -work,
+#                -only SERIES to measure one series into another -out)
 #   make bench-smoke  the harness at 64 MiB, one run, into bin/bench-smoke
 #                (seconds; CI runs the same through TestSmoke in make test)
 #   make gobench go test benchmarks of every package, output also in bin/bench.txt

@@ -28,7 +28,8 @@ type harness struct {
 	live    int // pid of the server alive now (original or restored), 0 if none
 	started time.Time
 	expect  expectation
-	smaps   bool // restoreOnce records the restored process's huge pages
+	smaps   bool     // restoreOnce records the restored process's huge pages
+	only    []string // -only: the series to run; empty: all
 }
 
 // expectation is what the original server answered; every restored server
@@ -55,10 +56,10 @@ func measure(ctx context.Context, o options) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Started: o.Now()}
+	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Only: o.Only, Started: o.Now()}
 	rep.Machine = describeMachine(work, t)
 	for _, size := range o.Sizes {
-		h := &harness{tools: t, work: work, runs: o.Runs, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now()}
+		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now()}
 		sr, err := h.measureSize(ctx, o.Now)
 		h.killLive()
 		if err != nil {
@@ -106,7 +107,11 @@ func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*sizeR
 		}
 	}()
 	dumps := map[string]*dumpResult{}
-	for _, cfg := range measureOrder(dumpConfigs()) {
+	cfgs := measureOrder(dumpConfigs())
+	if !h.wants("modelserver") {
+		cfgs = nil
+	}
+	for _, cfg := range cfgs {
 		snap, dr, err := h.dumpSeries(ctx, sr, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("dump %s: %w", cfg.Name, err)
@@ -132,13 +137,25 @@ func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*sizeR
 		sr.Baselines = append(sr.Baselines, bs...)
 	}
 	for _, cfg := range dumpConfigs() {
-		sr.Dumps = append(sr.Dumps, dumps[cfg.Short])
+		if d := dumps[cfg.Short]; d != nil {
+			sr.Dumps = append(sr.Dumps, d)
+		}
 	}
-	ws, err := h.weightsSeries(ctx)
-	if err != nil {
-		return nil, err
+	if h.wants("weights") {
+		ws, err := h.weightsSeries(ctx)
+		if err != nil {
+			return nil, err
+		}
+		sr.Weights = ws
 	}
-	sr.Weights = ws
+	for _, s := range extraSeries {
+		if !h.wants(s.Name) {
+			continue
+		}
+		if err := s.Measure(ctx, h, sr); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+	}
 	sr.Elapsed = now().Sub(start)
 	h.logf("done in %s", sr.Elapsed.Round(time.Second))
 	return sr, nil

@@ -32,6 +32,7 @@ type options struct {
 	Work   string    // parent of the work directory (snapshots, logs)
 	Smoke  bool      // the CI run
 	Render string    // re-render the report from this results file instead of measuring
+	Only   []string  // series to measure (-only); empty: all of them
 	Log    io.Writer // progress, one line per run
 	Now    func() time.Time
 }
@@ -65,6 +66,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	smoke := fl.Bool("smoke", false, "CI smoke run: 64 MiB and 1 run unless -size/-runs say otherwise")
 	bin := fl.String("bin", "", "directory holding snapctl and lazyfs built from this module (default: go build them)")
 	render := fl.String("render", "", "write the report and charts from a results `FILE` ("+ResultsName+") instead of measuring")
+	only := fl.String("only", "", "measure only these comma-separated `SERIES` (modelserver, weights, and those of features); needs -out, since the report is then partial")
 	work := fl.String("work", "", "parent `DIR` of the work directory holding snapshots (default $TMPDIR); it needs about 3x -size free")
 	if err := fl.Parse(args); err != nil {
 		return options{}, err
@@ -85,10 +87,17 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if *runs < 1 {
 		return options{}, fmt.Errorf("-runs %d: want at least 1", *runs)
 	}
+	onlyList, err := parseOnly(*only)
+	if err != nil {
+		return options{}, err
+	}
+	if len(onlyList) > 0 && *out == "" {
+		return options{}, errors.New("-only writes a partial report: give -out DIR, so that test/bench/BENCHMARKS.md is not overwritten")
+	}
 	if size.v < 16<<20 || size.v > 8<<30 {
 		return options{}, fmt.Errorf("-size %s: want 16 MiB to 8 GiB", units.FormatSize(size.v))
 	}
-	o := options{Sizes: []uint64{size.v}, Runs: *runs, Out: *out, Bin: *bin, Work: *work, Smoke: *smoke, Render: *render, Log: stderr, Now: time.Now}
+	o := options{Sizes: []uint64{size.v}, Runs: *runs, Out: *out, Bin: *bin, Work: *work, Smoke: *smoke, Render: *render, Only: onlyList, Log: stderr, Now: time.Now}
 	if *large && size.v != largeSize {
 		o.Sizes = append(o.Sizes, largeSize)
 	}

@@ -209,9 +209,23 @@ func sizeTitle(size uint64) string {
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
 
 func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
-	imgChart, blockChart, latChart := chartNames(s.Size)
 	m.p("## %s", sizeTitle(s.Size))
 	m.p("")
+	if len(s.Dumps) > 0 {
+		modelserverSection(m, s, charts)
+	}
+	if len(s.Weights) > 0 {
+		weightsSection(m, s)
+	}
+	for _, x := range extraSeries {
+		x.Render(m, s)
+	}
+}
+
+// modelserverSection reports the modelserver's dumps, restores and
+// baselines of one size.
+func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
+	imgChart, blockChart, latChart := chartNames(s.Size)
 	m.p("Memory in the snapshot: %.1f MiB (the mapping plus heap, stack and libraries' data). Fixture start-up (filling its memory): %s. This size took %s.",
 		float64(s.Memory)/(1<<20), summarize(s.Init), s.Elapsed.Round(time.Second))
 	m.p("")
@@ -318,9 +332,6 @@ func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
 		m.p("Warm, `%s`: an eager restore takes %s, %.1f× what `lz4 -d` needs to decode the same memory (%s); reading its pages file takes %s.",
 			def.Name, e.dist(wallOf), ew.Seconds()/lw.Seconds(), summarize(b.Warm), summarize(s.baseline(def.Short, readPages).Warm))
 		m.p("")
-	}
-	if len(s.Weights) > 0 {
-		weightsSection(m, s)
 	}
 }
 

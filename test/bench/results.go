@@ -7,6 +7,7 @@ type report struct {
 	Machine machine
 	Runs    int
 	Smoke   bool
+	Only    []string `json:",omitempty"` // the series measured, if not all
 	Started time.Time
 	Elapsed time.Duration
 	Sizes   []*sizeResult

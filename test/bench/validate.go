@@ -21,8 +21,15 @@ func validate(rep *report) error {
 		bad("no size measured")
 	}
 	for _, s := range rep.Sizes {
-		validateSize(rep.Runs, s, bad)
-		validateWeights(rep.Runs, s, bad)
+		if len(s.Dumps) > 0 || len(rep.Only) == 0 {
+			validateSize(rep.Runs, s, bad)
+		}
+		if len(s.Weights) > 0 || len(rep.Only) == 0 {
+			validateWeights(rep.Runs, s, bad)
+		}
+		for _, x := range extraSeries {
+			x.Validate(rep.Runs, s, bad)
+		}
 	}
 	return errors.Join(errs...)
 }
