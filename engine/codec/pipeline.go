@@ -19,13 +19,18 @@ type Encoded struct {
 	// has returned for it.
 	Src []byte
 	CRC uint32 // CRC32C of Src
-	Tag any    // as submitted
+	// PageCRCs is the CRC32C of each page of a Raw block longer than a
+	// page, with PipelineOptions.PageChecksums; valid until emit returns.
+	PageCRCs []uint32
+	Tag      any // as submitted
 }
 
 // PipelineOptions configure a Pipeline.
 type PipelineOptions struct {
 	Workers int  // encoding goroutines; 0 means runtime.GOMAXPROCS(0)
 	Mode    Mode // Compress or NoCompress
+	// PageChecksums asks for Encoded.PageCRCs.
+	PageChecksums bool
 }
 
 // ErrClosed is returned by Submit after Close.
@@ -43,8 +48,9 @@ var ErrClosed = errors.New("codec: pipeline closed")
 // Submit returns it from then on, no further block is emitted, and Close
 // returns it.
 type Pipeline struct {
-	mode Mode
-	emit func(*Encoded) error
+	mode     Mode
+	pageCRCs bool
+	emit     func(*Encoded) error
 
 	slots chan *slot // free slots: taking one is the backpressure
 	work  chan *slot // slots to encode
@@ -78,12 +84,13 @@ func NewPipeline(ctx context.Context, opts PipelineOptions, emit func(*Encoded) 
 	}
 	n := 2*workers + 2
 	p := &Pipeline{
-		mode:  opts.Mode,
-		emit:  emit,
-		slots: make(chan *slot, n),
-		work:  make(chan *slot, n),
-		order: make(chan *slot, n),
-		dead:  make(chan struct{}),
+		mode:     opts.Mode,
+		pageCRCs: opts.PageChecksums,
+		emit:     emit,
+		slots:    make(chan *slot, n),
+		work:     make(chan *slot, n),
+		order:    make(chan *slot, n),
+		dead:     make(chan struct{}),
 	}
 	for range n {
 		p.slots <- &slot{done: make(chan struct{}, 1)}
@@ -172,9 +179,13 @@ func (p *Pipeline) encodeLoop() {
 	for s := range p.work {
 		if !p.isDead() {
 			s.Kind, s.Stored, s.buf = enc.encode(s.Src, p.mode, s.buf)
-			if s.Kind == Zero {
+			s.PageCRCs = s.PageCRCs[:0]
+			switch {
+			case s.Kind == Zero:
 				s.CRC = ZeroChecksum(len(s.Src))
-			} else {
+			case s.Kind == Raw && p.pageCRCs && len(s.Src) > PageSize && len(s.Src)%PageSize == 0:
+				s.PageCRCs, s.CRC = PageChecksums(s.PageCRCs, s.Src)
+			default:
 				s.CRC = Checksum(s.Src)
 			}
 		}
@@ -190,7 +201,7 @@ func (p *Pipeline) emitLoop() {
 				p.fail(err)
 			}
 		}
-		s.Encoded = Encoded{}
+		s.Encoded = Encoded{PageCRCs: s.PageCRCs[:0]} // keep the buffer
 		p.slots <- s
 	}
 }

@@ -107,11 +107,35 @@ func (c *checked) whole(dst []byte, at uint64) error {
 // read whole and checked: kept from an earlier read, being read by
 // another, or read now.
 func (c *checked) part(b Block, dst []byte, at uint64) error {
+	if c.r.PageChecked(b) {
+		return c.pages(b, dst, at)
+	}
 	data, err := c.wholeBlock(b)
 	if err != nil {
 		return err
 	}
 	copy(dst, data[at-b.Addr:])
+	return nil
+}
+
+// pages reads into dst the bytes of block b from at on, whose pages are
+// checked one by one: the pages that hold them alone, from src, checked
+// against their checksums (straight into dst if they are whole pages).
+func (c *checked) pages(b Block, dst []byte, at uint64) error {
+	lo, hi := at&^(PageSize-1), alignUp(at+uint64(len(dst)), PageSize)
+	buf := dst
+	if lo != at || hi != at+uint64(len(dst)) {
+		sb := scratch(int(hi - lo))
+		defer scratchPool.Put(sb)
+		buf = *sb
+	}
+	if _, err := c.src.ReadAt(buf, int64(lo)); err != nil && err != io.EOF {
+		return fmt.Errorf("read %#x+%#x: %w", lo, len(buf), err)
+	}
+	if err := c.r.pcrc.check(b, lo, buf); err != nil {
+		return fmt.Errorf("block %d at %#x: %w: %w", b.Index, b.Addr, ErrSourceMismatch, err)
+	}
+	copy(dst, buf[at-lo:])
 	return nil
 }
 

@@ -84,11 +84,21 @@ func (c *countingSource) ReadAt(p []byte, off int64) (int, error) {
 	return c.memSource.ReadAt(p, off)
 }
 
+// textRanges are uncachedRanges plus 256 KiB of text at 0x30000000:
+// blocks stored LZ4, which have no page checksums.
+func textRanges() []memRange {
+	text := make([]byte, 256<<10)
+	for i := range text {
+		text[i] = "lazyfs-"[i%7]
+	}
+	return append(uncachedRanges(), memRange{addr: 0x30000000, data: text, brk: true})
+}
+
 // TestCheckedReadsOnce: a read of many small whole blocks is one read of
 // the source; a big block read a piece at a time is read from the source
 // once.
 func TestCheckedReadsOnce(t *testing.T) {
-	ranges := uncachedRanges()
+	ranges := textRanges()
 	for _, tc := range []struct {
 		bs          int
 		addr, n     uint64
@@ -97,7 +107,7 @@ func TestCheckedReadsOnce(t *testing.T) {
 		description string
 	}{
 		{4 << 10, 0x10000000, 256 << 10, 256 << 10, 1, "64 whole 4 KiB blocks in one read"},
-		{64 << 10, 0x10000000, 256 << 10, 16 << 10, 4, "four 64 KiB blocks read 16 KiB at a time"},
+		{64 << 10, 0x30000000, 256 << 10, 16 << 10, 4, "four 64 KiB LZ4 blocks read 16 KiB at a time"},
 	} {
 		dir := filepath.Join(t.TempDir(), "snap")
 		writeSnapshot(t, dir, 42, ranges, Options{BlockSize: tc.bs})
@@ -130,7 +140,7 @@ func (s slowSource) ReadAt(p []byte, off int64) (int, error) {
 // TestCheckedConcurrentParts: readers of the parts of one block at once
 // (prefetch workers) read it from the source once between them.
 func TestCheckedConcurrentParts(t *testing.T) {
-	ranges := uncachedRanges()
+	ranges := textRanges()
 	dir := filepath.Join(t.TempDir(), "snap")
 	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 64 << 10})
 	r := openReader(t, dir, 42, ReaderOptions{})
@@ -139,7 +149,7 @@ func TestCheckedConcurrentParts(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range uint64(4) {
 		wg.Go(func() {
-			a := 0x10000000 + i*16<<10
+			a := 0x30000000 + i*16<<10
 			got := make([]byte, 16<<10)
 			if _, err := c.ReadAt(got, int64(a)); err != nil {
 				t.Errorf("ReadAt %#x: %v", a, err)
@@ -152,4 +162,54 @@ func TestCheckedConcurrentParts(t *testing.T) {
 	if src.reads != 1 {
 		t.Errorf("%d reads of the source for four parts of one block read at once, want 1", src.reads)
 	}
+}
+
+// TestCheckedPages: a part of a Raw block, whose pages have checksums of
+// their own, is read from the source alone (the pages that hold it) and
+// checked page by page: a changed byte fails the reads of its page and no
+// other page of the block.
+func TestCheckedPages(t *testing.T) {
+	ranges := uncachedRanges()
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 64 << 10})
+	r := openReader(t, dir, 42, ReaderOptions{})
+	b, _ := r.BlockAt(0x10000000)
+	if !r.PageChecked(b) {
+		t.Fatalf("block %+v of random bytes is not checked page by page", b)
+	}
+	src := &bytesSource{countingSource: countingSource{memSource: memSource{ranges: ranges}}}
+	c := r.Checked(src)
+	for _, rd := range []struct{ a, n uint64 }{{0x10000000, 4096}, {0x10000000 + 8192, 16 << 10}, {0x10000000 + 100, 10}, {0x10000000 + 60<<10 + 7, 4096}} {
+		src.bytes = 0
+		got := make([]byte, rd.n)
+		if _, err := c.ReadAt(got, int64(rd.a)); err != nil {
+			t.Fatalf("ReadAt %#x+%d: %v", rd.a, rd.n, err)
+		}
+		if !bytes.Equal(got, expected(ranges, rd.a, rd.a+rd.n)) {
+			t.Fatalf("ReadAt %#x+%d differs", rd.a, rd.n)
+		}
+		if want := int((rd.a+rd.n+4095)&^4095 - rd.a&^4095); src.bytes != want {
+			t.Errorf("ReadAt %#x+%d read %d bytes of the source, want %d (its pages)", rd.a, rd.n, src.bytes, want)
+		}
+	}
+	bad := r.Checked(memSource{ranges: ranges, flip: 0x10000000 + 3*4096 + 17})
+	if _, err := bad.ReadAt(make([]byte, 100), 0x10000000+3*4096+1000); !errors.Is(err, ErrSourceMismatch) {
+		t.Errorf("a changed byte in the page read: %v, want ErrSourceMismatch", err)
+	}
+	if _, err := bad.ReadAt(make([]byte, 3*4096), 0x10000000); err != nil {
+		t.Errorf("the pages before the changed one: %v", err)
+	}
+}
+
+// bytesSource counts the bytes read from a source.
+type bytesSource struct {
+	countingSource
+	bytes int
+}
+
+func (b *bytesSource) ReadAt(p []byte, off int64) (int, error) {
+	b.mu.Lock()
+	b.bytes += len(p)
+	b.mu.Unlock()
+	return b.countingSource.ReadAt(p, off)
 }

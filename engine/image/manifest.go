@@ -65,6 +65,8 @@ type ProcessEntry struct {
 	State string `json:"state"`
 	Index string `json:"index"`
 	Pages string `json:"pages"`
+	// PageCRCs names the page-checksum file (FeaturePageCRC), if any.
+	PageCRCs string `json:"page_crcs,omitempty"`
 	// Memory figures, for listings without opening the index.
 	Pages4K     uint64 `json:"pages_dumped"`
 	StoredBytes uint64 `json:"stored_bytes"`
@@ -156,7 +158,10 @@ func parseManifest(b []byte) (*Manifest, error) {
 			return nil, fmt.Errorf("%w: manifest process pid %d", ErrCorrupt, p.PID)
 		}
 		seen[p.PID] = true
-		for _, name := range []string{p.State, p.Index, p.Pages} {
+		if p.PageCRCs != "" && !m.HasFeature(FeaturePageCRC) {
+			return nil, fmt.Errorf("%w: process %d has page checksums, the manifest lacks feature %q", ErrCorrupt, p.PID, FeaturePageCRC)
+		}
+		for _, name := range p.files() {
 			if !safeName.MatchString(name) || name == ManifestName {
 				return nil, fmt.Errorf("%w: manifest names file %q", ErrCorrupt, name)
 			}
@@ -171,6 +176,15 @@ func parseManifest(b []byte) (*Manifest, error) {
 		}
 	}
 	return &m, nil
+}
+
+// files returns the names of the files of p.
+func (p ProcessEntry) files() []string {
+	names := []string{p.State, p.Index, p.Pages}
+	if p.PageCRCs != "" {
+		names = append(names, p.PageCRCs)
+	}
+	return names
 }
 
 // Process returns the manifest entry of pid.

@@ -263,6 +263,8 @@ type Reader struct {
 	threads int
 	log     *slog.Logger
 	stats   Stats
+	// pcrc are the page checksums of Raw blocks (FeaturePageCRC), or nil.
+	pcrc *pageCRCs
 
 	readahead bool
 	raMu      sync.Mutex
@@ -306,6 +308,12 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
+	}
+	if e.PageCRCs != "" {
+		if err := r.openPageCRCs(s, e.PageCRCs); err != nil {
+			r.Close()
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -474,6 +482,80 @@ func (r *Reader) pread(b Block, dst []byte) error {
 	return nil
 }
 
+// openPageCRCs reads the page-checksum file name of the snapshot.
+func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
+	b, err := s.readSmall(name, pageCRCHeaderSize+4*maxPageCRCs)
+	if err != nil {
+		return err
+	}
+	crcs, err := unmarshalPageCRCs(b)
+	if err == nil {
+		r.pcrc, err = newPageCRCs(r.lay, crcs)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// PageChecked reports whether block b's pages can be read and checked one
+// by one (a Raw block of a snapshot with page checksums).
+func (r *Reader) PageChecked(b Block) bool { return r.pcrc != nil && hasPageCRCsFor(b) }
+
+// Unit returns the smallest range around addr (inside a dumped block) that
+// can be read and checked on its own: the page, in a block whose pages
+// are checked one by one; the block otherwise. ok is false outside every
+// block.
+func (r *Reader) Unit(addr uint64) (lo, hi uint64, ok bool) {
+	b, ok := r.lay.blockAt(addr)
+	if !ok {
+		return 0, 0, false
+	}
+	if r.PageChecked(b) {
+		lo = addr &^ (PageSize - 1)
+		return lo, lo + PageSize, true
+	}
+	return b.Addr, b.End(), true
+}
+
+// loadPages reads the pages [at, at+len(dst)) of block b, which must be
+// PageChecked, page aligned and inside it, into dst and checks each.
+func (r *Reader) loadPages(b Block, at uint64, dst []byte) error {
+	if _, err := r.f.ReadAt(dst, int64(b.Off+(at-b.Addr))); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return r.blockError(b, err)
+	}
+	if err := r.pcrc.check(b, at, dst); err != nil {
+		return r.blockError(b, err)
+	}
+	return nil
+}
+
+// readPart reads [lo, hi) of block b, a part of it, into dst: the pages
+// that hold it alone if b is PageChecked (through a scratch buffer unless
+// the part is whole pages), else the whole block through a scratch buffer.
+func (r *Reader) readPart(b Block, lo, hi uint64, dst []byte) error {
+	plo, phi := lo&^(PageSize-1), alignUp(hi, PageSize)
+	if !r.PageChecked(b) {
+		plo, phi = b.Addr, b.End()
+	}
+	if plo == lo && phi == hi && r.PageChecked(b) {
+		return r.loadPages(b, lo, dst)
+	}
+	buf := scratch(int(phi - plo))
+	defer scratchPool.Put(buf)
+	var err error
+	if r.PageChecked(b) {
+		err = r.loadPages(b, plo, *buf)
+	} else {
+		err = r.load(b, *buf)
+	}
+	copy(dst, (*buf)[lo-plo:hi-plo])
+	return err
+}
+
 // checkRaw checks the CRC32C of Raw block b, read into data.
 func (r *Reader) checkRaw(b Block, data []byte) error {
 	if got := codec.Checksum(data); got != b.CRC {
@@ -541,6 +623,16 @@ func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead bool) (i
 		return 0, err
 	}
 	copyOut := func(b Block) error {
+		if lo, hi := max(addr, b.Addr), min(end, b.End()); (lo > b.Addr || hi < b.End()) && r.PageChecked(b) {
+			// Part of a block whose pages are checked one by one: read
+			// those pages, unless the block is in the cache already.
+			if ref, ok := r.cache.Peek(cache.Key{File: r.file, Block: b.Index}); ok {
+				copy(p[lo-addr:hi-addr], ref.Bytes()[lo-b.Addr:hi-b.Addr])
+				ref.Release()
+				return nil
+			}
+			return r.readPart(b, lo, hi, p[lo-addr:hi-addr])
+		}
 		ref, err := r.get(ctx, b)
 		if err != nil {
 			return err

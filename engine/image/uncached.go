@@ -44,11 +44,7 @@ func (u uncached) ReadAt(p []byte, off int64) (int, error) {
 		case s.lo == b.Addr && s.hi == b.End():
 			return s.hi, r.load(b, dst)
 		default:
-			buf := scratch(int(b.Len))
-			err := r.load(b, *buf)
-			copy(dst, (*buf)[s.lo-b.Addr:])
-			scratchPool.Put(buf)
-			return s.hi, err
+			return s.hi, r.readPart(b, s.lo, s.hi, dst)
 		}
 		return s.hi, nil
 	})

@@ -279,3 +279,72 @@ func BenchmarkReadAt(b *testing.B) {
 		}
 	}
 }
+
+// TestPageReads: with 64 KiB blocks, a part of a Raw block is read, by the
+// uncached and the cached reader, from its pages alone and checked page by
+// page: a changed byte in the pages file fails reads of its page, naming
+// the block, and not reads of the block's other pages; whole-block reads
+// still check the whole block. The page-checksum file itself is checked
+// like every file of the snapshot.
+func TestPageReads(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	ranges := uncachedRanges()
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 64 << 10})
+	r := openReader(t, dir, 42, ReaderOptions{})
+	b, _ := r.BlockAt(0x10000000 + 64<<10)
+	if !r.PageChecked(b) {
+		t.Fatalf("block %+v not checked page by page", b)
+	}
+	if lo, hi, ok := r.Unit(b.Addr + 5000); !ok || lo != b.Addr+4096 || hi != b.Addr+8192 {
+		t.Errorf("Unit in a page-checked block: %#x-%#x %v, want its page", lo, hi, ok)
+	}
+	if lz, _ := r.BlockAt(0x20000000); r.PageChecked(lz) {
+		t.Errorf("LZ4 block %+v checked page by page", lz)
+	} else if lo, hi, _ := r.Unit(lz.Addr + 5000); lo != lz.Addr || hi != lz.End() {
+		t.Errorf("Unit in an LZ4 block: %#x-%#x, want the block", lo, hi)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, r.Name()), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := []byte{0}
+	f.ReadAt(one, int64(b.Off)+2*4096+10)
+	one[0] ^= 0xff
+	f.WriteAt(one, int64(b.Off)+2*4096+10)
+	f.Close()
+	for name, ra := range map[string]interface {
+		ReadAt([]byte, int64) (int, error)
+	}{"uncached": r.Uncached(), "cached": r} {
+		got := make([]byte, 2*4096)
+		if _, err := ra.ReadAt(got, int64(b.Addr)); err != nil {
+			t.Errorf("%s: the pages before the corrupt one: %v", name, err)
+		} else if !bytes.Equal(got, expected(ranges, b.Addr, b.Addr+8192)) {
+			t.Errorf("%s: the pages before the corrupt one differ", name)
+		}
+		var be *BlockError
+		if _, err := ra.ReadAt(make([]byte, 100), int64(b.Addr+2*4096+50)); !errors.As(err, &be) || be.Block != b.Index || !errors.Is(err, codec.ErrChecksum) {
+			t.Errorf("%s: a read in the corrupt page: %v, want a checksum BlockError naming block %d", name, err, b.Index)
+		}
+		if _, err := ra.ReadAt(make([]byte, b.Len), int64(b.Addr)); !errors.Is(err, codec.ErrChecksum) {
+			t.Errorf("%s: the whole corrupt block: %v, want a checksum error", name, err)
+		}
+	}
+	// A changed page-checksum file is refused when the reader opens.
+	crcFile := filepath.Join(dir, pageCRCName(42))
+	data, err := os.ReadFile(crcFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)-1] ^= 1
+	if err := os.WriteFile(crcFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.OpenPages(42, ReaderOptions{}); !errors.Is(err, ErrManifestMismatch) {
+		t.Errorf("open with a changed page-checksum file: %v, want ErrManifestMismatch", err)
+	}
+}

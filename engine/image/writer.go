@@ -232,7 +232,7 @@ func (w *Writer) WriteState(p *Process) error {
 // unlocks it. After Commit the snapshot is complete.
 func (w *Writer) Commit() error {
 	for _, p := range w.m.Processes {
-		for _, name := range []string{p.State, p.Index, p.Pages} {
+		for _, name := range p.files() {
 			if _, ok := w.m.Files[name]; !ok {
 				return fmt.Errorf("commit: process %d has no %s", p.PID, name)
 			}
@@ -301,7 +301,10 @@ type PagesWriter struct {
 	brk bool   // the next Add starts a new run
 	// nblocks is the number of blocks the runs so far hold.
 	nblocks uint64
-	stats   [codec.NumKinds]KindStats
+	// pageCRCs are the page checksums of the Raw blocks so far, when
+	// blocks are longer than a page (FeaturePageCRC).
+	pageCRCs []uint32
+	stats    [codec.NumKinds]KindStats
 	closed  bool
 	err     error
 }
@@ -329,7 +332,7 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: newSeqWriter(f), ctx: ctx, cancel: cancel}
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
-	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode}, pw.emit)
+	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.bs > PageSize}, pw.emit)
 	return pw, nil
 }
 
@@ -358,6 +361,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		}
 	}
 	pw.ix.Blocks = append(pw.ix.Blocks, rec)
+	pw.pageCRCs = append(pw.pageCRCs, e.PageCRCs...)
 	s := &pw.stats[e.Kind]
 	s.Blocks++
 	s.Bytes += uint64(len(e.Src))
@@ -511,14 +515,27 @@ func (pw *PagesWriter) Close() error {
 	if _, err := UnmarshalIndex(b, int64(pw.off)); err != nil {
 		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
 	}
-	if _, err := newLayout(&pw.ix); err != nil {
+	lay, err := newLayout(&pw.ix)
+	if err != nil {
 		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
 	}
 	if err := pw.w.writeFile(indexName(pw.pid), b); err != nil {
 		return pw.fail(err)
 	}
-	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
 	e := pw.w.entry(pw.pid)
+	if pw.bs > PageSize {
+		// Checked like the index: the writer must never produce a file
+		// the reader refuses.
+		if _, err := newPageCRCs(lay, pw.pageCRCs); err != nil {
+			return pw.fail(fmt.Errorf("page checksums of %d fail their own check: %w", pw.pid, err))
+		}
+		if err := pw.w.writeFile(pageCRCName(pw.pid), marshalPageCRCs(pw.pageCRCs)); err != nil {
+			return pw.fail(err)
+		}
+		e.PageCRCs = pageCRCName(pw.pid)
+		pw.w.addFeature(FeaturePageCRC)
+	}
+	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
 	var pages uint64
 	for _, r := range pw.ix.Runs {
 		pages += r.Pages
