@@ -305,8 +305,8 @@ type PagesWriter struct {
 	// blocks are longer than a page (FeaturePageCRC).
 	pageCRCs []uint32
 	stats    [codec.NumKinds]KindStats
-	closed  bool
-	err     error
+	closed   bool
+	err      error
 }
 
 // chunkSize is how much memory a fill call reads at once: large reads
