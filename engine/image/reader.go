@@ -502,18 +502,19 @@ func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
 // by one (a Raw block of a snapshot with page checksums).
 func (r *Reader) PageChecked(b Block) bool { return r.pcrc != nil && hasPageCRCsFor(b) }
 
-// Unit returns the smallest range around addr (inside a dumped block) that
-// can be read and checked on its own: the page, in a block whose pages
-// are checked one by one; the block otherwise. ok is false outside every
-// block.
-func (r *Reader) Unit(addr uint64) (lo, hi uint64, ok bool) {
+// Unit returns a range around addr (inside a dumped block) that can be
+// read and checked on its own: in a block whose pages are checked one by
+// one, the size-aligned window around addr (size a page multiple) clipped
+// to the block; otherwise the block. ok is false outside every block.
+func (r *Reader) Unit(addr, size uint64) (lo, hi uint64, ok bool) {
 	b, ok := r.lay.blockAt(addr)
 	if !ok {
 		return 0, 0, false
 	}
 	if r.PageChecked(b) {
-		lo = addr &^ (PageSize - 1)
-		return lo, lo + PageSize, true
+		size = max(PageSize, size&^(PageSize-1))
+		lo = max(b.Addr, addr/size*size)
+		return lo, min(b.End(), lo+size), true
 	}
 	return b.Addr, b.End(), true
 }

@@ -93,3 +93,63 @@ func (u uncached) next(ri int, b Block) (int, Block, bool) {
 	}
 	return ri, u.r.lay.block(ri, b.Index+1), true
 }
+
+// Mixed returns the memory of r as an io.ReaderAt that reads what is
+// stored as is itself, as Uncached does (Raw blocks, checked, and zeros
+// for Zero blocks and what was not dumped), and asks decoded, a lazyfs
+// mount of the same snapshot, for the blocks that must be decoded. A
+// block stored as is costs a mount a round trip to its server and two
+// more copies, and gains nothing there: the pages file's page cache
+// already holds it once for every reader on the host. A block that must
+// be decoded is decoded once by the mount for every restore that shares
+// it. The reads of one call go to each in runs of consecutive blocks.
+func (r *Reader) Mixed(decoded io.ReaderAt) io.ReaderAt {
+	return mixed{u: uncached{r}, decoded: decoded}
+}
+
+type mixed struct {
+	u       uncached
+	decoded io.ReaderAt
+}
+
+func (m mixed) ReadAt(p []byte, off int64) (int, error) {
+	addr, end, err := checkRead(off, len(p))
+	if err != nil {
+		return 0, err
+	}
+	// seg is the run being gathered: [lo, hi), read by decoded or not.
+	var lo, hi uint64
+	var viaDecoded bool
+	flush := func() error {
+		if lo == hi {
+			return nil
+		}
+		src := io.ReaderAt(m.u)
+		if viaDecoded {
+			src = m.decoded
+		}
+		if _, err := src.ReadAt(p[lo-addr:hi-addr], int64(lo)); err != nil && !(err == io.EOF && viaDecoded) {
+			return err
+		}
+		return nil
+	}
+	lo, hi = addr, addr
+	err = m.u.r.lay.walk(addr, end, func(s span) (uint64, error) {
+		dec := s.in && s.b.Kind != codec.Zero && s.b.Kind != codec.Raw
+		if dec != viaDecoded && lo != hi {
+			if err := flush(); err != nil {
+				return 0, err
+			}
+			lo = s.lo
+		}
+		viaDecoded, hi = dec, s.hi
+		return s.hi, nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

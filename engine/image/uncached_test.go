@@ -295,13 +295,16 @@ func TestPageReads(t *testing.T) {
 	if !r.PageChecked(b) {
 		t.Fatalf("block %+v not checked page by page", b)
 	}
-	if lo, hi, ok := r.Unit(b.Addr + 5000); !ok || lo != b.Addr+4096 || hi != b.Addr+8192 {
+	if lo, hi, ok := r.Unit(b.Addr+5000, 4096); !ok || lo != b.Addr+4096 || hi != b.Addr+8192 {
 		t.Errorf("Unit in a page-checked block: %#x-%#x %v, want its page", lo, hi, ok)
 	}
 	if lz, _ := r.BlockAt(0x20000000); r.PageChecked(lz) {
 		t.Errorf("LZ4 block %+v checked page by page", lz)
-	} else if lo, hi, _ := r.Unit(lz.Addr + 5000); lo != lz.Addr || hi != lz.End() {
+	} else if lo, hi, _ := r.Unit(lz.Addr+5000, 4096); lo != lz.Addr || hi != lz.End() {
 		t.Errorf("Unit in an LZ4 block: %#x-%#x, want the block", lo, hi)
+	}
+	if lo, hi, _ := r.Unit(b.Addr+40<<10, 32<<10); lo != b.Addr+32<<10 || hi != b.Addr+64<<10 {
+		t.Errorf("Unit of 32 KiB in a page-checked block: %#x-%#x, want the aligned window", lo-b.Addr, hi-b.Addr)
 	}
 	f, err := os.OpenFile(filepath.Join(dir, r.Name()), os.O_RDWR, 0)
 	if err != nil {
@@ -346,5 +349,42 @@ func TestPageReads(t *testing.T) {
 	defer s.Close()
 	if _, err := s.OpenPages(42, ReaderOptions{}); !errors.Is(err, ErrManifestMismatch) {
 		t.Errorf("open with a changed page-checksum file: %v, want ErrManifestMismatch", err)
+	}
+}
+
+// TestMixed: Mixed reads what ReadAt reads, asking the decoded source only
+// for the LZ4 blocks (in runs), never for Raw blocks, Zero blocks or holes.
+func TestMixed(t *testing.T) {
+	ranges := textRanges()
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: 64 << 10})
+	r := openReader(t, dir, 42, ReaderOptions{})
+	var lz4 uint64
+	for b := range r.Blocks() {
+		if b.Kind == codec.LZ4 {
+			lz4 += uint64(b.Len)
+		}
+	}
+	src := &bytesSource{countingSource: countingSource{memSource: memSource{ranges: ranges}}}
+	m := r.Mixed(r.Checked(src))
+	var got, want []byte
+	for _, rg := range []struct{ a, n uint64 }{{0x0fff0000, 0x00100000}, {0x10000000, 700 << 10}, {0x1ffff000, 2 << 20}, {0x30000000 + 5000, 200 << 10}, {0x10000000 + 100, 10}} {
+		got = make([]byte, rg.n)
+		if _, err := m.ReadAt(got, int64(rg.a)); err != nil {
+			t.Fatalf("ReadAt %#x+%#x: %v", rg.a, rg.n, err)
+		}
+		if want = expected(ranges, rg.a, rg.a+rg.n); !bytes.Equal(got, want) {
+			t.Fatalf("ReadAt %#x+%#x differs from the memory dumped", rg.a, rg.n)
+		}
+	}
+	src.bytes, src.reads = 0, 0
+	for b := range r.Blocks() {
+		buf := make([]byte, b.Len)
+		if _, err := m.ReadAt(buf, int64(b.Addr)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if uint64(src.bytes) != lz4 || lz4 == 0 {
+		t.Errorf("read %d bytes from the decoded source block by block, want the %d of the LZ4 blocks", src.bytes, lz4)
 	}
 }

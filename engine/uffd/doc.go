@@ -25,13 +25,28 @@
 // # Serving
 //
 //   - A fault at an address inside a pending extent is served with the whole
-//     extent (at most MaxFaultBytes around the address) in one UFFDIO_COPY.
-//     A fault on the page right after what the previous fault brought in
-//     (a thread reading through memory the prefetcher has not reached) is
-//     served the pending memory that follows as well, up to FaultAhead
-//     (1 MiB): a scan of 4 KiB blocks then faults once per MiB, not once
-//     per page. A thread that touches a page every few blocks is not a
-//     scan: each of its faults brings in its own extent only.
+//     extent (at most MaxFaultBytes around the address) in one UFFDIO_COPY,
+//     or with less if Options.Unit says the source reads and checks a
+//     smaller unit on its own (the few pages around the address, in a
+//     block whose pages have checksums of their own): a thread that reads
+//     a page here and there waits for that page, not for its block.
+//     A fault on the page right after what the previous fault brought in,
+//     or at the prefetcher's front (a thread reading through memory the
+//     prefetcher has not reached), is served the pending memory that
+//     follows as well, up to FaultAhead (1 MiB): a scan of 4 KiB blocks
+//     then faults once per MiB, not once per page; and the prefetcher's
+//     cursor moves to where it ended, so that streaming goes on ahead of
+//     the reader, in its order. A thread that touches a page every few
+//     blocks is not a scan: each of its faults brings in its own unit.
+//   - A thread touching memory at a constant stride (three faults at one
+//     distance: a page every 400 KiB, a column of a matrix) is served the
+//     next strides ahead of it after each of its faults, 4, then 8, up to
+//     64 at a time, read from the source in parallel and placed in order
+//     while it works: it faults once per batch instead of once per page.
+//   - Faults come first: after a fault that is not part of a scan (the
+//     thread waits on the latency of each), every prefetch worker but
+//     one holds back for a few milliseconds, so that the thread and the
+//     fault service are not left waiting for a CPU.
 //     Pages found present (EEXIST) are skipped page by page; a range that
 //     crosses a VMA boundary (the process split the VMA) is split in halves.
 //   - A fault anywhere else in a registered VMA (a hole in the snapshot, a

@@ -45,6 +45,13 @@ type Options struct {
 	// address, clipped to the MaxFaultBytes-aligned window around it. Page
 	// multiple; default DefaultMaxFaultBytes.
 	MaxFaultBytes uint64
+	// Unit, if set, gives the range a fault at addr is served: the
+	// smallest the source reads and checks on its own around it (a few
+	// pages of a block whose pages have checksums of their own), or the
+	// block. ok false, or nil Unit: the whole extent. Either way clipped
+	// to the extent and to MaxFaultBytes, and grown by FaultAhead for a
+	// sequential reader.
+	Unit func(addr uint64) (lo, hi uint64, ok bool)
 	// FaultAhead is how much a fault that follows the previous one
 	// (the process reads through memory the prefetcher has not reached)
 	// brings in: the pending memory from the faulting extent on. Page
@@ -122,6 +129,7 @@ type Stats struct {
 	DataFaults    uint64 // ... served from the source
 	ZeroFaults    uint64 // ... served zeros (holes, dropped pages)
 	FaultBytes    uint64 // placed from the source to serve faults
+	StrideBytes   uint64 // of which read ahead of a thread touching memory at a stride
 	PrefetchBytes uint64 // placed from the source by the prefetcher
 	ZeroBytes     uint64 // zero-filled to serve faults
 	ReadBytes     uint64 // read from the source

@@ -126,12 +126,12 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 
 // startWorkers starts n prefetch workers; Run waits for them.
 func (s *server) startWorkers(ctx context.Context, n int) {
-	for range n {
+	for id := range n {
 		s.workers.Add(1)
 		go func() {
 			defer s.workers.Done()
 			lockThread()
-			if err := s.work(ctx); err != nil {
+			if err := s.work(ctx, id); err != nil {
 				s.setMu.Lock()
 				if s.werr == nil {
 					s.werr = err
@@ -152,11 +152,11 @@ func (s *server) stopWorkers() {
 	s.workers.Wait()
 }
 
-// work is one worker's loop.
-func (s *server) work(ctx context.Context) error {
+// work is one worker's loop; id numbers the workers from 0.
+func (s *server) work(ctx context.Context, id int) error {
 	buf := make([]byte, s.opts.PrefetchChunk)
 	for {
-		c, ok := s.claim(ctx)
+		c, ok := s.claim(ctx, id)
 		if !ok {
 			return nil
 		}
@@ -179,8 +179,9 @@ func (s *server) work(ctx context.Context) error {
 
 // claim waits for the next chunk to prefetch and takes it (counted in
 // inflight), or returns false when there is nothing left or the pager
-// stops.
-func (s *server) claim(ctx context.Context) (piece, bool) {
+// stops. Every worker but the first holds back while the process waits
+// on the latency of faults (see latencyBound).
+func (s *server) claim(ctx context.Context, id int) (piece, bool) {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	for {
@@ -188,6 +189,11 @@ func (s *server) claim(ctx context.Context) (piece, bool) {
 			return piece{}, false
 		}
 		if d := time.Until(s.prefetchAt); d > 0 {
+			s.wakeIn(d)
+			s.setCond.Wait()
+			continue
+		}
+		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 {
 			s.wakeIn(d)
 			s.setCond.Wait()
 			continue

@@ -54,6 +54,12 @@ type server struct {
 	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
 	probed     time.Time
 	lastFault  piece // the range the last data fault was served
+	stride     stride
+	// latencyUntil (unix ns): until then, the process waits on the
+	// latency of its faults, not on streaming (see latencyBound).
+	latencyUntil atomic.Int64
+	strideReads  []strideRead
+	strideBuf    []byte
 
 	// evMu: held for writing while messages are read and events applied,
 	// for reading around every look at the pending set that a copy or
