@@ -45,6 +45,14 @@ type LazyOptions struct {
 	// process. A source that checks its own reads (image.Reader's) needs
 	// none.
 	CheckSource bool
+	// RawDirect says that the source is a lazyfs mount of the snapshot
+	// being restored: blocks stored as is (Raw) are then read from the
+	// snapshot's pages file instead, as with the direct source, and only
+	// the blocks that must be decoded go through the mount
+	// (image.Reader.Mixed). A Raw block gains nothing from a mount (the
+	// pages file's page cache is shared between restores just as well)
+	// and costs it a round trip to the FUSE server and two more copies.
+	RawDirect bool
 	// Keeper starts a keeper process (see KeeperArg0) that holds a copy
 	// of every userfaultfd of the restored process tree from before the
 	// process runs until its memory is all in, so that if snapctl dies,
@@ -53,6 +61,11 @@ type LazyOptions struct {
 	// running. If it cannot start, the restore goes on without (and logs
 	// a warning). Ignored when Holder is set.
 	Keeper bool
+	// SourceReady, if set, is called before the process first runs: a
+	// source that comes up in the background while the process is
+	// created (the private mount) waits for it there and says if it
+	// failed, so that a process never runs without its source.
+	SourceReady func() error
 	// SourceGone, if set, receives an error naming what died when the
 	// process that serves the source is gone (the private mount's FUSE
 	// server): the lazy phase then ends at once, the process tree is
@@ -289,6 +302,11 @@ func (r *restorer) finish(ctx context.Context) error {
 	if err := r.lazy.register(); err != nil {
 		return err
 	}
+	if ready := r.opts.LazyOptions.SourceReady; ready != nil {
+		if err := ready(); err != nil {
+			return fmt.Errorf("page source: %w", err)
+		}
+	}
 	return r.child.Resume()
 }
 
@@ -303,9 +321,16 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	if po.Workers == 0 {
 		po.Workers = lazyWorkers(o.SourceWaits)
 	}
+
+	if po.Unit == nil {
+		po.Unit = func(addr uint64) (uint64, uint64, bool) { return r.pages.Unit(addr, lazyFaultWindow) }
+	}
 	src := r.opts.Lazy
 	if o.CheckSource {
 		src = r.pages.Checked(src)
+	}
+	if o.RawDirect {
+		src = r.pages.Mixed(src)
 	}
 	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -368,6 +393,14 @@ func (r *restorer) watchHelpers(ctx context.Context, cancel context.CancelCauseF
 		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, KeeperArg0, r.keeper.Pid(), r.keeper.ExitErr()))
 	}
 }
+
+// lazyFaultWindow is what a fault in a block whose pages have checksums
+// of their own is served: the aligned 16 KiB around the page, read and
+// checked alone, rather than the whole block. A process touching a page
+// here and there (a request that reads 1% of its weights) then waits for
+// what it reads, not for 256 KiB per page; one that reads in order is
+// served FaultAhead at a time all the same. See test/bench/BENCHMARKS.md.
+const lazyFaultWindow = 16 << 10
 
 // lazyWorkers is how many threads prefetch, each reading its chunk and
 // placing it. A source that does its own work (a file read) gets one per

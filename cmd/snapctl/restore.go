@@ -109,14 +109,22 @@ dumped process went away); listening sockets listen again.`,
 		}()
 		opts.Lazy = src.ReaderAt
 		opts.LazyOptions.SourceGone = src.gone
+		opts.LazyOptions.SourceReady = src.ready
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
 		opts.LazyOptions.Keeper = true
 		// The private mount answers with direct I/O: its reads wait on
 		// the helper's FUSE server.
 		opts.LazyOptions.SourceWaits = *source == "mount" && *mount == ""
-		// A mount's bytes are checked against the snapshot's CRC32C by the
-		// pager, as the snapshot's own reader checks its reads.
-		opts.LazyOptions.CheckSource = *source == "mount"
+		// Someone else's mount (--mount): its bytes are checked against
+		// the snapshot's CRC32C by the pager, as the snapshot's own
+		// reader checks its reads. The private mount is served by our own
+		// helper, through that reader: checking its bytes again costs
+		// ~15% of the lazy phase for nothing.
+		opts.LazyOptions.CheckSource = *mount != ""
+		// Through a mount, only blocks that must be decoded: what is
+		// stored as is comes from the pages file, whose page cache every
+		// restore on the host shares as it would share the mount's.
+		opts.LazyOptions.RawDirect = *source == "mount"
 		if tty {
 			progress = newLazyProgress(stderr)
 			defer progress.stop()
@@ -256,6 +264,9 @@ type lazySource struct {
 	// gone, if not nil, receives an error naming the helper that served
 	// the source if it dies (engine.LazyOptions.SourceGone).
 	gone <-chan error
+	// ready, if not nil, waits for a source made in the background
+	// (engine.LazyOptions.SourceReady).
+	ready func() error
 }
 
 // openLazySource opens where a lazy restore reads pages from: the
@@ -288,19 +299,64 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 		}
 		return &lazySource{ReaderAt: f, close: f.Close}, nil
 	}
-	// Direct I/O and a small block cache: the pager reads each block
-	// once (see test/bench/BENCHMARKS.md, Decisions).
-	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
-	if err != nil {
+	// What makes a mount fail at once is refused before anything is
+	// created; the mount itself is made while the process is.
+	if _, err := fs.CheckFUSE(); err != nil {
 		return nil, err
 	}
+	return mountLater(dir, pid, threads, trust), nil
+}
+
+// mountLater starts the private mount of the snapshot in dir and returns
+// it as a lazySource at once. Its reads wait until the mount is up: the
+// helper starts and mounts (10-20 ms) while the process is created and
+// its memory laid out, which need no page from it, and only blocks that
+// must be decoded are read through it (engine.LazyOptions.RawDirect). If
+// the mount fails, or its helper dies later, gone says why and the
+// restore ends (engine.LazyOptions.SourceGone).
+func mountLater(dir string, pid, threads int, trust bool) *lazySource {
+	ready := make(chan struct{})
 	gone, stop := make(chan error, 1), make(chan struct{})
+	var m *fs.PrivateMount
+	var merr error
 	go func() {
+		// Direct I/O and a small block cache: the pager reads each block
+		// once (see test/bench/BENCHMARKS.md, Decisions).
+		m, merr = fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		close(ready)
+		if merr != nil {
+			gone <- merr
+			return
+		}
 		select {
 		case <-m.Exited():
 			gone <- fmt.Errorf("the private mount's FUSE server (%s, pid %d): %v", fs.PrivateArg0, m.HelperPID(), m.ExitErr())
 		case <-stop:
 		}
 	}()
-	return &lazySource{ReaderAt: m, close: func() error { close(stop); return m.Close() }, gone: gone}, nil
+	read := func(p []byte, off int64) (int, error) {
+		<-ready
+		if merr != nil {
+			return 0, merr
+		}
+		return m.ReadAt(p, off)
+	}
+	closeFn := func() error {
+		close(stop)
+		<-ready
+		if merr != nil {
+			return nil // said by gone, or by the reads that failed
+		}
+		return m.Close()
+	}
+	readyFn := func() error {
+		<-ready
+		return merr
+	}
+	return &lazySource{ReaderAt: readerAtFunc(read), close: closeFn, gone: gone, ready: readyFn}
 }
+
+// readerAtFunc is a function as an io.ReaderAt.
+type readerAtFunc func(p []byte, off int64) (int, error)
+
+func (f readerAtFunc) ReadAt(p []byte, off int64) (int, error) { return f(p, off) }
