@@ -50,7 +50,10 @@ type RestoreOptions struct {
 
 // RestoreResult describes a finished restore.
 type RestoreResult struct {
-	PID     int
+	PID int
+	// Processes is how many processes the tree has (1: a single one).
+	Processes int
+	// Threads is how many threads, all processes together.
 	Threads int
 	// ToRunning is the time from the start of Restore until the process
 	// ran; Total until Restore returned (every page in, for a lazy one).
@@ -71,8 +74,17 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if opts.LeaveStopped && opts.Lazy != nil {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
-	snap, st, pages, err := openSnapshot(opts)
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
 	if err != nil {
+		return nil, step("open snapshot", err)
+	}
+	if len(snap.PIDs()) > 1 {
+		defer snap.Close()
+		return restoreTree(ctx, opts, snap, start, log)
+	}
+	st, pages, err := openProcess(snap, opts)
+	if err != nil {
+		snap.Close()
 		return nil, step("open snapshot", err)
 	}
 	defer pages.Close()
@@ -121,7 +133,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, err
 	}
 	r.running = true
-	res = &RestoreResult{PID: st.PID, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	res = &RestoreResult{PID: st.PID, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
 	if opts.LeaveStopped {
 		if err := waitStopped(ctx, st.PID, len(st.Threads)); err != nil {
 			return nil, step("leave stopped", err)
@@ -141,35 +153,32 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	return res, nil
 }
 
-// SnapshotPID returns the pid of the process of snap, the one Restore
-// restores: this build restores snapshots of one process.
+// SnapshotPID returns the pid of the process of snap, a snapshot of one
+// process, whose memory a lazy restore reads: this build restores a
+// process tree only eagerly.
 func SnapshotPID(snap *image.Snapshot) (int, error) {
 	pids := snap.PIDs()
 	if len(pids) != 1 {
-		return 0, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
+		return 0, fmt.Errorf("%w: a lazy restore of a process tree (%d processes): restore it without --lazy", ErrUnsupported, len(pids))
 	}
 	return pids[0], nil
 }
 
-// openSnapshot opens the snapshot of a restore: its one process's state
-// and pages.
-func openSnapshot(opts RestoreOptions) (*image.Snapshot, *image.Process, *image.Reader, error) {
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
-	if err != nil {
-		return nil, nil, nil, err
-	}
+// openProcess opens the one process of a snapshot: its state and pages.
+func openProcess(snap *image.Snapshot, opts RestoreOptions) (*image.Process, *image.Reader, error) {
 	pid, err := SnapshotPID(snap)
-	if err == nil {
-		var st *image.Process
-		if st, err = snap.State(pid); err == nil {
-			var pages *image.Reader
-			if pages, err = snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads}); err == nil {
-				return snap, st, pages, nil
-			}
-		}
+	if err != nil {
+		return nil, nil, err
 	}
-	snap.Close()
-	return nil, nil, nil, err
+	st, err := snap.State(pid)
+	if err != nil {
+		return nil, nil, err
+	}
+	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, pages, nil
 }
 
 // abort kills everything the restore created.

@@ -37,7 +37,11 @@ func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [options]", `
 Rebuild the process of the snapshot in DIR, with its pid, threads, memory,
 file descriptors and registers, and let it run (reparented to init, like
-criu restore -d). Exits 0 once it runs; with --lazy, once every page is in.
+criu restore -d). A snapshot of a process tree is rebuilt whole: each
+process with its pid, parent, session and process group, the descriptors,
+pipes, socket pairs and shared memory its processes shared; none runs until
+all are ready, and a failure kills every process made. A tree is restored
+eagerly only (not with --lazy). Exits 0 once it runs; with --lazy, once every page is in.
 
 With --lazy, anonymous memory is not filled before the process runs: it is
 served on demand through userfaultfd, a block at a time, while the rest
@@ -166,7 +170,7 @@ func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
 			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
 			units.FormatSize(l.FaultBytes), l.Faults, units.FormatSize(l.PrefetchBytes))
 	default:
-		fmt.Fprintf(w, "restored pid %d (%d threads): %s of memory in %s\n", res.PID, res.Threads, units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
+		fmt.Fprintf(w, "restored pid %d (%s): %s of memory in %s\n", res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
 	}
 }
 
