@@ -36,6 +36,11 @@ func dump(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, log *slog
 	var out []image.FD
 	shared := fx.sharedFiles()
 	for i := range fds {
+		if r := td.inherited(fds[i].Num); r != nil {
+			// Described in the process it is inherited from.
+			out = append(out, inheritedFD(&fds[i], r))
+			continue
+		}
 		f, err := fx.fd(&fds[i])
 		if err != nil {
 			return nil, fmt.Errorf("pid %d: fd %d (%s): %w", pid, fds[i].Num, fds[i].Target, err)

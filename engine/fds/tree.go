@@ -64,6 +64,29 @@ func ShmemKey(id uint64) string { return fmt.Sprintf("shm:%d", id) }
 type treeDumper struct {
 	pipes   map[uint64]*treePipe // pipes with ends in several processes
 	sockets map[uint64]bool      // socket inodes held in the tree
+	// from are the descriptors of the process being described that
+	// share the open file description of one of a process before it.
+	from map[int]*image.FDTree
+}
+
+// inherited returns what descriptor num of the process being described
+// shares its open file description with, or nil.
+func (td *treeDumper) inherited(num int) *image.FDTree {
+	if td == nil {
+		return nil
+	}
+	return td.from[num]
+}
+
+// inheritedFD describes f, which shares the open file description of r:
+// its number and flags; the rest is r's. Its kind is set by DumpTree.
+func inheritedFD(f *proc.FD, r *image.FDTree) image.FD {
+	out := image.FD{FD: f.Num, Tree: r}
+	if f.Info != nil {
+		out.CloExec = f.Info.Flags&unix.O_CLOEXEC != 0
+		out.Flags = int(f.Info.Flags) &^ unix.O_CLOEXEC
+	}
+	return out
 }
 
 // treePipe is a pipe whose ends are in several processes.
@@ -123,16 +146,15 @@ func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD
 	}
 	out := make([][]image.FD, len(pids))
 	for i, pid := range pids {
+		td.from = from[i]
 		fds, err := dump(pid, maps[i], all[i], td, log)
 		if err != nil {
 			return nil, err
 		}
 		for k := range fds {
 			f := &fds[k]
-			if r := from[i][f.FD]; r != nil {
-				// Described where it was first: keep the number, the
-				// flags and the kind.
-				*f = image.FD{FD: f.FD, Kind: kindOf(out, pids, r), Flags: f.Flags, CloExec: f.CloExec, SameAs: f.SameAs, Tree: r}
+			if f.Tree != nil {
+				f.Kind = kindOf(out, pids, f.Tree)
 				continue
 			}
 			if f.Kind == image.FDPipe && td.pipes[f.Pipe.ID] != nil {
