@@ -50,15 +50,18 @@ func treeOrder[T any](items []T, ids func(T) (pid, parent int)) []T {
 }
 
 // precheckChild refuses a descendant that cannot be dumped, naming it
-// and its parent: a zombie its parent has not reaped, a process traced
-// by a debugger, a kernel thread.
+// and its parent: a zombie its parent has not reaped (the snapshot cannot
+// hold its exit status), a process traced or stopped by a debugger, a
+// kernel thread.
 func precheckChild(pid, parent int) error {
 	comm, _ := proc.ReadComm(pid)
-	err := precheck(pid)
-	if err == nil {
-		return nil
+	if s, err := proc.ReadStatus(pid); err == nil && s.State == 'Z' {
+		return fmt.Errorf("%w: pid %d (%s), child of %d, is a zombie its parent has not reaped: a snapshot cannot hold its exit status", ErrUnsupported, pid, comm, parent)
 	}
-	return fmt.Errorf("pid %d (%s), child of %d: %w", pid, comm, parent, err)
+	if err := precheck(pid); err != nil {
+		return fmt.Errorf("pid %d (%s), child of %d: %w", pid, comm, parent, err)
+	}
+	return nil
 }
 
 // markSharedObjects marks the shared memory objects that several
