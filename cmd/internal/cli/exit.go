@@ -66,7 +66,7 @@ var Statuses = []Status{
 	{ExitOK, "success"},
 	{ExitFailure, "failure not listed below"},
 	{ExitUsage, "usage: a mistake in the command line"},
-	{ExitUnsupported, "unsupported: the process holds something a snapshot cannot describe (named in the message), has children, or is traced by another tracer"},
+	{ExitUnsupported, "unsupported: a process holds something a snapshot cannot describe (the message names it and the process), is a zombie child, or is traced by another tracer"},
 	{ExitNoProcess, "no such process"},
 	{ExitPIDInUse, "the snapshot's pid or a thread id is in use"},
 	{ExitOtherKernel, "the snapshot was taken on another kernel"},
