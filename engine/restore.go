@@ -33,7 +33,12 @@ type RestoreOptions struct {
 	// userfaultfd instead of being filled before the process runs.
 	// LazyOptions say what the source is like.
 	Lazy io.ReaderAt
-	// LazyOptions tune the lazy phase (with Lazy).
+	// LazyOf, for a snapshot of a process tree, is Lazy for each of its
+	// processes: where the memory of process pid is read from (the
+	// mount's MNT/<pid>/mem files, fs.MountPrivateTree). Each process
+	// gets a pager of its own.
+	LazyOf func(pid int) (io.ReaderAt, error)
+	// LazyOptions tune the lazy phase (with Lazy or LazyOf).
 	LazyOptions LazyOptions
 	// Running, if set, is called once the process runs (before the lazy
 	// phase ends): the place to write a pidfile.
@@ -71,7 +76,7 @@ type RestoreResult struct {
 func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err error) {
 	start := time.Now()
 	log := logger(opts.Logger)
-	if opts.LeaveStopped && opts.Lazy != nil {
+	if opts.LeaveStopped && (opts.Lazy != nil || opts.LazyOf != nil) {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
 	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
@@ -89,6 +94,11 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	defer pages.Close()
 	defer snap.Close()
+	if opts.Lazy == nil && opts.LazyOf != nil {
+		if opts.Lazy, err = opts.LazyOf(st.PID); err != nil {
+			return nil, step("open snapshot", err)
+		}
+	}
 	k := startKeeper(opts, log)
 	if k != nil {
 		defer closeKeeper(k, log) // after abort, which kills what it protects

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -38,8 +39,11 @@ type treeRestore struct {
 
 // restoreTree restores the tree of snap.
 func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot, start time.Time, log *slog.Logger) (res *RestoreResult, err error) {
-	if opts.Lazy != nil {
-		return nil, step("check", fmt.Errorf("%w: a lazy restore of a process tree (%d processes): restore it without --lazy", ErrUnsupported, len(snap.PIDs())))
+	if opts.Lazy != nil && opts.LazyOf == nil {
+		return nil, step("check", fmt.Errorf("%w: a lazy restore of a process tree (%d processes) needs a page source for each (RestoreOptions.LazyOf)", ErrUnsupported, len(snap.PIDs())))
+	}
+	if opts.LeaveStopped && opts.LazyOf != nil {
+		return nil, fmt.Errorf("%w: a lazy restore cannot leave the processes stopped", ErrUnsupported)
 	}
 	tr := &treeRestore{opts: opts, log: log, byPID: map[int]*restorer{}, b: newBroker()}
 	defer tr.b.close()
@@ -58,12 +62,38 @@ func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot,
 			return nil, step("open snapshot", err)
 		}
 		r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, tree: tr.b}
+		if opts.LazyOf != nil {
+			if r.opts.Lazy, err = opts.LazyOf(pid); err != nil {
+				pages.Close()
+				return nil, step("open snapshot", err)
+			}
+		}
 		tr.procs = append(tr.procs, r)
 		tr.byPID[pid] = r
 	}
 	tr.procs = treeOrder(tr.procs, func(r *restorer) (int, int) { return r.st.PID, r.st.PPID })
 	if err := tr.check(); err != nil {
 		return nil, step("check", err)
+	}
+	var progress *treeProgress
+	if opts.LazyOf != nil {
+		// One pager per process: each has its own userfaultfd and page
+		// source; the keeper holds every userfaultfd.
+		if k := startKeeper(opts, log); k != nil {
+			defer closeKeeper(k, log) // after abort, which kills what it protects
+			for _, r := range tr.procs {
+				r.opts.LazyOptions.Holder, r.keeper = k, k
+			}
+		}
+		progress = newTreeProgress(len(tr.procs), opts.LazyOptions.Progress)
+		for i, r := range tr.procs {
+			if r.opts.LazyOptions.Pager.Workers == 0 {
+				r.opts.LazyOptions.Pager.Workers = max(1, lazyWorkers(opts.LazyOptions.SourceWaits)/len(tr.procs))
+			}
+			if progress != nil {
+				r.opts.LazyOptions.Progress = progress.of(i)
+			}
+		}
 	}
 	t, err := ptrace.New()
 	if err != nil {
@@ -94,6 +124,7 @@ func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot,
 			{"hand out descriptors", tr.give(r)},
 			{"threads", r.createThreads},
 			{"thread state", r.threadState},
+			{"lazy memory", r.prepareLazy},
 			{"process state", func(context.Context) error { return task.RestoreProcessInTree(r.in, r.st, r.log) }},
 			{"pending signals", r.pendingSignals},
 			{"leave stopped", r.leaveStopped},
@@ -127,8 +158,92 @@ func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot,
 			return nil, step("running", err)
 		}
 	}
+	if opts.LazyOf != nil {
+		if err := tr.serveLazy(ctx, &res.Lazy); err != nil {
+			return nil, step("lazy memory", err)
+		}
+	}
 	res.Total = time.Since(start)
 	return res, nil
+}
+
+// serveLazy runs the pagers of every process at once until all their
+// memory is in, then lets every process go (and any child one forked
+// meanwhile). If one pager fails, the others stop and the caller kills
+// the tree.
+func (tr *treeRestore) serveLazy(ctx context.Context, stats *LazyStats) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	all := make([]LazyStats, len(tr.procs))
+	errs := make([]error, len(tr.procs))
+	var wg sync.WaitGroup
+	for i, r := range tr.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.servePages(ctx, &all[i]); err != nil {
+				errs[i] = fmt.Errorf("pid %d (%s): %w", r.st.PID, r.st.Comm, err)
+				cancel(errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	*stats = mergeLazyStats(all)
+	return tr.procs[0].detachTree() // every process the tracer holds
+}
+
+// mergeLazyStats adds up the lazy phases of the processes of a tree; each
+// one's own figures are in Children, in tree order.
+func mergeLazyStats(all []LazyStats) LazyStats {
+	var s LazyStats
+	s.Exited = true
+	for _, a := range all {
+		s.Total += a.Total
+		s.Pending += a.Pending
+		s.Faults += a.Faults
+		s.DataFaults += a.DataFaults
+		s.ZeroFaults += a.ZeroFaults
+		s.FaultBytes += a.FaultBytes
+		s.PrefetchBytes += a.PrefetchBytes
+		s.ZeroBytes += a.ZeroBytes
+		s.ReadBytes += a.ReadBytes
+		s.FaultMax = max(s.FaultMax, a.FaultMax)
+		s.Exited = s.Exited && a.Exited
+		s.Children = append(s.Children, a)
+	}
+	return s
+}
+
+// treeProgress adds up the lazy progress of the pagers of a tree.
+type treeProgress struct {
+	mu          sync.Mutex
+	done, total []uint64
+	fn          func(done, total uint64)
+}
+
+func newTreeProgress(n int, fn func(done, total uint64)) *treeProgress {
+	if fn == nil {
+		return nil
+	}
+	return &treeProgress{done: make([]uint64, n), total: make([]uint64, n), fn: fn}
+}
+
+// of returns the progress function of the pager of process i.
+func (p *treeProgress) of(i int) func(done, total uint64) {
+	return func(done, total uint64) {
+		p.mu.Lock()
+		p.done[i], p.total[i] = done, total
+		var d, t uint64
+		for j := range p.done {
+			d += p.done[j]
+			t += p.total[j]
+		}
+		p.mu.Unlock()
+		p.fn(d, t)
+	}
 }
 
 // check refuses, before anything is made, a tree this build cannot

@@ -328,12 +328,22 @@ func httpGet(ctx context.Context, url string) (string, error) {
 	return string(b), err
 }
 
-func TestTreeNginx(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequirePtrace(t)
+// nginxTree is a running nginx: its master, what it serves where, and
+// its tree as started.
+type nginxTree struct {
+	dir, url, page string
+	master         int
+	before         map[int]treeIDs
+}
+
+// startNginx starts nginx (daemonized: its master leads a session of its
+// own) with two workers, checks that it serves its page and returns it;
+// its session is killed at cleanup.
+func startNginx(t *testing.T, ctx context.Context) *nginxTree {
+	t.Helper()
 	nginx := testutil.RequireCommand(t, "nginx")
-	ctx := testContext(t)
 	buildTool(t, "snapctl")
+	t0 := time.Now()
 	// The workers run as nobody: the directory must be theirs to read.
 	dir, err := os.MkdirTemp("", "lazyfs-nginx-")
 	if err != nil {
@@ -346,72 +356,97 @@ func TestTreeNginx(t *testing.T) {
 		}
 		os.Chmod(d, 0o755)
 	}
-	page := fmt.Sprintf("served by the nginx tree of %s at %d\n", t.Name(), time.Now().UnixNano())
-	if err := os.WriteFile(filepath.Join(dir, "www", "index.html"), []byte(page), 0o644); err != nil {
+	n := &nginxTree{dir: dir, page: fmt.Sprintf("served by the nginx tree of %s at %d\n", t.Name(), time.Now().UnixNano())}
+	if err := os.WriteFile(filepath.Join(dir, "www", "index.html"), []byte(n.page), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	port := freePort(t)
+	n.url = fmt.Sprintf("http://127.0.0.1:%d/", port)
 	conf := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, port), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// nginx daemonizes: its master leads a session of its own.
 	_, done := startSession(t, filepath.Join(dir, "start.log"), nginx, "-c", conf, "-p", dir)
 	if err := <-done; err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 		t.Fatalf("nginx: %v\n%s", err, b)
 	}
-	var master int
 	if ok, _ := srvEventually(ctx, 10*time.Second, func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(dir, "nginx.pid"))
-		master, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-		return err == nil && master > 0, ""
+		n.master, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && n.master > 0, ""
 	}); !ok {
 		t.Fatal("no nginx.pid")
 	}
+	master := n.master
 	t.Cleanup(func() { killSession(master) })
-	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	before := waitTree(t, ctx, master, 3)
-	for pid, ids := range before {
-		if pid != master && ids.uid == 0 {
-			t.Errorf("worker %d runs as root: want nginx's unprivileged user", pid)
+	// Both workers up, and past their setuid to nginx's unprivileged
+	// user.
+	if ok, msg := srvEventually(ctx, 10*time.Second, func() (bool, string) {
+		n.before = treeOf(t, n.master)
+		for pid, ids := range n.before {
+			if pid != n.master && ids.uid == 0 {
+				return false, fmt.Sprint(n.before)
+			}
 		}
+		return len(n.before) == 3, fmt.Sprint(n.before)
+	}); !ok {
+		t.Fatalf("nginx's tree: %s, want a master and two workers of another uid", msg)
 	}
-	if got, err := httpGet(ctx, url); err != nil || got != page {
-		t.Fatalf("before the dump: %q, %v", got, err)
-	}
+	t.Logf("nginx started after %v", time.Since(t0))
+	n.mustServe(t, ctx, "before the dump")
+	return n
+}
 
+// mustServe checks that nginx serves its page.
+func (n *nginxTree) mustServe(t *testing.T, ctx context.Context, when string) {
+	t.Helper()
+	if got, err := httpGet(ctx, n.url); err != nil || got != n.page {
+		t.Fatalf("%s: %q, %v", when, got, err)
+	}
+}
+
+// dump dumps the tree, checks that it is gone and serves no more, and
+// returns the snapshot directory.
+func (n *nginxTree) dump(t *testing.T, ctx context.Context) string {
+	t.Helper()
 	snap := filepath.Join(t.TempDir(), "snap")
-	r := dumpPID(t, master, snap)
+	r := dumpPID(t, n.master, snap)
 	t.Logf("%s", strings.TrimSpace(r.Stdout))
 	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for pid := range before {
+	for pid := range n.before {
 		if !pidGone(gctx, pid) {
 			t.Fatalf("pid %d outlived the dump", pid)
 		}
 	}
-	if _, err := httpGet(ctx, url); err == nil {
-		t.Fatalf("something still serves %s after the dump", url)
+	if _, err := httpGet(ctx, n.url); err == nil {
+		t.Fatalf("something still serves %s after the dump", n.url)
 	}
+	return snap
+}
 
-	r = mustSnapctl(t, "restore", "-D", snap)
+func TestTreeNginx(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	n := startNginx(t, ctx)
+	snap := n.dump(t, ctx)
+	r := mustSnapctl(t, "restore", "-D", snap)
 	t.Logf("%s", strings.TrimSpace(r.Stdout))
-	sameTree(t, master, before)
+	sameTree(t, n.master, n.before)
 	for i := range 6 {
-		if got, err := httpGet(ctx, url); err != nil || got != page {
-			t.Fatalf("after the restore, request %d: %q, %v", i, got, err)
-		}
+		n.mustServe(t, ctx, fmt.Sprintf("after the restore, request %d", i))
 	}
 	// The master still commands its workers through the socket pairs
 	// between them: a reload replaces them.
-	if err := syscall.Kill(master, syscall.SIGHUP); err != nil {
+	if err := syscall.Kill(n.master, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	ok, msg := srvEventually(ctx, 20*time.Second, func() (bool, string) {
-		now := treeOf(t, master)
-		for pid := range before {
-			if _, old := now[pid]; old && pid != master {
+		now := treeOf(t, n.master)
+		for pid := range n.before {
+			if _, old := now[pid]; old && pid != n.master {
 				return false, fmt.Sprint(now)
 			}
 		}
@@ -420,9 +455,72 @@ func TestTreeNginx(t *testing.T) {
 	if !ok {
 		t.Fatalf("the restored master did not replace its workers on SIGHUP: %s", msg)
 	}
-	if got, err := httpGet(ctx, url); err != nil || got != page {
-		t.Fatalf("after the reload: %q, %v", got, err)
+	n.mustServe(t, ctx, "after the reload")
+}
+
+// TestTreeNginxLazy restores nginx lazily through a private mount: each
+// process's memory faulted in by a pager of its own, the page served
+// during the lazy phase (the prefetch held back) and after it, the same
+// pids, and no process left traced.
+func TestTreeNginxLazy(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ctx := testContext(t)
+	n := startNginx(t, ctx)
+	snap := n.dump(t, ctx)
+	l := startLazy(t, snap, "--prefetch-delay", "2s")
+	if pid := l.waitRunning(t, ctx); pid != n.master {
+		t.Fatalf("pidfile names %d, want the master %d", pid, n.master)
 	}
+	n.mustServe(t, ctx, "during the lazy phase")
+	if !l.running() {
+		t.Errorf("the lazy phase ended before the first request")
+	}
+	r := l.mustFinish(t, ctx, n.master)
+	if !strings.Contains(r.Stdout, "3 processes") {
+		t.Errorf("summary does not count 3 processes: %q", r.Stdout)
+	}
+	sameTree(t, n.master, n.before)
+	for pid := range n.before {
+		if tp := lazyTracerOf(t, pid); tp != 0 {
+			t.Errorf("pid %d still traced by %d after snapctl exited", pid, tp)
+		}
+	}
+	n.mustServe(t, ctx, "after the lazy phase")
+	l.lazyNothingLeft(t, snap)
+}
+
+// TestTreeNginxLazyKill kills snapctl with SIGKILL during the lazy phase
+// of nginx: every process of the tree must die with it (none runs on with
+// memory missing), and no helper stays.
+func TestTreeNginxLazyKill(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ctx := testContext(t)
+	n := startNginx(t, ctx)
+	snap := n.dump(t, ctx)
+	l := startLazy(t, snap, "--prefetch-delay", "60s")
+	l.waitRunning(t, ctx)
+	n.mustServe(t, ctx, "during the lazy phase")
+	if !l.running() {
+		t.Fatalf("the lazy phase ended within its prefetch delay: nothing to test\n%s", l.res)
+	}
+	l.cmd.Process.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for pid := range n.before {
+		if !lazyDead(gctx, pid) {
+			t.Errorf("pid %d still running 2s after snapctl was killed: %s", pid, readProcFile(t, "%d/stat", pid))
+		}
+	}
+	t.Logf("the tree dead %v after SIGKILL of snapctl", time.Since(killed))
+	l.wait(t, ctx)
+	l.lazyNothingLeft(t, snap)
 }
 
 // TestTreeRestoreFailureKillsAll: a restore that fails in the last

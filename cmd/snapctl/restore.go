@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -40,8 +41,8 @@ file descriptors and registers, and let it run (reparented to init, like
 criu restore -d). A snapshot of a process tree is rebuilt whole: each
 process with its pid, parent, session and process group, the descriptors,
 pipes, socket pairs and shared memory its processes shared; none runs until
-all are ready, and a failure kills every process made. A tree is restored
-eagerly only (not with --lazy). Exits 0 once it runs; with --lazy, once every page is in.
+all are ready, and a failure kills every process made. With --lazy, each
+process of a tree gets a pager of its own, all reading through one mount. Exits 0 once it runs; with --lazy, once every page is in.
 
 With --lazy, anonymous memory is not filled before the process runs: it is
 served on demand through userfaultfd, a block at a time, while the rest
@@ -111,7 +112,11 @@ dumped process went away); listening sockets listen again.`,
 				log.Warn("lazy page source", "err", err)
 			}
 		}()
-		opts.Lazy = src.ReaderAt
+		if src.of != nil {
+			opts.LazyOf = src.of // a process tree: a source for each
+		} else {
+			opts.Lazy = src.ReaderAt
+		}
 		opts.LazyOptions.SourceGone = src.gone
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
 		opts.LazyOptions.Keeper = true
@@ -162,12 +167,12 @@ func checkLazyFlags(fl *cli.FlagSet, lazy bool, source, mount string, prefetchDe
 func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
 	switch {
 	case lazy && res.Lazy.Exited:
-		fmt.Fprintf(w, "restored pid %d (%d threads): running after %s; it exited during the lazy phase, after %s\n",
-			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
+		fmt.Fprintf(w, "restored pid %d (%s): running after %s; it exited during the lazy phase, after %s\n",
+			res.PID, processesThreads(res.Processes, res.Threads), res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
 	case lazy:
 		l := res.Lazy
-		fmt.Fprintf(w, "restored pid %d (%d threads): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
-			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
+		fmt.Fprintf(w, "restored pid %d (%s): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
+			res.PID, processesThreads(res.Processes, res.Threads), res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
 			units.FormatSize(l.FaultBytes), l.Faults, units.FormatSize(l.PrefetchBytes))
 	default:
 		fmt.Fprintf(w, "restored pid %d (%s): %s of memory in %s\n", res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
@@ -256,6 +261,9 @@ func (p *lazyProgress) stop() {
 // lazySource is where a lazy restore reads pages from.
 type lazySource struct {
 	io.ReaderAt
+	// of, for a snapshot of a process tree, gives the source of each
+	// process (ReaderAt is then nil).
+	of    func(pid int) (io.ReaderAt, error)
 	close func() error
 	// gone, if not nil, receives an error naming the helper that served
 	// the source if it dies (engine.LazyOptions.SourceGone).
@@ -271,6 +279,9 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 		return nil, err
 	}
 	defer snap.Close()
+	if pids := snap.PIDs(); len(pids) > 1 {
+		return openTreeSource(snap, dir, mnt, source, threads, trust)
+	}
 	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
 		return nil, err
@@ -298,6 +309,69 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 	if err != nil {
 		return nil, err
 	}
+	return privateSource(m, nil), nil
+}
+
+// openTreeSource is openLazySource for a snapshot of a process tree: the
+// memory of each process, through one mount.
+func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
+	pids := snap.PIDs()
+	switch {
+	case source == "direct":
+		readers := map[int]*image.Reader{}
+		closeAll := func() error {
+			var errs []error
+			for _, r := range readers {
+				errs = append(errs, r.Close())
+			}
+			return errors.Join(errs...)
+		}
+		for _, pid := range pids {
+			r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			readers[pid] = r
+		}
+		of := func(pid int) (io.ReaderAt, error) {
+			if r, ok := readers[pid]; ok {
+				return r.Uncached(), nil
+			}
+			return nil, fmt.Errorf("no process %d in the snapshot", pid)
+		}
+		return &lazySource{of: of, close: closeAll}, nil
+	case mnt != "":
+		if err := fs.CheckMount(mnt, snap.ManifestJSON()); err != nil {
+			return nil, fmt.Errorf("--mount %w", err)
+		}
+		var files []*os.File
+		closeAll := func() error {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil
+		}
+		of := func(pid int) (io.ReaderAt, error) {
+			f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+			if err != nil {
+				return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+			}
+			files = append(files, f)
+			return f, nil
+		}
+		return &lazySource{of: of, close: closeAll}, nil
+	}
+	m, err := fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+	if err != nil {
+		return nil, err
+	}
+	return privateSource(m, m.Mem), nil
+}
+
+// privateSource reads from the private mount m (of, for a tree, gives
+// each process's memory), and says when its helper dies.
+func privateSource(m *fs.PrivateMount, of func(pid int) (io.ReaderAt, error)) *lazySource {
 	gone, stop := make(chan error, 1), make(chan struct{})
 	go func() {
 		select {
@@ -306,5 +380,9 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 		case <-stop:
 		}
 	}()
-	return &lazySource{ReaderAt: m, close: func() error { close(stop); return m.Close() }, gone: gone}, nil
+	src := &lazySource{close: func() error { close(stop); return m.Close() }, gone: gone, of: of}
+	if of == nil {
+		src.ReaderAt = m
+	}
+	return src
 }
