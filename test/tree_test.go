@@ -8,6 +8,7 @@ package e2e
 // a restore that fails part way kills every process it made.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -190,6 +191,7 @@ func startPipeline(t *testing.T, ctx context.Context, n int) (sh int, out string
 func TestTreePipeline(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePtrace(t)
+	testutil.RequireFUSE(t)
 	ctx := testContext(t)
 	sh, out, done, before := startPipeline(t, ctx, pipelineNumbers)
 	time.Sleep(300 * time.Millisecond) // the consumer is behind: the pipe is full
@@ -228,6 +230,29 @@ func TestTreePipeline(t *testing.T) {
 		t.Fatalf("no bytes in flight in the pipe between the processes at the dump")
 	}
 	t.Logf("%d bytes in flight in the pipe", inFlight)
+
+	// lazyfs shows every process of the tree, its memory as dumped.
+	mnt := lazyMountLazyfs(t, dir)
+	for pid := range before {
+		si := openImage(t, dir, pid)
+		var blk image.Block
+		for b := range si.Pages.Blocks() {
+			if b.Kind != codec.Zero {
+				blk = b
+				break
+			}
+		}
+		f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+		if err != nil {
+			t.Fatalf("lazyfs does not show pid %d of the tree: %v", pid, err)
+		}
+		got := make([]byte, blk.Len)
+		_, err = f.ReadAt(got, int64(blk.Addr))
+		f.Close()
+		if want := si.read(t, blk.Addr, uint64(blk.Len)); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("lazyfs %d/mem at %#x: %v, or not the dumped bytes", pid, blk.Addr, err)
+		}
+	}
 
 	// A tree is restored eagerly only: --lazy is refused, nothing made.
 	lr := runSnapctl(t, "restore", "-D", dir, "--lazy", "--source", "direct")
