@@ -230,6 +230,10 @@ func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string
 		return err
 	}
 	defer n.kill(context.Background())
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.master, n.master))
+	if err != nil {
+		return err
+	}
 	out, err := h.runSnapctl(ctx, "dump", "-t", strconv.Itoa(n.master), "-D", snap)
 	if err != nil {
 		return err
@@ -241,8 +245,13 @@ func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string
 	if !strings.Contains(out, "(3 processes,") {
 		return fmt.Errorf("dump of nginx: %q: want 3 processes: %w", out, ErrOutput)
 	}
-	if err := killAndReap(ctx, n.master); err != nil {
-		return err
+	// The harness is a subreaper: the dumped processes are its to reap,
+	// the workers too once their master is gone.
+	for _, p := range append(strings.Fields(string(b)), strconv.Itoa(n.master)) {
+		pid, _ := strconv.Atoi(p)
+		if err := killAndReap(ctx, pid); err != nil {
+			return err
+		}
 	}
 	tr.Dump, tr.Freeze = append(tr.Dump, d.Total), append(tr.Freeze, d.Freeze)
 	if tr.Image, err = dirSize(snap); err != nil {
