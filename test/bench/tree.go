@@ -169,10 +169,18 @@ func (n *treeNginx) serves(ctx context.Context) error {
 
 // kill kills the tree (its process group, the master's).
 func (n *treeNginx) kill(ctx context.Context) error {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.master, n.master))
 	unix.Kill(-n.master, unix.SIGKILL)
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	return killAndReap(ctx, n.master)
+	err := killAndReap(ctx, n.master)
+	// Orphaned, the workers are the harness's (a subreaper) to reap.
+	for _, p := range strings.Fields(string(b)) {
+		if pid, _ := strconv.Atoi(p); pid > 0 {
+			err = errors.Join(err, killAndReap(ctx, pid))
+		}
+	}
+	return err
 }
 
 // runSnapctl runs snapctl with args and returns its stdout.
