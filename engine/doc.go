@@ -17,6 +17,11 @@
 // snapshot directory without a manifest; a failed restore kills what it
 // created.
 //
+// A dump covers the process and all its descendants, a restore every
+// process of the snapshot: tree.go, dump.go and restore_tree.go walk them
+// in one order (parents first) and link what they share (fds.DumpTree,
+// fds.MakeShared, mem.TreeObjects) through snapctl (broker).
+//
 // The lazy restore's pages come from an io.ReaderAt the caller gives
 // (RestoreOptions.Lazy): a lazyfs mount's mem file or the snapshot's own
 // reader; the engine does not know which.

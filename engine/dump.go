@@ -44,6 +44,8 @@ type DumpOptions struct {
 type DumpResult struct {
 	PID     int
 	Threads int
+	// Processes is how many processes the tree had (1: no children).
+	Processes int
 	// Freeze is the time the process was stopped: from the first
 	// interrupt to its resume or kill.
 	Freeze time.Duration
@@ -55,10 +57,13 @@ type DumpResult struct {
 	MemoryBytes uint64
 }
 
-// Dump freezes the process opts.PID, writes its snapshot into opts.Dir and
-// then kills it once the snapshot is committed, or, with LeaveRunning,
-// resumes it as soon as its memory has been read. On any error the process
-// is resumed as it was and the directory holds no manifest.
+// Dump freezes the process opts.PID and all its descendants, writes their
+// snapshot into opts.Dir and then kills them once the snapshot is
+// committed, or, with LeaveRunning, resumes them as soon as their memory
+// has been read. Every process of the tree is stopped before any is
+// read: the snapshot is one instant of the tree. On any error the
+// processes are resumed as they were and the directory holds no
+// manifest.
 func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	start := time.Now()
 	d := &dumper{pid: opts.PID, opts: opts, log: logger(opts.Logger)}
@@ -67,11 +72,10 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		{"check", d.check},
 		{"create snapshot", d.create},
 		{"freeze", d.freeze},
-		{"check", d.checkFrozen},
-		{"read mappings", d.readMappings},
-		{"process state", d.processState},
-		{"memory layout", d.memoryLayout},
-		{"thread state", d.injected},
+		{"read mappings", d.each(d.readMappings)},
+		{"process state", d.each(d.processState)},
+		{"memory layout", d.each(d.memoryLayout)},
+		{"thread state", d.each(d.injected)},
 		{"file descriptors", d.fds},
 		{"dump memory", d.dumpMemory},
 		{"write state", d.writeState},
@@ -82,6 +86,24 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		d.res.Total = time.Since(start)
 	}
 	return d.res, err
+}
+
+// each runs fn for every process of the tree, in order.
+func (d *dumper) each(fn func(*dumpProc) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		for _, p := range d.procs {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fn(p); err != nil {
+				if len(d.procs) > 1 {
+					return fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
+				}
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // check refuses a process that cannot be dumped, before touching it.
@@ -95,72 +117,139 @@ func (d *dumper) create(context.Context) error {
 	return err
 }
 
-// freeze stops every thread of the process.
+// freeze stops every thread of the process and of each of its
+// descendants, parents first: a stopped process forks no more, so once
+// the children of every stopped process are stopped too the tree is
+// whole.
 func (d *dumper) freeze(context.Context) error {
 	t, err := ptrace.New()
 	if err != nil {
 		return err
 	}
 	d.t = t
-	if d.p, err = t.Seize(d.pid, ptrace.SeizeOptions{}); err != nil {
-		return err
+	var stop time.Duration
+	queue := []*dumpProc{{pid: d.pid}}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if p.pid != d.pid {
+			if err := precheckChild(p.pid, p.parent); err != nil {
+				return err
+			}
+		}
+		p.comm, _ = proc.ReadComm(p.pid)
+		if p.p, err = t.Seize(p.pid, ptrace.SeizeOptions{}); err != nil {
+			return fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
+		}
+		if d.frozen.IsZero() {
+			d.frozen = time.Now().Add(-p.p.Stats().Duration)
+		}
+		stop += p.p.Stats().Duration
+		d.procs = append(d.procs, p)
+		kids, err := children(p.pid)
+		if err != nil {
+			return fmt.Errorf("pid %d (%s): children: %w", p.pid, p.comm, err)
+		}
+		for _, k := range kids {
+			queue = append(queue, &dumpProc{pid: k, parent: p.pid})
+		}
 	}
-	d.frozen = time.Now().Add(-d.p.Stats().Duration)
-	d.log.Info("frozen", "pid", d.pid, "threads", len(d.p.Threads()), "took", d.p.Stats().Duration)
-	return nil
-}
-
-// checkFrozen refuses children that appeared between the check and the
-// freeze.
-func (d *dumper) checkFrozen(context.Context) error {
-	if kids, _ := children(d.pid); len(kids) > 0 {
-		return fmt.Errorf("pid %d: %w (%v): dump the tree's leaves or stop them first", d.pid, ErrHasChildren, kids)
+	d.procs = treeOrder(d.procs, func(p *dumpProc) (int, int) { return p.pid, p.parent })
+	d.stop = stop
+	threads := 0
+	for _, p := range d.procs {
+		threads += len(p.p.Threads())
 	}
+	d.log.Info("frozen", "pid", d.pid, "processes", len(d.procs), "threads", threads, "took", time.Since(d.frozen))
 	return nil
 }
 
 // readMappings reads the memory layout, before injection maps its scratch
 // page.
-func (d *dumper) readMappings(context.Context) error {
+func (d *dumper) readMappings(p *dumpProc) error {
 	var err error
-	d.maps, err = proc.ReadMappings(d.pid)
-	d.st = &image.Process{PID: d.pid}
+	p.maps, err = proc.ReadMappings(p.pid)
+	p.st = &image.Process{PID: p.pid}
 	return err
 }
 
-func (d *dumper) memoryLayout(context.Context) error {
+func (d *dumper) memoryLayout(p *dumpProc) error {
 	var err error
-	d.st.VMAs, err = mem.VMAs(d.pid, d.maps)
+	p.st.VMAs, err = mem.VMAs(p.pid, p.maps)
 	return err
 }
 
+// fds describes the descriptors of every process, those they share with
+// each other linked (fds.DumpTree).
 func (d *dumper) fds(context.Context) error {
-	var err error
-	d.st.FDs, err = fds.Dump(d.pid, d.maps, d.log)
-	return err
+	if len(d.procs) == 1 {
+		var err error
+		p := d.procs[0]
+		p.st.FDs, err = fds.Dump(p.pid, p.maps, d.log)
+		return err
+	}
+	pids := make([]int, len(d.procs))
+	maps := make([][]proc.Mapping, len(d.procs))
+	for i, p := range d.procs {
+		pids[i], maps[i] = p.pid, p.maps
+	}
+	all, err := fds.DumpTree(pids, maps, d.log)
+	if err != nil {
+		return err
+	}
+	for i, p := range d.procs {
+		p.st.FDs = all[i]
+	}
+	return nil
 }
 
-// dumpMemory writes the pages. With LeaveRunning the process resumes as
-// soon as its memory has been read: encoding the last blocks, syncing the
-// files and committing need it no more. A dump that fails after that
-// still leaves it running, as it would have been. Without LeaveRunning it
-// is killed only once the snapshot is committed.
+// dumpMemory writes the pages of each process in turn; a shared memory
+// object is dumped once, with the first process that maps it. With
+// LeaveRunning the processes resume as soon as the memory of the last
+// has been read: encoding the last blocks, syncing the files and
+// committing need them no more. A dump that fails after that still
+// leaves them running, as they would have been. Without LeaveRunning they
+// are killed only once the snapshot is committed.
 func (d *dumper) dumpMemory(ctx context.Context) error {
 	d.log.Debug("state collected", "pid", d.pid, "since freeze", time.Since(d.frozen))
-	captured := func() {
-		if d.opts.LeaveRunning {
-			d.resume(d.p.Detach)
-			d.log.Info("resumed", "pid", d.pid, "frozen", d.freezeTime)
-		}
+	var tree mem.TreeObjects
+	if len(d.procs) > 1 {
+		tree = mem.TreeObjects{}
 	}
-	var err error
-	d.stats, err = mem.Dump(ctx, d.w, d.st, d.maps, d.p, mem.DumpOptions{Progress: d.opts.Progress, Captured: captured})
-	return d.withResumeErr(err)
+	for i, p := range d.procs {
+		var captured func()
+		if i == len(d.procs)-1 {
+			captured = func() {
+				if d.opts.LeaveRunning {
+					d.resume(d.detachAll)
+					d.log.Info("resumed", "pid", d.pid, "frozen", d.freezeTime)
+				}
+			}
+		}
+		stats, err := mem.Dump(ctx, d.w, p.st, p.maps, p.p, mem.DumpOptions{Progress: d.opts.Progress, Captured: captured, Tree: tree})
+		if err != nil {
+			if len(d.procs) > 1 {
+				err = fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
+			}
+			return d.withResumeErr(err)
+		}
+		d.stats.Add(stats)
+	}
+	markSharedObjects(d.procs)
+	return nil
 }
 
 func (d *dumper) writeState(context.Context) error {
 	d.log.Debug("pages written", "pid", d.pid, "since freeze", time.Since(d.frozen))
-	return d.withResumeErr(d.w.WriteState(d.st))
+	if len(d.procs) > 1 {
+		d.w.MarkTree()
+	}
+	for _, p := range d.procs {
+		if err := d.w.WriteState(p.st); err != nil {
+			return d.withResumeErr(err)
+		}
+	}
+	return nil
 }
 
 func (d *dumper) commit(context.Context) error {
@@ -172,15 +261,21 @@ func (d *dumper) commit(context.Context) error {
 	return nil
 }
 
-// finish resumes or kills the process, the snapshot complete.
+// finish resumes or kills the processes, the snapshot complete.
 func (d *dumper) finish(context.Context) error {
-	d.res = &DumpResult{PID: d.pid, Threads: len(d.st.Threads), FreezeStop: d.p.Stats().Duration, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
+	threads := 0
+	for _, p := range d.procs {
+		threads += len(p.st.Threads)
+	}
+	d.res = &DumpResult{PID: d.pid, Processes: len(d.procs), Threads: threads, FreezeStop: d.stop, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
 	if !d.resumed {
 		if d.opts.LeaveRunning {
-			d.resume(d.p.Detach)
+			d.resume(d.detachAll)
 		} else {
-			fds.ResetConnections(d.st, d.log) // no TIME_WAIT left holding its ports
-			d.resume(d.p.Kill)
+			for _, p := range d.procs {
+				fds.ResetConnections(p.st, d.log) // no TIME_WAIT left holding its ports
+			}
+			d.resume(d.killAll)
 		}
 	}
 	d.res.Freeze = d.freezeTime
@@ -191,21 +286,48 @@ func (d *dumper) finish(context.Context) error {
 	return nil
 }
 
-// resume lets the process go (fn: Detach or Kill) and ends the freeze.
+// resume lets the processes go (fn: detachAll or killAll) and ends the
+// freeze.
 func (d *dumper) resume(fn func() error) {
 	d.resumed = true
 	d.resumeErr = fn()
 	d.freezeTime = time.Since(d.frozen)
 }
 
+// detachAll lets every process of the tree run on.
+func (d *dumper) detachAll() error {
+	var errs []error
+	for _, p := range d.procs {
+		if p.p == nil {
+			continue
+		}
+		if err := p.p.Detach(); err != nil {
+			errs = append(errs, fmt.Errorf("pid %d: %w", p.pid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// killAll kills every process of the tree, children first.
+func (d *dumper) killAll() error {
+	var errs []error
+	for i := len(d.procs) - 1; i >= 0; i-- {
+		p := d.procs[i]
+		if err := p.p.Kill(); err != nil {
+			errs = append(errs, fmt.Errorf("pid %d: %w", p.pid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // cleanup, after a failed dump, removes what it wrote and resumes the
-// process as it was; it ends the tracer in any case.
+// processes as they were; it ends the tracer in any case.
 func (d *dumper) cleanup(err *error) {
 	if *err != nil && d.w != nil && !d.committed {
 		d.w.Abort()
 	}
-	if d.p != nil && !d.resumed {
-		if derr := d.p.Detach(); derr != nil {
+	if !d.resumed {
+		if derr := d.detachAll(); derr != nil {
 			d.log.Error("resume after failed dump", "pid", d.pid, "err", derr)
 		}
 	}
@@ -251,11 +373,6 @@ func precheck(pid int) error {
 	}
 	if s.TracerPid != 0 {
 		return tracedError(pid, s.TracerPid)
-	}
-	if kids, err := children(pid); err != nil {
-		return err
-	} else if len(kids) > 0 {
-		return fmt.Errorf("pid %d: %w (%v): process trees are not supported yet", pid, ErrHasChildren, kids)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"log/slog"
 	"time"
 
@@ -11,19 +10,20 @@ import (
 	"github.com/lazyfs/lazyfs/engine/task"
 )
 
-// dumper is one dump: what it learns of its frozen process, and what it
+// dumper is one dump: what it learns of its frozen processes, and what it
 // has created and must undo if it fails.
 type dumper struct {
 	pid  int
 	opts DumpOptions
 	log  *slog.Logger
 
-	w          *image.Writer
-	t          *ptrace.Tracer
-	p          *ptrace.Process
-	frozen     time.Time // when the first thread stopped
-	maps       []proc.Mapping
-	st         *image.Process
+	w *image.Writer
+	t *ptrace.Tracer
+	// procs are the processes of the tree, in tree order (treeOrder):
+	// the dumped process first.
+	procs      []*dumpProc
+	frozen     time.Time     // when the first thread stopped
+	stop       time.Duration // stopping every thread took
 	stats      image.Stats
 	committed  bool
 	resumed    bool // detached or killed
@@ -32,9 +32,18 @@ type dumper struct {
 	res        *DumpResult
 }
 
+// dumpProc is one process of the dumped tree.
+type dumpProc struct {
+	pid, parent int
+	comm        string
+	p           *ptrace.Process
+	maps        []proc.Mapping
+	st          *image.Process
+}
+
 // processState reads what /proc tells of the process (task.ReadProcess).
-func (d *dumper) processState(context.Context) error { return task.ReadProcess(d.pid, d.st) }
+func (d *dumper) processState(p *dumpProc) error { return task.ReadProcess(p.pid, p.st) }
 
 // injected reads what only the process can tell, by injected system calls
 // (task.Inject).
-func (d *dumper) injected(context.Context) error { return task.Inject(d.p, d.st, d.log) }
+func (d *dumper) injected(p *dumpProc) error { return task.Inject(p.p, p.st, d.log) }

@@ -10,9 +10,6 @@ import (
 // Sentinel errors, tested with errors.Is. Here and below: snapctl maps
 // them to its exit statuses (cmd/internal/cli.ExitCode).
 var (
-	// ErrHasChildren: the process has child processes (process trees are
-	// not supported yet).
-	ErrHasChildren = errors.New("process has child processes")
 	// ErrUnsupported: the process holds something the snapshot format
 	// cannot describe; the error names it. (A kernel that lacks an
 	// interface gives errors matching the standard library's

@@ -33,7 +33,12 @@ type RestoreOptions struct {
 	// userfaultfd instead of being filled before the process runs.
 	// LazyOptions say what the source is like.
 	Lazy io.ReaderAt
-	// LazyOptions tune the lazy phase (with Lazy).
+	// LazyOf, for a snapshot of a process tree, is Lazy for each of its
+	// processes: where the memory of process pid is read from (the
+	// mount's MNT/<pid>/mem files, fs.MountPrivateTree). Each process
+	// gets a pager of its own.
+	LazyOf func(pid int) (io.ReaderAt, error)
+	// LazyOptions tune the lazy phase (with Lazy or LazyOf).
 	LazyOptions LazyOptions
 	// Running, if set, is called once the process runs (before the lazy
 	// phase ends): the place to write a pidfile.
@@ -50,7 +55,10 @@ type RestoreOptions struct {
 
 // RestoreResult describes a finished restore.
 type RestoreResult struct {
-	PID     int
+	PID int
+	// Processes is how many processes the tree has (1: a single one).
+	Processes int
+	// Threads is how many threads, all processes together.
 	Threads int
 	// ToRunning is the time from the start of Restore until the process
 	// ran; Total until Restore returned (every page in, for a lazy one).
@@ -68,15 +76,29 @@ type RestoreResult struct {
 func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err error) {
 	start := time.Now()
 	log := logger(opts.Logger)
-	if opts.LeaveStopped && opts.Lazy != nil {
+	if opts.LeaveStopped && (opts.Lazy != nil || opts.LazyOf != nil) {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
-	snap, st, pages, err := openSnapshot(opts)
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
 	if err != nil {
+		return nil, step("open snapshot", err)
+	}
+	if len(snap.PIDs()) > 1 {
+		defer snap.Close()
+		return restoreTree(ctx, opts, snap, start, log)
+	}
+	st, pages, err := openProcess(snap, opts)
+	if err != nil {
+		snap.Close()
 		return nil, step("open snapshot", err)
 	}
 	defer pages.Close()
 	defer snap.Close()
+	if opts.Lazy == nil && opts.LazyOf != nil {
+		if opts.Lazy, err = opts.LazyOf(st.PID); err != nil {
+			return nil, step("open snapshot", err)
+		}
+	}
 	k := startKeeper(opts, log)
 	if k != nil {
 		defer closeKeeper(k, log) // after abort, which kills what it protects
@@ -121,7 +143,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, err
 	}
 	r.running = true
-	res = &RestoreResult{PID: st.PID, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	res = &RestoreResult{PID: st.PID, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
 	if opts.LeaveStopped {
 		if err := waitStopped(ctx, st.PID, len(st.Threads)); err != nil {
 			return nil, step("leave stopped", err)
@@ -141,35 +163,32 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	return res, nil
 }
 
-// SnapshotPID returns the pid of the process of snap, the one Restore
-// restores: this build restores snapshots of one process.
+// SnapshotPID returns the pid of the process of snap, a snapshot of one
+// process, whose memory a lazy restore reads: this build restores a
+// process tree only eagerly.
 func SnapshotPID(snap *image.Snapshot) (int, error) {
 	pids := snap.PIDs()
 	if len(pids) != 1 {
-		return 0, fmt.Errorf("snapshot holds %d processes; this build restores one", len(pids))
+		return 0, fmt.Errorf("%w: a lazy restore of a process tree (%d processes): restore it without --lazy", ErrUnsupported, len(pids))
 	}
 	return pids[0], nil
 }
 
-// openSnapshot opens the snapshot of a restore: its one process's state
-// and pages.
-func openSnapshot(opts RestoreOptions) (*image.Snapshot, *image.Process, *image.Reader, error) {
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
-	if err != nil {
-		return nil, nil, nil, err
-	}
+// openProcess opens the one process of a snapshot: its state and pages.
+func openProcess(snap *image.Snapshot, opts RestoreOptions) (*image.Process, *image.Reader, error) {
 	pid, err := SnapshotPID(snap)
-	if err == nil {
-		var st *image.Process
-		if st, err = snap.State(pid); err == nil {
-			var pages *image.Reader
-			if pages, err = snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads}); err == nil {
-				return snap, st, pages, nil
-			}
-		}
+	if err != nil {
+		return nil, nil, err
 	}
-	snap.Close()
-	return nil, nil, nil, err
+	st, err := snap.State(pid)
+	if err != nil {
+		return nil, nil, err
+	}
+	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, pages, nil
 }
 
 // abort kills everything the restore created.

@@ -37,12 +37,17 @@ type restorer struct {
 	running bool
 	lazy    *lazyState
 	keeper  *uffd.Keeper // the keeper Restore started, if any
+	// tree, for a process of a tree, hands out what it shares with the
+	// others; layout is the memory of every process of the tree, where
+	// the injection area must not be.
+	tree   fds.Tree
+	layout []image.VMA
 }
 
 // restoreFDs recreates every descriptor (engine/fds) and closes the
 // shared memory objects that mapping memory left open for them.
 func (r *restorer) restoreFDs(ctx context.Context) error {
-	err := fds.Restore(ctx, r.in, r.st, r.shmem, r.log)
+	err := fds.RestoreInTree(ctx, r.in, r.st, r.shmem, r.tree, r.log)
 	r.shmem = nil
 	return err
 }

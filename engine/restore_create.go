@@ -81,7 +81,11 @@ func (r *restorer) createProcess(ctx context.Context) error {
 // mapArea maps the injection area (stub page, scratch) at an address the
 // restored layout does not use.
 func (r *restorer) mapArea(in *ptrace.Injector) (uint64, error) {
-	for _, a := range mem.FreeAreas(r.st.VMAs, areaLen) {
+	layout := r.layout
+	if layout == nil {
+		layout = r.st.VMAs
+	}
+	for _, a := range mem.FreeAreas(layout, areaLen) {
 		res, err := in.Syscall(unix.SYS_MMAP, a, areaLen, unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC,
 			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)
 		if err != nil {

@@ -99,7 +99,7 @@ func KeeperMain(args []string) int { return uffd.KeeperMain(args, nil) }
 
 // startKeeper starts the keeper that opts ask for, or returns nil.
 func startKeeper(opts RestoreOptions, log *slog.Logger) *uffd.Keeper {
-	if opts.Lazy == nil || !opts.LazyOptions.Keeper || opts.LazyOptions.Holder != nil {
+	if (opts.Lazy == nil && opts.LazyOf == nil) || !opts.LazyOptions.Keeper || opts.LazyOptions.Holder != nil {
 		return nil
 	}
 	exe, err := os.Executable()
@@ -314,6 +314,15 @@ func (r *restorer) finish(ctx context.Context) error {
 // process its memory for good: unregister, close, detach (the process and
 // any child it forked meanwhile).
 func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
+	if err := r.servePages(ctx, stats); err != nil {
+		return err
+	}
+	return r.detachTree()
+}
+
+// servePages runs the pager until every page is in, then unregisters and
+// closes the userfaultfd; the process stays traced.
+func (r *restorer) servePages(ctx context.Context, stats *LazyStats) error {
 	l := r.lazy
 	o := r.opts.LazyOptions
 	po := o.Pager
@@ -364,7 +373,7 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 	unix.Close(l.fd)
 	l.fd = -1
 	r.lazy = nil
-	return r.detachTree()
+	return nil
 }
 
 // ErrHelperDied: a process a lazy restore depends on (the keeper of the

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,7 @@ const (
 type privateArgs struct {
 	Dir               string
 	PID               int
+	Others            []int // more processes whose mem files are opened
 	CacheSize         int64
 	DecompressThreads int
 	DirectIO          bool
@@ -51,6 +53,8 @@ type privateArgs struct {
 // io.ReaderAt of the process's memory at its addresses.
 type PrivateMount struct {
 	f       *os.File
+	pid     int              // the process of f
+	others  map[int]*os.File // MNT/PID/mem of the other processes (MountPrivateTree)
 	cmd     *exec.Cmd
 	sock    int
 	mnt     string        // the helper's mountpoint
@@ -78,11 +82,21 @@ type PrivateMount struct {
 // The helper runs a mount of opts; Cache, Logger and Debug do not cross
 // the process boundary and are ignored (the helper logs nothing).
 func MountPrivate(dir string, pid int, opts Options) (*PrivateMount, error) {
+	return MountPrivateTree(dir, []int{pid}, opts)
+}
+
+// MountPrivateTree is MountPrivate for the processes pids of a tree, all
+// read through one mount (one cache, one helper): the PrivateMount reads
+// the memory of pids[0]; Mem gives the others'.
+func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, error) {
+	if len(pids) == 0 {
+		return nil, errors.New("private mount: no process")
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
 	}
-	args, err := json.Marshal(privateArgs{Dir: abs, PID: pid, CacheSize: opts.CacheSize,
+	args, err := json.Marshal(privateArgs{Dir: abs, PID: pids[0], Others: pids[1:], CacheSize: opts.CacheSize,
 		DecompressThreads: opts.DecompressThreads, DirectIO: opts.DirectIO, ReadaheadKB: opts.ReadaheadKB,
 		TrustSnapshot: opts.TrustSnapshot})
 	if err != nil {
@@ -111,21 +125,21 @@ func MountPrivate(dir string, pid int, opts Options) (*PrivateMount, error) {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("private mount: start helper: %w", err)
 	}
-	m := &PrivateMount{cmd: cmd, sock: fds[0], exited: make(chan struct{})}
+	m := &PrivateMount{cmd: cmd, sock: fds[0], exited: make(chan struct{}), pid: pids[0], others: map[int]*os.File{}}
 	go func() {
 		m.exitErr = cmd.Wait()
 		close(m.exited)
 	}()
-	if err := m.setup(); err != nil {
+	if err := m.setup(pids[1:]); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("private mount: %w", err)
 	}
 	return m, nil
 }
 
-// setup waits for the helper's answer: "S" + mountpoint with the fd of
-// MNT/PID/mem, or "E" + its error.
-func (m *PrivateMount) setup() error {
+// setup waits for the helper's answer: "S" + mountpoint with the fds of
+// MNT/PID/mem and of each of others', or "E" + its error.
+func (m *PrivateMount) setup(others []int) error {
 	pfd := []unix.PollFd{{Fd: int32(m.sock), Events: unix.POLLIN}}
 	deadline := time.Now().Add(privateSetupWait)
 	for {
@@ -142,7 +156,7 @@ func (m *PrivateMount) setup() error {
 		break
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(4*(1+len(others))))
 	n, oobn, _, _, err := unix.Recvmsg(m.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return err
@@ -160,7 +174,7 @@ func (m *PrivateMount) setup() error {
 		err = fmt.Errorf("the helper exited (does %s run fs.PrivateMain as %s?)", filepath.Base(m.cmd.Path), PrivateArg0)
 	case buf[0] == 'E':
 		err = errors.New(string(buf[1:n]))
-	case buf[0] != 'S' || len(fds) != 1:
+	case buf[0] != 'S' || len(fds) != 1+len(others):
 		err = fmt.Errorf("the helper answered %q with %d fds", buf[:n], len(fds))
 	}
 	if err != nil {
@@ -171,7 +185,22 @@ func (m *PrivateMount) setup() error {
 	}
 	m.mnt = string(buf[1:n])
 	m.f = os.NewFile(uintptr(fds[0]), filepath.Join(m.mnt, "mem"))
+	for i, pid := range others {
+		m.others[pid] = os.NewFile(uintptr(fds[1+i]), filepath.Join(m.mnt, strconv.Itoa(pid), "mem"))
+	}
 	return nil
+}
+
+// Mem returns the memory of process pid of the snapshot, one of those
+// the mount was made for.
+func (m *PrivateMount) Mem(pid int) (io.ReaderAt, error) {
+	if f, ok := m.others[pid]; ok {
+		return f, nil
+	}
+	if pid == m.pid {
+		return m, nil
+	}
+	return nil, fmt.Errorf("private mount: no process %d", pid)
 }
 
 // ReadAt reads the memory at address off (MNT/PID/mem at offset off).
@@ -201,6 +230,9 @@ func (m *PrivateMount) Close() error {
 func (m *PrivateMount) close() error {
 	if m.f != nil {
 		m.f.Close()
+	}
+	for _, f := range m.others {
+		f.Close()
 	}
 	unix.Close(m.sock) // the helper reads EOF: unmount and exit
 	var err error
@@ -298,12 +330,16 @@ func PrivateMain(args []string) int {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}
 	defer srv.Unmount()
-	f, err := os.Open(srv.MemPath(pa.PID))
-	if err != nil {
-		return fail(fmt.Errorf("open pages through the mount: %w", err))
+	var fds []int
+	for _, pid := range append([]int{pa.PID}, pa.Others...) {
+		f, err := os.Open(srv.MemPath(pid))
+		if err != nil {
+			return fail(fmt.Errorf("open pages through the mount: %w", err))
+		}
+		defer f.Close()
+		fds = append(fds, int(f.Fd()))
 	}
-	err = unix.Sendmsg(sock, append([]byte{'S'}, tmp...), unix.UnixRights(int(f.Fd())), nil, unix.MSG_NOSIGNAL)
-	f.Close()
+	err = unix.Sendmsg(sock, append([]byte{'S'}, tmp...), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
 	if err != nil {
 		return 1
 	}

@@ -22,7 +22,8 @@ import (
 
 // holderScript is a Python fixture (same protocol as test/fixtures) that
 // holds something a dump refuses: "inotify" an inotify descriptor,
-// "child" a child process. SIGUSR1 -> report sig seq.
+// "child" a child process (refused when traced), "zombie" a child that
+// exited and is not reaped. SIGUSR1 -> report sig seq.
 const holderScript = `
 import ctypes, os, signal, sys, time
 
@@ -44,6 +45,13 @@ elif mode == "child":
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         while True:
             signal.pause()
+    extra = "child=%d" % pid
+elif mode == "zombie":
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    while open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
     extra = "child=%d" % pid
 
 seq = 0
@@ -210,13 +218,27 @@ func TestDumpRefusals(t *testing.T) {
 		refused(t, pid, dir, exitNoProcess, "pid "+strconv.Itoa(pid))
 	})
 
-	t.Run("has-child", func(t *testing.T) {
+	t.Run("zombie-child", func(t *testing.T) {
+		ctx := testContext(t)
+		p := startHolder(t, "zombie")
+		child := int(p.Ready.MustInt(t, "child"))
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), exitUnsupported,
+			fmt.Sprintf("pid %d (", child), fmt.Sprintf("child of %d, is a zombie", p.PID))
+		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	})
+
+	t.Run("traced-child", func(t *testing.T) {
+		// A process of the tree stopped by a debugger (or only traced):
+		// refused by name, the tree left running as it was.
 		ctx := testContext(t)
 		p := startHolder(t, "child")
 		child := int(p.Ready.MustInt(t, "child"))
 		t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
-		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), exitUnsupported, strconv.Itoa(child))
+		tracer := holdTraced(t, child)
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), exitUnsupported,
+			fmt.Sprintf("pid %d (", child), fmt.Sprintf("child of %d", p.PID), fmt.Sprintf("pid %d", tracer.Process.Pid))
 		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+		releaseTraced(t, tracer)
 	})
 
 	t.Run("already-traced", func(t *testing.T) {

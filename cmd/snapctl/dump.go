@@ -17,14 +17,17 @@ import (
 
 func runDump(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("dump", "-t PID -D DIR [options]", `
-Freeze every thread of process PID, write its snapshot into DIR, then kill
-it (or resume it with --leave-running). Memory is stored in blocks: all-zero
+Freeze every thread of process PID and of all its descendants (the tree
+whose root PID is, as criu dump -t), write their snapshot into DIR, then kill
+them (or resume them with --leave-running). Every process is stopped before
+any is read: the snapshot is one instant of the tree. Memory is stored in blocks: all-zero
 blocks take no space, others are LZ4-compressed when that saves more than
 12.5% and stored raw otherwise. The manifest (DIR/snapshot.json) is written
-last: a failed dump leaves the process running and no manifest behind.
+last: a failed dump leaves the processes running and no manifest behind.
 
-Refused: a process with children, a process already being traced, and
-anything the format cannot describe yet (the error names it).`,
+Refused: a process (or descendant) already being traced or stopped by a
+debugger, a zombie child its parent has not reaped, and anything the format
+cannot describe yet; the error names the process and the resource.`,
 		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	fs.Alias("tree", "t")
@@ -71,11 +74,20 @@ anything the format cannot describe yet (the error names it).`,
 	res, err := engine.Dump(ctx, opts)
 	if res != nil {
 		s := res.Stats
-		fmt.Fprintf(stdout, "dumped pid %d (%d threads): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
-			res.PID, res.Threads, units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
+		fmt.Fprintf(stdout, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
+			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
 	}
 	return err
+}
+
+// processesThreads says how many threads, and processes if more than
+// one, a dump or restore had.
+func processesThreads(procs, threads int) string {
+	if procs > 1 {
+		return fmt.Sprintf("%d processes, %d threads", procs, threads)
+	}
+	return fmt.Sprintf("%d threads", threads)
 }
 
 // isTerminal reports whether w is a terminal.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,7 +38,11 @@ func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [options]", `
 Rebuild the process of the snapshot in DIR, with its pid, threads, memory,
 file descriptors and registers, and let it run (reparented to init, like
-criu restore -d). Exits 0 once it runs; with --lazy, once every page is in.
+criu restore -d). A snapshot of a process tree is rebuilt whole: each
+process with its pid, parent, session and process group, the descriptors,
+pipes, socket pairs and shared memory its processes shared; none runs until
+all are ready, and a failure kills every process made. With --lazy, each
+process of a tree gets a pager of its own, all reading through one mount. Exits 0 once it runs; with --lazy, once every page is in.
 
 With --lazy, anonymous memory is not filled before the process runs: it is
 served on demand through userfaultfd, a block at a time, while the rest
@@ -107,7 +112,11 @@ dumped process went away); listening sockets listen again.`,
 				log.Warn("lazy page source", "err", err)
 			}
 		}()
-		opts.Lazy = src.ReaderAt
+		if src.of != nil {
+			opts.LazyOf = src.of // a process tree: a source for each
+		} else {
+			opts.Lazy = src.ReaderAt
+		}
 		opts.LazyOptions.SourceGone = src.gone
 		opts.LazyOptions.SourceReady = src.ready
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
@@ -166,15 +175,15 @@ func checkLazyFlags(fl *cli.FlagSet, lazy bool, source, mount string, prefetchDe
 func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
 	switch {
 	case lazy && res.Lazy.Exited:
-		fmt.Fprintf(w, "restored pid %d (%d threads): running after %s; it exited during the lazy phase, after %s\n",
-			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
+		fmt.Fprintf(w, "restored pid %d (%s): running after %s; it exited during the lazy phase, after %s\n",
+			res.PID, processesThreads(res.Processes, res.Threads), res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond))
 	case lazy:
 		l := res.Lazy
-		fmt.Fprintf(w, "restored pid %d (%d threads): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
-			res.PID, res.Threads, res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
+		fmt.Fprintf(w, "restored pid %d (%s): running after %s, all memory in after %s (%s served on %d faults, %s prefetched)\n",
+			res.PID, processesThreads(res.Processes, res.Threads), res.ToRunning.Round(time.Millisecond), res.Total.Round(time.Millisecond),
 			units.FormatSize(l.FaultBytes), l.Faults, units.FormatSize(l.PrefetchBytes))
 	default:
-		fmt.Fprintf(w, "restored pid %d (%d threads): %s of memory in %s\n", res.PID, res.Threads, units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
+		fmt.Fprintf(w, "restored pid %d (%s): %s of memory in %s\n", res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(res.Filled), res.Total.Round(time.Millisecond))
 	}
 }
 
@@ -260,6 +269,9 @@ func (p *lazyProgress) stop() {
 // lazySource is where a lazy restore reads pages from.
 type lazySource struct {
 	io.ReaderAt
+	// of, for a snapshot of a process tree, gives the source of each
+	// process (ReaderAt is then nil).
+	of    func(pid int) (io.ReaderAt, error)
 	close func() error
 	// gone, if not nil, receives an error naming the helper that served
 	// the source if it dies (engine.LazyOptions.SourceGone).
@@ -278,6 +290,9 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 		return nil, err
 	}
 	defer snap.Close()
+	if pids := snap.PIDs(); len(pids) > 1 {
+		return openTreeSource(snap, dir, mnt, source, threads, trust)
+	}
 	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
 		return nil, err
@@ -304,25 +319,87 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 	if _, err := fs.CheckFUSE(); err != nil {
 		return nil, err
 	}
-	return mountLater(dir, pid, threads, trust), nil
+	return mountLater(func() (*fs.PrivateMount, error) {
+		// Direct I/O and a small block cache: the pager reads each block
+		// once (see test/bench/BENCHMARKS.md, Decisions).
+		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+	}, false), nil
 }
 
-// mountLater starts the private mount of the snapshot in dir and returns
-// it as a lazySource at once. Its reads wait until the mount is up: the
-// helper starts and mounts (10-20 ms) while the process is created and
-// its memory laid out, which need no page from it, and only blocks that
-// must be decoded are read through it (engine.LazyOptions.RawDirect). If
-// the mount fails, or its helper dies later, gone says why and the
-// restore ends (engine.LazyOptions.SourceGone).
-func mountLater(dir string, pid, threads int, trust bool) *lazySource {
+// openTreeSource is openLazySource for a snapshot of a process tree: the
+// memory of each process, through one mount.
+func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
+	pids := snap.PIDs()
+	switch {
+	case source == "direct":
+		readers := map[int]*image.Reader{}
+		closeAll := func() error {
+			var errs []error
+			for _, r := range readers {
+				errs = append(errs, r.Close())
+			}
+			return errors.Join(errs...)
+		}
+		for _, pid := range pids {
+			r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			readers[pid] = r
+		}
+		of := func(pid int) (io.ReaderAt, error) {
+			if r, ok := readers[pid]; ok {
+				return r.Uncached(), nil
+			}
+			return nil, fmt.Errorf("no process %d in the snapshot", pid)
+		}
+		return &lazySource{of: of, close: closeAll}, nil
+	case mnt != "":
+		if err := fs.CheckMount(mnt, snap.ManifestJSON()); err != nil {
+			return nil, fmt.Errorf("--mount %w", err)
+		}
+		var files []*os.File
+		closeAll := func() error {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil
+		}
+		of := func(pid int) (io.ReaderAt, error) {
+			f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+			if err != nil {
+				return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+			}
+			files = append(files, f)
+			return f, nil
+		}
+		return &lazySource{of: of, close: closeAll}, nil
+	}
+	if _, err := fs.CheckFUSE(); err != nil {
+		return nil, err
+	}
+	return mountLater(func() (*fs.PrivateMount, error) {
+		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+	}, true), nil
+}
+
+// mountLater starts the private mount that mount makes and returns it as
+// a lazySource at once (tree: with a source for each process). Its reads
+// wait until the mount is up: the helper starts and mounts (10-20 ms)
+// while the process is created and its memory laid out, which need no
+// page from it, and only blocks that must be decoded are read through it
+// (engine.LazyOptions.RawDirect). The process does not run before the
+// mount is up (ready, engine.LazyOptions.SourceReady); if the mount
+// fails, or its helper dies later, gone says why and the restore ends
+// (engine.LazyOptions.SourceGone).
+func mountLater(mount func() (*fs.PrivateMount, error), tree bool) *lazySource {
 	ready := make(chan struct{})
 	gone, stop := make(chan error, 1), make(chan struct{})
 	var m *fs.PrivateMount
 	var merr error
 	go func() {
-		// Direct I/O and a small block cache: the pager reads each block
-		// once (see test/bench/BENCHMARKS.md, Decisions).
-		m, merr = fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		m, merr = mount()
 		close(ready)
 		if merr != nil {
 			gone <- merr
@@ -334,26 +411,40 @@ func mountLater(dir string, pid, threads int, trust bool) *lazySource {
 		case <-stop:
 		}
 	}()
-	read := func(p []byte, off int64) (int, error) {
+	wait := func() error {
 		<-ready
-		if merr != nil {
-			return 0, merr
-		}
-		return m.ReadAt(p, off)
+		return merr
 	}
-	closeFn := func() error {
+	src := &lazySource{gone: gone, ready: wait}
+	src.close = func() error {
 		close(stop)
-		<-ready
-		if merr != nil {
+		if wait() != nil {
 			return nil // said by gone, or by the reads that failed
 		}
 		return m.Close()
 	}
-	readyFn := func() error {
-		<-ready
-		return merr
+	if tree {
+		src.of = func(pid int) (io.ReaderAt, error) {
+			return readerAtFunc(func(p []byte, off int64) (int, error) {
+				if err := wait(); err != nil {
+					return 0, err
+				}
+				r, err := m.Mem(pid)
+				if err != nil {
+					return 0, err
+				}
+				return r.ReadAt(p, off)
+			}), nil
+		}
+		return src
 	}
-	return &lazySource{ReaderAt: readerAtFunc(read), close: closeFn, gone: gone, ready: readyFn}
+	src.ReaderAt = readerAtFunc(func(p []byte, off int64) (int, error) {
+		if err := wait(); err != nil {
+			return 0, err
+		}
+		return m.ReadAt(p, off)
+	})
+	return src
 }
 
 // readerAtFunc is a function as an io.ReaderAt.

@@ -18,21 +18,32 @@ func Dump(pid int, maps []proc.Mapping, log *slog.Logger) ([]image.FD, error) {
 	if err != nil {
 		return nil, err
 	}
+	return dump(pid, maps, fds, nil, log)
+}
+
+// dump describes fds, the descriptors of pid; td, if not nil, is what
+// it knows of the other processes of its tree.
+func dump(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, log *slog.Logger) ([]image.FD, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
-	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}}
+	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
 	var out []image.FD
 	shared := fx.sharedFiles()
 	for i := range fds {
+		if r := td.inherited(fds[i].Num); r != nil {
+			// Described in the process it is inherited from.
+			out = append(out, inheritedFD(&fds[i], r))
+			continue
+		}
 		f, err := fx.fd(&fds[i])
 		if err != nil {
-			return nil, fmt.Errorf("fd %d (%s): %w", fds[i].Num, fds[i].Target, err)
+			return nil, fmt.Errorf("pid %d: fd %d (%s): %w", pid, fds[i].Num, fds[i].Target, err)
 		}
 		if first, ok := shared[fds[i].Num]; ok {
 			f.SameAs = &first
@@ -96,6 +107,7 @@ type fdDumper struct {
 	sockets proc.Sockets
 	inet    map[uint64]proc.InetDiag
 	unixd   map[uint64]proc.UnixDiag
+	tree    *treeDumper // the other processes of the tree, or nil
 }
 
 // fd describes one descriptor: its number and flags here, what it is

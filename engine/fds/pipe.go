@@ -19,6 +19,9 @@ type pipeEnds struct {
 // pipe records one end of a pipe. Both ends must be in the process; the
 // bytes buffered in it are stored with its lowest read end.
 func (fx *fdDumper) pipe(f *proc.FD, out image.FD) (image.FD, error) {
+	if fx.tree != nil && fx.tree.pipes[f.Ino] != nil {
+		return fx.treePipe(f, out)
+	}
 	ends := fx.pipes[f.Ino]
 	if ends == nil || len(ends.readers) == 0 || len(ends.writers) == 0 {
 		return out, fmt.Errorf("%w: pipe:[%d] has an end outside the process (restore could not reconnect it)", image.ErrUnsupported, f.Ino)

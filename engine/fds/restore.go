@@ -24,6 +24,12 @@ import (
 // until all are placed. Epoll registrations are made last: their targets
 // must be in place.
 func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, log *slog.Logger) error {
+	return RestoreInTree(ctx, in, st, shmem, nil, log)
+}
+
+// RestoreInTree is Restore for a process of a tree: tree hands out the
+// descriptors it shares with the other processes (DumpTree).
+func RestoreInTree(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, tree Tree, log *slog.Logger) error {
 	fds := st.FDs
 	maxFD := 2
 	for _, f := range fds {
@@ -39,7 +45,7 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 		return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
 	}
 	_, scratchLen := in.Scratch()
-	fc := &fdCreator{in: in, st: st, shmem: shmem, log: log, scratchLen: scratchLen,
+	fc := &fdCreator{in: in, st: st, shmem: shmem, tree: tree, log: log, scratchLen: scratchLen,
 		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
 	for id, fd := range shmem {
 		nfd, err := fc.moveHigh(fd)
@@ -143,6 +149,7 @@ type fdCreator struct {
 	in         *ptrace.Injector
 	st         *image.Process
 	shmem      map[uint64]int // shared object id -> its fd in the process
+	tree       Tree           // the other processes of the tree, or nil
 	log        *slog.Logger
 	scratchLen int
 
@@ -209,6 +216,9 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	cloexec := uint64(0)
 	if f.CloExec {
 		cloexec = unix.O_CLOEXEC
+	}
+	if f.Tree != nil {
+		return fc.treeFD(f)
 	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDChr:

@@ -56,6 +56,9 @@ func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening boo
 }
 
 func (fx *fdDumper) hasSocket(ino uint64) bool {
+	if fx.tree != nil && fx.tree.sockets[ino] {
+		return true
+	}
 	for _, f := range fx.all {
 		if f.Kind == proc.FDSocket && f.Ino == ino {
 			return true

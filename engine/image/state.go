@@ -196,6 +196,13 @@ type ShmemRef struct {
 	ID     uint64 `json:"id"`     // inode of the object
 	Size   uint64 `json:"size"`   // size of the object
 	Source uint64 `json:"source"` // address at which the object's offset 0 was dumped
+	// Owner, when set, is the process of the tree whose pages hold the
+	// object's contents (at Source in its memory): this process's pages
+	// do not (FeatureTree).
+	Owner int `json:"owner,omitempty"`
+	// Tree says that other processes of the tree map the object too:
+	// restore makes one object and maps it in each (FeatureTree).
+	Tree bool `json:"tree,omitempty"`
 }
 
 // FD kinds.
@@ -236,6 +243,9 @@ type FD struct {
 	Socket   *Socket   `json:"socket,omitempty"`
 	Timerfd  *Timerfd  `json:"timerfd,omitempty"`
 	Signalfd *Signalfd `json:"signalfd,omitempty"`
+	// Tree links the descriptor to other processes of a tree
+	// (FeatureTree).
+	Tree *FDTree `json:"tree,omitempty"`
 }
 
 // Pipe is one end of a pipe. Both ends of a pipe share the ID; the bytes

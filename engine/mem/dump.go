@@ -24,6 +24,12 @@ func vmaKind(m *proc.Mapping) (string, error) {
 	case proc.KindFilePrivate:
 		return image.VMAFile, nil
 	case proc.KindFileShared:
+		if m.Deleted {
+			// No path reaches the file any more: its contents are
+			// dumped like shared memory's (POSIX semaphores and shm
+			// segments unlinked once mapped, shared by a tree).
+			return image.VMAShmem, nil
+		}
 		return image.VMAFileShared, nil
 	case proc.KindShmem:
 		if m.IsSysV() {
@@ -57,6 +63,19 @@ type dumper struct {
 	pid  int
 	maps []proc.Mapping
 	src  Source
+	tree TreeObjects
+}
+
+// TreeObjects remembers, across the processes of a tree dumped in turn,
+// where each shared memory object's pages were dumped: object id to the
+// process and range.
+type TreeObjects map[uint64]TreeObject
+
+// TreeObject is where the pages of a shared object were dumped.
+type TreeObject struct {
+	PID    int
+	Lo, Hi uint64 // object offsets dumped
+	Source uint64 // address of offset 0 in that process
 }
 
 // VMAs describes every mapping of process pid, maps as read from
@@ -173,6 +192,11 @@ func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
 				v.Shmem = &image.ShmemRef{ID: m.Inode, Source: obj.source}
 				continue
 			}
+			if to, ok := d.tree[m.Inode]; ok && obj == nil && to.PID != d.pid && to.Lo <= lo && hi <= to.Hi {
+				// Dumped with another process of the tree.
+				v.Shmem = &image.ShmemRef{ID: m.Inode, Source: to.Source, Owner: to.PID}
+				continue
+			}
 			f, err := os.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", d.pid, v.Start, v.End))
 			if err != nil {
 				return nil, files, fmt.Errorf("%s: open shared object: %w", m, err)
@@ -194,6 +218,9 @@ func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
 			v.Shmem = &image.ShmemRef{ID: m.Inode, Size: uint64(fi.Size()), Source: src}
 			if obj == nil {
 				objects[m.Inode] = &shmemObject{id: m.Inode, lo: lo, hi: hi, source: src, dumped: true}
+			}
+			if _, ok := d.tree[m.Inode]; !ok && d.tree != nil {
+				d.tree[m.Inode] = TreeObject{PID: d.pid, Lo: lo, Hi: hi, Source: src}
 			}
 		}
 	}
@@ -238,6 +265,10 @@ type DumpOptions struct {
 	// file is flushed and synced: from then on the process is no longer
 	// needed.
 	Captured func()
+	// Tree, when dumping the processes of a tree in turn, holds the
+	// shared objects dumped with the processes before: their pages are
+	// not dumped again.
+	Tree TreeObjects
 }
 
 // Dump writes into w the pages of process st.PID worth keeping: present
@@ -246,7 +277,7 @@ type DumpOptions struct {
 // objects, once per object. It sets each VMA's Dumped and Shmem. maps are
 // the process's mappings, in the order of st.VMAs; src reads its memory.
 func Dump(ctx context.Context, w *image.Writer, st *image.Process, maps []proc.Mapping, src Source, opts DumpOptions) (image.Stats, error) {
-	d := &dumper{pid: st.PID, maps: maps, src: src}
+	d := &dumper{pid: st.PID, maps: maps, src: src, tree: opts.Tree}
 	return d.dump(ctx, w, st, opts.Progress, opts.Captured)
 }
 

@@ -33,6 +33,9 @@ type Target struct {
 	In    *ptrace.Injector
 	State *image.Process
 	Log   *slog.Logger
+	// Tree, for a process of a tree, hands out the shared memory
+	// objects it maps with other processes (ShmemRef.Tree).
+	Tree fds.Tree
 }
 
 func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }
@@ -221,7 +224,7 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 // shared objects become memfds: several mappings of one object need a
 // file to map it from).
 func (r *mapper) anonShared(v *image.VMA) bool {
-	if strings.HasPrefix(v.Name, "/memfd:") || v.Shmem == nil || v.Offset != 0 || (v.Shmem.Size != 0 && v.Shmem.Size != v.End-v.Start) {
+	if strings.HasPrefix(v.Name, "/memfd:") || v.Shmem == nil || v.Shmem.Tree || v.Offset != 0 || (v.Shmem.Size != 0 && v.Shmem.Size != v.End-v.Start) {
 		return false
 	}
 	for i := range r.State.VMAs {
@@ -247,6 +250,19 @@ func (r *mapper) shmemFD(v *image.VMA) (int, error) {
 	if fd, ok := r.shmem[v.Shmem.ID]; ok {
 		return fd, nil
 	}
+	if v.Shmem.Tree {
+		if r.Tree == nil {
+			return -1, fmt.Errorf("%w: memory shared with other processes of a tree, restored alone", image.ErrCorrupt)
+		}
+		fd, ok, err := r.Tree.Take(r.In, fds.ShmemKey(v.Shmem.ID))
+		if err != nil {
+			return -1, err
+		}
+		if ok {
+			r.shmem[v.Shmem.ID] = fd
+			return fd, nil
+		}
+	}
 	name := "lazyfs-shmem"
 	if n, ok := strings.CutPrefix(v.Name, "/memfd:"); ok {
 		name = strings.TrimSuffix(n, " (deleted)")
@@ -267,6 +283,11 @@ func (r *mapper) shmemFD(v *image.VMA) (int, error) {
 		return -1, fmt.Errorf("ftruncate shared object to %d: %w", size, err)
 	}
 	r.shmem[v.Shmem.ID] = int(fd)
+	if v.Shmem.Tree {
+		if err := r.Tree.Give(r.State.PID, fds.ShmemKey(v.Shmem.ID), int(fd)); err != nil {
+			return -1, err
+		}
+	}
 	return int(fd), nil
 }
 

@@ -1,6 +1,7 @@
 package task
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -59,6 +60,11 @@ func ReadProcess(pid int, st *image.Process) error {
 	st.Personality = uint64(pers)
 	st.TimerSlackNs, _ = proc.TimerSlack(pid)
 	rl, err := proc.ReadRlimits(pid)
+	if errors.Is(err, unix.EPERM) {
+		// Another uid's process (an nginx worker) and no
+		// CAP_SYS_RESOURCE: /proc tells the same numbers.
+		rl, err = proc.ReadLimits(pid)
+	}
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,17 @@ type restorer struct {
 // limits, session and process group, and credentials (last, since they
 // may drop the privileges the rest needs) with no_new_privs.
 func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
+	return restoreProcess(in, st, log, true)
+}
+
+// RestoreProcessInTree is RestoreProcess for a process of a tree, whose
+// session and process group were set as the tree was created
+// (SetSession, JoinGroup).
+func RestoreProcessInTree(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
+	return restoreProcess(in, st, log, false)
+}
+
+func restoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger, session bool) error {
 	r := &restorer{in: in, st: st, log: log}
 	if err := r.sigActions(); err != nil {
 		return err
@@ -74,8 +85,10 @@ func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) er
 			r.log.Warn("resource limit not restored", "resource", l.Resource, "cur", l.Cur, "max", l.Max, "err", err)
 		}
 	}
-	if err := r.session(); err != nil {
-		return err
+	if session {
+		if err := r.session(); err != nil {
+			return err
+		}
 	}
 	if err := r.creds(); err != nil {
 		return err

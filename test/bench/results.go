@@ -22,6 +22,7 @@ type sizeResult struct {
 	Restores  []*restoreResult
 	Baselines []*baselineResult
 	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
+	Tree      *treeResult      `json:",omitempty"` // the tree series (tree.go)
 	Elapsed   time.Duration
 }
 

@@ -14,10 +14,10 @@ var ErrOutput = errors.New("unexpected snapctl output")
 
 // What snapctl prints (cmd/snapctl/dump.go and restore.go).
 var (
-	dumpLine    = regexp.MustCompile(`(?m)^dumped pid (\d+) \((\d+) threads\): (.+) of memory into (.+) \(ratio ([0-9.]+)\) in (\S+); frozen (\S+)$`)
-	eagerLine   = regexp.MustCompile(`(?m)^restored pid (\d+) \((\d+) threads\): (.+) of memory in (\S+)$`)
+	dumpLine    = regexp.MustCompile(`(?m)^dumped pid (\d+) \((?:\d+ processes, )?(\d+) threads\): (.+) of memory into (.+) \(ratio ([0-9.]+)\) in (\S+); frozen (\S+)$`)
+	eagerLine   = regexp.MustCompile(`(?m)^restored pid (\d+) \((?:\d+ processes, )?(\d+) threads\): (.+) of memory in (\S+)$`)
 	runningLine = regexp.MustCompile(`(?m)^pid (\d+) running after (\S+); serving its memory$`)
-	lazyLine    = regexp.MustCompile(`(?m)^restored pid (\d+) \((\d+) threads\): running after (\S+), all memory in after (\S+) \((.+) served on (\d+) faults, (.+) prefetched\)$`)
+	lazyLine    = regexp.MustCompile(`(?m)^restored pid (\d+) \((?:\d+ processes, )?(\d+) threads\): running after (\S+), all memory in after (\S+) \((.+) served on (\d+) faults, (.+) prefetched\)$`)
 )
 
 // dumpReport is what snapctl dump reports.

@@ -23,8 +23,8 @@ const (
 	ExitFailure = 1 // anything without a status of its own
 	ExitUsage   = 2 // a mistake in the command line
 	// ExitUnsupported: the process holds something a snapshot cannot
-	// describe (engine.ErrUnsupported: the message names it), has children
-	// (engine.ErrHasChildren), or is traced by another tracer.
+	// describe (engine.ErrUnsupported: the message names it and its
+	// process), or is traced by another tracer.
 	ExitUnsupported = 3
 	// ExitNoProcess: dump -t PID of a pid no process has.
 	ExitNoProcess = 4
@@ -66,7 +66,7 @@ var Statuses = []Status{
 	{ExitOK, "success"},
 	{ExitFailure, "failure not listed below"},
 	{ExitUsage, "usage: a mistake in the command line"},
-	{ExitUnsupported, "unsupported: the process holds something a snapshot cannot describe (named in the message), has children, or is traced by another tracer"},
+	{ExitUnsupported, "unsupported: a process holds something a snapshot cannot describe (the message names it and the process), is a zombie child, or is traced by another tracer"},
 	{ExitNoProcess, "no such process"},
 	{ExitPIDInUse, "the snapshot's pid or a thread id is in use"},
 	{ExitOtherKernel, "the snapshot was taken on another kernel"},
@@ -102,7 +102,7 @@ func ExitCode(err error) int {
 		return ExitUntrusted
 	case errors.Is(err, engine.ErrFileChanged):
 		return ExitFileChanged
-	case errors.Is(err, engine.ErrUnsupported), errors.Is(err, engine.ErrHasChildren), errors.Is(err, ptrace.ErrAlreadyTraced):
+	case errors.Is(err, engine.ErrUnsupported), errors.Is(err, ptrace.ErrAlreadyTraced):
 		return ExitUnsupported
 	case errors.Is(err, ptrace.ErrNoProcess):
 		return ExitNoProcess

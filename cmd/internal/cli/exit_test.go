@@ -43,7 +43,7 @@ func TestExitCode(t *testing.T) {
 		{"usage", Usagef("-D DIR is required"), 2},
 		{"usage wrapped", fmt.Errorf("x: %w", &UsageError{"bad"}), 2},
 		{"unsupported", step("dump descriptors", fmt.Errorf("fd 5: %w: inotify file descriptors cannot be dumped yet", engine.ErrUnsupported)), 3},
-		{"children", step("check", fmt.Errorf("pid 5: %w ([6])", engine.ErrHasChildren)), 3},
+		{"zombie child", step("freeze", fmt.Errorf("pid 6 (sh), child of 5: %w: a zombie", engine.ErrUnsupported)), 3},
 		{"already traced", step("freeze", &ptrace.AlreadyTracedError{Pid: 5, TracerPid: 6}), 3},
 		{"no such process", step("check", fmt.Errorf("pid 5: %w", ptrace.ErrNoProcess)), 4},
 		{"pid in use", step("check", fmt.Errorf("%w: pid 5 is taken by \"sleep\"", engine.ErrPIDInUse)), 5},

@@ -1,0 +1,412 @@
+package fds
+
+import (
+	"fmt"
+	"log/slog"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
+)
+
+// Descriptors of a process tree. Three things link the processes of a
+// tree through their descriptors:
+//
+//   - an open file description inherited across fork (one offset, one set
+//     of flags): the first process holding it (in the order of the tree)
+//     describes it; the others name that process's descriptor
+//     (image.FDTree.PID and FD), and restore hands them the very
+//     description (pidfd_getfd), whatever its kind;
+//   - a pipe whose ends are in different processes (sh -c 'a | b'): each
+//     end is described where it is, marked shared, and the bytes in flight
+//     are stored once, with a read end; restore makes the pipe once, in
+//     snapctl, and hands each process its ends;
+//   - a unix socket pair whose ends are in different processes (nginx's
+//     master and workers): the same, each end with the data queued to it.
+//
+// The same open file description always has the same inode and the same
+// open flags; kcmp(KCMP_FILE) tells whether two such are one.
+
+// Tree hands out the objects that the processes of a tree share, during
+// the restore of the tree. Keys name the objects: OFDKey, PipeKey,
+// UnixKey, ShmemKey.
+type Tree interface {
+	// Take puts into the process that in injects into a descriptor on
+	// the object key and returns its number there (close-on-exec); ok
+	// is false if no process has handed the object out yet.
+	Take(in *ptrace.Injector, key string) (fd int, ok bool, err error)
+	// Give hands out the object fd of process pid holds, as key.
+	Give(pid int, key string, fd int) error
+}
+
+// OFDKey names the open file description of descriptor fd of process pid.
+func OFDKey(pid, fd int) string { return fmt.Sprintf("fd:%d:%d", pid, fd) }
+
+// PipeKey names one end of a pipe shared between processes.
+func PipeKey(id uint64, read bool) string {
+	if read {
+		return fmt.Sprintf("pipe:%d:r", id)
+	}
+	return fmt.Sprintf("pipe:%d:w", id)
+}
+
+// UnixKey names the end, socket inode ino, of a socket pair shared
+// between processes.
+func UnixKey(ino uint64) string { return fmt.Sprintf("unix:%d", ino) }
+
+// ShmemKey names a shared memory object mapped by several processes.
+func ShmemKey(id uint64) string { return fmt.Sprintf("shm:%d", id) }
+
+// treeDumper is what the dump of one process of a tree knows of the
+// others.
+type treeDumper struct {
+	pipes   map[uint64]*treePipe // pipes with ends in several processes
+	sockets map[uint64]bool      // socket inodes held in the tree
+	// from are the descriptors of the process being described that
+	// share the open file description of one of a process before it.
+	from map[int]*image.FDTree
+}
+
+// inherited returns what descriptor num of the process being described
+// shares its open file description with, or nil.
+func (td *treeDumper) inherited(num int) *image.FDTree {
+	if td == nil {
+		return nil
+	}
+	return td.from[num]
+}
+
+// inheritedFD describes f, which shares the open file description of r:
+// its number and flags; the rest is r's. Its kind is set by DumpTree.
+func inheritedFD(f *proc.FD, r *image.FDTree) image.FD {
+	out := image.FD{FD: f.Num, Tree: r}
+	if f.Info != nil {
+		out.CloExec = f.Info.Flags&unix.O_CLOEXEC != 0
+		out.Flags = int(f.Info.Flags) &^ unix.O_CLOEXEC
+	}
+	return out
+}
+
+// treePipe is a pipe whose ends are in several processes.
+type treePipe struct {
+	data struct{ pid, fd int } // the read end whose bytes are dumped
+	read bool
+}
+
+// DumpTree describes the descriptors of every process of a frozen tree,
+// pids in the order of the tree (a parent before its children), maps
+// each one's mappings; it refuses the first descriptor the snapshot
+// format cannot describe, naming the process and the descriptor.
+func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD, error) {
+	all := make([][]proc.FD, len(pids))
+	for i, pid := range pids {
+		var err error
+		if all[i], err = proc.ReadFDs(pid); err != nil {
+			return nil, fmt.Errorf("pid %d: %w", pid, err)
+		}
+	}
+	from := inherited(pids, all)
+	td := &treeDumper{pipes: map[uint64]*treePipe{}, sockets: map[uint64]bool{}}
+	// Pipes whose own open file descriptions (not inherited ones) are in
+	// several processes.
+	holders := map[uint64]map[int]bool{}
+	for i := range pids {
+		for j := range all[i] {
+			f := &all[i][j]
+			if f.Kind == proc.FDSocket {
+				td.sockets[f.Ino] = true
+			}
+			if f.Kind != proc.FDPipe || from[i][f.Num] != nil {
+				continue
+			}
+			if holders[f.Ino] == nil {
+				holders[f.Ino] = map[int]bool{}
+			}
+			holders[f.Ino][i] = true
+			if len(holders[f.Ino]) > 1 {
+				td.pipes[f.Ino] = &treePipe{}
+			}
+		}
+	}
+	for i := range pids {
+		for j := range all[i] {
+			f := &all[i][j]
+			p := td.pipes[f.Ino]
+			if f.Kind == proc.FDPipe && p != nil && !p.read && from[i][f.Num] == nil && f.Info != nil && f.Info.Flags&unix.O_ACCMODE == unix.O_RDONLY {
+				p.read, p.data.pid, p.data.fd = true, pids[i], f.Num
+			}
+		}
+	}
+	for ino, p := range td.pipes {
+		if !p.read {
+			return nil, fmt.Errorf("%w: pipe:[%d] has no read end in the tree (restore could not reconnect it)", image.ErrUnsupported, ino)
+		}
+	}
+	out := make([][]image.FD, len(pids))
+	for i, pid := range pids {
+		td.from = from[i]
+		fds, err := dump(pid, maps[i], all[i], td, log)
+		if err != nil {
+			return nil, err
+		}
+		for k := range fds {
+			f := &fds[k]
+			if f.Tree != nil {
+				f.Kind = kindOf(out, pids, f.Tree)
+				continue
+			}
+			if f.Kind == image.FDPipe && td.pipes[f.Pipe.ID] != nil {
+				f.Tree = &image.FDTree{Shared: true}
+			}
+			if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sockConnected {
+				if peer, ok := s.Options[peerInodeOption]; ok && !holds(all[i], uint64(peer)) {
+					f.Tree = &image.FDTree{Shared: true}
+				}
+			}
+		}
+		out[i] = fds
+	}
+	return out, nil
+}
+
+// kindOf is the kind of the descriptor r names, described before.
+func kindOf(out [][]image.FD, pids []int, r *image.FDTree) string {
+	for i, pid := range pids {
+		if pid != r.PID {
+			continue
+		}
+		for _, f := range out[i] {
+			if f.FD == r.FD {
+				return f.Kind
+			}
+		}
+	}
+	return ""
+}
+
+func holds(fds []proc.FD, ino uint64) bool {
+	for _, f := range fds {
+		if f.Kind == proc.FDSocket && f.Ino == ino {
+			return true
+		}
+	}
+	return false
+}
+
+// inherited finds, for each process, the descriptors whose open file
+// description a process before it in the tree holds already: process i,
+// descriptor number -> that process and descriptor (its lowest one).
+func inherited(pids []int, all [][]proc.FD) []map[int]*image.FDTree {
+	type key struct {
+		dev, ino uint64
+		flags    uint32
+	}
+	type holder struct{ i, fd int }
+	seen := map[key][]holder{}
+	out := make([]map[int]*image.FDTree, len(pids))
+	for i := range pids {
+		out[i] = map[int]*image.FDTree{}
+		var mine []func()
+		for j := range all[i] {
+			f := &all[i][j]
+			if f.Info == nil {
+				continue
+			}
+			k := key{f.Stat.Dev, f.Stat.Ino, f.Info.Flags &^ unix.O_CLOEXEC}
+			found := false
+			for _, h := range seen[k] {
+				if h.i != i && sameFileOf(pids[h.i], pids[i], h.fd, f.Num) {
+					out[i][f.Num] = &image.FDTree{PID: pids[h.i], FD: h.fd}
+					found = true
+					break
+				}
+			}
+			if !found {
+				num := f.Num
+				mine = append(mine, func() { seen[k] = append(seen[k], holder{i, num}) })
+			}
+		}
+		for _, add := range mine {
+			add()
+		}
+	}
+	return out
+}
+
+// sameFileOf reports whether fd a of process pa and fd b of pb are the
+// same open file description.
+func sameFileOf(pa, pb, a, b int) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pa), uintptr(pb), kcmpFile, uintptr(a), uintptr(b), 0)
+	return errno == 0 && r == 0
+}
+
+// MakeShared creates, in this process, the pipes and socket pairs that
+// processes of the tree sts share (image.FDTree.Shared), with the bytes
+// that were in flight in them, and returns them by key (PipeKey,
+// UnixKey). The caller closes them.
+func MakeShared(sts []*image.Process) (map[string]int, error) {
+	out := map[string]int{}
+	fail := func(err error) (map[string]int, error) {
+		for _, fd := range out {
+			unix.Close(fd)
+		}
+		return nil, err
+	}
+	for _, st := range sts {
+		for _, f := range st.FDs {
+			if f.Tree == nil || !f.Tree.Shared {
+				continue
+			}
+			switch {
+			case f.Pipe != nil:
+				if _, ok := out[PipeKey(f.Pipe.ID, true)]; ok {
+					continue
+				}
+				var p [2]int
+				if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+					return fail(fmt.Errorf("pipe2: %w", err))
+				}
+				out[PipeKey(f.Pipe.ID, true)], out[PipeKey(f.Pipe.ID, false)] = p[0], p[1]
+				if err := fillPipe(p[1], sts, f.Pipe.ID); err != nil {
+					return fail(fmt.Errorf("pipe:[%d]: %w", f.Pipe.ID, err))
+				}
+			case f.Socket != nil:
+				s := f.Socket
+				if _, ok := out[UnixKey(s.ID)]; ok {
+					continue
+				}
+				peer := uint64(s.Options[peerInodeOption])
+				p, err := unix.Socketpair(unix.AF_UNIX, s.Type|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					return fail(fmt.Errorf("socketpair: %w", err))
+				}
+				out[UnixKey(s.ID)], out[UnixKey(peer)] = p[0], p[1]
+				// What waits in one end was sent from the other.
+				if err := sendAll(p[1], s.Type, queuedOf(sts, s.ID)); err != nil {
+					return fail(fmt.Errorf("socket:[%d]: %w", s.ID, err))
+				}
+				if err := sendAll(p[0], s.Type, queuedOf(sts, peer)); err != nil {
+					return fail(fmt.Errorf("socket:[%d]: %w", peer, err))
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// fillPipe sets the size of pipe id and writes the bytes that were in
+// flight into its write end w.
+func fillPipe(w int, sts []*image.Process, id uint64) error {
+	for _, st := range sts {
+		for _, g := range st.FDs {
+			if g.Pipe == nil || g.Pipe.ID != id || (g.Pipe.Size == 0 && len(g.Pipe.Buffered) == 0) {
+				continue
+			}
+			if g.Pipe.Size > 0 {
+				if _, err := unix.FcntlInt(uintptr(w), unix.F_SETPIPE_SZ, g.Pipe.Size); err != nil {
+					return fmt.Errorf("F_SETPIPE_SZ %d: %w", g.Pipe.Size, err)
+				}
+			}
+			for b := g.Pipe.Buffered; len(b) > 0; {
+				n, err := unix.Write(w, b)
+				if err != nil {
+					return fmt.Errorf("refill with %d bytes: %w", len(g.Pipe.Buffered), err)
+				}
+				b = b[n:]
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// queuedOf is the data dumped as queued in socket ino.
+func queuedOf(sts []*image.Process, ino uint64) [][]byte {
+	for _, st := range sts {
+		for _, g := range st.FDs {
+			if g.Socket != nil && g.Socket.ID == ino && g.Tree != nil && g.Tree.Shared {
+				return g.Socket.Queued
+			}
+		}
+	}
+	return nil
+}
+
+func sendAll(fd, typ int, msgs [][]byte) error {
+	for _, m := range msgs {
+		for len(m) > 0 || typ != unix.SOCK_STREAM {
+			n, err := unix.SendmsgN(fd, m, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			if err != nil {
+				return fmt.Errorf("queue %d bytes again: %w", len(m), err)
+			}
+			if typ != unix.SOCK_STREAM {
+				break
+			}
+			m = m[n:]
+		}
+	}
+	return nil
+}
+
+// treeFD returns the descriptor in the process of f, a descriptor linked
+// to other processes of the tree, taken from the tree.
+func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
+	if fc.tree == nil {
+		return -1, fmt.Errorf("%w: a descriptor shared with other processes of a tree, restored alone", image.ErrCorrupt)
+	}
+	var key string
+	switch {
+	case f.Tree.PID != 0:
+		key = OFDKey(f.Tree.PID, f.Tree.FD)
+	case f.Pipe != nil:
+		key = PipeKey(f.Pipe.ID, f.Flags&unix.O_ACCMODE == unix.O_RDONLY)
+	case f.Socket != nil:
+		key = UnixKey(f.Socket.ID)
+	default:
+		return -1, fmt.Errorf("%w: %s descriptor shared in a tree", image.ErrCorrupt, f.Kind)
+	}
+	fd, ok, err := fc.tree.Take(fc.in, key)
+	if err != nil {
+		return -1, err
+	}
+	if !ok {
+		return -1, fmt.Errorf("%w: %s is not restored before this process", image.ErrCorrupt, key)
+	}
+	cloexec := uint64(0)
+	if f.CloExec {
+		cloexec = unix.FD_CLOEXEC
+	}
+	if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFD, cloexec); err != nil {
+		return -1, fmt.Errorf("fcntl(F_SETFD): %w", err)
+	}
+	if f.Tree.PID != 0 {
+		return fd, nil // one description: its flags came with it
+	}
+	if err := fc.setFlags(fd, f); err != nil {
+		return -1, err
+	}
+	if f.Socket != nil {
+		if err := fc.sockOpts(fd, f.Socket); err != nil {
+			return -1, err
+		}
+	}
+	return fd, nil
+}
+
+// treePipe records one end of a pipe with ends in several processes of
+// the tree; the bytes in flight are stored with one read end.
+func (fx *fdDumper) treePipe(f *proc.FD, out image.FD) (image.FD, error) {
+	p := fx.tree.pipes[f.Ino]
+	out.Kind = image.FDPipe
+	out.Pipe = &image.Pipe{ID: f.Ino}
+	if p.data.pid == fx.pid && p.data.fd == f.Num {
+		b, size, err := fx.peekPipe(f.Num)
+		if err != nil {
+			return out, fmt.Errorf("read buffered bytes: %w", err)
+		}
+		out.Pipe.Size, out.Pipe.Buffered = size, b
+	}
+	return out, nil
+}

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+// The "tree" series: a process tree, nginx (a master and two workers of
+// another uid), dumped and restored eagerly and lazily (a pager per
+// process, through a private mount). Its memory is small and does not
+// follow the size: what it measures is what a tree costs over one process
+// (every process frozen, then made, one after the other).
+
+func init() {
+	extraSeries = append(extraSeries, series{Name: "tree", Measure: measureTree, Validate: validateTree, Render: renderTree})
+}
+
+// treeResult is the tree series of one size.
+type treeResult struct {
+	Server    string
+	Processes int
+	Image     uint64          // the snapshot directory
+	Dump      []time.Duration // snapctl's "in D"
+	Freeze    []time.Duration // snapctl's "frozen F"
+	Eager     []time.Duration // restore: "in D"
+	Running   []time.Duration // restore --lazy: "running after A"
+	AllIn     []time.Duration // restore --lazy: "all memory in after B"
+}
+
+// treeNginxConf is nginx's configuration: dir holds its files.
+const treeNginxConf = `daemon on;
+master_process on;
+worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 64; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/tmp;
+	proxy_temp_path %[1]s/tmp;
+	fastcgi_temp_path %[1]s/tmp;
+	uwsgi_temp_path %[1]s/tmp;
+	scgi_temp_path %[1]s/tmp;
+	server { listen 127.0.0.1:%[2]d; root %[1]s/www; }
+}
+`
+
+// treeNginx is one nginx of the series.
+type treeNginx struct {
+	dir, url, page string
+	master         int
+}
+
+// startTreeNginx starts nginx in dir and waits until it serves.
+func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, error) {
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		return nil, fmt.Errorf("nginx (Debian package nginx): %w", err)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "www"), filepath.Join(dir, "tmp")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(d, 0o755); err != nil { // the workers run as nobody
+			return nil, err
+		}
+	}
+	os.Remove(filepath.Join(dir, "nginx.pid"))
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	n := &treeNginx{dir: dir, url: fmt.Sprintf("http://127.0.0.1:%d/", port), page: fmt.Sprintf("tree %d\n", time.Now().UnixNano())}
+	if err := os.WriteFile(filepath.Join(dir, "www", "index.html"), []byte(n.page), 0o644); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, treeNginxConf, dir, port), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, bin, "-c", conf, "-p", dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("nginx: %w\n%s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "nginx.pid"))
+	if err != nil {
+		return nil, err
+	}
+	if n.master, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return nil, fmt.Errorf("nginx.pid: %w", err)
+	}
+	h.live = n.master
+	// Two workers, past their setuid.
+	for {
+		err := n.serves(ctx)
+		if err == nil && treeWorkersReady(n.master) {
+			return n, nil
+		}
+		select {
+		case <-ctx.Done():
+			n.kill(context.Background())
+			h.live = 0
+			return nil, fmt.Errorf("nginx did not start serving: %w (%v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// treeWorkersReady reports whether master has two children, neither of
+// them root any more.
+func treeWorkersReady(master int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", master, master))
+	if err != nil {
+		return false
+	}
+	kids := strings.Fields(string(b))
+	if len(kids) != 2 {
+		return false
+	}
+	for _, k := range kids {
+		// Status, not the owner of /proc/PID: a process that changed its
+		// uid is not dumpable, and its /proc directory is root's.
+		b, err := os.ReadFile("/proc/" + k + "/status")
+		if err != nil {
+			return false
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" && f[1] == "0" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// serves checks that nginx answers with its page.
+func (n *treeNginx) serves(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", n.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && (resp.StatusCode != http.StatusOK || string(b) != n.page) {
+		err = fmt.Errorf("GET %s: %s %q", n.url, resp.Status, b)
+	}
+	return err
+}
+
+// kill kills the tree (its process group, the master's).
+func (n *treeNginx) kill(ctx context.Context) error {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.master, n.master))
+	unix.Kill(-n.master, unix.SIGKILL)
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	err := killAndReap(ctx, n.master)
+	// Orphaned, the workers are the harness's (a subreaper) to reap.
+	for _, p := range strings.Fields(string(b)) {
+		if pid, _ := strconv.Atoi(p); pid > 0 {
+			err = errors.Join(err, killAndReap(ctx, pid))
+		}
+	}
+	return err
+}
+
+// runSnapctl runs snapctl with args and returns its stdout.
+func (h *harness) runSnapctl(ctx context.Context, args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
+	}
+	return out.String(), nil
+}
+
+// measureTree runs the tree series: per run, nginx dumped and restored
+// eagerly, then dumped and restored lazily.
+func measureTree(ctx context.Context, h *harness, sr *sizeResult) error {
+	// What the harness inherited from whatever started it must not leak
+	// into nginx: it would lead outside the tree, and the dump refuses it.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return err
+	}
+	tr := &treeResult{Server: "nginx: a master and 2 workers", Processes: 3}
+	// The workers run as nobody: their directory is not under the work
+	// directory, which is root's alone.
+	dir, err := os.MkdirTemp("", "lazyfs-bench-nginx-")
+	if err != nil {
+		return err
+	}
+	snap := filepath.Join(h.work, "snap-tree")
+	defer os.RemoveAll(dir)
+	defer os.RemoveAll(snap)
+	for r := range h.runs {
+		for _, lazy := range []bool{false, true} {
+			if err := h.treeOnce(ctx, tr, dir, snap, lazy); err != nil {
+				return err
+			}
+		}
+		h.logf("tree run %d/%d: dump %s (frozen %s), eager %s, lazy running %s, all in %s", r+1, h.runs,
+			ms(tr.Dump[len(tr.Dump)-1]), ms(tr.Freeze[len(tr.Freeze)-1]), ms(tr.Eager[len(tr.Eager)-1]),
+			ms(tr.Running[len(tr.Running)-1]), ms(tr.AllIn[len(tr.AllIn)-1]))
+	}
+	sr.Tree = tr
+	return nil
+}
+
+// treeOnce starts nginx, dumps it and restores it once.
+func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string, lazy bool) error {
+	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	defer cancel()
+	if err := os.RemoveAll(snap); err != nil {
+		return err
+	}
+	n, err := h.startTreeNginx(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer n.kill(context.Background())
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", n.master, n.master))
+	if err != nil {
+		return err
+	}
+	out, err := h.runSnapctl(ctx, "dump", "-t", strconv.Itoa(n.master), "-D", snap)
+	if err != nil {
+		return err
+	}
+	d, err := parseDump(out)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, "(3 processes,") {
+		return fmt.Errorf("dump of nginx: %q: want 3 processes: %w", out, ErrOutput)
+	}
+	// The harness is a subreaper: the dumped processes are its to reap,
+	// the workers too once their master is gone.
+	for _, p := range append(strings.Fields(string(b)), strconv.Itoa(n.master)) {
+		pid, _ := strconv.Atoi(p)
+		if err := killAndReap(ctx, pid); err != nil {
+			return err
+		}
+	}
+	tr.Dump, tr.Freeze = append(tr.Dump, d.Total), append(tr.Freeze, d.Freeze)
+	if tr.Image, err = dirSize(snap); err != nil {
+		return err
+	}
+	args := []string{"restore", "-D", snap}
+	if lazy {
+		args = append(args, "--lazy")
+	}
+	if out, err = h.runSnapctl(ctx, args...); err != nil {
+		return err
+	}
+	rr, err := parseRestore(out, lazy)
+	if err != nil {
+		return err
+	}
+	if rr.PID != n.master {
+		return fmt.Errorf("restored pid %d, want %d: %w", rr.PID, n.master, ErrOutput)
+	}
+	if lazy {
+		tr.Running, tr.AllIn = append(tr.Running, rr.Running), append(tr.AllIn, rr.Total)
+	} else {
+		tr.Eager = append(tr.Eager, rr.Total)
+	}
+	if !treeWorkersReady(n.master) {
+		return errors.New("the restored nginx has not its two workers")
+	}
+	if err := n.serves(ctx); err != nil {
+		return fmt.Errorf("the restored nginx: %w", err)
+	}
+	return nil
+}
+
+func validateTree(runs int, sr *sizeResult, bad func(string, ...any)) {
+	tr := sr.Tree
+	if tr == nil {
+		return
+	}
+	// Two dumps a run (one for each restore).
+	want := map[string]int{"dump": 2 * runs, "freeze": 2 * runs, "eager": runs, "running": runs, "all in": runs}
+	for name, ds := range map[string][]time.Duration{"dump": tr.Dump, "freeze": tr.Freeze, "eager": tr.Eager, "running": tr.Running, "all in": tr.AllIn} {
+		if len(ds) != want[name] {
+			bad("tree: %d %s figures for %d runs, want %d", len(ds), name, runs, want[name])
+		}
+	}
+	if d, a := summarize(tr.Running), summarize(tr.AllIn); d.Med > a.Med {
+		bad("tree: lazy restore running after %s, later than all memory in (%s)", d, a)
+	}
+}
+
+func renderTree(m *md, sr *sizeResult) {
+	tr := sr.Tree
+	if tr == nil {
+		return
+	}
+	m.p("### Process tree: %s", tr.Server)
+	m.p("")
+	m.p("nginx (Debian's) with a master and %d workers, %d processes in all, dumped (`snapctl dump -t MASTER`, snapshot %s) and restored, eagerly and with `--lazy` (a pager per process, each reading its process's memory through one private mount). Its memory does not follow the size above. Each run starts nginx twice: once for the eager restore, once for the lazy one; every restored tree serves its page with its two workers before the run counts.",
+		tr.Processes-1, tr.Processes, units.FormatSize(tr.Image))
+	m.p("")
+	m.header("dump", "frozen", "eager restore", "lazy: running after", "lazy: all memory in")
+	m.row(summarize(tr.Dump).String(), summarize(tr.Freeze).String(), summarize(tr.Eager).String(), summarize(tr.Running).String(), summarize(tr.AllIn).String())
+	m.p("")
+}
