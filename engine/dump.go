@@ -38,6 +38,14 @@ type DumpOptions struct {
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.
 	Progress func(done, total uint64)
+	// TCPEstablished takes established TCP connections with TCP_REPAIR
+	// under a network lock (fds.NetLock) that holds them until the
+	// restore (criu dump --tcp-established); without it they are
+	// recorded to be closed at restore.
+	TCPEstablished bool
+	// External names the pipes and unix sockets leading outside the
+	// process that the snapshot records (fds.ParseExternal).
+	External *fds.External
 }
 
 // DumpResult describes a finished dump.
@@ -53,6 +61,11 @@ type DumpResult struct {
 	Stats      image.Stats
 	// MemoryBytes is the memory dumped (decoded bytes).
 	MemoryBytes uint64
+	// Conns is the number of TCP connections taken with TCP_REPAIR;
+	// NetLock the nftables table (family inet) that holds them until the
+	// restore, if the process was killed.
+	Conns   int
+	NetLock string
 }
 
 // Dump freezes the process opts.PID, writes its snapshot into opts.Dir and
@@ -135,9 +148,25 @@ func (d *dumper) memoryLayout(context.Context) error {
 }
 
 func (d *dumper) fds(context.Context) error {
+	if d.opts.TCPEstablished {
+		d.tcp = fds.NewTCPRepair(d.pid)
+	}
 	var err error
-	d.st.FDs, err = fds.Dump(d.pid, d.maps, d.log)
+	d.st.FDs, err = fds.Dump(d.pid, d.maps, fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External})
 	return err
+}
+
+// resumeConns takes the connections out of repair mode and releases the
+// network lock, before the process runs again (a failed dump, or
+// --leave-running).
+func (d *dumper) resumeConns() {
+	if d.tcp == nil {
+		return
+	}
+	if err := d.tcp.Resume(d.log); err != nil {
+		d.log.Error("connections not resumed", "pid", d.pid, "err", err)
+	}
+	d.tcp = nil
 }
 
 // dumpMemory writes the pages. With LeaveRunning the process resumes as
@@ -149,6 +178,7 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 	d.log.Debug("state collected", "pid", d.pid, "since freeze", time.Since(d.frozen))
 	captured := func() {
 		if d.opts.LeaveRunning {
+			d.resumeConns()
 			d.resume(d.p.Detach)
 			d.log.Info("resumed", "pid", d.pid, "frozen", d.freezeTime)
 		}
@@ -177,11 +207,21 @@ func (d *dumper) finish(context.Context) error {
 	d.res = &DumpResult{PID: d.pid, Threads: len(d.st.Threads), FreezeStop: d.p.Stats().Duration, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
 	if !d.resumed {
 		if d.opts.LeaveRunning {
+			d.resumeConns()
 			d.resume(d.p.Detach)
 		} else {
 			fds.ResetConnections(d.st, d.log) // no TIME_WAIT left holding its ports
 			d.resume(d.p.Kill)
 		}
+	}
+	if d.tcp != nil && d.resumeErr == nil {
+		// Dead, the process closed its sockets in repair mode: the lock
+		// holds the connections for the restore.
+		d.tcp.Keep()
+		if n := d.tcp.Lock.Conns(); n > 0 {
+			d.res.Conns, d.res.NetLock = n, d.tcp.Lock.Table()
+		}
+		d.tcp = nil
 	}
 	d.res.Freeze = d.freezeTime
 	if d.resumeErr != nil {
@@ -204,6 +244,7 @@ func (d *dumper) cleanup(err *error) {
 	if *err != nil && d.w != nil && !d.committed {
 		d.w.Abort()
 	}
+	d.resumeConns()
 	if d.p != nil && !d.resumed {
 		if derr := d.p.Detach(); derr != nil {
 			d.log.Error("resume after failed dump", "pid", d.pid, "err", derr)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"log/slog"
 	"time"
 
@@ -30,6 +31,9 @@ type dumper struct {
 	resumeErr  error
 	freezeTime time.Duration
 	res        *DumpResult
+	// tcp holds the connections taken with TCP_REPAIR (--tcp-established)
+	// until the process runs again or dies.
+	tcp *fds.TCPRepair
 }
 
 // processState reads what /proc tells of the process (task.ReadProcess).

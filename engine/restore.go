@@ -46,6 +46,17 @@ type RestoreOptions struct {
 	// Not with Lazy.
 	LeaveStopped bool
 	Logger       *slog.Logger
+	// TCPEstablished brings back connected the TCP connections the dump
+	// took with TCP_REPAIR; without it they come back closed. The
+	// network lock that held them is released either way once the
+	// restore ends, whether it succeeded or not.
+	TCPEstablished bool
+	// Inherit gives, by key, descriptors of the caller that take the
+	// place of descriptors leading outside the process
+	// (fds.ParseInherit); ExternalFallback is what the others become
+	// (fds.ExternalRefuse, the default, or fds.ExternalNull).
+	Inherit          map[string]int
+	ExternalFallback string
 }
 
 // RestoreResult describes a finished restore.
@@ -117,6 +128,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		{"leave stopped", r.leaveStopped},
 		{"finish", r.finish},
 	})
+	r.releaseNetLocks()
 	if err != nil {
 		return nil, err
 	}

@@ -42,9 +42,31 @@ type restorer struct {
 // restoreFDs recreates every descriptor (engine/fds) and closes the
 // shared memory objects that mapping memory left open for them.
 func (r *restorer) restoreFDs(ctx context.Context) error {
-	err := fds.Restore(ctx, r.in, r.st, r.shmem, r.log)
+	err := fds.Restore(ctx, r.in, r.st, r.shmem, r.fdOptions())
 	r.shmem = nil
 	return err
+}
+
+// fdOptions are the options of the descriptors' restore.
+func (r *restorer) fdOptions() fds.RestoreOptions {
+	return fds.RestoreOptions{Log: r.log, TCPEstablished: r.opts.TCPEstablished, Inherit: r.opts.Inherit, ExternalFallback: r.opts.ExternalFallback}
+}
+
+// releaseNetLocks deletes the network locks that held the snapshot's TCP
+// connections since the dump: once they are back, or once the restore
+// failed (their peers then see a reset).
+func (r *restorer) releaseNetLocks() {
+	done := map[string]bool{}
+	for _, f := range r.st.FDs {
+		if f.Socket == nil || f.Socket.TCP == nil || f.Socket.TCP.Lock == "" || done[f.Socket.TCP.Lock] {
+			continue
+		}
+		lock := f.Socket.TCP.Lock
+		done[lock] = true
+		if err := fds.DeleteNetLock(lock); err != nil {
+			r.log.Error("network lock not released: nft delete table inet "+lock, "pid", r.st.PID, "err", err)
+		}
+	}
 }
 
 // check refuses, before anything is created, a snapshot this machine or
@@ -85,5 +107,5 @@ func (r *restorer) check() error {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
 	}
-	return nil
+	return fds.CheckExternal(st.PID, st.FDs, r.fdOptions())
 }

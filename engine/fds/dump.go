@@ -10,10 +10,26 @@ import (
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
+// DumpOptions configure Dump.
+type DumpOptions struct {
+	Log *slog.Logger
+	// TCP, if set, takes established TCP connections with TCP_REPAIR
+	// under its lock (--tcp-established); otherwise they are recorded to
+	// be closed at restore.
+	TCP *TCPRepair
+	// External names the pipes and unix sockets leading outside the
+	// process that are recorded rather than refused or closed.
+	External *External
+}
+
 // Dump describes every open file descriptor of the frozen process pid,
 // whose memory mappings are maps, or refuses the first one the snapshot
 // format cannot describe, naming it.
-func Dump(pid int, maps []proc.Mapping, log *slog.Logger) ([]image.FD, error) {
+func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	fds, err := proc.ReadFDs(pid)
 	if err != nil {
 		return nil, err
@@ -23,7 +39,8 @@ func Dump(pid int, maps []proc.Mapping, log *slog.Logger) ([]image.FD, error) {
 		return nil, fmt.Errorf("pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
-	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}}
+	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{},
+		tcp: o.TCP, ext: o.External, used: map[string]bool{}}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -32,12 +49,15 @@ func Dump(pid int, maps []proc.Mapping, log *slog.Logger) ([]image.FD, error) {
 	for i := range fds {
 		f, err := fx.fd(&fds[i])
 		if err != nil {
-			return nil, fmt.Errorf("fd %d (%s): %w", fds[i].Num, fds[i].Target, err)
+			return nil, fmt.Errorf("pid %d fd %d (%s): %w", pid, fds[i].Num, fds[i].Target, err)
 		}
 		if first, ok := shared[fds[i].Num]; ok {
 			f.SameAs = &first
 		}
 		out = append(out, f)
+	}
+	if err := fx.ext.checkUsed(pid, fx.used); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -96,6 +116,9 @@ type fdDumper struct {
 	sockets proc.Sockets
 	inet    map[uint64]proc.InetDiag
 	unixd   map[uint64]proc.UnixDiag
+	tcp     *TCPRepair
+	ext     *External
+	used    map[string]bool // fd[N] and ino[INO] of the descriptors External matched
 }
 
 // fd describes one descriptor: its number and flags here, what it is

@@ -20,11 +20,15 @@ type pipeEnds struct {
 // bytes buffered in it are stored with its lowest read end.
 func (fx *fdDumper) pipe(f *proc.FD, out image.FD) (image.FD, error) {
 	ends := fx.pipes[f.Ino]
-	if ends == nil || len(ends.readers) == 0 || len(ends.writers) == 0 {
-		return out, fmt.Errorf("%w: pipe:[%d] has an end outside the process (restore could not reconnect it)", image.ErrUnsupported, f.Ino)
-	}
 	out.Kind = image.FDPipe
 	out.Pipe = &image.Pipe{ID: f.Ino}
+	if ends == nil || len(ends.readers) == 0 || len(ends.writers) == 0 {
+		if fx.ext.matches(f) {
+			fx.external(f, &out, fmt.Sprintf("pipe:[%d]", f.Ino))
+			return out, nil
+		}
+		return out, fmt.Errorf("%w: pipe:[%d] has its other end outside the process: dump with --external fd[%d] (or pipe[%d], or stdio for fds 0-2) to record it, and restore with --inherit-fd", image.ErrUnsupported, f.Ino, f.Num, f.Ino)
+	}
 	if f.Num == ends.readers[0] {
 		if !ends.read {
 			b, size, err := fx.peekPipe(f.Num)

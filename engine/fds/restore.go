@@ -13,6 +13,21 @@ import (
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
+// RestoreOptions configure Restore.
+type RestoreOptions struct {
+	Log *slog.Logger
+	// TCPEstablished brings the connections the dump took with TCP_REPAIR
+	// back connected; without it they come back closed.
+	TCPEstablished bool
+	// Inherit maps the key of a descriptor leading outside ("pipe:[INO]",
+	// "socket:[INO]", or "fd[N]" for the dumped process's descriptor N) to
+	// a descriptor of the caller that takes its place (ParseInherit).
+	Inherit map[string]int
+	// ExternalFallback is what a descriptor leading outside that Inherit
+	// does not give becomes: ExternalRefuse ("" too) or ExternalNull.
+	ExternalFallback string
+}
+
 // Restore recreates every file descriptor of st in the process that in
 // injects into, at its number, with its flags, in ascending order. A new
 // object takes the lowest free number, which is most often its own (the
@@ -23,8 +38,12 @@ import (
 // the process, closed here) are kept above every number the process uses
 // until all are placed. Epoll registrations are made last: their targets
 // must be in place.
-func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, log *slog.Logger) error {
+func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, o RestoreOptions) error {
 	fds := st.FDs
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	maxFD := 2
 	for _, f := range fds {
 		maxFD = max(maxFD, f.FD)
@@ -39,8 +58,13 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 		return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
 	}
 	_, scratchLen := in.Scratch()
-	fc := &fdCreator{in: in, st: st, shmem: shmem, log: log, scratchLen: scratchLen,
-		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
+	fc := &fdCreator{in: in, st: st, shmem: shmem, log: log, opts: o, scratchLen: scratchLen,
+		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}, pfd: -1}
+	defer func() {
+		if fc.pfd >= 0 {
+			unix.Close(fc.pfd)
+		}
+	}()
 	for id, fd := range shmem {
 		nfd, err := fc.moveHigh(fd)
 		if err != nil {
@@ -144,7 +168,9 @@ type fdCreator struct {
 	st         *image.Process
 	shmem      map[uint64]int // shared object id -> its fd in the process
 	log        *slog.Logger
+	opts       RestoreOptions
 	scratchLen int
+	pfd        int // a pidfd of the process, once opened (pidfd), or -1
 
 	high  int               // kept objects live at this number or above
 	pipes map[uint64][2]int // pipe id -> read, write end (kept)
@@ -209,6 +235,9 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	cloexec := uint64(0)
 	if f.CloExec {
 		cloexec = unix.O_CLOEXEC
+	}
+	if f.External != "" {
+		return fc.external(f)
 	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDChr:

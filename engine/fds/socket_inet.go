@@ -63,7 +63,9 @@ func isUnspecifiedPortZero(s string) bool {
 // and leaves no TIME_WAIT or FIN_WAIT socket behind. Those would hold the
 // ports of its listeners, and a listener without SO_REUSEADDR could not
 // be bound again by the restore until they expire. The peers see their
-// connection reset, as restore --tcp-close has it. Failures are only
+// connection reset, as restore --tcp-close has it. Connections taken with
+// TCP_REPAIR are left alone: they close silently in repair mode, and
+// their peers wait for the restore behind the network lock. Failures are only
 // logged: the snapshot is written already.
 func ResetConnections(st *image.Process, log *slog.Logger) {
 	pidfd := -1
@@ -74,7 +76,7 @@ func ResetConnections(st *image.Process, log *slog.Logger) {
 	}()
 	for _, f := range st.FDs {
 		s := f.Socket
-		if s == nil || f.SameAs != nil || s.Type != unix.SOCK_STREAM ||
+		if s == nil || f.SameAs != nil || s.TCP != nil || s.Type != unix.SOCK_STREAM ||
 			(s.Family != unix.AF_INET && s.Family != unix.AF_INET6) || !isConnection(s.State) {
 			continue
 		}

@@ -1,0 +1,133 @@
+package fds
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// NetLock holds established TCP connections still while a dump takes
+// them with TCP_REPAIR and until a restore puts them back: an nftables
+// table of its own (family inet, named lazyfs_PID_RANDOM) whose input and
+// output chains drop every packet of each connection. Without it the
+// kernel would answer the peer's next segment with a reset once the
+// dumped process is gone, and the peer would reset the connection in
+// turn. The table outlives the dump that kills the process (the snapshot
+// names it, image.TCPConn.Lock); the restore deletes it, whether it
+// brings the connections back or fails. Every other path (a failed dump,
+// a dump that leaves the process running) deletes it before returning.
+//
+// The nft program (Debian's nftables) does the work: one batch per
+// change, read from its standard input.
+type NetLock struct {
+	table string
+	made  bool
+	conns int
+}
+
+// nftTimeout bounds one run of nft.
+const nftTimeout = 10 * time.Second
+
+// NewNetLock returns a lock for the connections of process pid; its table
+// is made with the first connection it holds.
+func NewNetLock(pid int) *NetLock {
+	var b [4]byte
+	rand.Read(b[:])
+	return &NetLock{table: fmt.Sprintf("lazyfs_%d_%s", pid, hex.EncodeToString(b[:]))}
+}
+
+// Table returns the name of the lock's table (in family inet).
+func (l *NetLock) Table() string { return l.table }
+
+// Conns returns how many connections the lock holds.
+func (l *NetLock) Conns() int { return l.conns }
+
+// Hold drops, from now until Release or a restore, every packet between
+// local and peer, both ways.
+func (l *NetLock) Hold(local, peer netip.AddrPort) error {
+	var b strings.Builder
+	if !l.made {
+		fmt.Fprintf(&b, "table inet %s {\n", l.table)
+		fmt.Fprintf(&b, "\tchain input { type filter hook input priority -150; policy accept; }\n")
+		fmt.Fprintf(&b, "\tchain output { type filter hook output priority -150; policy accept; }\n}\n")
+	}
+	ip := "ip"
+	local, peer = netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+	if local.Addr().Is6() {
+		ip = "ip6"
+	}
+	for _, r := range []struct {
+		chain    string
+		src, dst netip.AddrPort
+	}{{"input", peer, local}, {"output", local, peer}} {
+		fmt.Fprintf(&b, "add rule inet %s %s %s saddr %s tcp sport %d %s daddr %s tcp dport %d drop\n",
+			l.table, r.chain, ip, r.src.Addr(), r.src.Port(), ip, r.dst.Addr(), r.dst.Port())
+	}
+	if err := nft(b.String()); err != nil {
+		return fmt.Errorf("lock connection %s-%s: %w", local, peer, err)
+	}
+	l.made = true
+	l.conns++
+	return nil
+}
+
+// Release deletes the lock's table, if it made one.
+func (l *NetLock) Release() error {
+	if !l.made {
+		return nil
+	}
+	if err := DeleteNetLock(l.table); err != nil {
+		return err
+	}
+	l.made = false
+	return nil
+}
+
+// lockName is the form of every table a NetLock makes.
+var lockName = regexp.MustCompile(`^lazyfs_[0-9]+_[0-9a-f]{8}$`)
+
+// DeleteNetLock deletes the nftables table of a NetLock by name (a
+// snapshot's image.TCPConn.Lock); a table already gone is not an error.
+// A name of another form is refused: a snapshot names no other table.
+func DeleteNetLock(table string) error {
+	if !lockName.MatchString(table) {
+		return fmt.Errorf("network lock %q is not a table of lazyfs", table)
+	}
+	err := nft("delete table inet " + table + "\n")
+	if err != nil && strings.Contains(err.Error(), "No such file or directory") {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("release network lock %s: %w", table, err)
+	}
+	return nil
+}
+
+// ErrNoNft: the nft program is missing (Debian package nftables).
+var ErrNoNft = fmt.Errorf("%w: nft not found (install nftables): it locks the connections of --tcp-established", errors.ErrUnsupported)
+
+// nft runs one nft batch.
+func nft(batch string) error {
+	path, err := exec.LookPath("nft")
+	if err != nil {
+		return ErrNoNft
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "-f", "-")
+	cmd.Stdin = strings.NewReader(batch)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}

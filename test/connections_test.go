@@ -1,0 +1,342 @@
+package e2e
+
+// What leads outside a process: an established TCP connection kept with
+// TCP_REPAIR across dump and restore (--tcp-established, the test itself
+// the client), and a daemon's stdout that is a pipe to its starter
+// (--external, --inherit-fd, the test itself the starter).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// nftTable reports whether the nftables table inet name exists.
+func nftTable(t *testing.T, name string) bool {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables: %v: %s", err, out)
+	}
+	return strings.Contains(string(out), "table inet "+name+"\n")
+}
+
+// lazyfsTables lists the nftables tables a dump made (lazyfs_*).
+func lazyfsTables(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables: %v: %s", err, out)
+	}
+	return regexp.MustCompile(`table inet (lazyfs_[0-9]+_[0-9a-f]+)`).FindAllString(string(out), -1)
+}
+
+// TestTCPEstablishedRedis: a client connected to redis-server over TCP
+// during the dump (the process killed) sends a command while the server
+// is gone, and after restore --tcp-established gets its answer and the
+// next one on the same connection. A dump that leaves the server running
+// gives the connection back at once. No nftables table is left behind.
+func TestTCPEstablishedRedis(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireCommand(t, "nft")
+	ctx := testContext(t)
+	before := lazyfsTables(t)
+	p := fixture.StartRedis(t)
+	c := dialRedis(t, ctx, p.Port)
+	if r := c.do(t, "SET greeting hello"); r != "+OK" {
+		t.Fatalf("SET: %q", r)
+	}
+
+	// --leave-running: the connection goes on, the lock is gone.
+	srvDump(t, ctx, p, "--leave-running", "--tcp-established")
+	if r := c.do(t, "INCR n"); r != ":1" {
+		t.Fatalf("INCR after dump --leave-running --tcp-established: %q", r)
+	}
+
+	dir := filepath.Join(t.TempDir(), "snap")
+	r := dumpPID(t, p.PID, dir, "--tcp-established")
+	m := regexp.MustCompile(`1 TCP connections held by nftables table inet (lazyfs_\S+)`).FindStringSubmatch(r.Stdout)
+	if m == nil {
+		t.Fatalf("the dump does not name its network lock:\n%s", r)
+	}
+	lock := m[1]
+	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", lock).Run() })
+	if _, err := p.WaitExit(ctx); err != nil {
+		t.Fatalf("redis outlived its dump: %v", err)
+	}
+	if !nftTable(t, lock) {
+		t.Fatalf("table inet %s missing while the connection waits for its restore", lock)
+	}
+	// Sent while the server is gone: the lock drops the segments, the
+	// client's kernel sends them again after the restore.
+	c.c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.c.Write([]byte("INCR n\r\n")); err != nil {
+		t.Fatalf("write while the server is dumped: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	rr := mustSnapctl(t, "restore", "-D", dir, "--tcp-established")
+	t.Logf("%s", strings.TrimSpace(rr.Stdout))
+	if err := p.Adopt(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Kill(context.Background()) })
+	line, err := c.r.ReadString('\n')
+	if err != nil || line != ":2\r\n" {
+		t.Fatalf("the command sent during the dump answered %q (%v), want :2", line, err)
+	}
+	if r := c.do(t, "GET greeting"); r != "$5" {
+		t.Errorf("GET on the same connection after restore: %q", r)
+	}
+	if r := c.do(t, "INCR n"); r != ":3" {
+		t.Errorf("INCR on the same connection after restore: %q", r)
+	}
+	if nftTable(t, lock) {
+		t.Errorf("table inet %s left behind by the restore", lock)
+	}
+	// The restored server still accepts new clients.
+	if r, err := fixture.Redis(ctx, p.Port, "GET", "n"); err != nil || r != "3" {
+		t.Errorf("GET n on a new connection: %q %v", r, err)
+	}
+	srvKill(t, ctx, p)
+	if after := lazyfsTables(t); len(after) != len(before) {
+		t.Errorf("nftables tables %v after the test, %v before", after, before)
+	}
+}
+
+// TestTCPEstablishedRestoreClosed: a connection the dump kept but the
+// restore is not asked to bring back is closed, the restore says so, and
+// the lock is released: the client sees its connection end.
+func TestTCPEstablishedRestoreClosed(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireCommand(t, "nft")
+	ctx := testContext(t)
+	p := fixture.StartRedis(t)
+	c := dialRedis(t, ctx, p.Port)
+	if r := c.do(t, "PING"); r != "+PONG" {
+		t.Fatalf("PING: %q", r)
+	}
+	dir := srvDump(t, ctx, p, "--tcp-established")
+	r := mustSnapctl(t, "restore", "-D", dir)
+	if err := p.Adopt(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(r.Stderr, "connection closed by restore") || !strings.Contains(r.Stderr, "--tcp-established") {
+		t.Errorf("the restore does not say it closed the kept connection:\n%s", r)
+	}
+	if tables := strings.Join(lazyfsTables(t), " "); strings.Contains(tables, "lazyfs_"+strconv.Itoa(p.PID)+"_") {
+		t.Errorf("the lock of pid %d is left behind: %s", p.PID, tables)
+	}
+	c.c.SetDeadline(time.Now().Add(20 * time.Second))
+	c.c.Write([]byte("PING\r\n"))
+	if line, err := c.r.ReadString('\n'); err == nil {
+		t.Errorf("the closed connection answered %q", line)
+	}
+	srvKill(t, ctx, p)
+}
+
+// counterScript prints 0, 1, 2... one a line, every 20 ms. It closes
+// the descriptors above stdio it may have inherited from whatever ran the
+// tests.
+const counterScript = `
+import os, sys, time
+os.closerange(3, 65536)
+i = 0
+while True:
+    print(i, flush=True)
+    i += 1
+    time.sleep(0.02)
+`
+
+// TestInheritFDStdoutPipe: a daemon whose stdout is a pipe to its starter
+// (the test) is refused by a plain dump, dumped with --external stdio,
+// refused by a restore that has no descriptor for it, and restored with
+// --inherit-fd: the starter reads its later output on the same pipe,
+// every number once and in order.
+func TestInheritFDStdoutPipe(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	py := testutil.RequireCommand(t, "python3")
+	_ = testContext(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(py, "-c", counterScript)
+	cmd.Stdout = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	var restored bool
+	t.Cleanup(func() {
+		unix.Kill(pid, unix.SIGKILL)
+		if !restored {
+			cmd.Wait()
+		}
+	})
+	var st unix.Stat_t
+	if err := unix.Fstat(int(pw.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("pipe:[%d]", st.Ino)
+	lines := make(chan string, 1024)
+	go func() {
+		s := bufio.NewScanner(pr)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+		close(lines)
+	}()
+	next := 0
+	expect := func(n int, within time.Duration) {
+		t.Helper()
+		deadline := time.After(within)
+		for range n {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("the pipe closed after %d lines", next)
+				}
+				if l != strconv.Itoa(next) {
+					t.Fatalf("read %q, want %d: a line lost or doubled", l, next)
+				}
+				next++
+			case <-deadline:
+				t.Fatalf("no line %d after %v", next, within)
+			}
+		}
+	}
+	expect(5, 10*time.Second)
+
+	dir := filepath.Join(t.TempDir(), "snap")
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir)
+	if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "pid "+strconv.Itoa(pid)+" fd 1") || !strings.Contains(r.Stderr, key) ||
+		!strings.Contains(r.Stderr, "--external") {
+		t.Fatalf("a dump without --external: want exit %d naming pid %d fd 1 %s and --external:\n%s", exitUnsupported, pid, key, r)
+	}
+	expect(3, 10*time.Second) // it runs on
+	r = dumpPID(t, pid, dir, "--external", "stdio")
+	cmd.Wait()
+	// The starter still holds the pipe (as a shell would): what the
+	// daemon wrote before it was killed waits in it.
+
+	r = runSnapctl(t, "restore", "-D", dir)
+	if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "fd 1 of pid "+strconv.Itoa(pid)) || !strings.Contains(r.Stderr, key) ||
+		!strings.Contains(r.Stderr, "--inherit-fd") {
+		t.Fatalf("a restore without --inherit-fd: want exit %d naming pid %d fd 1 and %s:\n%s", exitUnsupported, pid, key, r)
+	}
+	if unix.Kill(pid, 0) == nil {
+		t.Fatalf("the refused restore left pid %d", pid)
+	}
+
+	rr := restoreWithFiles(t, []*os.File{pw}, "restore", "-D", dir, "--inherit-fd", "fd[3]:"+key)
+	if rr.Code != 0 {
+		t.Fatalf("%s", rr)
+	}
+	restored = true
+	pw.Close() // the restored daemon holds the only write end now
+	link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/1", pid))
+	if err != nil || link != key {
+		t.Errorf("fd 1 of the restored daemon is %q (%v), want %s", link, err, key)
+	}
+	expect(20, 10*time.Second)
+	unix.Kill(pid, unix.SIGKILL)
+	// Killed, the daemon closes the last write end: the starter reads
+	// the end of its output.
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return
+			}
+			if l != strconv.Itoa(next) {
+				t.Fatalf("read %q, want %d", l, next)
+			}
+			next++
+		case <-deadline:
+			t.Fatal("the pipe did not close after the restored daemon was killed")
+		}
+	}
+}
+
+// TestInheritFDFallbackNull: --external-fallback null puts /dev/null in
+// place of a descriptor leading outside that no --inherit-fd gives.
+func TestInheritFDFallbackNull(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	py := testutil.RequireCommand(t, "python3")
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(py, "-c", counterScript)
+	cmd.Stdout = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
+	if _, err := bufio.NewReader(pr).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	dumpPID(t, pid, dir, "--external", "fd[1]")
+	cmd.Wait()
+	r := mustSnapctl(t, "restore", "-D", dir, "--external-fallback", "null")
+	if !strings.Contains(r.Stderr, "/dev/null") {
+		t.Errorf("the restore does not say fd 1 is /dev/null:\n%s", r)
+	}
+	time.Sleep(100 * time.Millisecond)
+	link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/1", pid))
+	if err != nil || link != "/dev/null" {
+		t.Errorf("fd 1 of the restored daemon is %q (%v), want /dev/null", link, err)
+	}
+	if err := unix.Kill(pid, 0); err != nil {
+		t.Errorf("the restored daemon died writing to /dev/null: %v", err)
+	}
+}
+
+// restoreWithFiles runs snapctl with files as its descriptors 3, 4...
+func restoreWithFiles(t *testing.T, files []*os.File, args ...string) cmdResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	var stdout, stderr strings.Builder
+	cmd := exec.CommandContext(ctx, buildTool(t, "snapctl"), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.ExtraFiles = files
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	res := cmdResult{Args: append([]string{"snapctl"}, args...), Stdout: stdout.String(), Stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("%s: timed out\n%s", strings.Join(res.Args, " "), res)
+	case errors.As(err, &ee):
+		res.Code = ee.ExitCode()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return res
+}
