@@ -76,6 +76,7 @@ func TestTCPEstablishedRedis(t *testing.T) {
 	}
 	lock := m[1]
 	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", lock).Run() })
+	wantFeature(t, dir, "tcp-repair")
 	if _, err := p.WaitExit(ctx); err != nil {
 		t.Fatalf("redis outlived its dump: %v", err)
 	}
@@ -233,8 +234,9 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 		t.Fatalf("a dump without --external: want exit %d naming pid %d fd 1 %s and --external:\n%s", exitUnsupported, pid, key, r)
 	}
 	expect(3, 10*time.Second) // it runs on
-	r = dumpPID(t, pid, dir, "--external", "stdio")
+	dumpPID(t, pid, dir, "--external", "stdio")
 	cmd.Wait()
+	wantFeature(t, dir, "external-fds")
 	// The starter still holds the pipe (as a shell would): what the
 	// daemon wrote before it was killed waits in it.
 
@@ -314,6 +316,19 @@ func TestInheritFDFallbackNull(t *testing.T) {
 	}
 	if err := unix.Kill(pid, 0); err != nil {
 		t.Errorf("the restored daemon died writing to /dev/null: %v", err)
+	}
+}
+
+// wantFeature fails the test unless the manifest of the snapshot in dir
+// lists format feature f.
+func wantFeature(t *testing.T, dir, f string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "snapshot.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"`+f+`"`) {
+		t.Errorf("snapshot.json does not list feature %s:\n%s", f, b)
 	}
 }
 
