@@ -77,6 +77,9 @@ func TestTCPEstablishedRedis(t *testing.T) {
 	lock := m[1]
 	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", lock).Run() })
 	wantFeature(t, dir, "tcp-repair")
+	if r := mustSnapctl(t, "inspect", "-D", dir); !strings.Contains(r.Stdout, "kept, held by nftables table inet "+lock) {
+		t.Errorf("inspect does not show the kept connection:\n%s", r.Stdout)
+	}
 	if _, err := p.WaitExit(ctx); err != nil {
 		t.Fatalf("redis outlived its dump: %v", err)
 	}
@@ -97,7 +100,9 @@ func TestTCPEstablishedRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Kill(context.Background()) })
+	t0 := time.Now()
 	line, err := c.r.ReadString('\n')
+	t.Logf("the command sent during the dump answered %v after the restore", time.Since(t0).Round(time.Millisecond))
 	if err != nil || line != ":2\r\n" {
 		t.Fatalf("the command sent during the dump answered %q (%v), want :2", line, err)
 	}
@@ -237,6 +242,9 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 	dumpPID(t, pid, dir, "--external", "stdio")
 	cmd.Wait()
 	wantFeature(t, dir, "external-fds")
+	if r := mustSnapctl(t, "inspect", "-D", dir); !strings.Contains(r.Stdout, "fd 1 leads outside: "+key) {
+		t.Errorf("inspect does not show fd 1 leading outside:\n%s", r.Stdout)
+	}
 	// The starter still holds the pipe (as a shell would): what the
 	// daemon wrote before it was killed waits in it.
 
@@ -354,4 +362,71 @@ func restoreWithFiles(t *testing.T, files []*os.File, args ...string) cmdResult 
 		t.Fatal(err)
 	}
 	return res
+}
+
+// TestInheritFDStdoutSocket: a daemon whose stdout is a unix stream socket
+// (as under systemd, whose journal reads the other end) is dumped with
+// --external stdio, and restored with --inherit-fd handing it a socket of
+// a new pair: what it wrote before the dump is read from the old socket,
+// what it writes after from the new one, every number once and in order.
+func TestInheritFDStdoutSocket(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	py := testutil.RequireCommand(t, "python3")
+	pair := func() (*os.File, *os.File) {
+		t.Helper()
+		p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return os.NewFile(uintptr(p[0]), "daemon end"), os.NewFile(uintptr(p[1]), "reader end")
+	}
+	a, b := pair()
+	defer b.Close()
+	cmd := exec.Command(py, "-c", counterScript)
+	cmd.Stdout = a
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
+	link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/1", pid))
+	if err != nil || !strings.HasPrefix(link, "socket:[") {
+		t.Fatalf("fd 1 of the daemon: %q %v", link, err)
+	}
+	next := 0
+	// readFrom reads numbers from s (reading r) until EOF or until n
+	// were read.
+	readFrom := func(r *os.File, s *bufio.Scanner, n int) {
+		t.Helper()
+		r.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for n < 0 || n > 0 {
+			if !s.Scan() {
+				if n < 0 && s.Err() == nil {
+					return // EOF
+				}
+				t.Fatalf("after %d lines: %v", next, s.Err())
+			}
+			if s.Text() != strconv.Itoa(next) {
+				t.Fatalf("read %q, want %d: a line lost or doubled", s.Text(), next)
+			}
+			next++
+			n--
+		}
+	}
+	sb := bufio.NewScanner(b)
+	readFrom(b, sb, 3)
+	dir := filepath.Join(t.TempDir(), "snap")
+	dumpPID(t, pid, dir, "--external", "stdio")
+	cmd.Wait()
+	readFrom(b, sb, -1) // all it wrote before the dump, then EOF
+	c, d := pair()
+	defer d.Close()
+	r := restoreWithFiles(t, []*os.File{c}, "restore", "-D", dir, "--inherit-fd", "fd[3]:"+link)
+	c.Close()
+	if r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	readFrom(d, bufio.NewScanner(d), 20)
 }
