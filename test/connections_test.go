@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -429,4 +431,69 @@ func TestInheritFDStdoutSocket(t *testing.T) {
 		t.Fatalf("%s", r)
 	}
 	readFrom(d, bufio.NewScanner(d), 20)
+}
+
+// echoScript connects to the port in argv[1], opens an inotify descriptor
+// (which a dump refuses) after the connection, says ready and echoes
+// what it receives.
+const echoScript = `
+import ctypes, os, socket, sys
+os.closerange(3, 65536)
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.inotify_init1(os.O_CLOEXEC) < 0:
+    sys.exit("inotify_init1 errno %d" % ctypes.get_errno())
+s.sendall(b"ready\n")
+while True:
+    d = s.recv(4096)
+    if not d:
+        break
+    s.sendall(d)
+`
+
+// TestTCPEstablishedDumpRefused: a dump --tcp-established that fails
+// after it took a connection (a descriptor after it is refused) gives the
+// connection back: the process answers on it, and no lock is left.
+func TestTCPEstablishedDumpRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireCommand(t, "nft")
+	py := testutil.RequireCommand(t, "python3")
+	ctx := testContext(t)
+	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cmd := exec.Command(py, "-c", echoScript, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL); cmd.Wait() })
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	rd := bufio.NewReader(c)
+	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("the echo process said %q %v", line, err)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--tcp-established")
+	if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "inotify") || !strings.Contains(r.Stderr, "pid "+strconv.Itoa(pid)) {
+		t.Fatalf("want exit %d naming pid %d and inotify:\n%s", exitUnsupported, pid, r)
+	}
+	t.Logf("refused in %v", r.Elapsed)
+	if tables := strings.Join(lazyfsTables(t), " "); strings.Contains(tables, "lazyfs_"+strconv.Itoa(pid)+"_") {
+		t.Errorf("the refused dump left its lock: %s", tables)
+	}
+	if _, err := io.WriteString(c, "still there?\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := rd.ReadString('\n'); err != nil || line != "still there?\n" {
+		t.Errorf("after the refused dump the connection answered %q %v", line, err)
+	}
 }

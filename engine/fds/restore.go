@@ -119,7 +119,7 @@ func (fc *fdCreator) place(ctx context.Context) error {
 		}
 		tmp, err := fc.create(f)
 		if err != nil {
-			return fmt.Errorf("fd %d (%s): %w", f.FD, f.Kind, err)
+			return fmt.Errorf("pid %d fd %d (%s): %w", fc.st.PID, f.FD, f.Kind, err)
 		}
 		if tmp == f.FD {
 			continue // created in place, with its close-on-exec flag
