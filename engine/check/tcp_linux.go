@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/fds"
 )
 
 // neededTCP is what needs TCP_REPAIR and nft.
@@ -30,9 +32,9 @@ func tcpRepair(ctx context.Context) error {
 			return fmt.Errorf("setsockopt TCP_REPAIR %d: %w", v, err)
 		}
 	}
-	nft, err := exec.LookPath("nft")
+	nft, err := fds.NftPath()
 	if err != nil {
-		return fmt.Errorf("nft not found (Debian package nftables)")
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

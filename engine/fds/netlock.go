@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -114,11 +115,25 @@ func DeleteNetLock(table string) error {
 // ErrNoNft: the nft program is missing (Debian package nftables).
 var ErrNoNft = fmt.Errorf("%w: nft not found (install nftables): it locks the connections of --tcp-established", errors.ErrUnsupported)
 
+// NftPath finds the nft program: on PATH, else where Debian puts it
+// (root's PATH has it, a sudo or service environment may not).
+func NftPath() (string, error) {
+	if p, err := exec.LookPath("nft"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/nft", "/sbin/nft"} {
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", ErrNoNft
+}
+
 // nft runs one nft batch.
 func nft(batch string) error {
-	path, err := exec.LookPath("nft")
+	path, err := NftPath()
 	if err != nil {
-		return ErrNoNft
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
