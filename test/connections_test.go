@@ -497,3 +497,110 @@ func TestTCPEstablishedDumpRefused(t *testing.T) {
 		t.Errorf("after the refused dump the connection answered %q %v", line, err)
 	}
 }
+
+// echoServerScript listens on 127.0.0.1:argv[1] without SO_REUSEADDR at
+// a descriptor above the one its first client gets, and echoes each
+// client's lines, one client at a time.
+const echoServerScript = `
+import os, socket, sys
+os.closerange(3, 65536)
+spare = os.open("/dev/null", os.O_RDONLY)
+l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(8)
+os.close(spare)
+print("listening", flush=True)
+while True:
+    c, _ = l.accept()
+    while True:
+        d = c.recv(4096)
+        if not d:
+            break
+        c.sendall(d)
+    c.close()
+`
+
+// TestTCPEstablishedBeforeListener: a connection at a lower descriptor
+// than its listener, which has no SO_REUSEADDR, comes back connected, and
+// the listener listens again on the port the connection holds.
+func TestTCPEstablishedBeforeListener(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireCommand(t, "nft")
+	py := testutil.RequireCommand(t, "python3")
+	ctx := testContext(t)
+	port := freePort(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(py, "-c", echoServerScript, strconv.Itoa(port))
+	cmd.Stdout = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
+	if line, err := bufio.NewReader(pr).ReadString('\n'); err != nil || line != "listening\n" {
+		t.Fatalf("the server said %q %v", line, err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	rd := bufio.NewReader(c)
+	echo := func(what string) {
+		t.Helper()
+		if _, err := io.WriteString(c, what+"\n"); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := rd.ReadString('\n'); err != nil || line != what+"\n" {
+			t.Fatalf("echo of %q: %q %v", what, line, err)
+		}
+	}
+	echo("before")
+	var fds []string
+	for _, n := range []int{3, 4} {
+		l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, n))
+		fds = append(fds, l)
+	}
+	if !strings.HasPrefix(fds[0], "socket:") || !strings.HasPrefix(fds[1], "socket:") {
+		t.Fatalf("fds 3 and 4 of the server: %v, want the connection and the listener", fds)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	dumpPID(t, pid, dir, "--tcp-established", "--external", "stdio")
+	cmd.Wait()
+	r := restoreWithFiles(t, nil, "restore", "-D", dir, "--tcp-established", "--external-fallback", "null")
+	if r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	echo("after")
+	c.Close()
+	// The server goes back to accept: a new client is served.
+	c2, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatalf("the restored listener: %v", err)
+	}
+	defer c2.Close()
+	c2.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(c2, "new\n")
+	if line, err := bufio.NewReader(c2).ReadString('\n'); err != nil || line != "new\n" {
+		t.Errorf("a new client after the restore: %q %v", line, err)
+	}
+}
+
+// freePort returns a TCP port of 127.0.0.1 free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

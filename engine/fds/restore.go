@@ -92,44 +92,77 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 }
 
 // place creates each descriptor in turn and puts it at its number.
+// TCP connections brought back with TCP_REPAIR come last, after the
+// listeners: a repaired socket takes its port whatever holds it, but a
+// listener without SO_REUSEADDR could not bind a port such a socket holds.
+// (Their numbers stay free meanwhile: a descriptor is made at the lowest
+// free number only for as long as it takes to move it to its own.)
 func (fc *fdCreator) place(ctx context.Context) error {
 	placed := make(map[int]bool, len(fc.st.FDs))
-	for i := range fc.st.FDs {
-		f := &fc.st.FDs[i]
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		flags := 0
-		if f.CloExec {
-			flags = unix.O_CLOEXEC
-		}
-		if placed[f.FD] {
-			return fmt.Errorf("%w: fd %d appears twice", image.ErrCorrupt, f.FD)
-		}
-		placed[f.FD] = true
-		if f.SameAs != nil {
-			// A dup of a lower descriptor, in place already.
-			if *f.SameAs >= f.FD || !placed[*f.SameAs] {
-				return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
+	var repaired map[int]bool
+	for pass := range 2 {
+		for i := range fc.st.FDs {
+			f := &fc.st.FDs[i]
+			last := fc.repairs(f) || f.SameAs != nil && repaired[*f.SameAs]
+			if last {
+				if repaired == nil {
+					repaired = map[int]bool{}
+				}
+				repaired[f.FD] = true
 			}
-			if err := fc.dup3(*f.SameAs, f.FD, flags); err != nil {
-				return fmt.Errorf("fd %d: %w", f.FD, err)
+			if last != (pass == 1) {
+				continue
 			}
-			continue
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fc.placeOne(f, placed); err != nil {
+				return err
+			}
 		}
-		tmp, err := fc.create(f)
-		if err != nil {
-			return fmt.Errorf("pid %d fd %d (%s): %w", fc.st.PID, f.FD, f.Kind, err)
+	}
+	return nil
+}
+
+// repairs reports whether f is a TCP connection brought back with
+// TCP_REPAIR.
+func (fc *fdCreator) repairs(f *image.FD) bool {
+	return fc.opts.TCPEstablished && f.Socket != nil && f.Socket.TCP != nil && f.External == ""
+}
+
+// placeOne creates the descriptor f (or duplicates the one it shares its
+// file with) at its number.
+func (fc *fdCreator) placeOne(f *image.FD, placed map[int]bool) error {
+	flags := 0
+	if f.CloExec {
+		flags = unix.O_CLOEXEC
+	}
+	if placed[f.FD] {
+		return fmt.Errorf("%w: fd %d appears twice", image.ErrCorrupt, f.FD)
+	}
+	placed[f.FD] = true
+	if f.SameAs != nil {
+		// A dup of a lower descriptor, in place already.
+		if *f.SameAs >= f.FD || !placed[*f.SameAs] {
+			return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
 		}
-		if tmp == f.FD {
-			continue // created in place, with its close-on-exec flag
-		}
-		if err := fc.dup3(tmp, f.FD, flags); err != nil {
+		if err := fc.dup3(*f.SameAs, f.FD, flags); err != nil {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
-		if !fc.kept(tmp) {
-			fc.closeFD(tmp)
-		}
+		return nil
+	}
+	tmp, err := fc.create(f)
+	if err != nil {
+		return fmt.Errorf("pid %d fd %d (%s): %w", fc.st.PID, f.FD, f.Kind, err)
+	}
+	if tmp == f.FD {
+		return nil // created in place, with its close-on-exec flag
+	}
+	if err := fc.dup3(tmp, f.FD, flags); err != nil {
+		return fmt.Errorf("fd %d: %w", f.FD, err)
+	}
+	if !fc.kept(tmp) {
+		fc.closeFD(tmp)
 	}
 	return nil
 }
