@@ -604,3 +604,121 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// queueServerScript accepts one client on 127.0.0.1:argv[1], sends it
+// the pattern (byte i is i mod 251) until the socket takes no more,
+// says how much on stdout, waits for SIGUSR1, then reads the client's
+// request line (sent before the dump: it waited in the receive queue) and
+// answers it.
+const queueServerScript = `
+import os, signal, socket, sys, time
+os.closerange(3, 65536)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(1)
+print("listening", flush=True)
+c, _ = l.accept()
+data = (bytes(range(251)) * ((16 << 20) // 251 + 1))[:16 << 20]
+c.setblocking(False)
+sent = 0
+while True:
+    try:
+        n = c.send(data[sent:sent + (1 << 20)])
+    except BlockingIOError:
+        break
+    sent += n
+print("sent", sent, flush=True)
+signal.sigwait([signal.SIGUSR1])
+c.setblocking(True)
+req = b""
+while not req.endswith(b"\n"):
+    req += c.recv(1)
+c.sendall(b"answer to " + req)
+time.sleep(60)
+`
+
+// TestTCPEstablishedQueues: a connection dumped with bytes in both of its
+// queues (the server's send queue full behind a client that reads
+// nothing, a request waiting unread in its receive queue) gives the
+// client every byte once and in order after the restore, then the answer
+// to the request.
+func TestTCPEstablishedQueues(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireCommand(t, "nft")
+	py := testutil.RequireCommand(t, "python3")
+	ctx := testContext(t)
+	port := freePort(t)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(py, "-c", queueServerScript, strconv.Itoa(port))
+	cmd.Stdout = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
+	out := bufio.NewReader(pr)
+	if line, err := out.ReadString('\n'); err != nil || line != "listening\n" {
+		t.Fatalf("the server said %q %v", line, err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "the request\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := out.ReadString('\n')
+	var sent int
+	if _, err2 := fmt.Sscanf(line, "sent %d\n", &sent); err != nil || err2 != nil || sent == 0 {
+		t.Fatalf("the server said %q %v %v", line, err, err2)
+	}
+	t.Logf("the server filled its send queue")
+	dir := filepath.Join(t.TempDir(), "snap")
+	dumpPID(t, pid, dir, "--tcp-established", "--external", "stdio")
+	cmd.Wait()
+	t.Logf("dumped")
+	si := srvImageFDs(t, dir, pid)
+	var conn string
+	for _, f := range si.FDs {
+		if f.Socket != nil && f.Socket.TCP != nil {
+			tc := f.Socket.TCP
+			conn = fmt.Sprintf("send queue %d bytes (%d unsent), receive queue %d bytes", len(tc.SendQueue), tc.Unsent, len(tc.RecvQueue))
+			if len(tc.SendQueue) == 0 || len(tc.RecvQueue) != len("the request\n") {
+				t.Errorf("the dump kept %s: want both queues", conn)
+			}
+		}
+	}
+	t.Logf("%d bytes sent by the server; its connection: %s", sent, conn)
+	r := restoreWithFiles(t, nil, "restore", "-D", dir, "--tcp-established", "--external-fallback", "null")
+	if r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	if err := unix.Kill(pid, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	got := make([]byte, sent)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("read %d bytes: %v", sent, err)
+	}
+	t.Logf("%d bytes read %v after the restore", sent, time.Since(t0).Round(time.Millisecond))
+	for i, b := range got {
+		if b != byte(i%251) {
+			t.Fatalf("byte %d is %d, want %d", i, b, i%251)
+		}
+	}
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "answer to the request\n" {
+		t.Errorf("after the bytes: %q %v", line, err)
+	}
+}

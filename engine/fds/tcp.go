@@ -159,6 +159,12 @@ func readTCP(s int) (*image.TCPConn, error) {
 		return nil, fmt.Errorf("TCP_MAXSEG: %w", err)
 	}
 	c.MSS = uint32(mss)
+	if c.SndBuf, err = unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_SNDBUF); err != nil {
+		return nil, fmt.Errorf("SO_SNDBUF: %w", err)
+	}
+	if c.RcvBuf, err = unix.GetsockoptInt(s, unix.SOL_SOCKET, unix.SO_RCVBUF); err != nil {
+		return nil, fmt.Errorf("SO_RCVBUF: %w", err)
+	}
 	if c.Options&tcpiOptTimestamps != 0 {
 		ts, err := unix.GetsockoptInt(s, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP)
 		if err != nil {
@@ -293,6 +299,12 @@ func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) err
 			return err
 		}
 	}
+	if err := queueRoom(cp, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, len(c.SendQueue), c.SndBuf); err != nil {
+		return err
+	}
+	if err := queueRoom(cp, unix.SO_RCVBUF, unix.SO_RCVBUFFORCE, len(c.RecvQueue), c.RcvBuf); err != nil {
+		return err
+	}
 	// In repair mode what is sent goes into the queue chosen, as if it
 	// had been received from the peer, or sent and not yet acknowledged.
 	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpRecvQueue); err != nil {
@@ -325,6 +337,27 @@ func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) err
 	// The bytes never sent are sent as the program would have.
 	if err := sendAll(cp, c.SendQueue[sent:]); err != nil {
 		return fmt.Errorf("send %d unsent bytes: %w", c.Unsent, err)
+	}
+	return nil
+}
+
+// queueRoom makes the buffer of socket s (opt, set with force) large
+// enough for n queued bytes, if it is not: as large as it was at the dump
+// (dumped), or twice n with room for the buffers' overhead. A buffer set
+// so no longer grows by itself; one large enough already is left alone,
+// to grow as the kernel sees fit.
+func queueRoom(s, opt, force, n, dumped int) error {
+	cur, err := unix.GetsockoptInt(s, unix.SOL_SOCKET, opt)
+	if err != nil {
+		return fmt.Errorf("socket buffer size: %w", err)
+	}
+	want := max(dumped, 2*n+64<<10)
+	if n == 0 || cur >= want {
+		return nil
+	}
+	// The kernel doubles the value set, for its bookkeeping.
+	if err := unix.SetsockoptInt(s, unix.SOL_SOCKET, force, want/2); err != nil {
+		return fmt.Errorf("socket buffer of %d bytes for %d queued: %w", want, n, err)
 	}
 	return nil
 }

@@ -40,6 +40,11 @@ type TCPConn struct {
 	SndWscale uint8  `json:"snd_wscale,omitempty"`
 	RcvWscale uint8  `json:"rcv_wscale,omitempty"`
 	Timestamp uint32 `json:"timestamp,omitempty"`
+	// SndBuf and RcvBuf are the socket's buffer sizes (SO_SNDBUF,
+	// SO_RCVBUF as getsockopt reports them): restore makes them as large
+	// again when the queued bytes need it.
+	SndBuf int `json:"sndbuf,omitempty"`
+	RcvBuf int `json:"rcvbuf,omitempty"`
 	// Window is TCP_REPAIR_WINDOW's state, if the kernel gave it.
 	Window *TCPWindow `json:"window,omitempty"`
 	// Lock names the nftables table (family inet) that drops the
