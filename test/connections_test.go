@@ -187,6 +187,7 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pr.Close()
+	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
 	cmd := exec.Command(py, "-c", counterScript)
 	cmd.Stdout = pw
 	if err := cmd.Start(); err != nil {
@@ -232,7 +233,7 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 			}
 		}
 	}
-	expect(5, 10*time.Second)
+	expect(5, 60*time.Second)
 
 	dir := filepath.Join(t.TempDir(), "snap")
 	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir)
@@ -240,7 +241,7 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 		!strings.Contains(r.Stderr, "--external") {
 		t.Fatalf("a dump without --external: want exit %d naming pid %d fd 1 %s and --external:\n%s", exitUnsupported, pid, key, r)
 	}
-	expect(3, 10*time.Second) // it runs on
+	expect(3, 30*time.Second) // it runs on
 	dumpPID(t, pid, dir, "--external", "stdio")
 	cmd.Wait()
 	wantFeature(t, dir, "external-fds")
@@ -269,11 +270,11 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 	if err != nil || link != key {
 		t.Errorf("fd 1 of the restored daemon is %q (%v), want %s", link, err, key)
 	}
-	expect(20, 10*time.Second)
+	expect(20, 30*time.Second)
 	unix.Kill(pid, unix.SIGKILL)
 	// Killed, the daemon closes the last write end: the starter reads
 	// the end of its output.
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case l, ok := <-lines:
@@ -301,6 +302,7 @@ func TestInheritFDFallbackNull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pr.Close()
+	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
 	cmd := exec.Command(py, "-c", counterScript)
 	cmd.Stdout = pw
 	if err := cmd.Start(); err != nil {
@@ -402,7 +404,7 @@ func TestInheritFDStdoutSocket(t *testing.T) {
 	// were read.
 	readFrom := func(r *os.File, s *bufio.Scanner, n int) {
 		t.Helper()
-		r.SetReadDeadline(time.Now().Add(10 * time.Second))
+		r.SetReadDeadline(time.Now().Add(60 * time.Second))
 		for n < 0 || n > 0 {
 			if !s.Scan() {
 				if n < 0 && s.Err() == nil {
@@ -476,7 +478,7 @@ func TestTCPEstablishedDumpRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c.SetDeadline(time.Now().Add(60 * time.Second))
 	rd := bufio.NewReader(c)
 	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
 		t.Fatalf("the echo process said %q %v", line, err)
@@ -535,6 +537,7 @@ func TestTCPEstablishedBeforeListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pr.Close()
+	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
 	cmd := exec.Command(py, "-c", echoServerScript, strconv.Itoa(port))
 	cmd.Stdout = pw
 	if err := cmd.Start(); err != nil {
@@ -656,6 +659,7 @@ func TestTCPEstablishedQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pr.Close()
+	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
 	cmd := exec.Command(py, "-c", queueServerScript, strconv.Itoa(port))
 	cmd.Stdout = pw
 	if err := cmd.Start(); err != nil {

@@ -44,6 +44,11 @@ func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
+	if o.TCP != nil {
+		if err := fx.lockConns(); err != nil {
+			return nil, fmt.Errorf("pid %d: %w", pid, err)
+		}
+	}
 	var out []image.FD
 	shared := fx.sharedFiles()
 	for i := range fds {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -31,7 +32,7 @@ import (
 type NetLock struct {
 	table string
 	made  bool
-	conns int
+	held  map[[2]netip.AddrPort]bool
 }
 
 // nftTimeout bounds one run of nft.
@@ -42,41 +43,65 @@ const nftTimeout = 10 * time.Second
 func NewNetLock(pid int) *NetLock {
 	var b [4]byte
 	rand.Read(b[:])
-	return &NetLock{table: fmt.Sprintf("lazyfs_%d_%s", pid, hex.EncodeToString(b[:]))}
+	return &NetLock{table: fmt.Sprintf("lazyfs_%d_%s", pid, hex.EncodeToString(b[:])), held: map[[2]netip.AddrPort]bool{}}
 }
 
 // Table returns the name of the lock's table (in family inet).
 func (l *NetLock) Table() string { return l.table }
 
 // Conns returns how many connections the lock holds.
-func (l *NetLock) Conns() int { return l.conns }
+func (l *NetLock) Conns() int { return len(l.held) }
 
 // Hold drops, from now until Release or a restore, every packet between
 // local and peer, both ways.
 func (l *NetLock) Hold(local, peer netip.AddrPort) error {
+	return l.HoldAll([][2]netip.AddrPort{{local, peer}})
+}
+
+// HoldAll holds each connection (local, peer) that it does not hold yet,
+// with one run of nft: the first makes the table.
+func (l *NetLock) HoldAll(conns [][2]netip.AddrPort) error {
 	var b strings.Builder
 	if !l.made {
 		fmt.Fprintf(&b, "table inet %s {\n", l.table)
 		fmt.Fprintf(&b, "\tchain input { type filter hook input priority -150; policy accept; }\n")
 		fmt.Fprintf(&b, "\tchain output { type filter hook output priority -150; policy accept; }\n}\n")
 	}
-	ip := "ip"
-	local, peer = netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
-	if local.Addr().Is6() {
-		ip = "ip6"
+	var added [][2]netip.AddrPort
+	for _, c := range conns {
+		// An IPv4 address mapped in IPv6 is IPv4 on the wire.
+		local := netip.AddrPortFrom(c[0].Addr().Unmap(), c[0].Port())
+		peer := netip.AddrPortFrom(c[1].Addr().Unmap(), c[1].Port())
+		k := [2]netip.AddrPort{local, peer}
+		if l.held[k] || slices.Contains(added, k) {
+			continue
+		}
+		if local.Addr().Is4() != peer.Addr().Is4() {
+			return fmt.Errorf("lock connection %s-%s: addresses of two families", local, peer)
+		}
+		ip := "ip"
+		if local.Addr().Is6() {
+			ip = "ip6"
+		}
+		for _, r := range []struct {
+			chain    string
+			src, dst netip.AddrPort
+		}{{"input", peer, local}, {"output", local, peer}} {
+			fmt.Fprintf(&b, "add rule inet %s %s %s saddr %s tcp sport %d %s daddr %s tcp dport %d drop\n",
+				l.table, r.chain, ip, r.src.Addr(), r.src.Port(), ip, r.dst.Addr(), r.dst.Port())
+		}
+		added = append(added, k)
 	}
-	for _, r := range []struct {
-		chain    string
-		src, dst netip.AddrPort
-	}{{"input", peer, local}, {"output", local, peer}} {
-		fmt.Fprintf(&b, "add rule inet %s %s %s saddr %s tcp sport %d %s daddr %s tcp dport %d drop\n",
-			l.table, r.chain, ip, r.src.Addr(), r.src.Port(), ip, r.dst.Addr(), r.dst.Port())
+	if len(added) == 0 {
+		return nil
 	}
 	if err := nft(b.String()); err != nil {
-		return fmt.Errorf("lock connection %s-%s: %w", local, peer, err)
+		return fmt.Errorf("lock %d connections (%s-%s...): %w", len(added), added[0][0], added[0][1], err)
 	}
 	l.made = true
-	l.conns++
+	for _, k := range added {
+		l.held[k] = true
+	}
 	return nil
 }
 

@@ -35,7 +35,17 @@ func TestNetLock(t *testing.T) {
 	if err := l.Hold(netip.MustParseAddrPort("[::1]:80"), netip.MustParseAddrPort("[::1]:5001")); err != nil {
 		t.Fatal(err)
 	}
+	// Held already (mapped or not): no second rule.
+	if err := l.HoldAll([][2]netip.AddrPort{
+		{netip.MustParseAddrPort("[::ffff:127.0.0.1]:6379"), netip.MustParseAddrPort("127.0.0.1:40000")},
+		{netip.MustParseAddrPort("[::1]:80"), netip.MustParseAddrPort("[::1]:5001")},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	got := list()
+	if n := strings.Count(got, "drop"); n != 6 {
+		t.Errorf("%d rules, want 6 (two for each of 3 connections):\n%s", n, got)
+	}
 	for _, want := range []string{
 		"ip saddr 127.0.0.1 tcp sport 40000", "ip saddr 127.0.0.1 tcp sport 6379",
 		"ip saddr 127.0.0.2 tcp sport 5000", // a mapped address is IPv4 on the wire

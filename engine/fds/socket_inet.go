@@ -15,19 +15,8 @@ import (
 // socket in any connection state (established, or on its way in or out)
 // is a connection: restore brings it back closed.
 func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
-	if fx.inet == nil {
-		fx.inet = map[uint64]proc.InetDiag{}
-		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-			for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-				ds, err := proc.QueryInet(fx.pid, fam, pr)
-				if err != nil {
-					return fmt.Errorf("sock_diag: %w", err)
-				}
-				for _, x := range ds {
-					fx.inet[x.Inode] = x
-				}
-			}
-		}
+	if err := fx.queryInet(); err != nil {
+		return err
 	}
 	diag, ok := fx.inet[sk.ID]
 	switch {
@@ -50,6 +39,28 @@ func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 	default:
 		sk.State = sockUnbound
 	}
+	return nil
+}
+
+// queryInet asks sock_diag, once, for the TCP and UDP sockets of the
+// process's network namespace.
+func (fx *fdDumper) queryInet() error {
+	if fx.inet != nil {
+		return nil
+	}
+	inet := map[uint64]proc.InetDiag{}
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			ds, err := proc.QueryInet(fx.pid, fam, pr)
+			if err != nil {
+				return fmt.Errorf("sock_diag: %w", err)
+			}
+			for _, x := range ds {
+				inet[x.Inode] = x
+			}
+		}
+	}
+	fx.inet = inet
 	return nil
 }
 

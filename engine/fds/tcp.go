@@ -93,6 +93,24 @@ func (r *TCPRepair) Keep() {
 	r.held = nil
 }
 
+// lockConns locks every established TCP connection of the process at
+// once, with one nft batch, before any is taken.
+func (fx *fdDumper) lockConns() error {
+	if err := fx.queryInet(); err != nil {
+		return err
+	}
+	var conns [][2]netip.AddrPort
+	for _, f := range fx.all {
+		if f.Kind != proc.FDSocket {
+			continue
+		}
+		if d, ok := fx.inet[f.Ino]; ok && d.Protocol == unix.IPPROTO_TCP && d.State == proc.TCPEstablished {
+			conns = append(conns, [2]netip.AddrPort{d.Local, d.Remote})
+		}
+	}
+	return fx.tcp.Lock.HoldAll(conns)
+}
+
 // tcpConn takes the state of the established connection sk (fd f) in
 // repair mode, under the lock.
 func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
