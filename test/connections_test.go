@@ -90,7 +90,7 @@ func TestTCPEstablishedRedis(t *testing.T) {
 	}
 	// Sent while the server is gone: the lock drops the segments, the
 	// client's kernel sends them again after the restore.
-	c.c.SetDeadline(time.Now().Add(30 * time.Second))
+	c.c.SetDeadline(time.Now().Add(60 * time.Second))
 	if _, err := c.c.Write([]byte("INCR n\r\n")); err != nil {
 		t.Fatalf("write while the server is dumped: %v", err)
 	}
