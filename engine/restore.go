@@ -48,8 +48,9 @@ type RestoreOptions struct {
 	Logger       *slog.Logger
 	// TCPEstablished brings back connected the TCP connections the dump
 	// took with TCP_REPAIR; without it they come back closed. The
-	// network lock that held them is released either way once the
-	// restore ends, whether it succeeded or not.
+	// network lock that held them is released either way once a restore
+	// that got past its checks ends, whether it succeeded or not; one
+	// refused by its checks keeps it, to be tried again.
 	TCPEstablished bool
 	// Inherit gives, by key, descriptors of the caller that take the
 	// place of descriptors leading outside the process
