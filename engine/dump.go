@@ -38,6 +38,15 @@ type DumpOptions struct {
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.
 	Progress func(done, total uint64)
+	// TCPEstablished takes established TCP connections with TCP_REPAIR
+	// under a network lock (fds.NetLock) that holds them until the
+	// restore (criu dump --tcp-established); without it they are
+	// recorded to be closed at restore.
+	TCPEstablished bool
+	// External names the pipes and unix sockets leading outside the
+	// process (outside the tree, for a process tree) that the snapshot
+	// records (fds.ParseExternal).
+	External *fds.External
 }
 
 // DumpResult describes a finished dump.
@@ -55,6 +64,12 @@ type DumpResult struct {
 	Stats      image.Stats
 	// MemoryBytes is the memory dumped (decoded bytes).
 	MemoryBytes uint64
+	// Conns is the number of TCP connections taken with TCP_REPAIR (all
+	// processes of the tree together); NetLock the nftables table
+	// (family inet) that holds them until the restore, if the processes
+	// were killed.
+	Conns   int
+	NetLock string
 }
 
 // Dump freezes the process opts.PID and all its descendants, writes their
@@ -182,10 +197,15 @@ func (d *dumper) memoryLayout(p *dumpProc) error {
 // fds describes the descriptors of every process, those they share with
 // each other linked (fds.DumpTree).
 func (d *dumper) fds(context.Context) error {
+	if d.opts.TCPEstablished {
+		// One lock, one set of repaired sockets for the whole tree.
+		d.tcp = fds.NewTCPRepair(d.pid)
+	}
+	o := fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External}
 	if len(d.procs) == 1 {
 		var err error
 		p := d.procs[0]
-		p.st.FDs, err = fds.Dump(p.pid, p.maps, d.log)
+		p.st.FDs, err = fds.Dump(p.pid, p.maps, o)
 		return err
 	}
 	pids := make([]int, len(d.procs))
@@ -193,7 +213,7 @@ func (d *dumper) fds(context.Context) error {
 	for i, p := range d.procs {
 		pids[i], maps[i] = p.pid, p.maps
 	}
-	all, err := fds.DumpTree(pids, maps, d.log)
+	all, err := fds.DumpTree(pids, maps, o)
 	if err != nil {
 		return err
 	}
@@ -201,6 +221,19 @@ func (d *dumper) fds(context.Context) error {
 		p.st.FDs = all[i]
 	}
 	return nil
+}
+
+// resumeConns takes the connections of every process out of repair mode
+// and releases the network lock, before the processes run again (a
+// failed dump, or --leave-running).
+func (d *dumper) resumeConns() {
+	if d.tcp == nil {
+		return
+	}
+	if err := d.tcp.Resume(d.log); err != nil {
+		d.log.Error("connections not resumed", "pid", d.pid, "err", err)
+	}
+	d.tcp = nil
 }
 
 // dumpMemory writes the pages of each process in turn; a shared memory
@@ -221,6 +254,7 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 		if i == len(d.procs)-1 {
 			captured = func() {
 				if d.opts.LeaveRunning {
+					d.resumeConns()
 					d.resume(d.detachAll)
 					d.log.Info("resumed", "pid", d.pid, "frozen", d.freezeTime)
 				}
@@ -270,6 +304,7 @@ func (d *dumper) finish(context.Context) error {
 	d.res = &DumpResult{PID: d.pid, Processes: len(d.procs), Threads: threads, FreezeStop: d.stop, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
 	if !d.resumed {
 		if d.opts.LeaveRunning {
+			d.resumeConns()
 			d.resume(d.detachAll)
 		} else {
 			for _, p := range d.procs {
@@ -277,6 +312,15 @@ func (d *dumper) finish(context.Context) error {
 			}
 			d.resume(d.killAll)
 		}
+	}
+	if d.tcp != nil && d.resumeErr == nil {
+		// Dead, the processes closed their sockets in repair mode: the
+		// lock holds the connections for the restore.
+		d.tcp.Keep()
+		if n := d.tcp.Lock.Conns(); n > 0 {
+			d.res.Conns, d.res.NetLock = n, d.tcp.Lock.Table()
+		}
+		d.tcp = nil
 	}
 	d.res.Freeze = d.freezeTime
 	if d.resumeErr != nil {
@@ -326,6 +370,7 @@ func (d *dumper) cleanup(err *error) {
 	if *err != nil && d.w != nil && !d.committed {
 		d.w.Abort()
 	}
+	d.resumeConns()
 	if !d.resumed {
 		if derr := d.detachAll(); derr != nil {
 			d.log.Error("resume after failed dump", "pid", d.pid, "err", derr)

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -30,6 +31,10 @@ type dumper struct {
 	resumeErr  error
 	freezeTime time.Duration
 	res        *DumpResult
+	// tcp holds the connections of every process of the tree taken with
+	// TCP_REPAIR (--tcp-established), under one network lock, until the
+	// processes run again or die.
+	tcp *fds.TCPRepair
 }
 
 // dumpProc is one process of the dumped tree.

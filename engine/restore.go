@@ -51,6 +51,20 @@ type RestoreOptions struct {
 	// Not with Lazy.
 	LeaveStopped bool
 	Logger       *slog.Logger
+	// TCPEstablished brings back connected the TCP connections the dump
+	// took with TCP_REPAIR; without it they come back closed. The
+	// network lock that held them is released either way once a restore
+	// that got past its checks ends, whether it succeeded or not; one
+	// refused by its checks keeps it, to be tried again.
+	TCPEstablished bool
+	// Inherit gives, by key, descriptors of the caller that take the
+	// place of descriptors leading outside the process
+	// (fds.ParseInherit); for a tree, outside the tree, and the keys are
+	// checked against all its processes together. ExternalFallback is
+	// what the others become (fds.ExternalRefuse, the default, or
+	// fds.ExternalNull).
+	Inherit          map[string]int
+	ExternalFallback string
 }
 
 // RestoreResult describes a finished restore.
@@ -108,6 +122,10 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
 	}
+	// Past its checks, the restore releases the network lock however it
+	// ends: as soon as the process is made (or not), before a lazy phase.
+	released := map[string]bool{}
+	defer releaseNetLocks([]*image.Process{st}, released, log)
 	t, err := ptrace.New()
 	if err != nil {
 		return nil, step("start tracer", err)
@@ -139,6 +157,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		{"leave stopped", r.leaveStopped},
 		{"finish", r.finish},
 	})
+	releaseNetLocks([]*image.Process{st}, released, log)
 	if err != nil {
 		return nil, err
 	}

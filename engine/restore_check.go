@@ -47,9 +47,34 @@ type restorer struct {
 // restoreFDs recreates every descriptor (engine/fds) and closes the
 // shared memory objects that mapping memory left open for them.
 func (r *restorer) restoreFDs(ctx context.Context) error {
-	err := fds.RestoreInTree(ctx, r.in, r.st, r.shmem, r.tree, r.log)
+	err := fds.Restore(ctx, r.in, r.st, r.shmem, r.fdOptions())
 	r.shmem = nil
 	return err
+}
+
+// fdOptions are the options of the descriptors' restore.
+func (r *restorer) fdOptions() fds.RestoreOptions {
+	return fds.RestoreOptions{Log: r.log, TCPEstablished: r.opts.TCPEstablished, Inherit: r.opts.Inherit, ExternalFallback: r.opts.ExternalFallback, Tree: r.tree}
+}
+
+// releaseNetLocks deletes the network locks that held the TCP
+// connections of the processes sts since the dump (one lock for a
+// whole tree): once they are back, or once the restore failed (their
+// peers then see a reset). done remembers the locks released, so that
+// a second call releases nothing twice.
+func releaseNetLocks(sts []*image.Process, done map[string]bool, log *slog.Logger) {
+	for _, st := range sts {
+		for _, f := range st.FDs {
+			if f.Socket == nil || f.Socket.TCP == nil || f.Socket.TCP.Lock == "" || done[f.Socket.TCP.Lock] {
+				continue
+			}
+			lock := f.Socket.TCP.Lock
+			done[lock] = true
+			if err := fds.DeleteNetLock(lock); err != nil {
+				log.Error("network lock not released: nft delete table inet "+lock, "pid", st.PID, "err", err)
+			}
+		}
+	}
 }
 
 // check refuses, before anything is created, a snapshot this machine or
@@ -90,5 +115,8 @@ func (r *restorer) check() error {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
 	}
-	return nil
+	if r.tree != nil {
+		return nil // the tree checks its descriptors leading outside together
+	}
+	return fds.CheckExternal([]*image.Process{st}, r.fdOptions())
 }

@@ -75,6 +75,15 @@ func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot,
 	if err := tr.check(); err != nil {
 		return nil, step("check", err)
 	}
+	// Past its checks, the restore releases the network lock however it
+	// ends: as soon as the processes are made (or not), before a lazy
+	// phase.
+	sts := make([]*image.Process, len(tr.procs))
+	for i, r := range tr.procs {
+		sts[i] = r.st
+	}
+	released := map[string]bool{}
+	defer releaseNetLocks(sts, released, log)
 	var progress *treeProgress
 	if opts.LazyOf != nil {
 		// One pager per process: each has its own userfaultfd and page
@@ -134,7 +143,9 @@ func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot,
 		}
 	}
 	steps = append(steps, namedStep{"finish", tr.finish})
-	if err := runSteps(ctx, log, "restore", steps); err != nil {
+	err = runSteps(ctx, log, "restore", steps)
+	releaseNetLocks(sts, released, log)
+	if err != nil {
 		return nil, err
 	}
 	threads := 0
@@ -247,16 +258,23 @@ func (p *treeProgress) of(i int) func(done, total uint64) {
 }
 
 // check refuses, before anything is made, a tree this build cannot
-// restore: each process as a single one would be checked, then the links
-// between them. A session or a process group can be recreated only if
+// restore: each process as a single one would be checked, then the
+// descriptors leading outside the tree, then the links between them. A session or a process group can be recreated only if
 // its leader is in the tree, or if it is the root's own one outside it
 // (which the restored tree gets from snapctl, as a single process does).
 func (tr *treeRestore) check() error {
 	root := tr.procs[0]
-	for _, r := range tr.procs {
+	sts := make([]*image.Process, len(tr.procs))
+	for i, r := range tr.procs {
 		if err := r.check(); err != nil {
 			return fmt.Errorf("pid %d (%s): %w", r.st.PID, r.st.Comm, err)
 		}
+		sts[i] = r.st
+	}
+	// Descriptors leading outside the tree, and the keys of
+	// --inherit-fd, of all processes together.
+	if err := fds.CheckExternal(sts, root.fdOptions()); err != nil {
+		return err
 	}
 	for _, r := range tr.procs[1:] {
 		st := r.st

@@ -1049,7 +1049,7 @@ func runCheck(t *testing.T, env []string, prefix ...string) (int, map[string]che
 
 func TestCheck(t *testing.T) {
 	testutil.RequirePtrace(t)
-	names := []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "FUSE"}
+	names := []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "TCP_REPAIR", "FUSE"}
 	wantOK := func(t *testing.T, feats map[string]check.Feature, except ...string) {
 		t.Helper()
 		for _, n := range names {

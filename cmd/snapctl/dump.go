@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -12,6 +14,7 @@ import (
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -26,8 +29,27 @@ blocks take no space, others are LZ4-compressed when that saves more than
 last: a failed dump leaves the processes running and no manifest behind.
 
 Refused: a process (or descendant) already being traced or stopped by a
-debugger, a zombie child its parent has not reaped, and anything the format
-cannot describe yet; the error names the process and the resource.`,
+debugger, a zombie child its parent has not reaped, a pipe whose other end
+is outside the tree (unless --external names it), and anything the format
+cannot describe yet; the error names the process and the resource.
+
+Established TCP connections are recorded to be closed at restore (their
+peers see a reset), unless --tcp-established: each is then taken with
+TCP_REPAIR (sequence numbers, queued bytes, window, MSS, window scale,
+SACK, timestamps) and held by a network lock, an nftables table of its own
+(inet lazyfs_PID_RANDOM, printed; one for the whole tree) that drops its
+packets, so that neither side resets it, until snapctl restore
+--tcp-established brings it back and deletes the table. With
+--leave-running, or if the dump fails, the connections go on and the table
+is deleted before snapctl returns.
+
+--external records a descriptor leading outside the tree (a pipe whose
+other end a process outside holds, a unix socket connected to one; a pipe
+or socket pair between two processes of the tree is not outside) by its
+key, pipe:[INO] or socket:[INO]: restore gives it a descriptor of its own
+with --inherit-fd fd[N]:KEY, or /dev/null. A daemon started from a shell
+whose stdio are pipes: --external stdio. fd[N] names descriptor N of any
+process of the tree that leads outside.`,
 		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	fs.Alias("tree", "t")
@@ -38,6 +60,13 @@ cannot describe yet; the error names the process and the resource.`,
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
+	tcpEstablished := fs.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
+	var external []string
+	fs.Func("external", "record the descriptor leading outside the process that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
+		external = append(external, strings.Split(v, ",")...)
+		return nil
+	})
+	verbose := fs.Bool("v", false, "log each step")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -47,7 +76,19 @@ cannot describe yet; the error names the process and the resource.`,
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress,
+		TCPEstablished: *tcpEstablished, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+	if len(external) > 0 {
+		ext, err := fds.ParseExternal(external)
+		if err != nil {
+			return cli.Usagef("%v", err)
+		}
+		opts.External = ext
+	}
 	n := 0
 	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {
@@ -77,6 +118,9 @@ cannot describe yet; the error names the process and the resource.`,
 		fmt.Fprintf(stdout, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
 			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
+		if res.Conns > 0 {
+			fmt.Fprintf(stdout, "%d TCP connections held by nftables table inet %s until snapctl restore --tcp-established\n", res.Conns, res.NetLock)
+		}
 	}
 	return err
 }

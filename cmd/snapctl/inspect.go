@@ -61,6 +61,21 @@ type processReport struct {
 	// Core is the process's ELF core file, relative to a lazyfs mount of
 	// the snapshot.
 	Core string `json:"core"`
+	// Outside lists the descriptors that lead outside the process: those
+	// a restore must be handed (--inherit-fd) and the TCP connections
+	// kept.
+	Outside []outsideReport `json:"outside,omitempty"`
+}
+
+// outsideReport is a descriptor leading outside the process: a pipe or
+// unix socket recorded by --external (Key), or a TCP connection kept by
+// --tcp-established (Local, Peer and the nftables table that holds it).
+type outsideReport struct {
+	FD    int    `json:"fd"`
+	Key   string `json:"key,omitempty"`
+	Local string `json:"local,omitempty"`
+	Peer  string `json:"peer,omitempty"`
+	Lock  string `json:"lock,omitempty"`
 }
 
 type regionReport struct {
@@ -90,6 +105,14 @@ func inspect(dir string, trust bool) (*inspectReport, error) {
 		}
 		pr := processReport{PID: pid, Comm: st.Comm, Exe: st.Exe.Path, Threads: len(st.Threads), FDs: len(st.FDs), Blocks: r.Stats(), Ratio: r.Stats().Ratio(),
 			Core: fmt.Sprintf("%d/core", pid)}
+		for _, f := range st.FDs {
+			switch {
+			case f.External != "":
+				pr.Outside = append(pr.Outside, outsideReport{FD: f.FD, Key: f.External})
+			case f.Socket != nil && f.Socket.TCP != nil:
+				pr.Outside = append(pr.Outside, outsideReport{FD: f.FD, Local: f.Socket.Local, Peer: f.Socket.Peer, Lock: f.Socket.TCP.Lock})
+			}
+		}
 		for _, v := range st.VMAs {
 			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: r.DumpedIn(v.Start, v.End)})
 		}
@@ -128,6 +151,13 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		}
 		tw.Flush()
 		fmt.Fprintf(w, "  pages file %s for %s of memory: ratio %.3f (%s)\n", units.FormatSize(b.FileSize), units.FormatSize(b.Total.Bytes), p.Ratio, strings.TrimSpace(fmt.Sprintf("%.1f%% saved", 100*(1-p.Ratio))))
+		for _, o := range p.Outside {
+			if o.Key != "" {
+				fmt.Fprintf(w, "  fd %d leads outside: %s (restore --inherit-fd fd[N]:%s, or --external-fallback null)\n", o.FD, o.Key, o.Key)
+			} else {
+				fmt.Fprintf(w, "  fd %d TCP connection %s-%s kept, held by nftables table inet %s (restore --tcp-established)\n", o.FD, o.Local, o.Peer, o.Lock)
+			}
+		}
 		exe := p.Exe
 		if exe == "" {
 			exe = "EXE"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
 	"github.com/lazyfs/lazyfs/fs"
@@ -57,8 +58,24 @@ it rather than run with memory missing. A page that cannot be read (a
 corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
-Established TCP connections are closed (their peers saw a reset when the
-dumped process went away); listening sockets listen again.`,
+Established TCP connections are closed (their peers see a reset), unless
+the dump kept them (dump --tcp-established) and --tcp-established is given:
+they then come back connected, their queued bytes in place, and the
+network lock that held them since the dump (an nftables table) is
+deleted. The lock is deleted once the restore has begun, whether it brings
+the connections back or fails; a restore refused before it creates
+anything (a pid in use, a descriptor without --inherit-fd) keeps it, so
+that it can be tried again. Listening sockets listen again.
+
+A descriptor the dump recorded as leading outside the process, or the
+tree (dump --external), takes a descriptor of snapctl's: --inherit-fd
+fd[N]:KEY gives snapctl's fd N for the descriptor of key KEY, pipe:[INO]
+or socket:[INO] as the dump named it, or fd[M] for descriptor M of the
+process (of any process of a tree) (the same open file: the other end
+still sees it). The keys are checked against every process of a tree
+together. Without one, --external-fallback says what it becomes: refuse
+(the default: the restore is refused, naming it) or null (/dev/null,
+opened for its access mode).`,
 		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fl.String("D", "", "the snapshot directory `DIR`")
 	fl.Alias("images-dir", "D")
@@ -69,10 +86,27 @@ dumped process went away); listening sockets listen again.`,
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
-	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
+	tcpEstablished := fl.Bool("tcp-established", false, "bring back connected the TCP connections the dump kept (dump --tcp-established)")
+	tcpClose := fl.Bool("tcp-close", false, "close established TCP connections (the default without --tcp-established)")
+	var inherit []string
+	fl.Func("inherit-fd", "give snapctl's descriptor N for the descriptor leading outside of key KEY (`fd[N]:KEY`; KEY pipe:[INO], socket:[INO] or fd[M]); repeat for each", func(v string) error {
+		inherit = append(inherit, v)
+		return nil
+	})
+	fallback := fl.String("external-fallback", fds.ExternalRefuse, "what a descriptor leading outside without --inherit-fd becomes: `MODE` refuse (the restore) or null (/dev/null)")
 	verbose := fl.Bool("v", false, "log each step")
 	if err := fl.Parse(args); err != nil {
 		return err
+	}
+	if *tcpEstablished && *tcpClose {
+		return cli.Usagef("--tcp-established and --tcp-close are exclusive")
+	}
+	if *fallback != fds.ExternalRefuse && *fallback != fds.ExternalNull {
+		return cli.Usagef("--external-fallback %q: want refuse or null", *fallback)
+	}
+	inherited, err := fds.ParseInherit(inherit)
+	if err != nil {
+		return cli.Usagef("%v", err)
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
@@ -85,7 +119,8 @@ dumped process went away); listening sockets listen again.`,
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log}
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log,
+		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback}
 	tty := isTerminal(stderr)
 	if tty {
 		opts.Progress = progressPrinter(stderr, "restore", time.Second)

@@ -10,40 +10,83 @@ import (
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
+// DumpOptions configure Dump.
+type DumpOptions struct {
+	Log *slog.Logger
+	// TCP, if set, takes established TCP connections with TCP_REPAIR
+	// under its lock (--tcp-established); otherwise they are recorded to
+	// be closed at restore.
+	TCP *TCPRepair
+	// External names the pipes and unix sockets leading outside the
+	// process that are recorded rather than refused or closed.
+	External *External
+}
+
 // Dump describes every open file descriptor of the frozen process pid,
 // whose memory mappings are maps, or refuses the first one the snapshot
 // format cannot describe, naming it.
-func Dump(pid int, maps []proc.Mapping, log *slog.Logger) ([]image.FD, error) {
+func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 	fds, err := proc.ReadFDs(pid)
 	if err != nil {
 		return nil, err
 	}
-	return dump(pid, maps, fds, nil, log)
+	fx, err := newFDDumper(pid, maps, fds, nil, o, map[string]bool{})
+	if err != nil {
+		return nil, err
+	}
+	defer fx.close()
+	if o.TCP != nil {
+		if err := lockConns(o.TCP, []*fdDumper{fx}); err != nil {
+			return nil, err
+		}
+	}
+	out, err := fx.dump()
+	if err != nil {
+		return nil, err
+	}
+	if err := o.External.checkUsed([]int{pid}, fx.used); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// dump describes fds, the descriptors of pid; td, if not nil, is what
-// it knows of the other processes of its tree.
-func dump(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, log *slog.Logger) ([]image.FD, error) {
+// newFDDumper prepares the description of fds, the descriptors of pid;
+// td, if not nil, is what it knows of the other processes of its tree;
+// used collects the descriptors o.External matched (shared by the
+// processes of a tree). The caller closes it.
+func newFDDumper(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, o DumpOptions, used map[string]bool) (*fdDumper, error) {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return nil, fmt.Errorf("pidfd_open: %w", err)
+		return nil, fmt.Errorf("pid %d: pidfd_open: %w", pid, err)
 	}
-	defer unix.Close(pidfd)
-	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td}
+	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td,
+		tcp: o.TCP, ext: o.External, used: used}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
+	return fx, nil
+}
+
+func (fx *fdDumper) close() { unix.Close(fx.pidfd) }
+
+// dump describes the descriptors of the process.
+func (fx *fdDumper) dump() ([]image.FD, error) {
+	fds := fx.all
 	var out []image.FD
 	shared := fx.sharedFiles()
 	for i := range fds {
-		if r := td.inherited(fds[i].Num); r != nil {
+		if r := fx.tree.inherited(fds[i].Num); r != nil {
 			// Described in the process it is inherited from.
 			out = append(out, inheritedFD(&fds[i], r))
 			continue
 		}
 		f, err := fx.fd(&fds[i])
 		if err != nil {
-			return nil, fmt.Errorf("pid %d: fd %d (%s): %w", pid, fds[i].Num, fds[i].Target, err)
+			return nil, fmt.Errorf("pid %d fd %d (%s): %w", fx.pid, fds[i].Num, fds[i].Target, err)
 		}
 		if first, ok := shared[fds[i].Num]; ok {
 			f.SameAs = &first
@@ -108,6 +151,9 @@ type fdDumper struct {
 	inet    map[uint64]proc.InetDiag
 	unixd   map[uint64]proc.UnixDiag
 	tree    *treeDumper // the other processes of the tree, or nil
+	tcp     *TCPRepair
+	ext     *External
+	used    map[string]bool // fd[N] and ino[INO] of the descriptors External matched
 }
 
 // fd describes one descriptor: its number and flags here, what it is

@@ -16,18 +16,27 @@ type pipeEnds struct {
 	read             bool
 }
 
-// pipe records one end of a pipe. Both ends must be in the process; the
-// bytes buffered in it are stored with its lowest read end.
+// pipe records one end of a pipe. Both ends must be in the process (or
+// in the tree: treePipe), or --external name it; the bytes buffered in
+// it are stored with its lowest read end.
 func (fx *fdDumper) pipe(f *proc.FD, out image.FD) (image.FD, error) {
 	if fx.tree != nil && fx.tree.pipes[f.Ino] != nil {
 		return fx.treePipe(f, out)
 	}
 	ends := fx.pipes[f.Ino]
-	if ends == nil || len(ends.readers) == 0 || len(ends.writers) == 0 {
-		return out, fmt.Errorf("%w: pipe:[%d] has an end outside the process (restore could not reconnect it)", image.ErrUnsupported, f.Ino)
-	}
 	out.Kind = image.FDPipe
 	out.Pipe = &image.Pipe{ID: f.Ino}
+	if ends == nil || len(ends.readers) == 0 || len(ends.writers) == 0 {
+		if fx.ext.matches(f) {
+			fx.external(f, &out, fmt.Sprintf("pipe:[%d]", f.Ino))
+			return out, nil
+		}
+		where := "the process"
+		if fx.tree != nil {
+			where = "the tree"
+		}
+		return out, fmt.Errorf("%w: pipe:[%d] has its other end outside %s: dump with --external fd[%d] (or pipe[%d], or stdio for fds 0-2) to record it, and restore with --inherit-fd", image.ErrUnsupported, f.Ino, where, f.Num, f.Ino)
+	}
 	if f.Num == ends.readers[0] {
 		if !ends.read {
 			b, size, err := fx.peekPipe(f.Num)

@@ -13,6 +13,25 @@ import (
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
+// RestoreOptions configure Restore.
+type RestoreOptions struct {
+	Log *slog.Logger
+	// TCPEstablished brings the connections the dump took with TCP_REPAIR
+	// back connected; without it they come back closed.
+	TCPEstablished bool
+	// Inherit maps the key of a descriptor leading outside ("pipe:[INO]",
+	// "socket:[INO]", or "fd[N]" for the dumped process's descriptor N,
+	// or that of any process of a tree) to a descriptor of the caller
+	// that takes its place (ParseInherit).
+	Inherit map[string]int
+	// ExternalFallback is what a descriptor leading outside that Inherit
+	// does not give becomes: ExternalRefuse ("" too) or ExternalNull.
+	ExternalFallback string
+	// Tree, for a process of a tree, hands out the descriptors it shares
+	// with the other processes (DumpTree); nil for a single process.
+	Tree Tree
+}
+
 // Restore recreates every file descriptor of st in the process that in
 // injects into, at its number, with its flags, in ascending order. A new
 // object takes the lowest free number, which is most often its own (the
@@ -23,14 +42,12 @@ import (
 // the process, closed here) are kept above every number the process uses
 // until all are placed. Epoll registrations are made last: their targets
 // must be in place.
-func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, log *slog.Logger) error {
-	return RestoreInTree(ctx, in, st, shmem, nil, log)
-}
-
-// RestoreInTree is Restore for a process of a tree: tree hands out the
-// descriptors it shares with the other processes (DumpTree).
-func RestoreInTree(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, tree Tree, log *slog.Logger) error {
+func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, o RestoreOptions) error {
 	fds := st.FDs
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	maxFD := 2
 	for _, f := range fds {
 		maxFD = max(maxFD, f.FD)
@@ -45,8 +62,13 @@ func RestoreInTree(ctx context.Context, in *ptrace.Injector, st *image.Process, 
 		return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
 	}
 	_, scratchLen := in.Scratch()
-	fc := &fdCreator{in: in, st: st, shmem: shmem, tree: tree, log: log, scratchLen: scratchLen,
-		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}}
+	fc := &fdCreator{in: in, st: st, shmem: shmem, tree: o.Tree, log: log, opts: o, scratchLen: scratchLen,
+		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}, pfd: -1}
+	defer func() {
+		if fc.pfd >= 0 {
+			unix.Close(fc.pfd)
+		}
+	}()
 	for id, fd := range shmem {
 		nfd, err := fc.moveHigh(fd)
 		if err != nil {
@@ -74,44 +96,77 @@ func RestoreInTree(ctx context.Context, in *ptrace.Injector, st *image.Process, 
 }
 
 // place creates each descriptor in turn and puts it at its number.
+// TCP connections brought back with TCP_REPAIR come last, after the
+// listeners: a repaired socket takes its port whatever holds it, but a
+// listener without SO_REUSEADDR could not bind a port such a socket holds.
+// (Their numbers stay free meanwhile: a descriptor is made at the lowest
+// free number only for as long as it takes to move it to its own.)
 func (fc *fdCreator) place(ctx context.Context) error {
 	placed := make(map[int]bool, len(fc.st.FDs))
-	for i := range fc.st.FDs {
-		f := &fc.st.FDs[i]
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		flags := 0
-		if f.CloExec {
-			flags = unix.O_CLOEXEC
-		}
-		if placed[f.FD] {
-			return fmt.Errorf("%w: fd %d appears twice", image.ErrCorrupt, f.FD)
-		}
-		placed[f.FD] = true
-		if f.SameAs != nil {
-			// A dup of a lower descriptor, in place already.
-			if *f.SameAs >= f.FD || !placed[*f.SameAs] {
-				return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
+	var repaired map[int]bool
+	for pass := range 2 {
+		for i := range fc.st.FDs {
+			f := &fc.st.FDs[i]
+			last := fc.repairs(f) || f.SameAs != nil && repaired[*f.SameAs]
+			if last {
+				if repaired == nil {
+					repaired = map[int]bool{}
+				}
+				repaired[f.FD] = true
 			}
-			if err := fc.dup3(*f.SameAs, f.FD, flags); err != nil {
-				return fmt.Errorf("fd %d: %w", f.FD, err)
+			if last != (pass == 1) {
+				continue
 			}
-			continue
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fc.placeOne(f, placed); err != nil {
+				return err
+			}
 		}
-		tmp, err := fc.create(f)
-		if err != nil {
-			return fmt.Errorf("fd %d (%s): %w", f.FD, f.Kind, err)
+	}
+	return nil
+}
+
+// repairs reports whether f is a TCP connection brought back with
+// TCP_REPAIR.
+func (fc *fdCreator) repairs(f *image.FD) bool {
+	return fc.opts.TCPEstablished && f.Socket != nil && f.Socket.TCP != nil && f.External == ""
+}
+
+// placeOne creates the descriptor f (or duplicates the one it shares its
+// file with) at its number.
+func (fc *fdCreator) placeOne(f *image.FD, placed map[int]bool) error {
+	flags := 0
+	if f.CloExec {
+		flags = unix.O_CLOEXEC
+	}
+	if placed[f.FD] {
+		return fmt.Errorf("%w: fd %d appears twice", image.ErrCorrupt, f.FD)
+	}
+	placed[f.FD] = true
+	if f.SameAs != nil {
+		// A dup of a lower descriptor, in place already.
+		if *f.SameAs >= f.FD || !placed[*f.SameAs] {
+			return fmt.Errorf("%w: fd %d shares the file of fd %d, which is not before it", image.ErrCorrupt, f.FD, *f.SameAs)
 		}
-		if tmp == f.FD {
-			continue // created in place, with its close-on-exec flag
-		}
-		if err := fc.dup3(tmp, f.FD, flags); err != nil {
+		if err := fc.dup3(*f.SameAs, f.FD, flags); err != nil {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
-		if !fc.kept(tmp) {
-			fc.closeFD(tmp)
-		}
+		return nil
+	}
+	tmp, err := fc.create(f)
+	if err != nil {
+		return fmt.Errorf("pid %d fd %d (%s): %w", fc.st.PID, f.FD, f.Kind, err)
+	}
+	if tmp == f.FD {
+		return nil // created in place, with its close-on-exec flag
+	}
+	if err := fc.dup3(tmp, f.FD, flags); err != nil {
+		return fmt.Errorf("fd %d: %w", f.FD, err)
+	}
+	if !fc.kept(tmp) {
+		fc.closeFD(tmp)
 	}
 	return nil
 }
@@ -151,7 +206,9 @@ type fdCreator struct {
 	shmem      map[uint64]int // shared object id -> its fd in the process
 	tree       Tree           // the other processes of the tree, or nil
 	log        *slog.Logger
+	opts       RestoreOptions
 	scratchLen int
+	pfd        int // a pidfd of the process, once opened (pidfd), or -1
 
 	high  int               // kept objects live at this number or above
 	pipes map[uint64][2]int // pipe id -> read, write end (kept)
@@ -219,6 +276,9 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	}
 	if f.Tree != nil {
 		return fc.treeFD(f)
+	}
+	if f.External != "" {
+		return fc.external(f)
 	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDChr:

@@ -60,7 +60,25 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 	default:
 		return out, fmt.Errorf("%w: socket family %d", image.ErrUnsupported, sk.Family)
 	}
-	if sk.State != sockListen && sk.Queued == nil {
+	if fx.tcp != nil && sk.State == sockEstablished && sk.Type == unix.SOCK_STREAM && sk.Family != unix.AF_UNIX {
+		if err := fx.tcpConn(f, sk); err != nil {
+			return out, err
+		}
+	}
+	if sk.Family == unix.AF_UNIX && sk.State == sockEstablished && fx.ext.matches(f) {
+		fx.external(f, &out, fmt.Sprintf("socket:[%d]", f.Ino))
+	}
+	if isConnection(sk.State) && sk.TCP == nil && out.External == "" {
+		how := "only established connections can be kept"
+		switch {
+		case sk.Family == unix.AF_UNIX:
+			how = fmt.Sprintf("--external fd[%d] keeps it", f.Num)
+		case sk.State == sockEstablished:
+			how = "--tcp-established keeps it"
+		}
+		fx.log.Warn("connection will be closed at restore: "+how, "pid", fx.pid, "fd", f.Num, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
+	}
+	if sk.State != sockListen && sk.Queued == nil && sk.TCP == nil && out.External == "" {
 		if n, err := unix.IoctlGetInt(s, unix.SIOCINQ); err == nil && n > 0 {
 			fx.log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
 		}
@@ -133,15 +151,21 @@ func sockaddrString(sa unix.Sockaddr) string {
 // pairs are paired again with the data that was queued in them, a
 // datagram socket connected to an address is connected again. A
 // connection (established TCP, or a unix stream connected to a process
-// outside) cannot follow the process: it comes back as a socket whose
-// peer has closed, on which the program reads end-of-file (its peer saw
-// the connection reset when the dumped process went away).
+// outside) comes back as a socket whose peer has closed, on which the
+// program reads end-of-file (its peer saw the connection reset when the
+// dumped process went away), unless the dump kept it: an established TCP
+// connection taken with TCP_REPAIR comes back connected with
+// --tcp-established (tcp.go), a descriptor leading outside is replaced
+// (external.go).
 //
 // flags are O_NONBLOCK and O_CLOEXEC, the same bits as SOCK_NONBLOCK and
 // SOCK_CLOEXEC.
 func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 	s := f.Socket
 	typ := uint64(s.Type) | flags&(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+	if s.TCP != nil && fc.opts.TCPEstablished {
+		return fc.tcpConn(f, typ)
+	}
 	if s.Family == unix.AF_UNIX {
 		if _, paired := s.Options[peerInodeOption]; paired && s.State == sockConnected {
 			return fc.socketPair(f, typ)
@@ -161,7 +185,7 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		// it returns ENOTCONN for the unconnected socket.) Its options
 		// are not set: the program is about to close it.
 		fc.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
-		fc.log.Info("connection closed by restore", "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
+		fc.closedConn(f)
 		return int(fd), nil
 	}
 	if err := fc.sockOpts(int(fd), s); err != nil {

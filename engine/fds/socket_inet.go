@@ -15,19 +15,8 @@ import (
 // socket in any connection state (established, or on its way in or out)
 // is a connection: restore brings it back closed.
 func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
-	if fx.inet == nil {
-		fx.inet = map[uint64]proc.InetDiag{}
-		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-			for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-				ds, err := proc.QueryInet(fx.pid, fam, pr)
-				if err != nil {
-					return fmt.Errorf("sock_diag: %w", err)
-				}
-				for _, x := range ds {
-					fx.inet[x.Inode] = x
-				}
-			}
-		}
+	if err := fx.queryInet(); err != nil {
+		return err
 	}
 	diag, ok := fx.inet[sk.ID]
 	switch {
@@ -53,6 +42,28 @@ func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 	return nil
 }
 
+// queryInet asks sock_diag, once, for the TCP and UDP sockets of the
+// process's network namespace.
+func (fx *fdDumper) queryInet() error {
+	if fx.inet != nil {
+		return nil
+	}
+	inet := map[uint64]proc.InetDiag{}
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			ds, err := proc.QueryInet(fx.pid, fam, pr)
+			if err != nil {
+				return fmt.Errorf("sock_diag: %w", err)
+			}
+			for _, x := range ds {
+				inet[x.Inode] = x
+			}
+		}
+	}
+	fx.inet = inet
+	return nil
+}
+
 func isUnspecifiedPortZero(s string) bool {
 	ap, err := netip.ParseAddrPort(s)
 	return err == nil && ap.Port() == 0 && ap.Addr().IsUnspecified()
@@ -63,7 +74,9 @@ func isUnspecifiedPortZero(s string) bool {
 // and leaves no TIME_WAIT or FIN_WAIT socket behind. Those would hold the
 // ports of its listeners, and a listener without SO_REUSEADDR could not
 // be bound again by the restore until they expire. The peers see their
-// connection reset, as restore --tcp-close has it. Failures are only
+// connection reset, as restore --tcp-close has it. Connections taken with
+// TCP_REPAIR are left alone: they close silently in repair mode, and
+// their peers wait for the restore behind the network lock. Failures are only
 // logged: the snapshot is written already.
 func ResetConnections(st *image.Process, log *slog.Logger) {
 	pidfd := -1
@@ -74,7 +87,7 @@ func ResetConnections(st *image.Process, log *slog.Logger) {
 	}()
 	for _, f := range st.FDs {
 		s := f.Socket
-		if s == nil || f.SameAs != nil || s.Type != unix.SOCK_STREAM ||
+		if s == nil || f.SameAs != nil || s.TCP != nil || s.Type != unix.SOCK_STREAM ||
 			(s.Family != unix.AF_INET && s.Family != unix.AF_INET6) || !isConnection(s.State) {
 			continue
 		}

@@ -192,7 +192,7 @@ func (fc *fdCreator) closedUnix(f *image.FD, typ uint64) (int, error) {
 	}
 	fc.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
 	fd := int(binary.LittleEndian.Uint32(b[0:]))
-	fc.log.Info("connection closed by restore", "fd", f.FD, "local", f.Socket.Local, "peer", f.Socket.Peer, "state", f.Socket.State)
+	fc.closedConn(f)
 	return fd, nil
 }
 

@@ -2,7 +2,6 @@ package fds
 
 import (
 	"fmt"
-	"log/slog"
 
 	"golang.org/x/sys/unix"
 
@@ -98,8 +97,12 @@ type treePipe struct {
 // DumpTree describes the descriptors of every process of a frozen tree,
 // pids in the order of the tree (a parent before its children), maps
 // each one's mappings; it refuses the first descriptor the snapshot
-// format cannot describe, naming the process and the descriptor.
-func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD, error) {
+// format cannot describe, naming the process and the descriptor. A pipe
+// or unix socket leads outside when its other end is outside the tree:
+// o.External is matched against those only, and each resource it names
+// must match in some process. With o.TCP, the established connections of
+// every process are locked with one nft batch before any is taken.
+func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, error) {
 	all := make([][]proc.FD, len(pids))
 	for i, pid := range pids {
 		var err error
@@ -107,8 +110,9 @@ func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD
 			return nil, fmt.Errorf("pid %d: %w", pid, err)
 		}
 	}
-	from := inherited(pids, all)
-	td := &treeDumper{pipes: map[uint64]*treePipe{}, sockets: map[uint64]bool{}}
+	from := inheritedInTree(pids, all)
+	pipes := map[uint64]*treePipe{}
+	sockets := map[uint64]bool{}
 	// Pipes whose own open file descriptions (not inherited ones) are in
 	// several processes.
 	holders := map[uint64]map[int]bool{}
@@ -116,7 +120,7 @@ func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD
 		for j := range all[i] {
 			f := &all[i][j]
 			if f.Kind == proc.FDSocket {
-				td.sockets[f.Ino] = true
+				sockets[f.Ino] = true
 			}
 			if f.Kind != proc.FDPipe || from[i][f.Num] != nil {
 				continue
@@ -126,28 +130,58 @@ func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD
 			}
 			holders[f.Ino][i] = true
 			if len(holders[f.Ino]) > 1 {
-				td.pipes[f.Ino] = &treePipe{}
+				pipes[f.Ino] = &treePipe{}
 			}
 		}
 	}
+	writers := map[uint64]bool{}
 	for i := range pids {
 		for j := range all[i] {
 			f := &all[i][j]
-			p := td.pipes[f.Ino]
-			if f.Kind == proc.FDPipe && p != nil && !p.read && from[i][f.Num] == nil && f.Info != nil && f.Info.Flags&unix.O_ACCMODE == unix.O_RDONLY {
-				p.read, p.data.pid, p.data.fd = true, pids[i], f.Num
+			p := pipes[f.Ino]
+			if f.Kind != proc.FDPipe || p == nil || from[i][f.Num] != nil || f.Info == nil {
+				continue
+			}
+			if f.Info.Flags&unix.O_ACCMODE == unix.O_RDONLY {
+				if !p.read {
+					p.read, p.data.pid, p.data.fd = true, pids[i], f.Num
+				}
+			} else {
+				writers[f.Ino] = true
 			}
 		}
 	}
-	for ino, p := range td.pipes {
-		if !p.read {
-			return nil, fmt.Errorf("%w: pipe:[%d] has no read end in the tree (restore could not reconnect it)", image.ErrUnsupported, ino)
+	for ino, p := range pipes {
+		if !p.read || !writers[ino] {
+			// Its other end is outside the tree: each process's end is
+			// refused or recorded as leading outside, as in a single
+			// process.
+			delete(pipes, ino)
+		}
+	}
+	used := map[string]bool{}
+	fxs := make([]*fdDumper, 0, len(pids))
+	defer func() {
+		for _, fx := range fxs {
+			fx.close()
+		}
+	}()
+	for i, pid := range pids {
+		td := &treeDumper{pipes: pipes, sockets: sockets, from: from[i]}
+		fx, err := newFDDumper(pid, maps[i], all[i], td, o, used)
+		if err != nil {
+			return nil, err
+		}
+		fxs = append(fxs, fx)
+	}
+	if o.TCP != nil {
+		if err := lockConns(o.TCP, fxs); err != nil {
+			return nil, err
 		}
 	}
 	out := make([][]image.FD, len(pids))
-	for i, pid := range pids {
-		td.from = from[i]
-		fds, err := dump(pid, maps[i], all[i], td, log)
+	for i, fx := range fxs {
+		fds, err := fx.dump()
 		if err != nil {
 			return nil, err
 		}
@@ -157,7 +191,7 @@ func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD
 				f.Kind = kindOf(out, pids, f.Tree)
 				continue
 			}
-			if f.Kind == image.FDPipe && td.pipes[f.Pipe.ID] != nil {
+			if f.Kind == image.FDPipe && pipes[f.Pipe.ID] != nil {
 				f.Tree = &image.FDTree{Shared: true}
 			}
 			if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sockConnected {
@@ -167,6 +201,9 @@ func DumpTree(pids []int, maps [][]proc.Mapping, log *slog.Logger) ([][]image.FD
 			}
 		}
 		out[i] = fds
+	}
+	if err := o.External.checkUsed(pids, used); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -195,10 +232,11 @@ func holds(fds []proc.FD, ino uint64) bool {
 	return false
 }
 
-// inherited finds, for each process, the descriptors whose open file
-// description a process before it in the tree holds already: process i,
-// descriptor number -> that process and descriptor (its lowest one).
-func inherited(pids []int, all [][]proc.FD) []map[int]*image.FDTree {
+// inheritedInTree finds, for each process, the descriptors whose open
+// file description a process before it in the tree holds already:
+// process i, descriptor number -> that process and descriptor (its
+// lowest one).
+func inheritedInTree(pids []int, all [][]proc.FD) []map[int]*image.FDTree {
 	type key struct {
 		dev, ino uint64
 		flags    uint32
@@ -284,10 +322,10 @@ func MakeShared(sts []*image.Process) (map[string]int, error) {
 				}
 				out[UnixKey(s.ID)], out[UnixKey(peer)] = p[0], p[1]
 				// What waits in one end was sent from the other.
-				if err := sendAll(p[1], s.Type, queuedOf(sts, s.ID)); err != nil {
+				if err := sendQueued(p[1], s.Type, queuedOf(sts, s.ID)); err != nil {
 					return fail(fmt.Errorf("socket:[%d]: %w", s.ID, err))
 				}
-				if err := sendAll(p[0], s.Type, queuedOf(sts, peer)); err != nil {
+				if err := sendQueued(p[0], s.Type, queuedOf(sts, peer)); err != nil {
 					return fail(fmt.Errorf("socket:[%d]: %w", peer, err))
 				}
 			}
@@ -334,7 +372,9 @@ func queuedOf(sts []*image.Process, ino uint64) [][]byte {
 	return nil
 }
 
-func sendAll(fd, typ int, msgs [][]byte) error {
+// sendQueued sends msgs on fd, a socket of type typ, without blocking:
+// each a message of its own unless typ is a stream.
+func sendQueued(fd, typ int, msgs [][]byte) error {
 	for _, m := range msgs {
 		for len(m) > 0 || typ != unix.SOCK_STREAM {
 			n, err := unix.SendmsgN(fd, m, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)

@@ -246,6 +246,11 @@ type FD struct {
 	// Tree links the descriptor to other processes of a tree
 	// (FeatureTree).
 	Tree *FDTree `json:"tree,omitempty"`
+	// External, when set, is the key ("pipe:[INO]", "socket:[INO]") of
+	// a pipe or unix socket whose other end was outside the process
+	// (dump --external): restore puts a descriptor it is handed
+	// (--inherit-fd) or /dev/null in its place (state_external.go).
+	External string `json:"external,omitempty"`
 }
 
 // Pipe is one end of a pipe. Both ends of a pipe share the ID; the bytes
@@ -291,6 +296,10 @@ type Socket struct {
 	// per message for a datagram socket. Restore sends it again from the
 	// peer.
 	Queued [][]byte `json:"queued,omitempty"`
+	// TCP is the state of an established TCP connection taken with
+	// TCP_REPAIR (dump --tcp-established), from which restore
+	// --tcp-established brings it back connected (state_external.go).
+	TCP *TCPConn `json:"tcp,omitempty"`
 }
 
 // Timerfd is a timerfd's clock and setting.

@@ -225,6 +225,9 @@ func (w *Writer) WriteState(p *Process) error {
 		return fmt.Errorf("encode process state: %w", err)
 	}
 	w.entry(p.PID)
+	for _, f := range p.features() {
+		w.addFeature(f)
+	}
 	return w.writeFile(stateName(p.PID), append(b, '\n'))
 }
 
