@@ -35,8 +35,12 @@ type RestoreOptions struct {
 	Lazy io.ReaderAt
 	// LazyOptions tune the lazy phase (with Lazy).
 	LazyOptions LazyOptions
-	// Running, if set, is called once the process runs (before the lazy
-	// phase ends): the place to write a pidfile.
+	// Namespaces say which namespaces the process lives in: new pid and
+	// mount ones, another network one (see Namespaces).
+	Namespaces Namespaces
+	// Running, if set, is called with the process's pid in our pid
+	// namespace once it runs (before the lazy phase ends): the place to
+	// write a pidfile.
 	Running func(pid int) error
 	// Progress, if set, is called with the memory bytes restored so far.
 	Progress func(done, total uint64)
@@ -50,8 +54,13 @@ type RestoreOptions struct {
 
 // RestoreResult describes a finished restore.
 type RestoreResult struct {
-	PID     int
-	Threads int
+	// PID is the process's pid in our pid namespace: the one to signal.
+	PID int
+	// OwnPID is its pid in its own pid namespace (the one it had), and
+	// InitPID our pid of that namespace's init, with Namespaces.PID
+	// (InitPID is PID when the process is the init); 0 otherwise.
+	OwnPID, InitPID int
+	Threads         int
 	// ToRunning is the time from the start of Restore until the process
 	// ran; Total until Restore returned (every page in, for a lazy one).
 	ToRunning time.Duration
@@ -85,6 +94,12 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
+	}
+	if ns := opts.Namespaces.Net; ns != "" && ns != NetNew {
+		if r.netns, err = OpenNetns(ns); err != nil {
+			return nil, step("check", err)
+		}
+		defer r.netns.Close()
 	}
 	t, err := ptrace.New()
 	if err != nil {
@@ -121,14 +136,20 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, err
 	}
 	r.running = true
-	res = &RestoreResult{PID: st.PID, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	res = &RestoreResult{PID: r.pid, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	if opts.Namespaces.PID {
+		res.OwnPID, res.InitPID = st.OwnPID(), r.initPID
+		if r.initPID == 0 {
+			res.InitPID = r.pid
+		}
+	}
 	if opts.LeaveStopped {
-		if err := waitStopped(ctx, st.PID, len(st.Threads)); err != nil {
+		if err := waitStopped(ctx, r.pid, len(st.Threads)); err != nil {
 			return nil, step("leave stopped", err)
 		}
 	}
 	if opts.Running != nil {
-		if err := opts.Running(st.PID); err != nil {
+		if err := opts.Running(r.pid); err != nil {
 			return nil, step("running", err)
 		}
 	}
@@ -182,13 +203,17 @@ func (r *restorer) abort() {
 		// ran) is no longer the tracer's to kill: kill it by pid.
 		if err := r.child.Kill(); err != nil || r.running {
 			if err != nil {
-				r.log.Error("kill half-restored process", "pid", r.st.PID, "err", err)
+				r.log.Error("kill half-restored process", "pid", r.pid, "err", err)
 			}
-			unix.Kill(r.st.PID, unix.SIGKILL)
+			unix.Kill(r.pid, unix.SIGKILL)
 		}
 	}
 	if r.stub != nil {
 		r.stub.Kill()
+	}
+	if r.initPID != 0 {
+		// The namespace's init: the kernel kills what is left in it.
+		unix.Kill(r.initPID, unix.SIGKILL)
 	}
 }
 
