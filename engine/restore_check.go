@@ -32,8 +32,8 @@ type restorer struct {
 	// (Namespaces.PID), once it runs; 0 if none.
 	initPID int
 	netns   *os.File // the network namespace to join (Namespaces.Net)
-	in    *ptrace.Injector
-	area  uint64 // our stub page and scratch in the child
+	in      *ptrace.Injector
+	area    uint64 // our stub page and scratch in the child
 	// threads are the restored threads, in the order of st.Threads.
 	threads []*ptrace.Thread
 	// shmem maps a shared object id to the fd of it in the child while
