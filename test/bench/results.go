@@ -21,7 +21,8 @@ type sizeResult struct {
 	Dumps     []*dumpResult   // report order
 	Restores  []*restoreResult
 	Baselines []*baselineResult
-	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
+	Weights   []*weightsResult  // the weightserver, with and without MADV_HUGEPAGE
+	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
 	Elapsed   time.Duration
 }
 
