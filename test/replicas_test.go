@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -321,4 +323,74 @@ func TestReplicasNoPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	lazyKill(t, ctx, p)
+}
+
+// TestReplicasPIDNSInit: a process that was pid 1 of its pid namespace
+// (sleep under unshare -pf) is dumped with its pid there, restored only
+// with --pidns, and then as the init of each new namespace: two copies at
+// once.
+func TestReplicasPIDNSInit(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	unshare := testutil.RequireCommand(t, "unshare", "sleep")
+	ctx := testContext(t)
+	// Through launch: no descriptor of ours leaks into sleep.
+	cmd := exec.Command(fixture.Build(t, "launch"), unshare, "--pid", "--fork", "--kill-child", "--mount-proc", "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var pid int
+	if ok, msg := srvEventually(ctx, 10*time.Second, func() (bool, string) {
+		kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+		f := strings.Fields(string(kids))
+		if len(f) != 1 {
+			return false, fmt.Sprintf("unshare's children: %q", kids)
+		}
+		pid, _ = strconv.Atoi(f[0])
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return string(comm) == "sleep\n", fmt.Sprintf("child %d is %q", pid, comm)
+	}); !ok {
+		t.Fatal(msg)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	dumpPID(t, pid, dir)
+	si := openImage(t, dir, pid)
+	if !slices.Equal(si.State.NSPID, []int{pid, 1}) {
+		t.Fatalf("ns_pid %v, want [%d 1]", si.State.NSPID, pid)
+	}
+	if r := runSnapctl(t, "restore", "-D", dir); r.Code != 3 {
+		t.Errorf("restore without --pidns: want exit 3\n%s", r)
+	}
+	var copies []int
+	for i := range 2 {
+		pidfile := filepath.Join(t.TempDir(), "pid")
+		r := mustSnapctl(t, "restore", "-D", dir, "--pidns", "--pidfile", pidfile)
+		b, err := os.ReadFile(pidfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		t.Cleanup(func() { unix.Kill(c, unix.SIGKILL) })
+		copies = append(copies, c)
+		if want := fmt.Sprintf("pid %d is pid 1 in its pid namespace, whose init is pid %d", c, c); !strings.Contains(r.Stdout, want) {
+			t.Errorf("copy %d: output lacks %q:\n%s", i, want, r.Stdout)
+		}
+		st, err := proc.ReadStatus(c)
+		if err != nil || !slices.Equal(st.NSpid, []int{c, 1}) {
+			t.Fatalf("copy %d: NSpid %+v (%v), want [%d 1]", i, st, err, c)
+		}
+	}
+	for _, c := range copies {
+		ns := nsInode(t, c, "pid")
+		if err := unix.Kill(c, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if !pidGone(ctx, c) {
+			t.Fatalf("copy %d still there", c)
+		}
+		if h := nsHolders("pid", ns); len(h) > 0 {
+			t.Errorf("the pid namespace of copy %d is held by %v", c, h)
+		}
+	}
 }
