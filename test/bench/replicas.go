@@ -425,7 +425,16 @@ func (r *replicasResult) memOf(f func(replicasRun) uint64) uint64 {
 }
 
 func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
+	anon := map[int]uint64{} // copies: the first run's anonymous memory
 	for _, r := range s.Replicas {
+		for _, run := range r.Runs {
+			// Lazy or eager, copies hold the same memory.
+			if a, ok := anon[r.N]; !ok {
+				anon[r.N] = run.Anon
+			} else if run.Anon < a*9/10 || run.Anon > a*11/10 {
+				bad("replicas %s x%d: %d bytes anonymous, another run of %d copies %d", r.Mode, r.N, run.Anon, r.N, a)
+			}
+		}
 		if len(r.Runs) != runs {
 			bad("replicas %s x%d: %d runs, want %d", r.Mode, r.N, len(r.Runs), runs)
 		}
@@ -438,8 +447,9 @@ func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
 					bad("replicas %s x%d: touch 1 after %v", r.Mode, r.N, d)
 				}
 			}
-			// Every copy holds its memory in full once it is all in.
-			if run.Anon < uint64(r.N)*s.Size*9/10 {
+			// Every copy holds its memory once it is all in (the
+			// modelserver's zero quarter stays unmapped).
+			if run.Anon < uint64(r.N)*s.Size/2 {
 				bad("replicas %s x%d: %d bytes anonymous in %d copies of %d", r.Mode, r.N, run.Anon, r.N, s.Size)
 			}
 			if r.Mode == "lazy" && run.Server == 0 {
