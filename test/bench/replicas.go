@@ -21,9 +21,9 @@ import (
 
 // The replicas series: one modelserver snapshot restored N times (1, 2,
 // 4), each copy with restore --pidns --netns new, one after another (the
-// next started once the one before answered "touch 1", as a service
-// scales out): lazily through one lazyfs mount that every copy faults
-// through, against eager restores. Per copy, the time from its snapctl's
+// next started once the one before answered "touch 1" and has all its
+// memory, as a service scales out): lazily through one lazyfs mount that
+// every copy faults through, against eager restores. Per copy, the time from its snapctl's
 // start to its "touch 1" answer; per case, once every copy has all its
 // memory, the memory they and the page source hold.
 
@@ -180,8 +180,9 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			return run, fmt.Errorf("copy %d: %w", i+1, err)
 		}
 		run.Touch1 = append(run.Touch1, as[1].At)
-	}
-	for i, r := range reps {
+		// The next copy starts once this one has all its memory: it
+		// finds the blocks decoded, and no prefetch competes with it for
+		// the CPUs.
 		select {
 		case err := <-r.exited:
 			r.exited <- err
@@ -466,7 +467,7 @@ func renderReplicas(m *md, s *sizeResult) {
 	mib := func(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 	m.p("### Replicas: one snapshot restored 1, 2 and 4 times")
 	m.p("")
-	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1`): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold, the lazyfs server's Rss (its block cache); medians.", len(s.Replicas[0].Runs))
+	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1` and has all its memory): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold, the lazyfs server's Rss (its block cache); medians.", len(s.Replicas[0].Runs))
 	m.p("")
 	m.header("restore", "copies", "touch 1: copy 1", "copy 2", "copy 4", "copies' Pss", "page cache", "lazyfs server", "total")
 	for _, r := range s.Replicas {
