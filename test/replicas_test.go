@@ -36,6 +36,7 @@ type replica struct {
 	pidns, netns  uint64
 	mntns         uint64
 	ownPID, index int
+	killed        uint64 // ticksNow when it was killed
 }
 
 // nsInode is the inode of /proc/PID/ns/KIND.
@@ -48,8 +49,12 @@ func nsInode(t testing.TB, pid int, kind string) uint64 {
 	return st.Ino
 }
 
-// nsHolders lists the processes in the namespace ino of kind.
-func nsHolders(kind string, ino uint64) []int {
+// nsHolders lists the processes in the namespace ino of kind that
+// started before tick (clock ticks after boot, as /proc/PID/stat counts):
+// a namespace's inode number is reused once it is freed, and a process
+// started after its owner was killed holds a new namespace, not a
+// leftover of the old one.
+func nsHolders(kind string, ino, tick uint64) []int {
 	ents, _ := os.ReadDir("/proc")
 	var out []int
 	for _, e := range ents {
@@ -58,11 +63,25 @@ func nsHolders(kind string, ino uint64) []int {
 			continue
 		}
 		var st unix.Stat_t
-		if unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), &st) == nil && st.Ino == ino {
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, kind), &st) != nil || st.Ino != ino {
+			continue
+		}
+		if s, err := proc.ReadStat(pid); err == nil && s.StartTime <= tick {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// ticksNow is the time since boot in clock ticks (USER_HZ, 100 on Linux),
+// less one: what started by then started before now.
+func ticksNow(t testing.TB) uint64 {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(ts.Sec)*100 + uint64(ts.Nsec)/10_000_000 - 1
 }
 
 // inNetns runs fn on a thread in the network namespace of pid: sockets
@@ -217,6 +236,7 @@ func TestReplicasRedis(t *testing.T) {
 
 	// SIGTERM to the copy: redis shuts down, its init exits with it and
 	// the namespaces go. SIGKILL to an init: the copy dies with it.
+	reps[0].killed, reps[1].killed = ticksNow(t), ticksNow(t)
 	if err := unix.Kill(reps[0].pid, unix.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -230,6 +250,7 @@ func TestReplicasRedis(t *testing.T) {
 	// A copy dumped in turn records its pid in its namespace; its
 	// snapshot restores into a new one only.
 	dir2 := filepath.Join(t.TempDir(), "snap2")
+	reps[3].killed = ticksNow(t)
 	dumpPID(t, reps[3].pid, dir2)
 	replicaGone(t, ctx, reps[3])
 	si := openImage(t, dir2, reps[3].pid)
@@ -259,6 +280,7 @@ func TestReplicasRedis(t *testing.T) {
 	again.init = stat.PPid
 	again.pidns, again.netns, again.mntns = nsInode(t, again.pid, "pid_for_children"), nsInode(t, again.pid, "net"), nsInode(t, again.pid, "mnt")
 	for _, r := range []*replica{reps[2], again} {
+		r.killed = ticksNow(t)
 		if err := unix.Kill(r.pid, unix.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -288,7 +310,7 @@ func replicaGone(t *testing.T, ctx context.Context, r *replica) {
 		kind string
 		ino  uint64
 	}{{"pid", r.pidns}, {"net", r.netns}, {"mnt", r.mntns}} {
-		if h := nsHolders(ns.kind, ns.ino); len(h) > 0 {
+		if h := nsHolders(ns.kind, ns.ino, r.killed); len(h) > 0 {
 			t.Errorf("replica %d: its %s namespace is still held by %v", r.index, ns.kind, h)
 		}
 	}
@@ -382,15 +404,59 @@ func TestReplicasPIDNSInit(t *testing.T) {
 		}
 	}
 	for _, c := range copies {
-		ns := nsInode(t, c, "pid")
+		ns, killed := nsInode(t, c, "pid"), ticksNow(t)
 		if err := unix.Kill(c, unix.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		if !pidGone(ctx, c) {
 			t.Fatalf("copy %d still there", c)
 		}
-		if h := nsHolders("pid", ns); len(h) > 0 {
+		if h := nsHolders("pid", ns, killed); len(h) > 0 {
 			t.Errorf("the pid namespace of copy %d is held by %v", c, h)
 		}
 	}
+}
+
+// TestReplicasNetnsPath: --netns PATH joins a network namespace that ip
+// netns add made: redis listens there, on its dumped port, and not here.
+func TestReplicasNetnsPath(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	ip := testutil.RequireCommand(t, "ip")
+	ctx := testContext(t)
+	name := fmt.Sprintf("lazyfs-test-%d", os.Getpid())
+	if r := runTool(t, ip, commandTimeout, "netns", "add", name); r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	t.Cleanup(func() {
+		if r := runTool(t, ip, commandTimeout, "netns", "delete", name); r.Code != 0 {
+			t.Errorf("%s", r)
+		}
+	})
+	if r := runTool(t, ip, commandTimeout, "-n", name, "link", "set", "lo", "up"); r.Code != 0 {
+		t.Fatalf("%s", r)
+	}
+	p := fixture.StartRedis(t)
+	if v, err := fixture.Redis(ctx, p.Port, "SET", "where", "netns"); err != nil || v != "OK" {
+		t.Fatalf("SET: %q, %v", v, err)
+	}
+	dir := srvDump(t, ctx, p)
+	restoreAndAdopt(t, p, dir, "--netns", filepath.Join("/run/netns", name))
+	t.Cleanup(func() { p.Kill(ctx) })
+	if nsInode(t, p.PID, "net") == nsInode(t, os.Getpid(), "net") {
+		t.Fatal("the restored redis is in our network namespace")
+	}
+	if v, err := redisIn(ctx, p.PID, p.Port, "GET", "where"); err != nil || v != "netns" {
+		t.Errorf("GET in the namespace: %q, %v", v, err)
+	}
+	out := testutil.Output(t, ip, "netns", "exec", name, "redis-cli", "-p", strconv.Itoa(p.Port), "GET", "where")
+	if strings.TrimSpace(string(out)) != "netns" {
+		t.Errorf("ip netns exec redis-cli GET: %q", out)
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port)))
+	if err != nil {
+		t.Fatalf("port %d taken in our namespace: %v", p.Port, err)
+	}
+	l.Close()
+	srvKill(t, ctx, p)
 }
