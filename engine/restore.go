@@ -40,8 +40,12 @@ type RestoreOptions struct {
 	LazyOf func(pid int) (io.ReaderAt, error)
 	// LazyOptions tune the lazy phase (with Lazy or LazyOf).
 	LazyOptions LazyOptions
-	// Running, if set, is called once the process runs (before the lazy
-	// phase ends): the place to write a pidfile.
+	// Namespaces say which namespaces the process lives in: new pid and
+	// mount ones, another network one (see Namespaces).
+	Namespaces Namespaces
+	// Running, if set, is called with the process's pid in our pid
+	// namespace once it runs (before the lazy phase ends): the place to
+	// write a pidfile.
 	Running func(pid int) error
 	// Progress, if set, is called with the memory bytes restored so far.
 	Progress func(done, total uint64)
@@ -55,7 +59,12 @@ type RestoreOptions struct {
 
 // RestoreResult describes a finished restore.
 type RestoreResult struct {
+	// PID is the process's pid in our pid namespace: the one to signal.
 	PID int
+	// OwnPID is its pid in its own pid namespace (the one it had), and
+	// InitPID our pid of that namespace's init, with Namespaces.PID
+	// (InitPID is PID when the process is the init); 0 otherwise.
+	OwnPID, InitPID int
 	// Processes is how many processes the tree has (1: a single one).
 	Processes int
 	// Threads is how many threads, all processes together.
@@ -108,6 +117,12 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
 	}
+	if ns := opts.Namespaces.Net; ns != "" && ns != NetNew {
+		if r.netns, err = OpenNetns(ns); err != nil {
+			return nil, step("check", err)
+		}
+		defer r.netns.Close()
+	}
 	t, err := ptrace.New()
 	if err != nil {
 		return nil, step("start tracer", err)
@@ -143,14 +158,20 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, err
 	}
 	r.running = true
-	res = &RestoreResult{PID: st.PID, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	res = &RestoreResult{PID: r.pid, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	if opts.Namespaces.PID {
+		res.OwnPID, res.InitPID = st.OwnPID(), r.initPID
+		if r.initPID == 0 {
+			res.InitPID = r.pid
+		}
+	}
 	if opts.LeaveStopped {
-		if err := waitStopped(ctx, st.PID, len(st.Threads)); err != nil {
+		if err := waitStopped(ctx, r.pid, len(st.Threads)); err != nil {
 			return nil, step("leave stopped", err)
 		}
 	}
 	if opts.Running != nil {
-		if err := opts.Running(st.PID); err != nil {
+		if err := opts.Running(r.pid); err != nil {
 			return nil, step("running", err)
 		}
 	}
@@ -201,13 +222,17 @@ func (r *restorer) abort() {
 		// ran) is no longer the tracer's to kill: kill it by pid.
 		if err := r.child.Kill(); err != nil || r.running {
 			if err != nil {
-				r.log.Error("kill half-restored process", "pid", r.st.PID, "err", err)
+				r.log.Error("kill half-restored process", "pid", r.pid, "err", err)
 			}
-			unix.Kill(r.st.PID, unix.SIGKILL)
+			unix.Kill(r.pid, unix.SIGKILL)
 		}
 	}
 	if r.stub != nil {
 		r.stub.Kill()
+	}
+	if r.initPID != 0 {
+		// The namespace's init: the kernel kills what is left in it.
+		unix.Kill(r.initPID, unix.SIGKILL)
 	}
 }
 

@@ -201,7 +201,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	r.lazy = l
 	l.kill = r.killTree
 	var err error
-	if l.fd, err = mem.Userfaultfd(r.in, r.st.PID); err != nil {
+	if l.fd, err = mem.Userfaultfd(r.in, r.pid); err != nil {
 		return err
 	}
 	if _, _, err := uffd.API(l.fd, uffd.Features); err != nil {
@@ -261,7 +261,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 func (r *restorer) killTree() {
 	if r.child != nil {
 		if err := r.child.Kill(); err != nil {
-			unix.Kill(r.st.PID, unix.SIGKILL)
+			unix.Kill(r.pid, unix.SIGKILL)
 		}
 	}
 	for _, p := range r.t.Processes() {

@@ -27,6 +27,8 @@ func init() {
 	switch filepath.Base(os.Args[0]) {
 	case engine.KeeperArg0:
 		os.Exit(engine.KeeperMain(os.Args))
+	case engine.PIDNSInitArg0:
+		os.Exit(engine.PIDNSInitMain(os.Args))
 	case fs.PrivateArg0:
 		os.Exit(fs.PrivateMain(os.Args))
 	}
@@ -35,7 +37,7 @@ func init() {
 // runRestore is snapctl restore: flags to engine.RestoreOptions. Most of
 // its lines are its help text and its flags.
 func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [options]", `
+	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [--pidns] [--netns new|PATH] [options]", `
 Rebuild the process of the snapshot in DIR, with its pid, threads, memory,
 file descriptors and registers, and let it run (reparented to init, like
 criu restore -d). A snapshot of a process tree is rebuilt whole: each
@@ -58,7 +60,25 @@ corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
 Established TCP connections are closed (their peers saw a reset when the
-dumped process went away); listening sockets listen again.`,
+dumped process went away); listening sockets listen again.
+
+With --pidns, the process is restored into a new pid namespace where it
+has its original pid and thread ids, so that one snapshot restores many
+times at once. Its parent there is a small init (pid 1: snapctl
+re-executed as lazyfs-pidns-init), which passes SIGTERM, SIGINT, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 on to it and exits with its status when it
+ends, taking the namespace with it; a process that was pid 1 of its
+namespace is the init itself. It also gets a mount namespace of its own
+whose /proc is the new pid namespace's. The pid printed and written to
+--pidfile is the process's pid outside (the one to signal); a second
+line gives its pid inside and the init's. A snapshot of a process that
+lived in a pid namespace restores with --pidns only.
+
+With --netns, its sockets are recreated in another network namespace:
+new (an empty one with the loopback device up) or the namespace file
+PATH (as ip netns add makes, /run/netns/NAME). Reach it with nsenter -t
+PID -n, or ip netns exec NAME; a new one goes when the process does.
+--pidns and --netns need CAP_SYS_ADMIN.`,
 		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fl.String("D", "", "the snapshot directory `DIR`")
 	fl.Alias("images-dir", "D")
@@ -69,6 +89,8 @@ dumped process went away); listening sockets listen again.`,
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
+	pidns := fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
+	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
 	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
 	verbose := fl.Bool("v", false, "log each step")
 	if err := fl.Parse(args); err != nil {
@@ -85,7 +107,15 @@ dumped process went away); listening sockets listen again.`,
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log}
+	if *netns != "" && *netns != engine.NetNew {
+		f, err := engine.OpenNetns(*netns)
+		if err != nil {
+			return cli.Usagef("--netns: %v", err)
+		}
+		f.Close()
+	}
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log,
+		Namespaces: engine.Namespaces{PID: *pidns, Net: *netns}}
 	tty := isTerminal(stderr)
 	if tty {
 		opts.Progress = progressPrinter(stderr, "restore", time.Second)
@@ -171,8 +201,14 @@ func checkLazyFlags(fl *cli.FlagSet, lazy bool, source, mount string, prefetchDe
 	return nil
 }
 
-// printRestored prints the restore's one-line summary.
+// printRestored prints the restore's one-line summary, and a line with
+// its pid namespace if it has a new one.
 func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
+	defer func() {
+		if res.InitPID != 0 {
+			fmt.Fprintf(w, "pid %d is pid %d in its pid namespace, whose init is pid %d\n", res.PID, res.OwnPID, res.InitPID)
+		}
+	}()
 	switch {
 	case lazy && res.Lazy.Exited:
 		fmt.Fprintf(w, "restored pid %d (%s): running after %s; it exited during the lazy phase, after %s\n",

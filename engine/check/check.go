@@ -30,12 +30,13 @@ const pageSize = 4096
 // a chosen free pid and killed), PR_SET_MM_MAP (the size query and a call
 // with the stub's own values), userfaultfd (the features lazy restore and
 // incremental dumps need, and an anonymous range registered MISSING) and
-// PAGEMAP_SCAN on /proc/self/pagemap. stub is the program started stopped
+// PAGEMAP_SCAN on /proc/self/pagemap, and new pid, mount and network
+// namespaces (a stub started in them). stub is the program started stopped
 // (it never runs an instruction); "" means this executable.
 func Run(ctx context.Context, stub string) []Feature {
 	out := checkTracing(ctx, stub)
 	out = append(out, checkUserfaultfd()...)
-	return append(out, checkPagemapScan())
+	return append(out, checkPagemapScan(), checkNamespaces(stub))
 }
 
 // FUSE is the FUSE feature (what lazyfs and restore --lazy mount) from

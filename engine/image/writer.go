@@ -225,6 +225,9 @@ func (w *Writer) WriteState(p *Process) error {
 		return fmt.Errorf("encode process state: %w", err)
 	}
 	w.entry(p.PID)
+	if len(p.NSPID) > 0 {
+		w.addFeature(FeaturePIDNS)
+	}
 	return w.writeFile(stateName(p.PID), append(b, '\n'))
 }
 

@@ -21,8 +21,9 @@ type sizeResult struct {
 	Dumps     []*dumpResult   // report order
 	Restores  []*restoreResult
 	Baselines []*baselineResult
-	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
-	Tree      *treeResult      `json:",omitempty"` // the tree series (tree.go)
+	Weights   []*weightsResult  // the weightserver, with and without MADV_HUGEPAGE
+	Tree      *treeResult       `json:",omitempty"` // the tree series (tree.go)
+	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
 	Elapsed   time.Duration
 }
 
