@@ -216,10 +216,7 @@ func (e *Encoder) encode(src []byte, mode Mode, buf []byte) (Kind, []byte, []byt
 		kind, best = LZ4, n
 	}
 	if method := mode.planeMethod(); method != 0 {
-		planes := shuffleScratch.Get().(*[]byte)
-		if len(*planes) < len(src) {
-			*planes = make([]byte, len(src))
-		}
+		planes := getScratch(len(src))
 		for _, elem := range shuffleElems {
 			e.sbuf = e.encodeShuffled(e.sbuf[:0], src, (*planes)[:len(src)], elem, method)
 			if c := len(e.sbuf); keepLZ4(c, len(src)) && c < best {

@@ -192,10 +192,16 @@ func gather4(x uint64) uint64 { return x&0xff | (x>>24)&0xff00 }
 
 // shuffleScratch holds a block's worth of planes while they are encoded or
 // decoded.
-var shuffleScratch = sync.Pool{New: func() any {
-	b := make([]byte, MaxBlockSize)
-	return &b
-}}
+var shuffleScratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// getScratch returns scratch of at least n bytes from shuffleScratch.
+func getScratch(n int) *[]byte {
+	b := shuffleScratch.Get().(*[]byte)
+	if len(*b) < n {
+		*b = make([]byte, n)
+	}
+	return b
+}
 
 // encodeShuffled appends to dst the Shuffle encoding of src with element
 // size e, each plane compressed with method (planeLZ4 or planeZstd) where
@@ -286,10 +292,7 @@ func decodeShuffled(dst, stored []byte) error {
 			continue
 		}
 		if scratch == nil {
-			scratch = shuffleScratch.Get().(*[]byte)
-			if len(*scratch) < len(dst) {
-				*scratch = make([]byte, max(len(dst), MaxBlockSize))
-			}
+			scratch = getScratch(len(dst))
 		}
 		out := (*scratch)[j*n : (j+1)*n : (j+1)*n]
 		switch m {
