@@ -10,4 +10,4 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
-require github.com/klauspost/compress v1.20.4 // indirect
+require github.com/klauspost/compress v1.20.4

@@ -96,6 +96,9 @@ const (
 	ShuffleZstd
 )
 
+// DefaultMode is the codec of a dump without --codec.
+const DefaultMode = Compress
+
 // Modes are the modes in the order of their numbers, named by String.
 var Modes = []Mode{Compress, NoCompress, ShuffleLZ4, ShuffleZstd}
 
