@@ -15,7 +15,7 @@ import (
 // (decoded through the image reader), hold shuffled blocks and name the
 // codec and the shuffle feature in its manifest. (float32 weights stay
 // raw with shuffle-lz4: only their exponent plane shrinks, by less than
-// the 12.5% a block must save; they shuffle with shuffle-zstd.) The snapshot is then
+// the 12.5% a block must save; they shuffle with shuffle-huff.) The snapshot is then
 // restored eagerly, lazily through the private mount and lazily from the
 // files, and each restored server must answer `token` (a checksum of all
 // its weights, and of its heap) as the original did.
@@ -34,7 +34,7 @@ func TestShuffleCodec(t *testing.T) {
 		{"weightserver", []string{"16M", "0", "42", "hugepage", "4M"}, "size", false},
 	}
 	for _, srv := range servers {
-		for _, codecName := range []string{"shuffle-lz4", "shuffle-zstd"} {
+		for _, codecName := range []string{"shuffle-lz4", "shuffle-huff"} {
 			t.Run(srv.name+"/"+codecName, func(t *testing.T) {
 				ctx := testContext(t)
 				p := fixture.Start(t, srv.name, srv.args...)
@@ -48,7 +48,7 @@ func TestShuffleCodec(t *testing.T) {
 				if m.Compression != codecName || !m.HasFeature(image.FeatureShuffle) {
 					t.Fatalf("manifest: compression %q, features %v", m.Compression, m.Features)
 				}
-				if w := p.Ready.MustUint(t, srv.weights); (srv.lz4 || codecName == "shuffle-zstd") && st.Shuffle.Bytes < w {
+				if w := p.Ready.MustUint(t, srv.weights); (srv.lz4 || codecName == "shuffle-huff") && st.Shuffle.Bytes < w {
 					t.Errorf("%d bytes in shuffle blocks, fewer than the %d bytes of weights", st.Shuffle.Bytes, w)
 				}
 				if err := p.Kill(ctx); err != nil {

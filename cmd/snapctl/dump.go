@@ -30,8 +30,8 @@ failed dump leaves the process running and no manifest behind.
                 elements (the high bytes of every value together, then the
                 low bytes), each plane LZ4-compressed or raw: whichever is
                 smallest. Model weights (bf16, fp16, float32) shrink.
-  shuffle-zstd  as shuffle-lz4 with zstd planes: smaller weights, slower to
-                decode
+  shuffle-huff  as shuffle-lz4 with Huffman-coded planes (huff0): smaller
+                weights, slower to decode
   none          as --no-compress
 Snapshots with shuffled blocks need a lazyfs that reads them (older builds
 refuse them with exit status 7).
@@ -47,7 +47,7 @@ anything the format cannot describe yet (the error names it).`,
 	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
-	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-zstd or none (see above)")
+	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -165,3 +165,65 @@ func BenchmarkThreadCrossover(b *testing.B) {
 		}
 	}
 }
+
+// codecKinds are the memory the codec benchmarks compare the modes on:
+// trained weights as bf16 and float32, and heap records.
+var codecKinds = []dataKind{dataBF16Normal, dataF32Normal, dataRecords}
+
+// BenchmarkCodecDecode is one core decoding and checking 256 KiB blocks
+// (DecodeChecked) of each codec, as each DecodeBlocks thread does. It
+// reports the ratio of stored to original bytes; MB/s are of decoded
+// bytes.
+func BenchmarkCodecDecode(b *testing.B) {
+	for _, kind := range codecKinds {
+		data := benchInputOf(kind, benchInput)
+		for _, mode := range []Mode{Compress, ShuffleLZ4, ShuffleHuff} {
+			b.Run(fmt.Sprintf("%s/%s", kind, mode), func(b *testing.B) {
+				type stored struct {
+					kind Kind
+					b    []byte
+					crc  uint32
+				}
+				var blocks []stored
+				total := 0
+				for off := 0; off < len(data); off += DefaultBlockSize {
+					src := data[off : off+DefaultBlockSize]
+					k, s := Encode(nil, src, mode)
+					blocks = append(blocks, stored{k, s, Checksum(src)})
+					total += len(s)
+				}
+				dst := make([]byte, DefaultBlockSize)
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					for _, s := range blocks {
+						if err := DecodeChecked(dst, s.kind, s.b, s.crc); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(total)/float64(len(data)), "ratio")
+			})
+		}
+	}
+}
+
+// BenchmarkCodecEncode is one core encoding 256 KiB blocks with each
+// codec and taking their CRC, as each Pipeline worker does.
+func BenchmarkCodecEncode(b *testing.B) {
+	for _, kind := range codecKinds {
+		data := benchInputOf(kind, benchInput)
+		for _, mode := range []Mode{Compress, ShuffleLZ4, ShuffleHuff} {
+			b.Run(fmt.Sprintf("%s/%s", kind, mode), func(b *testing.B) {
+				var enc Encoder
+				b.SetBytes(int64(len(data)))
+				for b.Loop() {
+					for off := 0; off < len(data); off += DefaultBlockSize {
+						blk := data[off : off+DefaultBlockSize]
+						enc.Encode(blk, mode)
+						Checksum(blk)
+					}
+				}
+			})
+		}
+	}
+}

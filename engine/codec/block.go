@@ -11,8 +11,8 @@
 //	LZ4      the LZ4 block encoding, kept only if it is smaller than 7/8 of
 //	         the input (it saves more than 12.5%)
 //	Shuffle  the block byte-shuffled into planes of 2- or 4-byte elements,
-//	         each plane raw, LZ4 or zstd (see shuffle.go); written only in
-//	         the ShuffleLZ4 and ShuffleZstd modes, kept only if it is
+//	         each plane raw, LZ4 or huff0 (see shuffle.go); written only in
+//	         the ShuffleLZ4 and ShuffleHuff modes, kept only if it is
 //	         smaller than both 7/8 of the input and the LZ4 encoding
 //	Raw      the bytes as they are
 //
@@ -35,6 +35,7 @@ import (
 	"hash/crc32"
 	"sync"
 
+	"github.com/klauspost/compress/huff0"
 	"github.com/pierrec/lz4/v4"
 )
 
@@ -54,7 +55,7 @@ const (
 	Zero Kind = 0 // all-zero block, nothing stored
 	Raw  Kind = 1 // stored as is
 	LZ4  Kind = 2 // LZ4 block encoding
-	// Shuffle: byte-shuffled planes, each raw, LZ4 or zstd. Snapshots
+	// Shuffle: byte-shuffled planes, each raw, LZ4 or huff0. Snapshots
 	// with such blocks need the "shuffle" format feature.
 	Shuffle Kind = 3
 )
@@ -91,19 +92,19 @@ const (
 	// Shuffle encodings of 2- and 4-byte elements with LZ4 planes, keeping
 	// the smallest.
 	ShuffleLZ4
-	// ShuffleZstd is ShuffleLZ4 with zstd planes: smaller weights, slower
-	// to decode.
-	ShuffleZstd
+	// ShuffleHuff is ShuffleLZ4 with Huffman-coded (huff0) planes, LZ4
+	// where huff0 cannot code a plane: smaller weights, slower to decode.
+	ShuffleHuff
 )
 
 // DefaultMode is the codec of a dump without --codec.
 const DefaultMode = Compress
 
 // Modes are the modes in the order of their numbers, named by String.
-var Modes = []Mode{Compress, NoCompress, ShuffleLZ4, ShuffleZstd}
+var Modes = []Mode{Compress, NoCompress, ShuffleLZ4, ShuffleHuff}
 
 // String is the mode's name in the manifest and on the command line:
-// lz4, none, shuffle-lz4 or shuffle-zstd.
+// lz4, none, shuffle-lz4 or shuffle-huff.
 func (m Mode) String() string {
 	switch m {
 	case Compress:
@@ -112,8 +113,8 @@ func (m Mode) String() string {
 		return "none"
 	case ShuffleLZ4:
 		return "shuffle-lz4"
-	case ShuffleZstd:
-		return "shuffle-zstd"
+	case ShuffleHuff:
+		return "shuffle-huff"
 	}
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
@@ -125,7 +126,7 @@ func ParseMode(s string) (Mode, error) {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown codec %q (want lz4, shuffle-lz4, shuffle-zstd or none)", s)
+	return 0, fmt.Errorf("unknown codec %q (want lz4, shuffle-lz4, shuffle-huff or none)", s)
 }
 
 // planeMethod is the plane compression of a shuffling mode, 0 for others.
@@ -133,8 +134,8 @@ func (m Mode) planeMethod() int {
 	switch m {
 	case ShuffleLZ4:
 		return planeLZ4
-	case ShuffleZstd:
-		return planeZstd
+	case ShuffleHuff:
+		return planeHuff
 	}
 	return 0
 }
@@ -182,6 +183,7 @@ func keepLZ4(c, n int) bool { return c > 0 && 8*c < 7*n }
 // is ready to use; an Encoder must not be used concurrently.
 type Encoder struct {
 	c    lz4.Compressor
+	hs   *huff0.Scratch // tables of ShuffleHuff planes
 	buf  []byte
 	sbuf []byte // a Shuffle candidate
 }

@@ -28,7 +28,7 @@ type Encoded struct {
 // PipelineOptions configure a Pipeline.
 type PipelineOptions struct {
 	Workers int  // encoding goroutines; 0 means runtime.GOMAXPROCS(0)
-	Mode    Mode // Compress, NoCompress, ShuffleLZ4 or ShuffleZstd
+	Mode    Mode // Compress, NoCompress, ShuffleLZ4 or ShuffleHuff
 	// PageChecksums asks for Encoded.PageCRCs.
 	PageChecksums bool
 }

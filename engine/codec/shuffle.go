@@ -2,11 +2,11 @@ package codec
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/klauspost/compress/huff0"
 	"github.com/pierrec/lz4/v4"
 )
 
@@ -17,26 +17,33 @@ import (
 // bytes (mantissa) are noise. Interleaved, neither LZ4 nor an entropy coder
 // finds much to shrink. A Shuffle block stores the block byte-shuffled into
 // E planes (plane j holds byte j of every E-byte element, in order) and
-// each plane on its own: raw, or compressed with LZ4 or zstd. The narrow
+// each plane on its own: raw, or compressed with LZ4 or Huffman-coded
+// (huff0, the entropy stage of zstd). The narrow
 // planes then compress and the noisy ones cost a copy.
 //
 // Stored bytes of a Shuffle block (little-endian):
 //
 //	[0]          E, the element size: 2 or 4
-//	[1+5j]       plane j's method: 0 raw, 1 LZ4 block, 2 zstd frame
+//	[1+5j]       plane j's method: 0 raw, 1 LZ4 block, 2 huff0 chunks
 //	[2+5j:6+5j]  plane j's stored length (uint32)
 //	[1+5E:]      the planes' stored bytes, plane 0 first
 //
 // A block of n bytes has planes of n/E bytes; a raw plane stores exactly
-// that many. The encoder keeps a Shuffle block only when it is smaller than
+// that many. A huff0 plane is cut into chunks of huffChunk bytes (the last
+// one shorter), each stored as its length (uint32) and the huff0 4X
+// encoding of the chunk, table included. The encoder keeps a Shuffle block only when it is smaller than
 // both 7/8 of the block and the block's plain LZ4 encoding.
 
 // Plane methods of a Shuffle block.
 const (
 	planeRaw  = 0
 	planeLZ4  = 1
-	planeZstd = 2
+	planeHuff = 2
 )
+
+// huffChunk is the most bytes of a plane in one huff0 encoding (huff0
+// takes at most huff0.BlockSizeMax).
+const huffChunk = 128 << 10
 
 // shuffleHeader is the length of a Shuffle block's header for element size e.
 func shuffleHeader(e int) int { return 1 + 5*e }
@@ -44,49 +51,8 @@ func shuffleHeader(e int) int { return 1 + 5*e }
 // shuffleElems are the element sizes an encoder tries, in order.
 var shuffleElems = [...]int{2, 4}
 
-var (
-	zstdEncOnce sync.Once
-	zstdEnc     *zstd.Encoder
-	zstdDecOnce sync.Once
-	zstdDec     *zstd.Decoder
-)
-
-// zstdEncoder is the shared zstd encoder: fastest level, no frame checksum
-// (every block has its CRC32C), safe for concurrent EncodeAll.
-func zstdEncoder() *zstd.Encoder {
-	zstdEncOnce.Do(func() {
-		var err error
-		zstdEnc, err = zstd.NewWriter(nil,
-			zstd.WithEncoderLevel(zstd.SpeedFastest),
-			zstd.WithEncoderCRC(false),
-			zstd.WithEncoderConcurrency(runtime.GOMAXPROCS(0)),
-			zstd.WithWindowSize(MaxBlockSize),
-			zstd.WithLowerEncoderMem(true))
-		if err != nil {
-			panic("codec: zstd encoder: " + err.Error()) // only from invalid options
-		}
-	})
-	return zstdEnc
-}
-
-// zstdDecoder is the shared zstd decoder, safe for concurrent DecodeAll.
-// Its output is capped at the capacity it is given (a plane), and no frame
-// may ask for more memory than a block.
-func zstdDecoder() *zstd.Decoder {
-	zstdDecOnce.Do(func() {
-		var err error
-		zstdDec, err = zstd.NewReader(nil,
-			zstd.WithDecoderConcurrency(runtime.GOMAXPROCS(0)),
-			zstd.WithDecoderMaxMemory(MaxBlockSize),
-			zstd.WithDecoderMaxWindow(MaxBlockSize),
-			zstd.WithDecodeAllCapLimit(true),
-			zstd.IgnoreChecksum(true))
-		if err != nil {
-			panic("codec: zstd decoder: " + err.Error()) // only from invalid options
-		}
-	})
-	return zstdDec
-}
+// huffScratch holds the decoding tables of huff0 chunks.
+var huffScratch = sync.Pool{New: func() any { return new(huff0.Scratch) }}
 
 // shuffle writes src byte-shuffled with element size e into dst
 // (len(dst) == len(src), a multiple of e): plane j, dst[j*n/e:(j+1)*n/e],
@@ -133,6 +99,20 @@ func shuffle(dst, src []byte, e int) {
 // unshuffle is the inverse of shuffle: planes[j][i] goes to dst[i*e+j],
 // e = len(planes), each plane len(dst)/e bytes.
 func unshuffle(dst []byte, planes [][]byte) {
+	e := len(planes)
+	done := unshuffleVector(dst, planes) // elements done, a prefix
+	if done*e == len(dst) {
+		return
+	}
+	rest := make([][]byte, e)
+	for j, p := range planes {
+		rest[j] = p[done:]
+	}
+	unshuffleWords(dst[done*e:], rest)
+}
+
+// unshuffleWords is unshuffle on 8-byte words, for any architecture.
+func unshuffleWords(dst []byte, planes [][]byte) {
 	e := len(planes)
 	n := len(dst) / e
 	switch e {
@@ -204,9 +184,10 @@ func getScratch(n int) *[]byte {
 }
 
 // encodeShuffled appends to dst the Shuffle encoding of src with element
-// size e, each plane compressed with method (planeLZ4 or planeZstd) where
-// that saves more than 12.5% of the plane and stored raw otherwise. planes
-// is scratch of len(src) bytes.
+// size e, each plane compressed with method (planeLZ4 or planeHuff) where
+// that saves more than 12.5% of the plane and stored raw otherwise (a plane
+// huff0 cannot code, all one byte value for one, is tried with LZ4).
+// planes is scratch of len(src) bytes.
 func (e *Encoder) encodeShuffled(dst, src, planes []byte, elem, method int) []byte {
 	shuffle(planes, src, elem)
 	n := len(src) / elem
@@ -217,19 +198,18 @@ func (e *Encoder) encodeShuffled(dst, src, planes []byte, elem, method int) []by
 		p := planes[j*n : (j+1)*n]
 		start := len(dst)
 		m := planeRaw
-		switch method {
-		case planeLZ4:
+		if method == planeHuff {
+			var ok bool
+			if dst, ok = e.huffPlane(dst, p); ok {
+				m = planeHuff
+			}
+		}
+		if m == planeRaw {
 			limit := 7 * n / 8
 			dst = growCap(dst, limit)
 			c, err := e.c.CompressBlock(p, dst[start:start+limit])
 			if err == nil && keepLZ4(c, n) {
 				dst, m = dst[:start+c], planeLZ4
-			}
-		case planeZstd:
-			dst = growCap(dst, n+n/8+64)
-			out := zstdEncoder().EncodeAll(p, dst[start:start])
-			if keepLZ4(len(out), n) {
-				dst, m = append(dst[:start], out...), planeZstd
 			}
 		}
 		if m == planeRaw {
@@ -239,6 +219,64 @@ func (e *Encoder) encodeShuffled(dst, src, planes []byte, elem, method int) []by
 		binary.LittleEndian.PutUint32(dst[hdr+2+5*j:], uint32(len(dst)-start))
 	}
 	return dst
+}
+
+// huffPlane appends plane p as huff0 chunks to dst. It reports false, with
+// dst as it was, when a chunk cannot be coded or the plane does not shrink
+// by more than 12.5%.
+func (e *Encoder) huffPlane(dst, p []byte) ([]byte, bool) {
+	if e.hs == nil {
+		e.hs = new(huff0.Scratch)
+	}
+	// Every chunk carries its own table: the decoder reads chunks alone.
+	e.hs.Reuse = huff0.ReusePolicyNone
+	start := len(dst)
+	for off := 0; off < len(p); off += huffChunk {
+		out, _, err := huff0.Compress4X(p[off:min(off+huffChunk, len(p))], e.hs)
+		if err != nil {
+			return dst[:start], false
+		}
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(out)))
+		dst = append(dst, out...)
+		if !keepLZ4(len(dst)-start, len(p)) && off+huffChunk >= len(p) {
+			return dst[:start], false
+		}
+	}
+	return dst, true
+}
+
+// decodeHuffPlane decodes the huff0 chunks of stored into out, whose
+// length is the plane's.
+func decodeHuffPlane(out, stored []byte) error {
+	hs := huffScratch.Get().(*huff0.Scratch)
+	defer huffScratch.Put(hs)
+	for off := 0; off < len(out); off += huffChunk {
+		size := min(huffChunk, len(out)-off)
+		if len(stored) < 4 {
+			return errors.New("chunk length missing")
+		}
+		c := binary.LittleEndian.Uint32(stored)
+		if uint64(c) > uint64(len(stored)-4) {
+			return fmt.Errorf("chunk of %d bytes, %d left", c, len(stored)-4)
+		}
+		hs.MaxDecodedSize = size
+		s, rest, err := huff0.ReadTable(stored[4:4+c], hs)
+		if err != nil {
+			return err
+		}
+		got, err := s.Decoder().Decompress4X(out[off:off:off+size], rest)
+		if err != nil {
+			return err
+		}
+		if len(got) != size {
+			return fmt.Errorf("chunk decodes to %d bytes, want %d", len(got), size)
+		}
+		stored = stored[4+c:]
+	}
+	if len(stored) != 0 {
+		return fmt.Errorf("%d bytes after the last chunk", len(stored))
+	}
+	return nil
 }
 
 // growCap returns b with room for at least n more bytes beyond its length.
@@ -304,16 +342,9 @@ func decodeShuffled(dst, stored []byte) error {
 			if got != n {
 				return fmt.Errorf("%w: lz4 plane %d decodes to %d bytes, want %d", ErrUndecodable, j, got, n)
 			}
-		case planeZstd:
-			got, err := zstdDecoder().DecodeAll(p, out[:0])
-			if err != nil {
-				return fmt.Errorf("%w: zstd plane %d: %v", ErrUndecodable, j, err)
-			}
-			if len(got) != n {
-				return fmt.Errorf("%w: zstd plane %d decodes to %d bytes, want %d", ErrUndecodable, j, len(got), n)
-			}
-			if n > 0 && &got[0] != &out[0] {
-				copy(out, got)
+		case planeHuff:
+			if err := decodeHuffPlane(out, p); err != nil {
+				return fmt.Errorf("%w: huff0 plane %d: %v", ErrUndecodable, j, err)
 			}
 		default:
 			return fmt.Errorf("%w: shuffle plane %d has method %d", ErrUndecodable, j, m)

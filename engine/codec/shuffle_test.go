@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/klauspost/compress/huff0"
 	"github.com/pierrec/lz4/v4"
 )
 
@@ -42,6 +43,13 @@ func TestShuffleMatchesDefinition(t *testing.T) {
 				if !bytes.Equal(back, in) {
 					t.Fatalf("unshuffle of the definition's planes differs at byte %d", firstDiff(back, in))
 				}
+				// The portable version, which unshuffle uses for what the
+				// vector version leaves.
+				clear(back)
+				unshuffleWords(back, naivePlanes(in, e))
+				if !bytes.Equal(back, in) {
+					t.Fatalf("unshuffleWords differs at byte %d", firstDiff(back, in))
+				}
 			})
 		}
 	}
@@ -75,8 +83,16 @@ func handmade(t *testing.T, src []byte, e int, methods []int) []byte {
 				t.Fatalf("lz4 plane %d: %d, %v", j, n, err)
 			}
 			s = buf[:n]
-		case planeZstd:
-			s = zstdEncoder().EncodeAll(p, nil)
+		case planeHuff:
+			for off := 0; off < len(p); off += huffChunk {
+				var hs huff0.Scratch
+				c, _, err := huff0.Compress4X(p[off:min(off+huffChunk, len(p))], &hs)
+				if err != nil {
+					t.Fatalf("huff0 plane %d: %v", j, err)
+				}
+				s = binary.LittleEndian.AppendUint32(s, uint32(len(c)))
+				s = append(s, c...)
+			}
 		}
 		out = append(out, byte(methods[j]))
 		out = binary.LittleEndian.AppendUint32(out, uint32(len(s)))
@@ -89,18 +105,28 @@ func handmade(t *testing.T, src []byte, e int, methods []int) []byte {
 // definition of the format, so that a shuffle and unshuffle that agree with
 // each other but not with the format fail.
 func TestShuffleDecodeHandmade(t *testing.T) {
-	for _, kind := range weightKinds {
-		src := genData(kind, 64<<10, 3)
-		for _, tc := range []struct {
-			e       int
-			methods []int
-		}{
+	type plan struct {
+		e       int
+		methods []int
+	}
+	// huff0 codes only planes that shrink: the exponent planes (1 and 3
+	// of bf16, 3 of float32); LZ4 codes any plane.
+	for kind, plans := range map[dataKind][]plan{
+		dataBF16Normal: {
 			{2, []int{planeRaw, planeRaw}},
 			{2, []int{planeRaw, planeLZ4}},
-			{2, []int{planeZstd, planeRaw}},
-			{4, []int{planeRaw, planeLZ4, planeZstd, planeRaw}},
-			{4, []int{planeZstd, planeZstd, planeLZ4, planeLZ4}},
-		} {
+			{2, []int{planeLZ4, planeHuff}},
+			{4, []int{planeRaw, planeHuff, planeLZ4, planeHuff}},
+		},
+		dataF32Normal: {
+			{2, []int{planeRaw, planeLZ4}},
+			{4, []int{planeRaw, planeLZ4, planeRaw, planeHuff}},
+			{4, []int{planeLZ4, planeRaw, planeLZ4, planeLZ4}},
+		},
+	} {
+		// 1 MiB: planes of several huff0 chunks.
+		src := genData(kind, 1<<20, 3)
+		for _, tc := range plans {
 			t.Run(fmt.Sprintf("%s/e=%d/%v", kind, tc.e, tc.methods), func(t *testing.T) {
 				stored := handmade(t, src, tc.e, tc.methods)
 				dst := make([]byte, len(src))
@@ -117,7 +143,7 @@ func TestShuffleDecodeHandmade(t *testing.T) {
 // where it beats LZ4 and the 12.5% rule.
 func TestShuffleEncode(t *testing.T) {
 	kinds := append(append([]dataKind{}, allDataKinds...), weightKinds...)
-	for _, mode := range []Mode{ShuffleLZ4, ShuffleZstd} {
+	for _, mode := range []Mode{ShuffleLZ4, ShuffleHuff} {
 		for _, kind := range kinds {
 			t.Run(fmt.Sprintf("%s/%s", mode, kind), func(t *testing.T) {
 				src := genData(kind, 256<<10, 11)
@@ -140,10 +166,10 @@ func TestShuffleEncode(t *testing.T) {
 					t.Fatalf("stored as %s, plain rule gives %s", k, lk)
 				}
 				// bf16 weights must shuffle in both modes, float32 weights
-				// with zstd planes (with LZ4 planes only their exponent
+				// with huff0 planes (with LZ4 planes only their exponent
 				// plane shrinks, less than 12.5% of the block); float32
 				// shuffles by 4 bytes. Random memory must not shuffle.
-				if kind == dataBF16Normal || kind == dataF32Normal && mode == ShuffleZstd {
+				if kind == dataBF16Normal || kind == dataF32Normal && mode == ShuffleHuff {
 					if k != Shuffle {
 						t.Fatalf("weights stored as %s", k)
 					}
@@ -162,13 +188,13 @@ func TestShuffleEncode(t *testing.T) {
 }
 
 // TestShuffleRatio holds the ratio of normal-distributed bf16 weights to
-// the targets: 0.86 with LZ4 planes, 0.72 with zstd planes.
+// the targets: 0.86 with LZ4 planes, 0.72 with huff0 planes.
 func TestShuffleRatio(t *testing.T) {
 	src := genData(dataBF16Normal, 4<<20, 5)
 	for _, tc := range []struct {
 		mode Mode
 		max  float64
-	}{{ShuffleLZ4, 0.86}, {ShuffleZstd, 0.72}} {
+	}{{ShuffleLZ4, 0.86}, {ShuffleHuff, 0.72}} {
 		stored := 0
 		for off := 0; off < len(src); off += DefaultBlockSize {
 			_, s := Encode(nil, src[off:off+DefaultBlockSize], tc.mode)
@@ -206,6 +232,23 @@ func TestShuffleCorrupt(t *testing.T) {
 			}
 		})
 	}
+	// huff0 planes: a chunk length past the end, a chunk too short.
+	hgood := handmade(t, src, 2, []int{planeRaw, planeHuff})
+	at := shuffleHeader(2) + PageSize/2 // the first chunk's length
+	for name, f := range map[string]func(b []byte){
+		"chunk too long": func(b []byte) { binary.LittleEndian.PutUint32(b[at:], 1<<20) },
+		"chunk short":    func(b []byte) { binary.LittleEndian.PutUint32(b[at:], binary.LittleEndian.Uint32(b[at:])-1) },
+		"table garbage":  func(b []byte) { b[at+4] ^= 0xff },
+	} {
+		b := bytes.Clone(hgood)
+		f(b)
+		if err := Decode(make([]byte, len(src)), Shuffle, b); !errors.Is(err, ErrUndecodable) {
+			t.Errorf("huff0 %s: %v, want ErrUndecodable", name, err)
+		}
+	}
+	if err := Decode(make([]byte, len(src)), Shuffle, hgood); err != nil {
+		t.Fatalf("huff0 plane: %v", err)
+	}
 	// A plane that decodes to bytes, but the wrong ones, fails the CRC.
 	bad := mut(func(b []byte) []byte { b[shuffleHeader(2)] ^= 1; return b })
 	if err := DecodeChecked(make([]byte, len(src)), Shuffle, bad, Checksum(src)); !errors.Is(err, ErrChecksum) {
@@ -218,7 +261,7 @@ func TestShuffleCorrupt(t *testing.T) {
 func TestShufflePipeline(t *testing.T) {
 	data := append(genData(dataMixed, 4<<20, 2), genData(dataBF16Normal, 4<<20, 3)...)
 	data = append(data, genData(dataF32Normal, 2<<20, 4)...)
-	for _, mode := range []Mode{ShuffleLZ4, ShuffleZstd} {
+	for _, mode := range []Mode{ShuffleLZ4, ShuffleHuff} {
 		t.Run(mode.String(), func(t *testing.T) {
 			e := encodeAll(t, data, 256<<10, 2, mode)
 			if e.kinds[Shuffle] == 0 || e.kinds[Raw] == 0 || e.kinds[Zero] == 0 {

@@ -26,7 +26,7 @@ type Options struct {
 	// (--compress) to 4 MiB. Zero means codec.DefaultBlockSize.
 	BlockSize int
 	// Mode is the codec: codec.Compress (lz4), codec.NoCompress
-	// (--no-compress), codec.ShuffleLZ4 or codec.ShuffleZstd.
+	// (--no-compress), codec.ShuffleLZ4 or codec.ShuffleHuff.
 	Mode codec.Mode
 	// Workers encode in parallel; zero means GOMAXPROCS.
 	Workers int
