@@ -22,6 +22,7 @@ type sizeResult struct {
 	Restores  []*restoreResult
 	Baselines []*baselineResult
 	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
+	Codecs    []*codecResult   `json:",omitempty"` // the codec series
 	Elapsed   time.Duration
 }
 
