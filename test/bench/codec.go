@@ -46,8 +46,12 @@ var codecFixtures = []codecFixture{
 	{Name: "weightserver", Weights: "float32", prog: func(t tools) string { return t.Weights }, extra: []string{"42", "hugepage"}},
 }
 
-// codecCases are the restores of each snapshot of the series.
-func codecCases() []restoreCase {
+// codecCases are the restores of each snapshot of the series; a smoke run
+// does the lazy one through the mount only.
+func codecCases(smoke bool) []restoreCase {
+	if smoke {
+		return []restoreCase{{Mode: lazyMount, Threads: 1}}
+	}
 	return []restoreCase{
 		{Mode: eager, Threads: 1},
 		{Mode: eager, Cold: true, Threads: 1},
@@ -93,7 +97,11 @@ func (c *codecResult) find(k restoreCase) *restoreResult {
 // snapshots of one fixture round by round, case by case, the codecs back
 // to back in an order that turns between rounds.
 func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
-	for _, fx := range codecFixtures {
+	fixtures := codecFixtures
+	if h.smoke {
+		fixtures = fixtures[:1] // the modelserver
+	}
+	for _, fx := range fixtures {
 		var results []*codecResult
 		snaps := map[string]*snapshot{}
 		var expect expectation
@@ -114,7 +122,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
 			}
 			expect = exp
 			snaps[name] = snap
-			for _, c := range codecCases() {
+			for _, c := range codecCases(h.smoke) {
 				cr.Restores = append(cr.Restores, &restoreResult{Case: c})
 			}
 			results = append(results, cr)
@@ -130,7 +138,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
 		}
 		h.expect = expect
 		for r := range h.runs {
-			for i, c := range codecCases() {
+			for i, c := range codecCases(h.smoke) {
 				order := slices.Clone(results)
 				if r%2 == 1 {
 					slices.Reverse(order)
@@ -290,7 +298,7 @@ func renderCodecs(m *md, sr *sizeResult) {
 	m.p("")
 	m.p("`snapctl dump --codec` on the modelserver (bf16 weights of N(0, 0.02): half its mapping) and the weightserver (float32 weights of N(0, 0.02) in 16 MiB arrays, with numpy's MADV_HUGEPAGE), each dumped once per codec. *weights* is the stored bytes of the blocks holding the weights over their memory; *token* is the time from the restore command's start to the answer of `token` (after `ping` and `touch 1`), which reads every weight: medians of the runs (range), the codecs restored back to back within each round.")
 	m.p("")
-	cases := codecCases()
+	cases := codecCases(false)
 	cells := []string{"fixture", "codec", "image", "pages/memory", "weights", "dump", "frozen"}
 	for _, c := range cases {
 		cells = append(cells, "token, "+c.Label()+" "+c.Cache())
