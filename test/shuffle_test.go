@@ -30,8 +30,8 @@ func TestShuffleCodec(t *testing.T) {
 		weights string // the ready field of the weights' size
 		lz4     bool   // the weights shuffle with LZ4 planes
 	}{
-		{"modelserver", []string{"32M"}, "weights_len", true},
-		{"weightserver", []string{"16M", "0", "42", "hugepage", "4M"}, "size", false},
+		{"modelserver", []string{"16M"}, "weights_len", true},
+		{"weightserver", []string{"8M", "0", "42", "hugepage", "4M"}, "size", false},
 	}
 	for _, srv := range servers {
 		for _, codecName := range []string{"shuffle-lz4", "shuffle-huff"} {
