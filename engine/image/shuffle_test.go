@@ -95,7 +95,7 @@ func TestShuffleSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := s.Manifest; len(m.Features) != 0 || m.Compression != "shuffle-lz4" {
+	if m := s.Manifest; m.HasFeature(FeatureShuffle) || m.Compression != "shuffle-lz4" {
 		t.Fatalf("snapshot without shuffle blocks: features %v, compression %q", m.Features, m.Compression)
 	}
 }
