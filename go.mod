@@ -9,3 +9,5 @@ require (
 	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.50.0
 )
+
+require github.com/klauspost/compress v1.20.4

@@ -123,7 +123,7 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		for _, k := range []struct {
 			name string
 			s    image.KindStats
-		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"total", b.Total}} {
+		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"total", b.Total}} {
 			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))
 		}
 		tw.Flush()

@@ -31,7 +31,7 @@ type Manifest struct {
 	Kernel      Kernel             `json:"kernel"`
 	PageSize    int                `json:"page_size"`
 	BlockSize   int                `json:"block_size"`
-	Compression string             `json:"compression"` // "lz4" or "none"
+	Compression string             `json:"compression"` // the codec: "lz4", "none", "shuffle-lz4" or "shuffle-huff"
 	Processes   []ProcessEntry     `json:"processes"`
 	Files       map[string]FileSum `json:"files"`
 	// Features names what a reader must understand to read the snapshot

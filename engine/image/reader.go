@@ -676,14 +676,14 @@ func (r *Reader) parallelism(blocks []Block) int {
 		return 1
 	}
 	var bytes int64
-	var lz4 int
+	var compressed int
 	for _, b := range blocks {
 		bytes += int64(b.Len)
-		if b.Kind == codec.LZ4 {
-			lz4++
+		if b.Kind != codec.Zero && b.Kind != codec.Raw {
+			compressed++
 		}
 	}
-	return codec.Threads(r.threads, bytes, lz4)
+	return codec.Threads(r.threads, bytes, compressed)
 }
 
 // raWindow is how far from the end of the previous read a read may start

@@ -25,7 +25,8 @@ type Options struct {
 	// BlockSize is the largest decoded block: a power of two from 4 KiB
 	// (--compress) to 4 MiB. Zero means codec.DefaultBlockSize.
 	BlockSize int
-	// Mode is codec.Compress or codec.NoCompress (--no-compress).
+	// Mode is the codec: codec.Compress (lz4), codec.NoCompress
+	// (--no-compress), codec.ShuffleLZ4 or codec.ShuffleHuff.
 	Mode codec.Mode
 	// Workers encode in parallel; zero means GOMAXPROCS.
 	Workers int
@@ -76,10 +77,7 @@ func Create(dir string, opts Options) (*Writer, error) {
 	if opts.Kernel == (Kernel{}) {
 		opts.Kernel = runningKernel()
 	}
-	compression := "lz4"
-	if opts.Mode == codec.NoCompress {
-		compression = "none"
-	}
+	compression := opts.Mode.String()
 	w := &Writer{dir: dir, dfd: dfd, opts: opts, m: Manifest{
 		Format:      manifestFormat,
 		Version:     manifestVersion,
@@ -524,6 +522,9 @@ func (pw *PagesWriter) Close() error {
 	}
 	if err := pw.w.writeFile(indexName(pw.pid), b); err != nil {
 		return pw.fail(err)
+	}
+	if pw.stats[codec.Shuffle].Blocks > 0 {
+		pw.w.addFeature(FeatureShuffle)
 	}
 	e := pw.w.entry(pw.pid)
 	if pw.bs > PageSize {

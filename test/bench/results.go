@@ -24,6 +24,7 @@ type sizeResult struct {
 	Weights   []*weightsResult  // the weightserver, with and without MADV_HUGEPAGE
 	Tree      *treeResult       `json:",omitempty"` // the tree series (tree.go)
 	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
+	Codecs    []*codecResult    `json:",omitempty"` // the codec series
 	Elapsed   time.Duration
 }
 
