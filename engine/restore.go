@@ -21,6 +21,9 @@ type RestoreOptions struct {
 	// TrustSnapshot accepts a snapshot that users other than the caller
 	// and root can change (image.OpenOptions.Trust).
 	TrustSnapshot bool
+	// Remote configures the store when Dir is an address
+	// (s3://BUCKET/PREFIX).
+	Remote image.RemoteOptions
 	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
 	// automatic, N a maximum. The writes that place memory in the process
 	// (page faults, mostly) run on every CPU whatever its value.
@@ -154,7 +157,7 @@ func SnapshotPID(snap *image.Snapshot) (int, error) {
 // openSnapshot opens the snapshot of a restore: its one process's state
 // and pages.
 func openSnapshot(opts RestoreOptions) (*image.Snapshot, *image.Process, *image.Reader, error) {
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote})
 	if err != nil {
 		return nil, nil, nil, err
 	}
