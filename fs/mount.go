@@ -174,6 +174,9 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 
 // snapshotName is the source column of the mount in /proc/mounts.
 func snapshotName(dir string) string {
+	if image.IsRemote(dir) {
+		return dir
+	}
 	if abs, err := filepath.Abs(dir); err == nil {
 		return abs
 	}

@@ -35,6 +35,7 @@ anything the format cannot describe yet (the error names it).`,
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
+	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,7 +45,10 @@ anything the format cannot describe yet (the error names it).`,
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress}
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress, Remote: remote.Options()}
 	n := 0
 	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {

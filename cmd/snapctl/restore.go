@@ -66,12 +66,17 @@ dumped process went away); listening sockets listen again.`,
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
 	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
 	verbose := fl.Bool("v", false, "log each step")
+	remote := cli.RemoteFlags(fl, true)
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	open := image.OpenOptions{Trust: *trust, Remote: remote.Options()}
 	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
 		return err
 	}
@@ -80,7 +85,7 @@ dumped process went away); listening sockets listen again.`,
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log}
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Remote: open.Remote, Logger: log}
 	tty := isTerminal(stderr)
 	if tty {
 		opts.Progress = progressPrinter(stderr, "restore", time.Second)
@@ -97,7 +102,7 @@ dumped process went away); listening sockets listen again.`,
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, err := openLazySource(*dir, *mount, *source, *threads, *trust)
+		src, err := openLazySource(*dir, *mount, *source, *threads, open)
 		if err != nil {
 			return err
 		}
@@ -261,8 +266,8 @@ type lazySource struct {
 // openLazySource opens where a lazy restore reads pages from: the
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
 // a private mount of the snapshot (fs.MountPrivate).
-func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
-	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
+func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
+	snap, err := image.OpenWith(dir, o)
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +295,7 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 	}
 	// Direct I/O and a small block cache: the pager reads each block
 	// once (see test/bench/BENCHMARKS.md, Decisions).
-	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+	m, err := fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
 	if err != nil {
 		return nil, err
 	}

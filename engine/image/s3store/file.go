@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go"
 )
 
 const (
@@ -18,6 +20,10 @@ const (
 	maxGet = 8 << 20
 	// maxInFlight bounds the GETs of one store at once.
 	maxInFlight = 8
+	// readRetryWindow is how long a read keeps trying a store it cannot
+	// reach before it fails; retryWait is its first wait.
+	readRetryWindow = 5 * time.Second
+	retryWait       = 250 * time.Millisecond
 	// readaheadChunks is how far ahead of a sequential reader chunks are
 	// fetched.
 	readaheadChunks = 16
@@ -233,7 +239,7 @@ func (f *file) get(ctx context.Context, c *fetch) {
 // one listed.
 func (f *file) getChunks(ctx context.Context, lo, hi int64) ([][]byte, error) {
 	start, end := lo*readChunk, min(f.obj.size, hi*readChunk)
-	ctx, cancel := context.WithTimeout(ctx, maxAttempts*(getTimeout+maxBackoff))
+	ctx, cancel := context.WithTimeout(ctx, readRetryWindow+maxAttempts*(getTimeout+maxBackoff))
 	defer cancel()
 	in := &s3.GetObjectInput{
 		Bucket:  aws.String(f.s.c.addr.Bucket),
@@ -242,12 +248,31 @@ func (f *file) getChunks(ctx context.Context, lo, hi int64) ([][]byte, error) {
 		IfMatch: aws.String(f.obj.etag),
 	}
 	var lastErr error
-	// The SDK retries a request that fails; a body cut short is retried
-	// here, as a new request.
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	// The SDK retries a request that fails maxAttempts times, quickly;
+	// past that, a store that cannot be reached (a restart, a network
+	// blip) and a body cut short are tried again here, with a growing
+	// wait, for readRetryWindow. A store that answers no (an API error)
+	// is not asked again.
+	first, wait := time.Now(), retryWait
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if time.Since(first)+wait > readRetryWindow {
+				break
+			}
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+			}
+			wait = min(2*wait, maxBackoff)
+		}
 		out, err := f.s.c.s3.GetObject(ctx, in)
 		if err != nil {
-			return nil, f.s.c.storeError(fmt.Sprintf("read %s bytes %d-%d", f.name, start, end-1), err)
+			var ae smithy.APIError
+			if errors.As(err, &ae) || ctx.Err() != nil {
+				return nil, f.s.c.storeError(fmt.Sprintf("read %s bytes %d-%d", f.name, start, end-1), err)
+			}
+			lastErr = err
+			continue
 		}
 		bufs := make([][]byte, hi-lo)
 		var n int64
