@@ -30,6 +30,9 @@ type harness struct {
 	expect  expectation
 	smaps   bool     // restoreOnce records the restored process's huge pages
 	only    []string // -only: the series to run; empty: all
+	// restoreArgs are appended to every restore's arguments (the s3
+	// series' --cache-dir).
+	restoreArgs []string
 }
 
 // expectation is what the original server answered; every restored server

@@ -22,6 +22,7 @@ type sizeResult struct {
 	Restores  []*restoreResult
 	Baselines []*baselineResult
 	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
+	S3        *s3Result        `json:",omitempty"` // the "s3" series (s3.go)
 	Elapsed   time.Duration
 }
 

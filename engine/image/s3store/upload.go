@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
@@ -30,6 +31,12 @@ const (
 	// lockName marks a prefix a dump is writing into.
 	lockName = ".lazyfs-dump.lock"
 )
+
+// unsignedPayload leaves the SHA-256 of a body out of a request's
+// signature: the body's CRC32C, which the store checks, already covers it,
+// and hashing every byte of the pages file a second time would slow the
+// dump.
+var unsignedPayload = s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
 
 // Writer is a snapshot being written to an object store: an
 // image.StoreWriter.
@@ -105,7 +112,7 @@ func (w *Writer) put(name string, b []byte, ifAbsent bool) error {
 	if ifAbsent {
 		in.IfNoneMatch = aws.String("*")
 	}
-	if _, err := w.c.s3.PutObject(ctx, in); err != nil {
+	if _, err := w.c.s3.PutObject(ctx, in, unsignedPayload); err != nil {
 		var ae smithy.APIError
 		if ifAbsent && errors.As(err, &ae) && (ae.ErrorCode() == "PreconditionFailed" || ae.ErrorCode() == "ConditionalRequestConflict") {
 			return image.ErrExists
@@ -262,7 +269,7 @@ func (u *upload) sendPart() error {
 			Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), UploadId: aws.String(u.id),
 			PartNumber: aws.Int32(num), Body: bytes.NewReader(data), ContentLength: aws.Int64(int64(len(data))),
 			ChecksumCRC32C: aws.String(sum),
-		})
+		}, unsignedPayload)
 		cancel()
 		if err != nil {
 			u.fail(u.w.c.storeError(fmt.Sprintf("upload part %d of %s", num, u.name), err))
