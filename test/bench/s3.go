@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -100,11 +101,13 @@ func startMinIO(ctx context.Context, dir, logPath string) (*minioServer, error) 
 			if resp.StatusCode == http.StatusOK {
 				c := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(m.endpoint), UsePathStyle: true,
 					Credentials: credentials.NewStaticCredentialsProvider("lazyfs-bench", "lazyfs-bench-secret", "")})
-				if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(s3Bucket)}); err != nil {
+				// Ready may still mean XMinioServerNotInitialized.
+				if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(s3Bucket)}); err == nil {
+					return m, nil
+				} else if !strings.Contains(err.Error(), "NotInitialized") {
 					m.stop()
 					return nil, fmt.Errorf("create bucket: %w", err)
 				}
-				return m, nil
 			}
 		}
 	}
