@@ -90,11 +90,6 @@ func (c *diskCache) path(cl *client, key string, o object, i int64) string {
 	return filepath.Join(c.dir, fmt.Sprintf("%s-%d%s", hex.EncodeToString(h[:16]), i, cacheExt))
 }
 
-func (c *diskCache) has(cl *client, key string, o object, i int64) bool {
-	_, err := os.Lstat(c.path(cl, key, o, i))
-	return err == nil
-}
-
 // get returns chunk i of the object, of n bytes, if the cache holds it
 // whole and it passes its CRC32C.
 func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, bool) {

@@ -133,20 +133,11 @@ func (f *file) chunkLen(i int64) int64 {
 	return min(f.obj.size, (i+1)*readChunk) - i*readChunk
 }
 
-// cached returns chunk i from memory or from the disk cache.
+// cached returns chunk i from memory. Chunks in the disk cache are
+// loaded as fetches are (get), so that readahead and the parallel fetches
+// of one read load them too.
 func (f *file) cached(i int64) ([]byte, bool) {
-	k := chunkKey{f.name, i}
-	if b, ok := f.s.mem.Get(k); ok {
-		return b, true
-	}
-	if f.disk == nil {
-		return nil, false
-	}
-	b, ok := f.disk.get(f.s.c, f.key, f.obj, i, f.chunkLen(i))
-	if ok {
-		f.s.mem.Add(k, b)
-	}
-	return b, ok
+	return f.s.mem.Get(chunkKey{f.name, i})
 }
 
 // fetchChunks returns the chunks idx (sorted, ascending), fetching those
@@ -221,6 +212,25 @@ func (f *file) get(ctx context.Context, c *fetch) {
 		return
 	}
 	defer func() { <-f.s.sem }()
+	if f.disk != nil {
+		// From the disk cache if it holds them all; a chunk that fails
+		// its check there is fetched again with the others.
+		data := make([][]byte, 0, c.hi-c.lo)
+		for i := c.lo; i < c.hi; i++ {
+			b, ok := f.disk.get(f.s.c, f.key, f.obj, i, f.chunkLen(i))
+			if !ok {
+				break
+			}
+			data = append(data, b)
+		}
+		if len(data) == int(c.hi-c.lo) {
+			c.data = data
+			for i, b := range data {
+				f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
+			}
+			return
+		}
+	}
 	c.data, c.err = f.getChunks(ctx, c.lo, c.hi)
 	if c.err != nil {
 		return
@@ -322,7 +332,7 @@ func (f *file) readahead(off, end, hi int64) {
 	f.mu.Unlock()
 	var want []int64
 	for i := from; i < to; i++ {
-		if f.s.mem.Contains(chunkKey{f.name, i}) || (f.disk != nil && f.disk.has(f.s.c, f.key, f.obj, i)) {
+		if f.s.mem.Contains(chunkKey{f.name, i}) {
 			continue
 		}
 		want = append(want, i)
