@@ -79,7 +79,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if _, err := CheckFUSE(); err != nil {
 		return nil, err
 	}
-	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot})
+	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote})
 	if errors.Is(err, image.ErrIncomplete) {
 		return nil, fmt.Errorf("%w (the dump did not finish: nothing to mount)", err)
 	}
@@ -174,6 +174,9 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 
 // snapshotName is the source column of the mount in /proc/mounts.
 func snapshotName(dir string) string {
+	if image.IsRemote(dir) {
+		return dir
+	}
 	if abs, err := filepath.Abs(dir); err == nil {
 		return abs
 	}

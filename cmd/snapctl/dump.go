@@ -52,6 +52,7 @@ cannot describe yet; the error names the process and the resource.`,
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
 	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
+	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,7 +71,10 @@ cannot describe yet; the error names the process and the resource.`,
 	if *noCompress && codecGiven && mode != codec.NoCompress {
 		return cli.Usagef("--no-compress and --codec %s are exclusive", mode)
 	}
-	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode}
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options()}
 	n := 0
 	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {

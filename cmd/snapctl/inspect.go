@@ -24,13 +24,17 @@ its ELF core file (gdb EXE MOUNTPOINT/PID/core).`,
 	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	trust := trustFlag(fs)
+	remote := cli.RemoteFlags(fs, true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	rep, err := inspect(*dir, *trust)
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	rep, err := inspect(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options()})
 	if err != nil {
 		return err
 	}
@@ -72,8 +76,8 @@ type regionReport struct {
 	Dumped uint64 `json:"dumped_bytes"`
 }
 
-func inspect(dir string, trust bool) (*inspectReport, error) {
-	s, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
+func inspect(dir string, o image.OpenOptions) (*inspectReport, error) {
+	s, err := image.OpenWith(dir, o)
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot: %w", err)
 	}

@@ -93,12 +93,17 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
 	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
 	verbose := fl.Bool("v", false, "log each step")
+	remote := cli.RemoteFlags(fl, true)
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	open := image.OpenOptions{Trust: *trust, Remote: remote.Options()}
 	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
 		return err
 	}
@@ -114,7 +119,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		}
 		f.Close()
 	}
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log,
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Remote: open.Remote, Logger: log,
 		Namespaces: engine.Namespaces{PID: *pidns, Net: *netns}}
 	tty := isTerminal(stderr)
 	if tty {
@@ -132,7 +137,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, err := openLazySource(*dir, *mount, *source, *threads, *trust)
+		src, err := openLazySource(*dir, *mount, *source, *threads, open)
 		if err != nil {
 			return err
 		}
@@ -320,14 +325,14 @@ type lazySource struct {
 // openLazySource opens where a lazy restore reads pages from: the
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
 // a private mount of the snapshot (fs.MountPrivate).
-func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
-	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
+func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
+	snap, err := image.OpenWith(dir, o)
 	if err != nil {
 		return nil, err
 	}
 	defer snap.Close()
 	if pids := snap.PIDs(); len(pids) > 1 {
-		return openTreeSource(snap, dir, mnt, source, threads, trust)
+		return openTreeSource(snap, dir, mnt, source, threads, o)
 	}
 	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
@@ -358,13 +363,13 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 	return mountLater(func() (*fs.PrivateMount, error) {
 		// Direct I/O and a small block cache: the pager reads each block
 		// once (see test/bench/BENCHMARKS.md, Decisions).
-		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
 	}, false), nil
 }
 
 // openTreeSource is openLazySource for a snapshot of a process tree: the
 // memory of each process, through one mount.
-func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
+func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
 	pids := snap.PIDs()
 	switch {
 	case source == "direct":
@@ -416,7 +421,7 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 		return nil, err
 	}
 	return mountLater(func() (*fs.PrivateMount, error) {
-		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
 	}, true), nil
 }
 

@@ -20,13 +20,17 @@ naming the file, the block and its address.`,
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
 	trust := trustFlag(fs)
+	remote := cli.RemoteFlags(fs, true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust})
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options()})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}

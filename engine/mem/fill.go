@@ -47,7 +47,7 @@ type FillOptions struct {
 	// file, which Raw blocks are read from directly (the caller closes
 	// it).
 	Pages     *image.Reader
-	PagesFile *os.File
+	PagesFile io.ReaderAt
 	// Threads is --decompress-threads for the LZ4 blocks.
 	Threads int
 	// Skip, if set, leaves out the blocks it is true for (those a lazy
@@ -65,8 +65,8 @@ type FillOptions struct {
 type filler struct {
 	t       *Target
 	o       FillOptions
-	pages   *os.File // the pages file, for Raw blocks and the decoder
-	mem     *os.File // /proc/PID/mem, for mappings without write permission
+	pages   io.ReaderAt // the pages file, for Raw blocks and the decoder
+	mem     *os.File    // /proc/PID/mem, for mappings without write permission
 	jobs    chan *fillJob
 	done    atomic.Uint64 // bytes written
 	total   uint64

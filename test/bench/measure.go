@@ -31,6 +31,9 @@ type harness struct {
 	smaps   bool     // restoreOnce records the restored process's huge pages
 	only    []string // -only: the series to run; empty: all
 	smoke   bool     // a smoke run: series may measure less
+	// restoreArgs are appended to every restore's arguments (the s3
+	// series' --cache-dir).
+	restoreArgs []string
 }
 
 // expectation is what the original server answered; every restored server

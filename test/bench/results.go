@@ -25,6 +25,7 @@ type sizeResult struct {
 	Tree      *treeResult       `json:",omitempty"` // the tree series (tree.go)
 	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
 	Codecs    []*codecResult    `json:",omitempty"` // the codec series
+	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
 	Elapsed   time.Duration
 }
 
