@@ -46,6 +46,7 @@ type Snapshot struct {
 	Manifest *Manifest
 	manifest []byte   // snapshot.json as read
 	dir      *os.File // the directory
+	trust    bool     // OpenOptions.Trust
 }
 
 // OpenOptions tune OpenWith.
@@ -109,7 +110,7 @@ func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
 			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size, sum.Size)
 		}
 	}
-	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d}, nil
+	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d, trust: o.Trust}, nil
 }
 
 // Close closes the snapshot's directory. Readers opened from it stay
