@@ -110,6 +110,9 @@ func (s *server) serveFault(f fault) error {
 	s.st.DataFaults++
 	s.h.add(time.Since(f.at))
 	s.mu.Unlock()
+	if s.opts.OnFault != nil {
+		s.opts.OnFault(src, hi-lo, f.at)
+	}
 	s.report()
 	return nil
 }
