@@ -60,6 +60,8 @@ type RestoreResult struct {
 	// served through userfaultfd afterwards.
 	Filled uint64
 	Lazy   LazyStats
+	// WorkingSet says what a lazy restore did with working sets.
+	WorkingSet WorkingSetResult
 }
 
 // Restore rebuilds the process of the snapshot in opts.Dir and lets it
@@ -133,7 +135,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 	}
 	if opts.Lazy != nil {
-		if err := r.serveLazy(ctx, &res.Lazy); err != nil {
+		if err := r.serveLazy(ctx, &res.Lazy, &res.WorkingSet); err != nil {
 			return nil, step("lazy memory", err)
 		}
 	}

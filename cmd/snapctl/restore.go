@@ -7,10 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
@@ -52,6 +54,19 @@ it rather than run with memory missing. A page that cannot be read (a
 corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
+Working sets: with --lazy --record-working-set, the restore records the
+memory the process faults in, in order (the background prefetch waits
+meanwhile, so that every page it needs comes by a fault), until --record-for
+has passed, --record-faults faults were served, or snapctl receives SIGUSR1
+(send it once the process has answered what it should learn, e.g. its first
+request: kill -USR1 SNAPCTL_PID); then it writes DIR/workingset-PID.img
+(atomically: a restore killed before leaves the previous one, or none) and
+streams in the rest. Every later --lazy restore of the snapshot fetches that
+memory first, in the recorded order, as large reads, while faults are still
+served at once; --working-set off ignores it. A working set recorded on
+another snapshot, or damaged, is ignored with a warning naming it: it only
+orders reads, and never changes what the process reads.
+
 Established TCP connections are closed (their peers saw a reset when the
 dumped process went away); listening sockets listen again.`,
 		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
@@ -64,6 +79,10 @@ dumped process went away); listening sockets listen again.`,
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
+	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot) or off")
+	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
+	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
+	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
 	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
 	verbose := fl.Bool("v", false, "log each step")
 	if err := fl.Parse(args); err != nil {
@@ -73,6 +92,9 @@ dumped process went away); listening sockets listen again.`,
 		return err
 	}
 	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
+		return err
+	}
+	if err := checkWorkingSetFlags(fl, *lazy, *workingSet, *record, *recordFor, *recordFaults); err != nil {
 		return err
 	}
 	level := slog.LevelWarn
@@ -117,6 +139,21 @@ dumped process went away); listening sockets listen again.`,
 		// A mount's bytes are checked against the snapshot's CRC32C by the
 		// pager, as the snapshot's own reader checks its reads.
 		opts.LazyOptions.CheckSource = *source == "mount"
+		if *workingSet == "off" {
+			opts.LazyOptions.WorkingSet = engine.WorkingSetOff
+		}
+		if *record {
+			stop := make(chan struct{})
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGUSR1)
+			defer signal.Stop(sig)
+			go func() {
+				if _, ok := <-sig; ok {
+					close(stop)
+				}
+			}()
+			opts.LazyOptions.Record = &engine.RecordOptions{For: *recordFor, Faults: *recordFaults, Stop: stop}
+		}
 		if tty {
 			progress = newLazyProgress(stderr)
 			defer progress.stop()
@@ -131,7 +168,39 @@ dumped process went away); listening sockets listen again.`,
 		return err
 	}
 	printRestored(stdout, res, *lazy)
+	printWorkingSet(stdout, res.WorkingSet)
 	return nil
+}
+
+// checkWorkingSetFlags refuses the working-set flags without --lazy and
+// values that mean nothing.
+func checkWorkingSetFlags(fl *cli.FlagSet, lazy bool, mode string, record bool, recordFor time.Duration, faults int) error {
+	set := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !lazy && (set["working-set"] || record) {
+		return cli.Usagef("--working-set and --record-working-set need --lazy")
+	}
+	if !record && (set["record-for"] || set["record-faults"]) {
+		return cli.Usagef("--record-for and --record-faults need --record-working-set")
+	}
+	if mode != "auto" && mode != "off" {
+		return cli.Usagef("--working-set %q: want auto or off", mode)
+	}
+	if recordFor < 0 || faults < 0 {
+		return cli.Usagef("--record-for and --record-faults must not be negative")
+	}
+	return nil
+}
+
+// printWorkingSet says what the restore did with working sets.
+func printWorkingSet(w io.Writer, ws engine.WorkingSetResult) {
+	switch {
+	case ws.Recorded:
+		fmt.Fprintf(w, "working set recorded: %s in %d ranges over %s (stopped by %s) in %s\n",
+			units.FormatSize(ws.Bytes), ws.Ranges, ws.Span.Round(time.Millisecond), ws.Stop, ws.Path)
+	case ws.Used:
+		fmt.Fprintf(w, "working set: %s in %d ranges fetched first, from %s\n", units.FormatSize(ws.Bytes), ws.Ranges, ws.Path)
+	}
 }
 
 // checkLazyFlags refuses the lazy restore's flags without --lazy, and

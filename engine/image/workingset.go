@@ -210,9 +210,26 @@ func ParseWorkingSet(b []byte) (*WorkingSet, error) {
 // error names the file. Without OpenOptions.Trust, a file that another
 // user can change is refused (ErrUntrusted), as the snapshot's own are.
 func (s *Snapshot) WorkingSet(pid int) (*WorkingSet, error) {
+	return readWorkingSet(s.dir, pid, s.ID(), s.trust)
+}
+
+// ReadWorkingSet reads the working set of process pid in the snapshot
+// directory dir, checking it against the snapshot's identity id (taken
+// when the snapshot was opened: Snapshot.ID), with the checks of
+// Snapshot.WorkingSet. For a reader that keeps no snapshot open (a mount).
+func ReadWorkingSet(dir string, pid int, id SnapshotID, trust bool) (*WorkingSet, error) {
+	d, err := openDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return readWorkingSet(d, pid, id, trust)
+}
+
+func readWorkingSet(d *os.File, pid int, id SnapshotID, trust bool) (*WorkingSet, error) {
 	name := WorkingSetName(pid)
-	path := filepath.Join(s.Dir, name)
-	f, err := s.OpenFile(name)
+	path := filepath.Join(d.Name(), name)
+	f, err := openAt(d, name)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +241,7 @@ func (s *Snapshot) WorkingSet(pid int) (*WorkingSet, error) {
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: %w: not a regular file", path, ErrCorrupt)
 	}
-	if !s.trust {
+	if !trust {
 		if err := trusted(f, path); err != nil {
 			return nil, err
 		}
@@ -240,16 +257,16 @@ func (s *Snapshot) WorkingSet(pid int) (*WorkingSet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := s.checkWorkingSet(w, pid); err != nil {
+	if err := checkWorkingSet(w, pid, id); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return w, nil
 }
 
-// checkWorkingSet checks that w was recorded on this snapshot's process
-// pid.
-func (s *Snapshot) checkWorkingSet(w *WorkingSet, pid int) error {
-	if id := s.ID(); w.Snapshot != id {
+// checkWorkingSet checks that w was recorded on process pid of the
+// snapshot id.
+func checkWorkingSet(w *WorkingSet, pid int, id SnapshotID) error {
+	if w.Snapshot != id {
 		return fmt.Errorf("%w: recorded on snapshot %v, this one is %v", ErrForeignWorkingSet, w.Snapshot, id)
 	}
 	if w.PID != pid {
