@@ -306,7 +306,6 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats, wsr *Working
 	o := r.opts.LazyOptions
 	po := o.Pager
 	po.Prefetch, po.PrefetchDelay, po.Logger, po.Progress, po.Holder = true, o.PrefetchDelay, r.log, o.Progress, o.Holder
-	po.First = r.workingSetFirst(wsr)
 	rec := r.startRecording(&po, time.Now())
 	if po.Workers == 0 {
 		po.Workers = lazyWorkers(o.SourceWaits)
@@ -315,6 +314,7 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats, wsr *Working
 	if o.CheckSource {
 		src = r.pages.Checked(src)
 	}
+	po.First, src = r.workingSetFirst(src, wsr)
 	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"io"
 	"os"
+	"slices"
 	"path/filepath"
 	"time"
 
@@ -28,6 +31,11 @@ const (
 	WorkingSetUse WorkingSetMode = iota
 	// WorkingSetOff ignores it.
 	WorkingSetOff
+	// WorkingSetBlocks fetches the snapshot's blocks that hold the
+	// working set first, read in place from the source, even if the
+	// working set carries its own copy of the memory (which
+	// WorkingSetUse prefers).
+	WorkingSetBlocks
 )
 
 // RecordOptions make a lazy restore record a working set: the ranges
@@ -51,8 +59,10 @@ type RecordOptions struct {
 type WorkingSetResult struct {
 	// Path is the working-set file used or written ("" if none).
 	Path string
-	// Used: the restore fetched Ranges (Bytes of memory) first.
+	// Used: the restore fetched Ranges (Bytes of memory) first: from the
+	// working set's own copy if Copy, else from the snapshot's blocks.
 	Used   bool
+	Copy   bool
 	Ranges int
 	Bytes  uint64
 	// Ignored says why a working set beside the snapshot was not used
@@ -66,29 +76,45 @@ type WorkingSetResult struct {
 	Stop     string
 }
 
-// workingSetFirst returns the blocks of the working set beside the
-// snapshot that the pager serves, in recorded order, merged into ranges
-// where they follow each other, for uffd.Options.First; or nil, with a
-// warning naming the file if one is there but cannot be used.
-func (r *restorer) workingSetFirst(res *WorkingSetResult) []units.Range {
+// workingSetFirst returns what the pager fetches first from the working
+// set beside the snapshot (uffd.Options.First), and the source to read it
+// from: the working set's own copy of the memory if it has one (a source
+// that answers reads inside the copy from it, the rest from src), else
+// the snapshot's blocks that hold it, in src. With no usable working set
+// it returns nil and src, with a warning naming the file if there is one.
+func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
 	o := r.opts.LazyOptions
 	if o.WorkingSet == WorkingSetOff || o.Record != nil {
-		return nil
+		return nil, src
 	}
 	pid, err := SnapshotPID(r.snap)
 	if err != nil {
-		return nil
+		return nil, src
 	}
 	ws, err := r.snap.WorkingSet(pid)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, src
 	}
 	if err != nil {
 		res.Ignored = err.Error()
 		r.log.Warn("working set ignored: the restore goes on without it", "err", err)
-		return nil
+		return nil, src
 	}
 	res.Path = filepath.Join(r.snap.Dir, image.WorkingSetName(pid))
+	var out []units.Range
+	if ws.HasData() && o.WorkingSet != WorkingSetBlocks {
+		out, src = r.workingSetCopy(ws, src, res)
+	} else {
+		out = r.workingSetBlocks(ws, res)
+	}
+	res.Used, res.Ranges = len(out) > 0, len(out)
+	r.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes, "copy", res.Copy)
+	return out, src
+}
+
+// workingSetBlocks returns the lazily served blocks that hold ws, in the
+// order of its entries, merged into ranges where they follow each other.
+func (r *restorer) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult) []units.Range {
 	seen := map[uint64]bool{}
 	var out []units.Range
 	for _, e := range ws.Entries {
@@ -117,9 +143,65 @@ func (r *restorer) workingSetFirst(res *WorkingSetResult) []units.Range {
 			out = append(out, units.Range{Start: b.Addr, End: b.End()})
 		}
 	}
-	res.Used, res.Ranges = len(out) > 0, len(out)
-	r.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes)
 	return out
+}
+
+// workingSetCopy returns ws's entries that lie in lazily served blocks,
+// in order, and a source that reads them from ws's copy (checked against
+// their CRC32C when the file was read) and everything else from src.
+func (r *restorer) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
+	c := &copySource{src: src}
+	var out []units.Range
+	for _, e := range ws.Entries {
+		b, ok := r.pages.BlockAt(e.Addr)
+		if !ok || b.Kind == codec.Zero || !r.lazyBlock(b) || e.End() > b.End() && !r.lazyRange(e.Addr, e.End()) {
+			continue
+		}
+		out = append(out, units.Range{Start: e.Addr, End: e.End()})
+		c.parts = append(c.parts, e)
+		res.Bytes += e.Len
+	}
+	slices.SortFunc(c.parts, func(a, b image.WorkingSetEntry) int { return cmp.Compare(a.Addr, b.Addr) })
+	res.Copy = true
+	return out, c
+}
+
+// lazyRange reports whether every block of [lo, hi) is lazily served.
+func (r *restorer) lazyRange(lo, hi uint64) bool {
+	for a := lo; a < hi; {
+		b, ok := r.pages.BlockAt(a)
+		if !ok || !r.lazyBlock(b) {
+			return false
+		}
+		a = b.End()
+	}
+	return true
+}
+
+// copySource answers a read that lies inside one part of a working set's
+// copy from it, and any other from src.
+type copySource struct {
+	src   io.ReaderAt
+	parts []image.WorkingSetEntry // sorted by address, disjoint
+}
+
+func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
+	a := uint64(off)
+	i, _ := slices.BinarySearchFunc(c.parts, a, func(e image.WorkingSetEntry, a uint64) int {
+		switch {
+		case e.End() <= a:
+			return -1
+		case e.Addr > a:
+			return 1
+		}
+		return 0
+	})
+	if i < len(c.parts) {
+		if e := c.parts[i]; e.Addr <= a && a+uint64(len(p)) <= e.End() {
+			return copy(p, e.Data[a-e.Addr:]), nil
+		}
+	}
+	return c.src.ReadAt(p, off)
 }
 
 // startRecording sets the pager's options up for recording (held
@@ -131,6 +213,9 @@ func (r *restorer) startRecording(po *uffd.Options, start time.Time) *uffd.Recor
 	}
 	rec := uffd.NewRecorder(start, ro.Faults)
 	po.HoldPrefetch, po.OnFault = true, rec.Observe
+	// Every fault brings in its page only: what is recorded is what the
+	// process touched, not the blocks around it.
+	po.MaxFaultBytes, po.FaultAhead = uffd.PageSize, uffd.PageSize
 	return rec
 }
 
@@ -166,8 +251,32 @@ func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager
 		return
 	}
 	ws := &image.WorkingSet{PID: pid, Snapshot: r.snap.ID(), Span: span, Stop: reason}
+	var total uint64
 	for _, t := range touches {
-		ws.Entries = append(ws.Entries, image.WorkingSetEntry{Addr: t.Addr, Len: t.Len, At: t.At})
+		// Pages touched one after the other make one entry.
+		if n := len(ws.Entries); n > 0 && ws.Entries[n-1].End() == t.Addr {
+			ws.Entries[n-1].Len += t.Len
+		} else {
+			ws.Entries = append(ws.Entries, image.WorkingSetEntry{Addr: t.Addr, Len: t.Len, At: t.At})
+		}
+		total += t.Len
+	}
+	// The memory itself, laid out contiguously, read from the snapshot's
+	// own reader (which checks every block) unless it is too large.
+	if total <= image.MaxWorkingSetData {
+		ctx := context.WithoutCancel(ctx) // over when the lazy phase is: the snapshot is still open
+		for i := range ws.Entries {
+			e := &ws.Entries[i]
+			buf := make([]byte, e.Len)
+			if _, err := r.pages.ReadAtContext(ctx, buf, int64(e.Addr)); err != nil {
+				r.log.Warn("working set written without its memory", "err", err)
+				for j := range ws.Entries {
+					ws.Entries[j].Data = nil
+				}
+				break
+			}
+			e.Data = buf
+		}
 	}
 	if err := image.WriteWorkingSet(r.snap.Dir, ws); err != nil {
 		r.log.Warn("working set not written", "err", err)

@@ -61,9 +61,12 @@ has passed, --record-faults faults were served, or snapctl receives SIGUSR1
 (send it once the process has answered what it should learn, e.g. its first
 request: kill -USR1 SNAPCTL_PID); then it writes DIR/workingset-PID.img
 (atomically: a restore killed before leaves the previous one, or none) and
-streams in the rest. Every later --lazy restore of the snapshot fetches that
-memory first, in the recorded order, as large reads, while faults are still
-served at once; --working-set off ignores it. A working set recorded on
+streams in the rest. The file holds the touched pages' addresses and a copy
+of their bytes, laid out contiguously and checksummed. Every later --lazy
+restore of the snapshot reads that copy in one go and places it first, in
+the recorded order, while faults are still served at once (--working-set
+blocks fetches the snapshot's blocks that hold those pages instead);
+--working-set off ignores it. A working set recorded on
 another snapshot, or damaged, is ignored with a warning naming it: it only
 orders reads, and never changes what the process reads.
 
@@ -79,7 +82,7 @@ dumped process went away); listening sockets listen again.`,
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
-	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot) or off")
+	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot, from its own copy of the memory), blocks (the same from the snapshot's blocks that hold it) or off")
 	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
 	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
 	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
@@ -139,8 +142,11 @@ dumped process went away); listening sockets listen again.`,
 		// A mount's bytes are checked against the snapshot's CRC32C by the
 		// pager, as the snapshot's own reader checks its reads.
 		opts.LazyOptions.CheckSource = *source == "mount"
-		if *workingSet == "off" {
+		switch *workingSet {
+		case "off":
 			opts.LazyOptions.WorkingSet = engine.WorkingSetOff
+		case "blocks":
+			opts.LazyOptions.WorkingSet = engine.WorkingSetBlocks
 		}
 		if *record {
 			stop := make(chan struct{})
@@ -183,8 +189,8 @@ func checkWorkingSetFlags(fl *cli.FlagSet, lazy bool, mode string, record bool, 
 	if !record && (set["record-for"] || set["record-faults"]) {
 		return cli.Usagef("--record-for and --record-faults need --record-working-set")
 	}
-	if mode != "auto" && mode != "off" {
-		return cli.Usagef("--working-set %q: want auto or off", mode)
+	if mode != "auto" && mode != "off" && mode != "blocks" {
+		return cli.Usagef("--working-set %q: want auto, blocks or off", mode)
 	}
 	if recordFor < 0 || faults < 0 {
 		return cli.Usagef("--record-for and --record-faults must not be negative")
@@ -199,7 +205,11 @@ func printWorkingSet(w io.Writer, ws engine.WorkingSetResult) {
 		fmt.Fprintf(w, "working set recorded: %s in %d ranges over %s (stopped by %s) in %s\n",
 			units.FormatSize(ws.Bytes), ws.Ranges, ws.Span.Round(time.Millisecond), ws.Stop, ws.Path)
 	case ws.Used:
-		fmt.Fprintf(w, "working set: %s in %d ranges fetched first, from %s\n", units.FormatSize(ws.Bytes), ws.Ranges, ws.Path)
+		from := "the snapshot's blocks"
+		if ws.Copy {
+			from = "its copy"
+		}
+		fmt.Fprintf(w, "working set: %s in %d ranges fetched first from %s, %s\n", units.FormatSize(ws.Bytes), ws.Ranges, from, ws.Path)
 	}
 }
 

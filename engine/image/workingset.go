@@ -34,22 +34,30 @@ import (
 //	    32    8  recorded span in nanoseconds
 //	    40   12  stop reason, ASCII, zero padded
 //	    52    4  CRC32C of the entries
-//	    56    4  reserved (0)
+//	    56    4  flags: bit 0, the entries' bytes follow them
 //	    60    4  CRC32C of bytes 0..59
-//	    64 24*N  entries: address u64 | length u64 | time u64 (ns since
-//	             the process started running)
+//	    64 32*N  entries: address u64 | length u64 | time u64 (ns since
+//	             the process started running) | CRC32C u32 of its bytes
+//	             (0 without) | reserved u32 (0)
+//	     .    .  with flag 0: each entry's bytes (the process's memory
+//	             there, as in the snapshot), back to back, in entry order
 //
 // Entries are snapshot addresses and lengths, page aligned, in the order
-// the process first touched them (the ranges the pager served those
-// faults).
+// the process first touched them. The bytes, if there, are the working
+// set's memory laid out contiguously, so that one sequential read brings
+// it all; each entry's are checked against its CRC32C before use, as a
+// block's are.
 const (
 	wsMagic      = "LZFSWSET"
 	wsVersion    = 1
 	wsHeaderSize = 64
-	wsEntrySize  = 24
+	wsEntrySize  = 32
 	// maxWSEntries bounds a working set: a page each, 64 GiB of memory.
 	maxWSEntries = 1 << 24
-	wsReasonLen  = 12
+	// MaxWorkingSetData bounds the bytes a working set carries.
+	MaxWorkingSetData = 1 << 30
+	wsReasonLen       = 12
+	wsFlagData        = 1
 )
 
 // ErrForeignWorkingSet: a working set was recorded on another snapshot
@@ -81,6 +89,9 @@ func IDOf(manifest []byte) SnapshotID {
 type WorkingSetEntry struct {
 	Addr, Len uint64
 	At        time.Duration // since the process started running
+	// Data is the memory there (Len bytes), or nil. Either every entry
+	// of a working set has its bytes, or none has.
+	Data []byte
 }
 
 // End returns Addr+Len.
@@ -96,6 +107,9 @@ type WorkingSet struct {
 	Stop    string
 	Entries []WorkingSetEntry
 }
+
+// HasData reports whether the entries carry their bytes.
+func (w *WorkingSet) HasData() bool { return len(w.Entries) > 0 && w.Entries[0].Data != nil }
 
 // Bytes returns the bytes of memory the entries cover.
 func (w *WorkingSet) Bytes() uint64 {
@@ -114,14 +128,37 @@ func (w *WorkingSet) MarshalBinary() ([]byte, error) {
 	if len(w.Stop) > wsReasonLen {
 		return nil, fmt.Errorf("working set: stop reason %q longer than %d bytes", w.Stop, wsReasonLen)
 	}
-	b := make([]byte, wsHeaderSize, wsHeaderSize+wsEntrySize*len(w.Entries))
+	withData := len(w.Entries) > 0 && w.Entries[0].Data != nil
+	var data uint64
 	for _, e := range w.Entries {
 		if e.Len == 0 || e.Addr%pageSize != 0 || e.Len%pageSize != 0 || e.End() < e.Addr {
 			return nil, fmt.Errorf("working set: entry %#x+%#x is not a page-aligned range", e.Addr, e.Len)
 		}
+		if (e.Data != nil) != withData || (withData && uint64(len(e.Data)) != e.Len) {
+			return nil, fmt.Errorf("working set: entry %#x+%#x holds %d bytes: every entry must hold its bytes, or none", e.Addr, e.Len, len(e.Data))
+		}
+		if withData {
+			data += e.Len
+		}
+	}
+	if data > MaxWorkingSetData {
+		return nil, fmt.Errorf("working set: %d bytes of data, at most %d", data, MaxWorkingSetData)
+	}
+	b := make([]byte, wsHeaderSize, wsHeaderSize+wsEntrySize*uint64(len(w.Entries))+data)
+	for _, e := range w.Entries {
 		b = binary.LittleEndian.AppendUint64(b, e.Addr)
 		b = binary.LittleEndian.AppendUint64(b, e.Len)
 		b = binary.LittleEndian.AppendUint64(b, uint64(max(e.At, 0)))
+		var sum uint32
+		if withData {
+			sum = codec.Checksum(e.Data)
+		}
+		b = binary.LittleEndian.AppendUint32(b, sum)
+		b = binary.LittleEndian.AppendUint32(b, 0)
+	}
+	tableEnd := len(b)
+	for _, e := range w.Entries {
+		b = append(b, e.Data...)
 	}
 	h := b[:wsHeaderSize]
 	copy(h, wsMagic)
@@ -134,7 +171,10 @@ func (w *WorkingSet) MarshalBinary() ([]byte, error) {
 	le.PutUint64(h[24:], uint64(len(w.Entries)))
 	le.PutUint64(h[32:], uint64(max(w.Span, 0)))
 	copy(h[40:40+wsReasonLen], w.Stop)
-	le.PutUint32(h[52:], codec.Checksum(b[wsHeaderSize:]))
+	le.PutUint32(h[52:], codec.Checksum(b[wsHeaderSize:tableEnd]))
+	if withData {
+		le.PutUint32(h[56:], wsFlagData)
+	}
 	le.PutUint32(h[60:], codec.Checksum(h[:60]))
 	return b, nil
 }
@@ -167,13 +207,15 @@ func ParseWorkingSet(b []byte) (*WorkingSet, error) {
 	if n > maxWSEntries {
 		return nil, fmt.Errorf("%w: %d entries, at most %d", ErrCorrupt, n, maxWSEntries)
 	}
-	if want := wsHeaderSize + wsEntrySize*n; uint64(len(b)) != want {
-		if uint64(len(b)) < want {
-			return nil, fmt.Errorf("%w: %d bytes, %d entries need %d", ErrTruncated, len(b), n, want)
-		}
-		return nil, fmt.Errorf("%w: %d bytes, %d entries need %d", ErrCorrupt, len(b), n, want)
+	flags := le.Uint32(h[56:])
+	if flags&^wsFlagData != 0 {
+		return nil, fmt.Errorf("%w: unknown flags %#x", ErrCorrupt, flags)
 	}
-	if got := codec.Checksum(b[wsHeaderSize:]); got != le.Uint32(h[52:]) {
+	tableEnd := wsHeaderSize + wsEntrySize*n
+	if uint64(len(b)) < tableEnd {
+		return nil, fmt.Errorf("%w: %d bytes, %d entries need %d", ErrTruncated, len(b), n, tableEnd)
+	}
+	if got := codec.Checksum(b[wsHeaderSize:tableEnd]); got != le.Uint32(h[52:]) {
 		return nil, fmt.Errorf("%w: entries", ErrHeaderChecksum)
 	}
 	reason := h[40 : 40+wsReasonLen]
@@ -193,13 +235,31 @@ func ParseWorkingSet(b []byte) (*WorkingSet, error) {
 		Stop:     string(reason),
 		Entries:  make([]WorkingSetEntry, 0, n), // bounded by len(b) above
 	}
+	withData := flags&wsFlagData != 0
+	off := tableEnd // of the next entry's bytes
 	for i := range n {
 		e := b[wsHeaderSize+wsEntrySize*i:]
 		en := WorkingSetEntry{Addr: le.Uint64(e), Len: le.Uint64(e[8:]), At: time.Duration(min(le.Uint64(e[16:]), 1<<62))}
 		if en.Len == 0 || en.Addr%pageSize != 0 || en.Len%pageSize != 0 || en.End() < en.Addr {
 			return nil, fmt.Errorf("%w: entry %d %#x+%#x is not a page-aligned range", ErrCorrupt, i, en.Addr, en.Len)
 		}
+		sum := le.Uint32(e[24:])
+		if withData {
+			if en.Len > uint64(len(b))-off {
+				return nil, fmt.Errorf("%w: entry %d's bytes end past the file (%d bytes)", ErrTruncated, i, len(b))
+			}
+			en.Data = b[off : off+en.Len : off+en.Len]
+			off += en.Len
+			if got := codec.Checksum(en.Data); got != sum {
+				return nil, fmt.Errorf("%w: bytes of entry %d at %#x: crc32c %08x, entry says %08x", ErrHeaderChecksum, i, en.Addr, got, sum)
+			}
+		} else if sum != 0 || le.Uint32(e[28:]) != 0 {
+			return nil, fmt.Errorf("%w: entry %d has a checksum but no bytes", ErrCorrupt, i)
+		}
 		w.Entries = append(w.Entries, en)
+	}
+	if uint64(len(b)) != off {
+		return nil, fmt.Errorf("%w: %d bytes after the working set", ErrCorrupt, uint64(len(b))-off)
 	}
 	return w, nil
 }
@@ -246,7 +306,7 @@ func readWorkingSet(d *os.File, pid int, id SnapshotID, trust bool) (*WorkingSet
 			return nil, err
 		}
 	}
-	if st.Size() > wsHeaderSize+wsEntrySize*maxWSEntries {
+	if st.Size() > wsHeaderSize+wsEntrySize*maxWSEntries+MaxWorkingSetData {
 		return nil, fmt.Errorf("%s: %w: %d bytes", path, ErrCorrupt, st.Size())
 	}
 	b := make([]byte, st.Size())

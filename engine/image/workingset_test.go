@@ -18,6 +18,48 @@ func testWorkingSet(id SnapshotID, pid int) *WorkingSet {
 	}}
 }
 
+// withData gives w's entries bytes.
+func withData(w *WorkingSet) *WorkingSet {
+	for i := range w.Entries {
+		e := &w.Entries[i]
+		e.Data = make([]byte, e.Len)
+		synth("random", e.Data, e.Addr)
+	}
+	return w
+}
+
+func TestWorkingSetData(t *testing.T) {
+	w := withData(testWorkingSet(SnapshotID{1, 2}, 3))
+	b, err := w.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseWorkingSet(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.HasData() || !reflect.DeepEqual(got, w) {
+		t.Fatalf("read back %+v", got.Entries)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"data bit flip", func() []byte { c := append([]byte(nil), b...); c[len(c)-100] ^= 1; return c }(), ErrHeaderChecksum},
+		{"data truncated", b[:len(b)-4096], ErrTruncated},
+		{"data trailing", append(append([]byte(nil), b...), 0), ErrCorrupt},
+	} {
+		if _, err := ParseWorkingSet(tc.b); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	w.Entries[1].Data = nil
+	if _, err := w.MarshalBinary(); err == nil {
+		t.Error("marshalled a working set with bytes for some entries only")
+	}
+}
+
 func TestWorkingSetRoundTrip(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "snap")
 	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
@@ -130,6 +172,10 @@ func FuzzWorkingSet(f *testing.F) {
 	b, _ := testWorkingSet(SnapshotID{1, 2}, 3).MarshalBinary()
 	f.Add(b)
 	f.Add(b[:64])
+	w := testWorkingSet(SnapshotID{1, 2}, 3)
+	w.Entries = w.Entries[1:2]
+	b, _ = withData(w).MarshalBinary()
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		w, err := ParseWorkingSet(b)
 		if err != nil {
