@@ -6,8 +6,8 @@ import (
 	"errors"
 	"io"
 	"os"
-	"slices"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
