@@ -22,6 +22,8 @@ type sizeResult struct {
 	Restores  []*restoreResult
 	Baselines []*baselineResult
 	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
+	// WorkingSet is the working-set series (workingset.go).
+	WorkingSet []*wsResult `json:",omitempty"`
 	Elapsed   time.Duration
 }
 
