@@ -85,6 +85,11 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		opts.LazyOptions.Holder = k
 	}
 	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
+	defer func() {
+		if r.wsLoad != nil {
+			r.wsLoad() // it reads through snap's directory, closed next
+		}
+	}()
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
 	}
@@ -100,6 +105,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		t.Close()
 	}()
 	err = runSteps(ctx, log, "restore", []namedStep{
+		{"working set", r.loadWorkingSet}, // read while the rest goes on
 		{"create process", r.createProcess},
 		{"unmap stub", r.unmapStub},
 		{"move vdso", r.moveVDSO},

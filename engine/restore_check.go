@@ -37,6 +37,8 @@ type restorer struct {
 	running bool
 	lazy    *lazyState
 	keeper  *uffd.Keeper // the keeper Restore started, if any
+	// wsLoad waits for the working set loadWorkingSet started reading.
+	wsLoad func() (*image.WorkingSet, error)
 }
 
 // restoreFDs recreates every descriptor (engine/fds) and closes the

@@ -84,15 +84,11 @@ type WorkingSetResult struct {
 // it returns nil and src, with a warning naming the file if there is one.
 func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
 	o := r.opts.LazyOptions
-	if o.WorkingSet == WorkingSetOff || o.Record != nil {
+	if r.wsLoad == nil {
 		return nil, src
 	}
-	pid, err := SnapshotPID(r.snap)
-	if err != nil {
-		return nil, src
-	}
-	ws, err := r.snap.WorkingSet(pid)
-	if errors.Is(err, os.ErrNotExist) {
+	ws, err := r.wsLoad()
+	if ws == nil && err == nil {
 		return nil, src
 	}
 	if err != nil {
@@ -100,7 +96,7 @@ func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]un
 		r.log.Warn("working set ignored: the restore goes on without it", "err", err)
 		return nil, src
 	}
-	res.Path = filepath.Join(r.snap.Dir, image.WorkingSetName(pid))
+	res.Path = filepath.Join(r.snap.Dir, image.WorkingSetName(ws.PID))
 	var out []units.Range
 	if ws.HasData() && o.WorkingSet != WorkingSetBlocks {
 		out, src = r.workingSetCopy(ws, src, res)
@@ -110,6 +106,34 @@ func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]un
 	res.Used, res.Ranges = len(out) > 0, len(out)
 	r.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes, "copy", res.Copy)
 	return out, src
+}
+
+// loadWorkingSet starts reading the working set beside the snapshot, if
+// the restore uses one, while the restore goes on; r.wsLoad waits for it
+// and returns it (nil, nil if there is none).
+func (r *restorer) loadWorkingSet(context.Context) error {
+	o := r.opts.LazyOptions
+	if r.opts.Lazy == nil || o.WorkingSet == WorkingSetOff || o.Record != nil {
+		return nil
+	}
+	pid, err := SnapshotPID(r.snap)
+	if err != nil {
+		return err
+	}
+	var ws *image.WorkingSet
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ws, err = r.snap.WorkingSet(pid)
+		if errors.Is(err, os.ErrNotExist) {
+			ws, err = nil, nil
+		}
+	}()
+	r.wsLoad = func() (*image.WorkingSet, error) {
+		<-done
+		return ws, err
+	}
+	return nil
 }
 
 // workingSetBlocks returns the lazily served blocks that hold ws, in the
