@@ -24,7 +24,7 @@ type sizeResult struct {
 	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
 	// WorkingSet is the working-set series (workingset.go).
 	WorkingSet []*wsResult `json:",omitempty"`
-	Elapsed   time.Duration
+	Elapsed    time.Duration
 }
 
 // weightsResult is the weightserver series of one advice: its snapshot
