@@ -22,9 +22,10 @@ type sizeResult struct {
 	Restores  []*restoreResult
 	Baselines []*baselineResult
 	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
+	Elapsed   time.Duration
+
 	// WorkingSet is the working-set series (workingset.go).
 	WorkingSet []*wsResult `json:",omitempty"`
-	Elapsed    time.Duration
 }
 
 // weightsResult is the weightserver series of one advice: its snapshot
