@@ -302,7 +302,7 @@ func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager
 			e.Data = buf
 		}
 	}
-	if err := image.WriteWorkingSet(r.snap.Dir, ws); err != nil {
+	if err := r.snap.WriteWorkingSet(ws); err != nil {
 		r.log.Warn("working set not written", "err", err)
 		return
 	}

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -335,59 +336,72 @@ func checkWorkingSet(w *WorkingSet, pid int, id SnapshotID) error {
 	return nil
 }
 
-// WriteWorkingSet writes w beside the snapshot in dir, atomically: a
-// temporary file of a new name, synced, checked by reading it back, then
-// renamed over the old one. A writer killed at any point leaves the old
-// file (or none) and at most a temporary file, never a partial working
-// set. The file is mode 0644, like the snapshot's.
+// WriteWorkingSet writes w beside the snapshot, through its directory
+// (never following a link), atomically: a temporary file of a new name,
+// synced, checked by reading it back, then renamed over the old one. A
+// writer killed at any point leaves the old file (or none) and at most a
+// temporary file, never a partial working set. The file is mode 0600,
+// like the snapshot's: it holds process memory.
+func (s *Snapshot) WriteWorkingSet(w *WorkingSet) error { return writeWorkingSet(s.dir, w) }
+
+// WriteWorkingSet writes w into the snapshot directory dir, as
+// Snapshot.WriteWorkingSet does.
 func WriteWorkingSet(dir string, w *WorkingSet) error {
+	d, err := openDir(dir)
+	if err != nil {
+		return fmt.Errorf("write working set: %w", err)
+	}
+	defer d.Close()
+	return writeWorkingSet(d, w)
+}
+
+func writeWorkingSet(d *os.File, w *WorkingSet) error {
 	b, err := w.MarshalBinary()
 	if err != nil {
 		return err
 	}
 	name := WorkingSetName(w.PID)
-	f, err := os.CreateTemp(dir, "."+name+".*.tmp")
+	path := filepath.Join(d.Name(), name)
+	dfd := int(d.Fd())
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return fmt.Errorf("write working set %s: %w", path, err)
+	}
+	tmp := fmt.Sprintf(".%s.%x.tmp", name, rnd)
+	fd, err := unix.Openat(dfd, tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("write working set: %w", err)
+		return fmt.Errorf("write working set %s: %w", path, err)
 	}
-	tmp := f.Name()
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("write working set %s: %w", filepath.Join(dir, name), err)
+	f := os.NewFile(uintptr(fd), filepath.Join(d.Name(), tmp))
+	err = func() error {
+		if _, err := f.Write(b); err != nil {
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		back := make([]byte, len(b)+1)
+		n, err := f.ReadAt(back, 0)
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if _, err := ParseWorkingSet(back[:n]); err != nil {
+			return fmt.Errorf("reading it back: %w", err)
+		}
+		return nil
+	}()
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if _, err := f.Write(b); err != nil {
-		return fail(err)
+	if err == nil {
+		err = unix.Renameat(dfd, tmp, dfd, name)
 	}
-	if err := f.Chmod(0o644); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	back := make([]byte, len(b)+1)
-	n, err := f.ReadAt(back, 0)
-	if err != nil && err != io.EOF {
-		return fail(err)
-	}
-	if _, err := ParseWorkingSet(back[:n]); err != nil {
-		return fail(fmt.Errorf("reading it back: %w", err))
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write working set %s: %w", filepath.Join(dir, name), err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write working set: %w", err)
-	}
-	d, err := os.Open(dir)
 	if err != nil {
-		return nil // renamed; only the directory's sync is lost
+		unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("write working set %s: %w", path, err)
 	}
-	defer d.Close()
-	if err := unix.Fsync(int(d.Fd())); err != nil {
-		return fmt.Errorf("write working set: sync %s: %w", dir, err)
+	if err := unix.Fsync(dfd); err != nil {
+		return fmt.Errorf("write working set %s: sync the directory: %w", path, err)
 	}
 	return nil
 }

@@ -82,6 +82,9 @@ func TestWorkingSetRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, w) {
 		t.Fatalf("read back %+v, wrote %+v", got, w)
 	}
+	if st, err := os.Stat(filepath.Join(dir, WorkingSetName(42))); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("working set file: %v, mode %v; want 0600 (it may hold memory)", err, st.Mode())
+	}
 	if got.Bytes() != (64+4+1024)<<10 {
 		t.Fatalf("Bytes %d", got.Bytes())
 	}
