@@ -128,8 +128,12 @@ func TestWorkingSet(t *testing.T) {
 		{"replay-mount", nil},
 		{"replay-direct", []string{"--source", "direct"}},
 		{"replay-blocks", []string{"--working-set", "blocks"}},
+		{"replay-lazyfs-mount", []string{"--mount"}}, // + the mount, made below
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "replay-lazyfs-mount" {
+				tc.flags = append(tc.flags, lazyMountLazyfs(t, dir))
+			}
 			r := restore(t, false, tc.flags...)
 			from := "its copy, "
 			if tc.name == "replay-blocks" {

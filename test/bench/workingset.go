@@ -163,6 +163,12 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 	return w, nil
 }
 
+// wsTimeout bounds one command of the series: the harness's bound, five
+// times over, since the series runs after the others on a machine that
+// may be shared (a server's start-up alone took over a minute at a load
+// of 50 on two CPUs).
+func (h *harness) wsTimeout() time.Duration { return 5 * h.opTimeout() }
+
 // wsAnswer is the timed answer of a case: "touch 1" or "token".
 func wsAnswer(c wsCase, r restoreRun) time.Duration {
 	if c.Token {
@@ -174,7 +180,7 @@ func wsAnswer(c wsCase, r restoreRun) time.Duration {
 // wsDump starts a server, learns its answers and dumps it with the
 // default option.
 func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string) (*snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
 	srv, err := startServer(ctx, h.tools, prog, h.size, extra, h.logPath, h.work)
 	if err != nil {
@@ -207,7 +213,7 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string)
 // wsRecord restores snap lazily recording its working set: "ping" and
 // "touch 1" are asked, then snapctl is sent SIGUSR1.
 func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) error {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
 	args := []string{"restore", "-D", snap.Dir, "--lazy", "--record-working-set", "--record-for", "5m"}
 	var out, errOut bytes.Buffer
@@ -255,7 +261,7 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) err
 // then kills the restored server.
 func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []string, c wsCase) (restoreRun, error) {
 	var run restoreRun
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
 	if alive(snap.PID) {
 		return run, fmt.Errorf("pid %d is taken before the restore", snap.PID)
