@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,7 +27,9 @@ func TestWorkingSet(t *testing.T) {
 	testutil.RequirePtrace(t)
 	testutil.RequireUserfaultfd(t)
 	testutil.RequireFUSE(t)
-	ctx := testContext(t)
+	// A dozen restores: twice the other tests' bound.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*testTimeout)
+	defer cancel()
 	p := fixture.Start(t, "modelserver", "64M")
 	port := int(p.Ready.MustInt(t, "port"))
 	wantTouch := lazyChecksumOf(lazyAsk(t, ctx, port, "touch 1"))
