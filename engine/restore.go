@@ -80,6 +80,8 @@ type RestoreResult struct {
 	// served through userfaultfd afterwards.
 	Filled uint64
 	Lazy   LazyStats
+	// WorkingSet says what a lazy restore did with working sets.
+	WorkingSet WorkingSetResult
 }
 
 // Restore rebuilds the process of the snapshot in opts.Dir and lets it
@@ -117,6 +119,11 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		opts.LazyOptions.Holder = k
 	}
 	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
+	defer func() {
+		if r.wsLoad != nil {
+			r.wsLoad() // it reads through snap's directory, closed next
+		}
+	}()
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
 	}
@@ -138,6 +145,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		t.Close()
 	}()
 	err = runSteps(ctx, log, "restore", []namedStep{
+		{"working set", r.loadWorkingSet}, // read while the rest goes on
 		{"create process", r.createProcess},
 		{"unmap stub", r.unmapStub},
 		{"move vdso", r.moveVDSO},
@@ -179,7 +187,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 	}
 	if opts.Lazy != nil {
-		if err := r.serveLazy(ctx, &res.Lazy); err != nil {
+		if err := r.serveLazy(ctx, &res.Lazy, &res.WorkingSet); err != nil {
 			return nil, step("lazy memory", err)
 		}
 	}

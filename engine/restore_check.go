@@ -50,6 +50,8 @@ type restorer struct {
 	// the injection area must not be.
 	tree   fds.Tree
 	layout []image.VMA
+	// wsLoad waits for the working set loadWorkingSet started reading.
+	wsLoad func() (*image.WorkingSet, error)
 }
 
 // restoreFDs recreates every descriptor (engine/fds) and closes the

@@ -184,7 +184,7 @@ func (tr *treeRestore) serveLazy(ctx context.Context, stats *LazyStats) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.servePages(ctx, &all[i]); err != nil {
+			if err := r.servePages(ctx, &all[i], &WorkingSetResult{}); err != nil {
 				errs[i] = fmt.Errorf("pid %d (%s): %w", r.st.PID, r.st.Comm, err)
 				cancel(errs[i])
 			}

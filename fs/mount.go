@@ -101,12 +101,19 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	readahead := c.Stats().MaxBytes >= minReadaheadCache
 	ropts := image.ReaderOptions{Cache: c, Threads: opts.DecompressThreads, Readahead: readahead, Logger: logger}
 	s := &Server{mountpoint: mnt, log: logger, done: make(chan struct{})}
+	// MNT/PID/workingset reads the snapshot directory again later, from
+	// wherever the server's working directory is then.
+	absDir, err := filepath.Abs(snap.Dir)
+	if err != nil {
+		return nil, err
+	}
 	for _, pid := range snap.PIDs() {
 		p, err := openProcess(snap, pid, ropts)
 		if err != nil {
 			s.closeReaders()
 			return nil, err
 		}
+		p.ws = wsSource{dir: absDir, id: snap.ID(), trust: opts.TrustSnapshot}
 		s.procs = append(s.procs, p)
 	}
 

@@ -8,10 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
@@ -59,6 +61,22 @@ it rather than run with memory missing. A page that cannot be read (a
 corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
+Working sets: with --lazy --record-working-set, the restore records the
+memory the process faults in, in order (the background prefetch waits
+meanwhile, so that every page it needs comes by a fault), until --record-for
+has passed, --record-faults faults were served, or snapctl receives SIGUSR1
+(send it once the process has answered what it should learn, e.g. its first
+request: kill -USR1 SNAPCTL_PID); then it writes DIR/workingset-PID.img
+(atomically: a restore killed before leaves the previous one, or none) and
+streams in the rest. The file holds the touched pages' addresses and a copy
+of their bytes, laid out contiguously and checksummed. Every later --lazy
+restore of the snapshot reads that copy in one go and places it first, in
+the recorded order, while faults are still served at once (--working-set
+blocks fetches the snapshot's blocks that hold those pages instead);
+--working-set off ignores it. A working set recorded on
+another snapshot, or damaged, is ignored with a warning naming it: it only
+orders reads, and never changes what the process reads.
+
 Established TCP connections are closed (their peers saw a reset when the
 dumped process went away); listening sockets listen again.
 
@@ -91,6 +109,10 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
 	pidns := fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
 	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
+	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot, from its own copy of the memory), blocks (the same from the snapshot's blocks that hold it) or off")
+	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
+	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
+	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
 	fl.Bool("tcp-close", true, "close established TCP connections: the only mode, on by default")
 	verbose := fl.Bool("v", false, "log each step")
 	remote := cli.RemoteFlags(fl, true)
@@ -105,6 +127,9 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	open := image.OpenOptions{Trust: *trust, Remote: remote.Options()}
 	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
+		return err
+	}
+	if err := checkWorkingSetFlags(fl, *lazy, *workingSet, *record, *recordFor, *recordFaults); err != nil {
 		return err
 	}
 	level := slog.LevelWarn
@@ -169,6 +194,24 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		// stored as is comes from the pages file, whose page cache every
 		// restore on the host shares as it would share the mount's.
 		opts.LazyOptions.RawDirect = *source == "mount"
+		switch *workingSet {
+		case "off":
+			opts.LazyOptions.WorkingSet = engine.WorkingSetOff
+		case "blocks":
+			opts.LazyOptions.WorkingSet = engine.WorkingSetBlocks
+		}
+		if *record {
+			stop := make(chan struct{})
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGUSR1)
+			defer signal.Stop(sig)
+			go func() {
+				if _, ok := <-sig; ok {
+					close(stop)
+				}
+			}()
+			opts.LazyOptions.Record = &engine.RecordOptions{For: *recordFor, Faults: *recordFaults, Stop: stop}
+		}
 		if tty {
 			progress = newLazyProgress(stderr)
 			defer progress.stop()
@@ -183,7 +226,43 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		return err
 	}
 	printRestored(stdout, res, *lazy)
+	printWorkingSet(stdout, res.WorkingSet)
 	return nil
+}
+
+// checkWorkingSetFlags refuses the working-set flags without --lazy and
+// values that mean nothing.
+func checkWorkingSetFlags(fl *cli.FlagSet, lazy bool, mode string, record bool, recordFor time.Duration, faults int) error {
+	set := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !lazy && (set["working-set"] || record) {
+		return cli.Usagef("--working-set and --record-working-set need --lazy")
+	}
+	if !record && (set["record-for"] || set["record-faults"]) {
+		return cli.Usagef("--record-for and --record-faults need --record-working-set")
+	}
+	if mode != "auto" && mode != "off" && mode != "blocks" {
+		return cli.Usagef("--working-set %q: want auto, blocks or off", mode)
+	}
+	if recordFor < 0 || faults < 0 {
+		return cli.Usagef("--record-for and --record-faults must not be negative")
+	}
+	return nil
+}
+
+// printWorkingSet says what the restore did with working sets.
+func printWorkingSet(w io.Writer, ws engine.WorkingSetResult) {
+	switch {
+	case ws.Recorded:
+		fmt.Fprintf(w, "working set recorded: %s in %d ranges over %s (stopped by %s) in %s\n",
+			units.FormatSize(ws.Bytes), ws.Ranges, ws.Span.Round(time.Millisecond), ws.Stop, ws.Path)
+	case ws.Used:
+		from := "the snapshot's blocks"
+		if ws.Copy {
+			from = "its copy"
+		}
+		fmt.Fprintf(w, "working set: %s in %d ranges fetched first from %s, %s\n", units.FormatSize(ws.Bytes), ws.Ranges, from, ws.Path)
+	}
 }
 
 // checkLazyFlags refuses the lazy restore's flags without --lazy, and

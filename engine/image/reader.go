@@ -47,6 +47,7 @@ type Snapshot struct {
 	Manifest *Manifest
 	manifest []byte // snapshot.json as read
 	store    Store
+	trust    bool // OpenOptions.Trust
 }
 
 // OpenOptions tune OpenWith.
@@ -81,6 +82,7 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 		st.Close()
 		return nil, err
 	}
+	s.trust = o.Trust
 	return s, nil
 }
 

@@ -27,6 +27,9 @@ type sizeResult struct {
 	Codecs    []*codecResult    `json:",omitempty"` // the codec series
 	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
 	Elapsed   time.Duration
+
+	// WorkingSet is the working-set series (workingset.go).
+	WorkingSet []*wsResult `json:",omitempty"`
 }
 
 // weightsResult is the weightserver series of one advice: its snapshot
