@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
