@@ -22,6 +22,11 @@
 // in one order (parents first) and link what they share (fds.DumpTree,
 // fds.MakeShared, mem.TreeObjects) through snapctl (broker).
 //
+// Restore can place the process in new pid, mount and network namespaces
+// (RestoreOptions.Namespaces, restore_ns.go), its original pid kept inside
+// and a small init its parent there (pidns_init.go), so that one snapshot
+// restores many times at once.
+//
 // The lazy restore's pages come from an io.ReaderAt the caller gives
 // (RestoreOptions.Lazy): a lazyfs mount's mem file or the snapshot's own
 // reader; the engine does not know which.

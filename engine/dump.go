@@ -34,7 +34,10 @@ type DumpOptions struct {
 	BlockSize int
 	Mode      codec.Mode
 	Workers   int
-	Logger    *slog.Logger
+	// Remote configures the store when Dir is an address
+	// (s3://BUCKET/PREFIX).
+	Remote image.RemoteOptions
+	Logger *slog.Logger
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.
 	Progress func(done, total uint64)
@@ -128,7 +131,7 @@ func (d *dumper) check(context.Context) error { return precheck(d.pid) }
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote})
 	return err
 }
 

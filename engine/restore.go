@@ -21,6 +21,9 @@ type RestoreOptions struct {
 	// TrustSnapshot accepts a snapshot that users other than the caller
 	// and root can change (image.OpenOptions.Trust).
 	TrustSnapshot bool
+	// Remote configures the store when Dir is an address
+	// (s3://BUCKET/PREFIX).
+	Remote image.RemoteOptions
 	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
 	// automatic, N a maximum. The writes that place memory in the process
 	// (page faults, mostly) run on every CPU whatever its value.
@@ -40,8 +43,12 @@ type RestoreOptions struct {
 	LazyOf func(pid int) (io.ReaderAt, error)
 	// LazyOptions tune the lazy phase (with Lazy or LazyOf).
 	LazyOptions LazyOptions
-	// Running, if set, is called once the process runs (before the lazy
-	// phase ends): the place to write a pidfile.
+	// Namespaces say which namespaces the process lives in: new pid and
+	// mount ones, another network one (see Namespaces).
+	Namespaces Namespaces
+	// Running, if set, is called with the process's pid in our pid
+	// namespace once it runs (before the lazy phase ends): the place to
+	// write a pidfile.
 	Running func(pid int) error
 	// Progress, if set, is called with the memory bytes restored so far.
 	Progress func(done, total uint64)
@@ -69,7 +76,12 @@ type RestoreOptions struct {
 
 // RestoreResult describes a finished restore.
 type RestoreResult struct {
+	// PID is the process's pid in our pid namespace: the one to signal.
 	PID int
+	// OwnPID is its pid in its own pid namespace (the one it had), and
+	// InitPID our pid of that namespace's init, with Namespaces.PID
+	// (InitPID is PID when the process is the init); 0 otherwise.
+	OwnPID, InitPID int
 	// Processes is how many processes the tree has (1: a single one).
 	Processes int
 	// Threads is how many threads, all processes together.
@@ -82,6 +94,8 @@ type RestoreResult struct {
 	// served through userfaultfd afterwards.
 	Filled uint64
 	Lazy   LazyStats
+	// WorkingSet says what a lazy restore did with working sets.
+	WorkingSet WorkingSetResult
 }
 
 // Restore rebuilds the process of the snapshot in opts.Dir and lets it
@@ -93,7 +107,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if opts.LeaveStopped && (opts.Lazy != nil || opts.LazyOf != nil) {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote})
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}
@@ -119,8 +133,19 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		opts.LazyOptions.Holder = k
 	}
 	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
+	defer func() {
+		if r.wsLoad != nil {
+			r.wsLoad() // it reads through snap's directory, closed next
+		}
+	}()
 	if err := r.check(); err != nil {
 		return nil, step("check", err)
+	}
+	if ns := opts.Namespaces.Net; ns != "" && ns != NetNew {
+		if r.netns, err = OpenNetns(ns); err != nil {
+			return nil, step("check", err)
+		}
+		defer r.netns.Close()
 	}
 	// Past its checks, the restore releases the network lock however it
 	// ends: as soon as the process is made (or not), before a lazy phase.
@@ -138,6 +163,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		t.Close()
 	}()
 	err = runSteps(ctx, log, "restore", []namedStep{
+		{"working set", r.loadWorkingSet}, // read while the rest goes on
 		{"create process", r.createProcess},
 		{"unmap stub", r.unmapStub},
 		{"move vdso", r.moveVDSO},
@@ -162,19 +188,25 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		return nil, err
 	}
 	r.running = true
-	res = &RestoreResult{PID: st.PID, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	res = &RestoreResult{PID: r.pid, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
+	if opts.Namespaces.PID {
+		res.OwnPID, res.InitPID = st.OwnPID(), r.initPID
+		if r.initPID == 0 {
+			res.InitPID = r.pid
+		}
+	}
 	if opts.LeaveStopped {
-		if err := waitStopped(ctx, st.PID, len(st.Threads)); err != nil {
+		if err := waitStopped(ctx, r.pid, len(st.Threads)); err != nil {
 			return nil, step("leave stopped", err)
 		}
 	}
 	if opts.Running != nil {
-		if err := opts.Running(st.PID); err != nil {
+		if err := opts.Running(r.pid); err != nil {
 			return nil, step("running", err)
 		}
 	}
 	if opts.Lazy != nil {
-		if err := r.serveLazy(ctx, &res.Lazy); err != nil {
+		if err := r.serveLazy(ctx, &res.Lazy, &res.WorkingSet); err != nil {
 			return nil, step("lazy memory", err)
 		}
 	}
@@ -220,13 +252,17 @@ func (r *restorer) abort() {
 		// ran) is no longer the tracer's to kill: kill it by pid.
 		if err := r.child.Kill(); err != nil || r.running {
 			if err != nil {
-				r.log.Error("kill half-restored process", "pid", r.st.PID, "err", err)
+				r.log.Error("kill half-restored process", "pid", r.pid, "err", err)
 			}
-			unix.Kill(r.st.PID, unix.SIGKILL)
+			unix.Kill(r.pid, unix.SIGKILL)
 		}
 	}
 	if r.stub != nil {
 		r.stub.Kill()
+	}
+	if r.initPID != 0 {
+		// The namespace's init: the kernel kills what is left in it.
+		unix.Kill(r.initPID, unix.SIGKILL)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"golang.org/x/sys/unix"
 
@@ -24,8 +25,15 @@ type restorer struct {
 
 	stub  *ptrace.Process // the exec'd stub the process is cloned from
 	child *ptrace.Process // the restored process
-	in    *ptrace.Injector
-	area  uint64 // our stub page and scratch in the child
+	// pid is the restored process's pid in our pid namespace: st.PID,
+	// or another with Namespaces.PID.
+	pid int
+	// initPID is our pid of the init of the process's new pid namespace
+	// (Namespaces.PID), once it runs; 0 if none.
+	initPID int
+	netns   *os.File // the network namespace to join (Namespaces.Net)
+	in      *ptrace.Injector
+	area    uint64 // our stub page and scratch in the child
 	// threads are the restored threads, in the order of st.Threads.
 	threads []*ptrace.Thread
 	// shmem maps a shared object id to the fd of it in the child while
@@ -42,6 +50,8 @@ type restorer struct {
 	// the injection area must not be.
 	tree   fds.Tree
 	layout []image.VMA
+	// wsLoad waits for the working set loadWorkingSet started reading.
+	wsLoad func() (*image.WorkingSet, error)
 }
 
 // restoreFDs recreates every descriptor (engine/fds) and closes the
@@ -89,13 +99,8 @@ func (r *restorer) check() error {
 	if rel := unix.ByteSliceToString(u.Release[:]); k.Release != rel || k.Machine != unix.ByteSliceToString(u.Machine[:]) {
 		return fmt.Errorf("%w: dumped on %s %s, this is %s: the vDSO would not match", ErrKernelMismatch, k.Release, k.Machine, rel)
 	}
-	if busy, comm := pidInUse(st.PID); busy {
-		return fmt.Errorf("%w: pid %d is taken by %q", ErrPIDInUse, st.PID, comm)
-	}
-	for _, th := range st.Threads {
-		if busy, comm := pidInUse(th.TID); busy {
-			return fmt.Errorf("%w: thread id %d is taken by %q", ErrPIDInUse, th.TID, comm)
-		}
+	if err := r.checkPIDs(); err != nil {
+		return err
 	}
 	if len(st.Threads) == 0 || st.Threads[0].TID != st.PID {
 		return fmt.Errorf("%w: the first thread is not the process leader", image.ErrCorrupt)
@@ -114,9 +119,39 @@ func (r *restorer) check() error {
 		if err := fds.Check(f); err != nil {
 			return fmt.Errorf("fd %d: %w", f.FD, err)
 		}
+		if s := f.Socket; s != nil && s.TCP != nil && r.opts.TCPEstablished && r.opts.Namespaces.Net != "" {
+			// The peer and the lock are in our namespace; a copy restored
+			// in another would be a second end of the same connection.
+			return fmt.Errorf("%w: fd %d is a TCP connection kept by the dump (%s-%s), which lives in snapctl's network namespace with its lock: restore it without --netns, or without --tcp-established (it then comes back closed)",
+				ErrUnsupported, f.FD, s.Local, s.Peer)
+		}
 	}
 	if r.tree != nil {
 		return nil // the tree checks its descriptors leading outside together
 	}
 	return fds.CheckExternal([]*image.Process{st}, r.fdOptions())
+}
+
+// checkPIDs refuses ids that are taken, where the process is to have
+// them: in our pid namespace. A new one is empty; the ids there are the
+// process's own view (image.Process.OwnPID), which a snapshot of a
+// process in a pid namespace below ours can only have in a new one.
+func (r *restorer) checkPIDs() error {
+	st := r.st
+	if r.opts.Namespaces.PID {
+		return nil
+	}
+	if len(st.NSPID) > 0 {
+		return fmt.Errorf("%w: the process lived in a pid namespace (pid %d there, %d outside): it restores into a new one only (--pidns)",
+			ErrUnsupported, st.OwnPID(), st.PID)
+	}
+	if busy, comm := pidInUse(st.PID); busy {
+		return fmt.Errorf("%w: pid %d is taken by %q", ErrPIDInUse, st.PID, comm)
+	}
+	for _, th := range st.Threads {
+		if busy, comm := pidInUse(th.TID); busy {
+			return fmt.Errorf("%w: thread id %d is taken by %q", ErrPIDInUse, th.TID, comm)
+		}
+	}
+	return nil
 }

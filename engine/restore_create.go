@@ -23,14 +23,22 @@ const (
 )
 
 // createProcess starts a stub program stopped before its first
-// instruction and clones the process out of it with its original pid.
+// instruction and clones the process out of it with its original pid: in
+// our pid namespace, or in a new one (Namespaces.PID) of which the stub
+// is the init, its pid there the one it saw. The stub starts in the new
+// namespaces the restore asks for, and the process, its child, inherits
+// them.
 func (r *restorer) createProcess(ctx context.Context) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	stub, err := r.t.StartStopped(exe, []string{"lazyfs-restore-stub"}, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL})
+	flags, argv, files, stubIsInit := r.stubNamespaces()
+	stub, err := r.t.StartStopped(exe, argv, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL, Cloneflags: flags, Files: files})
 	if err != nil {
+		if flags != 0 {
+			return nsError("new "+nsNames(flags)+" namespace", err)
+		}
 		return fmt.Errorf("start stub: %w", err)
 	}
 	r.stub = stub
@@ -38,17 +46,30 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stub: %w", err)
 	}
-	th, err := in.Clone3(ptrace.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{r.st.PID}})
+	defer in.Close()
+	if err := r.setUpStub(in, flags); err != nil {
+		return err
+	}
+	own := r.st.OwnPID()
+	var cloneFlags uint64
+	if r.opts.Namespaces.PID && !stubIsInit {
+		cloneFlags = unix.CLONE_NEWPID // the process is the new namespace's init
+	}
+	th, err := in.Clone3(ptrace.CloneArgs{Flags: cloneFlags, ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{own}})
 	if err != nil {
-		in.Close()
 		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, r.st.PID)
+			return fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, own)
 		}
-		return fmt.Errorf("clone3 with pid %d: %w", r.st.PID, err)
+		return fmt.Errorf("clone3 with pid %d: %w", own, err)
 	}
 	r.child = th.Process()
-	if th.Tid() != r.st.PID {
-		return fmt.Errorf("clone3 made pid %d, wanted %d", th.Tid(), r.st.PID)
+	r.pid = th.Tid()
+	if r.opts.Namespaces.PID {
+		if err := checkOwnPID(r.pid, own); err != nil {
+			return err
+		}
+	} else if r.pid != own {
+		return fmt.Errorf("clone3 made pid %d, wanted %d", r.pid, own)
 	}
 	if err := th.SetOptions(unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE); err != nil {
 		return err
@@ -69,13 +90,41 @@ func (r *restorer) createProcess(ctx context.Context) error {
 		return err
 	}
 	r.threads = []*ptrace.Thread{th}
+	if r.opts.Namespaces.PID {
+		if err := r.mountProc(); err != nil {
+			return err
+		}
+	}
+	if err := in.Close(); err != nil {
+		return fmt.Errorf("stub: %w", err)
+	}
+	if stubIsInit {
+		// The stub runs on as the namespace's init, the process's parent.
+		if err := stub.Detach(); err != nil {
+			return fmt.Errorf("start the pid namespace's init: %w", err)
+		}
+		r.initPID, r.stub = stub.Pid(), nil
+		go reapInit(r.initPID)
+		return nil
+	}
 	// The stub has done its work; the process is reparented to init.
-	in.Close()
 	if err := stub.Kill(); err != nil {
 		return fmt.Errorf("kill stub: %w", err)
 	}
 	r.stub = nil
 	return nil
+}
+
+// reapInit waits for the pid namespace's init, our child, to exit, so
+// that it leaves no zombie while we run (a program that restores many
+// times). The tracer does not wait for it once detached.
+func reapInit(pid int) {
+	for {
+		_, err := unix.Wait4(pid, nil, 0, nil)
+		if err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // mapArea maps the injection area (stub page, scratch) at an address the

@@ -76,9 +76,15 @@ type LazyOptions struct {
 	// Restore starts.
 	Holder uffd.Holder
 	// Pager tunes the pager (chunk sizes, spinning, affinity); its
-	// Prefetch, Logger, Progress, Holder and PrefetchDelay are set by
-	// Restore, and its Workers if zero (see SourceWaits).
+	// Prefetch, Logger, Progress, Holder, PrefetchDelay, First, OnFault
+	// and HoldPrefetch are set by Restore, and its Workers if zero (see
+	// SourceWaits).
 	Pager uffd.Options
+	// WorkingSet says whether the working set beside the snapshot is
+	// fetched first (restore_workingset.go).
+	WorkingSet WorkingSetMode
+	// Record, if set, records a working set (and ignores the one there).
+	Record *RecordOptions
 }
 
 // KeeperArg0 is the argv[0] of the keeper process that a lazy restore
@@ -201,7 +207,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 	r.lazy = l
 	l.kill = r.killTree
 	var err error
-	if l.fd, err = mem.Userfaultfd(r.in, r.st.PID); err != nil {
+	if l.fd, err = mem.Userfaultfd(r.in, r.pid); err != nil {
 		return err
 	}
 	if _, _, err := uffd.API(l.fd, uffd.Features); err != nil {
@@ -261,7 +267,7 @@ func (r *restorer) prepareLazy(ctx context.Context) error {
 func (r *restorer) killTree() {
 	if r.child != nil {
 		if err := r.child.Kill(); err != nil {
-			unix.Kill(r.st.PID, unix.SIGKILL)
+			unix.Kill(r.pid, unix.SIGKILL)
 		}
 	}
 	for _, p := range r.t.Processes() {
@@ -313,8 +319,8 @@ func (r *restorer) finish(ctx context.Context) error {
 // serveLazy runs the pager until every page is in, then hands the
 // process its memory for good: unregister, close, detach (the process and
 // any child it forked meanwhile).
-func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
-	if err := r.servePages(ctx, stats); err != nil {
+func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats, wsr *WorkingSetResult) error {
+	if err := r.servePages(ctx, stats, wsr); err != nil {
 		return err
 	}
 	return r.detachTree()
@@ -322,11 +328,12 @@ func (r *restorer) serveLazy(ctx context.Context, stats *LazyStats) error {
 
 // servePages runs the pager until every page is in, then unregisters and
 // closes the userfaultfd; the process stays traced.
-func (r *restorer) servePages(ctx context.Context, stats *LazyStats) error {
+func (r *restorer) servePages(ctx context.Context, stats *LazyStats, wsr *WorkingSetResult) error {
 	l := r.lazy
 	o := r.opts.LazyOptions
 	po := o.Pager
 	po.Prefetch, po.PrefetchDelay, po.Logger, po.Progress, po.Holder = true, o.PrefetchDelay, r.log, o.Progress, o.Holder
+	rec := r.startRecording(&po, time.Now())
 	if po.Workers == 0 {
 		po.Workers = lazyWorkers(o.SourceWaits)
 	}
@@ -341,13 +348,27 @@ func (r *restorer) servePages(ctx context.Context, stats *LazyStats) error {
 	if o.RawDirect {
 		src = r.pages.Mixed(src)
 	}
+	po.First, src = r.workingSetFirst(src, wsr)
 	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go r.watchHelpers(ctx, cancel)
+	var recorded chan struct{}
+	if rec != nil {
+		recorded = make(chan struct{})
+		go func() {
+			defer close(recorded)
+			r.record(ctx, rec, l.pager, wsr)
+		}()
+	}
 	err := l.pager.Run(ctx)
+	cause := context.Cause(ctx)
+	if recorded != nil {
+		cancel(errLazyDone(err))
+		<-recorded
+	}
 	*stats = l.pager.Stats()
-	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+	if err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause // a helper died: say which
 	}
 	if err != nil {

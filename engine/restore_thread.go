@@ -17,14 +17,19 @@ const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLON
 // tid.
 func (r *restorer) createThreads(ctx context.Context) error {
 	for _, t := range r.st.Threads[1:] {
-		th, err := r.in.Clone3(ptrace.CloneArgs{Flags: threadFlags, SetTID: []int{t.TID}})
+		own := t.OwnTID()
+		th, err := r.in.Clone3(ptrace.CloneArgs{Flags: threadFlags, SetTID: []int{own}})
 		if err != nil {
-			return fmt.Errorf("clone3 thread %d: %w", t.TID, err)
-		}
-		if th.Tid() != t.TID {
-			return fmt.Errorf("clone3 made thread %d, wanted %d", th.Tid(), t.TID)
+			return fmt.Errorf("clone3 thread %d: %w", own, err)
 		}
 		r.threads = append(r.threads, th)
+		if r.opts.Namespaces.PID {
+			if err := checkOwnPID(th.Tid(), own); err != nil {
+				return err
+			}
+		} else if th.Tid() != own {
+			return fmt.Errorf("clone3 made thread %d, wanted %d", th.Tid(), own)
+		}
 	}
 	return nil
 }
@@ -99,9 +104,9 @@ func (r *restorer) pendingSignals(ctx context.Context) error {
 			}
 			var err error
 			if tid == 0 {
-				err = unix.Kill(r.st.PID, s)
+				err = unix.Kill(r.pid, s)
 			} else {
-				err = unix.Tgkill(r.st.PID, tid, s)
+				err = unix.Tgkill(r.pid, tid, s)
 			}
 			if err != nil {
 				return fmt.Errorf("queue pending signal %d: %w", sig, err)
@@ -112,8 +117,8 @@ func (r *restorer) pendingSignals(ctx context.Context) error {
 	if err := send(r.st.SigPending, 0); err != nil {
 		return err
 	}
-	for _, t := range r.st.Threads {
-		if err := send(t.SigPending, t.TID); err != nil {
+	for i, t := range r.st.Threads {
+		if err := send(t.SigPending, r.threads[i].Tid()); err != nil {
 			return fmt.Errorf("thread %d: %w", t.TID, err)
 		}
 	}
@@ -128,8 +133,8 @@ func (r *restorer) leaveStopped(ctx context.Context) error {
 	if !r.opts.LeaveStopped {
 		return nil
 	}
-	for _, t := range r.st.Threads {
-		if err := unix.Tgkill(r.st.PID, t.TID, unix.SIGSTOP); err != nil {
+	for i, t := range r.st.Threads {
+		if err := unix.Tgkill(r.pid, r.threads[i].Tid(), unix.SIGSTOP); err != nil {
 			return fmt.Errorf("SIGSTOP thread %d: %w", t.TID, err)
 		}
 	}

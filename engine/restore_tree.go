@@ -45,6 +45,9 @@ func restoreTree(ctx context.Context, opts RestoreOptions, snap *image.Snapshot,
 	if opts.LeaveStopped && opts.LazyOf != nil {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the processes stopped", ErrUnsupported)
 	}
+	if opts.Namespaces.any() {
+		return nil, step("check", fmt.Errorf("%w: a process tree (%d processes) restores in snapctl's namespaces only (--pidns and --netns take a single process)", ErrUnsupported, len(snap.PIDs())))
+	}
 	tr := &treeRestore{opts: opts, log: log, byPID: map[int]*restorer{}, b: newBroker()}
 	defer tr.b.close()
 	defer func() {
@@ -192,7 +195,7 @@ func (tr *treeRestore) serveLazy(ctx context.Context, stats *LazyStats) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.servePages(ctx, &all[i]); err != nil {
+			if err := r.servePages(ctx, &all[i], &WorkingSetResult{}); err != nil {
 				errs[i] = fmt.Errorf("pid %d (%s): %w", r.st.PID, r.st.Comm, err)
 				cancel(errs[i])
 			}
@@ -355,6 +358,7 @@ func (tr *treeRestore) clone(r *restorer) error {
 		return fmt.Errorf("clone3 with pid %d from %d: %w", r.st.PID, parent.st.PID, err)
 	}
 	r.child = th.Process()
+	r.pid = th.Tid() // a tree is restored in our pid namespace: its pids are ours
 	if th.Tid() != r.st.PID {
 		return fmt.Errorf("clone3 made pid %d, wanted %d", th.Tid(), r.st.PID)
 	}

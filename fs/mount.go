@@ -79,7 +79,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if _, err := CheckFUSE(); err != nil {
 		return nil, err
 	}
-	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot})
+	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote})
 	if errors.Is(err, image.ErrIncomplete) {
 		return nil, fmt.Errorf("%w (the dump did not finish: nothing to mount)", err)
 	}
@@ -101,12 +101,19 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	readahead := c.Stats().MaxBytes >= minReadaheadCache
 	ropts := image.ReaderOptions{Cache: c, Threads: opts.DecompressThreads, Readahead: readahead, Logger: logger}
 	s := &Server{mountpoint: mnt, log: logger, done: make(chan struct{})}
+	// MNT/PID/workingset reads the snapshot directory again later, from
+	// wherever the server's working directory is then.
+	absDir, err := filepath.Abs(snap.Dir)
+	if err != nil {
+		return nil, err
+	}
 	for _, pid := range snap.PIDs() {
 		p, err := openProcess(snap, pid, ropts)
 		if err != nil {
 			s.closeReaders()
 			return nil, err
 		}
+		p.ws = wsSource{dir: absDir, id: snap.ID(), trust: opts.TrustSnapshot}
 		s.procs = append(s.procs, p)
 	}
 
@@ -174,6 +181,9 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 
 // snapshotName is the source column of the mount in /proc/mounts.
 func snapshotName(dir string) string {
+	if image.IsRemote(dir) {
+		return dir
+	}
 	if abs, err := filepath.Abs(dir); err == nil {
 		return abs
 	}

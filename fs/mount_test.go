@@ -55,7 +55,7 @@ func TestMountTree(t *testing.T) {
 		t.Errorf("root holds %q, want %q", got, want)
 	}
 	pdir := filepath.Join(mnt, strconv.Itoa(pidA))
-	if got, want := names(pdir), []string{"core", "maps", "mem", "process.json", "regions", "stats"}; !slices.Equal(got, want) {
+	if got, want := names(pdir), []string{"core", "maps", "mem", "process.json", "regions", "stats", "workingset"}; !slices.Equal(got, want) {
 		t.Errorf("%s holds %q, want %q", pdir, got, want)
 	}
 	vmas := dumpedVMAs(layout())

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // PrivateArg0 is the argv[0] of the helper process that serves a private
@@ -46,6 +48,7 @@ type privateArgs struct {
 	DirectIO          bool
 	ReadaheadKB       int
 	TrustSnapshot     bool
+	Remote            image.RemoteOptions
 }
 
 // PrivateMount is a snapshot mounted for one reader: the MNT/PID/mem file
@@ -92,13 +95,16 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 	if len(pids) == 0 {
 		return nil, errors.New("private mount: no process")
 	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
+	abs := dir
+	if !image.IsRemote(dir) {
+		var err error
+		if abs, err = filepath.Abs(dir); err != nil {
+			return nil, err
+		}
 	}
 	args, err := json.Marshal(privateArgs{Dir: abs, PID: pids[0], Others: pids[1:], CacheSize: opts.CacheSize,
 		DecompressThreads: opts.DecompressThreads, DirectIO: opts.DirectIO, ReadaheadKB: opts.ReadaheadKB,
-		TrustSnapshot: opts.TrustSnapshot})
+		TrustSnapshot: opts.TrustSnapshot, Remote: opts.Remote})
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +331,7 @@ func PrivateMain(args []string) int {
 	}
 	defer os.Remove(tmp)
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
-		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot})
+		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}

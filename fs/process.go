@@ -23,6 +23,7 @@ type process struct {
 	release  string    // the kernel the snapshot was taken on
 	coreOnce sync.Once // lays out coreFile on first use
 	coreFile *coreFile // MNT/PID/core
+	ws       wsSource  // MNT/PID/workingset
 }
 
 // openProcess reads the state of pid and opens its pages.

@@ -13,7 +13,8 @@ import (
 // zipfs does:
 //
 //	snapshot.json
-//	PID/maps  PID/mem  PID/core  PID/process.json  PID/stats  PID/regions/START-END-PERMS[-NAME]
+//	PID/maps  PID/mem  PID/core  PID/process.json  PID/stats  PID/workingset
+//	PID/regions/START-END-PERMS[-NAME]
 type rootNode struct {
 	dirNode
 	manifest  []byte
@@ -42,6 +43,7 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 		file(pd, "mem", newMemNode(r.own, p, 0, p.memSize(), r.openFlags))
 		file(pd, "core", &coreNode{own: r.own, proc: p, openFlags: r.openFlags})
 		file(pd, "stats", &genNode{own: r.own, gen: func() []byte { return r.stats(p) }})
+		file(pd, "workingset", &genNode{own: r.own, gen: p.workingSetText})
 		rd := dir(pd, "regions")
 		for _, v := range vmas {
 			file(rd, regionName(v), newMemNode(r.own, p, v.Start, v.End-v.Start, r.openFlags))

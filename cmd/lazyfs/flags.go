@@ -21,6 +21,7 @@ type config struct {
 	logFile              string
 	version              bool
 	trust                bool
+	remote               *cli.Remote
 }
 
 // options turns the command line into mount options.
@@ -32,6 +33,7 @@ func (c *config) options() fs.Options {
 		DirectIO:          c.directIO,
 		Debug:             c.debug,
 		TrustSnapshot:     c.trust,
+		Remote:            c.remote.Options(),
 	}
 }
 
@@ -98,6 +100,7 @@ func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit; refused while files on it are open")
 	f.BoolVar(&c.trust, "trust-snapshot", false, "accept a snapshot that users other than you and root can change (its directory or a file writable by group or others, or owned by another user): a snapshot is memory and code a restore runs")
 	f.BoolVar(&c.version, "version", false, "print the version and exit")
+	c.remote = cli.RemoteFlags(f, true)
 	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")
 	return f
 }
@@ -131,5 +134,8 @@ func parseArgs(args []string, stdout, stderr io.Writer) (*config, error) {
 		return nil, cli.Usagef("--decompress-threads %d: want 0 (automatic), 1 (serial) or more", c.threads)
 	}
 	c.snapshot, c.mountpoint = pos[0], pos[1]
+	if err := c.remote.Check(c.snapshot); err != nil {
+		return nil, err
+	}
 	return c, nil
 }

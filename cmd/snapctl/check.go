@@ -16,8 +16,9 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fl := newFlags("check", "[--json]", `
 Check that this machine can dump and restore: try each kernel facility a
 restore needs, for real (ptrace on a stub it starts, clone3 with a chosen
-pid, PR_SET_MM_MAP, userfaultfd, PAGEMAP_SCAN, TCP_REPAIR with the nft
-program for --tcp-established) and FUSE for lazyfs, and say
+pid, PR_SET_MM_MAP, userfaultfd, PAGEMAP_SCAN, new pid, mount and network
+namespaces, TCP_REPAIR with the nft program for --tcp-established) and
+FUSE for lazyfs, and say
 for each whether it works and what needs it. Exits 10 if one is missing.`,
 		[]int{cli.ExitNoPrivilege}, stdout, stderr)
 	asJSON := fl.Bool("json", false, "print the results as JSON")

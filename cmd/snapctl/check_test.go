@@ -15,7 +15,7 @@ import (
 
 // checkNames are the features snapctl check reports, in its order: the
 // engine's probes, then fs's FUSE check.
-var checkNames = []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "TCP_REPAIR", "FUSE"}
+var checkNames = []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "namespaces", "TCP_REPAIR", "FUSE"}
 
 func requireAll(t *testing.T) {
 	t.Helper()

@@ -41,6 +41,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"inspect", "-D", "/x", "extra"}, `unexpected argument "extra"`},
 		{[]string{"restore", "-D", "/x", "--mount", "/m"}, "need --lazy"},
 		{[]string{"restore", "-D", "/x", "--lazy", "--source", "disk"}, "want mount or direct"},
+		{[]string{"restore", "-D", "/x", "--record-working-set"}, "need --lazy"},
+		{[]string{"restore", "-D", "/x", "--working-set", "off"}, "need --lazy"},
+		{[]string{"restore", "-D", "/x", "--lazy", "--record-for", "1s"}, "need --record-working-set"},
+		{[]string{"restore", "-D", "/x", "--lazy", "--working-set", "first"}, "want auto, blocks or off"},
+		{[]string{"restore", "-D", "/x", "--lazy", "--record-working-set", "--record-faults", "-1"}, "must not be negative"},
 		{[]string{"verify"}, "-D DIR (--images-dir) is required"},
 	} {
 		code, _, stderr := snapctl(t, tc.args...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,9 +25,21 @@ Freeze every thread of process PID and of all its descendants (the tree
 whose root PID is, as criu dump -t), write their snapshot into DIR, then kill
 them (or resume them with --leave-running). Every process is stopped before
 any is read: the snapshot is one instant of the tree. Memory is stored in blocks: all-zero
-blocks take no space, others are LZ4-compressed when that saves more than
+blocks take no space, others are compressed when that saves more than
 12.5% and stored raw otherwise. The manifest (DIR/snapshot.json) is written
 last: a failed dump leaves the processes running and no manifest behind.
+
+--codec chooses how blocks are compressed:
+  lz4           LZ4
+  shuffle-lz4   LZ4, or the block byte-shuffled into planes of 2- or 4-byte
+                elements (the high bytes of every value together, then the
+                low bytes), each plane LZ4-compressed or raw: whichever is
+                smallest. Model weights (bf16, fp16, float32) shrink.
+  shuffle-huff  as shuffle-lz4 with Huffman-coded planes (huff0): smaller
+                weights, slower to decode
+  none          as --no-compress
+Snapshots with shuffled blocks need a lazyfs that reads them (older builds
+refuse them with exit status 7).
 
 Refused: a process (or descendant) already being traced or stopped by a
 debugger, a zombie child its parent has not reaped, a pipe whose other end
@@ -58,15 +71,17 @@ process of the tree that leads outside.`,
 	leave := fs.Bool("leave-running", false, "resume the process after the dump instead of killing it")
 	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
-	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw")
+	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
+	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
 	tcpEstablished := fs.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
 	var external []string
-	fs.Func("external", "record the descriptor leading outside the process that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
+	fs.Func("external", "record the descriptor leading outside the process (the tree) that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
 		external = append(external, strings.Split(v, ",")...)
 		return nil
 	})
 	verbose := fs.Bool("v", false, "log each step")
+	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,11 +91,23 @@ process of the tree that leads outside.`,
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
+	mode, err := codec.ParseMode(*codecName)
+	if err != nil {
+		return cli.Usagef("--codec: %v", err)
+	}
+	codecGiven := false
+	fs.Visit(func(f *flag.Flag) { codecGiven = codecGiven || f.Name == "codec" })
+	if *noCompress && codecGiven && mode != codec.NoCompress {
+		return cli.Usagef("--no-compress and --codec %s are exclusive", mode)
+	}
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: codec.Compress,
+	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(),
 		TCPEstablished: *tcpEstablished, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	if len(external) > 0 {
 		ext, err := fds.ParseExternal(external)
@@ -106,7 +133,8 @@ process of the tree that leads outside.`,
 			return cli.Usagef("--compress-block %s: must be a power of two from 4K to 4M", units.FormatSize(uint64(block.V)))
 		}
 		opts.BlockSize = int(block.V)
-	case *noCompress:
+	}
+	if *noCompress {
 		opts.Mode = codec.NoCompress
 	}
 	if isTerminal(stderr) {

@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -24,13 +28,17 @@ its ELF core file (gdb EXE MOUNTPOINT/PID/core).`,
 	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	trust := trustFlag(fs)
+	remote := cli.RemoteFlags(fs, true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	rep, err := inspect(*dir, *trust)
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	rep, err := inspect(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options()})
 	if err != nil {
 		return err
 	}
@@ -65,6 +73,8 @@ type processReport struct {
 	// a restore must be handed (--inherit-fd) and the TCP connections
 	// kept.
 	Outside []outsideReport `json:"outside,omitempty"`
+	// WorkingSet is the working set beside the snapshot, if any.
+	WorkingSet *workingSetReport `json:"working_set,omitempty"`
 }
 
 // outsideReport is a descriptor leading outside the process: a pipe or
@@ -78,6 +88,45 @@ type outsideReport struct {
 	Lock  string `json:"lock,omitempty"`
 }
 
+// workingSetReport describes a working set (snapctl restore
+// --record-working-set): or why it would be ignored.
+type workingSetReport struct {
+	File    string  `json:"file"`
+	Ignored string  `json:"ignored,omitempty"`
+	Ranges  int     `json:"ranges"`
+	Bytes   uint64  `json:"bytes"`
+	Blocks  int     `json:"blocks"`
+	Span    float64 `json:"span_seconds"`
+	Stop    string  `json:"stop,omitempty"`
+}
+
+// workingSet reports the working set of pid beside the snapshot s (nil if
+// there is none): the blocks of r it touches are counted.
+func workingSet(s *image.Snapshot, pid int, r *image.Reader) *workingSetReport {
+	rep := &workingSetReport{File: filepath.Join(s.Dir, image.WorkingSetName(pid))}
+	w, err := s.WorkingSet(pid)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		rep.Ignored = err.Error()
+		return rep
+	}
+	blocks := map[uint64]bool{}
+	for _, e := range w.Entries {
+		for a := e.Addr; a < e.End(); {
+			b, ok := r.BlockAt(a)
+			if !ok {
+				break
+			}
+			blocks[b.Addr] = true
+			a = b.End()
+		}
+	}
+	rep.Ranges, rep.Bytes, rep.Blocks, rep.Span, rep.Stop = len(w.Entries), w.Bytes(), len(blocks), w.Span.Seconds(), w.Stop
+	return rep
+}
+
 type regionReport struct {
 	Start  uint64 `json:"start"`
 	End    uint64 `json:"end"`
@@ -87,8 +136,8 @@ type regionReport struct {
 	Dumped uint64 `json:"dumped_bytes"`
 }
 
-func inspect(dir string, trust bool) (*inspectReport, error) {
-	s, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
+func inspect(dir string, o image.OpenOptions) (*inspectReport, error) {
+	s, err := image.OpenWith(dir, o)
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot: %w", err)
 	}
@@ -116,6 +165,7 @@ func inspect(dir string, trust bool) (*inspectReport, error) {
 		for _, v := range st.VMAs {
 			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: r.DumpedIn(v.Start, v.End)})
 		}
+		pr.WorkingSet = workingSet(s, pid, r)
 		r.Close()
 		rep.Processes = append(rep.Processes, pr)
 	}
@@ -146,7 +196,7 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		for _, k := range []struct {
 			name string
 			s    image.KindStats
-		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"total", b.Total}} {
+		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"total", b.Total}} {
 			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))
 		}
 		tw.Flush()
@@ -163,6 +213,15 @@ func printInspect(w io.Writer, rep *inspectReport) {
 			exe = "EXE"
 		}
 		fmt.Fprintf(w, "  debug it: lazyfs %s MNT, then gdb %s MNT/%s (an ELF core file made as it is read)\n", shellQuote(rep.Dir), shellQuote(exe), p.Core)
+		switch ws := p.WorkingSet; {
+		case ws == nil:
+			fmt.Fprintf(w, "  working set: none\n")
+		case ws.Ignored != "":
+			fmt.Fprintf(w, "  working set: ignored: %s\n", ws.Ignored)
+		default:
+			fmt.Fprintf(w, "  working set: %s in %d ranges, %d blocks, touched over %s (stopped by %s): %s\n",
+				units.FormatSize(ws.Bytes), ws.Ranges, ws.Blocks, time.Duration(ws.Span*float64(time.Second)).Round(time.Millisecond), ws.Stop, ws.File)
+		}
 	}
 }
 

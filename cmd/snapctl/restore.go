@@ -8,10 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
@@ -28,6 +30,8 @@ func init() {
 	switch filepath.Base(os.Args[0]) {
 	case engine.KeeperArg0:
 		os.Exit(engine.KeeperMain(os.Args))
+	case engine.PIDNSInitArg0:
+		os.Exit(engine.PIDNSInitMain(os.Args))
 	case fs.PrivateArg0:
 		os.Exit(fs.PrivateMain(os.Args))
 	}
@@ -36,7 +40,7 @@ func init() {
 // runRestore is snapctl restore: flags to engine.RestoreOptions. Most of
 // its lines are its help text and its flags.
 func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [options]", `
+	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [--pidns] [--netns new|PATH] [options]", `
 Rebuild the process of the snapshot in DIR, with its pid, threads, memory,
 file descriptors and registers, and let it run (reparented to init, like
 criu restore -d). A snapshot of a process tree is rebuilt whole: each
@@ -58,6 +62,22 @@ it rather than run with memory missing. A page that cannot be read (a
 corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
+Working sets: with --lazy --record-working-set, the restore records the
+memory the process faults in, in order (the background prefetch waits
+meanwhile, so that every page it needs comes by a fault), until --record-for
+has passed, --record-faults faults were served, or snapctl receives SIGUSR1
+(send it once the process has answered what it should learn, e.g. its first
+request: kill -USR1 SNAPCTL_PID); then it writes DIR/workingset-PID.img
+(atomically: a restore killed before leaves the previous one, or none) and
+streams in the rest. The file holds the touched pages' addresses and a copy
+of their bytes, laid out contiguously and checksummed. Every later --lazy
+restore of the snapshot reads that copy in one go and places it first, in
+the recorded order, while faults are still served at once (--working-set
+blocks fetches the snapshot's blocks that hold those pages instead);
+--working-set off ignores it. A working set recorded on
+another snapshot, or damaged, is ignored with a warning naming it: it only
+orders reads, and never changes what the process reads.
+
 Established TCP connections are closed (their peers see a reset), unless
 the dump kept them (dump --tcp-established) and --tcp-established is given:
 they then come back connected, their queued bytes in place, and the
@@ -65,7 +85,10 @@ network lock that held them since the dump (an nftables table) is
 deleted. The lock is deleted once the restore has begun, whether it brings
 the connections back or fails; a restore refused before it creates
 anything (a pid in use, a descriptor without --inherit-fd) keeps it, so
-that it can be tried again. Listening sockets listen again.
+that it can be tried again. Listening sockets listen again. The kept
+connections live in snapctl's network namespace, where their lock is:
+--tcp-established with --netns is refused for a snapshot that holds
+some.
 
 A descriptor the dump recorded as leading outside the process, or the
 tree (dump --external), takes a descriptor of snapctl's: --inherit-fd
@@ -75,7 +98,25 @@ process (of any process of a tree) (the same open file: the other end
 still sees it). The keys are checked against every process of a tree
 together. Without one, --external-fallback says what it becomes: refuse
 (the default: the restore is refused, naming it) or null (/dev/null,
-opened for its access mode).`,
+opened for its access mode).
+
+With --pidns, the process is restored into a new pid namespace where it
+has its original pid and thread ids, so that one snapshot restores many
+times at once. Its parent there is a small init (pid 1: snapctl
+re-executed as lazyfs-pidns-init), which passes SIGTERM, SIGINT, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 on to it and exits with its status when it
+ends, taking the namespace with it; a process that was pid 1 of its
+namespace is the init itself. It also gets a mount namespace of its own
+whose /proc is the new pid namespace's. The pid printed and written to
+--pidfile is the process's pid outside (the one to signal); a second
+line gives its pid inside and the init's. A snapshot of a process that
+lived in a pid namespace restores with --pidns only.
+
+With --netns, its sockets are recreated in another network namespace:
+new (an empty one with the loopback device up) or the namespace file
+PATH (as ip netns add makes, /run/netns/NAME). Reach it with nsenter -t
+PID -n, or ip netns exec NAME; a new one goes when the process does.
+--pidns and --netns need CAP_SYS_ADMIN.`,
 		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fl.String("D", "", "the snapshot directory `DIR`")
 	fl.Alias("images-dir", "D")
@@ -94,7 +135,14 @@ opened for its access mode).`,
 		return nil
 	})
 	fallback := fl.String("external-fallback", fds.ExternalRefuse, "what a descriptor leading outside without --inherit-fd becomes: `MODE` refuse (the restore) or null (/dev/null)")
+	pidns := fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
+	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
+	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot, from its own copy of the memory), blocks (the same from the snapshot's blocks that hold it) or off")
+	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
+	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
+	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
 	verbose := fl.Bool("v", false, "log each step")
+	remote := cli.RemoteFlags(fl, true)
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -111,7 +159,14 @@ opened for its access mode).`,
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	open := image.OpenOptions{Trust: *trust, Remote: remote.Options()}
 	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
+		return err
+	}
+	if err := checkWorkingSetFlags(fl, *lazy, *workingSet, *record, *recordFor, *recordFaults); err != nil {
 		return err
 	}
 	level := slog.LevelWarn
@@ -119,7 +174,15 @@ opened for its access mode).`,
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log,
+	if *netns != "" && *netns != engine.NetNew {
+		f, err := engine.OpenNetns(*netns)
+		if err != nil {
+			return cli.Usagef("--netns: %v", err)
+		}
+		f.Close()
+	}
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Remote: open.Remote, Logger: log,
+		Namespaces:     engine.Namespaces{PID: *pidns, Net: *netns},
 		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback}
 	tty := isTerminal(stderr)
 	if tty {
@@ -137,7 +200,7 @@ opened for its access mode).`,
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, err := openLazySource(*dir, *mount, *source, *threads, *trust)
+		src, err := openLazySource(*dir, *mount, *source, *threads, open)
 		if err != nil {
 			return err
 		}
@@ -169,6 +232,24 @@ opened for its access mode).`,
 		// stored as is comes from the pages file, whose page cache every
 		// restore on the host shares as it would share the mount's.
 		opts.LazyOptions.RawDirect = *source == "mount"
+		switch *workingSet {
+		case "off":
+			opts.LazyOptions.WorkingSet = engine.WorkingSetOff
+		case "blocks":
+			opts.LazyOptions.WorkingSet = engine.WorkingSetBlocks
+		}
+		if *record {
+			stop := make(chan struct{})
+			sig := make(chan os.Signal, 1)
+			signal.Notify(sig, syscall.SIGUSR1)
+			defer signal.Stop(sig)
+			go func() {
+				if _, ok := <-sig; ok {
+					close(stop)
+				}
+			}()
+			opts.LazyOptions.Record = &engine.RecordOptions{For: *recordFor, Faults: *recordFaults, Stop: stop}
+		}
 		if tty {
 			progress = newLazyProgress(stderr)
 			defer progress.stop()
@@ -183,7 +264,43 @@ opened for its access mode).`,
 		return err
 	}
 	printRestored(stdout, res, *lazy)
+	printWorkingSet(stdout, res.WorkingSet)
 	return nil
+}
+
+// checkWorkingSetFlags refuses the working-set flags without --lazy and
+// values that mean nothing.
+func checkWorkingSetFlags(fl *cli.FlagSet, lazy bool, mode string, record bool, recordFor time.Duration, faults int) error {
+	set := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !lazy && (set["working-set"] || record) {
+		return cli.Usagef("--working-set and --record-working-set need --lazy")
+	}
+	if !record && (set["record-for"] || set["record-faults"]) {
+		return cli.Usagef("--record-for and --record-faults need --record-working-set")
+	}
+	if mode != "auto" && mode != "off" && mode != "blocks" {
+		return cli.Usagef("--working-set %q: want auto, blocks or off", mode)
+	}
+	if recordFor < 0 || faults < 0 {
+		return cli.Usagef("--record-for and --record-faults must not be negative")
+	}
+	return nil
+}
+
+// printWorkingSet says what the restore did with working sets.
+func printWorkingSet(w io.Writer, ws engine.WorkingSetResult) {
+	switch {
+	case ws.Recorded:
+		fmt.Fprintf(w, "working set recorded: %s in %d ranges over %s (stopped by %s) in %s\n",
+			units.FormatSize(ws.Bytes), ws.Ranges, ws.Span.Round(time.Millisecond), ws.Stop, ws.Path)
+	case ws.Used:
+		from := "the snapshot's blocks"
+		if ws.Copy {
+			from = "its copy"
+		}
+		fmt.Fprintf(w, "working set: %s in %d ranges fetched first from %s, %s\n", units.FormatSize(ws.Bytes), ws.Ranges, from, ws.Path)
+	}
 }
 
 // checkLazyFlags refuses the lazy restore's flags without --lazy, and
@@ -206,8 +323,14 @@ func checkLazyFlags(fl *cli.FlagSet, lazy bool, source, mount string, prefetchDe
 	return nil
 }
 
-// printRestored prints the restore's one-line summary.
+// printRestored prints the restore's one-line summary, and a line with
+// its pid namespace if it has a new one.
 func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
+	defer func() {
+		if res.InitPID != 0 {
+			fmt.Fprintf(w, "pid %d is pid %d in its pid namespace, whose init is pid %d\n", res.PID, res.OwnPID, res.InitPID)
+		}
+	}()
 	switch {
 	case lazy && res.Lazy.Exited:
 		fmt.Fprintf(w, "restored pid %d (%s): running after %s; it exited during the lazy phase, after %s\n",
@@ -319,14 +442,14 @@ type lazySource struct {
 // openLazySource opens where a lazy restore reads pages from: the
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
 // a private mount of the snapshot (fs.MountPrivate).
-func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
-	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
+func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
+	snap, err := image.OpenWith(dir, o)
 	if err != nil {
 		return nil, err
 	}
 	defer snap.Close()
 	if pids := snap.PIDs(); len(pids) > 1 {
-		return openTreeSource(snap, dir, mnt, source, threads, trust)
+		return openTreeSource(snap, dir, mnt, source, threads, o)
 	}
 	pid, err := engine.SnapshotPID(snap)
 	if err != nil {
@@ -357,13 +480,13 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 	return mountLater(func() (*fs.PrivateMount, error) {
 		// Direct I/O and a small block cache: the pager reads each block
 		// once (see test/bench/BENCHMARKS.md, Decisions).
-		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
 	}, false), nil
 }
 
 // openTreeSource is openLazySource for a snapshot of a process tree: the
 // memory of each process, through one mount.
-func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
+func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
 	pids := snap.PIDs()
 	switch {
 	case source == "direct":
@@ -415,7 +538,7 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 		return nil, err
 	}
 	return mountLater(func() (*fs.PrivateMount, error) {
-		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
 	}, true), nil
 }
 

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -20,13 +22,17 @@ naming the file, the block and its address.`,
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
 	trust := trustFlag(fs)
+	remote := cli.RemoteFlags(fs, true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust})
+	if err := remote.Check(*dir); err != nil {
+		return err
+	}
+	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options()})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}
@@ -49,6 +55,15 @@ naming the file, the block and its address.`,
 			return fmt.Errorf("verify: %w", err)
 		}
 		fmt.Fprintf(stdout, "process %d: %d blocks, %s of memory in %s: ok\n", pid, st.Total.Blocks, units.FormatSize(st.Total.Bytes), units.FormatSize(st.FileSize))
+		// A working set is advice beside the snapshot, not part of it: one
+		// that a restore would ignore is reported, never a failure.
+		switch ws, err := s.WorkingSet(pid); {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			fmt.Fprintf(stdout, "process %d: working set ignored by restores: %v\n", pid, err)
+		default:
+			fmt.Fprintf(stdout, "process %d: working set of %d ranges: ok\n", pid, len(ws.Entries))
+		}
 	}
 	fmt.Fprintf(stdout, "snapshot %s: ok\n", *dir)
 	return nil

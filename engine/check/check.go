@@ -30,13 +30,14 @@ const pageSize = 4096
 // a chosen free pid and killed), PR_SET_MM_MAP (the size query and a call
 // with the stub's own values), userfaultfd (the features lazy restore and
 // incremental dumps need, and an anonymous range registered MISSING) and
-// PAGEMAP_SCAN on /proc/self/pagemap, and TCP_REPAIR with the nft
+// PAGEMAP_SCAN on /proc/self/pagemap, new pid, mount and network
+// namespaces (a stub started in them), and TCP_REPAIR with the nft
 // program (--tcp-established). stub is the program started stopped
 // (it never runs an instruction); "" means this executable.
 func Run(ctx context.Context, stub string) []Feature {
 	out := checkTracing(ctx, stub)
 	out = append(out, checkUserfaultfd()...)
-	return append(out, checkPagemapScan(), checkTCPRepair(ctx))
+	return append(out, checkPagemapScan(), checkNamespaces(stub), checkTCPRepair(ctx))
 }
 
 // FUSE is the FUSE feature (what lazyfs and restore --lazy mount) from

@@ -18,7 +18,7 @@ func TestRun(t *testing.T) {
 	testutil.RequirePtrace(t)
 	testutil.RequireUserfaultfd(t)
 	feats := Run(t.Context(), "")
-	want := []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "TCP_REPAIR"}
+	want := []string{"ptrace", "clone3 set_tid", "PR_SET_MM_MAP", "userfaultfd", "uffd WP_ASYNC", "PAGEMAP_SCAN", "namespaces", "TCP_REPAIR"}
 	if len(feats) != len(want) {
 		t.Fatalf("%d features, want %d: %+v", len(feats), len(want), feats)
 	}

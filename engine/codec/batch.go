@@ -9,7 +9,8 @@ import (
 
 // batch is one batch of blocks and the buffers it is read and decoded into.
 //
-// LZ4 payloads are read into stored and decoded from there into decoded.
+// LZ4 and Shuffle payloads are read into stored and decoded from there
+// into decoded.
 // Raw payloads are read straight into their place in decoded and only
 // checked, which saves a copy of the bulk of most snapshots (weights are
 // Raw).
@@ -22,8 +23,8 @@ type batch struct {
 	stored  []byte
 	decoded []byte
 	out     [][]byte
-	lz4     int   // number of LZ4 blocks
-	lz4Len  int64 // decoded bytes of LZ4 blocks
+	lz4     int   // number of compressed (LZ4 and Shuffle) blocks
+	lz4Len  int64 // decoded bytes of compressed blocks
 	err     error // ends the stream after this batch
 }
 
@@ -104,8 +105,8 @@ func (d *decoder) fill(ctx context.Context, b *batch, i int) int {
 				b.spans = append(b.spans, span{off: blk.Off, n: blk.StoredLen, at: total, raw: true, first: k, last: k})
 			}
 			b.pos = append(b.pos, total)
-		case LZ4:
-			// LZ4 payloads are read with the padding between them.
+		case LZ4, Shuffle:
+			// Compressed payloads are read with the padding between them.
 			b.lz4++
 			b.lz4Len += int64(blk.Len)
 			if r := at(b.spans, lastStored); r != nil && blk.Off >= r.off+int64(r.n) &&

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Benchmarks report MB/s of decoded (original) bytes. Run them with a short
@@ -164,4 +168,103 @@ func BenchmarkThreadCrossover(b *testing.B) {
 			})
 		}
 	}
+}
+
+// codecKinds are the memory the codec benchmarks compare the modes on:
+// trained weights as bf16 and float32, and heap records.
+var codecKinds = []dataKind{dataBF16Normal, dataF32Normal, dataRecords}
+
+// BenchmarkCodecDecode is one core decoding and checking 256 KiB blocks
+// (DecodeChecked) of each codec, as each DecodeBlocks thread does. It
+// reports the ratio of stored to original bytes; MB/s are of decoded
+// bytes.
+func BenchmarkCodecDecode(b *testing.B) {
+	for _, kind := range codecKinds {
+		data := benchInputOf(kind, benchInput)
+		for _, mode := range []Mode{Compress, ShuffleLZ4, ShuffleHuff} {
+			b.Run(fmt.Sprintf("%s/%s", kind, mode), func(b *testing.B) {
+				type stored struct {
+					kind Kind
+					b    []byte
+					crc  uint32
+				}
+				var blocks []stored
+				total := 0
+				for off := 0; off < len(data); off += DefaultBlockSize {
+					src := data[off : off+DefaultBlockSize]
+					k, s := Encode(nil, src, mode)
+					blocks = append(blocks, stored{k, s, Checksum(src)})
+					total += len(s)
+				}
+				dst := make([]byte, DefaultBlockSize)
+				b.SetBytes(int64(len(data)))
+				cpu := startThreadCPU()
+				n := 0
+				for b.Loop() {
+					for _, s := range blocks {
+						if err := DecodeChecked(dst, s.kind, s.b, s.crc); err != nil {
+							b.Fatal(err)
+						}
+					}
+					n++
+				}
+				b.ReportMetric(float64(total)/float64(len(data)), "ratio")
+				cpu.report(b, int64(n*len(data)))
+			})
+		}
+	}
+}
+
+// BenchmarkCodecEncode is one core encoding 256 KiB blocks with each
+// codec and taking their CRC, as each Pipeline worker does.
+func BenchmarkCodecEncode(b *testing.B) {
+	for _, kind := range codecKinds {
+		data := benchInputOf(kind, benchInput)
+		for _, mode := range []Mode{Compress, ShuffleLZ4, ShuffleHuff} {
+			b.Run(fmt.Sprintf("%s/%s", kind, mode), func(b *testing.B) {
+				var enc Encoder
+				b.SetBytes(int64(len(data)))
+				cpu := startThreadCPU()
+				n := 0
+				for b.Loop() {
+					for off := 0; off < len(data); off += DefaultBlockSize {
+						blk := data[off : off+DefaultBlockSize]
+						enc.Encode(blk, mode)
+						Checksum(blk)
+					}
+					n++
+				}
+				cpu.report(b, int64(n*len(data)))
+			})
+		}
+	}
+}
+
+// threadCPU measures the CPU time of the benchmark's thread, so that a
+// rate per core holds on a machine whose other tenants take the CPUs:
+// wall-clock MB/s then measure the neighbours.
+type threadCPU struct{ start time.Duration }
+
+func threadTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// startThreadCPU locks the goroutine to its thread (until the benchmark
+// function returns) and starts measuring.
+func startThreadCPU() threadCPU {
+	runtime.LockOSThread()
+	return threadCPU{threadTime()}
+}
+
+// report adds the metric "MB/cpu-s": bytes per second of the thread's CPU
+// time.
+func (c threadCPU) report(b *testing.B, bytes int64) {
+	if d := threadTime() - c.start; d > 0 {
+		b.ReportMetric(float64(bytes)/1e6/d.Seconds(), "MB/cpu-s")
+	}
+	runtime.UnlockOSThread()
 }

@@ -5,12 +5,16 @@
 // # The block rule
 //
 // A block is a page-aligned run of at most MaxBlockSize bytes of process
-// memory. It is stored as one of three kinds:
+// memory. It is stored as one of four kinds:
 //
-//	Zero  every byte is zero; nothing is stored
-//	LZ4   the LZ4 block encoding, kept only if it is smaller than 7/8 of
-//	      the input (it saves more than 12.5%)
-//	Raw   the bytes as they are
+//	Zero     every byte is zero; nothing is stored
+//	LZ4      the LZ4 block encoding, kept only if it is smaller than 7/8 of
+//	         the input (it saves more than 12.5%)
+//	Shuffle  the block byte-shuffled into planes of 2- or 4-byte elements,
+//	         each plane raw, LZ4 or huff0 (see shuffle.go); written only in
+//	         the ShuffleLZ4 and ShuffleHuff modes, kept only if it is
+//	         smaller than both 7/8 of the input and the LZ4 encoding
+//	Raw      the bytes as they are
 //
 // Every block carries the CRC32C (Castagnoli) of its decoded bytes, checked
 // before decoded bytes are handed to anyone.
@@ -31,6 +35,7 @@ import (
 	"hash/crc32"
 	"sync"
 
+	"github.com/klauspost/compress/huff0"
 	"github.com/pierrec/lz4/v4"
 )
 
@@ -50,10 +55,13 @@ const (
 	Zero Kind = 0 // all-zero block, nothing stored
 	Raw  Kind = 1 // stored as is
 	LZ4  Kind = 2 // LZ4 block encoding
+	// Shuffle: byte-shuffled planes, each raw, LZ4 or huff0. Snapshots
+	// with such blocks need the "shuffle" format feature.
+	Shuffle Kind = 3
 )
 
 // NumKinds is the number of block kinds; Kind values are below it.
-const NumKinds = 3
+const NumKinds = 4
 
 func (k Kind) String() string {
 	switch k {
@@ -63,6 +71,8 @@ func (k Kind) String() string {
 		return "raw"
 	case LZ4:
 		return "lz4"
+	case Shuffle:
+		return "shuffle"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -78,7 +88,57 @@ const (
 	Compress Mode = iota
 	// NoCompress stores every non-zero block Raw (--no-compress).
 	NoCompress
+	// ShuffleLZ4 applies the block rule and also tries, per block,
+	// Shuffle encodings of 2- and 4-byte elements with LZ4 planes, keeping
+	// the smallest.
+	ShuffleLZ4
+	// ShuffleHuff is ShuffleLZ4 with Huffman-coded (huff0) planes, LZ4
+	// where huff0 cannot code a plane: smaller weights, slower to decode.
+	ShuffleHuff
 )
+
+// DefaultMode is the codec of a dump without --codec.
+const DefaultMode = Compress
+
+// Modes are the modes in the order of their numbers, named by String.
+var Modes = []Mode{Compress, NoCompress, ShuffleLZ4, ShuffleHuff}
+
+// String is the mode's name in the manifest and on the command line:
+// lz4, none, shuffle-lz4 or shuffle-huff.
+func (m Mode) String() string {
+	switch m {
+	case Compress:
+		return "lz4"
+	case NoCompress:
+		return "none"
+	case ShuffleLZ4:
+		return "shuffle-lz4"
+	case ShuffleHuff:
+		return "shuffle-huff"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode returns the mode named s (see Mode.String).
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown codec %q (want lz4, shuffle-lz4, shuffle-huff or none)", s)
+}
+
+// planeMethod is the plane compression of a shuffling mode, 0 for others.
+func (m Mode) planeMethod() int {
+	switch m {
+	case ShuffleLZ4:
+		return planeLZ4
+	case ShuffleHuff:
+		return planeHuff
+	}
+	return 0
+}
 
 var (
 	// ErrChecksum: a block's decoded bytes do not match its CRC32C.
@@ -122,13 +182,15 @@ func keepLZ4(c, n int) bool { return c > 0 && 8*c < 7*n }
 // Encoder holds the scratch state of one encoding goroutine. The zero value
 // is ready to use; an Encoder must not be used concurrently.
 type Encoder struct {
-	c   lz4.Compressor
-	buf []byte
+	c    lz4.Compressor
+	hs   *huff0.Scratch // tables of ShuffleHuff planes
+	buf  []byte
+	sbuf []byte // a Shuffle candidate
 }
 
 // Encode applies the block rule to src. It returns the kind and the stored
-// bytes: nil for Zero, src itself for Raw, and for LZ4 a slice of the
-// encoder's buffer, valid until the next call to Encode.
+// bytes: nil for Zero, src itself for Raw, and for LZ4 and Shuffle a slice
+// of the encoder's buffer, valid until the next call to Encode.
 func (e *Encoder) Encode(src []byte, mode Mode) (Kind, []byte) {
 	k, out, buf := e.encode(src, mode, e.buf)
 	e.buf = buf
@@ -137,7 +199,8 @@ func (e *Encoder) Encode(src []byte, mode Mode) (Kind, []byte) {
 
 // encode applies the block rule to src, compressing into buf (grown if it
 // is too small). It returns the kind, the stored bytes and the buffer, so
-// that a caller can keep the LZ4 output beyond the next call (Pipeline).
+// that a caller can keep the compressed output beyond the next call
+// (Pipeline).
 func (e *Encoder) encode(src []byte, mode Mode, buf []byte) (Kind, []byte, []byte) {
 	if IsZero(src) {
 		return Zero, nil, buf
@@ -153,10 +216,28 @@ func (e *Encoder) encode(src []byte, mode Mode, buf []byte) (Kind, []byte, []byt
 		buf = make([]byte, limit)
 	}
 	n, err := e.c.CompressBlock(src, buf[:limit])
-	if err != nil || !keepLZ4(n, len(src)) {
+	kind, best := Raw, len(src)
+	if err == nil && keepLZ4(n, len(src)) {
+		kind, best = LZ4, n
+	}
+	if method := mode.planeMethod(); method != 0 {
+		planes := getScratch(len(src))
+		for _, elem := range shuffleElems {
+			e.sbuf = e.encodeShuffled(e.sbuf[:0], src, (*planes)[:len(src)], elem, method)
+			if c := len(e.sbuf); keepLZ4(c, len(src)) && c < best {
+				kind, best = Shuffle, c
+				if cap(buf) < c {
+					buf = make([]byte, max(limit, c))
+				}
+				copy(buf[:c], e.sbuf)
+			}
+		}
+		shuffleScratch.Put(planes)
+	}
+	if kind == Raw {
 		return Raw, src, buf
 	}
-	return LZ4, buf[:n], buf
+	return kind, buf[:best], buf
 }
 
 var encoders = sync.Pool{New: func() any { return new(Encoder) }}
@@ -194,6 +275,8 @@ func Decode(dst []byte, kind Kind, stored []byte) error {
 		if n != len(dst) {
 			return fmt.Errorf("%w: lz4 block decodes to %d bytes, want %d", ErrUndecodable, n, len(dst))
 		}
+	case Shuffle:
+		return decodeShuffled(dst, stored)
 	default:
 		return fmt.Errorf("%w: unknown kind %d", ErrUndecodable, kind)
 	}

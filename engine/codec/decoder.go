@@ -14,7 +14,7 @@ import (
 type Block struct {
 	Kind      Kind
 	Off       int64  // offset of the stored bytes in the source (ignored for Zero)
-	StoredLen int    // stored length: 0 for Zero, Len for Raw, 1..Len for LZ4
+	StoredLen int    // stored length: 0 for Zero, Len for Raw, 1..Len for LZ4 and Shuffle
 	Len       int    // decoded length: a multiple of PageSize, at most MaxBlockSize
 	CRC       uint32 // CRC32C of the decoded bytes
 }
@@ -76,9 +76,9 @@ func (b *Block) check() error {
 		if b.StoredLen != b.Len {
 			return fmt.Errorf("%w: raw block of %d stored bytes, length %d", ErrUndecodable, b.StoredLen, b.Len)
 		}
-	case LZ4:
+	case LZ4, Shuffle:
 		if b.StoredLen <= 0 || b.StoredLen > b.Len {
-			return fmt.Errorf("%w: lz4 block of %d stored bytes, length %d", ErrUndecodable, b.StoredLen, b.Len)
+			return fmt.Errorf("%w: %s block of %d stored bytes, length %d", ErrUndecodable, b.Kind, b.StoredLen, b.Len)
 		}
 	}
 	if b.Off < 0 || b.Off > math.MaxInt64-int64(b.StoredLen) {

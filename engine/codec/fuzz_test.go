@@ -45,3 +45,36 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzShuffle decodes arbitrary stored bytes as a Shuffle block (seeded
+// with real encodings of weights in both shuffling modes): no panic, no
+// error but ErrUndecodable. It then encodes the input, read as memory, in
+// both modes and checks that it decodes back.
+func FuzzShuffle(f *testing.F) {
+	for i, kind := range []dataKind{dataBF16Normal, dataF32Normal} {
+		page := genData(kind, PageSize, uint64(i))
+		for _, mode := range []Mode{ShuffleLZ4, ShuffleHuff} {
+			if k, stored := Encode(nil, page, mode); k == Shuffle {
+				f.Add(uint8(1), stored)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, pages uint8, stored []byte) {
+		dst := make([]byte, int(pages%17)*PageSize)
+		if err := Decode(dst, Shuffle, stored); err != nil && !errors.Is(err, ErrUndecodable) {
+			t.Fatalf("Decode: %v is not ErrUndecodable", err)
+		}
+		src := make([]byte, (len(stored)+PageSize-1)/PageSize*PageSize)
+		copy(src, stored)
+		if len(src) == 0 || len(src) > MaxBlockSize {
+			return
+		}
+		for _, mode := range []Mode{ShuffleLZ4, ShuffleHuff} {
+			k, enc := Encode(nil, src, mode)
+			got := make([]byte, len(src))
+			if err := DecodeChecked(got, k, enc, Checksum(src)); err != nil {
+				t.Fatalf("%s: %s block does not decode back: %v", mode, k, err)
+			}
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -19,6 +20,10 @@ const (
 	dataBF16    dataKind = "bf16"
 	dataRecords dataKind = "records"
 	dataMixed   dataKind = "mixed" // 1/4 zero, 1/4 random, 1/2 bf16, in 1 MiB stripes
+	// Weights as trained: values of N(0, 0.02) as bf16 (round to nearest
+	// even) and as float32.
+	dataBF16Normal dataKind = "bf16-normal"
+	dataF32Normal  dataKind = "f32-normal"
 )
 
 var allDataKinds = []dataKind{dataZero, dataRandom, dataBF16, dataRecords, dataMixed}
@@ -46,10 +51,25 @@ func genData(kind dataKind, n int, seed uint64) []byte {
 				fillBF16(r, s)
 			}
 		}
+	case dataBF16Normal:
+		for i := 0; i+2 <= n; i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], bf16(float32(r.NormFloat64()*0.02)))
+		}
+	case dataF32Normal:
+		for i := 0; i+4 <= n; i += 4 {
+			binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(r.NormFloat64()*0.02)))
+		}
 	default:
 		panic("unknown data kind " + kind)
 	}
 	return b
+}
+
+// bf16 rounds f to bfloat16 (the high half of its float32 bits), to the
+// nearest, ties to even.
+func bf16(f float32) uint16 {
+	u := math.Float32bits(f)
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
 }
 
 func fillRandom(r *rand.Rand, b []byte) {

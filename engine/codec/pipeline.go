@@ -12,7 +12,7 @@ import (
 type Encoded struct {
 	Kind Kind
 	// Stored is what goes into the pages file: nil for Zero, Src itself for
-	// Raw, and for LZ4 a buffer owned by the pipeline that is valid only
+	// Raw, and for LZ4 and Shuffle a buffer owned by the pipeline that is valid only
 	// until emit returns.
 	Stored []byte
 	// Src is the block as submitted; the caller may recycle it once emit
@@ -28,7 +28,7 @@ type Encoded struct {
 // PipelineOptions configure a Pipeline.
 type PipelineOptions struct {
 	Workers int  // encoding goroutines; 0 means runtime.GOMAXPROCS(0)
-	Mode    Mode // Compress or NoCompress
+	Mode    Mode // Compress, NoCompress, ShuffleLZ4 or ShuffleHuff
 	// PageChecksums asks for Encoded.PageCRCs.
 	PageChecksums bool
 }

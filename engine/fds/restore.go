@@ -56,7 +56,7 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 	// objects (two ends per descriptor at most) above it.
 	high := maxFD + 1
 	need := uint64(high + 2*len(fds) + len(shmem) + 8)
-	if err := setNoFile(st, func(l image.Rlimit) unix.Rlimit {
+	if err := setNoFile(in, st, func(l image.Rlimit) unix.Rlimit {
 		return unix.Rlimit{Cur: max(l.Cur, need), Max: max(l.Max, need)}
 	}); err != nil {
 		return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
@@ -89,7 +89,7 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 		return err
 	}
 	// Restore the dumped limit (raised above for the move).
-	if err := setNoFile(st, func(l image.Rlimit) unix.Rlimit { return unix.Rlimit{Cur: l.Cur, Max: l.Max} }); err != nil {
+	if err := setNoFile(in, st, func(l image.Rlimit) unix.Rlimit { return unix.Rlimit{Cur: l.Cur, Max: l.Max} }); err != nil {
 		return fmt.Errorf("restore RLIMIT_NOFILE: %w", err)
 	}
 	return nil
@@ -171,13 +171,13 @@ func (fc *fdCreator) placeOne(f *image.FD, placed map[int]bool) error {
 	return nil
 }
 
-// setNoFile sets the process's RLIMIT_NOFILE, if the snapshot has one, to
+// setNoFile sets the process's (in's) RLIMIT_NOFILE, if the snapshot has one, to
 // what limit makes of the dumped one.
-func setNoFile(st *image.Process, limit func(image.Rlimit) unix.Rlimit) error {
+func setNoFile(in *ptrace.Injector, st *image.Process, limit func(image.Rlimit) unix.Rlimit) error {
 	for _, l := range st.Rlimits {
 		if l.Resource == unix.RLIMIT_NOFILE {
 			lim := limit(l)
-			return unix.Prlimit(st.PID, unix.RLIMIT_NOFILE, &lim, nil)
+			return unix.Prlimit(in.Thread().Process().Pid(), unix.RLIMIT_NOFILE, &lim, nil)
 		}
 	}
 	return nil

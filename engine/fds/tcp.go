@@ -102,6 +102,7 @@ func lockConns(r *TCPRepair, fxs []*fdDumper) error {
 		if err := fx.queryInet(); err != nil {
 			return fmt.Errorf("pid %d: %w", fx.pid, err)
 		}
+		n := len(conns)
 		for _, f := range fx.all {
 			if f.Kind != proc.FDSocket {
 				continue
@@ -110,12 +111,36 @@ func lockConns(r *TCPRepair, fxs []*fdDumper) error {
 				conns = append(conns, [2]netip.AddrPort{d.Local, d.Remote})
 			}
 		}
+		if len(conns) > n {
+			if err := sameNetns(fx.pid); err != nil {
+				return err
+			}
+		}
 	}
 	if err := r.Lock.HoldAll(conns); err != nil {
 		if len(fxs) == 1 {
 			return fmt.Errorf("pid %d: %w", fxs[0].pid, err)
 		}
 		return err
+	}
+	return nil
+}
+
+// sameNetns refuses a process with connections to keep that lives in
+// another network namespace than ours (a replica restored with --netns):
+// the lock is an nftables table of our namespace, where its packets do
+// not pass.
+func sameNetns(pid int) error {
+	var mine, its unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &mine); err != nil {
+		return fmt.Errorf("network namespace: %w", err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &its); err != nil {
+		return fmt.Errorf("pid %d: network namespace: %w", pid, err)
+	}
+	if mine.Ino != its.Ino || mine.Dev != its.Dev {
+		return fmt.Errorf("%w: pid %d has established TCP connections in another network namespace (net:[%d]) than snapctl's (net:[%d]), where the lock of --tcp-established could not hold them: dump it without --tcp-established (they are then closed at restore)",
+			image.ErrUnsupported, pid, its.Ino, mine.Ino)
 	}
 	return nil
 }

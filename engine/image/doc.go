@@ -8,6 +8,8 @@
 //	DIR/pagemap-PID.img    page index: runs of dumped pages and one record
 //	                       per block (binary, little-endian, below)
 //	DIR/pages-PID.img      block payloads back to back
+//	DIR/workingset-PID.img optional, not in the manifest: the memory a lazy
+//	                       restore touched first (workingset.go)
 //
 // # Page index (pagemap-PID.img)
 //

@@ -51,9 +51,9 @@ func newLayout(ix *Index) (*layout, error) {
 					return nil, fmt.Errorf("%w: raw block %d at %#x stores %d bytes, want %d", ErrCorrupt, i, addr, rec.StoredLen, length)
 				}
 				off = alignUp(off, rawAlign)
-			case codec.LZ4:
+			case codec.LZ4, codec.Shuffle:
 				if rec.StoredLen == 0 || uint64(rec.StoredLen) >= length {
-					return nil, fmt.Errorf("%w: lz4 block %d at %#x stores %d bytes for %d", ErrCorrupt, i, addr, rec.StoredLen, length)
+					return nil, fmt.Errorf("%w: %s block %d at %#x stores %d bytes for %d", ErrCorrupt, rec.Kind, i, addr, rec.StoredLen, length)
 				}
 			default:
 				return nil, fmt.Errorf("%w: block %d at %#x has unknown kind %d", ErrCorrupt, i, addr, rec.Kind)

@@ -4,9 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"time"
@@ -31,7 +29,7 @@ type Manifest struct {
 	Kernel      Kernel             `json:"kernel"`
 	PageSize    int                `json:"page_size"`
 	BlockSize   int                `json:"block_size"`
-	Compression string             `json:"compression"` // "lz4" or "none"
+	Compression string             `json:"compression"` // the codec: "lz4", "none", "shuffle-lz4" or "shuffle-huff"
 	Processes   []ProcessEntry     `json:"processes"`
 	Files       map[string]FileSum `json:"files"`
 	// Features names what a reader must understand to read the snapshot
@@ -86,41 +84,36 @@ var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // readManifest reads and validates DIR/snapshot.json.
 func readManifest(dir string) (*Manifest, error) {
-	d, err := openDir(dir)
+	st, err := openStore(dir, OpenOptions{Trust: true})
 	if err != nil {
 		return nil, err
 	}
-	defer d.Close()
-	b, err := readManifestBytes(d)
+	defer st.Close()
+	b, err := readManifestBytes(st)
 	if err != nil {
 		return nil, err
 	}
 	m, err := parseManifest(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ManifestName), err)
+		return nil, fmt.Errorf("%s: %w", joinName(dir, ManifestName), err)
 	}
 	return m, nil
 }
 
-// readManifestBytes reads snapshot.json of the open snapshot directory d,
-// bounded by maxManifestSize.
-func readManifestBytes(d *os.File) ([]byte, error) {
-	f, err := openAt(d, ManifestName)
+// readManifestBytes reads snapshot.json of the snapshot in st, checked as
+// every file is (Store.Stat).
+func readManifestBytes(st Store) ([]byte, error) {
+	size, err := st.Stat(ManifestName)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%s: %w", d.Name(), ErrIncomplete)
+			return nil, fmt.Errorf("%s: %w", st, ErrIncomplete)
 		}
 		return nil, err
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxManifestSize+1))
-	if err != nil {
-		return nil, err
+	if size > maxManifestSize {
+		return nil, fmt.Errorf("%s: %w: manifest larger than %d bytes", joinName(st.String(), ManifestName), ErrCorrupt, maxManifestSize)
 	}
-	if len(b) > maxManifestSize {
-		return nil, fmt.Errorf("%s: %w: manifest larger than %d bytes", f.Name(), ErrCorrupt, maxManifestSize)
-	}
-	return b, nil
+	return readAll(st, ManifestName, size)
 }
 
 // parseManifest decodes and validates a manifest.

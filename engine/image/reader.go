@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -37,15 +38,16 @@ func (e *BlockError) Error() string {
 
 func (e *BlockError) Unwrap() error { return e.Err }
 
-// Snapshot is an opened, complete snapshot directory. Its directory is
-// opened once, by Open: every file is then opened through it, never
-// following a link, so that nothing done to the path afterwards changes
-// what is read.
+// Snapshot is an opened, complete snapshot: a directory, or an address
+// in an object store (see Store). A directory is opened once, by Open:
+// every file is then opened through it, never following a link, so that
+// nothing done to the path afterwards changes what is read.
 type Snapshot struct {
 	Dir      string
 	Manifest *Manifest
-	manifest []byte   // snapshot.json as read
-	dir      *os.File // the directory
+	manifest []byte // snapshot.json as read
+	store    Store
+	trust    bool // OpenOptions.Trust
 }
 
 // OpenOptions tune OpenWith.
@@ -56,69 +58,70 @@ type OpenOptions struct {
 	// such a snapshot is refused (ErrUntrusted): it is memory and code
 	// that a restore runs, as root if the process was root's.
 	Trust bool
+	// Remote configures the store of a snapshot given by address
+	// (s3://BUCKET/PREFIX).
+	Remote RemoteOptions
 }
 
 // Open opens the snapshot in dir: OpenWith with no options.
 func Open(dir string) (*Snapshot, error) { return OpenWith(dir, OpenOptions{}) }
 
-// OpenWith opens the snapshot in dir. It refuses a directory without a
-// manifest (ErrIncomplete), one that another user can change (ErrUntrusted,
-// unless o.Trust), and checks that every file the manifest lists is
-// there, a regular file (not a link) of its size.
+// OpenWith opens the snapshot in dir, a directory or the address of a
+// snapshot in an object store whose scheme is registered (RegisterScheme).
+// It refuses a snapshot without a manifest (ErrIncomplete), a directory
+// that another user can change (ErrUntrusted, unless o.Trust), and checks
+// that every file the manifest lists is there, a regular file (not a
+// link) of its size.
 func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
-	d, err := openDir(dir)
+	st, err := openStore(dir, o)
 	if err != nil {
 		return nil, err
 	}
-	s, err := openSnapshot(d, o)
+	s, err := openSnapshot(st)
 	if err != nil {
-		d.Close()
+		st.Close()
 		return nil, err
 	}
+	s.trust = o.Trust
 	return s, nil
 }
 
-func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
-	if !o.Trust {
-		if err := trusted(d, "snapshot directory "+d.Name()); err != nil {
-			return nil, err
-		}
-	}
-	raw, err := readManifestBytes(d)
+func openSnapshot(st Store) (*Snapshot, error) {
+	raw, err := readManifestBytes(st)
 	if err != nil {
 		return nil, err
 	}
 	m, err := parseManifest(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(d.Name(), ManifestName), err)
+		return nil, fmt.Errorf("%s: %w", joinName(st.String(), ManifestName), err)
 	}
-	for _, name := range append([]string{ManifestName}, slices.Sorted(maps.Keys(m.Files))...) {
-		var st unix.Stat_t
-		if err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return nil, &os.PathError{Op: "stat", Path: filepath.Join(d.Name(), name), Err: err}
+	for _, name := range slices.Sorted(maps.Keys(m.Files)) {
+		size, err := st.Stat(name)
+		if err != nil {
+			return nil, err
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFREG {
-			return nil, fmt.Errorf("%s: %w: not a regular file (mode %o)", filepath.Join(d.Name(), name), ErrCorrupt, st.Mode)
-		}
-		if !o.Trust {
-			if err := trustedStat(&st, filepath.Join(d.Name(), name)); err != nil {
-				return nil, err
-			}
-		}
-		if sum, ok := m.Files[name]; ok && st.Size != sum.Size {
-			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size, sum.Size)
+		if sum := m.Files[name]; size != sum.Size {
+			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, size, sum.Size)
 		}
 	}
-	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d}, nil
+	return &Snapshot{Dir: st.String(), Manifest: m, manifest: raw, store: st}, nil
 }
 
-// Close closes the snapshot's directory. Readers opened from it stay
-// usable.
-func (s *Snapshot) Close() error { return s.dir.Close() }
+// joinName names the file name of the snapshot at dir (a directory or an
+// address).
+func joinName(dir, name string) string {
+	if IsRemote(dir) {
+		return strings.TrimSuffix(dir, "/") + "/" + name
+	}
+	return filepath.Join(dir, name)
+}
+
+// Close closes the snapshot's store. Readers opened from it stay usable.
+func (s *Snapshot) Close() error { return s.store.Close() }
 
 // OpenFile opens one file of the snapshot for reading, through its
-// directory, never following a link.
-func (s *Snapshot) OpenFile(name string) (*os.File, error) { return openAt(s.dir, name) }
+// directory (never following a link) or its store.
+func (s *Snapshot) OpenFile(name string) (File, error) { return s.store.Open(name) }
 
 // openDir opens a snapshot directory (following a link the caller named
 // as the directory itself).
@@ -185,14 +188,9 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 	if sum.Size > limit {
 		return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", name, ErrCorrupt, sum.Size, limit)
 	}
-	f, err := s.OpenFile(name)
+	b, err := readAll(s.store, name, sum.Size)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	b := make([]byte, sum.Size)
-	if _, err := io.ReadFull(f, b); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
 		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, ErrManifestMismatch, got, sum.CRC32C)
@@ -256,7 +254,7 @@ const readaheadBatch = 32 << 20
 // Reader reads the memory of one process of a snapshot.
 type Reader struct {
 	name    string // pages file name, for errors
-	f       *os.File
+	f       File
 	lay     *layout
 	cache   *cache.Cache
 	file    uint64 // key space in the cache
@@ -286,16 +284,15 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
+	size, err := s.store.Stat(e.Pages)
+	if err != nil {
+		return nil, fmt.Errorf("open pages: %w", err)
+	}
 	f, err := s.OpenFile(e.Pages)
 	if err != nil {
 		return nil, fmt.Errorf("open pages: %w", err)
 	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("open pages: %w", err)
-	}
-	ix, err := UnmarshalIndex(b, st.Size())
+	ix, err := UnmarshalIndex(b, size)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
@@ -318,7 +315,7 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 	return r, nil
 }
 
-func newReader(name string, f *os.File, ix *Index, opts ReaderOptions) (*Reader, error) {
+func newReader(name string, f File, ix *Index, opts ReaderOptions) (*Reader, error) {
 	lay, err := newLayout(ix)
 	if err != nil {
 		return nil, err
@@ -676,14 +673,14 @@ func (r *Reader) parallelism(blocks []Block) int {
 		return 1
 	}
 	var bytes int64
-	var lz4 int
+	var compressed int
 	for _, b := range blocks {
 		bytes += int64(b.Len)
-		if b.Kind == codec.LZ4 {
-			lz4++
+		if b.Kind != codec.Zero && b.Kind != codec.Raw {
+			compressed++
 		}
 	}
-	return codec.Threads(r.threads, bytes, lz4)
+	return codec.Threads(r.threads, bytes, compressed)
 }
 
 // raWindow is how far from the end of the previous read a read may start
@@ -847,7 +844,7 @@ func (s *Snapshot) VerifyPagesFile(pid int) error {
 	}
 	defer f.Close()
 	h := codec.NewChecksum()
-	n, err := io.Copy(h, f)
+	n, err := io.Copy(h, io.NewSectionReader(f, 0, s.Manifest.Files[e.Pages].Size+1))
 	if err != nil {
 		return fmt.Errorf("read %s: %w", e.Pages, err)
 	}

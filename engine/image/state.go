@@ -4,7 +4,13 @@ package image
 // process-PID.json. Addresses and masks are plain numbers; binary blobs
 // (XSTATE, pipe contents) are base64 (encoding/json's []byte).
 type Process struct {
-	PID         int      `json:"pid"`
+	PID int `json:"pid"`
+	// NSPID is set when the process lived in a pid namespace below the
+	// dumper's: its pid in each namespace from the dumper's down (PID
+	// first, its own view last: OwnPID). PPID, PGID, SID and the threads'
+	// TID are the dumper's view. Such a snapshot has FeaturePIDNS and
+	// restores into a new pid namespace only.
+	NSPID       []int    `json:"ns_pid,omitempty"`
 	PPID        int      `json:"ppid"`
 	PGID        int      `json:"pgid"`
 	SID         int      `json:"sid"`
@@ -92,9 +98,12 @@ type SigAction struct {
 
 // Thread is the state of one thread.
 type Thread struct {
-	TID  int    `json:"tid"`
-	Comm string `json:"comm"`
-	Regs Regs   `json:"regs"`
+	TID int `json:"tid"`
+	// NSTID is the thread's id in each pid namespace from the dumper's
+	// down, when Process.NSPID is set (OwnTID).
+	NSTID []int  `json:"ns_tid,omitempty"`
+	Comm  string `json:"comm"`
+	Regs  Regs   `json:"regs"`
 	// XState is the NT_X86_XSTATE regset (FP, SSE, AVX... state).
 	XState []byte `json:"xstate"`
 	// FPRegs is the NT_PRFPREG regset, used when XState is empty.

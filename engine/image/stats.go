@@ -15,11 +15,13 @@ type KindStats struct {
 
 // Stats are the figures of a page image.
 type Stats struct {
-	Zero  KindStats `json:"zero"`
-	Raw   KindStats `json:"raw"`
-	LZ4   KindStats `json:"lz4"`
-	Total KindStats `json:"total"`
-	Runs  int       `json:"runs"`
+	Zero KindStats `json:"zero"`
+	Raw  KindStats `json:"raw"`
+	LZ4  KindStats `json:"lz4"`
+	// Shuffle blocks: byte-shuffled planes (codec.Shuffle).
+	Shuffle KindStats `json:"shuffle,omitzero"`
+	Total   KindStats `json:"total"`
+	Runs    int       `json:"runs"`
 	// FileSize is the size of the pages file, padding included.
 	FileSize uint64 `json:"file_size"`
 }
@@ -33,7 +35,7 @@ func (s Stats) Ratio() float64 {
 }
 
 func newStats(k [codec.NumKinds]KindStats) Stats {
-	s := Stats{Zero: k[codec.Zero], Raw: k[codec.Raw], LZ4: k[codec.LZ4]}
+	s := Stats{Zero: k[codec.Zero], Raw: k[codec.Raw], LZ4: k[codec.LZ4], Shuffle: k[codec.Shuffle]}
 	for _, x := range k {
 		s.Total.Blocks += x.Blocks
 		s.Total.Bytes += x.Bytes

@@ -25,7 +25,8 @@ type Options struct {
 	// BlockSize is the largest decoded block: a power of two from 4 KiB
 	// (--compress) to 4 MiB. Zero means codec.DefaultBlockSize.
 	BlockSize int
-	// Mode is codec.Compress or codec.NoCompress (--no-compress).
+	// Mode is the codec: codec.Compress (lz4), codec.NoCompress
+	// (--no-compress), codec.ShuffleLZ4 or codec.ShuffleHuff.
 	Mode codec.Mode
 	// Workers encode in parallel; zero means GOMAXPROCS.
 	Workers int
@@ -33,6 +34,9 @@ type Options struct {
 	Tool string
 	// Kernel is recorded in the manifest; zero means the running kernel.
 	Kernel Kernel
+	// Remote configures the store of a snapshot created at an address
+	// (s3://BUCKET/PREFIX) rather than in a directory.
+	Remote RemoteOptions
 }
 
 // Writer creates a snapshot directory. Files appear as they are written;
@@ -44,13 +48,18 @@ type Options struct {
 // locked (flock) from Create to Commit or Abort: whoever can write the
 // directory's parent cannot redirect a file, and two dumps into one
 // directory cannot both succeed.
+//
+// A snapshot created at an address (IsRemote) is written to the store its
+// scheme opens (StoreWriter), with the same order: files as they are
+// written, the manifest last.
 type Writer struct {
-	dir   string
-	dfd   *os.File // the directory, locked
-	opts  Options
-	m     Manifest
-	files []string // written so far, for Abort
-	done  bool
+	dir    string
+	dfd    *os.File    // the directory, locked
+	remote StoreWriter // or the store, for an address
+	opts   Options
+	m      Manifest
+	files  []string // written so far, for Abort
+	done   bool
 }
 
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
@@ -69,18 +78,27 @@ func Create(dir string, opts Options) (*Writer, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = runtime.GOMAXPROCS(0)
 	}
-	dfd, err := openNewDir(dir)
-	if err != nil {
-		return nil, err
+	var dfd *os.File
+	var remote StoreWriter
+	if IsRemote(dir) {
+		sch, err := scheme(dir)
+		if err != nil {
+			return nil, err
+		}
+		if remote, err = sch.Create(dir, opts.Remote); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if dfd, err = openNewDir(dir); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Kernel == (Kernel{}) {
 		opts.Kernel = runningKernel()
 	}
-	compression := "lz4"
-	if opts.Mode == codec.NoCompress {
-		compression = "none"
-	}
-	w := &Writer{dir: dir, dfd: dfd, opts: opts, m: Manifest{
+	compression := opts.Mode.String()
+	w := &Writer{dir: dir, dfd: dfd, remote: remote, opts: opts, m: Manifest{
 		Format:      manifestFormat,
 		Version:     manifestVersion,
 		Tool:        opts.Tool,
@@ -187,6 +205,21 @@ func (w *Writer) createFile(name string) (*os.File, error) {
 
 // writeFile writes a whole small file and records its sum.
 func (w *Writer) writeFile(name string, b []byte) error {
+	if w.remote != nil {
+		up, err := w.remote.Create(name)
+		if err != nil {
+			return err
+		}
+		if _, err := up.Write(b); err != nil {
+			up.Abort()
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+		if err := up.Close(); err != nil {
+			return err
+		}
+		w.m.Files[name] = FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
+		return nil
+	}
 	f, err := w.createFile(name)
 	if err != nil {
 		return err
@@ -228,6 +261,9 @@ func (w *Writer) WriteState(p *Process) error {
 	for _, f := range p.features() {
 		w.addFeature(f)
 	}
+	if len(p.NSPID) > 0 {
+		w.addFeature(FeaturePIDNS)
+	}
 	return w.writeFile(stateName(p.PID), append(b, '\n'))
 }
 
@@ -244,6 +280,13 @@ func (w *Writer) Commit() error {
 	b, err := json.MarshalIndent(&w.m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
+	}
+	if w.remote != nil {
+		if err := w.remote.Commit(append(b, '\n')); err != nil {
+			return fmt.Errorf("commit manifest: %w", err)
+		}
+		w.done = true
+		return nil
 	}
 	tmp := fmt.Sprintf(".%s.%d-%x.tmp", ManifestName, os.Getpid(), rand.Uint64())
 	if err := w.writeFile(tmp, append(b, '\n')); err != nil {
@@ -275,6 +318,11 @@ func (w *Writer) Abort() {
 	if w.done {
 		return
 	}
+	if w.remote != nil {
+		w.remote.Abort()
+		w.done = true
+		return
+	}
 	for _, name := range w.files {
 		unix.Unlinkat(int(w.dfd.Fd()), name, 0)
 	}
@@ -290,8 +338,8 @@ type PagesWriter struct {
 	w      *Writer
 	pid    int
 	bs     uint64
-	f      *os.File
-	buf    *seqWriter
+	f      *os.File // nil when the pages go to a StoreWriter
+	buf    pagesSink
 	crc    uint32
 	off    uint64
 	pipe   *codec.Pipeline
@@ -326,13 +374,24 @@ type chunk struct {
 // Pages starts the page image of pid. Only one PagesWriter may be open at
 // a time.
 func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
-	f, err := w.createFile(pagesName(pid))
-	if err != nil {
-		return nil, fmt.Errorf("create pages file: %w", err)
+	var f *os.File
+	var buf pagesSink
+	if w.remote != nil {
+		up, err := w.remote.Create(pagesName(pid))
+		if err != nil {
+			return nil, fmt.Errorf("create pages file: %w", err)
+		}
+		buf = uploadSink{up}
+	} else {
+		var err error
+		if f, err = w.createFile(pagesName(pid)); err != nil {
+			return nil, fmt.Errorf("create pages file: %w", err)
+		}
+		buf = newSeqWriter(f)
 	}
 	w.entry(pid)
 	ctx, cancel := context.WithCancel(ctx)
-	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: newSeqWriter(f), ctx: ctx, cancel: cancel}
+	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: buf, ctx: ctx, cancel: cancel}
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
 	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.bs > PageSize}, pw.emit)
@@ -495,12 +554,16 @@ func (pw *PagesWriter) Close() error {
 	} else {
 		if err := pw.buf.Flush(); err != nil {
 			pw.fail(err) // names the file
-		} else if err := pw.f.Sync(); err != nil {
-			pw.fail(fmt.Errorf("sync %s: %w", pagesName(pw.pid), err))
+		} else if pw.f != nil {
+			if err := pw.f.Sync(); err != nil {
+				pw.fail(fmt.Errorf("sync %s: %w", pagesName(pw.pid), err))
+			}
 		}
 	}
-	if err := pw.f.Close(); err != nil {
-		pw.fail(fmt.Errorf("close %s: %w", pagesName(pw.pid), err))
+	if pw.f != nil {
+		if err := pw.f.Close(); err != nil {
+			pw.fail(fmt.Errorf("close %s: %w", pagesName(pw.pid), err))
+		}
 	}
 	if pw.err != nil {
 		return pw.err
@@ -525,6 +588,9 @@ func (pw *PagesWriter) Close() error {
 	if err := pw.w.writeFile(indexName(pw.pid), b); err != nil {
 		return pw.fail(err)
 	}
+	if pw.stats[codec.Shuffle].Blocks > 0 {
+		pw.w.addFeature(FeatureShuffle)
+	}
 	e := pw.w.entry(pw.pid)
 	if pw.bs > PageSize {
 		// Checked like the index: the writer must never produce a file
@@ -546,3 +612,21 @@ func (pw *PagesWriter) Close() error {
 	e.Pages4K, e.StoredBytes = pages, pw.off
 	return nil
 }
+
+// pagesSink is where a PagesWriter's bytes go, in order: a seqWriter on
+// the pages file, or an upload to a store.
+type pagesSink interface {
+	Write(b []byte) (int, error)
+	// Flush writes what is buffered and completes the file.
+	Flush() error
+	// Abort drops what is buffered.
+	Abort()
+}
+
+// uploadSink writes the pages to an Upload, which buffers and sends them
+// as the dump goes on.
+type uploadSink struct{ up Upload }
+
+func (u uploadSink) Write(b []byte) (int, error) { return u.up.Write(b) }
+func (u uploadSink) Flush() error                { return u.up.Close() }
+func (u uploadSink) Abort()                      { u.up.Abort() }

@@ -47,7 +47,7 @@ type FillOptions struct {
 	// file, which Raw blocks are read from directly (the caller closes
 	// it).
 	Pages     *image.Reader
-	PagesFile *os.File
+	PagesFile io.ReaderAt
 	// Threads is --decompress-threads for the LZ4 blocks.
 	Threads int
 	// Skip, if set, leaves out the blocks it is true for (those a lazy
@@ -65,8 +65,8 @@ type FillOptions struct {
 type filler struct {
 	t       *Target
 	o       FillOptions
-	pages   *os.File // the pages file, for Raw blocks and the decoder
-	mem     *os.File // /proc/PID/mem, for mappings without write permission
+	pages   io.ReaderAt // the pages file, for Raw blocks and the decoder
+	mem     *os.File    // /proc/PID/mem, for mappings without write permission
 	jobs    chan *fillJob
 	done    atomic.Uint64 // bytes written
 	total   uint64
@@ -88,7 +88,7 @@ func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
 	}
 	raw, decode, vmas, zero := bs.raw, bs.decode, bs.vmas, bs.zero
 	pages := o.PagesFile
-	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", t.State.PID), os.O_RDWR, 0)
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", t.pid()), os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
 	}
@@ -333,7 +333,7 @@ func (f *filler) write(j *fillJob, data []byte) error {
 		local := []unix.Iovec{{Base: &data[0]}}
 		local[0].SetLen(len(data))
 		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
-		n, err = unix.ProcessVMWritev(f.t.State.PID, local, remote, 0)
+		n, err = unix.ProcessVMWritev(f.t.pid(), local, remote, 0)
 	} else {
 		n, err = f.mem.WriteAt(data, int64(addr))
 	}
@@ -367,7 +367,7 @@ func (f *filler) openUffd(blocks []image.Block) error {
 	if len(want) == 0 {
 		return nil
 	}
-	fd, err := Userfaultfd(f.t.In, f.t.State.PID)
+	fd, err := Userfaultfd(f.t.In, f.t.pid())
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
 	if _, err := r.call(unix.SYS_CLOSE_RANGE, 0, ^uint64(0)>>32, 0); err != nil {
 		return fmt.Errorf("close_range: %w", err)
 	}
-	maps, err := proc.ReadMaps(r.State.PID)
+	maps, err := proc.ReadMaps(r.pid())
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
 // (image.ErrKernelMismatch).
 func MoveVDSO(ctx context.Context, t *Target, slack uint64) error {
 	r := t
-	maps, err := proc.ReadMaps(r.State.PID)
+	maps, err := proc.ReadMaps(r.pid())
 	if err != nil {
 		return err
 	}

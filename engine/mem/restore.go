@@ -40,6 +40,10 @@ type Target struct {
 
 func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }
 
+// pid is the process's pid in our pid namespace (not State.PID when it
+// was restored into another).
+func (t *Target) pid() int { return t.In.Thread().Process().Pid() }
+
 func (t *Target) closeFD(fd int) {
 	if err := t.In.CloseFD(fd); err != nil {
 		t.Log.Warn("close in restored process", "fd", fd, "err", err)

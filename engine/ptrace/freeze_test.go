@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -269,14 +270,26 @@ func TestRobustList(t *testing.T) {
 	testutil := newTracer(t) // only for the ptrace capability check
 	_ = testutil
 	c := start(t, "tickthreads")
-	for tid := range taskStates(t, c.PID) {
-		head, size, err := RobustList(tid)
-		if err != nil {
-			t.Fatal(err)
+	// A thread registers its list when it starts, which may be after the
+	// fixture says it is ready: wait a moment for every thread to have.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var bad []string
+		for tid := range taskStates(t, c.PID) {
+			head, size, err := RobustList(tid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if head == 0 || size != 24 {
+				bad = append(bad, fmt.Sprintf("thread %d: robust list %#x size %d", tid, head, size))
+			}
 		}
-		if head == 0 || size != 24 {
-			t.Errorf("thread %d: robust list %#x size %d", tid, head, size)
+		if len(bad) == 0 {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatal(strings.Join(bad, "; "))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if _, _, err := RobustList(1<<22 + 777); !errors.Is(err, ErrExited) {
 		t.Errorf("missing tid: %v", err)

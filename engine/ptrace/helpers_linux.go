@@ -202,6 +202,8 @@ type cloneArgs struct {
 // calling thread for the call; the child inherits them. The child's
 // registers are the caller's at the stub (rip after the syscall, rax 0):
 // open an Injector on it, or set its registers, before resuming it.
+// The Thread has the tracer's id of the task, not the caller's when the
+// caller is in a pid namespace below the tracer's.
 // With SetTID, an occupied tid fails with a *SyscallError matching
 // unix.EEXIST.
 func (in *Injector) Clone3(a CloneArgs) (*Thread, error) {
@@ -260,6 +262,11 @@ func (in *Injector) clone3(a CloneArgs) (*Thread, error) {
 		if c.tid == int(r) {
 			child = c
 		}
+	}
+	if child == nil && len(in.children) == 1 && r > 0 {
+		// The caller is in a pid namespace below ours: r is the new task's
+		// id there, the event's is ours.
+		child = in.children[0]
 	}
 	if child == nil {
 		return nil, fmt.Errorf("new task %d was not auto-attached", r)

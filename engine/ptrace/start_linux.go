@@ -20,6 +20,10 @@ type StartOptions struct {
 	Dir     string     // "" : the caller's
 	Files   []*os.File // fds 0, 1, 2...; nil entries are closed
 	Timeout time.Duration
+	// Cloneflags are CLONE_NEW* flags the program is started with: new
+	// namespaces of which it is the first process (with CLONE_NEWPID, the
+	// init).
+	Cloneflags uintptr
 }
 
 // StartStopped forks and executes path with argv on the tracer thread
@@ -68,7 +72,7 @@ func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Proc
 		Dir:   o.Dir,
 		Env:   env,
 		Files: files,
-		Sys:   &syscall.SysProcAttr{Ptrace: true},
+		Sys:   &syscall.SysProcAttr{Ptrace: true, Cloneflags: o.Cloneflags},
 	})
 	if err != nil {
 		return nil, err

@@ -13,7 +13,12 @@ import (
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
-// ReadProcess fills st with what /proc tells of process pid.
+// MaxPIDNSDepth is how many pid namespaces below the dumper's a dumped
+// process may live in: restore --pidns makes one.
+const MaxPIDNSDepth = 1
+
+// ReadProcess fills st with what /proc tells of process pid. A process
+// in a pid namespace below ours has its pids there recorded (NSPID).
 func ReadProcess(pid int, st *image.Process) error {
 	s, err := proc.ReadStatus(pid)
 	if err != nil {
@@ -30,8 +35,11 @@ func ReadProcess(pid int, st *image.Process) error {
 	if s.Seccomp != 0 {
 		return fmt.Errorf("%w: pid %d runs under seccomp (mode %d), which restore cannot rebuild", image.ErrUnsupported, pid, s.Seccomp)
 	}
-	if len(s.NSpid) > 1 {
-		return fmt.Errorf("%w: pid %d is in a nested pid namespace (%v)", image.ErrUnsupported, pid, s.NSpid)
+	switch {
+	case len(s.NSpid) > MaxPIDNSDepth+1:
+		return fmt.Errorf("%w: pid %d is %d pid namespaces below ours (pids %v); restore makes one", image.ErrUnsupported, pid, len(s.NSpid)-1, s.NSpid)
+	case len(s.NSpid) > 1:
+		st.NSPID = s.NSpid
 	}
 	st.SigPending = s.ShdPnd
 	if st.Comm, err = proc.ReadComm(pid); err != nil {
@@ -176,8 +184,13 @@ func thread(pid int, th *ptrace.Thread, in *ptrace.Injector) (image.Thread, erro
 	if t.Comm, err = proc.ReadTaskComm(pid, th.Tid()); err != nil {
 		return t, err
 	}
-	if ts, err := proc.ReadTaskStatus(pid, th.Tid()); err == nil {
-		t.SigPending = ts.SigPnd
+	ts, err := proc.ReadTaskStatus(pid, th.Tid())
+	if err != nil {
+		return t, err
+	}
+	t.SigPending = ts.SigPnd
+	if len(ts.NSpid) > 1 {
+		t.NSTID = ts.NSpid
 	}
 	return t, nil
 }

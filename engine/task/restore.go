@@ -81,7 +81,7 @@ func restoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger, se
 	}
 	for _, l := range st.Rlimits {
 		lim := unix.Rlimit{Cur: l.Cur, Max: l.Max}
-		if err := unix.Prlimit(st.PID, l.Resource, &lim, nil); err != nil {
+		if err := unix.Prlimit(r.in.Thread().Process().Pid(), l.Resource, &lim, nil); err != nil {
 			r.log.Warn("resource limit not restored", "resource", l.Resource, "cur", l.Cur, "max", l.Max, "err", err)
 		}
 	}

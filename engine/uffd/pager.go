@@ -7,9 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/units"
 )
 
 // Defaults of Options.
@@ -87,6 +90,22 @@ type Options struct {
 	// Holder, if set, is handed every forked child's userfaultfd as soon
 	// as the fork event is read, and told before the pager closes it.
 	Holder Holder
+	// First are ranges of snapshot addresses that the prefetcher fetches
+	// before anything else, in this order (a recorded working set; see
+	// workingset_linux.go). Faults still come first.
+	First []units.Range
+	// OnFault, if set, is called from a serving thread after each fault
+	// served from the source, with the snapshot range it brought in and
+	// when the fault was read. It must return quickly.
+	OnFault func(src, n uint64, at time.Time)
+	// NoStrideAhead turns off serving a thread that touches memory at a
+	// stride its next strides ahead of its faults (a recording of what
+	// the process touches must see every page fault).
+	NoStrideAhead bool
+	// HoldPrefetch keeps the prefetcher from starting until
+	// Pager.ReleasePrefetch (while a working set is recorded, every page
+	// the process needs must come by a fault).
+	HoldPrefetch bool
 }
 
 // Holder keeps copies of userfaultfds in another process (see Keeper), so
@@ -176,6 +195,7 @@ type Pager struct {
 func New(fd int, src io.ReaderAt, extents []Extent, opts Options) *Pager {
 	opts = opts.normalized()
 	p := &Pager{tree: &tree{}}
+	p.tree.prefetchHeld.Store(opts.HoldPrefetch)
 	if !validExtents(extents) {
 		p.err = fmt.Errorf("new pager: %w", ErrExtents)
 		extents = nil
@@ -252,6 +272,10 @@ type tree struct {
 	ctx  context.Context
 	root *server
 	wg   sync.WaitGroup
+
+	// prefetchHeld: Options.HoldPrefetch until ReleasePrefetch, for the
+	// root and every child.
+	prefetchHeld atomic.Bool
 
 	mu       sync.Mutex
 	active   int

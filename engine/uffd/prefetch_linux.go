@@ -12,6 +12,9 @@ import (
 // flight (pieces moved behind the cursor by mremap are found that way).
 // The caller holds setMu.
 func (s *server) plan(inflight int) (piece, bool) {
+	if c, ok := s.planFirst(); ok {
+		return c, true
+	}
 	c, ok := s.pend.chunk(s.cursor, s.opts.PrefetchChunk)
 	if !ok && inflight == 0 && s.cursor != 0 {
 		s.cursor = 0
@@ -188,12 +191,18 @@ func (s *server) claim(ctx context.Context, id int) (piece, bool) {
 		if s.stop || s.gone.Load() || s.werr != nil || ctx.Err() != nil || s.pend.empty() {
 			return piece{}, false
 		}
+		if s.tree.prefetchHeld.Load() {
+			s.setCond.Wait() // ReleasePrefetch broadcasts
+			continue
+		}
 		if d := time.Until(s.prefetchAt); d > 0 {
 			s.wakeIn(d)
 			s.setCond.Wait()
 			continue
 		}
-		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 {
+		// A working set (Options.First) is fetched by every worker: it is
+		// what the process is about to touch.
+		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 && s.first.i >= len(s.opts.First) {
 			s.wakeIn(d)
 			s.setCond.Wait()
 			continue

@@ -124,10 +124,13 @@ func (s *server) serveFault(f fault) error {
 	s.st.DataFaults++
 	s.h.add(time.Since(f.at))
 	s.mu.Unlock()
+	if s.opts.OnFault != nil {
+		s.opts.OnFault(src, hi-lo, f.at)
+	}
 	if !sequential {
 		s.latencyUntil.Store(time.Now().Add(latencyBound).UnixNano())
 	}
-	if n := s.stride.next(page, sequential); n > 0 {
+	if n := s.stride.next(page, sequential); n > 0 && !s.opts.NoStrideAhead {
 		if err := s.strideAhead(page, n); err != nil {
 			return err
 		}

@@ -61,6 +61,8 @@ type server struct {
 	strideReads  []strideRead
 	strideBuf    []byte
 
+	first firstQueue // Options.First still to prefetch; under setMu
+
 	// evMu: held for writing while messages are read and events applied,
 	// for reading around every look at the pending set that a copy or
 	// zero fill follows (see the workers in prefetch_linux.go).
@@ -242,7 +244,7 @@ func (s *server) loop(ctx context.Context) error {
 		timeout := time.Duration(-1)
 		if !s.pendingEmpty() {
 			timeout = probeInterval
-			if s.opts.Prefetch && s.opts.Workers == 0 && !s.prefetching() {
+			if s.opts.Prefetch && s.opts.Workers == 0 && !s.prefetching() && !s.tree.prefetchHeld.Load() {
 				timeout = min(timeout, time.Until(s.prefetchAt))
 			}
 		}
@@ -280,7 +282,7 @@ func (s *server) workerErr() error {
 
 // prefetching reports whether the prefetcher may run now.
 func (s *server) prefetching() bool {
-	return s.opts.Prefetch && (s.opts.PrefetchDelay <= 0 || !time.Now().Before(s.prefetchAt))
+	return s.opts.Prefetch && !s.tree.prefetchHeld.Load() && (s.opts.PrefetchDelay <= 0 || !time.Now().Before(s.prefetchAt))
 }
 
 // probeInterval is how long a pager with pages pending stays idle before

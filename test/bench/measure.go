@@ -30,6 +30,10 @@ type harness struct {
 	expect  expectation
 	smaps   bool     // restoreOnce records the restored process's huge pages
 	only    []string // -only: the series to run; empty: all
+	smoke   bool     // a smoke run: series may measure less
+	// restoreArgs are appended to every restore's arguments (the s3
+	// series' --cache-dir).
+	restoreArgs []string
 }
 
 // expectation is what the original server answered; every restored server
@@ -59,7 +63,7 @@ func measure(ctx context.Context, o options) (*report, error) {
 	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Only: o.Only, Started: o.Now()}
 	rep.Machine = describeMachine(work, t)
 	for _, size := range o.Sizes {
-		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now()}
+		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now(), smoke: o.Smoke}
 		sr, err := h.measureSize(ctx, o.Now)
 		h.killLive()
 		if err != nil {

@@ -53,7 +53,7 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 		return run, err
 	}
 
-	args := c.args(snap.Dir)
+	args := append(c.args(snap.Dir), h.restoreArgs...)
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work

@@ -21,9 +21,15 @@ type sizeResult struct {
 	Dumps     []*dumpResult   // report order
 	Restores  []*restoreResult
 	Baselines []*baselineResult
-	Weights   []*weightsResult // the weightserver, with and without MADV_HUGEPAGE
-	Tree      *treeResult      `json:",omitempty"` // the tree series (tree.go)
+	Weights   []*weightsResult  // the weightserver, with and without MADV_HUGEPAGE
+	Tree      *treeResult       `json:",omitempty"` // the tree series (tree.go)
+	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
+	Codecs    []*codecResult    `json:",omitempty"` // the codec series
+	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
 	Elapsed   time.Duration
+
+	// WorkingSet is the working-set series (workingset.go).
+	WorkingSet []*wsResult `json:",omitempty"`
 }
 
 // weightsResult is the weightserver series of one advice: its snapshot

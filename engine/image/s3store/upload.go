@@ -1,0 +1,355 @@
+package s3store
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+)
+
+const (
+	// partSize is the size of one part of a multipart upload (the last
+	// may be shorter): 10,000 parts, S3's limit, make 160 GiB.
+	partSize = 16 << 20
+	// maxPartsInFlight bounds the parts of one upload going up at once;
+	// one more fills meanwhile.
+	maxPartsInFlight = 4
+	// lockName marks a prefix a dump is writing into.
+	lockName = ".lazyfs-dump.lock"
+)
+
+// unsignedPayload leaves the SHA-256 of a body out of a request's
+// signature: the body's CRC32C, which the store checks, already covers it,
+// and hashing every byte of the pages file a second time would slow the
+// dump.
+var unsignedPayload = s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
+
+// Writer is a snapshot being written to an object store: an
+// image.StoreWriter.
+type Writer struct {
+	c       *client
+	ctx     context.Context
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	written []string  // keys stored so far, for Abort
+	open    []*upload // not yet closed, for Abort
+	done    bool
+}
+
+// Create starts a snapshot at addr: it refuses a bucket that does not
+// exist, credentials the store refuses, and a prefix that holds any
+// object already (image.ErrExists), then marks the prefix with a lock
+// object created only if absent (image.ErrLocked if another dump got
+// there first).
+func Create(addr string, o image.RemoteOptions) (*Writer, error) {
+	a, err := ParseAddress(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := newClient(ctx, a, o)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	w := &Writer{c: c, ctx: ctx, cancel: cancel}
+	objs, err := c.list(ctx, 1)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	for name := range objs {
+		cancel()
+		if name == image.ManifestName {
+			return nil, fmt.Errorf("%s: %w", a, image.ErrExists)
+		}
+		return nil, fmt.Errorf("%w: %s is not empty (it holds %s, perhaps of a dump that was killed): remove it or dump elsewhere", image.ErrExists, a, name)
+	}
+	if err := w.putIfAbsent(lockName, []byte("dump in progress\n")); err != nil {
+		cancel()
+		if errors.Is(err, image.ErrExists) {
+			return nil, fmt.Errorf("%s: %w", a, image.ErrLocked)
+		}
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Writer) String() string { return w.c.addr.String() }
+
+// crc32c returns the base64 CRC32C of b, as S3's checksum headers want.
+func crc32c(b []byte) string {
+	var sum [4]byte
+	binary.BigEndian.PutUint32(sum[:], codec.Checksum(b))
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// put stores b as the file name with one PUT and its CRC32C.
+func (w *Writer) put(name string, b []byte, ifAbsent bool) error {
+	ctx, cancel := context.WithTimeout(w.ctx, opTimeout)
+	defer cancel()
+	in := &s3.PutObjectInput{
+		Bucket:         aws.String(w.c.addr.Bucket),
+		Key:            aws.String(w.c.addr.key(name)),
+		Body:           bytes.NewReader(b),
+		ContentLength:  aws.Int64(int64(len(b))),
+		ChecksumCRC32C: aws.String(crc32c(b)),
+	}
+	if ifAbsent {
+		in.IfNoneMatch = aws.String("*")
+	}
+	if _, err := w.c.s3.PutObject(ctx, in, unsignedPayload); err != nil {
+		var ae smithy.APIError
+		if ifAbsent && errors.As(err, &ae) && (ae.ErrorCode() == "PreconditionFailed" || ae.ErrorCode() == "ConditionalRequestConflict") {
+			return image.ErrExists
+		}
+		return w.c.storeError("write "+name, err)
+	}
+	w.mu.Lock()
+	w.written = append(w.written, name)
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *Writer) putIfAbsent(name string, b []byte) error { return w.put(name, b, true) }
+
+// Create starts the file name: an upload that sends its bytes as it
+// gets them.
+func (w *Writer) Create(name string) (image.Upload, error) {
+	u := &upload{w: w, name: name, key: w.c.addr.key(name), sem: make(chan struct{}, maxPartsInFlight)}
+	u.buf = make([]byte, 0, partSize)
+	w.mu.Lock()
+	w.open = append(w.open, u)
+	w.mu.Unlock()
+	return u, nil
+}
+
+// Commit stores the manifest, only if the prefix has none, then removes
+// the lock.
+func (w *Writer) Commit(manifest []byte) error {
+	if err := w.putIfAbsent(image.ManifestName, manifest); err != nil {
+		if errors.Is(err, image.ErrExists) {
+			return fmt.Errorf("%s: %w", w.c.addr, image.ErrExists)
+		}
+		return err
+	}
+	w.done = true
+	w.remove([]string{lockName})
+	w.cancel()
+	return nil
+}
+
+// Abort aborts the uploads under way and removes every object written,
+// the lock last.
+func (w *Writer) Abort() {
+	if w.done {
+		return
+	}
+	w.done = true
+	w.mu.Lock()
+	open := slices.Clone(w.open)
+	written := slices.DeleteFunc(slices.Clone(w.written), func(n string) bool { return n == lockName })
+	w.mu.Unlock()
+	for _, u := range open {
+		u.Abort()
+	}
+	w.remove(append(written, lockName))
+	w.cancel()
+}
+
+// remove deletes the objects of names; errors are only logged by the
+// store's absence of them (a dump that failed leaves what it could not
+// remove, and the next dump there refuses the prefix, naming it).
+func (w *Writer) remove(names []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	for _, n := range names {
+		w.c.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(w.c.addr.Bucket), Key: aws.String(w.c.addr.key(n))})
+	}
+}
+
+// upload is one file being written: one PUT if it fits in a part, else
+// a multipart upload whose parts go up in parallel as they fill.
+type upload struct {
+	w    *Writer
+	name string
+	key  string
+	buf  []byte
+	id   string // the multipart upload's, once started
+	sem  chan struct{}
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	parts  []types.CompletedPart
+	err    error
+	closed bool
+}
+
+func (u *upload) firstErr() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.err
+}
+
+func (u *upload) fail(err error) {
+	u.mu.Lock()
+	if u.err == nil {
+		u.err = err
+	}
+	u.mu.Unlock()
+}
+
+// Write buffers b and sends every part it fills; it returns the first
+// error of a part as soon as it is known.
+func (u *upload) Write(b []byte) (int, error) {
+	done := 0
+	for done < len(b) {
+		n := copy(u.buf[len(u.buf):cap(u.buf)], b[done:])
+		u.buf = u.buf[:len(u.buf)+n]
+		done += n
+		if len(u.buf) == cap(u.buf) {
+			if err := u.sendPart(); err != nil {
+				return done, err
+			}
+		}
+	}
+	return done, u.firstErr()
+}
+
+// sendPart hands the full buffer to a goroutine that uploads it as the
+// next part, waiting for a free slot.
+func (u *upload) sendPart() error {
+	if err := u.firstErr(); err != nil {
+		return err
+	}
+	if u.id == "" {
+		ctx, cancel := context.WithTimeout(u.w.ctx, opTimeout)
+		out, err := u.w.c.s3.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+			Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c,
+		})
+		cancel()
+		if err != nil {
+			err = u.w.c.storeError("start upload of "+u.name, err)
+			u.fail(err)
+			return err
+		}
+		u.id = aws.ToString(out.UploadId)
+	}
+	select {
+	case u.sem <- struct{}{}:
+	case <-u.w.ctx.Done():
+		return u.w.ctx.Err()
+	}
+	data := u.buf
+	num := int32(len(u.parts)) + 1
+	u.mu.Lock()
+	u.parts = append(u.parts, types.CompletedPart{PartNumber: aws.Int32(num)})
+	u.mu.Unlock()
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		defer func() { <-u.sem }()
+		sum := crc32c(data)
+		ctx, cancel := context.WithTimeout(u.w.ctx, opTimeout)
+		out, err := u.w.c.s3.UploadPart(ctx, &s3.UploadPartInput{
+			Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), UploadId: aws.String(u.id),
+			PartNumber: aws.Int32(num), Body: bytes.NewReader(data), ContentLength: aws.Int64(int64(len(data))),
+			ChecksumCRC32C: aws.String(sum),
+		}, unsignedPayload)
+		cancel()
+		if err != nil {
+			u.fail(u.w.c.storeError(fmt.Sprintf("upload part %d of %s", num, u.name), err))
+			return
+		}
+		u.mu.Lock()
+		u.parts[num-1].ETag = out.ETag
+		u.parts[num-1].ChecksumCRC32C = aws.String(sum)
+		u.mu.Unlock()
+	}()
+	u.buf = make([]byte, 0, partSize)
+	return nil
+}
+
+// Close sends what is buffered and completes the file.
+func (u *upload) Close() error {
+	if u.closed {
+		return u.firstErr()
+	}
+	u.closed = true
+	defer u.forget()
+	if u.id == "" { // it fits in one part: one PUT
+		if err := u.firstErr(); err != nil {
+			return err
+		}
+		return u.w.put(u.name, u.buf, false)
+	}
+	if len(u.buf) > 0 {
+		if err := u.sendPart(); err != nil {
+			u.wg.Wait()
+			u.abortUpload()
+			return err
+		}
+	}
+	u.wg.Wait()
+	if err := u.firstErr(); err != nil {
+		u.abortUpload()
+		return err
+	}
+	sort.Slice(u.parts, func(i, j int) bool { return *u.parts[i].PartNumber < *u.parts[j].PartNumber })
+	ctx, cancel := context.WithTimeout(u.w.ctx, opTimeout)
+	defer cancel()
+	_, err := u.w.c.s3.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), UploadId: aws.String(u.id),
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: u.parts},
+	})
+	if err != nil {
+		u.abortUpload()
+		return u.w.c.storeError("complete upload of "+u.name, err)
+	}
+	u.w.mu.Lock()
+	u.w.written = append(u.w.written, u.name)
+	u.w.mu.Unlock()
+	return nil
+}
+
+// Abort drops the upload: the parts sent so far are discarded.
+func (u *upload) Abort() {
+	if u.closed {
+		return
+	}
+	u.closed = true
+	u.fail(errors.New("upload aborted"))
+	u.wg.Wait()
+	u.abortUpload()
+	u.forget()
+}
+
+func (u *upload) abortUpload() {
+	if u.id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	u.w.c.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), UploadId: aws.String(u.id)})
+}
+
+// forget removes u from the writer's open uploads.
+func (u *upload) forget() {
+	u.w.mu.Lock()
+	u.w.open = slices.DeleteFunc(u.w.open, func(x *upload) bool { return x == u })
+	u.w.mu.Unlock()
+}

@@ -1,0 +1,193 @@
+package image
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Store holds the files of one snapshot. A snapshot directory is one
+// (the default, dirStore); an object store is another, whose package
+// registers its address scheme with RegisterScheme ("s3" for
+// s3://BUCKET/PREFIX). Readers of the format see only this: the checks
+// of the format (the manifest's sizes and CRC32C, every block's CRC32C)
+// are the same whatever holds the bytes.
+type Store interface {
+	// String names the snapshot in messages: its directory or address.
+	String() string
+	// Stat checks that name is a file of the snapshot that can be
+	// trusted, and returns its size. A missing file's error matches
+	// os.ErrNotExist; one that cannot be trusted (see OpenOptions.Trust)
+	// ErrUntrusted, and one that is not a plain file ErrCorrupt.
+	Stat(name string) (int64, error)
+	// Open opens the file name for reads at any offset. Its errors name
+	// the file.
+	Open(name string) (File, error)
+	// Close releases the store. Files opened from it stay usable.
+	Close() error
+}
+
+// File is a file of a snapshot opened for reading. A read that fails
+// (the store went away) returns an error, never other bytes.
+type File interface {
+	io.ReaderAt
+	io.Closer
+}
+
+// StoreWriter is where a dump writes a snapshot held other than in a
+// local directory. Create refuses a place that already holds files;
+// files are uploaded as they are written, and the manifest goes last,
+// by Commit, so that a dump that failed is never read as a whole
+// snapshot.
+type StoreWriter interface {
+	String() string
+	// Create starts the file name. Its bytes are stored when the upload
+	// is closed; Abort drops them.
+	Create(name string) (Upload, error)
+	// Commit stores the manifest, unless the snapshot has one already
+	// (ErrExists), and releases the store.
+	Commit(manifest []byte) error
+	// Abort removes every file created and releases the store.
+	Abort()
+}
+
+// Upload is one file being written to a StoreWriter.
+type Upload interface {
+	io.Writer
+	// Close completes the file; its error names it.
+	Close() error
+	// Abort drops what was written.
+	Abort()
+}
+
+// RemoteOptions configure a store given by address. They cross to the
+// private mount's helper process as JSON.
+type RemoteOptions struct {
+	// Endpoint is the store's URL (snapctl --s3-endpoint); empty means
+	// the one the environment names, if any, else the service's.
+	Endpoint string `json:",omitempty"`
+	// CacheDir, if set, is a directory of blocks already fetched, kept
+	// between runs (--cache-dir); CacheSize bounds it in bytes.
+	CacheDir  string `json:",omitempty"`
+	CacheSize int64  `json:",omitempty"`
+	// Trust is OpenOptions.Trust: it also accepts a CacheDir that
+	// another user can change.
+	Trust bool `json:",omitempty"`
+}
+
+// Scheme opens the stores of one kind of address.
+type Scheme struct {
+	Open   func(addr string, o RemoteOptions) (Store, error)
+	Create func(addr string, o RemoteOptions) (StoreWriter, error)
+}
+
+var (
+	schemesMu sync.RWMutex
+	schemes   = map[string]Scheme{}
+)
+
+// RegisterScheme makes addresses "name://..." open with s, wherever a
+// snapshot directory is accepted. The package of a store calls it from an
+// init function.
+func RegisterScheme(name string, s Scheme) {
+	schemesMu.Lock()
+	defer schemesMu.Unlock()
+	schemes[name] = s
+}
+
+// IsRemote reports whether addr is an address of the form scheme://...
+// rather than a directory.
+func IsRemote(addr string) bool {
+	scheme, _, ok := strings.Cut(addr, "://")
+	return ok && scheme != "" && !strings.Contains(scheme, "/")
+}
+
+// scheme returns the registered scheme of the address addr.
+func scheme(addr string) (Scheme, error) {
+	name, _, _ := strings.Cut(addr, "://")
+	schemesMu.RLock()
+	s, ok := schemes[name]
+	schemesMu.RUnlock()
+	if !ok {
+		return Scheme{}, fmt.Errorf("%s: no store for addresses %s:// in this build", addr, name)
+	}
+	return s, nil
+}
+
+// openStore opens the store of dir: a directory, or an address.
+func openStore(dir string, o OpenOptions) (Store, error) {
+	if IsRemote(dir) {
+		s, err := scheme(dir)
+		if err != nil {
+			return nil, err
+		}
+		ro := o.Remote
+		ro.Trust = ro.Trust || o.Trust
+		return s.Open(dir, ro)
+	}
+	d, err := openDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !o.Trust {
+		if err := trusted(d, "snapshot directory "+d.Name()); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	return &dirStore{d: d, trust: o.Trust}, nil
+}
+
+// dirStore is a snapshot directory, opened once: every file is opened
+// through it, never following a link, so that nothing done to the path
+// afterwards changes what is read.
+type dirStore struct {
+	d     *os.File
+	trust bool
+}
+
+func (s *dirStore) String() string { return s.d.Name() }
+func (s *dirStore) Close() error   { return s.d.Close() }
+
+func (s *dirStore) Open(name string) (File, error) { return openAt(s.d, name) }
+
+// Stat checks a file of the directory: a regular file, not a link, and
+// (unless trusted) one that only the caller and root can change.
+func (s *dirStore) Stat(name string) (int64, error) {
+	path := filepath.Join(s.d.Name(), name)
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(s.d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return 0, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return 0, fmt.Errorf("%s: %w: not a regular file (mode %o)", path, ErrCorrupt, st.Mode)
+	}
+	if !s.trust {
+		if err := trustedStat(&st, path); err != nil {
+			return 0, err
+		}
+	}
+	return st.Size, nil
+}
+
+// readAll reads the whole file name of st, of size bytes.
+func readAll(st Store, name string, size int64) ([]byte, error) {
+	f, err := st.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, size)
+	if n, err := f.ReadAt(b, 0); n < len(b) {
+		if err == io.EOF || err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return b, nil
+}

@@ -1,0 +1,65 @@
+package engine
+
+import (
+	"errors"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// PIDNSInitArg0 is the argv[0] of the init of the pid namespace that a
+// restore with Namespaces.PID makes: the running program, started as the
+// namespace's pid 1 (and the stub the process is cloned out of). A
+// program that sets Namespaces.PID must run PIDNSInitMain before anything
+// else when os.Args[0] is PIDNSInitArg0, in an init function, as it does
+// KeeperMain.
+const PIDNSInitArg0 = "lazyfs-pidns-init"
+
+// initSignals are the signals the init passes on to the restored process:
+// those a supervisor sends to stop or reload a server.
+var initSignals = []os.Signal{unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGTERM, unix.SIGUSR1, unix.SIGUSR2}
+
+// PIDNSInitMain is the init of a restore's pid namespace (args is its
+// os.Args: PIDNSInitArg0, the restored process's pid in the namespace).
+// It reaps every process that ends in the namespace, passes initSignals
+// on to the restored process, and returns, to exit with it, the
+// restored process's exit status (128+N for a signal N) once it ends:
+// the kernel then kills whatever is left in the namespace.
+func PIDNSInitMain(args []string) int {
+	if len(args) != 2 {
+		return 2
+	}
+	main, err := strconv.Atoi(args[1])
+	if err != nil || main <= 1 || os.Getpid() != 1 {
+		return 2
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, initSignals...)
+	go func() {
+		for s := range sigs {
+			_ = unix.Kill(main, s.(syscall.Signal))
+		}
+	}()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			// ECHILD: the process is gone and was reaped by nobody we
+			// know of; nothing is left to wait for. (The init has no
+			// stderr to say so.)
+			return 1
+		case pid != main:
+			continue
+		case ws.Signaled():
+			return 128 + int(ws.Signal())
+		default:
+			return ws.ExitStatus()
+		}
+	}
+}

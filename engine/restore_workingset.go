@@ -1,0 +1,325 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+// Working sets (image.WorkingSet): a lazy restore can record which memory
+// the process touched first, and a later lazy restore of the same
+// snapshot fetches that memory before the rest, in the recorded order.
+
+// WorkingSetMode says what a lazy restore does with the working set
+// beside the snapshot.
+type WorkingSetMode int
+
+const (
+	// WorkingSetUse fetches a working set first if there is one that
+	// matches the snapshot; a damaged or foreign one is ignored with a
+	// warning naming it.
+	WorkingSetUse WorkingSetMode = iota
+	// WorkingSetOff ignores it.
+	WorkingSetOff
+	// WorkingSetBlocks fetches the snapshot's blocks that hold the
+	// working set first, read in place from the source, even if the
+	// working set carries its own copy of the memory (which
+	// WorkingSetUse prefers).
+	WorkingSetBlocks
+)
+
+// RecordOptions make a lazy restore record a working set: the ranges
+// the process faults in, in order, with the prefetcher held back so that
+// every page it needs comes by a fault, until the first stop condition;
+// then it is written beside the snapshot (image.WriteWorkingSet, atomic:
+// a restore killed before leaves the previous file, or none) and the
+// prefetcher streams in the rest.
+type RecordOptions struct {
+	// For stops the recording after this long (0: no limit).
+	For time.Duration
+	// Faults stops it after this many faults served from the snapshot
+	// (0: no limit).
+	Faults int
+	// Stop stops it when it is closed or receives (snapctl: SIGUSR1, sent
+	// by whoever saw the process's first answer).
+	Stop <-chan struct{}
+}
+
+// WorkingSetResult says what a lazy restore did with working sets.
+type WorkingSetResult struct {
+	// Path is the working-set file used or written ("" if none).
+	Path string
+	// Used: the restore fetched Ranges (Bytes of memory) first: from the
+	// working set's own copy if Copy, else from the snapshot's blocks.
+	Used   bool
+	Copy   bool
+	Ranges int
+	Bytes  uint64
+	// Ignored says why a working set beside the snapshot was not used
+	// (it was also logged as a warning).
+	Ignored string
+	// Recorded: the restore wrote a working set of Bytes in Ranges
+	// ranges, recorded for Span until Stop ("duration", "faults",
+	// "signal", "done": the lazy phase ended first).
+	Recorded bool
+	Span     time.Duration
+	Stop     string
+}
+
+// workingSetFirst returns what the pager fetches first from the working
+// set beside the snapshot (uffd.Options.First), and the source to read it
+// from: the working set's own copy of the memory if it has one (a source
+// that answers reads inside the copy from it, the rest from src), else
+// the snapshot's blocks that hold it, in src. With no usable working set
+// it returns nil and src, with a warning naming the file if there is one.
+func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
+	o := r.opts.LazyOptions
+	if r.wsLoad == nil {
+		return nil, src
+	}
+	ws, err := r.wsLoad()
+	if ws == nil && err == nil {
+		return nil, src
+	}
+	if err != nil {
+		res.Ignored = err.Error()
+		r.log.Warn("working set ignored: the restore goes on without it", "err", err)
+		return nil, src
+	}
+	res.Path = filepath.Join(r.snap.Dir, image.WorkingSetName(ws.PID))
+	var out []units.Range
+	if ws.HasData() && o.WorkingSet != WorkingSetBlocks {
+		out, src = r.workingSetCopy(ws, src, res)
+	} else {
+		out = r.workingSetBlocks(ws, res)
+	}
+	res.Used, res.Ranges = len(out) > 0, len(out)
+	r.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes, "copy", res.Copy)
+	return out, src
+}
+
+// loadWorkingSet starts reading the working set beside the snapshot, if
+// the restore uses one, while the restore goes on; r.wsLoad waits for it
+// and returns it (nil, nil if there is none).
+func (r *restorer) loadWorkingSet(context.Context) error {
+	o := r.opts.LazyOptions
+	if r.opts.Lazy == nil || o.WorkingSet == WorkingSetOff || o.Record != nil {
+		return nil
+	}
+	pid, err := SnapshotPID(r.snap)
+	if err != nil {
+		return err
+	}
+	var ws *image.WorkingSet
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ws, err = r.snap.WorkingSet(pid)
+		if errors.Is(err, os.ErrNotExist) {
+			ws, err = nil, nil
+		}
+	}()
+	r.wsLoad = func() (*image.WorkingSet, error) {
+		<-done
+		return ws, err
+	}
+	return nil
+}
+
+// workingSetBlocks returns the lazily served blocks that hold ws, in the
+// order of its entries, merged into ranges where they follow each other.
+func (r *restorer) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult) []units.Range {
+	seen := map[uint64]bool{}
+	var out []units.Range
+	for _, e := range ws.Entries {
+		for a := e.Addr; a < e.End(); {
+			b, ok := r.pages.BlockAt(a)
+			if !ok {
+				// A hole of the snapshot (not a block): on to the next
+				// block, if the entry reaches one.
+				next, ok := r.pages.NextData(a)
+				if !ok || next <= a {
+					break
+				}
+				a = next
+				continue
+			}
+			a = b.End()
+			if seen[b.Addr] || b.Kind == codec.Zero || !r.lazyBlock(b) {
+				continue
+			}
+			seen[b.Addr] = true
+			res.Bytes += uint64(b.Len)
+			if n := len(out); n > 0 && out[n-1].End == b.Addr {
+				out[n-1].End = b.End()
+				continue
+			}
+			out = append(out, units.Range{Start: b.Addr, End: b.End()})
+		}
+	}
+	return out
+}
+
+// workingSetCopy returns ws's entries that lie in lazily served blocks,
+// in order, and a source that reads them from ws's copy (checked against
+// their CRC32C when the file was read) and everything else from src.
+func (r *restorer) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
+	c := &copySource{src: src}
+	var out []units.Range
+	for _, e := range ws.Entries {
+		b, ok := r.pages.BlockAt(e.Addr)
+		if !ok || b.Kind == codec.Zero || !r.lazyBlock(b) || e.End() > b.End() && !r.lazyRange(e.Addr, e.End()) {
+			continue
+		}
+		out = append(out, units.Range{Start: e.Addr, End: e.End()})
+		c.parts = append(c.parts, e)
+		res.Bytes += e.Len
+	}
+	slices.SortFunc(c.parts, func(a, b image.WorkingSetEntry) int { return cmp.Compare(a.Addr, b.Addr) })
+	res.Copy = true
+	return out, c
+}
+
+// lazyRange reports whether every block of [lo, hi) is lazily served.
+func (r *restorer) lazyRange(lo, hi uint64) bool {
+	for a := lo; a < hi; {
+		b, ok := r.pages.BlockAt(a)
+		if !ok || !r.lazyBlock(b) {
+			return false
+		}
+		a = b.End()
+	}
+	return true
+}
+
+// copySource answers a read that lies inside one part of a working set's
+// copy from it, and any other from src.
+type copySource struct {
+	src   io.ReaderAt
+	parts []image.WorkingSetEntry // sorted by address, disjoint
+}
+
+func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
+	a := uint64(off)
+	i, _ := slices.BinarySearchFunc(c.parts, a, func(e image.WorkingSetEntry, a uint64) int {
+		switch {
+		case e.End() <= a:
+			return -1
+		case e.Addr > a:
+			return 1
+		}
+		return 0
+	})
+	if i < len(c.parts) {
+		if e := c.parts[i]; e.Addr <= a && a+uint64(len(p)) <= e.End() {
+			return copy(p, e.Data[a-e.Addr:]), nil
+		}
+	}
+	return c.src.ReadAt(p, off)
+}
+
+// startRecording sets the pager's options up for recording (held
+// prefetch, every fault observed) and returns the recorder.
+func (r *restorer) startRecording(po *uffd.Options, start time.Time) *uffd.Recorder {
+	ro := r.opts.LazyOptions.Record
+	if ro == nil {
+		return nil
+	}
+	rec := uffd.NewRecorder(start, ro.Faults)
+	po.HoldPrefetch, po.OnFault = true, rec.Observe
+	// Every fault brings in its page only: what is recorded is what the
+	// process touched, not the blocks around it.
+	po.MaxFaultBytes, po.FaultAhead, po.NoStrideAhead = uffd.PageSize, uffd.PageSize, true
+	return rec
+}
+
+// record waits for the recording's first stop condition (or the end of
+// the lazy phase, ctx), releases the prefetcher and writes the working
+// set beside the snapshot. A write that fails is a warning: the restore
+// goes on.
+func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager, res *WorkingSetResult) {
+	ro := r.opts.LazyOptions.Record
+	var timeout <-chan time.Time
+	if ro.For > 0 {
+		t := time.NewTimer(ro.For)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-rec.Done():
+	case <-timeout:
+		rec.Stop("duration")
+	case <-ro.Stop:
+		rec.Stop("signal")
+	case <-ctx.Done():
+		rec.Stop("done")
+		if !errors.Is(context.Cause(ctx), errLazyDoneOK) {
+			return // the restore failed: nothing worth keeping
+		}
+	}
+	p.ReleasePrefetch()
+	touches, reason, span := rec.Result()
+	pid, err := SnapshotPID(r.snap)
+	if err != nil {
+		r.log.Warn("working set not written", "err", err)
+		return
+	}
+	ws := &image.WorkingSet{PID: pid, Snapshot: r.snap.ID(), Span: span, Stop: reason}
+	var total uint64
+	for _, t := range touches {
+		// Pages touched one after the other make one entry.
+		if n := len(ws.Entries); n > 0 && ws.Entries[n-1].End() == t.Addr {
+			ws.Entries[n-1].Len += t.Len
+		} else {
+			ws.Entries = append(ws.Entries, image.WorkingSetEntry{Addr: t.Addr, Len: t.Len, At: t.At})
+		}
+		total += t.Len
+	}
+	// The memory itself, laid out contiguously, read from the snapshot's
+	// own reader (which checks every block) unless it is too large.
+	if total <= image.MaxWorkingSetData {
+		ctx := context.WithoutCancel(ctx) // over when the lazy phase is: the snapshot is still open
+		for i := range ws.Entries {
+			e := &ws.Entries[i]
+			buf := make([]byte, e.Len)
+			if _, err := r.pages.ReadAtContext(ctx, buf, int64(e.Addr)); err != nil {
+				r.log.Warn("working set written without its memory", "err", err)
+				for j := range ws.Entries {
+					ws.Entries[j].Data = nil
+				}
+				break
+			}
+			e.Data = buf
+		}
+	}
+	if err := r.snap.WriteWorkingSet(ws); err != nil {
+		r.log.Warn("working set not written", "err", err)
+		return
+	}
+	res.Recorded, res.Path, res.Span, res.Stop = true, filepath.Join(r.snap.Dir, image.WorkingSetName(pid)), span, reason
+	res.Ranges, res.Bytes = len(ws.Entries), ws.Bytes()
+	r.log.Debug("working set recorded", "file", res.Path, "ranges", res.Ranges, "bytes", res.Bytes, "span", span, "stop", reason)
+}
+
+// errLazyDoneOK is the cause of the lazy phase's end when the pager
+// finished without error: a recording still running then is written.
+var errLazyDoneOK = errors.New("lazy phase over")
+
+// errLazyDone is the cause to cancel the lazy phase with once Run has
+// returned err.
+func errLazyDone(err error) error {
+	if err == nil {
+		return errLazyDoneOK
+	}
+	return err
+}

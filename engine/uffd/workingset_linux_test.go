@@ -1,0 +1,130 @@
+package uffd
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+// TestPagerFirst: the prefetcher fetches Options.First before anything
+// else, in the given order (not address order), then the rest; the
+// memory is right.
+func TestPagerFirst(t *testing.T) {
+	forWorkers(t, func(t *testing.T, workers int) {
+		const size = 16 * mib
+		f, fd, base, ext, src := setup(t, size)
+		src.keep = true
+		m := newMem(base, size, ext, src)
+		first := []units.Range{
+			{Start: base + 12*mib, End: base + 12*mib + 2*block},
+			{Start: base + 2*mib, End: base + 2*mib + block},
+			{Start: base + 14*mib, End: base + 14*mib + 3*block},
+		}
+		var firstBytes uint64 // what First holds of the extents
+		for _, r := range first {
+			for _, e := range ext {
+				firstBytes += r.Intersect(units.Range{Start: e.Addr, End: e.End()}).Len()
+			}
+		}
+		p := New(fd, src, ext, Options{Prefetch: true, PrefetchChunk: block, Workers: workers, First: first, Logger: testLogger(t)})
+		errc := runPager(t, p, fd, base, size, time.Minute)
+		if err := waitRun(t, errc, 30*time.Second); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		f.checkSum(m, "all", base, size)
+		src.mu.Lock()
+		log := append([]Extent(nil), src.log...)
+		src.mu.Unlock()
+		// The reads until First's bytes are read are inside First (with
+		// workers, the first ranges' reads may interleave: only the
+		// membership is checked then; without, the order too).
+		var got uint64
+		ri := 0
+		for _, rd := range log {
+			if got >= firstBytes {
+				break
+			}
+			in := -1
+			for i, r := range first {
+				if r.Contains(rd.Addr) {
+					in = i
+				}
+			}
+			if in < 0 {
+				t.Fatalf("read %#x+%#x before First was fetched (%d of %d bytes read); reads %v", rd.Addr, rd.Len, got, firstBytes, log[:min(len(log), 12)])
+			}
+			if workers == 0 && in < ri {
+				t.Fatalf("read of First[%d] after First[%d]", in, ri)
+			}
+			ri = max(ri, in)
+			got += rd.Len
+		}
+	})
+}
+
+// TestPagerRecord: with the prefetcher held, every page the process
+// touches comes by a fault, which the recorder keeps in order; released,
+// the prefetcher brings in the rest.
+func TestPagerRecord(t *testing.T) {
+	forWorkers(t, func(t *testing.T, workers int) {
+		const size = 16 * mib
+		f, fd, base, ext, src := setup(t, size)
+		m := newMem(base, size, ext, src)
+		rec := NewRecorder(time.Now(), 0)
+		p := New(fd, src, ext, Options{Prefetch: true, Workers: workers, HoldPrefetch: true, OnFault: rec.Observe, Logger: testLogger(t)})
+		errc := runPager(t, p, fd, base, size, time.Minute)
+		touched := []uint64{base + 9*mib + 5*PageSize, base + PageSize, base + 15*mib}
+		for _, a := range touched {
+			f.checkSum(m, "touch", a, PageSize)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if st := p.Stats(); st.PrefetchBytes != 0 {
+			t.Fatalf("prefetched %d bytes while held", st.PrefetchBytes)
+		}
+		rec.Stop("test")
+		p.ReleasePrefetch()
+		if err := waitRun(t, errc, 30*time.Second); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		f.checkSum(m, "all", base, size)
+		touches, reason, span := rec.Result()
+		if reason != "test" || span <= 0 {
+			t.Fatalf("reason %q span %v", reason, span)
+		}
+		if len(touches) != len(touched) {
+			t.Fatalf("recorded %+v, touched %x", touches, touched)
+		}
+		for i, tc := range touches {
+			if a := touched[i]; a < tc.Addr || a >= tc.Addr+tc.Len {
+				t.Errorf("touch %d: recorded %#x+%#x, touched %#x", i, tc.Addr, tc.Len, a)
+			}
+			if i > 0 && tc.At < touches[i-1].At {
+				t.Errorf("touch %d at %v before the one before (%v)", i, tc.At, touches[i-1].At)
+			}
+		}
+		// After Stop nothing more is kept.
+		rec.Observe(base, PageSize, time.Now())
+		if got, _, _ := rec.Result(); len(got) != len(touched) {
+			t.Fatalf("recorded after Stop: %d", len(got))
+		}
+	})
+}
+
+// TestRecorderMaxFaults: the recorder stops by itself after its count.
+func TestRecorderMaxFaults(t *testing.T) {
+	rec := NewRecorder(time.Now(), 2)
+	rec.Observe(0x1000, PageSize, time.Now())
+	rec.Observe(0x1000, PageSize, time.Now()) // a child's fault on the same page
+	select {
+	case <-rec.Done():
+		t.Fatal("stopped after one distinct fault")
+	default:
+	}
+	rec.Observe(0x3000, PageSize, time.Now())
+	<-rec.Done()
+	rec.Observe(0x5000, PageSize, time.Now())
+	if got, reason, _ := rec.Result(); len(got) != 2 || reason != "faults" {
+		t.Fatalf("got %+v, %q", got, reason)
+	}
+}

@@ -1,0 +1,499 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+// The replicas series: one modelserver snapshot restored N times (1, 2,
+// 4), each copy with restore --pidns --netns new, one after another (the
+// next started once the one before answered "touch 1" and has all its
+// memory, as a service scales out): lazily through one lazyfs mount that
+// every copy faults through, against eager restores. Per copy, the time from its snapctl's
+// start to its "touch 1" answer; per case, once every copy has all its
+// memory, the memory they and the page source hold.
+
+func init() {
+	extraSeries = append(extraSeries, series{
+		Name:     "replicas",
+		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.replicasSeries(ctx, sr) },
+		Validate: validateReplicas,
+		Render:   renderReplicas,
+	})
+}
+
+// replicaCounts are how many copies each case starts.
+var replicaCounts = []int{1, 2, 4}
+
+// replicaModes: "lazy", every copy through one lazyfs mount (made afresh
+// for the case: its first copy decodes, the others find the blocks
+// decoded); "eager", each copy filled by its snapctl from the snapshot
+// files (warm in the page cache).
+var replicaModes = []string{"lazy", "eager"}
+
+// replicasResult is the runs of one case.
+type replicasResult struct {
+	Mode string
+	N    int
+	Runs []replicasRun
+}
+
+// replicasRun is one run of a case.
+type replicasRun struct {
+	// Touch1 is, per copy in start order, the time from its snapctl's
+	// start to its "touch 1" answer.
+	Touch1 []time.Duration
+	// Memory once every copy has all its memory (lazy: every snapctl
+	// exited), in bytes: the copies' Pss summed (their inits included),
+	// and their Anonymous; the page cache that the snapshot's pages file
+	// and the mount's mem file hold (resident pages, as fincore counts
+	// them); the lazyfs server's Rss (its block cache; lazy only).
+	Pss, Anon, PageCache, Server uint64
+}
+
+// total is the memory the case holds: copies, page cache, server.
+func (r replicasRun) total() uint64 { return r.Pss + r.PageCache + r.Server }
+
+// replicasSeries dumps one modelserver and runs every case h.runs times,
+// the cases interleaved within each round.
+func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
+	cfg := defaultConfig()
+	dir := filepath.Join(h.work, "snap-replicas")
+	var dr dumpResult
+	snap, err := h.dumpOnce(ctx, sr, cfg, dir, &dr)
+	if err != nil {
+		return fmt.Errorf("dump: %w", err)
+	}
+	defer os.RemoveAll(snap.Dir)
+	files, err := snapshotFiles(snap.Dir)
+	if err != nil {
+		return err
+	}
+	var results []*replicasResult
+	for _, mode := range replicaModes {
+		for _, n := range replicaCounts {
+			results = append(results, &replicasResult{Mode: mode, N: n})
+		}
+	}
+	for r := range h.runs {
+		for _, res := range results {
+			if err := warmUp(files...); err != nil {
+				return err
+			}
+			run, err := h.replicasOnce(ctx, snap, res.Mode, res.N)
+			if err != nil {
+				return fmt.Errorf("%s x%d: %w", res.Mode, res.N, err)
+			}
+			res.Runs = append(res.Runs, run)
+			var t1 []string
+			for _, d := range run.Touch1 {
+				t1 = append(t1, ms(d).String())
+			}
+			h.logf("replicas %-5s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s, server %s",
+				res.Mode, res.N, r+1, h.runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
+				units.FormatSize(run.PageCache), units.FormatSize(run.Server))
+		}
+	}
+	sr.Replicas = results
+	return nil
+}
+
+// replicaProc is one copy being restored.
+type replicaProc struct {
+	cmd     *exec.Cmd
+	out     bytes.Buffer
+	pidfile string
+	exited  chan error
+	pid     int // ours, once the pidfile names it
+	init    int
+}
+
+// replicasOnce runs one case: a fresh lazyfs mount for a lazy one, n
+// copies started one after another, their memory measured, all killed
+// and the mount unmounted.
+func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run replicasRun, err error) {
+	ctx, cancel := context.WithTimeout(ctx, h.opTimeout()*time.Duration(n+1))
+	defer cancel()
+	var mnt string
+	if mode == "lazy" {
+		mnt = filepath.Join(h.work, "mnt-replicas")
+		if err := os.MkdirAll(mnt, 0o700); err != nil {
+			return run, err
+		}
+		if out, err := exec.CommandContext(ctx, h.tools.Lazyfs, "--background", snap.Dir, mnt).CombinedOutput(); err != nil {
+			return run, fmt.Errorf("lazyfs --background: %w: %s", err, out)
+		}
+		defer func() {
+			if out, uerr := exec.Command(h.tools.Lazyfs, "-u", mnt).CombinedOutput(); uerr != nil && err == nil {
+				err = fmt.Errorf("lazyfs -u: %w: %s", uerr, out)
+			}
+		}()
+	}
+	var reps []*replicaProc
+	defer func() {
+		for _, r := range reps {
+			r.kill(ctx)
+		}
+	}()
+	for i := range n {
+		args := []string{"restore", "-D", snap.Dir, "--pidns", "--netns", "new"}
+		if mode == "lazy" {
+			args = append(args, "--lazy", "--mount", mnt)
+		}
+		r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
+		os.Remove(r.pidfile)
+		r.cmd = exec.CommandContext(ctx, h.tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
+		r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.work
+		start := time.Now()
+		if err := r.cmd.Start(); err != nil {
+			return run, err
+		}
+		reps = append(reps, r)
+		go func() { r.exited <- r.cmd.Wait() }()
+		if err := r.waitPid(ctx); err != nil {
+			return run, err
+		}
+		var as []answer
+		err := inNetns(r.pid, func() error {
+			var err error
+			as, err = converse(ctx, snap.Port, start, "ping", "touch 1")
+			return err
+		})
+		if err != nil {
+			return run, fmt.Errorf("copy %d: %w\n%s", i+1, err, r.out.String())
+		}
+		if err := h.check(as); err != nil {
+			return run, fmt.Errorf("copy %d: %w", i+1, err)
+		}
+		run.Touch1 = append(run.Touch1, as[1].At)
+		// The next copy starts once this one has all its memory: it
+		// finds the blocks decoded, and no prefetch competes with it for
+		// the CPUs.
+		select {
+		case err := <-r.exited:
+			r.exited <- err
+			if err != nil {
+				return run, fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
+			}
+		case <-ctx.Done():
+			return run, fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+		}
+	}
+	for _, r := range reps {
+		for _, pid := range []int{r.pid, r.init} {
+			pss, anon, err := smapsRollup(pid)
+			if err != nil {
+				return run, err
+			}
+			run.Pss += pss
+			run.Anon += anon
+		}
+	}
+	run.PageCache, err = residentBytes(snap.Pages)
+	if err != nil {
+		return run, err
+	}
+	if mode == "lazy" {
+		mem := filepath.Join(mnt, strconv.Itoa(snap.PID), "mem")
+		c, err := residentBytes(mem)
+		if err != nil {
+			return run, err
+		}
+		run.PageCache += c
+		if run.Server, err = serverRss(h.tools.Lazyfs, mnt); err != nil {
+			return run, err
+		}
+	}
+	return run, nil
+}
+
+// waitPid waits for the copy's pidfile, then reads its init (its parent).
+func (r *replicaProc) waitPid(ctx context.Context) error {
+	for {
+		if b, err := os.ReadFile(r.pidfile); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				return fmt.Errorf("pidfile %q: %w", b, ErrOutput)
+			}
+			r.pid = pid
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				return err
+			}
+			f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
+			if r.init, err = strconv.Atoi(f[1]); err != nil || r.init <= 1 {
+				return fmt.Errorf("parent of copy %d: %q: %w", pid, f[1], ErrOutput)
+			}
+			return nil
+		}
+		select {
+		case err := <-r.exited:
+			r.exited <- err
+			return fmt.Errorf("snapctl exited (%v) before it wrote the pidfile:\n%s", err, r.out.String())
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the pidfile: %w", ctx.Err())
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// kill kills the copy's init (the kernel kills the copy with it, and its
+// namespaces go), waits until both are gone and snapctl is reaped.
+func (r *replicaProc) kill(ctx context.Context) {
+	if r.init > 0 {
+		_ = killAndReap(ctx, r.init)
+	}
+	if r.pid > 0 {
+		_ = killAndReap(ctx, r.pid)
+	}
+	if r.cmd.Process != nil {
+		_ = r.cmd.Process.Kill()
+	}
+	err := <-r.exited
+	r.exited <- err
+}
+
+// inNetns runs fn on a thread in the network namespace of pid, so that
+// the sockets it makes live there; the thread goes back to ours after (or
+// is dropped).
+func inNetns(pid int, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		ours, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer ours.Close()
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns: %w", err)
+			return
+		}
+		err = fn()
+		if unix.Setns(int(ours.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// smapsRollup returns the Pss and Anonymous of pid, in bytes.
+func smapsRollup(pid int) (pss, anon uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[2] != "kB" {
+			continue
+		}
+		v, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("smaps_rollup of %d: %q: %w", pid, line, ErrOutput)
+		}
+		switch f[0] {
+		case "Pss:":
+			pss = v << 10
+		case "Anonymous:":
+			anon = v << 10
+		}
+	}
+	return pss, anon, nil
+}
+
+// residentBytes is how much of path the page cache holds: mincore of a
+// read-only mapping of each of its data ranges (SEEK_DATA, SEEK_HOLE:
+// a mount's mem file is sparse, its offsets addresses), as fincore does.
+func residentBytes(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	page := int64(os.Getpagesize())
+	var n uint64
+	for off := int64(0); ; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return n, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("SEEK_DATA %s: %w", path, err)
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, fmt.Errorf("SEEK_HOLE %s: %w", path, err)
+		}
+		start := data &^ (page - 1)
+		m, err := unix.Mmap(int(f.Fd()), start, int(hole-start), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return 0, fmt.Errorf("mmap %s: %w", path, err)
+		}
+		vec := make([]byte, (int64(len(m))+page-1)/page)
+		_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0])))
+		unix.Munmap(m)
+		if e != 0 {
+			return 0, fmt.Errorf("mincore %s: %w", path, e)
+		}
+		for _, v := range vec {
+			n += uint64(v&1) * uint64(page)
+		}
+		off = hole
+	}
+}
+
+// serverRss is the Rss of the lazyfs server of mnt: the process running
+// the lazyfs binary with mnt in its arguments.
+func serverRss(bin, mnt string) (uint64, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cl), "\x00"), "\x00")
+		if len(args) < 2 || args[len(args)-1] != mnt {
+			continue
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != bin {
+			continue
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			return 0, err
+		}
+		for line := range strings.Lines(string(st)) {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("VmRSS %q: %w", line, ErrOutput)
+				}
+				return kb << 10, nil
+			}
+		}
+	}
+	return 0, errors.New("no lazyfs server found for " + mnt)
+}
+
+// touch1Of returns the runs' touch 1 times of copy i.
+func (r *replicasResult) touch1Of(i int) dist {
+	var ds []time.Duration
+	for _, run := range r.Runs {
+		if i < len(run.Touch1) {
+			ds = append(ds, run.Touch1[i])
+		}
+	}
+	return summarize(ds)
+}
+
+// memOf returns the median of a memory figure over the runs.
+func (r *replicasResult) memOf(f func(replicasRun) uint64) uint64 {
+	var ds []time.Duration
+	for _, run := range r.Runs {
+		ds = append(ds, time.Duration(f(run)))
+	}
+	return uint64(summarize(ds).Med)
+}
+
+func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
+	anon := map[int]uint64{} // copies: the first run's anonymous memory
+	for _, r := range s.Replicas {
+		for _, run := range r.Runs {
+			// Lazy or eager, copies hold the same memory.
+			if a, ok := anon[r.N]; !ok {
+				anon[r.N] = run.Anon
+			} else if run.Anon < a*9/10 || run.Anon > a*11/10 {
+				bad("replicas %s x%d: %d bytes anonymous, another run of %d copies %d", r.Mode, r.N, run.Anon, r.N, a)
+			}
+		}
+		if len(r.Runs) != runs {
+			bad("replicas %s x%d: %d runs, want %d", r.Mode, r.N, len(r.Runs), runs)
+		}
+		for _, run := range r.Runs {
+			if len(run.Touch1) != r.N {
+				bad("replicas %s x%d: %d touch 1 times", r.Mode, r.N, len(run.Touch1))
+			}
+			for _, d := range run.Touch1 {
+				if d <= 0 {
+					bad("replicas %s x%d: touch 1 after %v", r.Mode, r.N, d)
+				}
+			}
+			// Every copy holds its memory once it is all in (the
+			// modelserver's zero quarter stays unmapped).
+			if run.Anon < uint64(r.N)*s.Size/2 {
+				bad("replicas %s x%d: %d bytes anonymous in %d copies of %d", r.Mode, r.N, run.Anon, r.N, s.Size)
+			}
+			if r.Mode == "lazy" && run.Server == 0 {
+				bad("replicas lazy x%d: no lazyfs server measured", r.N)
+			}
+		}
+	}
+}
+
+func renderReplicas(m *md, s *sizeResult) {
+	if len(s.Replicas) == 0 {
+		return
+	}
+	mib := func(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+	m.p("### Replicas: one snapshot restored 1, 2 and 4 times")
+	m.p("")
+	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1` and has all its memory): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold, the lazyfs server's Rss (its block cache); medians.", len(s.Replicas[0].Runs))
+	m.p("")
+	m.header("restore", "copies", "touch 1: copy 1", "copy 2", "copy 4", "copies' Pss", "page cache", "lazyfs server", "total")
+	for _, r := range s.Replicas {
+		cell := func(i int) string {
+			if i >= r.N {
+				return "—"
+			}
+			return r.touch1Of(i).String()
+		}
+		server := "—"
+		if r.Mode == "lazy" {
+			server = mib(r.memOf(func(x replicasRun) uint64 { return x.Server }))
+		}
+		m.row(r.Mode, strconv.Itoa(r.N), cell(0), cell(1), cell(3),
+			mib(r.memOf(func(x replicasRun) uint64 { return x.Pss })),
+			mib(r.memOf(func(x replicasRun) uint64 { return x.PageCache })),
+			server, mib(r.memOf(replicasRun.total)))
+	}
+	m.p("")
+	for _, r := range s.Replicas {
+		if r.Mode == "lazy" && r.N == 4 {
+			first, fourth := r.touch1Of(0).Med, r.touch1Of(3).Med
+			if first > 0 {
+				m.p("The 4th lazy copy answered `touch 1` in %.2f× the time of the first (target ≤ 0.5×: the blocks it needs are decoded already).", float64(fourth)/float64(first))
+				m.p("")
+			}
+		}
+	}
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The working-set series: a snapshot restored lazily with a working set
+// recorded on an earlier lazy restore of it (snapctl restore
+// --record-working-set, stopped by SIGUSR1 once "touch 1" was answered),
+// against the same without (--working-set off) and an eager restore, cold
+// and warm; and a "token" request, which the working set does not cover.
+// For the modelserver and the weightserver (numpy's layout).
+
+func init() {
+	extraSeries = append(extraSeries, series{
+		Name:     "workingset",
+		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.workingSetSeries(ctx, sr) },
+		Validate: validateWorkingSet,
+		Render:   workingSetSection,
+	})
+}
+
+// wsResult is the series of one server.
+type wsResult struct {
+	Server   string // "modelserver" or "weightserver"
+	Recorded string // snapctl's "working set recorded: ..." line
+	File     uint64 // size of the working-set file
+	Cases    []*wsCaseResult
+}
+
+// wsCase is one restore of the series.
+type wsCase struct {
+	Mode  string // wsEager, wsOff, wsCopy, wsBlocks
+	Cold  bool
+	Token bool // asks "ping" then "token" instead of "ping", "touch 1", "token"
+}
+
+// The restores of the series.
+const (
+	wsEager  = "eager"
+	wsOff    = "lazy, --working-set off"
+	wsCopy   = "lazy, working set"          // from its copy (the default)
+	wsBlocks = "lazy, --working-set blocks" // the snapshot's blocks in place
+)
+
+func (c wsCase) cache() string {
+	if c.Cold {
+		return "cold"
+	}
+	return "warm"
+}
+
+func (c wsCase) request() string {
+	if c.Token {
+		return "token"
+	}
+	return "touch 1"
+}
+
+func (c wsCase) String() string { return fmt.Sprintf("%s %s %s", c.Mode, c.cache(), c.request()) }
+
+// args are the snapctl restore arguments.
+func (c wsCase) args(dir string) []string {
+	a := []string{"restore", "-D", dir, "--decompress-threads", "1"}
+	switch c.Mode {
+	case wsOff:
+		a = append(a, "--lazy", "--working-set", "off")
+	case wsCopy:
+		a = append(a, "--lazy")
+	case wsBlocks:
+		a = append(a, "--lazy", "--working-set", "blocks")
+	}
+	return a
+}
+
+// wsCases are the restores of each server, in the order of a round.
+func wsCases() []wsCase {
+	var cs []wsCase
+	for _, cold := range []bool{false, true} {
+		for _, m := range []string{wsEager, wsOff, wsCopy, wsBlocks} {
+			cs = append(cs, wsCase{Mode: m, Cold: cold})
+		}
+		for _, m := range []string{wsOff, wsCopy} {
+			cs = append(cs, wsCase{Mode: m, Cold: cold, Token: true})
+		}
+	}
+	return cs
+}
+
+// wsCaseResult is the runs of one case.
+type wsCaseResult struct {
+	Case wsCase
+	Runs []restoreRun
+}
+
+func (w *wsResult) find(c wsCase) *restoreResult {
+	for _, r := range w.Cases {
+		if r.Case == c {
+			return &restoreResult{Runs: r.Runs}
+		}
+	}
+	return nil
+}
+
+// workingSetSeries measures both servers.
+func (h *harness) workingSetSeries(ctx context.Context, sr *sizeResult) error {
+	for _, srv := range []struct {
+		name, prog string
+		extra      []string
+	}{
+		{"modelserver", h.tools.Modelserver, nil},
+		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}},
+	} {
+		w, err := h.workingSetServer(ctx, srv.name, srv.prog, srv.extra)
+		if err != nil {
+			return fmt.Errorf("working set, %s: %w", srv.name, err)
+		}
+		sr.WorkingSet = append(sr.WorkingSet, w)
+	}
+	h.expect = expectation{}
+	return nil
+}
+
+// workingSetServer dumps one server, records its working set and runs
+// the cases h.runs times, interleaved.
+func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string) (*wsResult, error) {
+	w := &wsResult{Server: name}
+	snap, err := h.wsDump(ctx, name, prog, extra)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(snap.Dir)
+	if err := h.wsRecord(ctx, snap, w); err != nil {
+		return nil, err
+	}
+	files, err := snapshotFiles(snap.Dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range wsCases() {
+		w.Cases = append(w.Cases, &wsCaseResult{Case: c})
+	}
+	for r := range h.runs {
+		for _, cr := range w.Cases {
+			run, err := h.wsRestoreOnce(ctx, snap, files, cr.Case)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", cr.Case, err)
+			}
+			cr.Runs = append(cr.Runs, run)
+			h.logf("workingset %s %-40s run %d/%d: runs %s, ping %s, %s %s, exit %s",
+				name, cr.Case.Mode+" "+cr.Case.cache(), r+1, h.runs, ms(run.Running), ms(run.Ping), cr.Case.request(), ms(wsAnswer(cr.Case, run)), ms(run.Wall))
+		}
+	}
+	return w, nil
+}
+
+// wsTimeout bounds one command of the series: the harness's bound, five
+// times over, since the series runs after the others on a machine that
+// may be shared (a server's start-up alone took over a minute at a load
+// of 50 on two CPUs).
+func (h *harness) wsTimeout() time.Duration { return 5 * h.opTimeout() }
+
+// wsAnswer is the timed answer of a case: "touch 1" or "token".
+func wsAnswer(c wsCase, r restoreRun) time.Duration {
+	if c.Token {
+		return r.Token
+	}
+	return r.First
+}
+
+// wsDump starts a server, learns its answers and dumps it with the
+// default option.
+func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string) (*snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+	defer cancel()
+	srv, err := startServer(ctx, h.tools, prog, h.size, extra, h.logPath, h.work)
+	if err != nil {
+		return nil, err
+	}
+	h.live = srv.PID
+	h.expect = expectation{}
+	if err := h.learn(ctx, srv.Port); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(h.work, "snap-ws-"+name)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, defaultConfig().Args...)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
+	}
+	if err := srv.waitGone(ctx); err != nil {
+		return nil, err
+	}
+	h.live = 0
+	h.logf("workingset: dumped %s: %s", name, strings.TrimSpace(stdout.String()))
+	return &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}, nil
+}
+
+// wsRecord restores snap lazily recording its working set: "ping" and
+// "touch 1" are asked, then snapctl is sent SIGUSR1.
+func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) error {
+	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+	defer cancel()
+	args := []string{"restore", "-D", snap.Dir, "--lazy", "--record-working-set", "--record-for", "5m"}
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	h.live = snap.PID
+	answers, askErr := converse(ctx, snap.Port, start, "ping", "touch 1")
+	if askErr == nil {
+		askErr = h.check(answers)
+	}
+	cmd.Process.Signal(syscall.SIGUSR1)
+	err := cmd.Wait()
+	if err != nil {
+		return fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
+	}
+	if askErr != nil {
+		return askErr
+	}
+	for line := range strings.Lines(out.String()) {
+		if strings.HasPrefix(line, "working set recorded:") {
+			w.Recorded = strings.TrimSpace(line)
+		}
+	}
+	if w.Recorded == "" {
+		return fmt.Errorf("no working set recorded: %q: %w", out.String(), ErrOutput)
+	}
+	st, err := os.Stat(filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img"))
+	if err != nil {
+		return err
+	}
+	w.File = uint64(st.Size())
+	h.logf("workingset: recorded in %s (touch 1 answered after %s): %s", time.Since(start).Round(time.Millisecond), answers[1].At.Round(time.Millisecond), w.Recorded)
+	if err := killAndReap(ctx, snap.PID); err != nil {
+		return err
+	}
+	h.live = 0
+	return nil
+}
+
+// wsRestoreOnce restores snap as c says, times the answers, checks them,
+// then kills the restored server.
+func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []string, c wsCase) (restoreRun, error) {
+	var run restoreRun
+	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+	defer cancel()
+	if alive(snap.PID) {
+		return run, fmt.Errorf("pid %d is taken before the restore", snap.PID)
+	}
+	if err := setCache(c.Cold, files...); err != nil {
+		return run, err
+	}
+	args := c.args(snap.Dir)
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	askCtx, stopAsking := context.WithCancel(ctx)
+	defer stopAsking()
+	exited := make(chan error, 1)
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return run, fmt.Errorf("start snapctl: %w", err)
+	}
+	h.live = snap.PID
+	var wall time.Duration
+	go func() {
+		err := cmd.Wait()
+		wall = time.Since(start)
+		exited <- err
+		if err != nil {
+			stopAsking()
+		}
+	}()
+	reqs := []string{"ping", "touch 1", "token"}
+	if c.Token {
+		reqs = []string{"ping", "token"}
+	}
+	answers, askErr := converse(askCtx, snap.Port, start, reqs...)
+	if err := <-exited; err != nil {
+		return run, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
+	}
+	if askErr != nil {
+		return run, askErr
+	}
+	if err := h.check(answers); err != nil {
+		return run, err
+	}
+	run.Ping = answers[0].At
+	if c.Token {
+		run.Token = answers[1].At
+	} else {
+		run.First, run.Token = answers[1].At, answers[2].At
+	}
+	lazy := c.Mode != wsEager
+	rep, err := parseRestore(out.String(), lazy)
+	if err != nil {
+		return run, err
+	}
+	if c.Mode == wsCopy || c.Mode == wsBlocks {
+		if !strings.Contains(out.String(), "fetched first") {
+			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), ErrOutput)
+		}
+	}
+	run.Wall, run.Running, run.Total, run.Faults = wall, rep.Running, rep.Total, rep.Faults
+	if err := killAndReap(ctx, snap.PID); err != nil {
+		return run, err
+	}
+	h.live = 0
+	return run, nil
+}
+
+// validateWorkingSet checks the series' runs.
+func validateWorkingSet(runs int, sr *sizeResult, bad func(string, ...any)) {
+	for _, w := range sr.WorkingSet {
+		if w.Recorded == "" {
+			bad("workingset %s: nothing recorded", w.Server)
+		}
+		for _, cr := range w.Cases {
+			if len(cr.Runs) != runs {
+				bad("workingset %s %s: %d runs, want %d", w.Server, cr.Case, len(cr.Runs), runs)
+			}
+			for i, r := range cr.Runs {
+				if r.Ping <= 0 || wsAnswer(cr.Case, r) < r.Ping || r.Wall <= 0 {
+					bad("workingset %s %s run %d: ping %v, answer %v, wall %v", w.Server, cr.Case, i, r.Ping, wsAnswer(cr.Case, r), r.Wall)
+				}
+			}
+		}
+	}
+}
+
+// workingSetSection renders the series.
+func workingSetSection(m *md, sr *sizeResult) {
+	if len(sr.WorkingSet) == 0 {
+		return
+	}
+	m.p("### Working set: lazy restores that fetch first what the last one touched")
+	m.p("")
+	m.p("Each server is dumped once (default option), then restored lazily once with `--record-working-set`, asked `ping` and `touch 1`, and sent SIGUSR1 once `touch 1` was answered: that working set is then used by every lazy restore below except `--working-set off`. *lazy, working set* places the working set's own copy of the touched pages first (the default); *--working-set blocks* reads the snapshot's blocks holding them in place instead. Times from the command's start; median (min–max) of the runs. The *token* rows ask `ping` then `token` (the whole memory), which the working set does not cover.")
+	m.p("")
+	for _, w := range sr.WorkingSet {
+		m.p("**%s** — %s (file %s).", w.Server, w.Recorded, fmtBytes(w.File))
+		m.p("")
+		m.header("restore", "cache", "request", "process runs", "ping answered", "answer", "command exits")
+		for _, c := range wsCases() {
+			r := w.find(c)
+			m.row(c.Mode, c.cache(), c.request(), cell(r, runningOf), cell(r, pingOf), cell(r, func(run restoreRun) time.Duration { return wsAnswer(c, run) }), cell(r, wallOf))
+		}
+		m.p("")
+		m.p("Ratios of medians (answer to the request):")
+		m.p("")
+		m.header("cache", "touch 1: working set / off", "touch 1: working set / eager", "touch 1: blocks / off", "token: working set / off")
+		ratio := func(a, b wsCase) string {
+			ra, rb := w.find(a), w.find(b)
+			if ra == nil || rb == nil || len(ra.Runs) == 0 || len(rb.Runs) == 0 {
+				return "—"
+			}
+			db := rb.dist(func(r restoreRun) time.Duration { return wsAnswer(b, r) }).Med
+			if db <= 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.2f×", ra.dist(func(r restoreRun) time.Duration { return wsAnswer(a, r) }).Med.Seconds()/db.Seconds())
+		}
+		for _, cold := range []bool{false, true} {
+			c := func(mode string, token bool) wsCase { return wsCase{Mode: mode, Cold: cold, Token: token} }
+			m.row(c(wsEager, false).cache(), ratio(c(wsCopy, false), c(wsOff, false)), ratio(c(wsCopy, false), c(wsEager, false)),
+				ratio(c(wsBlocks, false), c(wsOff, false)), ratio(c(wsCopy, true), c(wsOff, true)))
+		}
+		m.p("")
+	}
+}
+
+// fmtBytes formats a byte count.
+func fmtBytes(n uint64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

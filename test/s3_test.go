@@ -1,0 +1,296 @@
+package e2e
+
+// End-to-end tests of snapshots kept in an object store: a real MinIO
+// server on loopback (fixture.StartMinIO), real processes, real mounts.
+// Nothing is mocked; what the store was asked is counted from the
+// client's request log (LAZYFS_S3_TRACE).
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	// s3:// addresses for image.Open in this test binary.
+	_ "github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// s3Setup starts MinIO with a bucket "snaps" and points the AWS_*
+// variables of this process, and so of every command the test runs, at it.
+// AWS_ENDPOINT_URL is left unset unless endpointEnv: commands are then
+// given --s3-endpoint.
+func s3Setup(t *testing.T, endpointEnv bool) (*fixture.MinIO, string) {
+	t.Helper()
+	m := fixture.StartMinIO(t)
+	m.MakeBucket("snaps")
+	for _, kv := range m.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	if endpointEnv {
+		t.Setenv("AWS_ENDPOINT_URL", m.Endpoint)
+	}
+	trace := filepath.Join(t.TempDir(), "s3-requests.log")
+	t.Setenv("LAZYFS_S3_TRACE", trace)
+	return m, trace
+}
+
+// s3Gets counts the ranged GETs of the pages file of pid in the request
+// log: the reads of block data.
+func s3Gets(t *testing.T, trace string, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(trace)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for l := range strings.Lines(string(b)) {
+		if strings.Contains(l, " GET ") && strings.Contains(l, "/pages-"+strconv.Itoa(pid)+".img bytes=") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestS3Modelserver dumps a model server to MinIO, verifies and inspects
+// it there, mounts it with lazyfs and compares every region with the
+// memory of the stopped process, restores it lazily with an empty cache
+// directory and checks its answers, then restores it again with the cache
+// directory filled: that restore makes no GET of block data.
+func TestS3Modelserver(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	testutil.RequireCommand(t, "cmp", "sha256sum")
+	m, trace := s3Setup(t, true)
+	ctx := testContext(t)
+	p := fixture.Start(t, "modelserver", "128M")
+	port := int(p.Ready.MustInt(t, "port"))
+	want := map[string]string{}
+	for _, req := range []string{"touch 1", "token"} {
+		want[req] = lazyChecksumOf(lazyAsk(t, ctx, port, req))
+	}
+	addr := "s3://snaps/fleet/modelserver"
+
+	// Dump to the store, the process stopped so that its memory can be
+	// recorded and compared.
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := takeMemory(t, p.PID)
+	r := dumpPID(t, p.PID, addr, "--leave-running", "--s3-endpoint", m.Endpoint)
+	t.Logf("%s", strings.TrimSpace(r.Stdout))
+	si := openImage(t, addr, p.PID)
+	checkImage(t, si, rec)
+	model := newMemModel(t, rec, si)
+	if r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", addr, "--leave-running"); r.Code != 1 || !strings.Contains(r.Stderr, "already holds a snapshot") {
+		t.Errorf("a second dump to %s: want exit 1 naming the snapshot there\n%s", addr, r)
+	}
+	if err := p.Cont(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("verify and inspect", func(t *testing.T) {
+		verifyDir(t, addr)
+		r := mustSnapctl(t, "inspect", "-D", addr, "--s3-endpoint", m.Endpoint)
+		if !strings.Contains(r.Stdout, addr) || !strings.Contains(r.Stdout, strconv.Itoa(p.PID)) {
+			t.Errorf("inspect does not name the snapshot and its process:\n%s", r.Stdout)
+		}
+	})
+	t.Run("lazyfs mount: cmp of every region", func(t *testing.T) {
+		mnt := lazyMountLazyfs(t, addr)
+		regs := checkRegions(t, si, filepath.Join(mnt, strconv.Itoa(p.PID)), model)
+		t.Logf("%d region files equal the memory of the stopped process", len(regs))
+	})
+
+	lazyKill(t, ctx, p)
+	cache := filepath.Join(t.TempDir(), "cache")
+	restore := func(t *testing.T) {
+		before := s3Gets(t, trace, p.PID)
+		l := startLazy(t, addr, "--cache-dir", cache, "--s3-endpoint", m.Endpoint)
+		pid := l.waitRunning(t, ctx)
+		if pid != p.PID {
+			t.Fatalf("restored pid %d, want %d", pid, p.PID)
+		}
+		if err := p.Adopt(); err != nil {
+			t.Fatal(err)
+		}
+		if a := lazyAsk(t, ctx, port, "ping"); a != "pong" {
+			t.Errorf("ping: %q", a)
+		}
+		for req, sum := range want {
+			if got := lazyChecksumOf(lazyAsk(t, ctx, port, req)); got != sum {
+				t.Errorf("%s: checksum %s, want %s as before the dump", req, got, sum)
+			}
+		}
+		l.mustFinish(t, ctx, pid)
+		t.Logf("%d GETs of block data", s3Gets(t, trace, p.PID)-before)
+		lazyKill(t, ctx, p)
+	}
+	t.Run("restore --lazy, empty cache directory", func(t *testing.T) {
+		before := s3Gets(t, trace, p.PID)
+		restore(t)
+		if s3Gets(t, trace, p.PID) == before {
+			t.Errorf("a restore with an empty cache directory made no GET of block data: is the log written?")
+		}
+	})
+	t.Run("restore --lazy again: no GET of block data", func(t *testing.T) {
+		before := s3Gets(t, trace, p.PID)
+		restore(t)
+		if n := s3Gets(t, trace, p.PID) - before; n != 0 {
+			t.Errorf("the second restore with --cache-dir made %d GETs of block data, want none", n)
+		}
+	})
+}
+
+// TestS3Faults takes the store away under a lazyfs read (EIO, never a
+// wrong byte; reads work again once it is back, without remounting) and
+// under a lazy restore (the process is killed), and gives commands wrong
+// credentials and a missing bucket (one error, an exit status).
+func TestS3Faults(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	m, _ := s3Setup(t, true)
+	ctx := testContext(t)
+	p := fixture.Start(t, "modelserver", "256M")
+	port := int(p.Ready.MustInt(t, "port"))
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := takeMemory(t, p.PID)
+	addr := "s3://snaps/faults"
+	dumpPID(t, p.PID, addr, "--leave-running")
+	si := openImage(t, addr, p.PID)
+	model := newMemModel(t, rec, si)
+	if err := p.Cont(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("store stopped under a lazyfs read", func(t *testing.T) {
+		mnt := lazyMountLazyfs(t, addr)
+		// The biggest region: the model's 256 MiB.
+		var big regionFile
+		for _, r := range listRegions(t, filepath.Join(mnt, strconv.Itoa(p.PID))) {
+			if r.End-r.Start > big.End-big.Start {
+				big = r
+			}
+		}
+		f, err := os.Open(big.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf := make([]byte, 1<<20)
+		off := int64(0)
+		read := func() error {
+			n, err := f.ReadAt(buf, off)
+			if n > 0 && !bytes.Equal(buf[:n], model.bytes(big.Start+uint64(off), uint64(n))) {
+				t.Fatalf("%s at %#x: wrong bytes", big.Path, off)
+			}
+			off += int64(n)
+			return err
+		}
+		for off < 8<<20 {
+			if err := read(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m.Stop()
+		start := time.Now()
+		var err2 error
+		for off < int64(big.End-big.Start) {
+			if err2 = read(); err2 != nil {
+				break
+			}
+		}
+		if !errors.Is(err2, syscall.EIO) {
+			t.Fatalf("read at %#x with the store stopped: %v, want EIO", off, err2)
+		}
+		t.Logf("EIO at offset %#x, %s after the store stopped", off, time.Since(start).Round(time.Millisecond))
+		m.Start()
+		for end := off + 8<<20; off < end; {
+			if err := read(); err != nil {
+				t.Fatalf("read at %#x once the store is back: %v", off, err)
+			}
+		}
+	})
+
+	t.Run("store stopped under a lazy restore", func(t *testing.T) {
+		lazyKill(t, ctx, p)
+		// Nothing streams for a minute: the faults alone read the store.
+		l := startLazy(t, addr, "--prefetch-delay", "1m")
+		pid := l.waitRunning(t, ctx)
+		if err := p.Adopt(); err != nil {
+			t.Fatal(err)
+		}
+		if a := lazyAsk(t, ctx, port, "ping"); a != "pong" {
+			t.Errorf("ping: %q", a)
+		}
+		m.Stop()
+		defer m.Start()
+		c, err := fixture.DialLines(ctx, port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if a, err := c.Ask(ctx, "token"); err == nil {
+			t.Errorf("the restored process answered %q with its store gone", a)
+		}
+		r := l.wait(t, ctx)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "connection refused") {
+			t.Errorf("snapctl: want a failure naming the store\n%s", r)
+		}
+		if !lazyDead(ctx, pid) {
+			t.Errorf("the restored process outlived its store")
+		}
+		l.lazyNothingLeft(t, addr)
+	})
+
+	t.Run("wrong credentials and a missing bucket", func(t *testing.T) {
+		counter := fixture.Start(t, "counter", "4M")
+		for _, tc := range []struct {
+			name, key, secret string
+			args              []string
+			code              int
+			msg               string
+		}{
+			{"wrong secret", m.AccessKey, "wrong-secret", []string{"inspect", "-D", addr}, 10, "refused the credentials"},
+			{"unknown key", "nobody", m.SecretKey, []string{"verify", "-D", addr}, 10, "refused the credentials"},
+			{"missing bucket", m.AccessKey, m.SecretKey, []string{"restore", "-D", "s3://nobucket/x"}, 1, `bucket "nobucket" does not exist`},
+			{"dump to a missing bucket", m.AccessKey, m.SecretKey, []string{"dump", "-t", strconv.Itoa(counter.PID), "-D", "s3://nobucket/x"}, 1, `bucket "nobucket" does not exist`},
+			{"no snapshot there", m.AccessKey, m.SecretKey, []string{"inspect", "-D", "s3://snaps/none"}, 7, "incomplete snapshot"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Setenv("AWS_ACCESS_KEY_ID", tc.key)
+				t.Setenv("AWS_SECRET_ACCESS_KEY", tc.secret)
+				r := runSnapctl(t, tc.args...)
+				lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
+				if r.Code != tc.code || len(lines) != 1 || !strings.Contains(r.Stderr, tc.msg) {
+					t.Errorf("want exit %d and one line saying %q\n%s", tc.code, tc.msg, r)
+				}
+			})
+		}
+		if !counter.Alive() {
+			t.Errorf("a dump refused for its bucket did not leave the process running")
+		}
+		bin := buildTool(t, "lazyfs")
+		mnt := t.TempDir()
+		t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+		if r := runTool(t, bin, commandTimeout, addr, mnt); r.Code != 10 || !strings.Contains(r.Stderr, "refused the credentials") {
+			t.Errorf("lazyfs with wrong credentials: want exit 10\n%s", r)
+		}
+	})
+}
