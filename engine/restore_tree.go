@@ -262,9 +262,10 @@ func (p *treeProgress) of(i int) func(done, total uint64) {
 
 // check refuses, before anything is made, a tree this build cannot
 // restore: each process as a single one would be checked, then the
-// descriptors leading outside the tree, then the links between them. A session or a process group can be recreated only if
-// its leader is in the tree, or if it is the root's own one outside it
-// (which the restored tree gets from snapctl, as a single process does).
+// descriptors leading outside the tree, then the links between them. A
+// session or a process group can be recreated only if its leader is in
+// the tree, or if it is the root's own one outside it (which the
+// restored tree gets from snapctl, as a single process does).
 func (tr *treeRestore) check() error {
 	root := tr.procs[0]
 	sts := make([]*image.Process, len(tr.procs))
