@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// The "precopy" series: snapctl dump --pre-copy --leave-running of the
+// modelserver, idle and while it writes 1% of its memory a second
+// (`dirty 1`), against a plain --leave-running dump of the same server
+// right after; the idle images must be the plain dump's byte for byte,
+// and the pre-copy snapshot restores to a server that answers as the
+// original did.
+func init() {
+	extraSeries = append(extraSeries, series{
+		Name:     "precopy",
+		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.preCopySeries(ctx, sr) },
+		Validate: validatePreCopy,
+		Render:   renderPreCopy,
+	})
+}
+
+// preCopyResult is one case of the series.
+type preCopyResult struct {
+	Case        string // "idle" or "dirty 1"
+	Frozen      []time.Duration
+	Total       []time.Duration
+	PlainFrozen []time.Duration
+	PlainTotal  []time.Duration
+	Rounds      []int
+	FrozenCopy  []string // the memory copied while frozen, as snapctl prints it
+	// Identical counts the runs whose pre-copy image (index and pages
+	// files) was the plain dump's byte for byte.
+	Identical int
+	// Restored: the pre-copy snapshot of the last run, restored, answered
+	// touch 1 and token as the original server did.
+	Restored bool
+}
+
+var preCopyLine = regexp.MustCompile(`(?m)^pre-copy: (\d+) rounds copied (.+) in (\S+) \(paused (\S+) to set up\); frozen copy (.+)$`)
+
+// preCopyCases are the fixture's write rates: idle, then `dirty 1`.
+var preCopyCases = []struct {
+	name  string
+	dirty int
+}{{"idle", 0}, {"dirty 1", 1}}
+
+func (h *harness) preCopySeries(ctx context.Context, sr *sizeResult) error {
+	for _, c := range preCopyCases {
+		res := &preCopyResult{Case: c.name}
+		for r := range h.runs {
+			if err := h.preCopyOnce(ctx, res, c.dirty, r == h.runs-1); err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			h.logf("precopy %-8s run %d/%d: frozen %s (plain %s), dump %s (plain %s), %d rounds, frozen copy %s",
+				c.name, r+1, h.runs, ms(res.Frozen[r]), ms(res.PlainFrozen[r]), ms(res.Total[r]), ms(res.PlainTotal[r]),
+				res.Rounds[r], res.FrozenCopy[r])
+		}
+		sr.PreCopy = append(sr.PreCopy, res)
+	}
+	return nil
+}
+
+// preCopyOnce starts a server, sets its write rate, dumps it with
+// --pre-copy then plainly (both --leave-running), compares the images when
+// it is idle and, if restore, restores the pre-copy snapshot and checks
+// its answers.
+func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int, restore bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
+	defer cancel()
+	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	if err != nil {
+		return err
+	}
+	h.live = srv.PID
+	defer h.killLive()
+	if h.expect == (expectation{}) {
+		if err := h.learn(ctx, srv.Port); err != nil {
+			return err
+		}
+	}
+	if dirty > 0 {
+		if _, err := converse(ctx, srv.Port, time.Now(), fmt.Sprintf("dirty %d", dirty)); err != nil {
+			return err
+		}
+		time.Sleep(time.Second) // the writer at its pace
+	}
+	pre := filepath.Join(h.work, "precopy-pre")
+	plain := filepath.Join(h.work, "precopy-plain")
+	defer os.RemoveAll(pre)
+	defer os.RemoveAll(plain)
+	os.RemoveAll(pre)
+	os.RemoveAll(plain)
+
+	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", pre, "--leave-running", "--pre-copy")
+	if err != nil {
+		return err
+	}
+	d, err := parseDump(out)
+	if err != nil {
+		return err
+	}
+	m := preCopyLine.FindStringSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, ErrOutput)
+	}
+	rounds, _ := strconv.Atoi(m[1])
+	res.Frozen = append(res.Frozen, d.Freeze)
+	res.Total = append(res.Total, d.Total)
+	res.Rounds = append(res.Rounds, rounds)
+	res.FrozenCopy = append(res.FrozenCopy, m[5])
+
+	out, err = h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
+	if err != nil {
+		return err
+	}
+	if d, err = parseDump(out); err != nil {
+		return err
+	}
+	res.PlainFrozen = append(res.PlainFrozen, d.Freeze)
+	res.PlainTotal = append(res.PlainTotal, d.Total)
+	if dirty == 0 {
+		same, err := sameFiles(pre, plain, "pagemap-"+strconv.Itoa(srv.PID)+".img", "pages-"+strconv.Itoa(srv.PID)+".img")
+		if err != nil {
+			return err
+		}
+		if same {
+			res.Identical++
+		}
+	}
+	if dirty > 0 {
+		// Its memory is no longer the one whose answers the harness
+		// knows: the consistency of a dump under writes is the e2e
+		// tests' (TestDumpPreCopyGenerations).
+		res.Restored = true
+		return nil
+	}
+	if !restore {
+		return nil
+	}
+	h.killLive()
+	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: 1}); err != nil {
+		return fmt.Errorf("restore of the pre-copy snapshot: %w", err)
+	}
+	res.Restored = true
+	return nil
+}
+
+// snapctl runs snapctl with args and returns its standard output.
+func (h *harness) snapctl(ctx context.Context, args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
+	}
+	return out.String(), nil
+}
+
+// sameFiles reports whether the files names of directories a and b are
+// equal byte for byte.
+func sameFiles(a, b string, names ...string) (bool, error) {
+	for _, n := range names {
+		x, err := os.ReadFile(filepath.Join(a, n))
+		if err != nil {
+			return false, err
+		}
+		y, err := os.ReadFile(filepath.Join(b, n))
+		if err != nil {
+			return false, err
+		}
+		if !bytes.Equal(x, y) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func validatePreCopy(runs int, sr *sizeResult, bad func(string, ...any)) {
+	for _, r := range sr.PreCopy {
+		if len(r.Frozen) != runs || len(r.PlainFrozen) != runs {
+			bad("precopy %s: %d runs, want %d", r.Case, len(r.Frozen), runs)
+		}
+		for _, d := range append(append([]time.Duration{}, r.Frozen...), r.Total...) {
+			if d <= 0 {
+				bad("precopy %s: a time of %v", r.Case, d)
+			}
+		}
+		if r.Case == "idle" && r.Identical != runs {
+			bad("precopy idle: %d of %d images identical to the plain dump's", r.Identical, runs)
+		}
+		if !r.Restored {
+			bad("precopy %s: the pre-copy snapshot did not restore to the original's answers", r.Case)
+		}
+	}
+}
+
+func renderPreCopy(m *md, sr *sizeResult) {
+	if len(sr.PreCopy) == 0 {
+		return
+	}
+	m.p("### Pre-copy dumps (`dump --pre-copy --leave-running`)\n")
+	m.p("Each run starts a server, dumps it with `--pre-copy --leave-running`, then at once with `--leave-running` alone (plain), " +
+		"median (min–max). *Frozen* is the process's stop for the snapshot (pre-copy also stops it a few ms earlier to set up " +
+		"write tracking, not counted); targets: ≤ 50 ms idle, ≤ 150 ms under `dirty 1` (1% of memory written per second). " +
+		"*Identical*: runs whose pre-copy index and pages files equal the plain dump's byte for byte (idle only); " +
+		"the last run's pre-copy snapshot is restored and must answer `touch 1` and `token` as the original did.\n")
+	m.header("server", "frozen, pre-copy", "frozen, plain", "dump, pre-copy", "dump, plain", "rounds", "frozen copy (last run)", "identical")
+	for _, r := range sr.PreCopy {
+		ident := "—"
+		if r.Case == "idle" {
+			ident = fmt.Sprintf("%d/%d", r.Identical, len(r.Frozen))
+		}
+		rounds := "—"
+		if len(r.Rounds) > 0 {
+			rounds = strconv.Itoa(r.Rounds[len(r.Rounds)-1])
+		}
+		last := "—"
+		if len(r.FrozenCopy) > 0 {
+			last = r.FrozenCopy[len(r.FrozenCopy)-1]
+		}
+		m.row(r.Case, summarize(r.Frozen).String(), summarize(r.PlainFrozen).String(), summarize(r.Total).String(),
+			summarize(r.PlainTotal).String(), rounds, last, ident)
+	}
+	m.p("")
+}
