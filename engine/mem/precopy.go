@@ -90,7 +90,14 @@ const preCopyFeatures = uffd.FeatureWPAsync | uffd.FeatureWPUnpopulated
 // registered are left alone: the dump copies them while the process is
 // frozen. Close undoes everything, on any path.
 func StartPreCopy(in *ptrace.Injector, pid int, src io.ReaderAt) (pc *PreCopy, err error) {
-	fd, err := Userfaultfd(in, pid)
+	fd, err := userfaultfdIn(in, pid, 0)
+	if errors.Is(err, unix.EPERM) {
+		// vm.unprivileged_userfaultfd=0 and a process without
+		// CAP_SYS_PTRACE: a descriptor that handles faults from user mode
+		// only is allowed, and asynchronous write-protection does not
+		// involve its handler.
+		fd, err = userfaultfdIn(in, pid, uffdUserModeOnly)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -115,6 +122,28 @@ func StartPreCopy(in *ptrace.Injector, pid int, src io.ReaderAt) (pc *PreCopy, e
 		return nil, fmt.Errorf("write tracking: %w: PAGEMAP_SCAN refused on /proc/%d/pagemap", errors.ErrUnsupported, pid)
 	}
 	return pc, nil
+}
+
+// uffdUserModeOnly is UFFD_USER_MODE_ONLY.
+const uffdUserModeOnly = 1
+
+// userfaultfdIn is Userfaultfd with extra flags for userfaultfd(2).
+func userfaultfdIn(in *ptrace.Injector, pid int, flags uint64) (int, error) {
+	tfd, err := in.Call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|flags)
+	if err != nil {
+		return -1, fmt.Errorf("userfaultfd in the process: %w", err)
+	}
+	defer in.CloseFD(int(tfd))
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(pidfd)
+	ours, err := unix.PidfdGetfd(pidfd, int(tfd), 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	return ours, nil
 }
 
 // Register registers the writable private anonymous mappings of maps
@@ -224,14 +253,21 @@ func (pc *PreCopy) Stop() error {
 		return nil
 	}
 	pc.stopped = true
+	// A new descriptor: /proc/PID/pagemap reads the address space the
+	// process had when it was opened, and one that has called execve
+	// since has another, where nothing is registered.
+	pm, err := proc.OpenPagemap(pc.pid)
+	if err != nil {
+		return err
+	}
+	defer pm.Close()
 	q := proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, Return: proc.PageWPAllowed | proc.PageWritten}
-	var err error
 	for _, s := range pc.segs {
 		if !s.tracked || s.lost {
 			continue
 		}
 		q.Start, q.End = s.start, s.end
-		pc.runs, err = pc.pm.RunsScan(q, pc.runs[:0])
+		pc.runs, err = pm.RunsScan(q, pc.runs[:0])
 		if err != nil {
 			s.lost = true
 			s.valid = nil
