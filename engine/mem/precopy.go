@@ -261,21 +261,37 @@ func (pc *PreCopy) Stop() error {
 		return err
 	}
 	defer pm.Close()
-	q := proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, Return: proc.PageWPAllowed | proc.PageWritten}
+	// Written pages: the kernel's fast path (a test of each entry's
+	// write-protection bit) when it is exact, that is when no page of
+	// the process is in swap, where a swap entry's bits could read as
+	// protected; otherwise every page classified, much slower.
+	st, err := proc.ReadStatus(pc.pid)
+	if err != nil {
+		return err
+	}
+	written := proc.Query{Require: proc.PageWritten, Return: proc.PageWritten}
+	if st.VmSwap > 0 {
+		written = proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, Return: proc.PageWPAllowed | proc.PageWritten}
+	}
+	// Pages outside a registered mapping (one made, moved or replaced
+	// since): the kernel skips registered mappings whole.
+	foreign := proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, Exclude: proc.PageWPAllowed}
 	for _, s := range pc.segs {
 		if !s.tracked || s.lost {
 			continue
 		}
-		q.Start, q.End = s.start, s.end
-		pc.runs, err = pm.RunsScan(q, pc.runs[:0])
-		if err != nil {
-			s.lost = true
-			s.valid = nil
-			continue
-		}
-		for _, r := range pc.runs {
-			if r.Categories&(proc.PageWPAllowed|proc.PageWritten) != proc.PageWPAllowed {
-				s.valid.sub(units.Range{Start: r.Start, End: r.End})
+		for _, q := range []proc.Query{written, foreign} {
+			q.Start, q.End = s.start, s.end
+			pc.runs, err = pm.RunsScan(q, pc.runs[:0])
+			if err != nil {
+				s.lost = true
+				s.valid = nil
+				break
+			}
+			for _, r := range pc.runs {
+				if q.Return == 0 || r.Categories&(proc.PageWPAllowed|proc.PageWritten) != proc.PageWPAllowed {
+					s.valid.sub(units.Range{Start: r.Start, End: r.End})
+				}
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -90,8 +91,11 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 		if _, err := converse(ctx, srv.Port, time.Now(), fmt.Sprintf("dirty %d", dirty)); err != nil {
 			return err
 		}
-		time.Sleep(time.Second) // the writer at its pace
 	}
+	// The server has seen the close of the connection that asked it (a
+	// change to its memory between the two dumps otherwise), and the
+	// writer runs at its pace.
+	time.Sleep(time.Second)
 	pre := filepath.Join(h.work, "precopy-pre")
 	plain := filepath.Join(h.work, "precopy-plain")
 	defer os.RemoveAll(pre)
@@ -127,7 +131,10 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 	res.PlainFrozen = append(res.PlainFrozen, d.Freeze)
 	res.PlainTotal = append(res.PlainTotal, d.Total)
 	if dirty == 0 {
-		same, err := sameFiles(pre, plain, "pagemap-"+strconv.Itoa(srv.PID)+".img", "pages-"+strconv.Itoa(srv.PID)+".img")
+		// Even an idle process changes between two dumps (the kernel
+		// writes the CPU it runs on into its rseq area): the images are
+		// compared on the server stopped by SIGSTOP, dumped both ways.
+		same, err := h.sameStopped(ctx, srv.PID, pre+"-stopped", plain+"-stopped")
 		if err != nil {
 			return err
 		}
@@ -151,6 +158,26 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 	}
 	res.Restored = true
 	return nil
+}
+
+// sameStopped stops pid, dumps it with --pre-copy into a and plainly into
+// b (both --leave-running), resumes it, and reports whether the two
+// images are equal byte for byte.
+func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, error) {
+	defer os.RemoveAll(a)
+	defer os.RemoveAll(b)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return false, err
+	}
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", a, "--leave-running", "--pre-copy"); err != nil {
+		return false, err
+	}
+	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", b, "--leave-running"); err != nil {
+		return false, err
+	}
+	p := strconv.Itoa(pid)
+	return sameFiles(a, b, "pagemap-"+p+".img", "pages-"+p+".img")
 }
 
 // snapctl runs snapctl with args and returns its standard output.
@@ -210,7 +237,7 @@ func renderPreCopy(m *md, sr *sizeResult) {
 	m.p("Each run starts a server, dumps it with `--pre-copy --leave-running`, then at once with `--leave-running` alone (plain), " +
 		"median (min–max). *Frozen* is the process's stop for the snapshot (pre-copy also stops it a few ms earlier to set up " +
 		"write tracking, not counted); targets: ≤ 50 ms idle, ≤ 150 ms under `dirty 1` (1% of memory written per second). " +
-		"*Identical*: runs whose pre-copy index and pages files equal the plain dump's byte for byte (idle only); " +
+		"*Identical*: runs where, the server then stopped by SIGSTOP (a running process changes between two dumps: the kernel writes its CPU into its rseq area), a pre-copy dump's index and pages files equal a plain dump's byte for byte; " +
 		"the last run's pre-copy snapshot is restored and must answer `touch 1` and `token` as the original did.\n")
 	m.header("server", "frozen, pre-copy", "frozen, plain", "dump, pre-copy", "dump, plain", "rounds", "frozen copy (last run)", "identical")
 	for _, r := range sr.PreCopy {
