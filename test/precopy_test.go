@@ -86,6 +86,14 @@ func TestDumpPreCopyGenerations(t *testing.T) {
 			}
 			var last uint64
 			for i := range 3 {
+				// The writer finishes a generation after the last dump
+				// saw, so that each dump must see a newer one.
+				for deadline := time.Now().Add(30 * time.Second); request(t, ctx, p, syscall.SIGUSR1, "report").MustUint(t, "gen") <= last; {
+					if time.Now().After(deadline) {
+						t.Fatalf("the writer made no progress past generation %d in 30 s", last)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
 				dir := filepath.Join(t.TempDir(), fmt.Sprintf("snap%d", i))
 				r := dumpPID(t, p.PID, dir, "--leave-running", "--pre-copy")
 				t.Logf("dump %d: %s", i, strings.TrimSpace(r.Stdout))
