@@ -38,6 +38,17 @@ last: a failed dump leaves the processes running and no manifest behind.
 Snapshots with shuffled blocks need a lazyfs that reads them (older builds
 refuse them with exit status 7).
 
+With --pre-copy, memory is first copied while the process runs, in rounds
+that each copy what was written since the previous one (writes are tracked
+with userfaultfd write-protection in asynchronous mode and PAGEMAP_SCAN),
+while that shrinks; the process is then frozen only to copy what it wrote
+since the last round, its registers and its descriptors. The snapshot is
+the same as without --pre-copy: the memory at the freeze. With
+--leave-running the process runs on after a short pause. Write tracking is
+removed from the process when the dump ends, however it ends (if snapctl
+is killed, the kernel removes it). snapctl holds a copy of the memory until
+it is written. --pre-copy dumps a single process (no children).
+
 Refused: a process (or descendant) already being traced or stopped by a
 debugger, a zombie child its parent has not reaped, and anything the format
 cannot describe yet; the error names the process and the resource.`,
@@ -51,6 +62,9 @@ cannot describe yet; the error names the process and the resource.`,
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
 	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
+	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
+	preRounds := fs.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
+	preTime := fs.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
 	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +89,18 @@ cannot describe yet; the error names the process and the resource.`,
 		return err
 	}
 	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options()}
+	if *preCopy {
+		if *preRounds < 1 || *preTime <= 0 {
+			return cli.Usagef("--pre-copy-rounds must be at least 1 and --pre-copy-time positive")
+		}
+		opts.PreCopy = &engine.PreCopyOptions{MaxRounds: *preRounds, MaxTime: *preTime}
+	} else {
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
+		if set {
+			return cli.Usagef("--pre-copy-rounds and --pre-copy-time need --pre-copy")
+		}
+	}
 	n := 0
 	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {
@@ -105,6 +131,14 @@ cannot describe yet; the error names the process and the resource.`,
 		fmt.Fprintf(stdout, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
 			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
+		if p := res.PreCopy; p != nil {
+			var copied uint64
+			for _, r := range p.Rounds {
+				copied += r.Copied
+			}
+			fmt.Fprintf(stdout, "pre-copy: %d rounds copied %s in %s (paused %s to set up); frozen copy %s\n",
+				len(p.Rounds), units.FormatSize(copied), p.Time.Round(time.Millisecond), p.Pause.Round(time.Millisecond), units.FormatSize(p.FrozenCopy))
+		}
 	}
 	return err
 }
