@@ -6,6 +6,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/task"
@@ -35,6 +36,11 @@ type dumper struct {
 	// TCP_REPAIR (--tcp-established), under one network lock, until the
 	// processes run again or die.
 	tcp *fds.TCPRepair
+	// pc and preRes, in a pre-copy dump: the copy made while the process
+	// ran, and the figures of its rounds.
+	pc     *mem.PreCopy
+	preRes *PreCopyResult
+	preP   *ptrace.Process // attached since the pre-copy
 }
 
 // dumpProc is one process of the dumped tree.

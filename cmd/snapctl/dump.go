@@ -41,6 +41,17 @@ last: a failed dump leaves the processes running and no manifest behind.
 Snapshots with shuffled blocks need a lazyfs that reads them (older builds
 refuse them with exit status 7).
 
+With --pre-copy, memory is first copied while the process runs, in rounds
+that each copy what was written since the previous one (writes are tracked
+with userfaultfd write-protection in asynchronous mode and PAGEMAP_SCAN),
+while that shrinks; the process is then frozen only to copy what it wrote
+since the last round, its registers and its descriptors. The snapshot is
+the same as without --pre-copy: the memory at the freeze. With
+--leave-running the process runs on after a short pause. Write tracking is
+removed from the process when the dump ends, however it ends (if snapctl
+is killed, the kernel removes it). snapctl holds a copy of the memory until
+it is written. --pre-copy dumps a single process (no children).
+
 Refused: a process (or descendant) already being traced or stopped by a
 debugger, a zombie child its parent has not reaped, a pipe whose other end
 is outside the tree (unless --external names it), and anything the format
@@ -73,6 +84,9 @@ process of the tree that leads outside.`,
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
 	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
+	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
+	preRounds := fs.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
+	preTime := fs.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
 	tcpEstablished := fs.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
 	var external []string
@@ -116,6 +130,18 @@ process of the tree that leads outside.`,
 		}
 		opts.External = ext
 	}
+	if *preCopy {
+		if *preRounds < 1 || *preTime <= 0 {
+			return cli.Usagef("--pre-copy-rounds must be at least 1 and --pre-copy-time positive")
+		}
+		opts.PreCopy = &engine.PreCopyOptions{MaxRounds: *preRounds, MaxTime: *preTime}
+	} else {
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
+		if set {
+			return cli.Usagef("--pre-copy-rounds and --pre-copy-time need --pre-copy")
+		}
+	}
 	n := 0
 	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {
@@ -148,6 +174,14 @@ process of the tree that leads outside.`,
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
 		if res.Conns > 0 {
 			fmt.Fprintf(stdout, "%d TCP connections held by nftables table inet %s until snapctl restore --tcp-established\n", res.Conns, res.NetLock)
+		}
+		if p := res.PreCopy; p != nil {
+			var copied uint64
+			for _, r := range p.Rounds {
+				copied += r.Copied
+			}
+			fmt.Fprintf(stdout, "pre-copy: %d rounds copied %s in %s (paused %s to set up); frozen copy %s\n",
+				len(p.Rounds), units.FormatSize(copied), p.Time.Round(time.Millisecond), p.Pause.Round(time.Millisecond), units.FormatSize(p.FrozenCopy))
 		}
 	}
 	return err
