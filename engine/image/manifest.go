@@ -40,6 +40,9 @@ type Manifest struct {
 	// refuses another version; snapshots that need none (every snapshot
 	// of version 1 written before features existed) omit the field.
 	Features []string `json:"features,omitempty"`
+	// Seal says how a sealed snapshot (feature "sealed") is encrypted
+	// and for whom; see seal.go.
+	Seal *Seal `json:"seal,omitempty"`
 }
 
 // knownFeatures is every feature this build reads. A change to the format
@@ -142,6 +145,9 @@ func parseManifest(b []byte) (*Manifest, error) {
 		if i > 0 && m.Features[i-1] >= f {
 			return nil, fmt.Errorf("%w: manifest features not sorted and unique", ErrCorrupt)
 		}
+	}
+	if err := checkSeal(&m); err != nil {
+		return nil, err
 	}
 	if m.PageSize != PageSize {
 		return nil, fmt.Errorf("%w: page size %d", ErrCorrupt, m.PageSize)

@@ -44,8 +44,9 @@ func (e *BlockError) Unwrap() error { return e.Err }
 type Snapshot struct {
 	Dir      string
 	Manifest *Manifest
-	manifest []byte   // snapshot.json as read
-	dir      *os.File // the directory
+	manifest []byte    // snapshot.json as read
+	dir      *os.File  // the directory
+	keys     *sealKeys // of a sealed snapshot, opened
 }
 
 // OpenOptions tune OpenWith.
@@ -56,6 +57,11 @@ type OpenOptions struct {
 	// such a snapshot is refused (ErrUntrusted): it is memory and code
 	// that a restore runs, as root if the process was root's.
 	Trust bool
+	// Keys are the identities that open sealed snapshots. With Keys, a
+	// snapshot that is not sealed is refused (ErrNoIdentity): whoever
+	// gives a key expects what it authenticates. Without, a sealed
+	// snapshot is refused (ErrNoIdentity).
+	Keys *Keyring
 }
 
 // Open opens the snapshot in dir: OpenWith with no options.
@@ -88,9 +94,23 @@ func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	var keys *sealKeys
+	if o.Keys != nil {
+		// The manifest is authenticated before anything in it is used.
+		if keys, err = authenticate(d, raw, o.Keys); err != nil {
+			return nil, err
+		}
+	}
 	m, err := parseManifest(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(d.Name(), ManifestName), err)
+	}
+	if err := checkKeys(d.Name(), m, keys); err != nil {
+		return nil, err
+	}
+	mismatch := ErrManifestMismatch
+	if keys != nil {
+		mismatch = ErrAuth // the manifest is authenticated: the file changed
 	}
 	for _, name := range append([]string{ManifestName}, slices.Sorted(maps.Keys(m.Files))...) {
 		var st unix.Stat_t
@@ -106,10 +126,10 @@ func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
 			}
 		}
 		if sum, ok := m.Files[name]; ok && st.Size != sum.Size {
-			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, st.Size, sum.Size)
+			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, mismatch, st.Size, sum.Size)
 		}
 	}
-	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d}, nil
+	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d, keys: keys}, nil
 }
 
 // Close closes the snapshot's directory. Readers opened from it stay
@@ -195,7 +215,11 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
-		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, ErrManifestMismatch, got, sum.CRC32C)
+		mismatch := ErrManifestMismatch
+		if s.keys != nil {
+			mismatch = ErrAuth
+		}
+		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, mismatch, got, sum.CRC32C)
 	}
 	return b, nil
 }
@@ -214,7 +238,12 @@ func (s *Snapshot) StateJSON(pid int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.readSmall(e.State, maxStateSize)
+	b, err := s.readSmall(e.State, maxStateSize+sealHeaderSize+tagSize)
+	if err != nil || s.keys == nil {
+		return b, err
+	}
+	b, _, err = s.keys.openFile(e.State, b, roleState, pid)
+	return b, err
 }
 
 // State returns the process state of pid.
@@ -257,6 +286,7 @@ const readaheadBatch = 32 << 20
 type Reader struct {
 	name    string // pages file name, for errors
 	f       *os.File
+	src     io.ReaderAt // payloads: f, or f decrypted (sealedPages)
 	lay     *layout
 	cache   *cache.Cache
 	file    uint64 // key space in the cache
@@ -282,9 +312,15 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*blockRecordSize)
+	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+tagSize)+sealHeaderSize+tagSize)
 	if err != nil {
 		return nil, err
+	}
+	var tags []byte
+	if s.keys != nil {
+		if b, tags, err = s.keys.openFile(e.Index, b, roleIndex, pid); err != nil {
+			return nil, err
+		}
 	}
 	f, err := s.OpenFile(e.Pages)
 	if err != nil {
@@ -305,6 +341,11 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
 	}
 	r, err := newReader(e.Pages, f, ix, opts)
+	if err == nil && s.keys != nil {
+		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, pid, tags); err != nil {
+			r.Close()
+		}
+	}
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
@@ -330,7 +371,7 @@ func newReader(name string, f *os.File, ix *Index, opts ReaderOptions) (*Reader,
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Reader{name: name, f: f, lay: lay, cache: opts.Cache, file: opts.Cache.NewFile(), threads: opts.Threads,
+	r := &Reader{name: name, f: f, src: f, lay: lay, cache: opts.Cache, file: opts.Cache.NewFile(), threads: opts.Threads,
 		log: opts.Logger, readahead: opts.Readahead, ctx: ctx, cancel: cancel}
 	var k [codec.NumKinds]KindStats
 	for i, rec := range ix.Blocks {
@@ -351,6 +392,13 @@ func (r *Reader) Close() error {
 	r.raWG.Wait()
 	return r.f.Close()
 }
+
+// Payloads returns the pages file as an io.ReaderAt of block payloads
+// at their offsets (Block.Off): decrypted and authenticated block by
+// block for a sealed snapshot, the file itself otherwise. It is what the
+// restore's fill reads Raw blocks and decodes LZ4 blocks from. Valid
+// until r is closed.
+func (r *Reader) Payloads() io.ReaderAt { return r.src }
 
 // Name returns the pages file name.
 func (r *Reader) Name() string { return r.name }
@@ -438,6 +486,10 @@ func (r *Reader) NextHole(addr uint64) uint64 {
 
 // blockError wraps err with the block's identity.
 func (r *Reader) blockError(b Block, err error) error {
+	if be, ok := errors.AsType[*BlockError](err); ok {
+		r.log.Error("bad block", "file", be.File, "block", be.Block, "addr", fmt.Sprintf("%#x", be.Addr), "err", be.Err)
+		return be // a sealed block that fails its authentication names itself
+	}
 	be := &BlockError{File: r.name, Block: b.Index, Addr: b.Addr, Err: err}
 	r.log.Error("bad block", "file", r.name, "block", b.Index, "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
 	return be
@@ -473,7 +525,7 @@ func (r *Reader) load(b Block, dst []byte) error {
 // pread reads len(dst) bytes of the pages file from the payload of block
 // b on (the payloads of the blocks after it, if dst is longer).
 func (r *Reader) pread(b Block, dst []byte) error {
-	if _, err := r.f.ReadAt(dst, int64(b.Off)); err != nil {
+	if _, err := r.src.ReadAt(dst, int64(b.Off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -796,7 +848,7 @@ func (r *Reader) streamBlocks(ctx context.Context, blocks []Block, fn func([]Chu
 		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
 	}
 	var chunks []Chunk
-	err := codec.DecodeBlocks(ctx, r.f, cb, codec.DecodeOptions{Threads: r.threads}, func(first int, out [][]byte) error {
+	err := codec.DecodeBlocks(ctx, r.src, cb, codec.DecodeOptions{Threads: r.threads}, func(first int, out [][]byte) error {
 		chunks = chunks[:0]
 		for i, d := range out {
 			b := blocks[first+i]

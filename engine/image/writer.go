@@ -34,6 +34,9 @@ type Options struct {
 	Tool string
 	// Kernel is recorded in the manifest; zero means the running kernel.
 	Kernel Kernel
+	// Seal, if set, makes a sealed snapshot (feature "sealed"):
+	// encrypted and authenticated for its recipients.
+	Seal *SealOptions
 }
 
 // Writer creates a snapshot directory. Files appear as they are written;
@@ -52,6 +55,7 @@ type Writer struct {
 	m     Manifest
 	files []string // written so far, for Abort
 	done  bool
+	keys  *sealKeys // of a sealed snapshot
 }
 
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
@@ -89,7 +93,30 @@ func Create(dir string, opts Options) (*Writer, error) {
 		Compression: compression,
 		Files:       map[string]FileSum{},
 	}}
+	if opts.Seal != nil {
+		if err := w.startSeal(opts.Seal); err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
 	return w, nil
+}
+
+// startSeal makes the data key of a sealed snapshot and writes it,
+// wrapped for the recipients.
+func (w *Writer) startSeal(o *SealOptions) error {
+	data, id := newDataKey()
+	wrapped, err := wrapKey(o, data, id)
+	if err != nil {
+		return err
+	}
+	if err := w.writeFile(KeysName, wrapped); err != nil {
+		return err
+	}
+	w.keys = newSealKeys(data, id)
+	w.addFeature(FeatureSealed)
+	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: sealAEAD, KDF: sealKDF, Wrap: sealWrap, Recipients: o.Names}
+	return nil
 }
 
 // openNewDir makes or opens the snapshot directory dir, checks it (see
@@ -212,7 +239,11 @@ func (w *Writer) entry(pid int) *ProcessEntry {
 			return &w.m.Processes[i]
 		}
 	}
-	w.m.Processes = append(w.m.Processes, ProcessEntry{PID: pid, State: stateName(pid), Index: indexName(pid), Pages: pagesName(pid)})
+	e := ProcessEntry{PID: pid, State: stateName(pid), Index: indexName(pid), Pages: pagesName(pid)}
+	if w.keys != nil {
+		e.State, e.Index = sealedStateName(pid), sealedIndexName(pid)
+	}
+	w.m.Processes = append(w.m.Processes, e)
 	return &w.m.Processes[len(w.m.Processes)-1]
 }
 
@@ -222,11 +253,15 @@ func (w *Writer) WriteState(p *Process) error {
 	if err != nil {
 		return fmt.Errorf("encode process state: %w", err)
 	}
-	w.entry(p.PID)
+	e := w.entry(p.PID)
 	if len(p.NSPID) > 0 {
 		w.addFeature(FeaturePIDNS)
 	}
-	return w.writeFile(stateName(p.PID), append(b, '\n'))
+	b = append(b, '\n')
+	if w.keys != nil {
+		b = w.keys.sealFile(roleState, p.PID, b, 0)
+	}
+	return w.writeFile(e.State, b)
 }
 
 // Commit writes the manifest, atomically, syncs the directory and
@@ -243,6 +278,11 @@ func (w *Writer) Commit() error {
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
 	}
+	if w.keys != nil {
+		if err := w.writeAuth(append(b, '\n')); err != nil {
+			return err
+		}
+	}
 	tmp := fmt.Sprintf(".%s.%d-%x.tmp", ManifestName, os.Getpid(), rand.Uint64())
 	if err := w.writeFile(tmp, append(b, '\n')); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
@@ -255,7 +295,7 @@ func (w *Writer) Commit() error {
 		}
 		return fmt.Errorf("commit manifest: %w", err)
 	}
-	w.files = w.files[:len(w.files)-1] // tmp is the manifest now
+	w.files = slices.DeleteFunc(w.files, func(n string) bool { return n == tmp }) // the manifest now
 	w.done = true
 	err = w.dfd.Sync()
 	if cerr := w.dfd.Close(); err == nil { // and unlock
@@ -297,13 +337,18 @@ type PagesWriter struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	ix  Index
-	end uint64 // end of the last run
-	brk bool   // the next Add starts a new run
-	// nblocks is the number of blocks the runs so far hold.
-	nblocks uint64
+	ix   Index
+	seal *blockSealer // of a sealed snapshot
+	tags []byte       // tagSize per block, of a sealed snapshot
+	end  uint64       // end of the last run
+	brk  bool         // the next Add starts a new run
+	// nblocks is the number of blocks the runs so far hold; submitted
+	// the number submitted to the pipeline.
+	nblocks, submitted uint64
 	// pageCRCs are the page checksums of the Raw blocks so far, when
-	// blocks are longer than a page (FeaturePageCRC).
+	// blocks are longer than a page (FeaturePageCRC) and the snapshot is
+	// in clear (pcrc).
+	pcrc     bool
 	pageCRCs []uint32
 	stats    [codec.NumKinds]KindStats
 	closed   bool
@@ -333,15 +378,38 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: newSeqWriter(f), ctx: ctx, cancel: cancel}
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
-	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.bs > PageSize}, pw.emit)
+	// Page checksums are of the plaintext, read without the block they
+	// are in: a sealed snapshot has none (they would leak what they sum,
+	// and a page cannot be authenticated without its whole block).
+	pw.pcrc = pw.bs > PageSize && w.keys == nil
+	po := codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.pcrc}
+	if w.keys != nil {
+		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid)}
+		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) {
+			t := e.Tag.(*blockTag)
+			return pw.seal.seal(buf, t.index, t.addr, uint32(len(e.Src)), e.Kind, e.Stored), nil
+		}
+	}
+	pw.pipe = codec.NewPipeline(ctx, po, pw.emit)
 	return pw, nil
 }
 
 var zeroPad [rawAlign]byte
 
+// zeroTag stands in the tag table for a Zero block, which stores nothing.
+var zeroTag [tagSize]byte
+
+// blockTag goes with a block through the pipeline: its chunk and, for
+// the seal, its identity.
+type blockTag struct {
+	c     *chunk
+	index uint64
+	addr  uint64
+}
+
 // emit writes one encoded block; it runs on one goroutine, in order.
 func (pw *PagesWriter) emit(e *codec.Encoded) error {
-	c := e.Tag.(*chunk)
+	c := e.Tag.(*blockTag).c
 	defer func() {
 		if c.refs.Add(-1) == 0 {
 			pw.chunks.Put(c)
@@ -355,9 +423,20 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 			}
 		}
 	}
+	stored := e.Stored
+	if pw.seal != nil {
+		var tag []byte
+		if e.Kind != codec.Zero {
+			stored, tag = e.Sealed[:len(e.Stored)], e.Sealed[len(e.Stored):]
+		}
+		pw.tags = append(pw.tags, tag...)
+		if tag == nil {
+			pw.tags = append(pw.tags, zeroTag[:]...)
+		}
+	}
 	if e.Kind != codec.Zero {
-		rec.StoredLen = uint32(len(e.Stored))
-		if err := pw.write(e.Stored); err != nil {
+		rec.StoredLen = uint32(len(stored))
+		if err := pw.write(stored); err != nil {
 			return err
 		}
 	}
@@ -446,9 +525,10 @@ func (pw *PagesWriter) Add(addr, length uint64, fill func(dst []byte, addr uint6
 		c.refs.Store(int32(len(blocks) / 2))
 		for i := 0; i < len(blocks); i += 2 {
 			lo, hi := blocks[i]-a, blocks[i+1]-a
-			if err := pw.pipe.Submit(c.b[lo:hi], c); err != nil {
+			if err := pw.pipe.Submit(c.b[lo:hi], &blockTag{c: c, index: pw.submitted, addr: blocks[i]}); err != nil {
 				return pw.fail(pipeError(err))
 			}
+			pw.submitted++
 		}
 		a = cend
 	}
@@ -520,14 +600,17 @@ func (pw *PagesWriter) Close() error {
 	if err != nil {
 		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
 	}
-	if err := pw.w.writeFile(indexName(pw.pid), b); err != nil {
+	e := pw.w.entry(pw.pid)
+	if pw.seal != nil {
+		b = pw.w.keys.sealFile(roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
+	}
+	if err := pw.w.writeFile(e.Index, b); err != nil {
 		return pw.fail(err)
 	}
 	if pw.stats[codec.Shuffle].Blocks > 0 {
 		pw.w.addFeature(FeatureShuffle)
 	}
-	e := pw.w.entry(pw.pid)
-	if pw.bs > PageSize {
+	if pw.pcrc {
 		// Checked like the index: the writer must never produce a file
 		// the reader refuses.
 		if _, err := newPageCRCs(lay, pw.pageCRCs); err != nil {

@@ -1,0 +1,251 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"filippo.io/age"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+)
+
+// sealed writes a sealed snapshot of layoutRanges for a new identity and
+// returns its directory, ranges and a keyring that opens it.
+func sealed(t *testing.T, blockSize int) (string, []memRange, *Keyring) {
+	t.Helper()
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(t.TempDir(), "key.txt")
+	if err := os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	so, err := ParseRecipients([]string{id.Recipient().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	ranges := layoutRanges(11)
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: blockSize, Seal: so})
+	k, err := LoadKeyring([]string{keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, ranges, k
+}
+
+func TestSealedRoundTrip(t *testing.T) {
+	for _, bs := range []int{4 << 10, 256 << 10} {
+		dir, ranges, k := sealed(t, bs)
+		s, err := OpenWith(dir, OpenOptions{Keys: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if !s.Sealed() || !s.Manifest.HasFeature(FeatureSealed) {
+			t.Fatal("not sealed")
+		}
+		st, err := s.State(42)
+		if err != nil || st.Comm != "synth" {
+			t.Fatalf("state %+v, %v", st, err)
+		}
+		r, err := s.OpenPages(42, ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		lo, hi := ranges[0].addr, ranges[len(ranges)-1].addr+uint64(len(ranges[len(ranges)-1].data))
+		want := expected(ranges, lo, hi)
+		got := make([]byte, hi-lo)
+		if _, err := r.ReadAt(got, int64(lo)); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("bs %d: cached read differs", bs)
+		}
+		clear(got)
+		if _, err := r.Uncached().ReadAt(got, int64(lo)); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("bs %d: uncached read differs (%v)", bs, err)
+		}
+		// Reads that start and end inside blocks.
+		for _, off := range []uint64{lo + 100, lo + uint64(bs) + 4095} {
+			p := make([]byte, 3*PageSize+17)
+			if _, err := r.Uncached().ReadAt(p, int64(off)); err != nil || !bytes.Equal(p, want[off-lo:off-lo+uint64(len(p))]) {
+				t.Fatalf("bs %d: read at %#x differs (%v)", bs, off, err)
+			}
+		}
+		if err := r.Verify(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		// No plaintext page of the memory appears in any file.
+		for _, name := range append([]string{ManifestName, AuthName}, keys(s.Manifest.Files)...) {
+			b, _ := os.ReadFile(filepath.Join(dir, name))
+			for _, mr := range ranges {
+				for off := 0; off+64 <= len(mr.data); off += PageSize {
+					if p := mr.data[off : off+64]; !codec.IsZero(p) && bytes.Contains(b, p) {
+						t.Fatalf("%s holds plaintext of %#x", name, mr.addr+uint64(off))
+					}
+				}
+			}
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, s.Manifest.Processes[0].State)); bytes.Contains(b, []byte("synth")) {
+			t.Fatal("state in clear")
+		}
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func TestSealedRefusals(t *testing.T) {
+	dir, _, k := sealed(t, 64<<10)
+	if _, err := Open(dir); !errors.Is(err, ErrNoIdentity) || !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "age1") {
+		t.Fatalf("no identity: %v", err)
+	}
+	other, _ := age.GenerateX25519Identity()
+	f := filepath.Join(t.TempDir(), "other.txt")
+	os.WriteFile(f, []byte(other.String()+"\n"), 0o600)
+	ok, err := LoadKeyring([]string{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenWith(dir, OpenOptions{Keys: ok}); !errors.Is(err, ErrNoIdentity) {
+		t.Fatalf("other identity: %v", err)
+	}
+	// An identity for a snapshot that is not sealed.
+	plain := filepath.Join(t.TempDir(), "plain")
+	writeSnapshot(t, plain, 42, layoutRanges(2), Options{})
+	if _, err := OpenWith(plain, OpenOptions{Keys: k}); !errors.Is(err, ErrNoIdentity) {
+		t.Fatalf("unsealed with identity: %v", err)
+	}
+	if m, err := PeekManifest(dir); err != nil || m.Seal == nil || len(m.Seal.Recipients) != 1 {
+		t.Fatalf("peek: %+v %v", m, err)
+	}
+}
+
+// copyDir copies a snapshot directory.
+func copyDir(t *testing.T, dir string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "copy")
+	os.Mkdir(out, 0o700)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(out, e.Name()), b, 0o600)
+	}
+	return out
+}
+
+// readAll opens the snapshot and reads all of it: state and memory.
+func readAll(dir string, k *Keyring) error {
+	s, err := OpenWith(dir, OpenOptions{Keys: k})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if _, err := s.State(42); err != nil {
+		return err
+	}
+	r, err := s.OpenPages(42, ReaderOptions{})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return r.Verify(context.Background(), nil)
+}
+
+func TestSealedTamper(t *testing.T) {
+	dir, _, k := sealed(t, 64<<10)
+	s, err := OpenWith(dir, OpenOptions{Keys: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Manifest.Processes[0]
+	r, err := s.OpenPages(42, ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored []Block
+	for b := range r.Blocks() {
+		if b.Kind != codec.Zero {
+			stored = append(stored, b)
+		}
+	}
+	r.Close()
+	s.Close()
+	flip := func(name string, off int64) func(string) {
+		return func(d string) {
+			p := filepath.Join(d, name)
+			b, _ := os.ReadFile(p)
+			if off < 0 {
+				off += int64(len(b))
+			}
+			b[off] ^= 0x10
+			os.WriteFile(p, b, 0o600)
+		}
+	}
+	var a, b Block // two stored blocks of one length
+	for i := range stored {
+		for j := i + 1; j < len(stored) && a.Len == 0; j++ {
+			if stored[i].StoredLen == stored[j].StoredLen {
+				a, b = stored[i], stored[j]
+			}
+		}
+	}
+	if a.Len == 0 {
+		t.Fatal("no two blocks of one stored length")
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(string)
+		names  string // what the error must name
+	}{
+		{"block", flip(e.Pages, int64(stored[len(stored)/2].Off)+5), e.Pages},
+		{"index", flip(e.Index, 100), e.Index},
+		{"index header", flip(e.Index, 20), e.Index},
+		{"state", flip(e.State, -3), e.State},
+		{"manifest", func(d string) {
+			p := filepath.Join(d, ManifestName)
+			b, _ := os.ReadFile(p)
+			b = bytes.Replace(b, []byte(`"tool": "`), []byte(`"tool": "x`), 1)
+			os.WriteFile(p, b, 0o600)
+		}, ManifestName},
+		{"keys", flip(KeysName, -5), KeysName},
+		{"auth", flip(AuthName, 20), ManifestName},
+		{"block copied over another", func(d string) {
+			p := filepath.Join(d, e.Pages)
+			buf, _ := os.ReadFile(p)
+			copy(buf[b.Off:b.Off+uint64(b.StoredLen)], buf[a.Off:a.Off+uint64(a.StoredLen)])
+			os.WriteFile(p, buf, 0o600)
+		}, e.Pages},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := copyDir(t, dir)
+			tc.change(d)
+			err := readAll(d, k)
+			if !errors.Is(err, ErrAuth) || !errors.Is(err, ErrUntrusted) {
+				t.Fatalf("got %v, want an authentication failure", err)
+			}
+			if !strings.Contains(err.Error(), tc.names) {
+				t.Fatalf("%v does not name %s", err, tc.names)
+			}
+			if be, ok := errors.AsType[*BlockError](err); ok && tc.names == e.Pages {
+				t.Logf("%v", be)
+			}
+		})
+	}
+}
