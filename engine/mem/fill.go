@@ -66,7 +66,7 @@ type filler struct {
 	t       *Target
 	o       FillOptions
 	pages   io.ReaderAt // the payloads, for Raw blocks and the decoder
-	mem     *os.File // /proc/PID/mem, for mappings without write permission
+	mem     *os.File    // /proc/PID/mem, for mappings without write permission
 	jobs    chan *fillJob
 	done    atomic.Uint64 // bytes written
 	total   uint64
