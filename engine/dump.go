@@ -38,6 +38,8 @@ type DumpOptions struct {
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.
 	Progress func(done, total uint64)
+	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
+	Seal *image.SealOptions
 }
 
 // DumpResult describes a finished dump.
@@ -113,7 +115,7 @@ func (d *dumper) check(context.Context) error { return precheck(d.pid) }
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Seal: o.Seal})
 	return err
 }
 

@@ -21,6 +21,8 @@ type RestoreOptions struct {
 	// TrustSnapshot accepts a snapshot that users other than the caller
 	// and root can change (image.OpenOptions.Trust).
 	TrustSnapshot bool
+	// Keys open a sealed snapshot (image.OpenOptions.Keys).
+	Keys *image.Keyring
 	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
 	// automatic, N a maximum. The writes that place memory in the process
 	// (page faults, mostly) run on every CPU whatever its value.
@@ -88,7 +90,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if opts.LeaveStopped && (opts.Lazy != nil || opts.LazyOf != nil) {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot})
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot, Keys: opts.Keys})
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/lazyfs/lazyfs/cache"
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // DefaultCacheSize is the size of the decoded-block cache of a mount when
@@ -43,6 +44,10 @@ type Options struct {
 	// TrustSnapshot accepts a snapshot that users other than the caller
 	// and root can change (image.OpenOptions.Trust).
 	TrustSnapshot bool
+	// Keys open a sealed snapshot (image.OpenOptions.Keys): its memory is
+	// decrypted as it is read, into the cache, never onto a disk. A
+	// private mount's helper reads the same identity files again.
+	Keys *image.Keyring
 	// DirectIO opens mem and region files with FOPEN_DIRECT_IO instead of
 	// FOPEN_KEEP_CACHE: every read goes to the server, nothing is kept in
 	// the kernel's page cache. See the package documentation for when that

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // PrivateArg0 is the argv[0] of the helper process that serves a private
@@ -46,6 +48,9 @@ type privateArgs struct {
 	DirectIO          bool
 	ReadaheadKB       int
 	TrustSnapshot     bool
+	// Identities are the identity files of opts.Keys (paths: no key
+	// crosses the command line).
+	Identities []string
 }
 
 // PrivateMount is a snapshot mounted for one reader: the MNT/PID/mem file
@@ -98,7 +103,7 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 	}
 	args, err := json.Marshal(privateArgs{Dir: abs, PID: pids[0], Others: pids[1:], CacheSize: opts.CacheSize,
 		DecompressThreads: opts.DecompressThreads, DirectIO: opts.DirectIO, ReadaheadKB: opts.ReadaheadKB,
-		TrustSnapshot: opts.TrustSnapshot})
+		TrustSnapshot: opts.TrustSnapshot, Identities: opts.Keys.Files()})
 	if err != nil {
 		return nil, err
 	}
@@ -324,8 +329,12 @@ func PrivateMain(args []string) int {
 		return fail(err)
 	}
 	defer os.Remove(tmp)
+	keys, err := image.LoadKeyring(pa.Identities)
+	if err != nil {
+		return fail(err)
+	}
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
-		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot})
+		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Keys: keys})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}

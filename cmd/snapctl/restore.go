@@ -59,6 +59,14 @@ it rather than run with memory missing. A page that cannot be read (a
 corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
+A sealed snapshot (dump --encrypt-to) needs --identity (or $LAZYFS_IDENTITY):
+without one that opens it, or with one for a snapshot that is not sealed,
+the restore is refused before anything is created (status 8), as it is when
+the manifest, state, index or a block fails its authentication (naming the
+file, and the block and address). Memory is decrypted as it is read, by
+every source; a block that fails later, during a lazy restore, kills the
+process like a corrupt one.
+
 Established TCP connections are closed (their peers saw a reset when the
 dumped process went away); listening sockets listen again.
 
@@ -84,6 +92,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	fl.Alias("images-dir", "D")
 	threads := threadsFlag(fl)
 	trust := trustFlag(fl)
+	identity := fl.Identity()
 	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
 	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
@@ -114,7 +123,11 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		}
 		f.Close()
 	}
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Logger: log,
+	keys, err := identity()
+	if err != nil {
+		return err
+	}
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Keys: keys, Logger: log,
 		Namespaces: engine.Namespaces{PID: *pidns, Net: *netns}}
 	tty := isTerminal(stderr)
 	if tty {
@@ -132,7 +145,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, err := openLazySource(*dir, *mount, *source, *threads, *trust)
+		src, err := openLazySource(*dir, *mount, *source, *threads, *trust, keys)
 		if err != nil {
 			return err
 		}
@@ -320,8 +333,8 @@ type lazySource struct {
 // openLazySource opens where a lazy restore reads pages from: the
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
 // a private mount of the snapshot (fs.MountPrivate).
-func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySource, error) {
-	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust})
+func openLazySource(dir, mnt, source string, threads int, trust bool, keys *image.Keyring) (*lazySource, error) {
+	snap, err := image.OpenWith(dir, image.OpenOptions{Trust: trust, Keys: keys})
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +371,7 @@ func openLazySource(dir, mnt, source string, threads int, trust bool) (*lazySour
 	return mountLater(func() (*fs.PrivateMount, error) {
 		// Direct I/O and a small block cache: the pager reads each block
 		// once (see test/bench/BENCHMARKS.md, Decisions).
-		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust})
+		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: trust, Keys: keys})
 	}, false), nil
 }
 

@@ -13,20 +13,27 @@ import (
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("verify", "-D DIR [--decompress-threads N]", `
 Check a snapshot: the manifest, every file's size and checksum, and every
-block of memory against its CRC32C. Exits non-zero at the first bad block,
-naming the file, the block and its address.`,
+block of memory against its CRC32C; for a sealed snapshot, opened with
+--identity, every block, file and the manifest are authenticated too. Exits
+non-zero at the first bad block, naming the file, the block and its
+address.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
 	trust := trustFlag(fs)
+	identity := fs.Identity()
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust})
+	keys, err := identity()
+	if err != nil {
+		return err
+	}
+	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Keys: keys})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}
@@ -49,6 +56,10 @@ naming the file, the block and its address.`,
 			return fmt.Errorf("verify: %w", err)
 		}
 		fmt.Fprintf(stdout, "process %d: %d blocks, %s of memory in %s: ok\n", pid, st.Total.Blocks, units.FormatSize(st.Total.Bytes), units.FormatSize(st.FileSize))
+	}
+	if s.Sealed() {
+		fmt.Fprintf(stdout, "snapshot %s: ok, sealed and authenticated\n", *dir)
+		return nil
 	}
 	fmt.Fprintf(stdout, "snapshot %s: ok\n", *dir)
 	return nil
