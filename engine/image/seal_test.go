@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -247,5 +248,69 @@ func TestSealedTamper(t *testing.T) {
 				t.Logf("%v", be)
 			}
 		})
+	}
+}
+
+// BenchmarkSealedReadAt is BenchmarkReadAt's uncached read of a snapshot
+// in clear and of the same memory sealed, and their Verify (Stream).
+func BenchmarkSealedReadAt(b *testing.B) {
+	const size = 128 << 20
+	data := make([]byte, size)
+	synth("random", data[:size*3/4], 1)
+	for i := size * 3 / 4; i < size; i++ {
+		data[i] = "lazyfs-"[i%7]
+	}
+	ranges := []memRange{{addr: 0x10000000, data: data}}
+	id, _ := age.GenerateX25519Identity()
+	keyFile := filepath.Join(b.TempDir(), "key.txt")
+	os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600)
+	k, _ := LoadKeyring([]string{keyFile})
+	so, _ := ParseRecipients([]string{id.Recipient().String()})
+	for _, sealed := range []bool{false, true} {
+		dir := filepath.Join(b.TempDir(), "snap")
+		o := Options{}
+		var keys *Keyring
+		if sealed {
+			o.Seal, keys = so, k
+		}
+		writeSnapshot(b, dir, 42, ranges, o)
+		s, err := OpenWith(dir, OpenOptions{Keys: keys})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r, err := s.OpenPages(42, ReaderOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("sealed=%v/pread", sealed), func(b *testing.B) {
+			buf := make([]byte, 1<<20)
+			b.SetBytes(size)
+			for range b.N {
+				for off := int64(0); off < int64(r.stats.FileSize); off += int64(len(buf)) {
+					r.f.ReadAt(buf, off)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("sealed=%v/uncached", sealed), func(b *testing.B) {
+			buf := make([]byte, 1<<20)
+			b.SetBytes(size)
+			for range b.N {
+				for off := uint64(0); off < size; off += uint64(len(buf)) {
+					if _, err := r.Uncached().ReadAt(buf, int64(0x10000000+off)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("sealed=%v/verify", sealed), func(b *testing.B) {
+			b.SetBytes(size)
+			for range b.N {
+				if err := r.Verify(context.Background(), nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		r.Close()
+		s.Close()
 	}
 }

@@ -3,11 +3,11 @@ package image
 import (
 	"crypto/cipher"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sort"
-	"sync"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
@@ -43,20 +43,22 @@ func blockNonce(n *[nonceSize]byte, index uint64) []byte {
 // the restore's fill) reads through it, so a block is never handed on
 // before it authenticates. Safe for concurrent use.
 type sealedPages struct {
-	name   string
-	f      *os.File
-	aead   cipher.AEAD
-	id     [idSize]byte
-	pid    uint64
-	blocks []Block // stored blocks, by offset
-	tags   []byte  // tagSize per block of the index
+	name    string
+	f       *os.File
+	aead    cipher.AEAD
+	id      [idSize]byte
+	pid     uint64
+	blocks  []Block // stored blocks, by offset
+	tags    []byte  // tagSize per block of the index
+	scratch chan []byte
 }
 
 func newSealedPages(name string, f *os.File, lay *layout, k *sealKeys, pid int, tags []byte) (*sealedPages, error) {
 	if uint64(len(tags)) != uint64(len(lay.ix.Blocks))*tagSize {
 		return nil, fmt.Errorf("%w: %d bytes of block tags for %d blocks", ErrCorrupt, len(tags), len(lay.ix.Blocks))
 	}
-	s := &sealedPages{name: name, f: f, aead: k.pagesAEAD(pid), id: k.id, pid: uint64(pid), tags: tags}
+	s := &sealedPages{name: name, f: f, aead: k.pagesAEAD(pid), id: k.id, pid: uint64(pid), tags: tags,
+		scratch: make(chan []byte, sealedScratch)}
 	for ri, r := range lay.ix.Runs {
 		n := blocksInRange(r.Addr, r.End(), lay.ix.BlockSize)
 		for j := uint64(0); j < n; j++ {
@@ -68,9 +70,18 @@ func newSealedPages(name string, f *os.File, lay *layout, k *sealKeys, pid int, 
 	return s, nil
 }
 
-// sealedBufPool holds the buffers sealed reads read ciphertext into.
-var sealedBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return &b }}
+// sealedScratch is how many block-sized buffers a sealedPages keeps for
+// blocks it cannot decrypt in place. They are kept, not pooled: memory
+// freed and faulted in again is what costs most on a machine that hands
+// free pages back to its host.
+const sealedScratch = 4
 
+// ReadAt reads the payloads [off, off+len(p)) straight into p, then
+// authenticates and decrypts each block in place. AES-GCM wants a block's
+// tag right after its ciphertext: the 16 bytes after a block in p (the
+// next block's) are set aside while the tag stands there. A block with no
+// room after it in p, or cut by either end of the read, goes through a
+// scratch buffer.
 func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("read %s at %d: negative offset", s.name, off)
@@ -81,58 +92,102 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	for j < len(s.blocks) && s.blocks[j].Off < hi {
 		j++
 	}
-	rlo, rhi := lo, hi
-	if i < j {
-		rlo = min(lo, s.blocks[i].Off)
-		rhi = max(hi, s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen))
+	inLo, inHi := lo, hi // read in place
+	if i < j && s.blocks[i].Off < lo {
+		if err := s.partial(s.blocks[i], p, lo); err != nil {
+			return 0, err
+		}
+		inLo = min(hi, s.blocks[i].Off+uint64(s.blocks[i].StoredLen))
+		i++
 	}
-	bp := sealedBufPool.Get().(*[]byte)
-	defer sealedBufPool.Put(bp)
-	if need := int(rhi-rlo) + tagSize; cap(*bp) < need {
-		*bp = make([]byte, need)
+	if i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > hi {
+		if err := s.partial(s.blocks[j-1], p, lo); err != nil {
+			return 0, err
+		}
+		inHi = s.blocks[j-1].Off
+		j--
 	}
-	buf := (*bp)[:rhi-rlo+tagSize]
-	n, err := s.f.ReadAt(buf[:rhi-rlo], int64(rlo))
-	if err != nil && uint64(n) < rhi-rlo {
-		if i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > rlo+uint64(n) {
+	n := 0
+	if inLo < inHi {
+		var err error
+		n, err = s.f.ReadAt(p[inLo-lo:inHi-lo], int64(inLo))
+		if err != nil && (i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > inLo+uint64(n) || !errors.Is(err, io.EOF)) {
 			return 0, err // a block is cut short
 		}
-		if uint64(n) < lo-rlo {
+		if err != nil {
+			return int(inLo-lo) + n, err // past the end of the file, after the last block
+		}
+	}
+	var save [tagSize]byte
+	for _, b := range s.blocks[i:j] {
+		at := b.Off - lo
+		end := at + uint64(b.StoredLen)
+		if end+tagSize > uint64(len(p)) {
+			if err := s.partial(b, p, lo); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		copy(save[:], p[end:end+tagSize])
+		copy(p[end:end+tagSize], s.tag(b))
+		_, err := s.open(b, p[at:at], p[at:end+tagSize])
+		copy(p[end:end+tagSize], save[:])
+		if err != nil {
 			return 0, err
 		}
 	}
-	// Padding and whatever lies outside every block, as stored.
-	copy(p, buf[lo-rlo:min(hi, rlo+uint64(n))-rlo])
+	return len(p), nil
+}
+
+func (s *sealedPages) tag(b Block) []byte { return s.tags[b.Index*tagSize : (b.Index+1)*tagSize] }
+
+// open authenticates and decrypts block b, ciphertext and tag in ct,
+// appending the plaintext to dst.
+func (s *sealedPages) open(b Block, dst, ct []byte) ([]byte, error) {
 	var nonce [nonceSize]byte
 	var ad [blockADSize]byte
-	var save [tagSize]byte
-	for _, b := range s.blocks[i:j] {
-		ct := buf[b.Off-rlo : b.Off-rlo+uint64(b.StoredLen)+tagSize]
-		end := ct[b.StoredLen:]
-		copy(save[:], end)
-		copy(end, s.tags[b.Index*tagSize:(b.Index+1)*tagSize])
-		whole := b.Off >= lo && b.Off+uint64(b.StoredLen) <= hi
-		var dst []byte
-		if whole {
-			dst = p[b.Off-lo : b.Off-lo : b.Off-lo+uint64(b.StoredLen)]
-		} else {
-			dst = make([]byte, 0, b.StoredLen)
-		}
-		out, err := s.aead.Open(dst, blockNonce(&nonce, b.Index), ct,
-			blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen))
-		copy(end, save[:])
-		if err != nil {
-			return 0, &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
-		}
-		if !whole {
-			from, to := max(lo, b.Off), min(hi, b.Off+uint64(b.StoredLen))
-			copy(p[from-lo:to-lo], out[from-b.Off:to-b.Off])
-		}
+	out, err := s.aead.Open(dst, blockNonce(&nonce, b.Index), ct, blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen))
+	if err != nil {
+		return nil, &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
 	}
-	if uint64(n) < hi-rlo {
-		return int(uint64(n) - (lo - rlo)), io.EOF
+	return out, nil
+}
+
+// partial reads block b whole into a scratch buffer, authenticates and
+// decrypts it there, and copies what of it falls in p (read at lo).
+func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
+	n := int(b.StoredLen)
+	var buf []byte
+	select {
+	case buf = <-s.scratch:
+	default:
 	}
-	return len(p), nil
+	if cap(buf) < n+tagSize {
+		buf = make([]byte, n+tagSize)
+	}
+	defer func() {
+		select {
+		case s.scratch <- buf:
+		default:
+		}
+	}()
+	buf = buf[:n+tagSize]
+	if _, err := s.f.ReadAt(buf[:n], int64(b.Off)); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: err}
+	}
+	copy(buf[n:], s.tag(b))
+	out, err := s.open(b, buf[:0], buf)
+	if err != nil {
+		return err
+	}
+	from, to := max(lo, b.Off), min(lo+uint64(len(p)), b.Off+uint64(n))
+	if from < to {
+		copy(p[from-lo:to-lo], out[from-b.Off:to-b.Off])
+	}
+	return nil
 }
 
 // blockSealer encrypts the blocks of one process at dump time (the

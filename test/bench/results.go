@@ -25,6 +25,7 @@ type sizeResult struct {
 	Tree      *treeResult       `json:",omitempty"` // the tree series (tree.go)
 	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
 	Codecs    []*codecResult    `json:",omitempty"` // the codec series
+	Crypt     *cryptResult      `json:",omitempty"` // the crypt series (crypt.go)
 	Elapsed   time.Duration
 }
 
