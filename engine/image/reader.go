@@ -2,6 +2,8 @@ package image
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +49,7 @@ type Snapshot struct {
 	manifest []byte    // snapshot.json as read
 	dir      *os.File  // the directory
 	keys     *sealKeys // of a sealed snapshot, opened
+	signed   bool      // its signature verified
 }
 
 // OpenOptions tune OpenWith.
@@ -95,9 +98,10 @@ func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
 		return nil, err
 	}
 	var keys *sealKeys
+	var signed bool
 	if o.Keys != nil {
 		// The manifest is authenticated before anything in it is used.
-		if keys, err = authenticate(d, raw, o.Keys); err != nil {
+		if keys, signed, err = authenticate(d, raw, o.Keys); err != nil {
 			return nil, err
 		}
 	}
@@ -105,11 +109,11 @@ func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(d.Name(), ManifestName), err)
 	}
-	if err := checkKeys(d.Name(), m, keys); err != nil {
+	if err := checkKeys(d.Name(), m, keys, signed); err != nil {
 		return nil, err
 	}
 	mismatch := ErrManifestMismatch
-	if keys != nil {
+	if keys != nil || signed {
 		mismatch = ErrAuth // the manifest is authenticated: the file changed
 	}
 	for _, name := range append([]string{ManifestName}, slices.Sorted(maps.Keys(m.Files))...) {
@@ -129,7 +133,7 @@ func openSnapshot(d *os.File, o OpenOptions) (*Snapshot, error) {
 			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, mismatch, st.Size, sum.Size)
 		}
 	}
-	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d, keys: keys}, nil
+	return &Snapshot{Dir: d.Name(), Manifest: m, manifest: raw, dir: d, keys: keys, signed: signed}, nil
 }
 
 // Close closes the snapshot's directory. Readers opened from it stay
@@ -216,10 +220,15 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 	}
 	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
 		mismatch := ErrManifestMismatch
-		if s.keys != nil {
+		if s.keys != nil || s.signed {
 			mismatch = ErrAuth
 		}
 		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, mismatch, got, sum.CRC32C)
+	}
+	if s.signed {
+		if d := sha256.Sum256(b); hex.EncodeToString(d[:]) != sum.SHA256 {
+			return nil, fmt.Errorf("%s: %w: its SHA-256 is not the one the signed manifest holds", name, ErrAuth)
+		}
 	}
 	return b, nil
 }
@@ -340,8 +349,14 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
 	}
+	if s.keys == nil && s.signed {
+		if tags, err = s.readSmall(e.Digests, maxBlocks*digestSize); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
 	r, err := newReader(e.Pages, f, ix, opts)
-	if err == nil && s.keys != nil {
+	if err == nil && (s.keys != nil || s.signed) {
 		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, pid, tags); err != nil {
 			r.Close()
 		}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/ed25519"
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
@@ -15,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"filippo.io/age"
@@ -54,7 +54,7 @@ const (
 
 	authMagic   = "LZFSAUTH"
 	authVersion = 1
-	authSize    = 48 // magic, version, reserved, HMAC-SHA256
+	authSize    = 112 // see authFile
 
 	sealMagic      = "LZFSSEAL"
 	sealVersion    = 1
@@ -178,15 +178,18 @@ func ParseRecipients(args []string) (*SealOptions, error) {
 
 // Keyring holds the identities a reader opens sealed snapshots with.
 type Keyring struct {
-	ids   []age.Identity
-	files []string
+	ids     []age.Identity
+	signers []ed25519.PublicKey
+	files   []string
 }
 
 // IdentityEnv names the environment variable that gives identity files
 // (colon-separated) when no --identity is given.
 const IdentityEnv = "LAZYFS_IDENTITY"
 
-// LoadKeyring reads age identity files (age-keygen's). No file gives nil.
+// LoadKeyring reads identity files: age identities (age-keygen's), which
+// open sealed snapshots, or OpenSSH ed25519 public keys (KEY.pub, one a
+// line), which verify signed ones. No file gives nil.
 func LoadKeyring(files []string) (*Keyring, error) {
 	if len(files) == 0 {
 		return nil, nil
@@ -197,10 +200,18 @@ func LoadKeyring(files []string) (*Keyring, error) {
 		if err != nil {
 			return nil, fmt.Errorf("identity: %w", err)
 		}
-		ids, err := age.ParseIdentities(bufio.NewReader(io.LimitReader(f, 1<<20)))
+		b, err := io.ReadAll(io.LimitReader(f, 1<<20))
 		f.Close()
 		if err != nil {
-			return nil, fmt.Errorf("identity file %s: %w", name, err)
+			return nil, fmt.Errorf("identity: %w", err)
+		}
+		ids, err := age.ParseIdentities(bufio.NewReader(bytes.NewReader(b)))
+		if err != nil {
+			keys, serr := parseSignerKeys(b)
+			if serr != nil {
+				return nil, fmt.Errorf("identity file %s: neither age identities (%v) nor ssh-ed25519 public keys (%v)", name, err, serr)
+			}
+			k.signers = append(k.signers, keys...)
 		}
 		k.ids = append(k.ids, ids...)
 		k.files = append(k.files, name)
@@ -262,26 +273,6 @@ func (k *sealKeys) manifestMAC(b []byte) []byte {
 	h := hmac.New(sha256.New, k.manifest)
 	h.Write(b)
 	return h.Sum(nil)
-}
-
-// marshalAuth returns snapshot.auth for a manifest MAC.
-func marshalAuth(mac []byte) []byte {
-	b := make([]byte, authSize)
-	copy(b, authMagic)
-	binary.LittleEndian.PutUint16(b[8:], authVersion)
-	copy(b[16:], mac)
-	return b
-}
-
-// parseAuth returns the MAC of snapshot.auth.
-func parseAuth(b []byte) ([]byte, error) {
-	if len(b) != authSize || string(b[:8]) != authMagic {
-		return nil, fmt.Errorf("%w: %s is not a manifest authenticator", ErrAuth, AuthName)
-	}
-	if v := binary.LittleEndian.Uint16(b[8:]); v != authVersion {
-		return nil, fmt.Errorf("%w: %s version %d, this build reads %d", ErrVersion, AuthName, v, authVersion)
-	}
-	return b[16:authSize], nil
 }
 
 // newDataKey returns a fresh data key and snapshot id.
@@ -423,86 +414,6 @@ func (k *sealKeys) openFile(name string, b []byte, role uint16, pid int) ([]byte
 
 func sealedStateName(pid int) string { return fmt.Sprintf("process-%d.sealed", pid) }
 func sealedIndexName(pid int) string { return fmt.Sprintf("pagemap-%d.sealed", pid) }
-
-// writeAuth writes snapshot.auth, the MAC of manifest bytes b, before the
-// manifest: a snapshot is complete only once its manifest is in place.
-func (w *Writer) writeAuth(b []byte) error {
-	f, err := w.createFile(AuthName)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(marshalAuth(w.keys.manifestMAC(b)))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", AuthName, err)
-	}
-	return nil
-}
-
-// authenticate opens keys.age of the snapshot directory d with the
-// keyring and checks the MAC of the manifest bytes raw, before anything
-// of the manifest is used.
-func authenticate(d *os.File, raw []byte, k *Keyring) (*sealKeys, error) {
-	readAll := func(name string, limit int64) ([]byte, error) {
-		f, err := openAt(d, name)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("%w: %s is not sealed (no %s), and an identity was given: refusing a snapshot nobody can authenticate", ErrNoIdentity, d.Name(), name)
-			}
-			return nil, err
-		}
-		defer f.Close()
-		b, err := io.ReadAll(io.LimitReader(f, limit+1))
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", f.Name(), err)
-		}
-		if int64(len(b)) > limit {
-			return nil, fmt.Errorf("%s: %w: larger than %d bytes", f.Name(), ErrAuth, limit)
-		}
-		return b, nil
-	}
-	wrapped, err := readAll(KeysName, maxKeysSize)
-	if err != nil {
-		return nil, err
-	}
-	auth, err := readAll(AuthName, authSize)
-	if err != nil {
-		return nil, err
-	}
-	data, id, err := unwrapKey(wrapped, k)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(d.Name(), KeysName), err)
-	}
-	keys := newSealKeys(data, id)
-	mac, err := parseAuth(auth)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(d.Name(), AuthName), err)
-	}
-	if !hmac.Equal(mac, keys.manifestMAC(raw)) {
-		return nil, fmt.Errorf("%s: %w: the manifest is not the one the dump wrote", filepath.Join(d.Name(), ManifestName), ErrAuth)
-	}
-	return keys, nil
-}
-
-// checkKeys checks that a manifest's seal and the keys opened for it
-// agree: both or neither.
-func checkKeys(dir string, m *Manifest, keys *sealKeys) error {
-	switch {
-	case m.Seal == nil && keys != nil:
-		return fmt.Errorf("%w: %s: the manifest is not sealed but its directory holds a data key", ErrAuth, dir)
-	case m.Seal != nil && keys == nil:
-		return fmt.Errorf("%w: %s is encrypted for %s: give an identity that opens it (--identity FILE or %s)",
-			ErrNoIdentity, dir, strings.Join(m.Seal.Recipients, ", "), IdentityEnv)
-	case m.Seal != nil && m.Seal.ID != hex.EncodeToString(keys.id[:]):
-		return fmt.Errorf("%w: %s: the data key is of another snapshot", ErrAuth, dir)
-	}
-	return nil
-}
 
 // Sealed reports whether the snapshot is sealed (and was opened with a
 // key).

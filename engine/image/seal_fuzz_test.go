@@ -59,11 +59,12 @@ func FuzzSealHeader(f *testing.F) {
 
 // FuzzAuth: snapshot.auth parses or fails.
 func FuzzAuth(f *testing.F) {
-	f.Add(marshalAuth(make([]byte, 32)))
+	f.Add((&authFile{flags: authMAC, mac: make([]byte, 32)}).marshal())
+	f.Add((&authFile{flags: authMAC | authSig, mac: make([]byte, 32), sig: make([]byte, 64)}).marshal())
 	f.Add([]byte(authMagic))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if mac, err := parseAuth(b); err == nil && len(mac) != 32 {
-			t.Fatalf("MAC of %d bytes", len(mac))
+		if a, err := parseAuth(b); err == nil && (len(a.mac) != 32 || len(a.sig) != 64 || a.flags == 0) {
+			t.Fatalf("parsed %+v", a)
 		}
 	})
 }

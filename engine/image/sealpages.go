@@ -1,7 +1,9 @@
 package image
 
 import (
+	"bytes"
 	"crypto/cipher"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -45,20 +47,27 @@ func blockNonce(n *[nonceSize]byte, index uint64) []byte {
 type sealedPages struct {
 	name    string
 	f       *os.File
-	aead    cipher.AEAD
+	aead    cipher.AEAD // nil: a signed snapshot in clear, blocks checked by SHA-256
 	id      [idSize]byte
 	pid     uint64
 	blocks  []Block // stored blocks, by offset
-	tags    []byte  // tagSize per block of the index
+	tags    []byte  // tagLen per block of the index: GCM tags, or SHA-256 (aead nil)
+	tagLen  int
 	scratch chan []byte
 }
 
+// newSealedPages returns the pages file f of process pid read through
+// the keys of a sealed snapshot, tags being the blocks' GCM tags; or, k
+// nil, of a signed snapshot in clear, tags being the blocks' SHA-256.
 func newSealedPages(name string, f *os.File, lay *layout, k *sealKeys, pid int, tags []byte) (*sealedPages, error) {
-	if uint64(len(tags)) != uint64(len(lay.ix.Blocks))*tagSize {
-		return nil, fmt.Errorf("%w: %d bytes of block tags for %d blocks", ErrCorrupt, len(tags), len(lay.ix.Blocks))
-	}
-	s := &sealedPages{name: name, f: f, aead: k.pagesAEAD(pid), id: k.id, pid: uint64(pid), tags: tags,
+	s := &sealedPages{name: name, f: f, pid: uint64(pid), tags: tags, tagLen: digestSize,
 		scratch: make(chan []byte, sealedScratch)}
+	if k != nil {
+		s.aead, s.id, s.tagLen = k.pagesAEAD(pid), k.id, tagSize
+	}
+	if uint64(len(tags)) != uint64(len(lay.ix.Blocks))*uint64(s.tagLen) {
+		return nil, fmt.Errorf("%w: %d bytes of block tags or digests for %d blocks", ErrAuth, len(tags), len(lay.ix.Blocks))
+	}
 	for ri, r := range lay.ix.Runs {
 		n := blocksInRange(r.Addr, r.End(), lay.ix.BlockSize)
 		for j := uint64(0); j < n; j++ {
@@ -122,6 +131,12 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	for _, b := range s.blocks[i:j] {
 		at := b.Off - lo
 		end := at + uint64(b.StoredLen)
+		if s.aead == nil {
+			if err := s.check(b, p[at:end]); err != nil {
+				return 0, err
+			}
+			continue
+		}
 		if end+tagSize > uint64(len(p)) {
 			if err := s.partial(b, p, lo); err != nil {
 				return 0, err
@@ -139,7 +154,18 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-func (s *sealedPages) tag(b Block) []byte { return s.tags[b.Index*tagSize : (b.Index+1)*tagSize] }
+func (s *sealedPages) tag(b Block) []byte {
+	return s.tags[b.Index*uint64(s.tagLen) : (b.Index+1)*uint64(s.tagLen)]
+}
+
+// check compares the stored bytes of block b with its SHA-256 (signed
+// snapshots in clear).
+func (s *sealedPages) check(b Block, stored []byte) error {
+	if d := sha256.Sum256(stored); !bytes.Equal(d[:], s.tag(b)) {
+		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
+	}
+	return nil
+}
 
 // open authenticates and decrypts block b, ciphertext and tag in ct,
 // appending the plaintext to dst.
@@ -178,10 +204,17 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 		}
 		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: err}
 	}
-	copy(buf[n:], s.tag(b))
-	out, err := s.open(b, buf[:0], buf)
-	if err != nil {
-		return err
+	out := buf[:n]
+	if s.aead == nil {
+		if err := s.check(b, out); err != nil {
+			return err
+		}
+	} else {
+		copy(buf[n:], s.tag(b))
+		var err error
+		if out, err = s.open(b, buf[:0], buf); err != nil {
+			return err
+		}
 	}
 	from, to := max(lo, b.Off), min(lo+uint64(len(p)), b.Off+uint64(n))
 	if from < to {

@@ -2,6 +2,9 @@ package image
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +40,9 @@ type Options struct {
 	// Seal, if set, makes a sealed snapshot (feature "sealed"):
 	// encrypted and authenticated for its recipients.
 	Seal *SealOptions
+	// Sign, if set, signs the snapshot with this key (feature
+	// "signed"): integrity and origin, with or without Seal.
+	Sign ed25519.PrivateKey
 }
 
 // Writer creates a snapshot directory. Files appear as they are written;
@@ -49,13 +55,14 @@ type Options struct {
 // directory's parent cannot redirect a file, and two dumps into one
 // directory cannot both succeed.
 type Writer struct {
-	dir   string
-	dfd   *os.File // the directory, locked
-	opts  Options
-	m     Manifest
-	files []string // written so far, for Abort
-	done  bool
-	keys  *sealKeys // of a sealed snapshot
+	dir    string
+	dfd    *os.File // the directory, locked
+	opts   Options
+	m      Manifest
+	files  []string // written so far, for Abort
+	done   bool
+	keys   *sealKeys          // of a sealed snapshot
+	signer ed25519.PrivateKey // of a signed snapshot
 }
 
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
@@ -93,6 +100,11 @@ func Create(dir string, opts Options) (*Writer, error) {
 		Compression: compression,
 		Files:       map[string]FileSum{},
 	}}
+	if opts.Sign != nil {
+		w.signer = opts.Sign
+		w.addFeature(FeatureSigned)
+		w.m.Signature = &Signature{Alg: signAlg, Digest: signDigest, Key: signerKeyLine(opts.Sign.Public().(ed25519.PublicKey))}
+	}
 	if opts.Seal != nil {
 		if err := w.startSeal(opts.Seal); err != nil {
 			w.Abort()
@@ -226,7 +238,12 @@ func (w *Writer) writeFile(name string, b []byte) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", name, err)
 	}
-	w.m.Files[name] = FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
+	sum := FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
+	if w.signer != nil {
+		d := sha256.Sum256(b)
+		sum.SHA256 = hex.EncodeToString(d[:])
+	}
+	w.m.Files[name] = sum
 	return nil
 }
 
@@ -242,6 +259,8 @@ func (w *Writer) entry(pid int) *ProcessEntry {
 	e := ProcessEntry{PID: pid, State: stateName(pid), Index: indexName(pid), Pages: pagesName(pid)}
 	if w.keys != nil {
 		e.State, e.Index = sealedStateName(pid), sealedIndexName(pid)
+	} else if w.signer != nil {
+		e.Digests = digestsName(pid)
 	}
 	w.m.Processes = append(w.m.Processes, e)
 	return &w.m.Processes[len(w.m.Processes)-1]
@@ -278,7 +297,7 @@ func (w *Writer) Commit() error {
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
 	}
-	if w.keys != nil {
+	if w.keys != nil || w.signer != nil {
 		if err := w.writeAuth(append(b, '\n')); err != nil {
 			return err
 		}
@@ -337,11 +356,12 @@ type PagesWriter struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	ix   Index
-	seal *blockSealer // of a sealed snapshot
-	tags []byte       // tagSize per block, of a sealed snapshot
-	end  uint64       // end of the last run
-	brk  bool         // the next Add starts a new run
+	ix      Index
+	seal    *blockSealer // of a sealed snapshot
+	digests bool         // of a signed snapshot in clear
+	tags    []byte       // per block: the tag of a sealed snapshot, the SHA-256 of a signed one
+	end     uint64       // end of the last run
+	brk     bool         // the next Add starts a new run
 	// nblocks is the number of blocks the runs so far hold; submitted
 	// the number submitted to the pipeline.
 	nblocks, submitted uint64
@@ -379,9 +399,10 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
 	// Page checksums are of the plaintext, read without the block they
-	// are in: a sealed snapshot has none (they would leak what they sum,
-	// and a page cannot be authenticated without its whole block).
-	pw.pcrc = pw.bs > PageSize && w.keys == nil
+	// are in: a sealed or signed snapshot has none (they would leak what
+	// they sum, and a page cannot be authenticated without its whole
+	// block).
+	pw.pcrc = pw.bs > PageSize && w.keys == nil && w.signer == nil
 	po := codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.pcrc}
 	if w.keys != nil {
 		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid)}
@@ -389,6 +410,9 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 			t := e.Tag.(*blockTag)
 			return pw.seal.seal(buf, t.index, t.addr, uint32(len(e.Src)), e.Kind, e.Stored), nil
 		}
+	} else if w.signer != nil {
+		pw.digests = true
+		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return digestBlock(buf, e.Stored), nil }
 	}
 	pw.pipe = codec.NewPipeline(ctx, po, pw.emit)
 	return pw, nil
@@ -432,6 +456,12 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		pw.tags = append(pw.tags, tag...)
 		if tag == nil {
 			pw.tags = append(pw.tags, zeroTag[:]...)
+		}
+	} else if pw.digests {
+		if e.Kind == codec.Zero {
+			pw.tags = append(pw.tags, make([]byte, digestSize)...)
+		} else {
+			pw.tags = append(pw.tags, e.Sealed...)
 		}
 	}
 	if e.Kind != codec.Zero {
@@ -621,6 +651,11 @@ func (pw *PagesWriter) Close() error {
 		}
 		e.PageCRCs = pageCRCName(pw.pid)
 		pw.w.addFeature(FeaturePageCRC)
+	}
+	if pw.digests {
+		if err := pw.w.writeFile(e.Digests, pw.tags); err != nil {
+			return pw.fail(err)
+		}
 	}
 	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
 	var pages uint64
