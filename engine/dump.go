@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,8 @@ type DumpOptions struct {
 	Progress func(done, total uint64)
 	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
 	Seal *image.SealOptions
+	// Sign, if set, signs the snapshot (image.Options.Sign).
+	Sign ed25519.PrivateKey
 }
 
 // DumpResult describes a finished dump.
@@ -115,7 +118,7 @@ func (d *dumper) check(context.Context) error { return precheck(d.pid) }
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Seal: o.Seal})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Seal: o.Seal, Sign: o.Sign})
 	return err
 }
 

@@ -7,6 +7,9 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"filippo.io/age"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -341,5 +345,99 @@ func TestSealedRedis(t *testing.T) {
 		if !pidGone(ctx, p.PID) {
 			t.Fatalf("pid %d still taken", p.PID)
 		}
+	}
+}
+
+// signKeys writes an OpenSSH ed25519 key pair, as ssh-keygen -t ed25519
+// would, and sets $LAZYFS_IDENTITY to the public key for the test.
+func signKeys(t *testing.T) (key, pub string) {
+	t.Helper()
+	pk, sk, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, err := ssh.MarshalPrivateKey(sk, "lazyfs test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := ssh.NewPublicKey(pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key, pub = filepath.Join(dir, "sign"), filepath.Join(dir, "sign.pub")
+	if err := os.WriteFile(key, pem.EncodeToMemory(blk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pub, ssh.MarshalAuthorizedKey(sp), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(image.IdentityEnv, pub)
+	return key, pub
+}
+
+// TestSignedCounter dumps the counter fixture signed (--sign): restored
+// with the signer's public key it answers right; without a key, or with
+// any part changed, the restore is refused naming the part.
+func TestSignedCounter(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	ctx := testContext(t)
+	key, pub := signKeys(t)
+	p := fixture.Start(t, "counter", "16M")
+	dir, si := dumpForRestore(t, ctx, p, "--sign", key)
+	if !si.Snap.Signed() || si.Snap.Sealed() {
+		t.Fatalf("signed %v, sealed %v", si.Snap.Signed(), si.Snap.Sealed())
+	}
+	atDump := fixtureCounter(t, si, p)
+	r := runSnapctlEnv(t, "", "inspect", "-D", dir)
+	if r.Code != 0 || !strings.Contains(r.Stdout, "signed: ed25519") || !strings.Contains(r.Stdout, "not verified") {
+		t.Errorf("inspect without a key:\n%s", r)
+	}
+	r = runSnapctlEnv(t, "", "restore", "-D", dir)
+	wantRefused(t, ctx, r, exitUntrusted, p.PID, "signed by ssh-ed25519", "--identity")
+
+	e := si.Snap.Manifest.Processes[0]
+	var blk image.Block
+	for b := range si.Pages.Blocks() {
+		if b.Kind == codec.Raw {
+			blk = b
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(string)
+		names  []string
+	}{
+		{"a bit of a block", flipAt(e.Pages, int64(blk.Off)+33), []string{e.Pages, fmt.Sprintf("block %d at %#x", blk.Index, blk.Addr), "authentication failed"}},
+		{"a bit of the digests", flipAt(e.Digests, 3), []string{e.Digests, "authentication failed"}},
+		{"a bit of the index", flipAt(e.Index, 70), []string{e.Index, "authentication failed"}},
+		{"a bit of the state", flipAt(e.State, 70), []string{e.State, "authentication failed"}},
+		{"a bit of the manifest", flipAt(image.ManifestName, 40), []string{image.ManifestName, "authentication failed"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := filepath.Join(t.TempDir(), "snap")
+			copySnapshot(t, dir, d)
+			tc.change(d)
+			r := runSnapctl(t, "restore", "-D", d)
+			wantRefused(t, ctx, r, exitUntrusted, p.PID, tc.names...)
+		})
+	}
+	for _, flags := range [][]string{{"--identity", pub}, {"--lazy", "--source", "direct"}} {
+		t.Run(strings.Join(flags, " "), func(t *testing.T) {
+			if flags[0] == "--lazy" {
+				l := startLazy(t, dir, flags[1:]...)
+				l.waitRunning(t, ctx)
+				if err := p.Adopt(); err != nil {
+					t.Fatal(err)
+				}
+				l.mustFinish(t, ctx, p.PID)
+			} else {
+				restoreAndAdopt(t, p, dir, flags...)
+			}
+			lazyCheckCounter(t, ctx, p, atDump)
+			lazyKill(t, ctx, p)
+		})
 	}
 }

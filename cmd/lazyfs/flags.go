@@ -70,8 +70,8 @@ file, block and address); the rest of the snapshot stays readable. A
 snapshot without its manifest (an unfinished dump) is refused.
 
 A sealed snapshot (snapctl dump --encrypt-to) is mounted with --identity (or
-$LAZYFS_IDENTITY): its manifest, state and index are authenticated at mount
-time, and each block is decrypted and authenticated as it is read, into the
+$LAZYFS_IDENTITY), a signed one with the signer's public key: its manifest,
+state and index are authenticated at mount time, and each block is decrypted and authenticated as it is read, into the
 memory cache; decrypted bytes are never written to a disk. A block that fails
 its authentication fails the reads that touch it with EIO, like a corrupt
 one.`

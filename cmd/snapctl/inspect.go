@@ -21,9 +21,10 @@ blocks by kind (zero, raw, lz4) with original and stored bytes; and how to
 open each process in a debugger: mounted with lazyfs, MOUNTPOINT/PID/core is
 its ELF core file (gdb EXE MOUNTPOINT/PID/core).
 
-For a sealed snapshot (dump --encrypt-to) it says so, with what and for whom;
-its processes need --identity. Without one, only the manifest is shown, not
-authenticated, and inspect exits 0.`,
+For a sealed snapshot (dump --encrypt-to) it says so, with what and for whom,
+and for a signed one (dump --sign) by whom; their processes need --identity.
+Without one, only the manifest is shown, not authenticated, and inspect exits
+0.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
@@ -59,7 +60,9 @@ type inspectReport struct {
 	// Sealed: "no" (in clear), "yes" (opened with an identity, every part
 	// authenticated) or "unopened" (no identity given: the manifest was
 	// not authenticated and the processes are not listed).
-	Sealed    string          `json:"sealed"`
+	Sealed string `json:"sealed"`
+	// Signed: the signature was verified with a key given.
+	Signed    bool            `json:"signed"`
 	Processes []processReport `json:"processes"`
 }
 
@@ -89,8 +92,8 @@ type regionReport struct {
 func inspect(dir string, trust bool, keys *image.Keyring) (*inspectReport, error) {
 	s, err := image.OpenWith(dir, image.OpenOptions{Trust: trust, Keys: keys})
 	if errors.Is(err, image.ErrNoIdentity) && keys == nil {
-		// Say how it is sealed and for whom, without opening it.
-		if m, perr := image.PeekManifest(dir); perr == nil && m.Seal != nil {
+		// Say how it is sealed or signed and by whom, without opening it.
+		if m, perr := image.PeekManifest(dir); perr == nil && (m.Seal != nil || m.Signature != nil) {
 			return &inspectReport{Dir: dir, Manifest: m, Sealed: "unopened"}, nil
 		}
 	}
@@ -102,6 +105,7 @@ func inspect(dir string, trust bool, keys *image.Keyring) (*inspectReport, error
 	if s.Sealed() {
 		rep.Sealed = "yes"
 	}
+	rep.Signed = s.Signed()
 	for _, pid := range s.PIDs() {
 		st, err := s.State(pid)
 		if err != nil {
@@ -138,7 +142,17 @@ func printInspect(w io.Writer, rep *inspectReport) {
 			fmt.Fprintf(w, "  not opened (no --identity): this manifest is not authenticated, the processes are not shown\n")
 		}
 	} else {
-		fmt.Fprintf(w, "  not sealed: memory and state in clear, checked by CRC32C only\n")
+		fmt.Fprintf(w, "  not sealed: memory and state in clear\n")
+	}
+	if s := m.Signature; s != nil {
+		fmt.Fprintf(w, "  signed: %s over the manifest, which holds the %s of every file and block, by\n    %s\n", s.Alg, s.Digest, s.Key)
+		if rep.Signed {
+			fmt.Fprintf(w, "  signature verified with a key given\n")
+		} else {
+			fmt.Fprintf(w, "  signature not verified (no signer's key given)\n")
+		}
+	} else if m.Seal == nil {
+		fmt.Fprintf(w, "  not signed: checked by CRC32C only, which catches accidents, not edits\n")
 	}
 	for _, p := range rep.Processes {
 		fmt.Fprintf(w, "\nprocess %d (%s) %s\n  %d threads, %d file descriptors, %d memory regions\n\n", p.PID, p.Comm, p.Exe, p.Threads, p.FDs, len(p.Regions))

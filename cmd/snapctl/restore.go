@@ -59,11 +59,14 @@ it rather than run with memory missing. A page that cannot be read (a
 corrupt block, a mount gone) kills the process: it never runs on wrong
 bytes.
 
-A sealed snapshot (dump --encrypt-to) needs --identity (or $LAZYFS_IDENTITY):
-without one that opens it, or with one for a snapshot that is not sealed,
-the restore is refused before anything is created (status 8), as it is when
-the manifest, state, index or a block fails its authentication (naming the
-file, and the block and address). Memory is decrypted as it is read, by
+A sealed snapshot (dump --encrypt-to) needs --identity (or $LAZYFS_IDENTITY)
+with an age identity that opens it, a signed one (dump --sign) the signer's
+public key (KEY.pub). Without it, or with a key the snapshot does not answer
+to (an age identity for a snapshot not sealed, a public key for one not
+signed by it), the restore is refused before anything is created (status 8),
+as it is when the manifest, state or index fails its authentication (naming
+the file); a block that fails (naming the block and address) stops the
+restore and kills what it created. Memory is decrypted as it is read, by
 every source; a block that fails later, during a lazy restore, kills the
 process like a corrupt one.
 

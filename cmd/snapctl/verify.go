@@ -57,8 +57,15 @@ address.`,
 		}
 		fmt.Fprintf(stdout, "process %d: %d blocks, %s of memory in %s: ok\n", pid, st.Total.Blocks, units.FormatSize(st.Total.Bytes), units.FormatSize(st.FileSize))
 	}
-	if s.Sealed() {
+	switch {
+	case s.Sealed() && s.Signed():
+		fmt.Fprintf(stdout, "snapshot %s: ok, sealed, authenticated and its signature verified\n", *dir)
+		return nil
+	case s.Sealed():
 		fmt.Fprintf(stdout, "snapshot %s: ok, sealed and authenticated\n", *dir)
+		return nil
+	case s.Signed():
+		fmt.Fprintf(stdout, "snapshot %s: ok, signature verified\n", *dir)
 		return nil
 	}
 	fmt.Fprintf(stdout, "snapshot %s: ok\n", *dir)

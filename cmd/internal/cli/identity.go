@@ -21,8 +21,8 @@ func (s *stringList) String() string     { return strings.Join(s.v, ",") }
 func (s *stringList) Set(v string) error { s.v = append(s.v, v); return nil }
 
 // IdentityUsage is the help of --identity, the same for every reader.
-const IdentityUsage = "open a sealed (encrypted) snapshot with the age identities in `FILE` (age-keygen's; repeatable); default: the files of $" +
-	image.IdentityEnv + " (colon-separated). Given one, a snapshot that is not sealed is refused"
+const IdentityUsage = "open a sealed (encrypted) snapshot with the age identities in `FILE` (age-keygen's), or verify a signed one with the ssh-ed25519 public keys in it (KEY.pub); repeatable; default: the files of $" +
+	image.IdentityEnv + " (colon-separated). Every kind of key given must serve: with an age identity a snapshot that is not sealed is refused, with a public key one that is not signed by it"
 
 // Identity defines --identity on f and returns a function that loads the
 // keyring after parsing: the files given, else those of $LAZYFS_IDENTITY,
