@@ -110,6 +110,11 @@ func checkSeal(m *Manifest) error {
 	if _, ok := m.Files[KeysName]; !ok {
 		return fmt.Errorf("%w: sealed manifest lists no %s", ErrCorrupt, KeysName)
 	}
+	for _, p := range m.Processes {
+		if p.PageCRCs != "" {
+			return fmt.Errorf("%w: process %d of a sealed snapshot has page checksums (of its plaintext)", ErrCorrupt, p.PID)
+		}
+	}
 	return nil
 }
 

@@ -120,6 +120,9 @@ func checkSignature(m *Manifest) error {
 		return fmt.Errorf("%w: signature %s/%s, this build reads %s/%s", ErrVersion, s.Alg, s.Digest, signAlg, signDigest)
 	}
 	for _, p := range m.Processes {
+		if p.PageCRCs != "" {
+			return fmt.Errorf("%w: process %d of a signed snapshot has page checksums, which a page read would trust instead of the signed digests", ErrCorrupt, p.PID)
+		}
 		if (p.Digests == "") != (m.Seal != nil) {
 			return fmt.Errorf("%w: process %d: a signed snapshot in clear has a digests file per process, a sealed one none", ErrCorrupt, p.PID)
 		}
