@@ -53,6 +53,7 @@ type sealedPages struct {
 	blocks  []Block // stored blocks, by offset
 	tags    []byte  // tagLen per block of the index: GCM tags, or SHA-256 (aead nil)
 	tagLen  int
+	maxLen  int // the largest stored block, for the scratch buffers
 	scratch chan []byte
 }
 
@@ -73,6 +74,7 @@ func newSealedPages(name string, f *os.File, lay *layout, k *sealKeys, pid int, 
 		for j := uint64(0); j < n; j++ {
 			if b := lay.block(ri, r.FirstBlock+j); b.Kind != codec.Zero {
 				s.blocks = append(s.blocks, b)
+				s.maxLen = max(s.maxLen, int(b.StoredLen))
 			}
 		}
 	}
@@ -83,7 +85,7 @@ func newSealedPages(name string, f *os.File, lay *layout, k *sealKeys, pid int, 
 // blocks it cannot decrypt in place. They are kept, not pooled: memory
 // freed and faulted in again is what costs most on a machine that hands
 // free pages back to its host.
-const sealedScratch = 4
+const sealedScratch = 16
 
 // ReadAt reads the payloads [off, off+len(p)) straight into p, then
 // authenticates and decrypts each block in place. AES-GCM wants a block's
@@ -189,7 +191,8 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 	default:
 	}
 	if cap(buf) < n+tagSize {
-		buf = make([]byte, n+tagSize)
+		// Every buffer fits every block: kept, none is made again.
+		buf = make([]byte, max(n, s.maxLen)+tagSize)
 	}
 	defer func() {
 		select {
