@@ -18,6 +18,32 @@ import (
 // sealed writes a sealed snapshot of layoutRanges for a new identity and
 // returns its directory, ranges and a keyring that opens it.
 func sealed(t *testing.T, blockSize int) (string, []memRange, *Keyring) {
+	return sealedMode(t, blockSize, codec.Compress)
+}
+
+// TestSealedCodecs reads back sealed snapshots of every codec.
+func TestSealedCodecs(t *testing.T) {
+	for _, m := range codec.Modes {
+		dir, ranges, k := sealedMode(t, 64<<10, m)
+		if err := readAll(dir, k); err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		s, _ := OpenWith(dir, OpenOptions{Keys: k})
+		r, err := s.OpenPages(42, ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lo, hi := ranges[0].addr, ranges[len(ranges)-1].addr+uint64(len(ranges[len(ranges)-1].data))
+		got := make([]byte, hi-lo)
+		if _, err := r.Uncached().ReadAt(got, int64(lo)); err != nil || !bytes.Equal(got, expected(ranges, lo, hi)) {
+			t.Fatalf("%s: read back differs (%v)", m, err)
+		}
+		r.Close()
+		s.Close()
+	}
+}
+
+func sealedMode(t *testing.T, blockSize int, mode codec.Mode) (string, []memRange, *Keyring) {
 	t.Helper()
 	id, err := age.GenerateX25519Identity()
 	if err != nil {
@@ -33,7 +59,7 @@ func sealed(t *testing.T, blockSize int) (string, []memRange, *Keyring) {
 	}
 	dir := filepath.Join(t.TempDir(), "snap")
 	ranges := layoutRanges(11)
-	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: blockSize, Seal: so})
+	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: blockSize, Seal: so, Mode: mode})
 	k, err := LoadKeyring([]string{keyFile})
 	if err != nil {
 		t.Fatal(err)
