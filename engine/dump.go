@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +42,10 @@ type DumpOptions struct {
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.
 	Progress func(done, total uint64)
+	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
+	Seal *image.SealOptions
+	// Sign, if set, signs the snapshot (image.Options.Sign).
+	Sign ed25519.PrivateKey
 }
 
 // DumpResult describes a finished dump.
@@ -116,7 +121,7 @@ func (d *dumper) check(context.Context) error { return precheck(d.pid) }
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote, Seal: o.Seal, Sign: o.Sign})
 	return err
 }
 
