@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,6 +47,11 @@ type DumpOptions struct {
 	Seal *image.SealOptions
 	// Sign, if set, signs the snapshot (image.Options.Sign).
 	Sign ed25519.PrivateKey
+	// PreCopy, if set, copies the memory while the process runs, in
+	// rounds, before the freeze: the freeze then copies only what was
+	// written since the last round (snapctl dump --pre-copy). It dumps a
+	// single process: one with children is refused.
+	PreCopy *PreCopyOptions
 }
 
 // DumpResult describes a finished dump.
@@ -63,6 +69,8 @@ type DumpResult struct {
 	Stats      image.Stats
 	// MemoryBytes is the memory dumped (decoded bytes).
 	MemoryBytes uint64
+	// PreCopy are the figures of the rounds of a pre-copy dump.
+	PreCopy *PreCopyResult
 }
 
 // Dump freezes the process opts.PID and all its descendants, writes their
@@ -79,7 +87,9 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	err = runSteps(ctx, d.log, "dump", []namedStep{
 		{"check", d.check},
 		{"create snapshot", d.create},
+		{"pre-copy", d.preCopy},
 		{"freeze", d.freeze},
+		{"stop write tracking", d.stopTracking},
 		{"read mappings", d.each(d.readMappings)},
 		{"process state", d.each(d.processState)},
 		{"memory layout", d.each(d.memoryLayout)},
@@ -115,7 +125,15 @@ func (d *dumper) each(fn func(*dumpProc) error) func(context.Context) error {
 }
 
 // check refuses a process that cannot be dumped, before touching it.
-func (d *dumper) check(context.Context) error { return precheck(d.pid) }
+func (d *dumper) check(context.Context) error {
+	if err := precheck(d.pid); err != nil {
+		return err
+	}
+	if d.opts.PreCopy != nil {
+		return preCopyCheck(d.pid)
+	}
+	return nil
+}
 
 // create makes the snapshot directory's files.
 func (d *dumper) create(context.Context) error {
@@ -130,6 +148,9 @@ func (d *dumper) create(context.Context) error {
 // the children of every stopped process are stopped too the tree is
 // whole.
 func (d *dumper) freeze(context.Context) error {
+	if d.preP != nil {
+		return d.freezePreCopied()
+	}
 	t, err := ptrace.New()
 	if err != nil {
 		return err
@@ -184,6 +205,13 @@ func (d *dumper) readMappings(p *dumpProc) error {
 func (d *dumper) memoryLayout(p *dumpProc) error {
 	var err error
 	p.st.VMAs, err = mem.VMAs(p.pid, p.maps)
+	if d.pc != nil {
+		// Write tracking is still registered: not the process's own.
+		for i := range p.st.VMAs {
+			v := &p.st.VMAs[i]
+			v.VMFlags = slices.DeleteFunc(v.VMFlags, func(f string) bool { return f == mem.TrackingFlag })
+		}
+	}
 	return err
 }
 
@@ -234,7 +262,7 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 				}
 			}
 		}
-		stats, err := mem.Dump(ctx, d.w, p.st, p.maps, p.p, mem.DumpOptions{Progress: d.opts.Progress, Captured: captured, Tree: tree})
+		stats, err := mem.Dump(ctx, d.w, p.st, p.maps, p.p, d.memOptions(captured, tree))
 		if err != nil {
 			if len(d.procs) > 1 {
 				err = fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
@@ -275,7 +303,7 @@ func (d *dumper) finish(context.Context) error {
 	for _, p := range d.procs {
 		threads += len(p.st.Threads)
 	}
-	d.res = &DumpResult{PID: d.pid, Processes: len(d.procs), Threads: threads, FreezeStop: d.stop, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes}
+	d.res = &DumpResult{PID: d.pid, Processes: len(d.procs), Threads: threads, FreezeStop: d.stop, Stats: d.stats, MemoryBytes: d.stats.Total.Bytes, PreCopy: d.preRes}
 	if !d.resumed {
 		if d.opts.LeaveRunning {
 			d.resume(d.detachAll)
@@ -331,6 +359,12 @@ func (d *dumper) killAll() error {
 // cleanup, after a failed dump, removes what it wrote and resumes the
 // processes as they were; it ends the tracer in any case.
 func (d *dumper) cleanup(err *error) {
+	d.pc.Close() // write tracking ends here at the latest, on every path
+	if d.preP != nil && len(d.procs) == 0 && !d.resumed {
+		if derr := d.preP.Detach(); derr != nil {
+			d.log.Error("resume after failed pre-copy", "pid", d.pid, "err", derr)
+		}
+	}
 	if *err != nil && d.w != nil && !d.committed {
 		d.w.Abort()
 	}

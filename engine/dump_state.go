@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/task"
@@ -30,6 +31,11 @@ type dumper struct {
 	resumeErr  error
 	freezeTime time.Duration
 	res        *DumpResult
+	// pc and preRes, in a pre-copy dump: the copy made while the process
+	// ran, and the figures of its rounds.
+	pc     *mem.PreCopy
+	preRes *PreCopyResult
+	preP   *ptrace.Process // attached since the pre-copy
 }
 
 // dumpProc is one process of the dumped tree.

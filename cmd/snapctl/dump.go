@@ -55,6 +55,17 @@ SHA-256 of every file and block: integrity and origin, with or without
 Encryption alone does not say who dumped: anyone who knows a recipient can
 seal a snapshot for it; --sign does.
 
+With --pre-copy, memory is first copied while the process runs, in rounds
+that each copy what was written since the previous one (writes are tracked
+with userfaultfd write-protection in asynchronous mode and PAGEMAP_SCAN),
+while that shrinks; the process is then frozen only to copy what it wrote
+since the last round, its registers and its descriptors. The snapshot is
+the same as without --pre-copy: the memory at the freeze. With
+--leave-running the process runs on after a short pause. Write tracking is
+removed from the process when the dump ends, however it ends (if snapctl
+is killed, the kernel removes it). snapctl holds a copy of the memory until
+it is written. --pre-copy dumps a single process (no children).
+
 Refused: a process (or descendant) already being traced or stopped by a
 debugger, a zombie child its parent has not reaped, and anything the format
 cannot describe yet; the error names the process and the resource.`,
@@ -70,6 +81,10 @@ cannot describe yet; the error names the process and the resource.`,
 	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
 	encryptTo := fs.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
 	sign := fs.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
+
+	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
+	preRounds := fs.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
+	preTime := fs.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
 	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
 	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
@@ -94,6 +109,18 @@ cannot describe yet; the error names the process and the resource.`,
 		return err
 	}
 	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options()}
+	if *preCopy {
+		if *preRounds < 1 || *preTime <= 0 {
+			return cli.Usagef("--pre-copy-rounds must be at least 1 and --pre-copy-time positive")
+		}
+		opts.PreCopy = &engine.PreCopyOptions{MaxRounds: *preRounds, MaxTime: *preTime}
+	} else {
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
+		if set {
+			return cli.Usagef("--pre-copy-rounds and --pre-copy-time need --pre-copy")
+		}
+	}
 	n := 0
 	for _, b := range []bool{*compress, block.Given, *noCompress} {
 		if b {
@@ -138,6 +165,14 @@ cannot describe yet; the error names the process and the resource.`,
 		fmt.Fprintf(stdout, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
 			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
+		if p := res.PreCopy; p != nil {
+			var copied uint64
+			for _, r := range p.Rounds {
+				copied += r.Copied
+			}
+			fmt.Fprintf(stdout, "pre-copy: %d rounds copied %s in %s (paused %s to set up); frozen copy %s\n",
+				len(p.Rounds), units.FormatSize(copied), p.Time.Round(time.Millisecond), p.Pause.Round(time.Millisecond), units.FormatSize(p.FrozenCopy))
+		}
 	}
 	return err
 }

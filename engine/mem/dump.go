@@ -269,6 +269,13 @@ type DumpOptions struct {
 	// shared objects dumped with the processes before: their pages are
 	// not dumped again.
 	Tree TreeObjects
+	// PreCopy, if set, holds the memory copied while the process ran
+	// (stopped): Dump reads what it lacks from the frozen process, calls
+	// Captured, and only then encodes, from the copy.
+	PreCopy *PreCopy
+	// CaptureStats, if set, receives the bytes a pre-copy dump had to
+	// read from the frozen process.
+	CaptureStats func(read uint64)
 }
 
 // Dump writes into w the pages of process st.PID worth keeping: present
@@ -278,10 +285,20 @@ type DumpOptions struct {
 // the process's mappings, in the order of st.VMAs; src reads its memory.
 func Dump(ctx context.Context, w *image.Writer, st *image.Process, maps []proc.Mapping, src Source, opts DumpOptions) (image.Stats, error) {
 	d := &dumper{pid: st.PID, maps: maps, src: src, tree: opts.Tree}
-	return d.dump(ctx, w, st, opts.Progress, opts.Captured)
+	return d.dump(ctx, w, st, opts)
 }
 
-func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, progress func(done, total uint64), captured func()) (image.Stats, error) {
+// readRange reads the part at addr of range r into dst: from the shared
+// object r holds open, or from the process.
+func (d *dumper) readRange(r memRange, dst []byte, addr uint64) error {
+	if r.file != nil {
+		return readFull(r.file, dst, int64(r.fileOff+addr-r.start))
+	}
+	return d.src.ReadMem(addr, dst)
+}
+
+func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, opts DumpOptions) (image.Stats, error) {
+	progress, captured := opts.Progress, opts.Captured
 	ranges, files, err := d.plan(st)
 	defer func() {
 		for _, f := range files {
@@ -290,6 +307,26 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, p
 	}()
 	if err != nil {
 		return image.Stats{}, err
+	}
+	read := d.readRange
+	if pc := opts.PreCopy; pc != nil {
+		n, err := pc.capture(ranges, d.readRange)
+		if err != nil {
+			return image.Stats{}, err
+		}
+		if opts.CaptureStats != nil {
+			opts.CaptureStats(n)
+		}
+		for _, f := range files {
+			f.Close()
+		}
+		files = nil
+		if captured != nil {
+			captured()
+			captured = nil
+		}
+		pc.closeTracking()
+		read = func(_ memRange, dst []byte, addr uint64) error { return pc.ReadMem(addr, dst) }
 	}
 	var total, done uint64
 	for _, r := range ranges {
@@ -309,12 +346,7 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, p
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			var err error
-			if r.file != nil {
-				err = readFull(r.file, dst, int64(r.fileOff+addr-r.start))
-			} else {
-				err = d.src.ReadMem(addr, dst)
-			}
+			err := read(r, dst, addr)
 			done += uint64(len(dst))
 			if progress != nil && time.Since(lastReport) > 100*time.Millisecond {
 				progress(done, total)

@@ -20,6 +20,7 @@ type Status struct {
 	Groups     []uint32
 	NSpid      []int // the pid in each nested pid namespace, outermost first
 	Threads    int
+	VmSwap     uint64 // bytes of the process's memory in swap (absent: 0)
 	NoNewPrivs bool
 	Seccomp    int // 0 off, 1 strict, 2 filter
 	SigPnd     uint64
@@ -106,6 +107,15 @@ func ParseStatus(b []byte) (*Status, error) {
 			}
 		case "Threads":
 			s.Threads, err = pidField(val)
+		case "VmSwap":
+			v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
+			if ok {
+				v, ok = parseInt(fields[0])
+			}
+			if !ok || v < 0 {
+				err = malformed("status VmSwap", line)
+			}
+			s.VmSwap = uint64(v) << 10
 		case "NoNewPrivs":
 			var v int
 			v, err = pidField(val)

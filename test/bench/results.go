@@ -27,6 +27,7 @@ type sizeResult struct {
 	Codecs    []*codecResult    `json:",omitempty"` // the codec series
 	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
 	Crypt     *cryptResult      `json:",omitempty"` // the crypt series (crypt.go)
+	PreCopy   []*preCopyResult  `json:",omitempty"` // the "precopy" series (precopy.go)
 	Elapsed   time.Duration
 
 	// WorkingSet is the working-set series (workingset.go).
