@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +43,10 @@ type DumpOptions struct {
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.
 	Progress func(done, total uint64)
+	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
+	Seal *image.SealOptions
+	// Sign, if set, signs the snapshot (image.Options.Sign).
+	Sign ed25519.PrivateKey
 	// PreCopy, if set, copies the memory while the process runs, in
 	// rounds, before the freeze: the freeze then copies only what was
 	// written since the last round (snapctl dump --pre-copy). It dumps a
@@ -134,7 +139,7 @@ func (d *dumper) check(context.Context) error {
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote, Seal: o.Seal, Sign: o.Sign})
 	return err
 }
 
