@@ -3,6 +3,7 @@ module github.com/lazyfs/lazyfs
 go 1.26.8
 
 require (
+	filippo.io/age v1.3.2
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/config v1.33.19
 	github.com/aws/aws-sdk-go-v2/credentials v1.21.1
@@ -11,11 +12,13 @@ require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/pierrec/lz4/v4 v4.1.33
+	golang.org/x/crypto v0.55.0
 	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.50.0
 )
 
 require github.com/klauspost/compress v1.20.4
+
 require (
 	github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream v1.7.27 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
@@ -31,3 +34,5 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
 	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
 )
+
+require filippo.io/hpke v0.4.0 // indirect

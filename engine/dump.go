@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +52,10 @@ type DumpOptions struct {
 	// process (outside the tree, for a process tree) that the snapshot
 	// records (fds.ParseExternal).
 	External *fds.External
+	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
+	Seal *image.SealOptions
+	// Sign, if set, signs the snapshot (image.Options.Sign).
+	Sign ed25519.PrivateKey
 	// PreCopy, if set, copies the memory while the process runs, in
 	// rounds, before the freeze: the freeze then copies only what was
 	// written since the last round (snapctl dump --pre-copy). It dumps a
@@ -149,7 +154,7 @@ func (d *dumper) check(context.Context) error {
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote, Seal: o.Seal, Sign: o.Sign})
 	return err
 }
 

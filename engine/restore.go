@@ -24,6 +24,9 @@ type RestoreOptions struct {
 	// Remote configures the store when Dir is an address
 	// (s3://BUCKET/PREFIX).
 	Remote image.RemoteOptions
+	// Keys open a sealed or signed snapshot (image.OpenOptions.Keys),
+	// in a directory or at an address.
+	Keys *image.Keyring
 	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
 	// automatic, N a maximum. The writes that place memory in the process
 	// (page faults, mostly) run on every CPU whatever its value.
@@ -107,9 +110,13 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if opts.LeaveStopped && (opts.Lazy != nil || opts.LazyOf != nil) {
 		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
 	}
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote})
+	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote, Keys: opts.Keys})
 	if err != nil {
 		return nil, step("open snapshot", err)
+	}
+	if opts.LazyOptions.Record != nil && snap.Sealed() {
+		snap.Close()
+		return nil, step("check", fmt.Errorf("%w: %s is sealed: a working set would be written in clear beside it (the addresses its process touched, and their memory)", ErrUnsupported, snap.Dir))
 	}
 	if len(snap.PIDs()) > 1 {
 		defer snap.Close()

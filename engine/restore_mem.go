@@ -35,14 +35,9 @@ func (r *restorer) mapMemory(ctx context.Context) error {
 // fillMemory writes the snapshot's pages, but those a lazy restore serves
 // later.
 func (r *restorer) fillMemory(ctx context.Context) error {
-	f, err := r.snap.OpenFile(r.pages.Name())
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	o := mem.FillOptions{
 		Pages:       r.pages,
-		PagesFile:   f,
+		PagesFile:   r.pages.Payloads(),
 		Threads:     r.opts.Threads,
 		Userfaultfd: r.opts.Lazy == nil,
 		Progress:    r.opts.Progress,

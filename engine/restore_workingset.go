@@ -98,7 +98,11 @@ func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]un
 	}
 	res.Path = filepath.Join(r.snap.Dir, image.WorkingSetName(ws.PID))
 	var out []units.Range
-	if ws.HasData() && o.WorkingSet != WorkingSetBlocks {
+	// The copy of the memory a working set carries is checked by its own
+	// CRC32C only: a sealed or signed snapshot's memory is what
+	// authenticates, so only the working set's addresses serve there.
+	authenticated := r.snap.Sealed() || r.snap.Signed()
+	if ws.HasData() && o.WorkingSet != WorkingSetBlocks && !authenticated {
 		out, src = r.workingSetCopy(ws, src, res)
 	} else {
 		out = r.workingSetBlocks(ws, res)
@@ -286,8 +290,11 @@ func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager
 		total += t.Len
 	}
 	// The memory itself, laid out contiguously, read from the snapshot's
-	// own reader (which checks every block) unless it is too large.
-	if total <= image.MaxWorkingSetData {
+	// own reader (which checks every block) unless it is too large, or
+	// the snapshot is signed: a restore would not use that copy, which
+	// nothing authenticates (workingSetFirst). (A sealed snapshot records
+	// no working set: Restore refuses it.)
+	if total <= image.MaxWorkingSetData && !r.snap.Signed() {
 		ctx := context.WithoutCancel(ctx) // over when the lazy phase is: the snapshot is still open
 		for i := range ws.Entries {
 			e := &ws.Entries[i]

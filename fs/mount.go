@@ -79,7 +79,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if _, err := CheckFUSE(); err != nil {
 		return nil, err
 	}
-	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote})
+	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote, Keys: opts.Keys})
 	if errors.Is(err, image.ErrIncomplete) {
 		return nil, fmt.Errorf("%w (the dump did not finish: nothing to mount)", err)
 	}

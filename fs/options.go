@@ -47,6 +47,10 @@ type Options struct {
 	// Remote configures the store of a snapshot given by address
 	// (s3://BUCKET/PREFIX): its endpoint and local block cache.
 	Remote image.RemoteOptions
+	// Keys open a sealed snapshot (image.OpenOptions.Keys): its memory is
+	// decrypted as it is read, into the cache, never onto a disk. A
+	// private mount's helper reads the same identity files again.
+	Keys *image.Keyring
 	// DirectIO opens mem and region files with FOPEN_DIRECT_IO instead of
 	// FOPEN_KEEP_CACHE: every read goes to the server, nothing is kept in
 	// the kernel's page cache. See the package documentation for when that

@@ -49,6 +49,9 @@ type privateArgs struct {
 	ReadaheadKB       int
 	TrustSnapshot     bool
 	Remote            image.RemoteOptions
+	// Identities are the identity files of opts.Keys (paths: no key
+	// crosses the command line).
+	Identities []string
 }
 
 // PrivateMount is a snapshot mounted for one reader: the MNT/PID/mem file
@@ -104,7 +107,7 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 	}
 	args, err := json.Marshal(privateArgs{Dir: abs, PID: pids[0], Others: pids[1:], CacheSize: opts.CacheSize,
 		DecompressThreads: opts.DecompressThreads, DirectIO: opts.DirectIO, ReadaheadKB: opts.ReadaheadKB,
-		TrustSnapshot: opts.TrustSnapshot, Remote: opts.Remote})
+		TrustSnapshot: opts.TrustSnapshot, Remote: opts.Remote, Identities: opts.Keys.Files()})
 	if err != nil {
 		return nil, err
 	}
@@ -330,8 +333,12 @@ func PrivateMain(args []string) int {
 		return fail(err)
 	}
 	defer os.Remove(tmp)
+	keys, err := image.LoadKeyring(pa.Identities)
+	if err != nil {
+		return fail(err)
+	}
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
-		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote})
+		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote, Keys: keys})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}

@@ -30,7 +30,13 @@ type snapImage struct {
 // closed at cleanup.
 func openImage(t testing.TB, dir string, pid int) *snapImage {
 	t.Helper()
-	s, err := image.Open(dir)
+	// A sealed snapshot opens with the identity the test set in
+	// $LAZYFS_IDENTITY (crypt_test.go).
+	keys, err := image.LoadKeyring(filepath.SplitList(os.Getenv(image.IdentityEnv)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := image.OpenWith(dir, image.OpenOptions{Keys: keys})
 	if err != nil {
 		t.Fatalf("open snapshot: %v", err)
 	}

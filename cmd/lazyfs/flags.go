@@ -4,6 +4,7 @@ import (
 	"io"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
+	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/fs"
 )
 
@@ -22,6 +23,7 @@ type config struct {
 	version              bool
 	trust                bool
 	remote               *cli.Remote
+	identity             func() (*image.Keyring, error)
 }
 
 // options turns the command line into mount options.
@@ -67,7 +69,14 @@ Memory images hold secrets: the mount is owner-only (files 0400, directories
 
 A corrupt block makes the reads that touch it fail with EIO (logged with its
 file, block and address); the rest of the snapshot stays readable. A
-snapshot without its manifest (an unfinished dump) is refused.`
+snapshot without its manifest (an unfinished dump) is refused.
+
+A sealed snapshot (snapctl dump --encrypt-to) is mounted with --identity (or
+$LAZYFS_IDENTITY), a signed one with the signer's public key: its manifest,
+state and index are authenticated at mount time, and each block is decrypted and authenticated as it is read, into the
+memory cache; decrypted bytes are never written to a disk. A block that fails
+its authentication fails the reads that touch it with EIO, like a corrupt
+one.`
 
 const examples = `
 Examples:
@@ -99,6 +108,7 @@ func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
 	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit; refused while files on it are open")
 	f.BoolVar(&c.trust, "trust-snapshot", false, "accept a snapshot that users other than you and root can change (its directory or a file writable by group or others, or owned by another user): a snapshot is memory and code a restore runs")
+	c.identity = f.Identity()
 	f.BoolVar(&c.version, "version", false, "print the version and exit")
 	c.remote = cli.RemoteFlags(f, true)
 	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")

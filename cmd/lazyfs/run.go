@@ -40,6 +40,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer closeLog()
 	opts := c.options()
 	opts.Logger = logger
+	if opts.Keys, err = c.identity(); err != nil {
+		ready(err)
+		return err
+	}
 	srv, err := fs.Mount(c.snapshot, c.mountpoint, opts)
 	ready(err)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -40,6 +41,22 @@ last: a failed dump leaves the processes running and no manifest behind.
   none          as --no-compress
 Snapshots with shuffled blocks need a lazyfs that reads them (older builds
 refuse them with exit status 7).
+
+With --encrypt-to the snapshot is sealed: a random data key, wrapped with
+age for each recipient, encrypts and authenticates every block of memory
+(AES-256-GCM, bound to its snapshot, process, block and address), the
+process state and the page index; the manifest is authenticated. Readers
+then need an identity (--identity FILE or $LAZYFS_IDENTITY). A recipient is
+an age public key (age1..., from age-keygen), a file of them, or an age
+identity file, whose own recipient is used (one key file then seals and
+opens).
+
+With --sign KEY (an OpenSSH ed25519 private key without a passphrase:
+ssh-keygen -t ed25519 -N '' -f KEY) the manifest is signed, and holds the
+SHA-256 of every file and block: integrity and origin, with or without
+--encrypt-to. Readers verify it with the public key (--identity KEY.pub).
+Encryption alone does not say who dumped: anyone who knows a recipient can
+seal a snapshot for it; --sign does.
 
 With --pre-copy, memory is first copied while the process runs, in rounds
 that each copy what was written since the previous one (writes are tracked
@@ -84,6 +101,9 @@ process of the tree that leads outside.`,
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
 	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
+	encryptTo := fs.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
+	sign := fs.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
+
 	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
 	preRounds := fs.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
 	preTime := fs.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
@@ -162,6 +182,20 @@ process of the tree that leads outside.`,
 	}
 	if *noCompress {
 		opts.Mode = codec.NoCompress
+	}
+	if len(*encryptTo) > 0 {
+		so, err := image.ParseRecipients(*encryptTo)
+		if err != nil {
+			return cli.Usagef("--encrypt-to: %v", err)
+		}
+		opts.Seal = so
+	}
+	if *sign != "" {
+		k, err := image.ParseSigner(*sign)
+		if err != nil {
+			return cli.Usagef("--sign: %v", err)
+		}
+		opts.Sign = k
 	}
 	if isTerminal(stderr) {
 		opts.Progress = progressPrinter(stderr, "dump", time.Second)

@@ -22,13 +22,19 @@ func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 Show what a snapshot holds: its processes, their memory regions, and the
 blocks by kind (zero, raw, lz4) with original and stored bytes; and how to
 open each process in a debugger: mounted with lazyfs, MOUNTPOINT/PID/core is
-its ELF core file (gdb EXE MOUNTPOINT/PID/core).`,
+its ELF core file (gdb EXE MOUNTPOINT/PID/core).
+
+For a sealed snapshot (dump --encrypt-to) it says so, with what and for whom,
+and for a signed one (dump --sign) by whom; their processes need --identity.
+Without one, only the manifest is shown, not authenticated, and inspect exits
+0.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	trust := trustFlag(fs)
 	remote := cli.RemoteFlags(fs, true)
+	identity := fs.Identity()
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -38,7 +44,11 @@ its ELF core file (gdb EXE MOUNTPOINT/PID/core).`,
 	if err := remote.Check(*dir); err != nil {
 		return err
 	}
-	rep, err := inspect(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options()})
+	keys, err := identity()
+	if err != nil {
+		return err
+	}
+	rep, err := inspect(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options(), Keys: keys})
 	if err != nil {
 		return err
 	}
@@ -52,8 +62,14 @@ its ELF core file (gdb EXE MOUNTPOINT/PID/core).`,
 }
 
 type inspectReport struct {
-	Dir       string          `json:"dir"`
-	Manifest  *image.Manifest `json:"manifest"`
+	Dir      string          `json:"dir"`
+	Manifest *image.Manifest `json:"manifest"`
+	// Sealed: "no" (in clear), "yes" (opened with an identity, every part
+	// authenticated) or "unopened" (no identity given: the manifest was
+	// not authenticated and the processes are not listed).
+	Sealed string `json:"sealed"`
+	// Signed: the signature was verified with a key given.
+	Signed    bool            `json:"signed"`
 	Processes []processReport `json:"processes"`
 }
 
@@ -138,11 +154,21 @@ type regionReport struct {
 
 func inspect(dir string, o image.OpenOptions) (*inspectReport, error) {
 	s, err := image.OpenWith(dir, o)
+	if errors.Is(err, image.ErrNoIdentity) && o.Keys == nil {
+		// Say how it is sealed or signed and by whom, without opening it.
+		if m, perr := image.PeekManifest(dir, o.Remote); perr == nil && (m.Seal != nil || m.Signature != nil) {
+			return &inspectReport{Dir: dir, Manifest: m, Sealed: "unopened"}, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot: %w", err)
 	}
 	defer s.Close()
-	rep := &inspectReport{Dir: dir, Manifest: s.Manifest}
+	rep := &inspectReport{Dir: dir, Manifest: s.Manifest, Sealed: "no"}
+	if s.Sealed() {
+		rep.Sealed = "yes"
+	}
+	rep.Signed = s.Signed()
 	for _, pid := range s.PIDs() {
 		st, err := s.State(pid)
 		if err != nil {
@@ -177,6 +203,29 @@ func printInspect(w io.Writer, rep *inspectReport) {
 	fmt.Fprintf(w, "snapshot %s\n  format %s v%d, %s, created %s\n  kernel %s %s, block size %s, compression %s\n",
 		rep.Dir, m.Format, m.Version, m.Tool, m.Created.Format("2006-01-02 15:04:05 MST"), m.Kernel.Release, m.Kernel.Machine,
 		units.FormatSize(uint64(m.BlockSize)), m.Compression)
+	if s := m.Seal; s != nil {
+		fmt.Fprintf(w, "  sealed: encrypted with %s (keys by %s from a per-snapshot data key), data key wrapped with %s for %d recipient(s):\n", s.AEAD, s.KDF, s.Wrap, len(s.Recipients))
+		for _, r := range s.Recipients {
+			fmt.Fprintf(w, "    %s\n", r)
+		}
+		if rep.Sealed == "yes" {
+			fmt.Fprintf(w, "  opened with an identity: manifest, state, index and keys authenticated\n")
+		} else {
+			fmt.Fprintf(w, "  not opened (no --identity): this manifest is not authenticated, the processes are not shown\n")
+		}
+	} else {
+		fmt.Fprintf(w, "  not sealed: memory and state in clear\n")
+	}
+	if s := m.Signature; s != nil {
+		fmt.Fprintf(w, "  signed: %s over the manifest, which holds the %s of every file and block, by\n    %s\n", s.Alg, s.Digest, s.Key)
+		if rep.Signed {
+			fmt.Fprintf(w, "  signature verified with a key given\n")
+		} else {
+			fmt.Fprintf(w, "  signature not verified (no signer's key given)\n")
+		}
+	} else if m.Seal == nil {
+		fmt.Fprintf(w, "  not signed: checked by CRC32C only, which catches accidents, not edits\n")
+	}
 	for _, p := range rep.Processes {
 		fmt.Fprintf(w, "\nprocess %d (%s) %s\n  %d threads, %d file descriptors, %d memory regions\n\n", p.PID, p.Comm, p.Exe, p.Threads, p.FDs, len(p.Regions))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -78,6 +78,22 @@ blocks fetches the snapshot's blocks that hold those pages instead);
 another snapshot, or damaged, is ignored with a warning naming it: it only
 orders reads, and never changes what the process reads.
 
+A sealed snapshot (dump --encrypt-to) needs --identity (or $LAZYFS_IDENTITY)
+with an age identity that opens it, a signed one (dump --sign) the signer's
+public key (KEY.pub). Without it, or with a key the snapshot does not answer
+to (an age identity for a snapshot not sealed, a public key for one not
+signed by it), the restore is refused before anything is created (status 8),
+as it is when the manifest, state or index fails its authentication (naming
+the file); a block that fails (naming the block and address) stops the
+restore and kills what it created. Memory is decrypted as it is read, by
+every source; a block that fails later, during a lazy restore, kills the
+process like a corrupt one.
+A sealed snapshot records no working set (--record-working-set is refused,
+status 3: it would hold in clear the addresses touched and their memory); a
+signed one records addresses only; with either, only a working set's
+addresses are used, never its copy of the memory, which nothing
+authenticates.
+
 Established TCP connections are closed (their peers see a reset), unless
 the dump kept them (dump --tcp-established) and --tcp-established is given:
 they then come back connected, their queued bytes in place, and the
@@ -122,6 +138,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	fl.Alias("images-dir", "D")
 	threads := threadsFlag(fl)
 	trust := trustFlag(fl)
+	identity := fl.Identity()
 	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
 	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
@@ -181,7 +198,12 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		}
 		f.Close()
 	}
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Remote: open.Remote, Logger: log,
+	keys, err := identity()
+	if err != nil {
+		return err
+	}
+	open.Keys = keys
+	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Remote: open.Remote, Keys: keys, Logger: log,
 		Namespaces:     engine.Namespaces{PID: *pidns, Net: *netns},
 		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback}
 	tty := isTerminal(stderr)
@@ -480,7 +502,7 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (
 	return mountLater(func() (*fs.PrivateMount, error) {
 		// Direct I/O and a small block cache: the pager reads each block
 		// once (see test/bench/BENCHMARKS.md, Decisions).
-		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
+		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
 	}, false), nil
 }
 
@@ -538,7 +560,7 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 		return nil, err
 	}
 	return mountLater(func() (*fs.PrivateMount, error) {
-		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote})
+		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
 	}, true), nil
 }
 

@@ -15,14 +15,17 @@ import (
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("verify", "-D DIR [--decompress-threads N]", `
 Check a snapshot: the manifest, every file's size and checksum, and every
-block of memory against its CRC32C. Exits non-zero at the first bad block,
-naming the file, the block and its address.`,
+block of memory against its CRC32C; for a sealed snapshot, opened with
+--identity, every block, file and the manifest are authenticated too. Exits
+non-zero at the first bad block, naming the file, the block and its
+address.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
 	trust := trustFlag(fs)
 	remote := cli.RemoteFlags(fs, true)
+	identity := fs.Identity()
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -32,7 +35,11 @@ naming the file, the block and its address.`,
 	if err := remote.Check(*dir); err != nil {
 		return err
 	}
-	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options()})
+	keys, err := identity()
+	if err != nil {
+		return err
+	}
+	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options(), Keys: keys})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}
@@ -64,6 +71,17 @@ naming the file, the block and its address.`,
 		default:
 			fmt.Fprintf(stdout, "process %d: working set of %d ranges: ok\n", pid, len(ws.Entries))
 		}
+	}
+	switch {
+	case s.Sealed() && s.Signed():
+		fmt.Fprintf(stdout, "snapshot %s: ok, sealed, authenticated and its signature verified\n", *dir)
+		return nil
+	case s.Sealed():
+		fmt.Fprintf(stdout, "snapshot %s: ok, sealed and authenticated\n", *dir)
+		return nil
+	case s.Signed():
+		fmt.Fprintf(stdout, "snapshot %s: ok, signature verified\n", *dir)
+		return nil
 	}
 	fmt.Fprintf(stdout, "snapshot %s: ok\n", *dir)
 	return nil

@@ -23,6 +23,10 @@ type Encoded struct {
 	// page, with PipelineOptions.PageChecksums; valid until emit returns.
 	PageCRCs []uint32
 	Tag      any // as submitted
+	// Sealed is what PipelineOptions.Seal returned for the block (nil
+	// without Seal, and for Zero blocks): a buffer owned by the pipeline,
+	// valid only until emit returns.
+	Sealed []byte
 }
 
 // PipelineOptions configure a Pipeline.
@@ -31,6 +35,13 @@ type PipelineOptions struct {
 	Mode    Mode // Compress, NoCompress, ShuffleLZ4 or ShuffleHuff
 	// PageChecksums asks for Encoded.PageCRCs.
 	PageChecksums bool
+	// Seal, if set, is called on the encoding goroutine with every
+	// encoded block that is not Zero and a buffer of the block's slot
+	// (empty, with the capacity it had last time); what it returns,
+	// built in that buffer or not, is handed to emit as Encoded.Sealed.
+	// The dump encrypts blocks with it, in parallel like the encoding.
+	// An error stops the pipeline like an error of emit.
+	Seal func(e *Encoded, buf []byte) ([]byte, error)
 }
 
 // ErrClosed is returned by Submit after Close.
@@ -51,6 +62,7 @@ type Pipeline struct {
 	mode     Mode
 	pageCRCs bool
 	emit     func(*Encoded) error
+	seal     func(*Encoded, []byte) ([]byte, error)
 
 	slots chan *slot // free slots: taking one is the backpressure
 	work  chan *slot // slots to encode
@@ -71,8 +83,9 @@ type Pipeline struct {
 // slot is one in-flight block and the buffer its LZ4 output goes to.
 type slot struct {
 	Encoded
-	buf  []byte
-	done chan struct{} // worker -> emitter, buffered 1
+	buf     []byte
+	sealBuf []byte
+	done    chan struct{} // worker -> emitter, buffered 1
 }
 
 // NewPipeline starts the encoding and emitting goroutines. Close must be
@@ -87,6 +100,7 @@ func NewPipeline(ctx context.Context, opts PipelineOptions, emit func(*Encoded) 
 		mode:     opts.Mode,
 		pageCRCs: opts.PageChecksums,
 		emit:     emit,
+		seal:     opts.Seal,
 		slots:    make(chan *slot, n),
 		work:     make(chan *slot, n),
 		order:    make(chan *slot, n),
@@ -187,6 +201,16 @@ func (p *Pipeline) encodeLoop() {
 				s.PageCRCs, s.CRC = PageChecksums(s.PageCRCs, s.Src)
 			default:
 				s.CRC = Checksum(s.Src)
+			}
+			if p.seal != nil && s.Kind != Zero {
+				out, err := p.seal(&s.Encoded, s.sealBuf[:0])
+				if err != nil {
+					p.fail(err)
+				}
+				s.Sealed = out
+				if cap(out) > cap(s.sealBuf) {
+					s.sealBuf = out[:0]
+				}
 			}
 		}
 		s.done <- struct{}{}

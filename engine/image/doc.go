@@ -58,4 +58,43 @@
 //
 // Every length and count read from a file is bounded by the file's size and
 // a hard maximum before anything is allocated.
+//
+// # Sealed snapshots (feature "sealed", seal.go, sealpages.go)
+//
+//	DIR/keys.age             "LZFSKEY1" | snapshot id (16) | data key (32),
+//	                         age-encrypted for each recipient
+//	DIR/snapshot.auth        HMAC-SHA256 of snapshot.json (and its
+//	                         signature, if signed; layout in sign.go)
+//	DIR/process-PID.sealed   the state, sealed (header in seal.go)
+//	DIR/pagemap-PID.sealed   the index, then 16 bytes per block: its GCM
+//	                         tag (zeros for a Zero block), sealed together
+//	DIR/pages-PID.img        the same layout as in clear, every stored
+//	                         payload replaced by its AES-256-GCM ciphertext
+//	                         (the same length: offsets and alignment hold)
+//
+// Keys are derived from the data key with HKDF-SHA256, the snapshot id as
+// salt: one for the manifest's MAC, one for the sealed files (each with a
+// random nonce, its clear header as associated data: role, pid, snapshot
+// id), one per process for its blocks. A block's nonce is its index (each
+// is sealed once under its process's key) and its associated data its
+// identity: snapshot id, pid, index, address, length, kind, stored length.
+// A block's tag is kept in the index rather than after its ciphertext, so
+// that the pages file keeps its layout; readers read the ciphertext into
+// their buffer and decrypt it in place (Reader.Payloads). The index keeps
+// the CRC32C of each block's plaintext: sealed with it, it leaks nothing,
+// and it still checks what a mount serves (Reader.Checked).
+//
+// Readers authenticate the manifest first (OpenOptions.Keys), then every
+// file before parsing it; every failure is ErrAuth, which matches
+// ErrUntrusted: the bytes are not what the dump wrote, whoever changed
+// them. No identity that opens a sealed snapshot is ErrNoIdentity.
+//
+// # Signed snapshots (feature "signed", sign.go)
+//
+// The manifest is signed with ed25519 (snapshot.auth) and holds the
+// SHA-256 of every file but the pages files; in clear, DIR/digests-PID.img
+// holds the SHA-256 of every block's stored bytes, 32 bytes per block in
+// index order (zeros for a Zero block). Sealed and signed, the blocks are
+// authenticated by GCM under the data key that the signed SHA-256 of
+// keys.age binds, and there is no digests file.
 package image

@@ -54,7 +54,7 @@ func FuzzIndex(f *testing.F) {
 func FuzzManifest(f *testing.F) {
 	m := Manifest{Format: manifestFormat, Version: 1, PageSize: 4096, BlockSize: 262144,
 		Processes: []ProcessEntry{{PID: 1, State: "process-1.json", Index: "pagemap-1.img", Pages: "pages-1.img"}},
-		Files:     map[string]FileSum{"process-1.json": {1, "0"}, "pagemap-1.img": {64, "0"}, "pages-1.img": {0, "0"}}}
+		Files:     map[string]FileSum{"process-1.json": {Size: 1, CRC32C: "0"}, "pagemap-1.img": {Size: 64, CRC32C: "0"}, "pages-1.img": {Size: 0, CRC32C: "0"}}}
 	b, _ := json.Marshal(m)
 	f.Add(b)
 	f.Add([]byte(`{"format":"lazyfs-snapshot","version":1}`))

@@ -38,6 +38,12 @@ type Manifest struct {
 	// refuses another version; snapshots that need none (every snapshot
 	// of version 1 written before features existed) omit the field.
 	Features []string `json:"features,omitempty"`
+	// Seal says how a sealed snapshot (feature "sealed") is encrypted
+	// and for whom; see seal.go.
+	Seal *Seal `json:"seal,omitempty"`
+	// Signature says who signed a signed snapshot (feature "signed")
+	// and how; see sign.go.
+	Signature *Signature `json:"signature,omitempty"`
 }
 
 // knownFeatures is every feature this build reads. A change to the format
@@ -65,6 +71,9 @@ type ProcessEntry struct {
 	Pages string `json:"pages"`
 	// PageCRCs names the page-checksum file (FeaturePageCRC), if any.
 	PageCRCs string `json:"page_crcs,omitempty"`
+	// Digests names the SHA-256 of every block of a signed snapshot in
+	// clear (sign.go).
+	Digests string `json:"digests,omitempty"`
 	// Memory figures, for listings without opening the index.
 	Pages4K     uint64 `json:"pages_dumped"`
 	StoredBytes uint64 `json:"stored_bytes"`
@@ -74,6 +83,9 @@ type ProcessEntry struct {
 type FileSum struct {
 	Size   int64  `json:"size"`
 	CRC32C string `json:"crc32c"`
+	// SHA256 is the file's SHA-256, in a signed snapshot (but for the
+	// pages files, whose blocks are authenticated one by one).
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 func stateName(pid int) string { return fmt.Sprintf("process-%d.json", pid) }
@@ -136,6 +148,12 @@ func parseManifest(b []byte) (*Manifest, error) {
 			return nil, fmt.Errorf("%w: manifest features not sorted and unique", ErrCorrupt)
 		}
 	}
+	if err := checkSeal(&m); err != nil {
+		return nil, err
+	}
+	if err := checkSignature(&m); err != nil {
+		return nil, err
+	}
 	if m.PageSize != PageSize {
 		return nil, fmt.Errorf("%w: page size %d", ErrCorrupt, m.PageSize)
 	}
@@ -176,6 +194,9 @@ func (p ProcessEntry) files() []string {
 	names := []string{p.State, p.Index, p.Pages}
 	if p.PageCRCs != "" {
 		names = append(names, p.PageCRCs)
+	}
+	if p.Digests != "" {
+		names = append(names, p.Digests)
 	}
 	return names
 }

@@ -2,6 +2,8 @@ package image
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,7 +49,9 @@ type Snapshot struct {
 	Manifest *Manifest
 	manifest []byte // snapshot.json as read
 	store    Store
-	trust    bool // OpenOptions.Trust
+	trust    bool      // OpenOptions.Trust
+	keys     *sealKeys // of a sealed snapshot, opened
+	signed   bool      // its signature verified
 }
 
 // OpenOptions tune OpenWith.
@@ -61,6 +65,12 @@ type OpenOptions struct {
 	// Remote configures the store of a snapshot given by address
 	// (s3://BUCKET/PREFIX).
 	Remote RemoteOptions
+	// Keys are the identities that open sealed snapshots. With Keys, a
+	// snapshot that is not sealed is refused (ErrNoIdentity): whoever
+	// gives a key expects what it authenticates. Without, a sealed
+	// snapshot is refused (ErrNoIdentity). They serve whatever holds the
+	// snapshot: a directory or an object store.
+	Keys *Keyring
 }
 
 // Open opens the snapshot in dir: OpenWith with no options.
@@ -77,7 +87,7 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := openSnapshot(st)
+	s, err := openSnapshot(st, o.Keys)
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -86,14 +96,29 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 	return s, nil
 }
 
-func openSnapshot(st Store) (*Snapshot, error) {
+func openSnapshot(st Store, keyring *Keyring) (*Snapshot, error) {
 	raw, err := readManifestBytes(st)
 	if err != nil {
 		return nil, err
 	}
+	var keys *sealKeys
+	var signed bool
+	if keyring != nil {
+		// The manifest is authenticated before anything in it is used.
+		if keys, signed, err = authenticate(st, raw, keyring); err != nil {
+			return nil, err
+		}
+	}
 	m, err := parseManifest(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", joinName(st.String(), ManifestName), err)
+	}
+	if err := checkKeys(st.String(), m, keys, signed); err != nil {
+		return nil, err
+	}
+	mismatch := ErrManifestMismatch
+	if keys != nil || signed {
+		mismatch = ErrAuth // the manifest is authenticated: the file changed
 	}
 	for _, name := range slices.Sorted(maps.Keys(m.Files)) {
 		size, err := st.Stat(name)
@@ -101,10 +126,10 @@ func openSnapshot(st Store) (*Snapshot, error) {
 			return nil, err
 		}
 		if sum := m.Files[name]; size != sum.Size {
-			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, ErrManifestMismatch, size, sum.Size)
+			return nil, fmt.Errorf("%s: %w: %d bytes, manifest says %d", name, mismatch, size, sum.Size)
 		}
 	}
-	return &Snapshot{Dir: st.String(), Manifest: m, manifest: raw, store: st}, nil
+	return &Snapshot{Dir: st.String(), Manifest: m, manifest: raw, store: st, keys: keys, signed: signed}, nil
 }
 
 // joinName names the file name of the snapshot at dir (a directory or an
@@ -193,7 +218,16 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
-		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, ErrManifestMismatch, got, sum.CRC32C)
+		mismatch := ErrManifestMismatch
+		if s.keys != nil || s.signed {
+			mismatch = ErrAuth
+		}
+		return nil, fmt.Errorf("%s: %w: crc32c %s, manifest says %s", name, mismatch, got, sum.CRC32C)
+	}
+	if s.signed {
+		if d := sha256.Sum256(b); hex.EncodeToString(d[:]) != sum.SHA256 {
+			return nil, fmt.Errorf("%s: %w: its SHA-256 is not the one the signed manifest holds", name, ErrAuth)
+		}
 	}
 	return b, nil
 }
@@ -212,7 +246,12 @@ func (s *Snapshot) StateJSON(pid int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.readSmall(e.State, maxStateSize)
+	b, err := s.readSmall(e.State, maxStateSize+sealHeaderSize+tagSize)
+	if err != nil || s.keys == nil {
+		return b, err
+	}
+	b, _, err = s.keys.openFile(e.State, b, roleState, pid)
+	return b, err
 }
 
 // State returns the process state of pid.
@@ -255,6 +294,7 @@ const readaheadBatch = 32 << 20
 type Reader struct {
 	name    string // pages file name, for errors
 	f       File
+	src     io.ReaderAt // payloads: f, or f decrypted (sealedPages)
 	lay     *layout
 	cache   *cache.Cache
 	file    uint64 // key space in the cache
@@ -280,9 +320,15 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*blockRecordSize)
+	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+tagSize)+sealHeaderSize+tagSize)
 	if err != nil {
 		return nil, err
+	}
+	var tags []byte
+	if s.keys != nil {
+		if b, tags, err = s.keys.openFile(e.Index, b, roleIndex, pid); err != nil {
+			return nil, err
+		}
 	}
 	size, err := s.store.Stat(e.Pages)
 	if err != nil {
@@ -301,10 +347,22 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
 	}
+	if s.keys == nil && s.signed {
+		if tags, err = s.readSmall(e.Digests, maxBlocks*digestSize); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
 	r, err := newReader(e.Pages, f, ix, opts)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
+	}
+	if s.keys != nil || s.signed {
+		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, pid, tags); err != nil {
+			r.Close() // and f
+			return nil, fmt.Errorf("%s: %w", e.Index, err)
+		}
 	}
 	if e.PageCRCs != "" {
 		if err := r.openPageCRCs(s, e.PageCRCs); err != nil {
@@ -327,7 +385,7 @@ func newReader(name string, f File, ix *Index, opts ReaderOptions) (*Reader, err
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Reader{name: name, f: f, lay: lay, cache: opts.Cache, file: opts.Cache.NewFile(), threads: opts.Threads,
+	r := &Reader{name: name, f: f, src: f, lay: lay, cache: opts.Cache, file: opts.Cache.NewFile(), threads: opts.Threads,
 		log: opts.Logger, readahead: opts.Readahead, ctx: ctx, cancel: cancel}
 	var k [codec.NumKinds]KindStats
 	for i, rec := range ix.Blocks {
@@ -348,6 +406,13 @@ func (r *Reader) Close() error {
 	r.raWG.Wait()
 	return r.f.Close()
 }
+
+// Payloads returns the pages file as an io.ReaderAt of block payloads
+// at their offsets (Block.Off): decrypted and authenticated block by
+// block for a sealed snapshot, the file itself otherwise. It is what the
+// restore's fill reads Raw blocks and decodes LZ4 blocks from. Valid
+// until r is closed.
+func (r *Reader) Payloads() io.ReaderAt { return r.src }
 
 // Name returns the pages file name.
 func (r *Reader) Name() string { return r.name }
@@ -435,6 +500,10 @@ func (r *Reader) NextHole(addr uint64) uint64 {
 
 // blockError wraps err with the block's identity.
 func (r *Reader) blockError(b Block, err error) error {
+	if be, ok := errors.AsType[*BlockError](err); ok {
+		r.log.Error("bad block", "file", be.File, "block", be.Block, "addr", fmt.Sprintf("%#x", be.Addr), "err", be.Err)
+		return be // a sealed block that fails its authentication names itself
+	}
 	be := &BlockError{File: r.name, Block: b.Index, Addr: b.Addr, Err: err}
 	r.log.Error("bad block", "file", r.name, "block", b.Index, "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
 	return be
@@ -470,7 +539,7 @@ func (r *Reader) load(b Block, dst []byte) error {
 // pread reads len(dst) bytes of the pages file from the payload of block
 // b on (the payloads of the blocks after it, if dst is longer).
 func (r *Reader) pread(b Block, dst []byte) error {
-	if _, err := r.f.ReadAt(dst, int64(b.Off)); err != nil {
+	if _, err := r.src.ReadAt(dst, int64(b.Off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -519,7 +588,7 @@ func (r *Reader) Unit(addr, size uint64) (lo, hi uint64, ok bool) {
 // loadPages reads the pages [at, at+len(dst)) of block b, which must be
 // PageChecked, page aligned and inside it, into dst and checks each.
 func (r *Reader) loadPages(b Block, at uint64, dst []byte) error {
-	if _, err := r.f.ReadAt(dst, int64(b.Off+(at-b.Addr))); err != nil {
+	if _, err := r.src.ReadAt(dst, int64(b.Off+(at-b.Addr))); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -793,7 +862,7 @@ func (r *Reader) streamBlocks(ctx context.Context, blocks []Block, fn func([]Chu
 		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
 	}
 	var chunks []Chunk
-	err := codec.DecodeBlocks(ctx, r.f, cb, codec.DecodeOptions{Threads: r.threads}, func(first int, out [][]byte) error {
+	err := codec.DecodeBlocks(ctx, r.src, cb, codec.DecodeOptions{Threads: r.threads}, func(first int, out [][]byte) error {
 		chunks = chunks[:0]
 		for i, d := range out {
 			b := blocks[first+i]

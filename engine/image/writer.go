@@ -2,6 +2,9 @@ package image
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +40,12 @@ type Options struct {
 	// Remote configures the store of a snapshot created at an address
 	// (s3://BUCKET/PREFIX) rather than in a directory.
 	Remote RemoteOptions
+	// Seal, if set, makes a sealed snapshot (feature "sealed"):
+	// encrypted and authenticated for its recipients.
+	Seal *SealOptions
+	// Sign, if set, signs the snapshot with this key (feature
+	// "signed"): integrity and origin, with or without Seal.
+	Sign ed25519.PrivateKey
 }
 
 // Writer creates a snapshot directory. Files appear as they are written;
@@ -60,6 +69,8 @@ type Writer struct {
 	m      Manifest
 	files  []string // written so far, for Abort
 	done   bool
+	keys   *sealKeys          // of a sealed snapshot
+	signer ed25519.PrivateKey // of a signed snapshot
 }
 
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
@@ -109,7 +120,35 @@ func Create(dir string, opts Options) (*Writer, error) {
 		Compression: compression,
 		Files:       map[string]FileSum{},
 	}}
+	if opts.Sign != nil {
+		w.signer = opts.Sign
+		w.addFeature(FeatureSigned)
+		w.m.Signature = &Signature{Alg: signAlg, Digest: signDigest, Key: signerKeyLine(opts.Sign.Public().(ed25519.PublicKey))}
+	}
+	if opts.Seal != nil {
+		if err := w.startSeal(opts.Seal); err != nil {
+			w.Abort()
+			return nil, err
+		}
+	}
 	return w, nil
+}
+
+// startSeal makes the data key of a sealed snapshot and writes it,
+// wrapped for the recipients.
+func (w *Writer) startSeal(o *SealOptions) error {
+	data, id := newDataKey()
+	wrapped, err := wrapKey(o, data, id)
+	if err != nil {
+		return err
+	}
+	if err := w.writeFile(KeysName, wrapped); err != nil {
+		return err
+	}
+	w.keys = newSealKeys(data, id)
+	w.addFeature(FeatureSealed)
+	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: sealAEAD, KDF: sealKDF, Wrap: sealWrap, Recipients: o.Names}
+	return nil
 }
 
 // openNewDir makes or opens the snapshot directory dir, checks it (see
@@ -205,6 +244,21 @@ func (w *Writer) createFile(name string) (*os.File, error) {
 
 // writeFile writes a whole small file and records its sum.
 func (w *Writer) writeFile(name string, b []byte) error {
+	if err := w.putFile(name, b); err != nil {
+		return err
+	}
+	sum := FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
+	if w.signer != nil {
+		d := sha256.Sum256(b)
+		sum.SHA256 = hex.EncodeToString(d[:])
+	}
+	w.m.Files[name] = sum
+	return nil
+}
+
+// putFile writes the whole small file name, to the directory (synced) or
+// the store, without recording it in the manifest.
+func (w *Writer) putFile(name string, b []byte) error {
 	if w.remote != nil {
 		up, err := w.remote.Create(name)
 		if err != nil {
@@ -214,11 +268,7 @@ func (w *Writer) writeFile(name string, b []byte) error {
 			up.Abort()
 			return fmt.Errorf("write %s: %w", name, err)
 		}
-		if err := up.Close(); err != nil {
-			return err
-		}
-		w.m.Files[name] = FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
-		return nil
+		return up.Close()
 	}
 	f, err := w.createFile(name)
 	if err != nil {
@@ -234,7 +284,6 @@ func (w *Writer) writeFile(name string, b []byte) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", name, err)
 	}
-	w.m.Files[name] = FileSum{Size: int64(len(b)), CRC32C: crcHex(codec.Checksum(b))}
 	return nil
 }
 
@@ -247,7 +296,13 @@ func (w *Writer) entry(pid int) *ProcessEntry {
 			return &w.m.Processes[i]
 		}
 	}
-	w.m.Processes = append(w.m.Processes, ProcessEntry{PID: pid, State: stateName(pid), Index: indexName(pid), Pages: pagesName(pid)})
+	e := ProcessEntry{PID: pid, State: stateName(pid), Index: indexName(pid), Pages: pagesName(pid)}
+	if w.keys != nil {
+		e.State, e.Index = sealedStateName(pid), sealedIndexName(pid)
+	} else if w.signer != nil {
+		e.Digests = digestsName(pid)
+	}
+	w.m.Processes = append(w.m.Processes, e)
 	return &w.m.Processes[len(w.m.Processes)-1]
 }
 
@@ -257,14 +312,18 @@ func (w *Writer) WriteState(p *Process) error {
 	if err != nil {
 		return fmt.Errorf("encode process state: %w", err)
 	}
-	w.entry(p.PID)
+	e := w.entry(p.PID)
 	for _, f := range p.features() {
 		w.addFeature(f)
 	}
 	if len(p.NSPID) > 0 {
 		w.addFeature(FeaturePIDNS)
 	}
-	return w.writeFile(stateName(p.PID), append(b, '\n'))
+	b = append(b, '\n')
+	if w.keys != nil {
+		b = w.keys.sealFile(roleState, p.PID, b, 0)
+	}
+	return w.writeFile(e.State, b)
 }
 
 // Commit writes the manifest, atomically, syncs the directory and
@@ -280,6 +339,12 @@ func (w *Writer) Commit() error {
 	b, err := json.MarshalIndent(&w.m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
+	}
+	if w.keys != nil || w.signer != nil {
+		// Before the manifest: a snapshot is whole once it has one.
+		if err := w.writeAuth(append(b, '\n')); err != nil {
+			return err
+		}
 	}
 	if w.remote != nil {
 		if err := w.remote.Commit(append(b, '\n')); err != nil {
@@ -300,7 +365,7 @@ func (w *Writer) Commit() error {
 		}
 		return fmt.Errorf("commit manifest: %w", err)
 	}
-	w.files = w.files[:len(w.files)-1] // tmp is the manifest now
+	w.files = slices.DeleteFunc(w.files, func(n string) bool { return n == tmp }) // the manifest now
 	w.done = true
 	err = w.dfd.Sync()
 	if cerr := w.dfd.Close(); err == nil { // and unlock
@@ -347,13 +412,19 @@ type PagesWriter struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	ix  Index
-	end uint64 // end of the last run
-	brk bool   // the next Add starts a new run
-	// nblocks is the number of blocks the runs so far hold.
-	nblocks uint64
+	ix      Index
+	seal    *blockSealer // of a sealed snapshot
+	digests bool         // of a signed snapshot in clear
+	tags    []byte       // per block: the tag of a sealed snapshot, the SHA-256 of a signed one
+	end     uint64       // end of the last run
+	brk     bool         // the next Add starts a new run
+	// nblocks is the number of blocks the runs so far hold; submitted
+	// the number submitted to the pipeline.
+	nblocks, submitted uint64
 	// pageCRCs are the page checksums of the Raw blocks so far, when
-	// blocks are longer than a page (FeaturePageCRC).
+	// blocks are longer than a page (FeaturePageCRC) and the snapshot is
+	// in clear (pcrc).
+	pcrc     bool
 	pageCRCs []uint32
 	stats    [codec.NumKinds]KindStats
 	closed   bool
@@ -394,15 +465,42 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: buf, ctx: ctx, cancel: cancel}
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
-	pw.pipe = codec.NewPipeline(ctx, codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.bs > PageSize}, pw.emit)
+	// Page checksums are of the plaintext, read without the block they
+	// are in: a sealed or signed snapshot has none (they would leak what
+	// they sum, and a page cannot be authenticated without its whole
+	// block).
+	pw.pcrc = pw.bs > PageSize && w.keys == nil && w.signer == nil
+	po := codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.pcrc}
+	if w.keys != nil {
+		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid)}
+		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) {
+			t := e.Tag.(*blockTag)
+			return pw.seal.seal(buf, t.index, t.addr, uint32(len(e.Src)), e.Kind, e.Stored), nil
+		}
+	} else if w.signer != nil {
+		pw.digests = true
+		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return digestBlock(buf, e.Stored), nil }
+	}
+	pw.pipe = codec.NewPipeline(ctx, po, pw.emit)
 	return pw, nil
 }
 
 var zeroPad [rawAlign]byte
 
+// zeroTag stands in the tag table for a Zero block, which stores nothing.
+var zeroTag [tagSize]byte
+
+// blockTag goes with a block through the pipeline: its chunk and, for
+// the seal, its identity.
+type blockTag struct {
+	c     *chunk
+	index uint64
+	addr  uint64
+}
+
 // emit writes one encoded block; it runs on one goroutine, in order.
 func (pw *PagesWriter) emit(e *codec.Encoded) error {
-	c := e.Tag.(*chunk)
+	c := e.Tag.(*blockTag).c
 	defer func() {
 		if c.refs.Add(-1) == 0 {
 			pw.chunks.Put(c)
@@ -416,9 +514,26 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 			}
 		}
 	}
+	stored := e.Stored
+	if pw.seal != nil {
+		var tag []byte
+		if e.Kind != codec.Zero {
+			stored, tag = e.Sealed[:len(e.Stored)], e.Sealed[len(e.Stored):]
+		}
+		pw.tags = append(pw.tags, tag...)
+		if tag == nil {
+			pw.tags = append(pw.tags, zeroTag[:]...)
+		}
+	} else if pw.digests {
+		if e.Kind == codec.Zero {
+			pw.tags = append(pw.tags, make([]byte, digestSize)...)
+		} else {
+			pw.tags = append(pw.tags, e.Sealed...)
+		}
+	}
 	if e.Kind != codec.Zero {
-		rec.StoredLen = uint32(len(e.Stored))
-		if err := pw.write(e.Stored); err != nil {
+		rec.StoredLen = uint32(len(stored))
+		if err := pw.write(stored); err != nil {
 			return err
 		}
 	}
@@ -507,9 +622,10 @@ func (pw *PagesWriter) Add(addr, length uint64, fill func(dst []byte, addr uint6
 		c.refs.Store(int32(len(blocks) / 2))
 		for i := 0; i < len(blocks); i += 2 {
 			lo, hi := blocks[i]-a, blocks[i+1]-a
-			if err := pw.pipe.Submit(c.b[lo:hi], c); err != nil {
+			if err := pw.pipe.Submit(c.b[lo:hi], &blockTag{c: c, index: pw.submitted, addr: blocks[i]}); err != nil {
 				return pw.fail(pipeError(err))
 			}
+			pw.submitted++
 		}
 		a = cend
 	}
@@ -585,14 +701,17 @@ func (pw *PagesWriter) Close() error {
 	if err != nil {
 		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
 	}
-	if err := pw.w.writeFile(indexName(pw.pid), b); err != nil {
+	e := pw.w.entry(pw.pid)
+	if pw.seal != nil {
+		b = pw.w.keys.sealFile(roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
+	}
+	if err := pw.w.writeFile(e.Index, b); err != nil {
 		return pw.fail(err)
 	}
 	if pw.stats[codec.Shuffle].Blocks > 0 {
 		pw.w.addFeature(FeatureShuffle)
 	}
-	e := pw.w.entry(pw.pid)
-	if pw.bs > PageSize {
+	if pw.pcrc {
 		// Checked like the index: the writer must never produce a file
 		// the reader refuses.
 		if _, err := newPageCRCs(lay, pw.pageCRCs); err != nil {
@@ -603,6 +722,11 @@ func (pw *PagesWriter) Close() error {
 		}
 		e.PageCRCs = pageCRCName(pw.pid)
 		pw.w.addFeature(FeaturePageCRC)
+	}
+	if pw.digests {
+		if err := pw.w.writeFile(e.Digests, pw.tags); err != nil {
+			return pw.fail(err)
+		}
 	}
 	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
 	var pages uint64

@@ -43,9 +43,9 @@ func (j *fillJob) len() int {
 
 // FillOptions say what Fill writes and how.
 type FillOptions struct {
-	// Pages is the snapshot's memory of the process; PagesFile its pages
-	// file, which Raw blocks are read from directly (the caller closes
-	// it).
+	// Pages is the snapshot's memory of the process; PagesFile its block
+	// payloads (Pages.Payloads()), which Raw blocks are read from
+	// directly.
 	Pages     *image.Reader
 	PagesFile io.ReaderAt
 	// Threads is --decompress-threads for the LZ4 blocks.
@@ -65,7 +65,7 @@ type FillOptions struct {
 type filler struct {
 	t       *Target
 	o       FillOptions
-	pages   io.ReaderAt // the pages file, for Raw blocks and the decoder
+	pages   io.ReaderAt // the payloads, for Raw blocks and the decoder
 	mem     *os.File    // /proc/PID/mem, for mappings without write permission
 	jobs    chan *fillJob
 	done    atomic.Uint64 // bytes written
@@ -250,6 +250,9 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 	})
 	var be *codec.BlockError
 	if errors.As(err, &be) && be.Index >= 0 && be.Index < len(blocks) {
+		if ibe, ok := errors.AsType[*image.BlockError](err); ok {
+			return ibe // a sealed block names itself
+		}
 		b := blocks[be.Index]
 		return &image.BlockError{File: f.o.Pages.Name(), Block: b.Index, Addr: b.Addr, Err: be.Err}
 	}
@@ -300,6 +303,9 @@ func (f *filler) readRaw(j *fillJob, data []byte) error {
 	if _, err := f.pages.ReadAt(data, int64(j.blocks[0].Off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
+		}
+		if ibe, ok := errors.AsType[*image.BlockError](err); ok {
+			return ibe // a sealed block names itself
 		}
 		return &image.BlockError{File: f.o.Pages.Name(), Block: j.blocks[0].Index, Addr: j.addr(), Err: err}
 	}

@@ -26,6 +26,7 @@ type sizeResult struct {
 	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
 	Codecs    []*codecResult    `json:",omitempty"` // the codec series
 	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
+	Crypt     *cryptResult      `json:",omitempty"` // the crypt series (crypt.go)
 	PreCopy   []*preCopyResult  `json:",omitempty"` // the "precopy" series (precopy.go)
 	Elapsed   time.Duration
 

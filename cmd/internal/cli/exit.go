@@ -71,7 +71,7 @@ var Statuses = []Status{
 	{ExitPIDInUse, "the snapshot's pid or a thread id is in use"},
 	{ExitOtherKernel, "the snapshot was taken on another kernel"},
 	{ExitBadSnapshot, "incomplete or corrupt snapshot, or another format version"},
-	{ExitUntrusted, "untrusted: the snapshot, or a path it names, can be changed by another user"},
+	{ExitUntrusted, "untrusted: the snapshot, or a path it names, can be changed by another user; or a sealed or signed snapshot fails its authentication, or no identity given opens it"},
 	{ExitFileChanged, "a file the process mapped or held open changed since the dump"},
 	{ExitNoPrivilege, "missing privilege or kernel feature (EPERM, EACCES, no FUSE, no userfaultfd feature, ENOSYS); snapctl check says which"},
 	{ExitInterrupted, "interrupted by SIGINT or SIGTERM"},
