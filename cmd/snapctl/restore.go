@@ -248,7 +248,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		// the snapshot's CRC32C by the pager, as the snapshot's own
 		// reader checks its reads. The private mount is served by our own
 		// helper, through that reader: checking its bytes again costs
-		// ~15% of the lazy phase for nothing.
+		// a good part of the lazy phase for nothing (BENCHMARKS.md).
 		opts.LazyOptions.CheckSource = *mount != ""
 		// Through a mount, only blocks that must be decoded: what is
 		// stored as is comes from the pages file, whose page cache every
@@ -566,7 +566,7 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 
 // mountLater starts the private mount that mount makes and returns it as
 // a lazySource at once (tree: with a source for each process). Its reads
-// wait until the mount is up: the helper starts and mounts (10-20 ms)
+// wait until the mount is up: the helper starts and mounts
 // while the process is created and its memory laid out, which need no
 // page from it, and only blocks that must be decoded are read through it
 // (engine.LazyOptions.RawDirect). The process does not run before the

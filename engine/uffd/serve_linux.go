@@ -142,10 +142,10 @@ func (s *server) serveFault(f fault) error {
 // latencyBound is how long after a fault that does not continue the one
 // before (a thread touching pages here and there, or at a stride) every
 // prefetch worker but one holds back. Such a thread waits on each fault's
-// latency, and with a worker per CPU its faults waited for a CPU: a 1 GiB
-// modelserver's touch 1 was answered after 246 ms with two workers on
-// two CPUs against 84 ms with one. A thread reading in order waits on
-// streaming instead, which every worker speeds up.
+// latency, and with a worker per CPU its faults waited for a CPU (the
+// figures: test/bench/BENCHMARKS.md, First answer after restore --lazy).
+// A thread reading in order waits on streaming instead, which every
+// worker speeds up.
 const latencyBound = 10 * time.Millisecond
 
 // faultRange returns the range a fault on page, inside pending piece p,
