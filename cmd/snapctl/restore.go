@@ -50,12 +50,15 @@ all are ready, and a failure kills every process made. With --lazy, each
 process of a tree gets a pager of its own, all reading through one mount. Exits 0 once it runs; with --lazy, once every page is in.
 
 With --lazy, anonymous memory is not filled before the process runs: it is
-served on demand through userfaultfd, a block at a time, while the rest
-streams in behind, faults first. Pages are read through a lazyfs mount of
-the snapshot: a private one that snapctl mounts and unmounts itself (in a
+served on demand through userfaultfd (a few pages of a block stored raw,
+a whole compressed block), while the rest streams in behind, faults first;
+a thread reading in order, or at a stride, is served ahead of itself.
+Blocks that must be decoded are read through a lazyfs mount of the
+snapshot: a private one that snapctl mounts and unmounts itself (in a
 mount namespace of its own, so nothing is left mounted if it dies), or with
 --mount a running lazyfs mount of the same snapshot, whose cache several
-restores then share; or with --source direct from the snapshot files. Until
+restores then share; blocks stored raw, and with --source direct every
+block, come from the snapshot files. Until
 every page is in, snapctl stays the process's tracer (signals pass through):
 if snapctl dies, the process, and any child it forked meanwhile, dies with
 it rather than run with memory missing. A page that cannot be read (a
