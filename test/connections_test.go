@@ -522,6 +522,28 @@ while True:
     c.close()
 `
 
+// startPyServer starts python3 script with port as its argument, killed
+// when the test ends, and returns it and its stdout (reads time out after
+// 90 s).
+func startPyServer(t *testing.T, py, script string, port int) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Close() })
+	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
+	cmd := exec.Command(py, "-c", script, strconv.Itoa(port))
+	cmd.Stdout = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
+	return cmd, bufio.NewReader(pr)
+}
+
 // TestTCPEstablishedBeforeListener: a connection at a lower descriptor
 // than its listener, which has no SO_REUSEADDR, comes back connected, and
 // the listener listens again on the port the connection holds.
@@ -532,21 +554,9 @@ func TestTCPEstablishedBeforeListener(t *testing.T) {
 	py := testutil.RequireCommand(t, "python3")
 	ctx := testContext(t)
 	port := freePort(t)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
-	cmd := exec.Command(py, "-c", echoServerScript, strconv.Itoa(port))
-	cmd.Stdout = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
+	cmd, out := startPyServer(t, py, echoServerScript, port)
 	pid := cmd.Process.Pid
-	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
-	if line, err := bufio.NewReader(pr).ReadString('\n'); err != nil || line != "listening\n" {
+	if line, err := out.ReadString('\n'); err != nil || line != "listening\n" {
 		t.Fatalf("the server said %q %v", line, err)
 	}
 	var d net.Dialer
@@ -643,21 +653,8 @@ func TestTCPEstablishedQueues(t *testing.T) {
 	py := testutil.RequireCommand(t, "python3")
 	ctx := testContext(t)
 	port := freePort(t)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	pr.SetReadDeadline(time.Now().Add(90 * time.Second))
-	cmd := exec.Command(py, "-c", queueServerScript, strconv.Itoa(port))
-	cmd.Stdout = pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pw.Close()
+	cmd, out := startPyServer(t, py, queueServerScript, port)
 	pid := cmd.Process.Pid
-	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
-	out := bufio.NewReader(pr)
 	if line, err := out.ReadString('\n'); err != nil || line != "listening\n" {
 		t.Fatalf("the server said %q %v", line, err)
 	}
