@@ -30,19 +30,24 @@
 //     smaller unit on its own (the few pages around the address, in a
 //     block whose pages have checksums of their own): a thread that reads
 //     a page here and there waits for that page, not for its block.
-//     A fault on the page right after what the previous fault brought in,
-//     or at the prefetcher's front (a thread reading through memory the
-//     prefetcher has not reached), is served the pending memory that
-//     follows as well, up to FaultAhead (1 MiB): a scan of 4 KiB blocks
-//     then faults once per MiB, not once per page; and the prefetcher's
-//     cursor moves to where it ended, so that streaming goes on ahead of
-//     the reader, in its order. A thread that touches a page every few
-//     blocks is not a scan: each of its faults brings in its own unit.
+//     The second fault in a row on the page right after what the one
+//     before brought in (or after memory already in place that follows
+//     it), or a fault at the prefetcher's front (a thread reading through
+//     memory the prefetcher has not reached), is a scan: it is served the
+//     pending memory that follows as well, up to FaultAhead (1 MiB), past
+//     what is already in place: a scan of 4 KiB blocks then faults once
+//     per MiB, not once per page; and the prefetcher's cursor moves to
+//     where it ended, so that streaming goes on ahead of the reader, in
+//     its order. One such fault alone is the rest of the access before it
+//     (8 bytes across a page boundary fault on both pages). A thread that
+//     touches a page every few blocks is not a scan: each of its faults
+//     brings in its own unit.
 //   - A thread touching memory at a constant stride (three faults at one
 //     distance: a page every 400 KiB, a column of a matrix) is served the
 //     next strides ahead of it after each of its faults, 4, then 8, up to
 //     64 at a time, read from the source in parallel and placed in order
 //     while it works: it faults once per batch instead of once per page.
+//     Each stride brings in as many pages as one access was seen to reach.
 //   - Faults come first: after a fault that is not part of a scan (the
 //     thread waits on the latency of each), every prefetch worker but
 //     one holds back for a few milliseconds, so that the thread and the

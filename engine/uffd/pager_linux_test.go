@@ -42,6 +42,13 @@ func TestPagerFaultsAndEvents(t *testing.T) {
 	errc := runPager(t, p, fd, base, size, time.Minute)
 
 	blk := func(i uint64) uint64 { return base + i*block }
+	// munmap: pending extents and a part of one (first: a scan of the
+	// blocks before them would bring them in ahead of it)
+	f.do("munmap %x %x", blk(14), 2*block)
+	m.unmap(blk(14), 2*block)
+	f.do("munmap %x %x", blk(16)+block/2, block/2)
+	m.unmap(blk(16)+block/2, block/2)
+
 	// reads: inside an extent, a hole block (3), a short extent and its tail (2), across
 	f.checkSum(m, "read in extent", blk(0)+5*PageSize, 3*PageSize)
 	f.checkSum(m, "read hole", blk(3), block)
@@ -62,12 +69,6 @@ func TestPagerFaultsAndEvents(t *testing.T) {
 	f.do("dontneed %x %x", blk(12)+8*PageSize, 4*PageSize)
 	m.zero(blk(12)+8*PageSize, 4*PageSize)
 	f.checkSum(m, "after dontneed", blk(0), 13*block)
-
-	// munmap: pending extents and a part of one
-	f.do("munmap %x %x", blk(14), 2*block)
-	m.unmap(blk(14), 2*block)
-	f.do("munmap %x %x", blk(16)+block/2, block/2)
-	m.unmap(blk(16)+block/2, block/2)
 
 	// mremap a pending 1 MiB, partly served first, partly dropped
 	from := blk(20)
@@ -427,6 +428,76 @@ func TestPagerStride(t *testing.T) {
 		t.Errorf("%d bytes brought in for %d pages touched: more than their extents", st.FaultBytes, touched)
 	}
 	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestPagerStrideSpan: a thread touching 8 bytes every 400 KiB across a
+// page boundary (a reader of arrays that start 16 bytes into their
+// mappings, as glibc lays out a large malloc), with the source read in
+// 16 KiB units (page checksums) and every access crossing from one unit
+// into the next: each faults on two pages in a row. That pair is one
+// access, not the start of a scan: no fault may bring in FaultAhead of
+// memory nobody asked for, and once the stride is seen, the strides ahead
+// come in with the page each access reaches past its first.
+func TestPagerStrideSpan(t *testing.T) {
+	const size = 32 * mib
+	const unit = 16 << 10
+	f, fd, base := startRegistered(t, uint64(size))
+	ext := cut(base, block, size/block)
+	src := newPatternSrc(ext)
+	m := newMem(base, size, ext, src)
+	p := New(fd, src, ext, Options{Logger: testLogger(t), Unit: func(at uint64) (uint64, uint64, bool) {
+		lo := at &^ (unit - 1)
+		return lo, lo + unit, true
+	}})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	const stride = 400 << 10
+	start := base + unit - PageSize // each access: the unit's last page, then the next unit's first
+	touched := (uint64(size) - (start - base) - PageSize) / stride
+	if r := f.do("span %x %x %x", start, uint64(size)-(start-base), uint64(stride)); r[0] < touched {
+		t.Fatalf("touched %d pages, want %d", r[0], touched)
+	}
+	st := p.Stats()
+	t.Logf("after %d accesses: %d faults, %d bytes, %d of them ahead of the stride", touched, st.DataFaults, st.FaultBytes, st.StrideBytes)
+	if st.FaultBytes-st.StrideBytes > st.DataFaults*unit {
+		t.Errorf("%d faults brought in %d bytes (%d ahead of the stride): more than a unit each", st.DataFaults, st.FaultBytes, st.StrideBytes)
+	}
+	if st.DataFaults > touched/2 {
+		t.Errorf("%d faults for %d accesses at a stride: nothing read ahead of it", st.DataFaults, touched)
+	}
+	// The strides read ahead of the last access are read too.
+	if st.FaultBytes > (touched+strideMaxAhead)*2*unit {
+		t.Errorf("%d bytes brought in for %d accesses: more than their two units each", st.FaultBytes, touched)
+	}
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestPagerScanAfterStride: a thread that read memory at a stride (the
+// windows around its pages now in place every 400 KiB) then reads all of
+// it in order, as a request that touches 1% of a model's weights followed
+// by one that reads them all. The scan must be served FaultAhead at a time
+// through the windows in place, not fault past every one of them.
+func TestPagerScanAfterStride(t *testing.T) {
+	const size = 32 * mib
+	f, fd, base := startRegistered(t, uint64(size))
+	ext := cut(base, block, size/block)
+	src := newPatternSrc(ext)
+	m := newMem(base, size, ext, src)
+	p := New(fd, src, ext, Options{Logger: testLogger(t), MaxFaultBytes: 16 << 10, NoStrideAhead: true})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	f.do("touch %x %x %x", base, uint64(size), uint64(400<<10))
+	before := p.Stats().DataFaults
+	f.checkSum(m, "all", base, size)
+	scan := p.Stats().DataFaults - before
+	t.Logf("the stride: %d faults; the scan after it: %d faults", before, scan)
+	if max := 2 * uint64(size) / DefaultFaultAhead; scan > max {
+		t.Errorf("the scan of %d MiB faulted %d times, more than %d: it faults past the windows in place", size/mib, scan, max)
+	}
 	if err := waitRun(t, errc, 30*time.Second); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -61,58 +61,100 @@ func (s *server) serveFault(f fault) error {
 	}
 	lo, hi := s.faultRange(p, page)
 	src := p.src + (lo - p.cur)
-	// A fault on the page right after what the previous one was served,
-	// or at the prefetcher's front (a thread reading through its memory
-	// faster than the prefetcher) is served the pending memory that
-	// follows too, up to FaultAhead:
-	// one fault per FaultAhead bytes instead of one per block. The test
-	// is on the faulting page, not on the start of its extent: a thread
-	// touching one page every few blocks faults in the extent after the
-	// previous one too, and reading ahead for it would bring in all of
-	// memory at fault speed (a 1 GiB "touch 1" took as long as reading
-	// everything).
-	sequential := page >= s.lastFault.end() && page <= s.lastFault.end()+PageSize
-	if !sequential && s.opts.Prefetch {
-		// At the prefetcher's front (the chunks in flight, the next one):
-		// the thread reads on through memory the prefetcher placed and
-		// has caught up with it.
+	// A fault on the page right after what the previous one was served
+	// is the rest of the access that faulted there (an access that
+	// crosses a page boundary faults on both pages: a reader of an array
+	// that starts 16 bytes into its mapping) or the start of a scan. The
+	// second such fault in a row is a scan, and so is a fault at the
+	// prefetcher's front (a thread reading on through memory the
+	// prefetcher placed, faster than it): a scan is served the pending
+	// memory that follows too, up to FaultAhead, one fault per FaultAhead
+	// bytes instead of one per block. The test is on the faulting page,
+	// not on the start of its extent: a thread touching one page every
+	// few blocks faults in the extent after the previous one too, and
+	// reading ahead for it would bring in all of memory at fault speed
+	// (a 1 GiB "touch 1" took as long as reading everything).
+	// A fault past memory already in place that follows the last one's
+	// counts as on the page after it: a thread reading on through what
+	// the prefetcher or a stride placed.
+	end := s.lastFault.end()
+	adjacent := page >= end && page <= end+PageSize
+	onward := adjacent
+	if !adjacent && page > end && s.lastFault.len > 0 {
+		s.setMu.Lock()
+		n, _, ok := s.pend.next(end)
+		s.setMu.Unlock()
+		onward = ok && max(n.cur, end)+PageSize >= page
+	}
+	if onward {
+		s.adjacent++
+	} else {
+		s.adjacent = 0
+	}
+	sequential := s.adjacent >= 2
+	// The rest of an access whose first page was placed ahead of a
+	// stride: it says how far each access reaches (see strideAhead).
+	strided := s.stride.continues(page)
+	start, rest := s.restOf(page, adjacent && s.adjacent == 1)
+	rest = rest && !strided
+	if !sequential && !rest && !strided && s.opts.Prefetch {
 		ahead := uint64(max(1, s.opts.Workers)) * s.opts.PrefetchChunk
 		s.setMu.Lock()
 		sequential = page+ahead >= s.cursor && page < s.cursor+s.opts.PrefetchChunk
 		s.setMu.Unlock()
 	}
+	parts := append(s.faultParts[:0], piece{lo, src, hi - lo})
 	if s.opts.FaultAhead > hi-lo && sequential {
+		// The pending memory up to FaultAhead on, past memory already in
+		// place too: a scan after a stride finds a window in place every
+		// stride, and would otherwise fault past each.
 		s.setMu.Lock()
-		c, ok := s.pend.chunk(lo, s.opts.FaultAhead)
-		s.setMu.Unlock()
-		if ok && c.cur == lo && c.len > hi-lo {
-			hi = lo + c.len
-		}
+		s.pend.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
+			last := &parts[len(parts)-1]
+			if last.end() == p.cur && last.src+last.len == p.src {
+				last.len += p.len
+				return
+			}
+			parts = append(parts, p)
+		})
 		// The prefetcher streams on from there, ahead of the reader,
 		// rather than wherever its cursor was: a full read then costs
 		// about the longer of streaming and the reader's own work, not
 		// their sum.
-		s.setMu.Lock()
-		s.cursor = hi
+		s.cursor = parts[len(parts)-1].end()
 		s.setMu.Unlock()
 	}
-	s.lastFault = piece{lo, src, hi - lo}
-	if uint64(cap(s.faultBuf)) < hi-lo {
-		s.faultBuf = make([]byte, hi-lo)
+	s.faultParts = parts
+	var total uint64
+	for _, p := range parts {
+		total += p.len
 	}
-	buf := s.faultBuf[:hi-lo]
-	if err := readFull(s.src, buf, src); err != nil {
-		return &ServeError{Op: "read", Addr: lo, Len: hi - lo, Src: src, Err: err}
+	s.lastFault = piece{cur: lo, len: parts[len(parts)-1].end() - lo}
+	if uint64(cap(s.faultBuf)) < total {
+		s.faultBuf = make([]byte, total)
 	}
-	s.mu.Lock()
-	s.st.ReadBytes += hi - lo
-	s.mu.Unlock()
-	// A prefetch worker may have placed some of it meanwhile (the fault
-	// then finds the page present: it is woken), never an event: events
-	// are applied by this goroutine only.
-	skipped, err := s.placeRange(piece{lo, src, hi - lo}, buf, whyFault)
-	if err != nil {
-		return err
+	var skipped bool
+	off := uint64(0)
+	for _, p := range parts {
+		buf := s.faultBuf[off : off+p.len]
+		off += p.len
+		if err := readFull(s.src, buf, p.src); err != nil {
+			return &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
+		}
+		s.mu.Lock()
+		s.st.ReadBytes += p.len
+		s.mu.Unlock()
+		// A prefetch worker may have placed some of it meanwhile (the
+		// fault then finds the page present: it is woken), never an
+		// event: events are applied by this goroutine only.
+		sk, err := s.placeRange(p, buf, whyFault)
+		if err != nil {
+			return err
+		}
+		skipped = skipped || sk
+		if s.opts.OnFault != nil {
+			s.opts.OnFault(p.src, p.len, f.at)
+		}
 	}
 	if skipped {
 		if err := s.wakePage(page); err != nil {
@@ -124,13 +166,14 @@ func (s *server) serveFault(f fault) error {
 	s.st.DataFaults++
 	s.h.add(time.Since(f.at))
 	s.mu.Unlock()
-	if s.opts.OnFault != nil {
-		s.opts.OnFault(src, hi-lo, f.at)
-	}
 	if !sequential {
 		s.latencyUntil.Store(time.Now().Add(latencyBound).UnixNano())
 	}
-	if n := s.stride.next(page, sequential); n > 0 && !s.opts.NoStrideAhead {
+	s.lastPage = page
+	if rest {
+		// Not a stride of its own: the access at start reaches here.
+		s.stride.reach(start, page)
+	} else if n := s.stride.next(page, sequential); n > 0 && !s.opts.NoStrideAhead {
 		if err := s.strideAhead(page, n); err != nil {
 			return err
 		}
@@ -177,6 +220,42 @@ type stride struct {
 	seen bool   // prev is set
 	d    int64  // distance between the last two
 	run  int    // distances d in a row
+	// span is how far (bytes from its first page) one access of the
+	// thread reaches: PageSize, or more for an access that crosses into
+	// the next page (see restOf). 0 counts as PageSize.
+	span uint64
+}
+
+// strideMaxSpan bounds stride.span.
+const strideMaxSpan = 16 * PageSize
+
+// continues reports whether a fault on page continues the stride seen.
+func (st *stride) continues(page uint64) bool {
+	return st.seen && st.run >= strideMin && int64(page-st.prev) == st.d
+}
+
+// reach records that the access that faulted on start reached page.
+func (st *stride) reach(start, page uint64) {
+	if page >= start {
+		st.span = max(st.span, min(page-start+PageSize, strideMaxSpan))
+	}
+}
+
+// restOf tells whether a fault on page is the rest of an access whose
+// first page faulted just before (adjacent, and the fault before was not
+// itself the continuation of another) or was placed ahead of a stride
+// (page follows one of the last strideAhead's reads), and where that
+// access started.
+func (s *server) restOf(page uint64, adjacent bool) (start uint64, ok bool) {
+	if adjacent {
+		return s.lastPage, true
+	}
+	for _, r := range s.strideReads {
+		if page == r.lo+r.n {
+			return r.at, true
+		}
+	}
+	return 0, false
 }
 
 // strideMin is how many equal distances in a row make a stride;
@@ -199,7 +278,7 @@ func (st *stride) next(page uint64, sequential bool) int {
 		return 0
 	}
 	if d != st.d {
-		st.d, st.run = d, 1
+		st.d, st.run, st.span = d, 1, 0
 		return 0
 	}
 	st.run++
@@ -231,8 +310,22 @@ func (s *server) strideAhead(page uint64, n int) error {
 			continue
 		}
 		lo, hi := s.faultRange(p, at)
-		reads = append(reads, strideRead{lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
+		reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
 		total += hi - lo
+		// The pages the access at at reaches, past the window.
+		for q := hi; q < at+s.stride.span; {
+			p, ok := s.pend.find(q)
+			if !ok {
+				break
+			}
+			lo, hi := s.faultRange(p, q)
+			if hi <= q {
+				break
+			}
+			reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
+			total += hi - lo
+			q = hi
+		}
 	}
 	s.setMu.Unlock()
 	s.strideReads = reads
@@ -281,9 +374,9 @@ func (s *server) strideAhead(page uint64, n int) error {
 }
 
 // strideRead is one read of strideAhead: n bytes at src for lo, into
-// strideBuf at off.
+// strideBuf at off, for the access at the page at.
 type strideRead struct {
-	lo, src, n, off uint64
+	at, lo, src, n, off uint64
 }
 
 // strideReaders is how many reads strideAhead has at the source at once;

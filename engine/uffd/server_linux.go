@@ -42,6 +42,7 @@ type server struct {
 	faults     []fault
 	msgBuf     []byte
 	faultBuf   []byte
+	faultParts []piece // what the last data fault read
 	zeros      []byte
 	parts      []piece
 	cursor     uint64 // prefetch: next address to plan; under setMu
@@ -53,7 +54,9 @@ type server struct {
 	spinUntil  time.Time
 	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
 	probed     time.Time
-	lastFault  piece // the range the last data fault was served
+	lastFault  piece  // the range the last data fault was served
+	lastPage   uint64 // the page of the last data fault
+	adjacent   int    // data faults in a row on the page after the one before
 	stride     stride
 	// latencyUntil (unix ns): until then, the process waits on the
 	// latency of its faults, not on streaming (see latencyBound).
