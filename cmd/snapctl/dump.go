@@ -234,8 +234,8 @@ process of the tree that leads outside.`,
 			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
 		if *parent != "" {
-			fmt.Fprintf(stdout, "incremental: %s in %d blocks taken from parent %s, %s in %d blocks stored\n",
-				units.FormatSize(s.Parent.Bytes), s.Parent.Blocks, *parent, units.FormatSize(s.Total.Bytes-s.Parent.Bytes), s.Total.Blocks-s.Parent.Blocks)
+			fmt.Fprintf(stdout, "incremental: %s in %d blocks taken from parent %s; %s in %d blocks changed or new (%d of them all zeros)\n",
+				units.FormatSize(s.Parent.Bytes), s.Parent.Blocks, *parent, units.FormatSize(s.Total.Bytes-s.Parent.Bytes), s.Total.Blocks-s.Parent.Blocks, s.Zero.Blocks)
 		}
 		if res.Conns > 0 {
 			fmt.Fprintf(stdout, "%d TCP connections held by nftables table inet %s until snapctl restore --tcp-established\n", res.Conns, res.NetLock)
