@@ -50,7 +50,7 @@ func dirtyFor(t *testing.T, ctx context.Context, port, pct int, d time.Duration)
 
 // TestIncremental: a modelserver is dumped whole, then, after it wrote 1%
 // of its memory, against that snapshot (--parent), then once more against
-// the second: each incremental dump stores at most 5% of the first's
+// the second (with --pre-copy): each incremental dump stores at most 5% of the first's
 // pages bytes and equals the memory of the process exactly (read through
 // the chain); a lazyfs mount of the last serves that memory; restores,
 // eager and lazy from either source, bring the process back as it was;
@@ -77,7 +77,7 @@ func TestIncremental(t *testing.T) {
 	}
 
 	dirtyFor(t, ctx, port, 1, 600*time.Millisecond)
-	grand, rec := dumpRecorded(t, ctx, p, "--parent", child.Dir)
+	grand, rec := dumpRecorded(t, ctx, p, "--parent", child.Dir, "--pre-copy")
 	if n := pagesBytes(t, grand.Dir, p.PID); n*20 > full {
 		t.Errorf("second incremental dump: pages file %d bytes, more than 5%% of %d", n, full)
 	}
@@ -182,4 +182,36 @@ func TestIncremental(t *testing.T) {
 		}
 		answersNormally(t, ctx, q, syscall.SIGUSR1, "report")
 	})
+}
+
+// TestIncrementalS3: incremental snapshots in an object store, with the
+// parent there, and in a directory with the parent in the store; both
+// equal the memory of the stopped process. A relative parent for a
+// snapshot at an address is refused.
+func TestIncrementalS3(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	s3Setup(t, true)
+	ctx := testContext(t)
+	p := fixture.Start(t, "counter", "16M")
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cont()
+	rec := takeMemory(t, p.PID)
+	base, child, local := "s3://snaps/inc/base", "s3://snaps/inc/child", filepath.Join(t.TempDir(), "local")
+	dumpPID(t, p.PID, base, "--leave-running")
+	for _, c := range []struct{ dir, parent string }{{child, base}, {local, base}} {
+		r := dumpPID(t, p.PID, c.dir, "--leave-running", "--parent", c.parent)
+		t.Logf("%s", strings.TrimSpace(r.Stdout))
+		if !strings.Contains(r.Stdout, "incremental: ") || strings.Contains(r.Stdout, " 0 blocks taken") {
+			t.Errorf("%s took nothing from %s:\n%s", c.dir, c.parent, r.Stdout)
+		}
+		checkImage(t, openImage(t, c.dir, p.PID), rec)
+		verifyDir(t, c.dir)
+	}
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", "s3://snaps/inc/rel", "--leave-running", "--parent", "some/dir")
+	if r.Code != 3 {
+		t.Errorf("a relative parent for a snapshot at an address: want exit 3\n%s", r)
+	}
 }
