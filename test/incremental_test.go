@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -50,10 +51,11 @@ func dirtyFor(t *testing.T, ctx context.Context, port, pct int, d time.Duration)
 
 // TestIncremental: a modelserver is dumped whole, then, after it wrote 1%
 // of its memory, against that snapshot (--parent), then once more against
-// the second (with --pre-copy): each incremental dump stores at most 5% of the first's
+// the second: each incremental dump stores at most 5% of the first's
 // pages bytes and equals the memory of the process exactly (read through
-// the chain); a lazyfs mount of the last serves that memory; restores,
-// eager and lazy from either source, bring the process back as it was;
+// the chain); a lazyfs mount of the last serves that memory; a third,
+// with --pre-copy, kills it, and restores of that one, eager and lazy
+// from either source, bring the process back as it was;
 // a parent gone or replaced is refused with its exit status.
 func TestIncremental(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -77,7 +79,7 @@ func TestIncremental(t *testing.T) {
 	}
 
 	dirtyFor(t, ctx, port, 1, 600*time.Millisecond)
-	grand, rec := dumpRecorded(t, ctx, p, "--parent", child.Dir, "--pre-copy")
+	grand, rec := dumpRecorded(t, ctx, p, "--parent", child.Dir)
 	if n := pagesBytes(t, grand.Dir, p.PID); n*20 > full {
 		t.Errorf("second incremental dump: pages file %d bytes, more than 5%% of %d", n, full)
 	}
@@ -97,8 +99,8 @@ func TestIncremental(t *testing.T) {
 	for _, req := range []string{"touch 1", "token"} {
 		want[req] = lazyChecksumOf(lazyAsk(t, ctx, port, req))
 	}
-	// The last dump kills the process.
-	last, _ := dumpForRestore(t, ctx, p, "--parent", grand.Dir)
+	// The last dump, with --pre-copy, kills the process.
+	last, _ := dumpForRestore(t, ctx, p, "--parent", grand.Dir, "--pre-copy")
 	check := func(t *testing.T) {
 		for req, sum := range want {
 			if got := lazyChecksumOf(lazyAsk(t, ctx, port, req)); got != sum {
@@ -213,5 +215,45 @@ func TestIncrementalS3(t *testing.T) {
 	r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", "s3://snaps/inc/rel", "--leave-running", "--parent", "some/dir")
 	if r.Code != 3 {
 		t.Errorf("a relative parent for a snapshot at an address: want exit 3\n%s", r)
+	}
+}
+
+// TestIncrementalTree: a pipeline of three processes dumped whole
+// (--leave-running), then against that snapshot: every process takes
+// blocks from its own pages in the parent, and the tree restored from the
+// incremental snapshot loses or doubles no number.
+func TestIncrementalTree(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	sh, out, done, before := startPipeline(t, ctx, pipelineNumbers)
+	time.Sleep(300 * time.Millisecond)
+	base := filepath.Join(t.TempDir(), "base")
+	dumpPID(t, sh, base, "--leave-running")
+	dir := filepath.Join(t.TempDir(), "child")
+	r := dumpPID(t, sh, dir, "--parent", base)
+	t.Logf("%s", strings.TrimSpace(r.Stdout))
+	<-done
+	snap, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range snap.PIDs() {
+		pr, err := snap.OpenPages(pid, image.ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := pr.Stats(); st.Parent.Blocks == 0 {
+			t.Errorf("pid %d took no block from the parent: %+v", pid, st)
+		}
+		pr.Close()
+	}
+	snap.Close()
+	verifyDir(t, dir)
+	r = mustSnapctl(t, "restore", "-D", dir)
+	t.Logf("%s", strings.TrimSpace(r.Stdout))
+	sameTree(t, sh, before)
+	if got, want := waitFile(t, ctx, out, 60*time.Second), fmt.Sprintf("ok %d", pipelineNumbers); got != want {
+		t.Errorf("consumer says %q, want %q", got, want)
 	}
 }
