@@ -237,7 +237,7 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		fmt.Fprintf(w, "  not signed: checked by CRC32C only, which catches accidents, not edits\n")
 	}
 	if p := m.Parent; p != nil {
-		fmt.Fprintf(w, "  incremental: unchanged blocks are in parent %s (manifest SHA-256 %.16s…), %d snapshots deep:\n", p.Path, p.Manifest, p.Depth)
+		fmt.Fprintf(w, "  incremental: unchanged blocks are in parent %s (manifest SHA-256 %.16s…); chain depth %d:\n", p.Path, p.Manifest, p.Depth)
 		for _, d := range rep.Parents {
 			fmt.Fprintf(w, "    %s\n", d)
 		}
