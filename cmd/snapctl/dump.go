@@ -73,19 +73,20 @@ With --parent DIR the snapshot is incremental: a block whose bytes are
 those of DIR's block at the same address (of the process with the same
 pid) is not stored again, only referenced. "The same" is decided by
 comparing the bytes with DIR's block, decoded and checked, never by
-checksum alone. The snapshot records DIR's path (relative to itself if
-DIR was given relative: move the two together) and the SHA-256 of DIR's
-manifest; restore, verify, inspect and lazyfs follow the chain, and
-refuse it if DIR is missing (exit status 7) or is not the snapshot dumped
-against (replaced or edited: exit status 9). DIR may be incremental
-itself, up to 16 deep. The block size is DIR's (--compress or
---compress-block must agree with it: exit status 3); --codec may differ.
-With --pre-copy, --leave-running and process trees it works as without.
-Not with --encrypt-to or --sign (exit status 2), nor with a sealed or
-signed DIR (exit status 3). Keep DIR as long as a snapshot based on it is kept.
---prev-images-dir is an alias, but DIR is a path from the current
-directory as every path here, where criu reads it from the images
-directory.
+checksum alone. The unit is the block: a write anywhere in one stores it
+whole (a DIR dumped with smaller blocks makes that finer). The snapshot
+records DIR's path (relative to itself if DIR was given relative: move
+the two together) and the SHA-256 of DIR's manifest; restore, verify,
+inspect and lazyfs follow the chain, and refuse it if DIR is missing
+(exit status 7) or is not the snapshot dumped against (replaced or
+edited: exit status 9). DIR may be incremental itself, up to 16 deep.
+The block size is DIR's (--compress or --compress-block must agree with
+it: exit status 3); --codec may differ. With --pre-copy, --leave-running
+and process trees it works as without. Not with --encrypt-to or --sign
+(exit status 2), nor with a sealed or signed DIR (exit status 3). Keep
+DIR as long as a snapshot based on it is kept. --prev-images-dir is an
+alias, but DIR is a path from the current directory as every path here,
+where criu reads it from the images directory.
 
 Refused: a process (or descendant) already being traced or stopped by a
 debugger, a zombie child its parent has not reaped, a pipe whose other end

@@ -154,6 +154,17 @@ func testParentChain(t *testing.T, bs int, mode codec.Mode) {
 	if fromBase == 0 {
 		t.Error("no block of the grandchild is read from the base")
 	}
+	// Raw blocks of the base are read a page at a time, checked by the
+	// base's page checksums (checkReads read single pages).
+	var paged int
+	for b := range r.Blocks() {
+		if f, _ := r.Origin(b); f != r.Name() && r.PageChecked(b) {
+			paged++
+		}
+	}
+	if bs > PageSize && mode == codec.Compress && paged == 0 {
+		t.Error("no block taken from a parent has page checksums")
+	}
 	gs, err := Open(grand)
 	if err != nil {
 		t.Fatal(err)
