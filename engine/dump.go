@@ -61,6 +61,10 @@ type DumpOptions struct {
 	// written since the last round (snapctl dump --pre-copy). It dumps a
 	// single process: one with children is refused.
 	PreCopy *PreCopyOptions
+	// Parent, if set, makes an incremental snapshot of the snapshot at
+	// this path or address (image.Options.Parent): only the blocks that
+	// differ from it are stored. BlockSize zero then means the parent's.
+	Parent string
 }
 
 // DumpResult describes a finished dump.
@@ -154,7 +158,7 @@ func (d *dumper) check(context.Context) error {
 func (d *dumper) create(context.Context) error {
 	o := d.opts
 	var err error
-	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote, Seal: o.Seal, Sign: o.Sign})
+	d.w, err = image.Create(o.Dir, image.Options{BlockSize: o.BlockSize, Mode: o.Mode, Workers: o.Workers, Tool: "lazyfs " + Version, Remote: o.Remote, Seal: o.Seal, Sign: o.Sign, Parent: o.Parent})
 	return err
 }
 

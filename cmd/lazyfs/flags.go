@@ -93,7 +93,7 @@ var command = cli.Command{
 	Synopsis: []string{"[options] SNAPSHOT MOUNTPOINT", "-u [--force] MOUNTPOINT"},
 	About:    about,
 	Footer:   examples,
-	Exits:    []int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege},
+	Exits:    []int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege},
 }
 
 // newFlagSet returns the flags of lazyfs bound to c.

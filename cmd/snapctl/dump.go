@@ -69,6 +69,25 @@ removed from the process when the dump ends, however it ends (if snapctl
 is killed, the kernel removes it). snapctl holds a copy of the memory until
 it is written. --pre-copy dumps a single process (no children).
 
+With --parent DIR the snapshot is incremental: a block whose bytes are
+those of DIR's block at the same address (of the process with the same
+pid) is not stored again, only referenced. "The same" is decided by
+comparing the bytes with DIR's block, decoded and checked, never by
+checksum alone. The unit is the block: a write anywhere in one stores it
+whole (a DIR dumped with smaller blocks makes that finer). The snapshot
+records DIR's path (relative to itself if DIR was given relative: move
+the two together) and the SHA-256 of DIR's manifest; restore, verify,
+inspect and lazyfs follow the chain, and refuse it if DIR is missing
+(exit status 7) or is not the snapshot dumped against (replaced or
+edited: exit status 9). DIR may be incremental itself, up to 16 deep.
+The block size is DIR's (--compress or --compress-block must agree with
+it: exit status 3); --codec may differ. With --pre-copy, --leave-running
+and process trees it works as without. Not with --encrypt-to or --sign
+(exit status 2), nor with a sealed or signed DIR (exit status 3). Keep
+DIR as long as a snapshot based on it is kept. --prev-images-dir is an
+alias, but DIR is a path from the current directory as every path here,
+where criu reads it from the images directory.
+
 Refused: a process (or descendant) already being traced or stopped by a
 debugger, a zombie child its parent has not reaped, a pipe whose other end
 is outside the tree (unless --external names it), and anything the format
@@ -91,7 +110,7 @@ key, pipe:[INO] or socket:[INO]: restore gives it a descriptor of its own
 with --inherit-fd fd[N]:KEY, or /dev/null. A daemon started from a shell
 whose stdio are pipes: --external stdio. fd[N] names descriptor N of any
 process of the tree that leads outside.`,
-		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitNoPrivilege}, stdout, stderr)
+		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	fs.Alias("tree", "t")
 	dir := fs.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
@@ -103,6 +122,8 @@ process of the tree that leads outside.`,
 	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
 	encryptTo := fs.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
 	sign := fs.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
+	parent := fs.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see above)")
+	fs.Alias("prev-images-dir", "parent")
 
 	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
 	preRounds := fs.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
@@ -171,6 +192,13 @@ process of the tree that leads outside.`,
 	if n > 1 {
 		return cli.Usagef("--compress, --compress-block and --no-compress are exclusive")
 	}
+	if *parent != "" {
+		if len(*encryptTo) > 0 || *sign != "" {
+			return cli.Usagef("--parent: an incremental snapshot cannot be sealed (--encrypt-to) or signed (--sign)")
+		}
+		opts.Parent = *parent
+		opts.BlockSize = 0 // the parent's, unless given below
+	}
 	switch {
 	case *compress:
 		opts.BlockSize = codec.PageSize
@@ -206,6 +234,10 @@ process of the tree that leads outside.`,
 		fmt.Fprintf(stdout, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
 			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
 			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
+		if *parent != "" {
+			fmt.Fprintf(stdout, "incremental: %s in %d blocks taken from parent %s; %s in %d blocks changed or new (%d of them all zeros)\n",
+				units.FormatSize(s.Parent.Bytes), s.Parent.Blocks, *parent, units.FormatSize(s.Total.Bytes-s.Parent.Bytes), s.Total.Blocks-s.Parent.Blocks, s.Zero.Blocks)
+		}
 		if res.Conns > 0 {
 			fmt.Fprintf(stdout, "%d TCP connections held by nftables table inet %s until snapctl restore --tcp-established\n", res.Conns, res.NetLock)
 		}

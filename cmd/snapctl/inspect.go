@@ -27,8 +27,13 @@ its ELF core file (gdb EXE MOUNTPOINT/PID/core).
 For a sealed snapshot (dump --encrypt-to) it says so, with what and for whom,
 and for a signed one (dump --sign) by whom; their processes need --identity.
 Without one, only the manifest is shown, not authenticated, and inspect exits
-0.`,
-		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
+0.
+
+For an incremental snapshot (dump --parent) it lists the chain of snapshots
+it takes blocks from, each checked to be the one dumped against (exit
+status 9 if not, 7 if missing), and the blocks taken from its parent (kind
+"parent": no bytes stored in this snapshot).`,
+		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
@@ -71,6 +76,8 @@ type inspectReport struct {
 	// Signed: the signature was verified with a key given.
 	Signed    bool            `json:"signed"`
 	Processes []processReport `json:"processes"`
+	// Parents is the chain below an incremental snapshot, parent first.
+	Parents []string `json:"parents,omitempty"`
 }
 
 type processReport struct {
@@ -169,6 +176,9 @@ func inspect(dir string, o image.OpenOptions) (*inspectReport, error) {
 		rep.Sealed = "yes"
 	}
 	rep.Signed = s.Signed()
+	for p := s.Parent(); p != nil; p = p.Parent() {
+		rep.Parents = append(rep.Parents, p.Dir)
+	}
 	for _, pid := range s.PIDs() {
 		st, err := s.State(pid)
 		if err != nil {
@@ -226,6 +236,12 @@ func printInspect(w io.Writer, rep *inspectReport) {
 	} else if m.Seal == nil {
 		fmt.Fprintf(w, "  not signed: checked by CRC32C only, which catches accidents, not edits\n")
 	}
+	if p := m.Parent; p != nil {
+		fmt.Fprintf(w, "  incremental: unchanged blocks are in parent %s (manifest SHA-256 %.16s…); chain depth %d:\n", p.Path, p.Manifest, p.Depth)
+		for _, d := range rep.Parents {
+			fmt.Fprintf(w, "    %s\n", d)
+		}
+	}
 	for _, p := range rep.Processes {
 		fmt.Fprintf(w, "\nprocess %d (%s) %s\n  %d threads, %d file descriptors, %d memory regions\n\n", p.PID, p.Comm, p.Exe, p.Threads, p.FDs, len(p.Regions))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -245,7 +261,10 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		for _, k := range []struct {
 			name string
 			s    image.KindStats
-		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"total", b.Total}} {
+		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"parent", b.Parent}, {"total", b.Total}} {
+			if k.name == "parent" && k.s.Blocks == 0 {
+				continue
+			}
 			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))
 		}
 		tw.Flush()

@@ -18,8 +18,11 @@ Check a snapshot: the manifest, every file's size and checksum, and every
 block of memory against its CRC32C; for a sealed snapshot, opened with
 --identity, every block, file and the manifest are authenticated too. Exits
 non-zero at the first bad block, naming the file, the block and its
-address.`,
-		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitNoPrivilege}, stdout, stderr)
+address. An incremental snapshot (dump --parent) is checked with the chain
+of snapshots it takes blocks from: each parent must be the one dumped
+against (exit status 9 if not, 7 if missing), and every block and pages
+file of the chain that the snapshot uses is checked.`,
+		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	dir := fs.String("D", "", "the snapshot directory `DIR`")
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
@@ -56,6 +59,12 @@ address.`,
 		if err == nil {
 			err = s.VerifyPagesFile(pid)
 		}
+		// An incremental snapshot: the pages files of the chain below.
+		for p := s.Parent(); p != nil && err == nil; p = p.Parent() {
+			if _, ok := p.Manifest.Process(pid); ok {
+				err = p.VerifyPagesFile(pid)
+			}
+		}
 		st := r.Stats()
 		r.Close()
 		if err != nil {
@@ -82,6 +91,9 @@ address.`,
 	case s.Signed():
 		fmt.Fprintf(stdout, "snapshot %s: ok, signature verified\n", *dir)
 		return nil
+	}
+	for p := s.Parent(); p != nil; p = p.Parent() {
+		fmt.Fprintf(stdout, "parent %s: ok\n", p.Dir)
 	}
 	fmt.Fprintf(stdout, "snapshot %s: ok\n", *dir)
 	return nil

@@ -58,10 +58,15 @@ const (
 	// Shuffle: byte-shuffled planes, each raw, LZ4 or huff0. Snapshots
 	// with such blocks need the "shuffle" format feature.
 	Shuffle Kind = 3
+	// Parent: the block is the parent snapshot's block at the same
+	// address, byte for byte (an incremental snapshot, feature "parent");
+	// nothing is stored, and it is never decoded by itself: a reader
+	// reads it from the parent.
+	Parent Kind = 4
 )
 
 // NumKinds is the number of block kinds; Kind values are below it.
-const NumKinds = 4
+const NumKinds = 5
 
 func (k Kind) String() string {
 	switch k {
@@ -73,6 +78,8 @@ func (k Kind) String() string {
 		return "lz4"
 	case Shuffle:
 		return "shuffle"
+	case Parent:
+		return "parent"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -277,6 +284,8 @@ func Decode(dst []byte, kind Kind, stored []byte) error {
 		}
 	case Shuffle:
 		return decodeShuffled(dst, stored)
+	case Parent:
+		return fmt.Errorf("%w: a parent block is read from the parent snapshot", ErrUndecodable)
 	default:
 		return fmt.Errorf("%w: unknown kind %d", ErrUndecodable, kind)
 	}

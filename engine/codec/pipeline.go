@@ -42,6 +42,13 @@ type PipelineOptions struct {
 	// The dump encrypts blocks with it, in parallel like the encoding.
 	// An error stops the pipeline like an error of emit.
 	Seal func(e *Encoded, buf []byte) ([]byte, error)
+	// InParent, if set, is asked on the encoding goroutine, for every
+	// block that is not all zeros, whether the parent snapshot holds the
+	// same bytes at the same place (crc is the CRC32C of src); if so, the
+	// block is emitted as a Parent block, without encoding (Stored nil,
+	// no PageCRCs, no Seal). An error stops the pipeline like an error of
+	// emit.
+	InParent func(src []byte, crc uint32, tag any) (bool, error)
 }
 
 // ErrClosed is returned by Submit after Close.
@@ -63,6 +70,7 @@ type Pipeline struct {
 	pageCRCs bool
 	emit     func(*Encoded) error
 	seal     func(*Encoded, []byte) ([]byte, error)
+	inParent func([]byte, uint32, any) (bool, error)
 
 	slots chan *slot // free slots: taking one is the backpressure
 	work  chan *slot // slots to encode
@@ -101,6 +109,7 @@ func NewPipeline(ctx context.Context, opts PipelineOptions, emit func(*Encoded) 
 		pageCRCs: opts.PageChecksums,
 		emit:     emit,
 		seal:     opts.Seal,
+		inParent: opts.InParent,
 		slots:    make(chan *slot, n),
 		work:     make(chan *slot, n),
 		order:    make(chan *slot, n),
@@ -191,6 +200,19 @@ func (p *Pipeline) isDead() bool {
 func (p *Pipeline) encodeLoop() {
 	var enc Encoder
 	for s := range p.work {
+		if !p.isDead() && p.inParent != nil && !IsZero(s.Src) {
+			crc := Checksum(s.Src)
+			same, err := p.inParent(s.Src, crc, s.Tag)
+			if err != nil {
+				p.fail(err)
+			}
+			if same {
+				s.Kind, s.Stored, s.CRC = Parent, nil, crc
+				s.PageCRCs = s.PageCRCs[:0]
+				s.done <- struct{}{}
+				continue
+			}
+		}
 		if !p.isDead() {
 			s.Kind, s.Stored, s.buf = enc.encode(s.Src, p.mode, s.buf)
 			s.PageCRCs = s.PageCRCs[:0]

@@ -59,6 +59,14 @@
 // Every length and count read from a file is bounded by the file's size and
 // a hard maximum before anything is allocated.
 //
+// # Incremental snapshots (feature "parent", parent.go)
+//
+// A block record of kind codec.Parent (4) stores nothing: its bytes are
+// the parent snapshot's block at the same address and of the same
+// length, whose CRC32C the record repeats. The manifest's "parent" entry
+// names the parent and pins it by the SHA-256 of its manifest; readers
+// resolve the chain when they open a process's pages (parent.go).
+//
 // # Sealed snapshots (feature "sealed", seal.go, sealpages.go)
 //
 //	DIR/keys.age             "LZFSKEY1" | snapshot id (16) | data key (32),

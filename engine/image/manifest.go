@@ -44,6 +44,9 @@ type Manifest struct {
 	// Signature says who signed a signed snapshot (feature "signed")
 	// and how; see sign.go.
 	Signature *Signature `json:"signature,omitempty"`
+	// Parent names the snapshot an incremental snapshot (feature
+	// "parent") takes its unchanged blocks from; see parent.go.
+	Parent *ParentRef `json:"parent,omitempty"`
 }
 
 // knownFeatures is every feature this build reads. A change to the format
@@ -152,6 +155,9 @@ func parseManifest(b []byte) (*Manifest, error) {
 		return nil, err
 	}
 	if err := checkSignature(&m); err != nil {
+		return nil, err
+	}
+	if err := checkParentRef(&m); err != nil {
 		return nil, err
 	}
 	if m.PageSize != PageSize {

@@ -114,3 +114,10 @@ func (pc *pageCRCs) check(b Block, at uint64, data []byte) error {
 	}
 	return nil
 }
+
+// covers reports whether block i has page checksums (in an incremental
+// snapshot, a Raw block of a parent dumped without them has none).
+func (pc *pageCRCs) covers(i uint64) bool {
+	_, ok := pc.first[i]
+	return ok
+}

@@ -52,6 +52,7 @@ type Snapshot struct {
 	trust    bool      // OpenOptions.Trust
 	keys     *sealKeys // of a sealed snapshot, opened
 	signed   bool      // its signature verified
+	parent   *Snapshot // of an incremental snapshot (parent.go)
 }
 
 // OpenOptions tune OpenWith.
@@ -71,6 +72,11 @@ type OpenOptions struct {
 	// snapshot is refused (ErrNoIdentity). They serve whatever holds the
 	// snapshot: a directory or an object store.
 	Keys *Keyring
+
+	// asParent, set when the snapshot is opened as the parent of another,
+	// is what the child recorded of it: checked before its own parent is
+	// opened (parent.go).
+	asParent *parentCheck
 }
 
 // Open opens the snapshot in dir: OpenWith with no options.
@@ -93,6 +99,16 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 		return nil, err
 	}
 	s.trust = o.Trust
+	if err := s.checkAsParent(o.asParent); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if s.Manifest.Parent != nil {
+		if err := s.openParent(o); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -142,7 +158,12 @@ func joinName(dir, name string) string {
 }
 
 // Close closes the snapshot's store. Readers opened from it stay usable.
-func (s *Snapshot) Close() error { return s.store.Close() }
+func (s *Snapshot) Close() error {
+	if s.parent != nil {
+		s.parent.Close()
+	}
+	return s.store.Close()
+}
 
 // OpenFile opens one file of the snapshot for reading, through its
 // directory (never following a link) or its store.
@@ -303,6 +324,10 @@ type Reader struct {
 	stats   Stats
 	// pcrc are the page checksums of Raw blocks (FeaturePageCRC), or nil.
 	pcrc *pageCRCs
+	// parent reads the parent's pages of an incremental snapshot, whose
+	// virtual pages file starts at base in src (parent.go).
+	parent *Reader
+	base   uint64
 
 	readahead bool
 	raMu      sync.Mutex
@@ -370,6 +395,10 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 			return nil, err
 		}
 	}
+	if err := s.chain(r, pid, opts); err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -404,6 +433,9 @@ func newReader(name string, f File, ix *Index, opts ReaderOptions) (*Reader, err
 func (r *Reader) Close() error {
 	r.cancel()
 	r.raWG.Wait()
+	if r.parent != nil {
+		r.parent.Close()
+	}
 	return r.f.Close()
 }
 
@@ -504,8 +536,9 @@ func (r *Reader) blockError(b Block, err error) error {
 		r.log.Error("bad block", "file", be.File, "block", be.Block, "addr", fmt.Sprintf("%#x", be.Addr), "err", be.Err)
 		return be // a sealed block that fails its authentication names itself
 	}
-	be := &BlockError{File: r.name, Block: b.Index, Addr: b.Addr, Err: err}
-	r.log.Error("bad block", "file", r.name, "block", b.Index, "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+	file, index := r.origin(b)
+	be := &BlockError{File: file, Block: index, Addr: b.Addr, Err: err}
+	r.log.Error("bad block", "file", file, "block", index, "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
 	return be
 }
 
@@ -566,7 +599,9 @@ func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
 
 // PageChecked reports whether block b's pages can be read and checked one
 // by one (a Raw block of a snapshot with page checksums).
-func (r *Reader) PageChecked(b Block) bool { return r.pcrc != nil && hasPageCRCsFor(b) }
+func (r *Reader) PageChecked(b Block) bool {
+	return r.pcrc != nil && hasPageCRCsFor(b) && (r.parent == nil || r.pcrc.covers(b.Index))
+}
 
 // Unit returns a range around addr (inside a dumped block) that can be
 // read and checked on its own: in a block whose pages are checked one by

@@ -20,8 +20,11 @@ type Stats struct {
 	LZ4  KindStats `json:"lz4"`
 	// Shuffle blocks: byte-shuffled planes (codec.Shuffle).
 	Shuffle KindStats `json:"shuffle,omitzero"`
-	Total   KindStats `json:"total"`
-	Runs    int       `json:"runs"`
+	// Parent blocks of an incremental snapshot: the parent's, nothing
+	// stored here (codec.Parent).
+	Parent KindStats `json:"parent,omitzero"`
+	Total  KindStats `json:"total"`
+	Runs   int       `json:"runs"`
 	// FileSize is the size of the pages file, padding included.
 	FileSize uint64 `json:"file_size"`
 }
@@ -35,7 +38,7 @@ func (s Stats) Ratio() float64 {
 }
 
 func newStats(k [codec.NumKinds]KindStats) Stats {
-	s := Stats{Zero: k[codec.Zero], Raw: k[codec.Raw], LZ4: k[codec.LZ4], Shuffle: k[codec.Shuffle]}
+	s := Stats{Zero: k[codec.Zero], Raw: k[codec.Raw], LZ4: k[codec.LZ4], Shuffle: k[codec.Shuffle], Parent: k[codec.Parent]}
 	for _, x := range k {
 		s.Total.Blocks += x.Blocks
 		s.Total.Bytes += x.Bytes

@@ -46,6 +46,11 @@ type Options struct {
 	// Sign, if set, signs the snapshot with this key (feature
 	// "signed"): integrity and origin, with or without Seal.
 	Sign ed25519.PrivateKey
+	// Parent, if set, makes an incremental snapshot (feature "parent",
+	// parent.go) of the snapshot at this path or address: blocks whose
+	// bytes the parent holds at the same address are not stored again.
+	// Not with Seal or Sign. BlockSize zero then means the parent's.
+	Parent string
 }
 
 // Writer creates a snapshot directory. Files appear as they are written;
@@ -71,6 +76,7 @@ type Writer struct {
 	done   bool
 	keys   *sealKeys          // of a sealed snapshot
 	signer ed25519.PrivateKey // of a signed snapshot
+	parent *Snapshot          // of an incremental snapshot
 }
 
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
@@ -80,6 +86,29 @@ type Writer struct {
 // by another dump (ErrLocked). A directory that holds a snapshot, or the
 // files of a dump that was killed, is refused (ErrExists).
 func Create(dir string, opts Options) (*Writer, error) {
+	var parent *Snapshot
+	var ref *ParentRef
+	if opts.Parent != "" {
+		var err error
+		if parent, ref, err = openParentForDump(dir, &opts); err != nil {
+			return nil, err
+		}
+	}
+	w, err := create(dir, opts)
+	if err != nil {
+		if parent != nil {
+			parent.Close()
+		}
+		return nil, err
+	}
+	if parent != nil {
+		w.parent, w.m.Parent = parent, ref
+		w.addFeature(FeatureParent)
+	}
+	return w, nil
+}
+
+func create(dir string, opts Options) (*Writer, error) {
 	if opts.BlockSize == 0 {
 		opts.BlockSize = codec.DefaultBlockSize
 	}
@@ -351,6 +380,7 @@ func (w *Writer) Commit() error {
 			return fmt.Errorf("commit manifest: %w", err)
 		}
 		w.done = true
+		w.closeParent()
 		return nil
 	}
 	tmp := fmt.Sprintf(".%s.%d-%x.tmp", ManifestName, os.Getpid(), rand.Uint64())
@@ -367,6 +397,7 @@ func (w *Writer) Commit() error {
 	}
 	w.files = slices.DeleteFunc(w.files, func(n string) bool { return n == tmp }) // the manifest now
 	w.done = true
+	w.closeParent()
 	err = w.dfd.Sync()
 	if cerr := w.dfd.Close(); err == nil { // and unlock
 		err = cerr
@@ -383,6 +414,7 @@ func (w *Writer) Abort() {
 	if w.done {
 		return
 	}
+	w.closeParent()
 	if w.remote != nil {
 		w.remote.Abort()
 		w.done = true
@@ -426,9 +458,12 @@ type PagesWriter struct {
 	// in clear (pcrc).
 	pcrc     bool
 	pageCRCs []uint32
-	stats    [codec.NumKinds]KindStats
-	closed   bool
-	err      error
+	// parent reads the parent's pages of the process, of an incremental
+	// snapshot.
+	parent *Reader
+	stats  [codec.NumKinds]KindStats
+	closed bool
+	err    error
 }
 
 // chunkSize is how much memory a fill call reads at once: large reads
@@ -445,6 +480,18 @@ type chunk struct {
 // Pages starts the page image of pid. Only one PagesWriter may be open at
 // a time.
 func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
+	parent, err := w.parentPages(pid)
+	if err != nil {
+		return nil, err
+	}
+	pw, err := w.pages(ctx, pid, parent)
+	if err != nil && parent != nil {
+		parent.Close()
+	}
+	return pw, err
+}
+
+func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWriter, error) {
 	var f *os.File
 	var buf pagesSink
 	if w.remote != nil {
@@ -462,7 +509,7 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	}
 	w.entry(pid)
 	ctx, cancel := context.WithCancel(ctx)
-	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: buf, ctx: ctx, cancel: cancel}
+	pw := &PagesWriter{w: w, pid: pid, bs: uint64(w.opts.BlockSize), f: f, buf: buf, ctx: ctx, cancel: cancel, parent: parent}
 	pw.ix.BlockSize = pw.bs
 	pw.chunks.New = func() any { return &chunk{b: make([]byte, max(chunkSize, w.opts.BlockSize))} }
 	// Page checksums are of the plaintext, read without the block they
@@ -480,6 +527,9 @@ func (w *Writer) Pages(ctx context.Context, pid int) (*PagesWriter, error) {
 	} else if w.signer != nil {
 		pw.digests = true
 		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return digestBlock(buf, e.Stored), nil }
+	}
+	if parent != nil {
+		po.InParent = (&parentMatcher{r: parent}).inParent
 	}
 	pw.pipe = codec.NewPipeline(ctx, po, pw.emit)
 	return pw, nil
@@ -531,7 +581,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 			pw.tags = append(pw.tags, e.Sealed...)
 		}
 	}
-	if e.Kind != codec.Zero {
+	if e.Kind != codec.Zero && e.Kind != codec.Parent {
 		rec.StoredLen = uint32(len(stored))
 		if err := pw.write(stored); err != nil {
 			return err
@@ -662,6 +712,9 @@ func (pw *PagesWriter) Close() error {
 	}
 	pw.closed = true
 	defer pw.cancel()
+	if pw.parent != nil {
+		defer pw.parent.Close()
+	}
 	if err := pw.pipe.Close(); err != nil {
 		pw.fail(pipeError(err))
 	}

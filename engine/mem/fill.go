@@ -254,7 +254,8 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 			return ibe // a sealed block names itself
 		}
 		b := blocks[be.Index]
-		return &image.BlockError{File: f.o.Pages.Name(), Block: b.Index, Addr: b.Addr, Err: be.Err}
+		file, index := f.o.Pages.Origin(b)
+		return &image.BlockError{File: file, Block: index, Addr: b.Addr, Err: be.Err}
 	}
 	return err
 }
@@ -307,12 +308,14 @@ func (f *filler) readRaw(j *fillJob, data []byte) error {
 		if ibe, ok := errors.AsType[*image.BlockError](err); ok {
 			return ibe // a sealed block names itself
 		}
-		return &image.BlockError{File: f.o.Pages.Name(), Block: j.blocks[0].Index, Addr: j.addr(), Err: err}
+		file, index := f.o.Pages.Origin(j.blocks[0])
+		return &image.BlockError{File: file, Block: index, Addr: j.addr(), Err: err}
 	}
 	for _, b := range j.blocks {
 		d := data[b.Addr-j.addr() : b.End()-j.addr()]
 		if got := codec.Checksum(d); got != b.CRC {
-			return &image.BlockError{File: f.o.Pages.Name(), Block: b.Index, Addr: b.Addr,
+			file, index := f.o.Pages.Origin(b)
+			return &image.BlockError{File: file, Block: index, Addr: b.Addr,
 				Err: fmt.Errorf("%w: crc32c %08x, want %08x", codec.ErrChecksum, got, b.CRC)}
 		}
 	}

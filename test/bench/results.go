@@ -28,7 +28,9 @@ type sizeResult struct {
 	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
 	Crypt     *cryptResult      `json:",omitempty"` // the crypt series (crypt.go)
 	PreCopy   []*preCopyResult  `json:",omitempty"` // the "precopy" series (precopy.go)
-	Elapsed   time.Duration
+	// Incremental is the "incremental" series (incremental.go).
+	Incremental *incrResult `json:",omitempty"`
+	Elapsed     time.Duration
 
 	// WorkingSet is the working-set series (workingset.go).
 	WorkingSet []*wsResult `json:",omitempty"`

@@ -42,7 +42,8 @@ const (
 	ExitUntrusted = 8
 
 	// ExitFileChanged: a file the process mapped or held open changed
-	// since the dump.
+	// since the dump, or the parent of an incremental snapshot is not the
+	// one it was dumped against (image.ErrParentChanged).
 	ExitFileChanged = 9
 	// ExitNoPrivilege: an operation was refused for want of a privilege
 	// (EPERM, EACCES: ptrace, clone3 with a pid, userfaultfd, mount, a
@@ -72,7 +73,7 @@ var Statuses = []Status{
 	{ExitOtherKernel, "the snapshot was taken on another kernel"},
 	{ExitBadSnapshot, "incomplete or corrupt snapshot, or another format version"},
 	{ExitUntrusted, "untrusted: the snapshot, or a path it names, can be changed by another user; or a sealed or signed snapshot fails its authentication, or no identity given opens it"},
-	{ExitFileChanged, "a file the process mapped or held open changed since the dump"},
+	{ExitFileChanged, "a file the process mapped or held open changed since the dump, or the parent of an incremental snapshot is not the one it was dumped against"},
 	{ExitNoPrivilege, "missing privilege or kernel feature (EPERM, EACCES, no FUSE, no userfaultfd feature, ENOSYS); snapctl check says which"},
 	{ExitInterrupted, "interrupted by SIGINT or SIGTERM"},
 }
@@ -100,7 +101,7 @@ func ExitCode(err error) int {
 		return ExitBadSnapshot
 	case errors.Is(err, image.ErrUntrusted):
 		return ExitUntrusted
-	case errors.Is(err, engine.ErrFileChanged):
+	case errors.Is(err, engine.ErrFileChanged), errors.Is(err, image.ErrParentChanged):
 		return ExitFileChanged
 	case errors.Is(err, engine.ErrUnsupported), errors.Is(err, ptrace.ErrAlreadyTraced):
 		return ExitUnsupported
