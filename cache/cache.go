@@ -21,6 +21,16 @@
 // not counted. A block larger than the whole cache is returned to its
 // caller but not retained.
 //
+// # Blocks a reader keeps
+//
+// Served tells the cache that a range of a block was handed to a reader
+// that keeps its own copy (a FUSE reply to a file the kernel caches in
+// its page cache). Once every page of a retained block has been served,
+// the block leaves the LRU at once: the reader's copy is the one kept, and
+// a second one here would only hold the same bytes twice. What stays are
+// the blocks served in part (the rest of them is still wanted) and those
+// decoded ahead of a reader and not yet read.
+//
 // # Locking
 //
 // One mutex guards the LRU, the reference counts and the table of loads in
@@ -53,6 +63,7 @@ type Stats struct {
 	Bytes     int64 `json:"bytes"`     // bytes of the retained entries
 	MaxBytes  int64 `json:"max_bytes"`
 	Entries   int64 `json:"entries"` // retained entries
+	Served    int64 `json:"served"`  // entries dropped once served whole (Served)
 }
 
 // ErrLoadPanicked is what waiters get when the load they waited for
@@ -69,15 +80,19 @@ type Cache struct {
 	lru     *simplelru.LRU[Key, *entry]
 	loading map[Key]*call
 
-	hits, misses, evictions atomic.Int64
-	bytes, entries          atomic.Int64 // changed under mu
-	files                   atomic.Uint64
+	hits, misses, evictions, served atomic.Int64
+	bytes, entries                  atomic.Int64 // changed under mu
+	files                           atomic.Uint64
 }
 
 type entry struct {
+	key      Key
 	buf      []byte // len is the block size, cap its size class
 	refs     int    // under Cache.mu
 	retained bool   // in the LRU; under Cache.mu
+	// served has a bit per page of buf handed to a reader that keeps it
+	// (Served); nil until the first. Under Cache.mu.
+	served []uint64
 }
 
 // call is a load in progress.
@@ -211,6 +226,7 @@ func (c *Cache) Stats() Stats {
 		Bytes:     c.bytes.Load(),
 		MaxBytes:  c.max,
 		Entries:   c.entries.Load(),
+		Served:    c.served.Load(),
 	}
 }
 
@@ -255,7 +271,7 @@ func (c *Cache) load(key Key, size int, load func([]byte) error, cl *call) (*Ref
 		c.settle(key, cl, nil, err)
 		return nil, err
 	}
-	e := &entry{buf: buf}
+	e := &entry{key: key, buf: buf}
 	c.settle(key, cl, e, nil)
 	return &Ref{c: c, e: e, b: buf}, nil
 }
@@ -294,6 +310,64 @@ func (c *Cache) settle(key Key, cl *call, e *entry, err error) {
 			c.pool.put(old.buf)
 			old.buf = nil
 		}
+	}
+}
+
+// Served notes that the bytes [lo, hi) of the block the Ref holds were
+// handed to a reader that keeps them (the kernel's page cache, for a FUSE
+// file opened with FOPEN_KEEP_CACHE). Only the pages that [lo, hi) covers
+// whole count (and the block's last, short page if hi is its end). Once
+// every page of the block has been served, the block leaves the LRU, if
+// it is still there: it is not counted in Bytes any more, and its buffer
+// is recycled once the last Ref is released. Serving a page twice is
+// harmless.
+func (r *Ref) Served(lo, hi int) { r.c.servedRange(r.e, lo, hi) }
+
+func (c *Cache) servedRange(e *entry, lo, hi int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(e.buf)
+	if !e.retained || n == 0 {
+		return
+	}
+	lo, hi = max(lo, 0), min(hi, n)
+	first := (lo + pageSize - 1) / pageSize
+	last := hi / pageSize // pages [first, last) are covered whole
+	pages := (n + pageSize - 1) / pageSize
+	if hi == n {
+		last = pages
+	}
+	if first >= last {
+		return
+	}
+	if e.served == nil {
+		e.served = make([]uint64, (pages+63)/64)
+	}
+	for p := first; p < last; p++ {
+		e.served[p/64] |= 1 << (p % 64)
+	}
+	for p := 0; p < pages; p += 64 {
+		want := ^uint64(0)
+		if k := pages - p; k < 64 {
+			want = 1<<k - 1
+		}
+		if e.served[p/64] != want {
+			return
+		}
+	}
+	// Served whole: the reader's copy is the one kept.
+	if cur, ok := c.lru.Peek(e.key); !ok || cur != e {
+		return
+	}
+	c.lru.Remove(e.key)
+	e.retained = false
+	e.served = nil
+	c.entries.Add(-1)
+	c.bytes.Add(-int64(cap(e.buf)))
+	c.served.Add(1)
+	if e.refs == 0 {
+		c.pool.put(e.buf)
+		e.buf = nil
 	}
 }
 

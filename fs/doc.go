@@ -63,6 +63,17 @@
 // decode path (reading the stored block, its checksum, and faulting in a
 // fresh cache buffer, which costs ~14 µs a page on this VM).
 //
+// With FOPEN_KEEP_CACHE the page cache is the copy kept: a read of a
+// mem or region file not opened with O_DIRECT goes through
+// image.Reader.ReadAtKept, and a block whose every page has been served
+// to the page cache leaves the block cache at once (cache.Ref.Served),
+// so that decoded memory is held once however many readers share the
+// mount. The block cache holds what is still wanted: blocks read in part
+// (a 16 KiB read of a 256 KiB block), blocks decoded ahead of a reader
+// and not read yet, and the blocks of O_DIRECT readers and of the core
+// file. If the kernel drops pages of a block, the next read of them
+// decodes it again.
+//
 // # Errors
 //
 // Errors cross the FUSE boundary as syscall.Errno in one place

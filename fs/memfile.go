@@ -48,8 +48,21 @@ func (m *memNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.At
 }
 
 func (m *memNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	return openReadOnly(flags, m.openFlags)
+	fh, fl, errno := openReadOnly(flags, m.openFlags)
+	if errno == 0 && m.openFlags&fuse.FOPEN_KEEP_CACHE != 0 && flags&syscall.O_DIRECT == 0 {
+		fh = keptHandle{}
+	}
+	return fh, fl, errno
 }
+
+// keptHandle is an open mem or region file whose reads the kernel keeps
+// in its page cache: FOPEN_KEEP_CACHE, and not opened with O_DIRECT
+// (whose reads bypass the page cache). Its reads go through
+// image.Reader.ReadAtKept, so that a block served whole leaves the block
+// cache: the page cache holds the decoded bytes, once. (A reader that
+// sets O_DIRECT later with fcntl only makes the blocks it reads whole
+// decoded again on the next read.)
+type keptHandle struct{}
 
 func (m *memNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	if off < 0 {
@@ -60,7 +73,11 @@ func (m *memNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, of
 	}
 	n := min(uint64(len(dest)), m.size-uint64(off))
 	buf := dest[:n]
-	if _, err := m.proc.r.ReadAtContext(ctx, buf, int64(m.base+uint64(off))); err != nil {
+	read := m.proc.r.ReadAtContext
+	if _, ok := f.(keptHandle); ok {
+		read = m.proc.r.ReadAtKept
+	}
+	if _, err := read(ctx, buf, int64(m.base+uint64(off))); err != nil {
 		return nil, m.proc.errno(err, m.base+uint64(off), len(buf))
 	}
 	return fuse.ReadResultData(buf), 0

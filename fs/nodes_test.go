@@ -174,7 +174,7 @@ func TestStatsText(t *testing.T) {
 		fmt.Sprintf("original_bytes %d", s.DumpedBytes(pidA)),
 		fmt.Sprintf("stored_bytes %d", st.FileSize),
 		fmt.Sprintf("ratio %.4f", st.Ratio()),
-		"cache_misses", "cache_hits", "cache_evictions",
+		"cache_misses", "cache_hits", "cache_evictions", "cache_served",
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(txt), " "), want) {
 			t.Errorf("stats lack %q:\n%s", want, txt)

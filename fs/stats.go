@@ -32,6 +32,7 @@ func statsText(p *process) []byte {
 	line("cache_hits", cs.Hits)
 	line("cache_misses", cs.Misses)
 	line("cache_evictions", cs.Evictions)
+	line("cache_served", cs.Served)
 	line("cache_entries", cs.Entries)
 	line("cache_bytes", cs.Bytes)
 	line("cache_max_bytes", cs.MaxBytes)

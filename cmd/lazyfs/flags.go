@@ -99,7 +99,7 @@ var command = cli.Command{
 // newFlagSet returns the flags of lazyfs bound to c.
 func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f := command.Flags(stdout, stderr)
-	c.cacheSize = f.Size("cache-size", fs.DefaultCacheSize, "keep up to `SIZE` of decoded blocks in memory, shared by the whole mount: bytes, or with a K, M or G suffix")
+	c.cacheSize = f.Size("cache-size", fs.DefaultCacheSize, "keep up to `SIZE` of decoded blocks in memory, shared by the whole mount, until the page cache holds them whole: bytes, or with a K, M or G suffix")
 	f.IntVar(&c.threads, "decompress-threads", 1, "decode the blocks of one request with up to `N` threads: 1 serial, 0 automatic from the CPU affinity mask and the work, N > 1 a maximum")
 	f.BoolVar(&c.allowOther, "allow-other", false, "let other users reach the files (FUSE allow_other; non-root needs user_allow_other in /etc/fuse.conf). Off by default: memory images hold secrets")
 	f.BoolVar(&c.directIO, "direct-io", false, "serve mem and region files with direct I/O instead of keeping them in the page cache: for one reader that reads everything once; rereads and small reads are much slower")

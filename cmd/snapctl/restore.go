@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/fds"
@@ -491,9 +493,9 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (
 		if err := fs.CheckMount(mnt, snap.ManifestJSON()); err != nil {
 			return nil, fmt.Errorf("--mount %w", err)
 		}
-		f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+		f, err := openMountMem(mnt, pid)
 		if err != nil {
-			return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+			return nil, err
 		}
 		return &lazySource{ReaderAt: f, close: f.Close}, nil
 	}
@@ -507,6 +509,25 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (
 		// once (see test/bench/BENCHMARKS.md, Decisions).
 		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
 	}, false), nil
+}
+
+// openMountMem opens MNT/PID/mem of a running lazyfs mount (--mount) for
+// the pager, with the kernel's readahead off (POSIX_FADV_RANDOM): the
+// pager asks the mount for the blocks that must be decoded and no others
+// (engine.LazyOptions.RawDirect), and readahead would make the mount read
+// the Raw blocks around them into its page cache, a second copy of what
+// the pages file's page cache holds, for no reader. What it asks for is
+// in the page cache all the same, for the restores after it.
+func openMountMem(mnt string, pid int) (*os.File, error) {
+	f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+	if err != nil {
+		return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--mount %s: posix_fadvise %s: %w", mnt, f.Name(), err)
+	}
+	return f, nil
 }
 
 // openTreeSource is openLazySource for a snapshot of a process tree: the
@@ -550,9 +571,9 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 			return nil
 		}
 		of := func(pid int) (io.ReaderAt, error) {
-			f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+			f, err := openMountMem(mnt, pid)
 			if err != nil {
-				return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+				return nil, err
 			}
 			files = append(files, f)
 			return f, nil

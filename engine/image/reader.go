@@ -696,7 +696,17 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 
 // ReadAtContext is ReadAt with a context for waits on the cache.
 func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, r.readahead)
+	return r.readAt(ctx, p, off, r.readahead, false)
+}
+
+// ReadAtKept is ReadAtContext for a reader that keeps what it reads: a
+// FUSE reply to a file whose pages the kernel keeps in its page cache.
+// A block whose every page has been read this way leaves the block cache
+// (cache.Ref.Served): the reader's copy is the one kept, so the decoded
+// bytes are held once. Blocks read in part stay until the rest is read
+// or they are evicted.
+func (r *Reader) ReadAtKept(ctx context.Context, p []byte, off int64) (int, error) {
+	return r.readAt(ctx, p, off, r.readahead, true)
 }
 
 // ReadRange is ReadAtContext without readahead: it decodes the blocks
@@ -704,13 +714,23 @@ func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, e
 // it (a debugger's reads of a core file, scattered and small, must not
 // decode memory nobody asked for).
 func (r *Reader) ReadRange(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, false)
+	return r.readAt(ctx, p, off, false, false)
 }
 
-func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead bool) (int, error) {
+// readAt reads [off, off+len(p)): ahead reads ahead of a sequential
+// reader, kept says the reader keeps the bytes (ReadAtKept).
+func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead, kept bool) (int, error) {
 	addr, end, err := checkRead(off, len(p))
 	if err != nil {
 		return 0, err
+	}
+	// The end of this read is noted before it starts: readahead in
+	// flight skips the blocks behind it, which this read loads itself
+	// (and a reader that keeps them may have served whole and dropped
+	// from the cache before the read ends).
+	var last uint64
+	if ahead {
+		last = r.noteRead(end)
 	}
 	var todo []Block
 	err = r.lay.walk(addr, end, func(s span) (uint64, error) {
@@ -730,6 +750,9 @@ func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead bool) (i
 			// those pages, unless the block is in the cache already.
 			if ref, ok := r.cache.Peek(cache.Key{File: r.file, Block: b.Index}); ok {
 				copy(p[lo-addr:hi-addr], ref.Bytes()[lo-b.Addr:hi-b.Addr])
+				if kept {
+					ref.Served(int(lo-b.Addr), int(hi-b.Addr))
+				}
 				ref.Release()
 				return nil
 			}
@@ -741,6 +764,9 @@ func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead bool) (i
 		}
 		lo, hi := max(addr, b.Addr), min(end, b.End())
 		copy(p[lo-addr:hi-addr], ref.Bytes()[lo-b.Addr:hi-b.Addr])
+		if kept {
+			ref.Served(int(lo-b.Addr), int(hi-b.Addr))
+		}
 		ref.Release()
 		return nil
 	}
@@ -766,7 +792,7 @@ func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead bool) (i
 		}
 	}
 	if ahead {
-		r.sequential(addr, end)
+		r.sequential(addr, end, last)
 	}
 	return len(p), nil
 }
@@ -792,10 +818,27 @@ func (r *Reader) parallelism(blocks []Block) int {
 // for one stream a little out of order.
 const raWindow = 4 << 20
 
-// sequential notes a read of [addr, end) and, when it continues the
-// previous one, keeps up to two readahead batches in flight after it.
-func (r *Reader) sequential(addr, end uint64) {
-	last := r.raLast.Swap(end)
+// noteRead notes end as the front of the reader and returns the front
+// before it. A read that ends a little behind the front (the kernel's
+// requests for one stream, served out of order) leaves the front where
+// it is.
+func (r *Reader) noteRead(end uint64) uint64 {
+	for {
+		last := r.raLast.Load()
+		front := end
+		if end < last && last <= end+raWindow {
+			front = last
+		}
+		if r.raLast.CompareAndSwap(last, front) {
+			return last
+		}
+	}
+}
+
+// sequential follows a read of [addr, end) (last: the end of the read
+// before it) and, when it continues the previous one, keeps up to two
+// readahead batches in flight after it.
+func (r *Reader) sequential(addr, end, last uint64) {
 	if addr+raWindow < last || addr > last+raWindow {
 		return
 	}
@@ -808,7 +851,7 @@ func (r *Reader) sequential(addr, end uint64) {
 		lo := r.raNext
 		blocks, next := r.batchFrom(lo, readaheadBatch)
 		if len(blocks) == 0 {
-			r.raNext = ^uint64(0) >> 1 // nothing more to read ahead
+			r.raNext = ^uint64(0) >> 1 // nothing to decode ahead
 			return
 		}
 		r.raNext = next
@@ -818,8 +861,12 @@ func (r *Reader) sequential(addr, end uint64) {
 	}
 }
 
-// batchFrom returns the non-zero blocks from addr on, up to max decoded
-// bytes, and the address after them.
+// batchFrom returns the blocks to decode from addr on, up to max bytes of
+// memory, and the address after them: the blocks that take decoding.
+// Zero blocks need none, and a Raw block is its stored bytes: the kernel
+// (or an object store's file, s3store) reads the pages file ahead of the
+// reads that load them already, and a reader that takes Raw blocks from
+// the pages file itself (Reader.Mixed) would never read them here.
 func (r *Reader) batchFrom(addr uint64, maxBytes uint64) ([]Block, uint64) {
 	var out []Block
 	var n uint64
@@ -832,7 +879,7 @@ func (r *Reader) batchFrom(addr uint64, maxBytes uint64) ([]Block, uint64) {
 			blk := r.lay.block(ri, i)
 			n += uint64(blk.Len)
 			addr = blk.End()
-			if blk.Kind != codec.Zero {
+			if blk.Kind != codec.Zero && blk.Kind != codec.Raw {
 				out = append(out, blk)
 			}
 		}
@@ -851,7 +898,11 @@ func (r *Reader) prefetch(blocks []Block) {
 	g, ctx := errgroup.WithContext(r.ctx)
 	g.SetLimit(max(1, r.parallelism(blocks)))
 	for _, b := range blocks {
-		if r.cache.Contains(cache.Key{File: r.file, Block: b.Index}) {
+		// A block behind the end of the reader's last read was read
+		// already (a reader that keeps what it reads may have served it
+		// whole, and it left the cache): decoding it now would be for
+		// nobody.
+		if r.cache.Contains(cache.Key{File: r.file, Block: b.Index}) || b.End() <= r.raLast.Load() {
 			continue
 		}
 		g.Go(func() error {
