@@ -536,6 +536,11 @@ func TestReplicasWorkingSet(t *testing.T) {
 	if len(ws.Entries) == 0 || !ws.HasData() {
 		t.Fatalf("working set of %d ranges, with data %v", len(ws.Entries), ws.HasData())
 	}
+	// The mount, made before the recording, shows it under the dumped pid.
+	b, err := os.ReadFile(filepath.Join(mnt, strconv.Itoa(p.PID), "workingset"))
+	if n := strings.Count(string(b), "\n"); err != nil || n != len(ws.Entries)+2 {
+		t.Errorf("MNT/%d/workingset: %d lines for %d ranges (%v):\n%.300s", p.PID, n, len(ws.Entries), err, b)
+	}
 
 	reps := []*replica{first}
 	for i := 1; i <= 2; i++ {
