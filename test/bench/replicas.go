@@ -76,6 +76,11 @@ type replicasRun struct {
 	// Touch1 is, per copy in start order, the time from its snapctl's
 	// start to its "touch 1" answer.
 	Touch1 []time.Duration
+	// Running and Faults are, per copy, what its snapctl said: the time
+	// from its start until the process ran, and (lazy) the faults it
+	// served.
+	Running []time.Duration
+	Faults  []int
 	// Memory once every copy has all its memory (lazy: every snapctl
 	// exited), in bytes: the copies' Pss summed (their inits included),
 	// and their Anonymous; the page cache that the snapshot's pages file
@@ -124,8 +129,8 @@ func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
 				res.Recorded = recorded
 			}
 			var t1 []string
-			for _, d := range run.Touch1 {
-				t1 = append(t1, ms(d).String())
+			for i, d := range run.Touch1 {
+				t1 = append(t1, fmt.Sprintf("%s (runs %s, %d faults)", ms(d), ms(run.Running[i]), run.Faults[i]))
 			}
 			h.logf("replicas %-23s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
 				res.Mode, res.N, r+1, h.runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
@@ -236,6 +241,11 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			return run, "", fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
 		}
 		out := r.out.String()
+		rep, err := parseRestore(out, replicaLazy(mode))
+		if err != nil {
+			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
+		}
+		run.Running, run.Faults = append(run.Running, rep.Running), append(run.Faults, rep.Faults)
 		switch {
 		case record:
 			// The next copies find the working set written.
@@ -598,8 +608,38 @@ func renderReplicas(m *md, s *sizeResult) {
 	}
 	if ws != nil && off != nil {
 		fourth := ws.touch1Of(3).Med
-		m.p("The 4th lazy copy answered `touch 1`, with the working set copy 1 recorded, in %s the time of copy 1 (which recorded it; target ≤ 0.5×) and %s that of copy 1 without a working set; without one, the 4th copy in %s the time of the first.",
-			ratio(fourth, ws.touch1Of(0).Med), ratio(fourth, off.touch1Of(0).Med), ratio(off.touch1Of(3).Med, off.touch1Of(0).Med))
+		// Copy 1 is the same restore in every case of a mode: its runs
+		// pooled over the cases are a steadier baseline than one case's.
+		pooled := func(mode string) time.Duration {
+			var ds []time.Duration
+			for _, r := range s.Replicas {
+				for _, run := range r.Runs {
+					if r.Mode == mode && len(run.Touch1) > 0 {
+						ds = append(ds, run.Touch1[0])
+					}
+				}
+			}
+			return summarize(ds).Med
+		}
+		m.p("The 4th lazy copy answered `touch 1`, with the working set copy 1 recorded, in %s the time of copy 1 (which recorded it; target ≤ 0.5×; %s of copy 1's median over the 1, 2 and 4 copy cases) and %s that of copy 1 without a working set (%s pooled); without one, the 4th copy in %s the time of the first.",
+			ratio(fourth, ws.touch1Of(0).Med), ratio(fourth, pooled(repLazyWS)), ratio(fourth, off.touch1Of(0).Med), ratio(fourth, pooled(repLazyOff)), ratio(off.touch1Of(3).Med, off.touch1Of(0).Med))
+		m.p("")
+		m.p("Copies 1 and 4 of 4: when the process ran (snapctl's count from its start) and the faults its pager served before all memory was in (medians):")
+		m.p("")
+		m.header("restore", "copy", "process runs", "touch 1", "faults served")
+		for _, r := range []*replicasResult{ws, off} {
+			for _, i := range []int{0, 3} {
+				var running []time.Duration
+				var faults []time.Duration
+				for _, run := range r.Runs {
+					if i < len(run.Running) {
+						running = append(running, run.Running[i])
+						faults = append(faults, time.Duration(run.Faults[i]))
+					}
+				}
+				m.row(r.Mode, strconv.Itoa(i+1), summarize(running).String(), r.touch1Of(i).String(), strconv.Itoa(int(summarize(faults).Med)))
+			}
+		}
 		m.p("")
 	}
 }
