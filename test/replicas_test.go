@@ -156,35 +156,9 @@ func TestReplicasRedis(t *testing.T) {
 		reps[i] = &replica{index: i, run: startLazy(t, dir, "--mount", mnt, "--pidns", "--netns", "new")}
 	}
 	for _, r := range reps {
-		r.pid = r.run.waitRunning(t, ctx)
-		t.Cleanup(func() { replicaKill(r) })
-		st, err := proc.ReadStatus(r.pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(st.NSpid) != 2 || st.NSpid[0] != r.pid || st.NSpid[1] != p.PID {
-			t.Fatalf("replica %d: NSpid %v, want [%d %d]", r.index, st.NSpid, r.pid, p.PID)
-		}
-		stat, err := proc.ReadStat(r.pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.init, r.ownPID = stat.PPid, st.NSpid[1]
-		if ist, err := proc.ReadStatus(r.init); err != nil || len(ist.NSpid) != 2 || ist.NSpid[1] != 1 {
-			t.Fatalf("replica %d: parent %d is not the init of its namespace: %+v %v", r.index, r.init, ist, err)
-		}
-		r.pidns, r.netns, r.mntns = nsInode(t, r.pid, "pid_for_children"), nsInode(t, r.pid, "net"), nsInode(t, r.pid, "mnt")
+		r.waitRunning(t, ctx, p.PID)
 	}
-	for i, r := range reps {
-		for _, o := range reps[:i] {
-			if r.pidns == o.pidns || r.netns == o.netns || r.mntns == o.mntns {
-				t.Fatalf("replicas %d and %d share a namespace", o.index, r.index)
-			}
-		}
-		if r.netns == nsInode(t, os.Getpid(), "net") {
-			t.Fatalf("replica %d is in our network namespace", r.index)
-		}
-	}
+	replicasApart(t, reps)
 	// Every copy, in its namespace, on the dumped port: the dumped keys,
 	// its own pid as it had it, and a write of its own.
 	var wg sync.WaitGroup
@@ -264,8 +238,7 @@ func TestReplicasRedis(t *testing.T) {
 		t.Errorf("restore without --pidns of a snapshot from a pid namespace: want exit 3 naming --pidns\n%s", r)
 	}
 	again := &replica{index: n, run: startLazy(t, dir2, "--source", "direct", "--pidns", "--netns", "new")}
-	again.pid = again.run.waitRunning(t, ctx)
-	t.Cleanup(func() { replicaKill(again) })
+	again.waitRunning(t, ctx, p.PID)
 	again.run.mustFinish(t, ctx, again.pid)
 	if v, err := redisIn(ctx, again.pid, p.Port, "GET", "replica"); err != nil || v != "3" {
 		t.Errorf("copy of copy 3: GET replica = %q, %v; want 3", v, err)
@@ -273,18 +246,54 @@ func TestReplicasRedis(t *testing.T) {
 	if err := inNetns(again.pid, func() error { return redisSample(ctx, p.Port, keys, 101) }); err != nil {
 		t.Errorf("copy of copy 3: %v", err)
 	}
-	stat, err := proc.ReadStat(again.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	again.init = stat.PPid
-	again.pidns, again.netns, again.mntns = nsInode(t, again.pid, "pid_for_children"), nsInode(t, again.pid, "net"), nsInode(t, again.pid, "mnt")
 	for _, r := range []*replica{reps[2], again} {
 		r.killed = ticksNow(t)
 		if err := unix.Kill(r.pid, unix.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		replicaGone(t, ctx, r)
+	}
+}
+
+// waitRunning waits until the copy runs (its snapctl wrote the pidfile),
+// has it killed at cleanup, checks that it has the dumped pid in a pid
+// namespace of its own whose init is its parent, and notes its init and
+// namespaces.
+func (r *replica) waitRunning(t *testing.T, ctx context.Context, dumped int) {
+	t.Helper()
+	r.pid = r.run.waitRunning(t, ctx)
+	t.Cleanup(func() { replicaKill(r) })
+	st, err := proc.ReadStatus(r.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.NSpid) != 2 || st.NSpid[0] != r.pid || st.NSpid[1] != dumped {
+		t.Fatalf("replica %d: NSpid %v, want [%d %d]", r.index, st.NSpid, r.pid, dumped)
+	}
+	stat, err := proc.ReadStat(r.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.init, r.ownPID = stat.PPid, st.NSpid[1]
+	if ist, err := proc.ReadStatus(r.init); err != nil || len(ist.NSpid) != 2 || ist.NSpid[1] != 1 {
+		t.Fatalf("replica %d: parent %d is not the init of its namespace: %+v %v", r.index, r.init, ist, err)
+	}
+	r.pidns, r.netns, r.mntns = nsInode(t, r.pid, "pid_for_children"), nsInode(t, r.pid, "net"), nsInode(t, r.pid, "mnt")
+}
+
+// replicasApart checks that no two copies share a namespace, and that
+// none is in our network namespace.
+func replicasApart(t *testing.T, reps []*replica) {
+	t.Helper()
+	for i, r := range reps {
+		for _, o := range reps[:i] {
+			if r.pidns == o.pidns || r.netns == o.netns || r.mntns == o.mntns {
+				t.Fatalf("replicas %d and %d share a namespace", o.index, r.index)
+			}
+		}
+		if r.netns == nsInode(t, os.Getpid(), "net") {
+			t.Fatalf("replica %d is in our network namespace", r.index)
+		}
 	}
 }
 
@@ -459,4 +468,109 @@ func TestReplicasNetnsPath(t *testing.T) {
 	}
 	l.Close()
 	srvKill(t, ctx, p)
+}
+
+// askIn asks a modelserver one request in pid's network namespace.
+func askIn(ctx context.Context, pid, port int, req string) (string, error) {
+	var out string
+	err := inNetns(pid, func() error {
+		var err error
+		out, err = fixture.Ask(ctx, port, req)
+		return err
+	})
+	return out, err
+}
+
+// TestReplicasWorkingSet: the first copy of a modelserver, restored with
+// --pidns --netns new through one lazyfs mount, records its working set
+// until it answered "touch 1"; the file is named by the dumped pid (the
+// copy's pid in its namespace, not the one outside), and two copies
+// restored at once after it, in namespaces of their own, fetch it first
+// and answer right.
+func TestReplicasWorkingSet(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ctx := testContext(t)
+	p := fixture.Start(t, "modelserver", "32M")
+	port := int(p.Ready.MustInt(t, "port"))
+	want := map[string]string{}
+	for _, req := range []string{"touch 1", "token"} {
+		want[req] = lazyChecksumOf(lazyAsk(t, ctx, port, req))
+	}
+	dir, _ := dumpForRestore(t, ctx, p)
+	wsPath := filepath.Join(dir, image.WorkingSetName(p.PID))
+	mnt := lazyMountLazyfs(t, dir)
+	flags := []string{"--mount", mnt, "--pidns", "--netns", "new"}
+	ask := func(r *replica, req string) {
+		a, err := askIn(ctx, r.pid, port, req)
+		if got := lazyChecksumOf(a); err != nil || got != want[req] {
+			t.Errorf("replica %d: %s answered %q, %v; want checksum %s", r.index, req, a, err, want[req])
+		}
+	}
+
+	first := &replica{index: 0, run: startLazy(t, dir, append(flags, "--record-working-set", "--record-for", "2m")...)}
+	first.waitRunning(t, ctx, p.PID)
+	ask(first, "touch 1")
+	if err := first.run.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	ask(first, "token")
+	res := first.run.mustFinish(t, ctx, first.pid)
+	if !strings.Contains(res.Stdout, "working set recorded:") || !strings.Contains(res.Stdout, "stopped by signal") || !strings.Contains(res.Stdout, wsPath) {
+		t.Fatalf("no working set recorded in %s:\n%s", wsPath, res)
+	}
+	if _, err := os.Stat(filepath.Join(dir, image.WorkingSetName(first.pid))); err == nil {
+		t.Errorf("the working set is also named by the copy's pid outside, %d", first.pid)
+	}
+	snap, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := snap.WorkingSet(p.PID)
+	snap.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws.Entries) == 0 || !ws.HasData() {
+		t.Fatalf("working set of %d ranges, with data %v", len(ws.Entries), ws.HasData())
+	}
+	// The mount, made before the recording, shows it under the dumped pid.
+	b, err := os.ReadFile(filepath.Join(mnt, strconv.Itoa(p.PID), "workingset"))
+	if n := strings.Count(string(b), "\n"); err != nil || n != len(ws.Entries)+2 {
+		t.Errorf("MNT/%d/workingset: %d lines for %d ranges (%v):\n%.300s", p.PID, n, len(ws.Entries), err, b)
+	}
+
+	reps := []*replica{first}
+	for i := 1; i <= 2; i++ {
+		reps = append(reps, &replica{index: i, run: startLazy(t, dir, flags...)})
+	}
+	for _, r := range reps[1:] {
+		r.waitRunning(t, ctx, p.PID)
+	}
+	replicasApart(t, reps)
+	var wg sync.WaitGroup
+	for _, r := range reps[1:] {
+		wg.Go(func() {
+			ask(r, "touch 1")
+			ask(r, "token")
+		})
+	}
+	wg.Wait()
+	for _, r := range reps[1:] {
+		res := r.run.mustFinish(t, ctx, r.pid)
+		if !strings.Contains(res.Stdout, "fetched first from its copy, "+wsPath) {
+			t.Errorf("replica %d did not use the working set:\n%s", r.index, res)
+		}
+	}
+	// The first copy still answers from its own memory.
+	ask(first, "touch 1")
+	for _, r := range reps {
+		r.killed = ticksNow(t)
+		if err := unix.Kill(r.init, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		replicaGone(t, ctx, r)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -23,9 +24,11 @@ import (
 // 4), each copy with restore --pidns --netns new, one after another (the
 // next started once the one before answered "touch 1" and has all its
 // memory, as a service scales out): lazily through one lazyfs mount that
-// every copy faults through, against eager restores. Per copy, the time from its snapctl's
-// start to its "touch 1" answer; per case, once every copy has all its
-// memory, the memory they and the page source hold.
+// every copy faults through, the first copy recording the working set
+// that the later ones fetch first, or with no working set at all; against
+// eager restores. Per copy, the time from its snapctl's start to its
+// "touch 1" answer; per case, once every copy has all its memory, the
+// memory they and the page source hold.
 
 func init() {
 	extraSeries = append(extraSeries, series{
@@ -39,17 +42,33 @@ func init() {
 // replicaCounts are how many copies each case starts.
 var replicaCounts = []int{1, 2, 4}
 
-// replicaModes: "lazy", every copy through one lazyfs mount (made afresh
-// for the case: its first copy decodes, the others find the blocks
-// decoded); "eager", each copy filled by its snapctl from the snapshot
+// The modes of the series. Lazy: every copy through one lazyfs mount
+// (made afresh for the case: its first copy decodes, the others find the
+// blocks decoded), the working set removed before the case; with
+// repLazyWS the first copy records one (--record-working-set, stopped by
+// SIGUSR1 once it answered "touch 1") and the later copies fetch it first
+// (--working-set auto, the default); with repLazyOff no copy records or
+// uses one. Eager: each copy filled by its snapctl from the snapshot
 // files (warm in the page cache).
-var replicaModes = []string{"lazy", "eager"}
+const (
+	repLazyWS  = "lazy, working set"
+	repLazyOff = "lazy, --working-set off"
+	repEager   = "eager"
+)
+
+var replicaModes = []string{repLazyWS, repLazyOff, repEager}
+
+// replicaLazy reports whether mode restores lazily.
+func replicaLazy(mode string) bool { return mode != repEager }
 
 // replicasResult is the runs of one case.
 type replicasResult struct {
 	Mode string
 	N    int
 	Runs []replicasRun
+	// Recorded is the first copy's "working set recorded: ..." line
+	// (repLazyWS; the last run's).
+	Recorded string
 }
 
 // replicasRun is one run of a case.
@@ -57,6 +76,11 @@ type replicasRun struct {
 	// Touch1 is, per copy in start order, the time from its snapctl's
 	// start to its "touch 1" answer.
 	Touch1 []time.Duration
+	// Running and Faults are, per copy, what its snapctl said: the time
+	// from its start until the process ran, and (lazy) the faults it
+	// served.
+	Running []time.Duration
+	Faults  []int
 	// Memory once every copy has all its memory (lazy: every snapctl
 	// exited), in bytes: the copies' Pss summed (their inits included),
 	// and their Anonymous; the page cache that the snapshot's pages file
@@ -96,16 +120,19 @@ func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
 			if err := warmUp(files...); err != nil {
 				return err
 			}
-			run, err := h.replicasOnce(ctx, snap, res.Mode, res.N)
+			run, recorded, err := h.replicasOnce(ctx, snap, res.Mode, res.N)
 			if err != nil {
 				return fmt.Errorf("%s x%d: %w", res.Mode, res.N, err)
 			}
 			res.Runs = append(res.Runs, run)
-			var t1 []string
-			for _, d := range run.Touch1 {
-				t1 = append(t1, ms(d).String())
+			if recorded != "" {
+				res.Recorded = recorded
 			}
-			h.logf("replicas %-5s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
+			var t1 []string
+			for i, d := range run.Touch1 {
+				t1 = append(t1, fmt.Sprintf("%s (runs %s, %d faults)", ms(d), ms(run.Running[i]), run.Faults[i]))
+			}
+			h.logf("replicas %-23s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
 				res.Mode, res.N, r+1, h.runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
 				units.FormatSize(run.PageCache), units.FormatSize(run.MemCache), units.FormatSize(run.Server),
 				units.FormatSize(run.BlockCache))
@@ -127,18 +154,23 @@ type replicaProc struct {
 
 // replicasOnce runs one case: a fresh lazyfs mount for a lazy one, n
 // copies started one after another, their memory measured, all killed
-// and the mount unmounted.
-func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run replicasRun, err error) {
+// and the mount unmounted. It returns the first copy's "working set
+// recorded" line if it recorded one.
+func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run replicasRun, recorded string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout()*time.Duration(n+1))
 	defer cancel()
+	wsPath := filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img")
+	if err := os.Remove(wsPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return run, "", err
+	}
 	var mnt string
-	if mode == "lazy" {
+	if replicaLazy(mode) {
 		mnt = filepath.Join(h.work, "mnt-replicas")
 		if err := os.MkdirAll(mnt, 0o700); err != nil {
-			return run, err
+			return run, "", err
 		}
 		if out, err := exec.CommandContext(ctx, h.tools.Lazyfs, "--background", snap.Dir, mnt).CombinedOutput(); err != nil {
-			return run, fmt.Errorf("lazyfs --background: %w: %s", err, out)
+			return run, "", fmt.Errorf("lazyfs --background: %w: %s", err, out)
 		}
 		defer func() {
 			if out, uerr := exec.Command(h.tools.Lazyfs, "-u", mnt).CombinedOutput(); uerr != nil && err == nil {
@@ -154,8 +186,14 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 	}()
 	for i := range n {
 		args := []string{"restore", "-D", snap.Dir, "--pidns", "--netns", "new"}
-		if mode == "lazy" {
+		record := mode == repLazyWS && i == 0
+		switch {
+		case record:
+			args = append(args, "--lazy", "--mount", mnt, "--record-working-set", "--record-for", "5m")
+		case mode == repLazyWS:
 			args = append(args, "--lazy", "--mount", mnt)
+		case mode == repLazyOff:
+			args = append(args, "--lazy", "--mount", mnt, "--working-set", "off")
 		}
 		r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
 		os.Remove(r.pidfile)
@@ -163,12 +201,12 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.work
 		start := time.Now()
 		if err := r.cmd.Start(); err != nil {
-			return run, err
+			return run, "", err
 		}
 		reps = append(reps, r)
 		go func() { r.exited <- r.cmd.Wait() }()
 		if err := r.waitPid(ctx); err != nil {
-			return run, err
+			return run, "", err
 		}
 		var as []answer
 		err := inNetns(r.pid, func() error {
@@ -176,11 +214,18 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			as, err = converse(ctx, snap.Port, start, "ping", "touch 1")
 			return err
 		})
+		if record {
+			// It answered "touch 1": what it touched so far is the
+			// working set.
+			if serr := r.cmd.Process.Signal(syscall.SIGUSR1); serr != nil && err == nil {
+				err = serr
+			}
+		}
 		if err != nil {
-			return run, fmt.Errorf("copy %d: %w\n%s", i+1, err, r.out.String())
+			return run, "", fmt.Errorf("copy %d: %w\n%s", i+1, err, r.out.String())
 		}
 		if err := h.check(as); err != nil {
-			return run, fmt.Errorf("copy %d: %w", i+1, err)
+			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
 		run.Touch1 = append(run.Touch1, as[1].At)
 		// The next copy starts once this one has all its memory: it
@@ -190,17 +235,41 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		case err := <-r.exited:
 			r.exited <- err
 			if err != nil {
-				return run, fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
+				return run, "", fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
 			}
 		case <-ctx.Done():
-			return run, fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+			return run, "", fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+		}
+		out := r.out.String()
+		rep, err := parseRestore(out, replicaLazy(mode))
+		if err != nil {
+			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
+		}
+		run.Running, run.Faults = append(run.Running, rep.Running), append(run.Faults, rep.Faults)
+		switch {
+		case record:
+			// The next copies find the working set written.
+			for line := range strings.Lines(out) {
+				if strings.HasPrefix(line, "working set recorded:") {
+					recorded = strings.TrimSpace(line)
+				}
+			}
+			if _, err := os.Stat(wsPath); recorded == "" || err != nil {
+				return run, "", fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, ErrOutput)
+			}
+		case mode == repLazyWS:
+			if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
+				return run, "", fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, ErrOutput)
+			}
+		case strings.Contains(out, "working set"):
+			return run, "", fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, ErrOutput)
 		}
 	}
 	for _, r := range reps {
 		for _, pid := range []int{r.pid, r.init} {
 			pss, anon, err := smapsRollup(pid)
 			if err != nil {
-				return run, err
+				return run, "", err
 			}
 			run.Pss += pss
 			run.Anon += anon
@@ -208,24 +277,24 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 	}
 	run.PageCache, err = residentBytes(snap.Pages)
 	if err != nil {
-		return run, err
+		return run, "", err
 	}
-	if mode == "lazy" {
+	if replicaLazy(mode) {
 		mem := filepath.Join(mnt, strconv.Itoa(snap.PID), "mem")
 		c, err := residentBytes(mem)
 		if err != nil {
-			return run, err
+			return run, "", err
 		}
 		run.PageCache += c
 		run.MemCache = c
 		if run.Server, err = serverRss(h.tools.Lazyfs, mnt); err != nil {
-			return run, err
+			return run, "", err
 		}
 		if run.BlockCache, err = blockCacheBytes(filepath.Join(mnt, strconv.Itoa(snap.PID), "stats")); err != nil {
-			return run, err
+			return run, "", err
 		}
 	}
-	return run, nil
+	return run, recorded, nil
 }
 
 // waitPid waits for the copy's pidfile, then reads its init (its parent).
@@ -465,6 +534,9 @@ func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
 		if len(r.Runs) != runs {
 			bad("replicas %s x%d: %d runs, want %d", r.Mode, r.N, len(r.Runs), runs)
 		}
+		if r.Mode == repLazyWS && r.Recorded == "" {
+			bad("replicas %s x%d: the first copy recorded no working set", r.Mode, r.N)
+		}
 		for _, run := range r.Runs {
 			if len(run.Touch1) != r.N {
 				bad("replicas %s x%d: %d touch 1 times", r.Mode, r.N, len(run.Touch1))
@@ -479,8 +551,8 @@ func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
 			if run.Anon < uint64(r.N)*s.Size/2 {
 				bad("replicas %s x%d: %d bytes anonymous in %d copies of %d", r.Mode, r.N, run.Anon, r.N, s.Size)
 			}
-			if r.Mode == "lazy" && run.Server == 0 {
-				bad("replicas lazy x%d: no lazyfs server measured", r.N)
+			if replicaLazy(r.Mode) && run.Server == 0 {
+				bad("replicas %s x%d: no lazyfs server measured", r.Mode, r.N)
 			}
 		}
 	}
@@ -493,7 +565,7 @@ func renderReplicas(m *md, s *sizeResult) {
 	mib := func(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 	m.p("### Replicas: one snapshot restored 1, 2 and 4 times")
 	m.p("")
-	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1` and has all its memory): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold (and of it the mem file's), the lazyfs server's Rss (and of it the decoded blocks its block cache holds); medians.", len(s.Replicas[0].Runs))
+	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1` and has all its memory): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). No working set beside the snapshot at the start of a case. *%s*: copy 1 records one (`--record-working-set`, SIGUSR1 to its snapctl once it answered `touch 1`) and copies 2 to 4 fetch it first (the default, `--working-set auto`); *%s*: no copy records or uses one. Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold (and of it the mem file's), the lazyfs server's Rss (and of it the decoded blocks its block cache holds); medians.", repLazyWS, repLazyOff, len(s.Replicas[0].Runs))
 	m.p("")
 	m.header("restore", "copies", "touch 1: copy 1", "copy 2", "copy 4", "copies' Pss", "page cache", "of it mem file", "lazyfs server", "of it block cache", "total")
 	for _, r := range s.Replicas {
@@ -504,7 +576,7 @@ func renderReplicas(m *md, s *sizeResult) {
 			return r.touch1Of(i).String()
 		}
 		server, memFile, blocks := "—", "—", "—"
-		if r.Mode == "lazy" {
+		if replicaLazy(r.Mode) {
 			server = mib(r.memOf(func(x replicasRun) uint64 { return x.Server }))
 			memFile = mib(r.memOf(func(x replicasRun) uint64 { return x.MemCache }))
 			blocks = mib(r.memOf(func(x replicasRun) uint64 { return x.BlockCache }))
@@ -515,13 +587,59 @@ func renderReplicas(m *md, s *sizeResult) {
 			server, blocks, mib(r.memOf(replicasRun.total)))
 	}
 	m.p("")
-	for _, r := range s.Replicas {
-		if r.Mode == "lazy" && r.N == 4 {
-			first, fourth := r.touch1Of(0).Med, r.touch1Of(3).Med
-			if first > 0 {
-				m.p("The 4th lazy copy answered `touch 1` in %.2f× the time of the first (target ≤ 0.5×).", float64(fourth)/float64(first))
-				m.p("")
+	find := func(mode string, n int) *replicasResult {
+		for _, r := range s.Replicas {
+			if r.Mode == mode && r.N == n {
+				return r
 			}
 		}
+		return nil
+	}
+	ws, off := find(repLazyWS, 4), find(repLazyOff, 4)
+	if ws != nil && ws.Recorded != "" {
+		m.p("Copy 1's %s.", ws.Recorded)
+		m.p("")
+	}
+	ratio := func(a, b time.Duration) string {
+		if b <= 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f×", a.Seconds()/b.Seconds())
+	}
+	if ws != nil && off != nil {
+		fourth := ws.touch1Of(3).Med
+		// Copy 1 is the same restore in every case of a mode: its runs
+		// pooled over the cases are a steadier baseline than one case's.
+		pooled := func(mode string) time.Duration {
+			var ds []time.Duration
+			for _, r := range s.Replicas {
+				for _, run := range r.Runs {
+					if r.Mode == mode && len(run.Touch1) > 0 {
+						ds = append(ds, run.Touch1[0])
+					}
+				}
+			}
+			return summarize(ds).Med
+		}
+		m.p("The 4th lazy copy answered `touch 1`, with the working set copy 1 recorded, in %s the time of copy 1 (which recorded it; target ≤ 0.5×; %s of copy 1's median over the 1, 2 and 4 copy cases) and %s that of copy 1 without a working set (%s pooled); without one, the 4th copy in %s the time of the first.",
+			ratio(fourth, ws.touch1Of(0).Med), ratio(fourth, pooled(repLazyWS)), ratio(fourth, off.touch1Of(0).Med), ratio(fourth, pooled(repLazyOff)), ratio(off.touch1Of(3).Med, off.touch1Of(0).Med))
+		m.p("")
+		m.p("Copies 1 and 4 of 4: when the process ran (snapctl's count from its start) and the faults its pager served before all memory was in (medians):")
+		m.p("")
+		m.header("restore", "copy", "process runs", "touch 1", "faults served")
+		for _, r := range []*replicasResult{ws, off} {
+			for _, i := range []int{0, 3} {
+				var running []time.Duration
+				var faults []time.Duration
+				for _, run := range r.Runs {
+					if i < len(run.Running) {
+						running = append(running, run.Running[i])
+						faults = append(faults, time.Duration(run.Faults[i]))
+					}
+				}
+				m.row(r.Mode, strconv.Itoa(i+1), summarize(running).String(), r.touch1Of(i).String(), strconv.Itoa(int(summarize(faults).Med)))
+			}
+		}
+		m.p("")
 	}
 }
