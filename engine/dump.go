@@ -108,11 +108,7 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		{"create snapshot", d.create},
 		{"pre-copy", d.preCopy},
 		{"freeze", d.freeze},
-		{"stop write tracking", d.stopTracking},
-		{"read mappings", d.each(d.readMappings)},
-		{"process state", d.each(d.processState)},
-		{"memory layout", d.each(d.memoryLayout)},
-		{"thread state", d.each(d.injected)},
+		{"collect state", d.collect},
 		{"file descriptors", d.fds},
 		{"dump memory", d.dumpMemory},
 		{"write state", d.writeState},
@@ -123,24 +119,6 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		d.res.Total = time.Since(start)
 	}
 	return d.res, err
-}
-
-// each runs fn for every process of the tree, in order.
-func (d *dumper) each(fn func(*dumpProc) error) func(context.Context) error {
-	return func(ctx context.Context) error {
-		for _, p := range d.procs {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := fn(p); err != nil {
-				if len(d.procs) > 1 {
-					return fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
-				}
-				return err
-			}
-		}
-		return nil
-	}
 }
 
 // check refuses a process that cannot be dumped, before touching it.
@@ -210,15 +188,6 @@ func (d *dumper) freeze(context.Context) error {
 	}
 	d.log.Info("frozen", "pid", d.pid, "processes", len(d.procs), "threads", threads, "took", time.Since(d.frozen))
 	return nil
-}
-
-// readMappings reads the memory layout, before injection maps its scratch
-// page.
-func (d *dumper) readMappings(p *dumpProc) error {
-	var err error
-	p.maps, err = proc.ReadMappings(p.pid)
-	p.st = &image.Process{PID: p.pid}
-	return err
 }
 
 func (d *dumper) memoryLayout(p *dumpProc) error {
