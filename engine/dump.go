@@ -65,6 +65,10 @@ type DumpOptions struct {
 	// this path or address (image.Options.Parent): only the blocks that
 	// differ from it are stored. BlockSize zero then means the parent's.
 	Parent string
+
+	// beforeFreeze, in tests, runs after the pre-copy rounds, just
+	// before the freeze.
+	beforeFreeze func()
 }
 
 // DumpResult describes a finished dump.
@@ -146,6 +150,9 @@ func (d *dumper) create(context.Context) error {
 // whole.
 func (d *dumper) freeze(context.Context) error {
 	if d.preP != nil {
+		if d.opts.beforeFreeze != nil {
+			d.opts.beforeFreeze()
+		}
 		return d.freezePreCopied()
 	}
 	t, err := ptrace.New()
