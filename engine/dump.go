@@ -113,7 +113,6 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		{"pre-copy", d.preCopy},
 		{"freeze", d.freeze},
 		{"collect state", d.collect},
-		{"file descriptors", d.fds},
 		{"dump memory", d.dumpMemory},
 		{"write state", d.writeState},
 		{"commit", d.commit},
@@ -211,8 +210,9 @@ func (d *dumper) memoryLayout(p *dumpProc) error {
 }
 
 // fds describes the descriptors of every process, those they share with
-// each other linked (fds.DumpTree).
-func (d *dumper) fds(context.Context) error {
+// each other linked (fds.DumpTree); maps are the processes' mappings (as
+// /proc/PID/maps lists them: fds looks only for shared objects).
+func (d *dumper) fds(maps [][]proc.Mapping) error {
 	if d.opts.TCPEstablished {
 		// One lock, one set of repaired sockets for the whole tree.
 		d.tcp = fds.NewTCPRepair(d.pid)
@@ -221,13 +221,12 @@ func (d *dumper) fds(context.Context) error {
 	if len(d.procs) == 1 {
 		var err error
 		p := d.procs[0]
-		p.st.FDs, err = fds.Dump(p.pid, p.maps, o)
+		p.st.FDs, err = fds.Dump(p.pid, maps[0], o)
 		return err
 	}
 	pids := make([]int, len(d.procs))
-	maps := make([][]proc.Mapping, len(d.procs))
 	for i, p := range d.procs {
-		pids[i], maps[i] = p.pid, p.maps
+		pids[i] = p.pid
 	}
 	all, err := fds.DumpTree(pids, maps, o)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
@@ -14,9 +15,9 @@ import (
 // mappings from /proc/PID/smaps is the longest part (the kernel walks
 // their page tables to count their pages): it runs beside the rest, that
 // is the end of write tracking in a pre-copy dump, what /proc tells of
-// each process and the system calls injected into its threads. The
-// injection maps its stub and scratch memory in the process meanwhile;
-// that area is left out of the mappings read (mappingsBut), and if the
+// each process, the system calls injected into its threads and the
+// descriptors. The injection maps its stub and scratch memory in the
+// process meanwhile; that area is left out of the mappings read (mappingsBut), and if the
 // read saw it merged with a mapping of the process's own, the mappings
 // are read again once it is gone. Everything is read while the
 // processes are frozen: the result is the state at the freeze.
@@ -24,10 +25,16 @@ func (d *dumper) collect(ctx context.Context) error {
 	type mapsRead struct {
 		maps [][]proc.Mapping
 		err  error
+		took time.Duration
 	}
+	for _, p := range d.procs {
+		p.st = &image.Process{PID: p.pid}
+	}
+	start := time.Now()
 	mapsCh := make(chan mapsRead, 1)
 	go func() {
-		var r mapsRead
+		r := mapsRead{}
+		defer func() { r.took = time.Since(start); mapsCh <- r }()
 		for _, p := range d.procs {
 			m, err := proc.ReadMappings(p.pid)
 			if err != nil {
@@ -36,15 +43,36 @@ func (d *dumper) collect(ctx context.Context) error {
 			}
 			r.maps = append(r.maps, m)
 		}
-		mapsCh <- r
 	}()
 	stopCh := make(chan error, 1)
-	go func() { stopCh <- d.stopTracking(ctx) }()
+	var stopTook time.Duration
+	go func() {
+		err := d.stopTracking(ctx)
+		stopTook = time.Since(start)
+		stopCh <- err
+	}()
+
+	fdsCh := make(chan error, 1)
+	var fdsTook time.Duration
+	go func() {
+		// The descriptors look only for shared objects among the
+		// mappings: /proc/PID/maps, read in no time, is enough (the
+		// injection's area is private memory).
+		var err error
+		defer func() { fdsTook = time.Since(start); fdsCh <- err }()
+		maps := make([][]proc.Mapping, len(d.procs))
+		for i, p := range d.procs {
+			if maps[i], err = proc.ReadMaps(p.pid); err != nil {
+				err = d.procErr(p, err)
+				return
+			}
+		}
+		err = d.fds(maps)
+	}()
 
 	areas := make([]injectArea, len(d.procs))
 	var stateErr error
 	for i, p := range d.procs {
-		p.st = &image.Process{PID: p.pid}
 		if err := ctx.Err(); err != nil {
 			stateErr = err
 			break
@@ -59,13 +87,19 @@ func (d *dumper) collect(ctx context.Context) error {
 			break
 		}
 	}
+	injected := time.Since(start)
 	stopErr := <-stopCh
 	mr := <-mapsCh
+	fdsErr := <-fdsCh
+	d.log.Debug("state read", "pid", d.pid, "smaps", mr.took, "stop tracking", stopTook, "injected", injected, "descriptors", fdsTook)
 	if err := errors.Join(step("stop write tracking", stopErr), step("read mappings", mr.err)); err != nil {
 		return err
 	}
 	if stateErr != nil {
 		return stateErr
+	}
+	if fdsErr != nil {
+		return step("file descriptors", fdsErr)
 	}
 	for i, p := range d.procs {
 		var ok bool
