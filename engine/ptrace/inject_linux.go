@@ -37,13 +37,11 @@ type Injector struct {
 
 // NewInjector prepares injection into th: it writes "syscall; int3" over
 // the start of an executable mapping ([vdso] if there is one, else the
-// first r-x mapping), injects an mmap of scratchLen bytes of read-write
-// scratch memory followed by one stub page (r-x), puts the stub there and
-// writes the original text back. Close unmaps both. (The kernel places
-// a mapping just below the one above it: the stub, not the scratch
-// memory, touches that one, so that the scratch memory does not merge
-// with a read-write neighbour into one VMA.) The thread must be
-// stopped. Other threads of the process must not run meanwhile.
+// first r-x mapping), injects an mmap of one stub page (r-x) followed by
+// scratchLen bytes of read-write scratch memory, puts the stub there (and
+// the batch code after it) and writes the original text back. Close
+// unmaps both. The thread must be stopped. Other threads of the process
+// must not run meanwhile.
 func (th *Thread) NewInjector(scratchLen int) (*Injector, error) {
 	var in *Injector
 	err := th.p.t.Do(func() error {
@@ -135,21 +133,20 @@ func (th *Thread) newInjector(scratchLen int) (*Injector, error) {
 	}
 	base := uint64(addr)
 	in.mapped, in.mappedLen = base, total
-	stub := base + uint64(scratchLen)
 	code := make([]byte, batchOff+len(batchCode))
 	copy(code, stubCode[:])
 	copy(code[batchOff:], batchCode[:])
-	if err := th.p.writeMem(stub, code); err != nil {
+	if err := th.p.writeMem(base, code); err != nil {
 		in.abort()
 		return nil, fmt.Errorf("write stub: %w", err)
 	}
-	in.stub, in.batch = stub, stub+batchOff
+	in.stub, in.batch = base, base+batchOff
 	if scratchLen > 0 {
-		if _, err := in.call(unix.SYS_MPROTECT, base, uint64(scratchLen), unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		if _, err := in.call(unix.SYS_MPROTECT, base+pageSize, uint64(scratchLen), unix.PROT_READ|unix.PROT_WRITE); err != nil {
 			in.abort()
 			return nil, fmt.Errorf("make scratch writable: %w", err)
 		}
-		in.scratch, in.scratchLen = base, scratchLen
+		in.scratch, in.scratchLen = base+pageSize, scratchLen
 	}
 	return in, nil
 }
@@ -203,10 +200,6 @@ func (in *Injector) Stub() uint64 { return in.stub }
 // Scratch returns the scratch memory: address and length. Helper methods
 // of the Injector use it and overwrite its start.
 func (in *Injector) Scratch() (addr uint64, n int) { return in.scratch, in.scratchLen }
-
-// Mapped returns the memory NewInjector mapped in the process (stub and
-// scratch memory), which Close unmaps; n is 0 if the Injector mapped none.
-func (in *Injector) Mapped() (addr uint64, n int) { return in.mapped, in.mappedLen }
 
 // Thread returns the thread the Injector runs in.
 func (in *Injector) Thread() *Thread { return in.th }

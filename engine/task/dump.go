@@ -92,12 +92,9 @@ func ReadProcess(pid int, st *image.Process) error {
 // Inject fills st with the state that only the process itself can tell,
 // by system calls injected into each thread of the frozen process p: one
 // batch in the leader for the process and itself (ptrace.ReadProcess),
-// one in each other thread. area, if not nil, receives the memory the
-// injection maps in the process for the time of the calls (its stub and
-// scratch memory, unmapped before Inject returns), as soon as it is
-// mapped: whoever reads the process's mappings meanwhile must leave it
-// out.
-func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger, area func(addr uint64, n int)) error {
+// one in each other thread. The stub and scratch memory the injection
+// maps in the process are unmapped when it returns.
+func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 	threads := p.Threads()
 	leader := p.Leader()
 	in, err := leader.NewInjector(4 * unix.Getpagesize())
@@ -109,9 +106,6 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger, area func(ad
 			log.Error("end injection", "tid", leader.Tid(), "err", cerr)
 		}
 	}()
-	if area != nil {
-		area(in.Mapped())
-	}
 	info, err := in.ReadProcess()
 	if err != nil {
 		return fmt.Errorf("thread %d: %w", leader.Tid(), err)
