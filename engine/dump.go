@@ -65,6 +65,10 @@ type DumpOptions struct {
 	// this path or address (image.Options.Parent): only the blocks that
 	// differ from it are stored. BlockSize zero then means the parent's.
 	Parent string
+
+	// beforeFreeze, in tests, runs after the pre-copy rounds, just
+	// before the freeze.
+	beforeFreeze func()
 }
 
 // DumpResult describes a finished dump.
@@ -108,12 +112,7 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		{"create snapshot", d.create},
 		{"pre-copy", d.preCopy},
 		{"freeze", d.freeze},
-		{"stop write tracking", d.stopTracking},
-		{"read mappings", d.each(d.readMappings)},
-		{"process state", d.each(d.processState)},
-		{"memory layout", d.each(d.memoryLayout)},
-		{"thread state", d.each(d.injected)},
-		{"file descriptors", d.fds},
+		{"collect state", d.collect},
 		{"dump memory", d.dumpMemory},
 		{"write state", d.writeState},
 		{"commit", d.commit},
@@ -123,24 +122,6 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		d.res.Total = time.Since(start)
 	}
 	return d.res, err
-}
-
-// each runs fn for every process of the tree, in order.
-func (d *dumper) each(fn func(*dumpProc) error) func(context.Context) error {
-	return func(ctx context.Context) error {
-		for _, p := range d.procs {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if err := fn(p); err != nil {
-				if len(d.procs) > 1 {
-					return fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
-				}
-				return err
-			}
-		}
-		return nil
-	}
 }
 
 // check refuses a process that cannot be dumped, before touching it.
@@ -168,6 +149,9 @@ func (d *dumper) create(context.Context) error {
 // whole.
 func (d *dumper) freeze(context.Context) error {
 	if d.preP != nil {
+		if d.opts.beforeFreeze != nil {
+			d.opts.beforeFreeze()
+		}
 		return d.freezePreCopied()
 	}
 	t, err := ptrace.New()
@@ -212,15 +196,6 @@ func (d *dumper) freeze(context.Context) error {
 	return nil
 }
 
-// readMappings reads the memory layout, before injection maps its scratch
-// page.
-func (d *dumper) readMappings(p *dumpProc) error {
-	var err error
-	p.maps, err = proc.ReadMappings(p.pid)
-	p.st = &image.Process{PID: p.pid}
-	return err
-}
-
 func (d *dumper) memoryLayout(p *dumpProc) error {
 	var err error
 	p.st.VMAs, err = mem.VMAs(p.pid, p.maps)
@@ -235,8 +210,9 @@ func (d *dumper) memoryLayout(p *dumpProc) error {
 }
 
 // fds describes the descriptors of every process, those they share with
-// each other linked (fds.DumpTree).
-func (d *dumper) fds(context.Context) error {
+// each other linked (fds.DumpTree); maps are the processes' mappings (as
+// /proc/PID/maps lists them: fds looks only for shared objects).
+func (d *dumper) fds(maps [][]proc.Mapping) error {
 	if d.opts.TCPEstablished {
 		// One lock, one set of repaired sockets for the whole tree.
 		d.tcp = fds.NewTCPRepair(d.pid)
@@ -245,13 +221,12 @@ func (d *dumper) fds(context.Context) error {
 	if len(d.procs) == 1 {
 		var err error
 		p := d.procs[0]
-		p.st.FDs, err = fds.Dump(p.pid, p.maps, o)
+		p.st.FDs, err = fds.Dump(p.pid, maps[0], o)
 		return err
 	}
 	pids := make([]int, len(d.procs))
-	maps := make([][]proc.Mapping, len(d.procs))
 	for i, p := range d.procs {
-		pids[i], maps[i] = p.pid, p.maps
+		pids[i] = p.pid
 	}
 	all, err := fds.DumpTree(pids, maps, o)
 	if err != nil {

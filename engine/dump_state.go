@@ -54,7 +54,3 @@ type dumpProc struct {
 
 // processState reads what /proc tells of the process (task.ReadProcess).
 func (d *dumper) processState(p *dumpProc) error { return task.ReadProcess(p.pid, p.st) }
-
-// injected reads what only the process can tell, by injected system calls
-// (task.Inject).
-func (d *dumper) injected(p *dumpProc) error { return task.Inject(p.p, p.st, d.log) }

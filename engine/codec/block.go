@@ -193,6 +193,10 @@ type Encoder struct {
 	hs   *huff0.Scratch // tables of ShuffleHuff planes
 	buf  []byte
 	sbuf []byte // a Shuffle candidate
+	// sample: a block's sample and its planes (planShuffle).
+	sample []byte
+	// exhaustive, in tests: try both element sizes on every block.
+	exhaustive bool
 }
 
 // Encode applies the block rule to src. It returns the kind and the stored
@@ -228,9 +232,17 @@ func (e *Encoder) encode(src []byte, mode Mode, buf []byte) (Kind, []byte, []byt
 		kind, best = LZ4, n
 	}
 	if method := mode.planeMethod(); method != 0 {
+		elems, raw := shuffleElems[:], uint8(0)
+		if len(src) >= sampleMin && !e.exhaustive {
+			p := e.planShuffle(src, method, kind == LZ4)
+			elems, raw = shuffleElems[:0], p.raw
+			if p.elem != 0 {
+				elems = []int{p.elem}
+			}
+		}
 		planes := getScratch(len(src))
-		for _, elem := range shuffleElems {
-			e.sbuf = e.encodeShuffled(e.sbuf[:0], src, (*planes)[:len(src)], elem, method)
+		for _, elem := range elems {
+			e.sbuf = e.encodeShuffled(e.sbuf[:0], src, (*planes)[:len(src)], elem, method, raw)
 			if c := len(e.sbuf); keepLZ4(c, len(src)) && c < best {
 				kind, best = Shuffle, c
 				if cap(buf) < c {

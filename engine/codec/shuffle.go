@@ -186,9 +186,10 @@ func getScratch(n int) *[]byte {
 // encodeShuffled appends to dst the Shuffle encoding of src with element
 // size e, each plane compressed with method (planeLZ4 or planeHuff) where
 // that saves more than 12.5% of the plane and stored raw otherwise (a plane
-// huff0 cannot code, all one byte value for one, is tried with LZ4).
+// huff0 cannot code, all one byte value for one, is tried with LZ4), but
+// for the planes of raw (bit j for plane j), stored raw without trying.
 // planes is scratch of len(src) bytes.
-func (e *Encoder) encodeShuffled(dst, src, planes []byte, elem, method int) []byte {
+func (e *Encoder) encodeShuffled(dst, src, planes []byte, elem, method int, raw uint8) []byte {
 	shuffle(planes, src, elem)
 	n := len(src) / elem
 	hdr := len(dst)
@@ -198,6 +199,12 @@ func (e *Encoder) encodeShuffled(dst, src, planes []byte, elem, method int) []by
 		p := planes[j*n : (j+1)*n]
 		start := len(dst)
 		m := planeRaw
+		if raw&(1<<j) != 0 {
+			dst = append(dst, p...)
+			dst[hdr+1+5*j] = byte(m)
+			binary.LittleEndian.PutUint32(dst[hdr+2+5*j:], uint32(len(dst)-start))
+			continue
+		}
 		if method == planeHuff {
 			var ok bool
 			if dst, ok = e.huffPlane(dst, p); ok {

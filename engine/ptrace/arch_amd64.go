@@ -33,6 +33,39 @@ func setSyscall(r *Regs, stub uint64, nr int, args []uint64) {
 	r.Rdi, r.Rsi, r.Rdx, r.R10, r.R8, r.R9 = a[0], a[1], a[2], a[3], a[4], a[5]
 }
 
+// batchCode runs the table of system calls at rbx, r12 entries of
+// batchEntry (number, six arguments, result), storing each result in its
+// entry, then stops on an int3:
+//
+//	loop: mov rax, [rbx]; mov rdi, [rbx+8]; mov rsi, [rbx+16]
+//	      mov rdx, [rbx+24]; mov r10, [rbx+32]; mov r8, [rbx+40]
+//	      mov r9, [rbx+48]; syscall; mov [rbx+56], rax
+//	      add rbx, 64; dec r12; jnz loop; int3
+var batchCode = [...]byte{
+	0x48, 0x8b, 0x03,
+	0x48, 0x8b, 0x7b, 0x08,
+	0x48, 0x8b, 0x73, 0x10,
+	0x48, 0x8b, 0x53, 0x18,
+	0x4c, 0x8b, 0x53, 0x20,
+	0x4c, 0x8b, 0x43, 0x28,
+	0x4c, 0x8b, 0x4b, 0x30,
+	0x0f, 0x05,
+	0x48, 0x89, 0x43, 0x38,
+	0x48, 0x83, 0xc3, 0x40,
+	0x49, 0xff, 0xcc,
+	0x75, 0xd6,
+	0xcc,
+}
+
+// setBatch turns r into "run the n calls of the table at table with the
+// batch code at code".
+func setBatch(r *Regs, code, table uint64, n int) {
+	r.Rip = code
+	r.Rbx = table
+	r.R12 = uint64(n)
+	r.Orig_rax = ^uint64(0)
+}
+
 func syscallResult(r *Regs) int64 { return int64(r.Rax) }
 
 func pc(r *Regs) uint64 { return r.Rip }

@@ -51,7 +51,11 @@
 // -ERESTARTSYS and friends, orig_rax = the call), so a thread frozen inside
 // nanosleep or read carries on as if nothing had happened. Signals that
 // arrive while injected calls run are held and delivered when the thread is
-// resumed.
+// resumed. Each call is a resume of the thread and a wait for its stop; an
+// Injector made by [Thread.NewInjector] also maps a loop beside its stub
+// that runs a table of calls in one resume ([Injector.Batch],
+// [Injector.ReadProcess], [Injector.ReadThread]), for a dump's many small
+// questions.
 //
 // # Errors
 //

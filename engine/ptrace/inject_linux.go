@@ -22,6 +22,7 @@ type Injector struct {
 
 	// Set at creation, read-only afterwards.
 	stub       uint64 // address of "syscall; int3"
+	batch      uint64 // address of batchCode, or 0 if there is none
 	scratch    uint64
 	scratchLen int
 
@@ -37,9 +38,10 @@ type Injector struct {
 // NewInjector prepares injection into th: it writes "syscall; int3" over
 // the start of an executable mapping ([vdso] if there is one, else the
 // first r-x mapping), injects an mmap of one stub page (r-x) followed by
-// scratchLen bytes of read-write scratch memory, puts the stub there and
-// writes the original text back. Close unmaps both. The thread must be
-// stopped. Other threads of the process must not run meanwhile.
+// scratchLen bytes of read-write scratch memory, puts the stub there (and
+// the batch code after it) and writes the original text back. Close
+// unmaps both. The thread must be stopped. Other threads of the process
+// must not run meanwhile.
 func (th *Thread) NewInjector(scratchLen int) (*Injector, error) {
 	var in *Injector
 	err := th.p.t.Do(func() error {
@@ -79,6 +81,13 @@ func (th *Thread) begin(stub, scratch uint64, scratchLen int) (*Injector, error)
 		return nil, fmt.Errorf("thread %d already has an open injector", th.tid)
 	}
 	in := &Injector{th: th, stub: stub, scratch: scratch, scratchLen: scratchLen, timeout: DefaultTimeout}
+	for _, o := range th.p.threads {
+		// Another thread's injector mapped this stub, and the batch code
+		// after it.
+		if o.inj != nil && o.inj.mapped != 0 && o.inj.stub == stub {
+			in.batch = o.inj.batch
+		}
+	}
 	if err := ptGetRegs(th.tid, &in.saved); err != nil {
 		return nil, th.check("PTRACE_GETREGS", err)
 	}
@@ -124,11 +133,14 @@ func (th *Thread) newInjector(scratchLen int) (*Injector, error) {
 	}
 	base := uint64(addr)
 	in.mapped, in.mappedLen = base, total
-	if err := th.p.writeMem(base, stubCode[:]); err != nil {
+	code := make([]byte, batchOff+len(batchCode))
+	copy(code, stubCode[:])
+	copy(code[batchOff:], batchCode[:])
+	if err := th.p.writeMem(base, code); err != nil {
 		in.abort()
 		return nil, fmt.Errorf("write stub: %w", err)
 	}
-	in.stub = base
+	in.stub, in.batch = base, base+batchOff
 	if scratchLen > 0 {
 		if _, err := in.call(unix.SYS_MPROTECT, base+pageSize, uint64(scratchLen), unix.PROT_READ|unix.PROT_WRITE); err != nil {
 			in.abort()
@@ -266,20 +278,31 @@ func (in *Injector) Children() []*Thread {
 
 // syscallAt runs one system call through the "syscall; int3" at stub.
 func (in *Injector) syscallAt(stub uint64, nr int, args []uint64) (int64, error) {
-	th := in.th
-	if err := th.stopped(); err != nil {
-		return 0, err
-	}
-	in.children = in.children[:0]
 	regs := in.saved
 	setSyscall(&regs, stub, nr, args)
-	if err := ptSetRegs(th.tid, &regs); err != nil {
-		return 0, th.check("PTRACE_SETREGS", err)
+	r, err := in.run(&regs, stub+stubTrapAt, stub+syscallLen)
+	if err != nil {
+		return 0, fmt.Errorf("syscall %d: %w", nr, err)
+	}
+	return syscallResult(&r), nil
+}
+
+// run resumes the thread with regs until it reaches the int3 before trap
+// (or faults on unmapped, the instruction after a call that unmapped the
+// stub; 0: none) and returns its registers there.
+func (in *Injector) run(regs *Regs, trap, unmapped uint64) (Regs, error) {
+	th := in.th
+	if err := th.stopped(); err != nil {
+		return Regs{}, err
+	}
+	in.children = in.children[:0]
+	if err := ptSetRegs(th.tid, regs); err != nil {
+		return Regs{}, th.check("PTRACE_SETREGS", err)
 	}
 	if err := ptCont(th.tid, 0); err != nil {
 		err = th.check("PTRACE_CONT", err)
 		in.restoreRegs()
-		return 0, err
+		return Regs{}, err
 	}
 	th.state = stRunning
 	deadline := time.Now().Add(in.timeout)
@@ -289,73 +312,74 @@ func (in *Injector) syscallAt(stub uint64, nr int, args []uint64) (int64, error)
 			if errors.Is(err, ErrTimeout) {
 				in.stopRunaway()
 			}
-			return 0, fmt.Errorf("syscall %d: %w", nr, err)
+			return Regs{}, err
 		}
 		th.apply(st)
 		if th.state == stExited {
-			return 0, fmt.Errorf("syscall %d: thread %d %v: %w", nr, th.tid, st, ErrExited)
+			return Regs{}, fmt.Errorf("thread %d %v: %w", th.tid, st, ErrExited)
 		}
-		done, result, err := in.classify(stub, st)
+		done, r, err := in.classify(trap, unmapped, st)
 		if err != nil {
 			in.restoreRegs()
-			return 0, fmt.Errorf("syscall %d: %w", nr, err)
+			return Regs{}, err
 		}
 		if done {
-			return result, nil
+			return r, nil
 		}
 		if err := ptCont(th.tid, 0); err != nil {
-			return 0, fmt.Errorf("syscall %d: %w", nr, th.check("PTRACE_CONT", err))
+			return Regs{}, th.check("PTRACE_CONT", err)
 		}
 		th.state = stRunning
 	}
 }
 
 // classify looks at one stop during an injected call. done means the call
-// finished (int3 reached, or a fault on the stub the call unmapped).
-// Otherwise the stop was dealt with and the thread should be continued.
-func (in *Injector) classify(stub uint64, st status) (done bool, result int64, err error) {
+// finished (the int3 before trap reached, or a fault at unmapped after a
+// call that unmapped the stub), with the registers there. Otherwise the
+// stop was dealt with and the thread should be continued.
+func (in *Injector) classify(trap, unmapped uint64, st status) (done bool, regs Regs, err error) {
 	th := in.th
 	if th.state == stSignal {
 		si, err := ptGetSigInfo(th.tid)
 		if err != nil {
-			return false, 0, th.check("PTRACE_GETSIGINFO", err)
+			return false, regs, th.check("PTRACE_GETSIGINFO", err)
 		}
 		kernel := si.Code() > 0 // synchronous, raised by the CPU or kernel
 		if kernel && (st.sig == unix.SIGTRAP || st.sig == unix.SIGSEGV) {
 			var r Regs
 			if err := ptGetRegs(th.tid, &r); err != nil {
-				return false, 0, th.check("PTRACE_GETREGS", err)
+				return false, regs, th.check("PTRACE_GETREGS", err)
 			}
 			switch {
-			case st.sig == unix.SIGTRAP && pc(&r) == stub+stubTrapAt:
-				return true, syscallResult(&r), nil
-			case st.sig == unix.SIGSEGV && pc(&r) == stub+syscallLen && si.Addr() == stub+syscallLen:
+			case st.sig == unix.SIGTRAP && pc(&r) == trap:
+				return true, r, nil
+			case st.sig == unix.SIGSEGV && unmapped != 0 && pc(&r) == unmapped && si.Addr() == unmapped:
 				// The call unmapped the stub itself (the final munmap).
-				return true, syscallResult(&r), nil
+				return true, r, nil
 			}
-			return false, 0, &StopError{Tid: th.tid, Signal: st.sig, Addr: si.Addr(), Rip: pc(&r)}
+			return false, regs, &StopError{Tid: th.tid, Signal: st.sig, Addr: si.Addr(), Rip: pc(&r)}
 		}
 		if kernel && isFault(st.sig) {
 			var r Regs
 			_ = ptGetRegs(th.tid, &r)
-			return false, 0, &StopError{Tid: th.tid, Signal: st.sig, Addr: si.Addr(), Rip: pc(&r)}
+			return false, regs, &StopError{Tid: th.tid, Signal: st.sig, Addr: si.Addr(), Rip: pc(&r)}
 		}
 		// An asynchronous signal: hold it until the thread resumes.
 		th.held = append(th.held, si)
-		return false, 0, nil
+		return false, regs, nil
 	}
 	switch st.event {
 	case unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_VFORK:
 		msg, err := ptEventMsg(th.tid)
 		if err != nil {
-			return false, 0, th.check("PTRACE_GETEVENTMSG", err)
+			return false, regs, th.check("PTRACE_GETEVENTMSG", err)
 		}
 		in.children = append(in.children, th.p.t.adopt(th.p, int(msg)))
 	case unix.PTRACE_EVENT_EXEC:
-		return false, 0, fmt.Errorf("thread %d: exec during an injected call is not supported", th.tid)
+		return false, regs, fmt.Errorf("thread %d: exec during an injected call is not supported", th.tid)
 	}
 	// Interrupts, group-stop notifications, exit events: carry on.
-	return false, 0, nil
+	return false, regs, nil
 }
 
 func isFault(s unix.Signal) bool {

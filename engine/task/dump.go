@@ -90,7 +90,10 @@ func ReadProcess(pid int, st *image.Process) error {
 }
 
 // Inject fills st with the state that only the process itself can tell,
-// by system calls injected into each thread of the frozen process p.
+// by system calls injected into each thread of the frozen process p: one
+// batch in the leader for the process and itself (ptrace.ReadProcess),
+// one in each other thread. The stub and scratch memory the injection
+// maps in the process are unmapped when it returns.
 func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 	threads := p.Threads()
 	leader := p.Leader()
@@ -103,37 +106,35 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 			log.Error("end injection", "tid", leader.Tid(), "err", cerr)
 		}
 	}()
-	acts, err := in.SigActions()
+	info, err := in.ReadProcess()
 	if err != nil {
-		return err
+		return fmt.Errorf("thread %d: %w", leader.Tid(), err)
 	}
-	for i, a := range acts {
+	for i, a := range info.SigActions {
 		if a == (ptrace.SigAction{}) {
 			continue
 		}
 		st.SigActions = append(st.SigActions, image.SigAction{Signal: i + 1, Handler: a.Handler, Flags: a.Flags, Restorer: a.Restorer, Mask: a.Mask})
 	}
-	if st.MM.Brk, err = in.Brk(); err != nil {
-		return err
-	}
-	dumpable, err := in.PrctlInt(unix.PR_GET_DUMPABLE)
-	if err != nil {
-		return err
-	}
-	st.Dumpable = int(dumpable)
-	if sub, err := in.PrctlInt(unix.PR_GET_CHILD_SUBREAPER); err == nil {
-		st.ChildSubreaper = sub != 0
+	st.MM.Brk = info.Brk
+	st.Dumpable = info.Dumpable
+	if info.SubreaperErr == nil {
+		st.ChildSubreaper = info.ChildSubreaper
 	}
 	scratch, n := in.Scratch()
 	for _, th := range threads {
-		ti := in
+		ti, tinfo := in, info.Thread
 		if th != leader {
 			ti, err = th.InjectorAt(in.Stub(), scratch, n)
 			if err != nil {
 				return fmt.Errorf("thread %d: %w", th.Tid(), err)
 			}
+			tinfo, err = ti.ReadThread()
 		}
-		t, err := thread(st.PID, th, ti)
+		var t image.Thread
+		if err == nil {
+			t, err = thread(st.PID, th, ti, tinfo)
+		}
 		if th != leader {
 			if cerr := ti.Close(); err == nil {
 				err = cerr
@@ -149,7 +150,7 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 
 // thread reads one thread's state. The Injector's saved registers are the
 // thread's registers at the freeze.
-func thread(pid int, th *ptrace.Thread, in *ptrace.Injector) (image.Thread, error) {
+func thread(pid int, th *ptrace.Thread, in *ptrace.Injector, info ptrace.ThreadInfo) (image.Thread, error) {
 	t := image.Thread{TID: th.Tid()}
 	regs := in.SavedRegs()
 	t.Regs, t.Syscall = toImageRegs(&regs)
@@ -170,16 +171,11 @@ func thread(pid int, th *ptrace.Thread, in *ptrace.Injector) (image.Thread, erro
 	} else if rs.Ptr != 0 {
 		t.Rseq = &image.Rseq{Addr: rs.Ptr, Len: rs.Size, Sig: rs.Signature, Flags: rs.Flags}
 	}
-	if t.ClearChildTID, err = in.TidAddress(); err != nil {
-		return t, err
-	}
+	t.ClearChildTID = info.TidAddress
 	if t.RobustList, t.RobustListLen, err = ptrace.RobustList(th.Tid()); err != nil {
 		return t, err
 	}
-	as, err := in.SigAltStack()
-	if err != nil {
-		return t, err
-	}
+	as := info.AltStack
 	t.AltStack = image.AltStack{SP: as.Sp, Flags: as.Flags, Size: as.Size}
 	if t.Comm, err = proc.ReadTaskComm(pid, th.Tid()); err != nil {
 		return t, err

@@ -1,0 +1,225 @@
+package ptrace
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Batches: a thread stopped for a dump answers many small questions
+// (every signal's disposition, its alternate stack...), each a system
+// call. Injected one at a time, each call costs a resume of the thread
+// and a wait for its stop, which on a busy machine is a wait for a CPU.
+// A batch runs a table of calls in one resume: the table, in scratch
+// memory, is walked by batchCode, which NewInjector maps beside the stub.
+
+// BatchCall is one system call of a batch: its number, arguments and,
+// after Batch, its raw result (a negative errno on failure).
+type BatchCall struct {
+	Nr     int
+	Args   [6]uint64
+	Result int64
+}
+
+// batchEntry is the size of a table entry: number, six arguments, result.
+const batchEntry = 64
+
+// batchOff is where batchCode follows the stub in the stub page.
+const batchOff = 16
+
+// CanBatch reports whether Batch runs its calls in one resume (the
+// Injector was made by NewInjector, or by InjectorAt on the stub of an
+// open one); otherwise Batch injects them one by one.
+func (in *Injector) CanBatch() bool { return in.batch != 0 }
+
+// Batch runs calls in order in the thread and sets each one's Result.
+// The table takes len(calls)*64 bytes of scratch memory at offset off;
+// the calls' own arguments may point to the rest. A call that fails does
+// not stop the ones after it: check each Result (Errno).
+func (in *Injector) Batch(off int, calls []BatchCall) error {
+	return in.th.p.t.Do(func() error { return in.runBatch(off, calls) })
+}
+
+func (in *Injector) runBatch(off int, calls []BatchCall) error {
+	if in.closed {
+		return fmt.Errorf("injector of thread %d is closed", in.th.tid)
+	}
+	if len(calls) == 0 {
+		return nil
+	}
+	if in.batch == 0 {
+		for i := range calls {
+			r, err := in.syscall(calls[i].Nr, calls[i].Args[:])
+			if err != nil {
+				return err
+			}
+			calls[i].Result = r
+		}
+		return nil
+	}
+	n := len(calls) * batchEntry
+	if off < 0 || off%8 != 0 {
+		return fmt.Errorf("batch table at scratch offset %d: want a multiple of 8", off)
+	}
+	if err := in.needScratch(off + n); err != nil {
+		return err
+	}
+	table := make([]byte, n)
+	for i, c := range calls {
+		e := table[i*batchEntry:]
+		binary.LittleEndian.PutUint64(e, uint64(c.Nr))
+		for j, a := range c.Args {
+			binary.LittleEndian.PutUint64(e[8+8*j:], a)
+		}
+	}
+	addr := in.scratch + uint64(off)
+	if err := in.th.p.writeMem(addr, table); err != nil {
+		return fmt.Errorf("write batch table: %w", err)
+	}
+	regs := in.saved
+	setBatch(&regs, in.batch, addr, len(calls))
+	if _, err := in.run(&regs, in.batch+uint64(len(batchCode)), 0); err != nil {
+		return fmt.Errorf("batch of %d calls: %w", len(calls), err)
+	}
+	if err := in.th.p.ReadMem(addr, table); err != nil {
+		return fmt.Errorf("read batch results: %w", err)
+	}
+	for i := range calls {
+		calls[i].Result = int64(binary.LittleEndian.Uint64(table[i*batchEntry+56:]))
+	}
+	return nil
+}
+
+// ThreadInfo is the state of a thread that only injected calls read.
+type ThreadInfo struct {
+	TidAddress uint64 // prctl(PR_GET_TID_ADDRESS)
+	AltStack   AltStack
+}
+
+// ProcessInfo is the state of a process that only injected calls read,
+// with that of the thread they ran in.
+type ProcessInfo struct {
+	SigActions [NumSignals]SigAction
+	Brk        uint64
+	Dumpable   int // prctl(PR_GET_DUMPABLE)
+	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER); SubreaperErr its
+	// failure, if any (kernels without it).
+	ChildSubreaper bool
+	SubreaperErr   error
+	Thread         ThreadInfo
+}
+
+// Scratch layout of ReadProcess and ReadThread: the answers first, the
+// table after them.
+const (
+	infoActs      = 0
+	infoSubreaper = infoActs + NumSignals*32
+	infoTid       = infoSubreaper + 8
+	infoAltStack  = infoTid + 8
+	infoEnd       = infoAltStack + 24
+	infoTable     = (infoEnd + 63) &^ 63
+)
+
+// threadCalls are the calls of ReadThread, answers at base.
+func (in *Injector) threadCalls(base uint64) []BatchCall {
+	return []BatchCall{
+		{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_TID_ADDRESS, base + infoTid}},
+		{Nr: unix.SYS_SIGALTSTACK, Args: [6]uint64{0, base + infoAltStack}},
+	}
+}
+
+// threadInfo decodes the answers of threadCalls.
+func threadInfo(calls []BatchCall, b []byte) (ThreadInfo, error) {
+	var t ThreadInfo
+	if err := Errno(calls[0].Result); err != nil {
+		return t, fmt.Errorf("PR_GET_TID_ADDRESS: %w", err)
+	}
+	if err := Errno(calls[1].Result); err != nil {
+		return t, fmt.Errorf("sigaltstack: %w", err)
+	}
+	t.TidAddress = le64(b[infoTid:])
+	copy(bytesOf(&t.AltStack), b[infoAltStack:infoAltStack+24])
+	return t, nil
+}
+
+// ReadThread reads the thread's ThreadInfo in one batch.
+func (in *Injector) ReadThread() (ThreadInfo, error) {
+	var t ThreadInfo
+	err := in.th.p.t.Do(func() error {
+		if err := in.needScratch(infoTable); err != nil {
+			return err
+		}
+		b := make([]byte, infoEnd)
+		if err := in.th.p.writeMem(in.scratch, b); err != nil {
+			return err
+		}
+		calls := in.threadCalls(in.scratch)
+		if err := in.runBatch(infoTable, calls); err != nil {
+			return err
+		}
+		if err := in.th.p.ReadMem(in.scratch, b); err != nil {
+			return err
+		}
+		var err error
+		t, err = threadInfo(calls, b)
+		return err
+	})
+	return t, err
+}
+
+// ReadProcess reads the process's ProcessInfo, and the thread's, in one
+// batch: rt_sigaction for every signal, brk(0), the prctl values and the
+// thread's calls.
+func (in *Injector) ReadProcess() (ProcessInfo, error) {
+	var p ProcessInfo
+	err := in.th.p.t.Do(func() error {
+		if err := in.needScratch(infoTable + (NumSignals+5)*batchEntry); err != nil {
+			return err
+		}
+		b := make([]byte, infoEnd)
+		if err := in.th.p.writeMem(in.scratch, b); err != nil {
+			return err
+		}
+		s := in.scratch
+		calls := make([]BatchCall, 0, NumSignals+5)
+		for sig := 1; sig <= NumSignals; sig++ {
+			calls = append(calls, BatchCall{Nr: unix.SYS_RT_SIGACTION, Args: [6]uint64{uint64(sig), 0, s + infoActs + uint64(sig-1)*32, 8}})
+		}
+		calls = append(calls,
+			BatchCall{Nr: unix.SYS_BRK},
+			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_DUMPABLE}},
+			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_CHILD_SUBREAPER, s + infoSubreaper}})
+		calls = append(calls, in.threadCalls(s)...)
+		if err := in.runBatch(infoTable, calls); err != nil {
+			return err
+		}
+		if err := in.th.p.ReadMem(s, b); err != nil {
+			return err
+		}
+		for sig := 1; sig <= NumSignals; sig++ {
+			if err := Errno(calls[sig-1].Result); err != nil {
+				return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
+			}
+			copy(bytesOf(&p.SigActions[sig-1]), b[infoActs+(sig-1)*32:infoActs+sig*32])
+		}
+		c := calls[NumSignals:]
+		if err := Errno(c[0].Result); err != nil {
+			return fmt.Errorf("brk: %w", err)
+		}
+		p.Brk = uint64(c[0].Result)
+		if err := Errno(c[1].Result); err != nil {
+			return fmt.Errorf("prctl(PR_GET_DUMPABLE): %w", err)
+		}
+		p.Dumpable = int(c[1].Result)
+		if err := Errno(c[2].Result); err != nil {
+			p.SubreaperErr = fmt.Errorf("prctl(PR_GET_CHILD_SUBREAPER): %w", err)
+		} else {
+			p.ChildSubreaper = le32(b[infoSubreaper:]) != 0
+		}
+		var err error
+		p.Thread, err = threadInfo(c[3:], b)
+		return err
+	})
+	return p, err
+}
