@@ -48,6 +48,10 @@
 //     64 at a time, read from the source in parallel and placed in order
 //     while it works: it faults once per batch instead of once per page.
 //     Each stride brings in as many pages as one access was seen to reach.
+//   - A fault on a page of the working set still to fetch (Options.First:
+//     the thread touches it in the recorded order faster than the
+//     prefetcher places it) brings in the ranges that follow it in that
+//     order, up to 1 MiB, and the prefetcher goes on after them.
 //   - Faults come first: after a fault that is not part of a scan (the
 //     thread waits on the latency of each), every prefetch worker but
 //     one holds back for a few milliseconds, so that the thread and the

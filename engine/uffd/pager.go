@@ -144,18 +144,21 @@ type Stats struct {
 	Total   uint64 // bytes in the extents at start (for a child: pending at fork)
 	Pending uint64 // bytes neither placed nor dropped
 
-	Faults        uint64 // page-fault messages handled
-	DataFaults    uint64 // ... served from the source
-	ZeroFaults    uint64 // ... served zeros (holes, dropped pages)
-	FaultBytes    uint64 // placed from the source to serve faults
-	StrideBytes   uint64 // of which read ahead of a thread touching memory at a stride
-	PrefetchBytes uint64 // placed from the source by the prefetcher
-	ZeroBytes     uint64 // zero-filled to serve faults
-	ReadBytes     uint64 // read from the source
-	ExistingBytes uint64 // pending pages found present (EEXIST), skipped
-	DroppedBytes  uint64 // pending pages found unmapped in a child, dropped
-	Wakes         uint64 // UFFDIO_WAKE calls (fault on a present or unmapped page)
-	Retries       uint64 // copies refused with EAGAIN (events pending)
+	Faults      uint64 // page-fault messages handled
+	DataFaults  uint64 // ... served from the source
+	ZeroFaults  uint64 // ... served zeros (holes, dropped pages)
+	FaultBytes  uint64 // placed from the source to serve faults
+	StrideBytes uint64 // of which read ahead of a thread touching memory at a stride
+	// FirstAheadBytes: of which read ahead of a thread touching its
+	// working set (Options.First) faster than the prefetcher placed it.
+	FirstAheadBytes uint64
+	PrefetchBytes   uint64 // placed from the source by the prefetcher
+	ZeroBytes       uint64 // zero-filled to serve faults
+	ReadBytes       uint64 // read from the source
+	ExistingBytes   uint64 // pending pages found present (EEXIST), skipped
+	DroppedBytes    uint64 // pending pages found unmapped in a child, dropped
+	Wakes           uint64 // UFFDIO_WAKE calls (fault on a present or unmapped page)
+	Retries         uint64 // copies refused with EAGAIN (events pending)
 
 	Removes, Unmaps, Remaps, Forks uint64 // events read
 	RemovedBytes                   uint64 // pending bytes dropped by REMOVE

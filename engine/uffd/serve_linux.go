@@ -170,6 +170,24 @@ func (s *server) serveFault(f fault) error {
 		s.latencyUntil.Store(time.Now().Add(latencyBound).UnixNano())
 	}
 	s.lastPage = page
+	// In the working set still to fetch: what follows it in the recorded
+	// order comes with it (it is what the thread touches next, better
+	// known than any stride).
+	if len(s.opts.First) > 0 {
+		s.setMu.Lock()
+		pendingFirst := s.first.i < len(s.opts.First)
+		s.setMu.Unlock()
+		if pendingFirst {
+			ahead, err := s.firstAhead(src + (page - lo))
+			if err != nil {
+				return err
+			}
+			if ahead {
+				s.report()
+				return nil
+			}
+		}
+	}
 	if rest {
 		// Not a stride of its own: the access at start reaches here.
 		s.stride.reach(start, page)

@@ -64,7 +64,9 @@ type server struct {
 	strideReads  []strideRead
 	strideBuf    []byte
 
-	first firstQueue // Options.First still to prefetch; under setMu
+	first      firstQueue // Options.First still to prefetch; under setMu
+	firstParts []piece    // what the last firstAhead placed
+	firstBuf   []byte
 
 	// evMu: held for writing while messages are read and events applied,
 	// for reading around every look at the pending set that a copy or

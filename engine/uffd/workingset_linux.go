@@ -39,6 +39,72 @@ func (s *server) planFirst() (piece, bool) {
 	return piece{}, false
 }
 
+// firstAhead serves a fault on page (snapshot address at) that falls in
+// the working set still to fetch: the process is touching its working set
+// faster than the prefetcher places it, in the recorded order, so the
+// ranges that follow it in Options.First, up to firstAheadMax bytes, are
+// placed now, while it waits, rather than each at a fault of its own; and
+// the prefetcher's queue moves past them. It reports whether it placed
+// anything (the fault's own range is placed already).
+func (s *server) firstAhead(at uint64) (bool, error) {
+	s.setMu.Lock()
+	q := &s.first
+	j := -1
+	for k := q.i; k < len(s.opts.First) && k < q.i+firstSearch; k++ {
+		if r := s.opts.First[k]; r.Start <= at && at < r.End {
+			j = k
+			break
+		}
+	}
+	if j < 0 {
+		s.setMu.Unlock()
+		return false, nil
+	}
+	parts := s.firstParts[:0]
+	var total uint64
+	k := j
+	for ; k < len(s.opts.First) && total < firstAheadMax; k++ {
+		r := s.opts.First[k]
+		s.pend.overlapping(r.Start, r.End, func(p piece) {
+			parts = append(parts, p)
+			total += p.len
+		})
+	}
+	q.i, q.next = k, 0
+	s.setMu.Unlock()
+	s.firstParts = parts
+	if total == 0 {
+		return false, nil
+	}
+	if uint64(cap(s.firstBuf)) < total {
+		s.firstBuf = make([]byte, total)
+	}
+	off := uint64(0)
+	for _, p := range parts {
+		buf := s.firstBuf[off : off+p.len]
+		off += p.len
+		if err := readFull(s.src, buf, p.src); err != nil {
+			return true, &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
+		}
+		if _, err := s.placeRange(p, buf, whyFault); err != nil {
+			return true, err
+		}
+	}
+	s.mu.Lock()
+	s.st.ReadBytes += total
+	s.st.FirstAheadBytes += total
+	s.mu.Unlock()
+	return true, nil
+}
+
+// firstSearch is how far past the prefetcher's position in the working
+// set a fault is looked for; firstAheadMax the most a fault on it brings
+// in ahead (placing 1 MiB of 4 KiB pieces takes about a millisecond).
+const (
+	firstSearch   = 1024
+	firstAheadMax = 1 << 20
+)
+
 // ReleasePrefetch lets the prefetcher start (Options.HoldPrefetch), in the
 // process and in every child it forked. Safe at any time, more than once.
 func (p *Pager) ReleasePrefetch() {

@@ -128,3 +128,36 @@ func TestRecorderMaxFaults(t *testing.T) {
 		t.Fatalf("got %+v, %q", got, reason)
 	}
 }
+
+// TestPagerFirstAhead: a thread touching its working set (a page every
+// 100 KiB, in the recorded order) faster than anything prefetches it: a
+// fault on a page of the working set brings in the ranges that follow it
+// in the recorded order, so the thread faults a few times, not once per
+// page. Strides are off, so that only the working set can read ahead.
+func TestPagerFirstAhead(t *testing.T) {
+	const size = 64 * mib
+	const step = 100 << 10
+	f, fd, base := startRegistered(t, uint64(size))
+	ext := cut(base, block, size/block)
+	src := newPatternSrc(ext)
+	m := newMem(base, size, ext, src)
+	var first []units.Range
+	for a := base; a+PageSize <= base+size; a += step {
+		first = append(first, units.Range{Start: a &^ (PageSize - 1), End: a&^(PageSize-1) + PageSize})
+	}
+	p := New(fd, src, ext, Options{First: first, NoStrideAhead: true, MaxFaultBytes: PageSize, Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	r := f.do("touch %x %x %x", base, uint64(size), uint64(step))
+	st := p.Stats()
+	t.Logf("%d pages of the working set touched: %d faults, %d bytes brought in ahead", r[0], st.DataFaults, st.FirstAheadBytes)
+	if st.DataFaults > r[0]/16 {
+		t.Errorf("%d faults for %d pages of the working set touched in its order: nothing brought in ahead", st.DataFaults, r[0])
+	}
+	if st.FirstAheadBytes > uint64(len(first))*PageSize {
+		t.Errorf("%d bytes brought in ahead, more than the working set's %d", st.FirstAheadBytes, len(first)*PageSize)
+	}
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
