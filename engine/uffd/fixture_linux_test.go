@@ -115,6 +115,21 @@ func (f *target) takeUffd() int {
 // result. As restore does, once Run has succeeded it unregisters
 // [base, base+size) at once, so that faults on holes go to the kernel.
 // The cleanup cancels and waits.
+// servePattern starts the fixture with size bytes registered, cut into
+// extents of block bytes of the pattern source, and runs a pager on it
+// with the options that opts makes for the region at base.
+func servePattern(t *testing.T, size uint64, opts func(base uint64) Options) (f *target, base uint64, m mem, p *Pager, errc <-chan error) {
+	t.Helper()
+	f, fd, base := startRegistered(t, size)
+	ext := cut(base, block, int(size/block))
+	src := newPatternSrc(ext)
+	m = newMem(base, size, ext, src)
+	o := opts(base)
+	o.Logger = testLogger(t)
+	p = New(fd, src, ext, o)
+	return f, base, m, p, runPager(t, p, fd, base, size, time.Minute)
+}
+
 func runPager(t *testing.T, p *Pager, fd int, base, size uint64, timeout time.Duration) <-chan error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)

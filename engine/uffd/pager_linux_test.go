@@ -405,12 +405,7 @@ func TestPagerFaultAhead(t *testing.T) {
 // touches is read.
 func TestPagerStride(t *testing.T) {
 	const size = 32 * mib
-	f, fd, base := startRegistered(t, uint64(size))
-	ext := cut(base, block, size/block)
-	src := newPatternSrc(ext)
-	m := newMem(base, size, ext, src)
-	p := New(fd, src, ext, Options{Logger: testLogger(t)})
-	errc := runPager(t, p, fd, base, size, time.Minute)
+	f, base, m, p, errc := servePattern(t, size, func(uint64) Options { return Options{} })
 	const stride = 400 << 10
 	touched := uint64(size/stride + 1)
 	if r := f.do("touch %x %x %x", base, uint64(size), uint64(stride)); r[0] != touched {
@@ -444,15 +439,12 @@ func TestPagerStride(t *testing.T) {
 func TestPagerStrideSpan(t *testing.T) {
 	const size = 32 * mib
 	const unit = 16 << 10
-	f, fd, base := startRegistered(t, uint64(size))
-	ext := cut(base, block, size/block)
-	src := newPatternSrc(ext)
-	m := newMem(base, size, ext, src)
-	p := New(fd, src, ext, Options{Logger: testLogger(t), Unit: func(at uint64) (uint64, uint64, bool) {
-		lo := at &^ (unit - 1)
-		return lo, lo + unit, true
-	}})
-	errc := runPager(t, p, fd, base, size, time.Minute)
+	f, base, m, p, errc := servePattern(t, size, func(uint64) Options {
+		return Options{Unit: func(at uint64) (uint64, uint64, bool) {
+			lo := at &^ (unit - 1)
+			return lo, lo + unit, true
+		}}
+	})
 	const stride = 400 << 10
 	start := base + unit - PageSize // each access: the unit's last page, then the next unit's first
 	touched := (uint64(size) - (start - base) - PageSize) / stride
@@ -484,12 +476,9 @@ func TestPagerStrideSpan(t *testing.T) {
 // through the windows in place, not fault past every one of them.
 func TestPagerScanAfterStride(t *testing.T) {
 	const size = 32 * mib
-	f, fd, base := startRegistered(t, uint64(size))
-	ext := cut(base, block, size/block)
-	src := newPatternSrc(ext)
-	m := newMem(base, size, ext, src)
-	p := New(fd, src, ext, Options{Logger: testLogger(t), MaxFaultBytes: 16 << 10, NoStrideAhead: true})
-	errc := runPager(t, p, fd, base, size, time.Minute)
+	f, base, m, p, errc := servePattern(t, size, func(uint64) Options {
+		return Options{MaxFaultBytes: 16 << 10, NoStrideAhead: true}
+	})
 	f.do("touch %x %x %x", base, uint64(size), uint64(400<<10))
 	before := p.Stats().DataFaults
 	f.checkSum(m, "all", base, size)

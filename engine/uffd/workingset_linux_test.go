@@ -137,16 +137,13 @@ func TestRecorderMaxFaults(t *testing.T) {
 func TestPagerFirstAhead(t *testing.T) {
 	const size = 64 * mib
 	const step = 100 << 10
-	f, fd, base := startRegistered(t, uint64(size))
-	ext := cut(base, block, size/block)
-	src := newPatternSrc(ext)
-	m := newMem(base, size, ext, src)
 	var first []units.Range
-	for a := base; a+PageSize <= base+size; a += step {
-		first = append(first, units.Range{Start: a &^ (PageSize - 1), End: a&^(PageSize-1) + PageSize})
-	}
-	p := New(fd, src, ext, Options{First: first, NoStrideAhead: true, MaxFaultBytes: PageSize, Logger: testLogger(t)})
-	errc := runPager(t, p, fd, base, size, time.Minute)
+	f, base, m, p, errc := servePattern(t, size, func(base uint64) Options {
+		for a := base; a+PageSize <= base+size; a += step {
+			first = append(first, units.Range{Start: a &^ (PageSize - 1), End: a&^(PageSize-1) + PageSize})
+		}
+		return Options{First: first, NoStrideAhead: true, MaxFaultBytes: PageSize}
+	})
 	r := f.do("touch %x %x %x", base, uint64(size), uint64(step))
 	st := p.Stats()
 	t.Logf("%d pages of the working set touched: %d faults, %d bytes brought in ahead", r[0], st.DataFaults, st.FirstAheadBytes)
