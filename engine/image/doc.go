@@ -48,8 +48,10 @@
 // address). Holes read as zeros. A read of part of a block decodes the whole
 // block once into the shared cache (cache.Cache); concurrent readers of the
 // same block wait for that one decode. Every block is checked against its
-// CRC32C before it is cached or returned; a mismatch is a *BlockError that
-// names the file, the block and its address, and never wrong bytes.
+// CRC32C before it is cached or returned (a block of a sealed or signed
+// snapshot is authenticated instead, as it is read: Reader.Authenticated);
+// a mismatch is a *BlockError that names the file, the block and its
+// address, and never wrong bytes.
 // Uncached is the same memory for a reader that reads each block once (a
 // lazy restore's pager): blocks are read straight into its buffer, through
 // the same loader and checks, without the cache. Stream decodes ranges in
@@ -88,9 +90,12 @@
 // identity: snapshot id, pid, index, address, length, kind, stored length.
 // A block's tag is kept in the index rather than after its ciphertext, so
 // that the pages file keeps its layout; readers read the ciphertext into
-// their buffer and decrypt it in place (Reader.Payloads). The index keeps
-// the CRC32C of each block's plaintext: sealed with it, it leaks nothing,
-// and it still checks what a mount serves (Reader.Checked).
+// their buffer and decrypt it in place (Reader.Payloads), a large read on
+// several goroutines. GCM has then authenticated every byte of the block
+// as itself, and its CRC32C is not checked again. The index keeps the
+// CRC32C of each block's plaintext: sealed with it, it leaks nothing, and
+// it still checks what another party's mount serves (Reader.Checked), and
+// snapctl verify checks it.
 //
 // Readers authenticate the manifest first (OpenOptions.Keys), then every
 // file before parsing it; every failure is ErrAuth, which matches

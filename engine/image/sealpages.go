@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
+	"slices"
 	"sort"
+	"sync"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
@@ -87,11 +90,10 @@ func newSealedPages(name string, f File, lay *layout, k *sealKeys, pid int, tags
 const sealedScratch = 16
 
 // ReadAt reads the payloads [off, off+len(p)) straight into p, then
-// authenticates and decrypts each block in place. AES-GCM wants a block's
-// tag right after its ciphertext: the 16 bytes after a block in p (the
-// next block's) are set aside while the tag stands there. A block with no
-// room after it in p, or cut by either end of the read, goes through a
-// scratch buffer.
+// authenticates and decrypts each block in place (openAll). A block cut
+// by either end of the read, or at its end with no room after it in p
+// for its tag (every single-block read), is read apart: into a scratch
+// buffer, and decrypted from there into p.
 func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("read %s at %d: negative offset", s.name, off)
@@ -102,57 +104,130 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	for j < len(s.blocks) && s.blocks[j].Off < hi {
 		j++
 	}
-	inLo, inHi := lo, hi // read in place
+	var apart []Block // in file order
 	if i < j && s.blocks[i].Off < lo {
-		if err := s.partial(s.blocks[i], p, lo); err != nil {
-			return 0, err
-		}
-		inLo = min(hi, s.blocks[i].Off+uint64(s.blocks[i].StoredLen))
+		apart = append(apart, s.blocks[i])
 		i++
 	}
-	if i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > hi {
-		if err := s.partial(s.blocks[j-1], p, lo); err != nil {
-			return 0, err
+	for k := 0; i < j; k++ {
+		b := s.blocks[j-1]
+		if end := b.Off + uint64(b.StoredLen); end <= hi && (s.aead == nil || end+tagSize <= hi) {
+			break
 		}
-		inHi = s.blocks[j-1].Off
+		apart = slices.Insert(apart, len(apart)-k, b)
 		j--
 	}
-	n := 0
-	if inLo < inHi {
-		var err error
-		n, err = s.f.ReadAt(p[inLo-lo:inHi-lo], int64(inLo))
-		if err != nil && (i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > inLo+uint64(n) || !errors.Is(err, io.EOF)) {
-			return 0, err // a block is cut short
+	// Read the rest: the blocks decrypted in place and the padding around
+	// them. A read past the end of the file, after the last block, returns
+	// what it read and io.EOF, once the blocks are authenticated.
+	count, eof := len(p), error(nil)
+	from := lo
+	for k := 0; k <= len(apart); k++ {
+		to := hi
+		if k < len(apart) {
+			to = apart[k].Off
 		}
-		if err != nil {
-			return int(inLo-lo) + n, err // past the end of the file, after the last block
+		if from < to {
+			n, err := s.f.ReadAt(p[from-lo:to-lo], int64(from))
+			if err != nil && (k < len(apart) || !errors.Is(err, io.EOF) || i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > from+uint64(n)) {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF // a block is cut short
+				}
+				return 0, err
+			}
+			if err != nil {
+				count, eof = int(from-lo)+n, err
+			}
+		}
+		if k < len(apart) {
+			from = max(from, apart[k].Off+uint64(apart[k].StoredLen))
 		}
 	}
+	for _, b := range apart {
+		if err := s.partial(b, p, lo); err != nil {
+			return 0, err
+		}
+	}
+	if s.aead == nil {
+		for _, b := range s.blocks[i:j] {
+			if err := s.check(b, p[b.Off-lo:b.Off-lo+uint64(b.StoredLen)]); err != nil {
+				return 0, err
+			}
+		}
+	} else if err := s.openAll(s.blocks[i:j], p, lo); err != nil {
+		return 0, err
+	}
+	return count, eof
+}
+
+// sealedParallel is the least ciphertext a read decrypts on more than
+// one goroutine (at most GOMAXPROCS): below it, starting goroutines
+// costs more than the decryption.
+const sealedParallel = 1 << 20
+
+// openAll authenticates and decrypts in place blocks bs, read whole into
+// p (read at lo) with room for a tag after each. A large read is
+// decrypted on several goroutines, each a group of consecutive blocks but
+// its last, whose tag would stand over the first bytes of the next group
+// while another goroutine opens them: those last blocks are opened once
+// all the rest is.
+func (s *sealedPages) openAll(bs []Block, p []byte, lo uint64) error {
+	if len(bs) == 0 {
+		return nil
+	}
+	total := bs[len(bs)-1].Off + uint64(bs[len(bs)-1].StoredLen) - bs[0].Off
+	parts := min(runtime.GOMAXPROCS(0), len(bs)/2, int(total/sealedParallel))
+	if parts <= 1 {
+		return s.openInPlace(bs, p, lo)
+	}
+	// Cut bs into parts groups of about total/parts bytes each.
+	groups := make([][]Block, 0, parts)
+	start := 0
+	for k := range bs {
+		if len(groups) < parts-1 && bs[k].Off+uint64(bs[k].StoredLen)-bs[start].Off >= total/uint64(parts) {
+			groups = append(groups, bs[start:k+1])
+			start = k + 1
+		}
+	}
+	if start < len(bs) {
+		groups = append(groups, bs[start:])
+	}
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for g := range groups[1:] {
+		wg.Go(func() { errs[g+1] = s.openInPlace(groups[g+1][:len(groups[g+1])-1], p, lo) })
+	}
+	errs[0] = s.openInPlace(groups[0][:len(groups[0])-1], p, lo)
+	wg.Wait()
+	for g, err := range errs {
+		if err == nil {
+			err = s.openInPlace(groups[g][len(groups[g])-1:], p, lo)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openInPlace authenticates and decrypts in place blocks bs, read into p
+// (read at lo) with room for a tag after each. AES-GCM wants a block's
+// tag right after its ciphertext: the 16 bytes after a block in p (the
+// next block's, or padding) are set aside while the tag stands there.
+func (s *sealedPages) openInPlace(bs []Block, p []byte, lo uint64) error {
 	var save [tagSize]byte
-	for _, b := range s.blocks[i:j] {
+	for _, b := range bs {
 		at := b.Off - lo
 		end := at + uint64(b.StoredLen)
-		if s.aead == nil {
-			if err := s.check(b, p[at:end]); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if end+tagSize > uint64(len(p)) {
-			if err := s.partial(b, p, lo); err != nil {
-				return 0, err
-			}
-			continue
-		}
 		copy(save[:], p[end:end+tagSize])
 		copy(p[end:end+tagSize], s.tag(b))
 		_, err := s.open(b, p[at:at], p[at:end+tagSize])
 		copy(p[end:end+tagSize], save[:])
 		if err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return len(p), nil
+	return nil
 }
 
 func (s *sealedPages) tag(b Block) []byte {
@@ -181,7 +256,8 @@ func (s *sealedPages) open(b Block, dst, ct []byte) ([]byte, error) {
 }
 
 // partial reads block b whole into a scratch buffer, authenticates and
-// decrypts it there, and copies what of it falls in p (read at lo).
+// decrypts it, and copies what of it falls in p (read at lo): straight
+// from the scratch buffer into p if all of it does.
 func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 	n := int(b.StoredLen)
 	var buf []byte
@@ -213,6 +289,10 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 		}
 	} else {
 		copy(buf[n:], s.tag(b))
+		if b.Off >= lo && b.Off+uint64(n) <= lo+uint64(len(p)) {
+			_, err := s.open(b, p[b.Off-lo:b.Off-lo], buf)
+			return err
+		}
 		var err error
 		if out, err = s.open(b, buf[:0], buf); err != nil {
 			return err
