@@ -317,6 +317,7 @@ type Reader struct {
 	f       File
 	src     io.ReaderAt // payloads: f, or f decrypted (sealedPages)
 	auth    bool        // src authenticates every block (Authenticated)
+	window  uint64      // Raw blocks larger than it are sealed in windows (Seal.Window)
 	lay     *layout
 	cache   *cache.Cache
 	file    uint64 // key space in the cache
@@ -384,8 +385,11 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
 	}
+	if s.keys != nil {
+		r.window = s.Manifest.Seal.Window
+	}
 	if s.keys != nil || s.signed {
-		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, pid, tags); err != nil {
+		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, r.window, pid, tags); err != nil {
 			r.Close() // and f
 			return nil, fmt.Errorf("%s: %w", e.Index, err)
 		}
@@ -587,8 +591,12 @@ func (r *Reader) load(b Block, dst []byte) error {
 
 // pread reads len(dst) bytes of the pages file from the payload of block
 // b on (the payloads of the blocks after it, if dst is longer).
-func (r *Reader) pread(b Block, dst []byte) error {
-	if _, err := r.src.ReadAt(dst, int64(b.Off)); err != nil {
+func (r *Reader) pread(b Block, dst []byte) error { return r.preadAt(b, dst, b.Off) }
+
+// preadAt reads len(dst) bytes of the payloads at off, in block b or from
+// it on.
+func (r *Reader) preadAt(b Block, dst []byte, off uint64) error {
+	if _, err := r.src.ReadAt(dst, int64(off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -614,8 +622,13 @@ func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
 }
 
 // PageChecked reports whether block b's pages can be read and checked one
-// by one (a Raw block of a snapshot with page checksums).
-func (r *Reader) PageChecked(b Block) bool {
+// by one (a Raw block of a snapshot with page checksums), or its windows
+// read and authenticated one by one (a Raw block of a sealed snapshot
+// sealed in windows).
+func (r *Reader) PageChecked(b Block) bool { return r.pageCRCs(b) || r.windowed(b) }
+
+// pageCRCs reports whether block b has page checksums.
+func (r *Reader) pageCRCs(b Block) bool {
 	return r.pcrc != nil && hasPageCRCsFor(b) && (r.parent == nil || r.pcrc.covers(b.Index))
 }
 
@@ -628,7 +641,11 @@ func (r *Reader) Unit(addr, size uint64) (lo, hi uint64, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	if r.PageChecked(b) {
+	if r.windowed(b) {
+		lo, hi = r.sealedWindow(b, addr)
+		return lo, hi, true
+	}
+	if r.pageCRCs(b) {
 		size = max(PageSize, size&^(PageSize-1))
 		lo = max(b.Addr, addr/size*size)
 		return lo, min(b.End(), lo+size), true
@@ -655,17 +672,22 @@ func (r *Reader) loadPages(b Block, at uint64, dst []byte) error {
 // that hold it alone if b is PageChecked (through a scratch buffer unless
 // the part is whole pages), else the whole block through a scratch buffer.
 func (r *Reader) readPart(b Block, lo, hi uint64, dst []byte) error {
+	if r.windowed(b) {
+		// The payloads authenticate the windows that hold [lo, hi) and
+		// decrypt into dst what of them it holds.
+		return r.preadAt(b, dst, b.Off+(lo-b.Addr))
+	}
 	plo, phi := lo&^(PageSize-1), alignUp(hi, PageSize)
-	if !r.PageChecked(b) {
+	if !r.pageCRCs(b) {
 		plo, phi = b.Addr, b.End()
 	}
-	if plo == lo && phi == hi && r.PageChecked(b) {
+	if plo == lo && phi == hi && r.pageCRCs(b) {
 		return r.loadPages(b, lo, dst)
 	}
 	buf := scratch(int(phi - plo))
 	defer scratchPool.Put(buf)
 	var err error
-	if r.PageChecked(b) {
+	if r.pageCRCs(b) {
 		err = r.loadPages(b, plo, *buf)
 	} else {
 		err = r.load(b, *buf)

@@ -52,33 +52,35 @@ type sealedPages struct {
 	aead    cipher.AEAD // nil: a signed snapshot in clear, blocks checked by SHA-256
 	id      [idSize]byte
 	pid     uint64
-	blocks  []Block // stored blocks, by offset
-	tags    []byte  // tagLen per block of the index: GCM tags, or SHA-256 (aead nil)
+	units   []sealUnit // of the stored blocks, by offset
+	tags    []byte     // tagLen per unit and Zero block, in index order: GCM tags, or SHA-256 (aead nil)
 	tagLen  int
-	maxLen  int // the largest stored block, for the scratch buffers
+	maxLen  int // the largest unit, for the scratch buffers
 	scratch chan []byte
 }
 
 // newSealedPages returns the pages file f of process pid read through
-// the keys of a sealed snapshot, tags being the blocks' GCM tags; or, k
+// the keys of a sealed snapshot, its Raw blocks sealed in windows of
+// window bytes (0: all whole), tags being the blocks' GCM tags; or, k
 // nil, of a signed snapshot in clear, tags being the blocks' SHA-256.
-func newSealedPages(name string, f File, lay *layout, k *sealKeys, pid int, tags []byte) (*sealedPages, error) {
+func newSealedPages(name string, f File, lay *layout, k *sealKeys, window uint64, pid int, tags []byte) (*sealedPages, error) {
 	s := &sealedPages{name: name, f: f, pid: uint64(pid), tags: tags, tagLen: digestSize,
 		scratch: make(chan []byte, sealedScratch)}
 	if k != nil {
 		s.aead, s.id, s.tagLen = k.pagesAEAD(pid), k.id, tagSize
+	} else {
+		window = 0
 	}
-	if uint64(len(tags)) != uint64(len(lay.ix.Blocks))*uint64(s.tagLen) {
-		return nil, fmt.Errorf("%w: %d bytes of block tags or digests for %d blocks", ErrAuth, len(tags), len(lay.ix.Blocks))
+	units, want, err := sealUnits(lay, window, s.tagLen)
+	if err != nil {
+		return nil, err
 	}
-	for ri, r := range lay.ix.Runs {
-		n := blocksInRange(r.Addr, r.End(), lay.ix.BlockSize)
-		for j := uint64(0); j < n; j++ {
-			if b := lay.block(ri, r.FirstBlock+j); b.Kind != codec.Zero {
-				s.blocks = append(s.blocks, b)
-				s.maxLen = max(s.maxLen, int(b.StoredLen))
-			}
-		}
+	if uint64(len(tags)) != want {
+		return nil, fmt.Errorf("%w: %d bytes of block tags or digests for %d blocks, want %d", ErrAuth, len(tags), len(lay.ix.Blocks), want)
+	}
+	s.units = units
+	for _, u := range units {
+		s.maxLen = max(s.maxLen, int(u.n))
 	}
 	return s, nil
 }
@@ -99,22 +101,22 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("read %s at %d: negative offset", s.name, off)
 	}
 	lo, hi := uint64(off), uint64(off)+uint64(len(p))
-	i := sort.Search(len(s.blocks), func(i int) bool { return s.blocks[i].Off+uint64(s.blocks[i].StoredLen) > lo })
+	i := sort.Search(len(s.units), func(i int) bool { return s.units[i].end() > lo })
 	j := i
-	for j < len(s.blocks) && s.blocks[j].Off < hi {
+	for j < len(s.units) && s.units[j].off < hi {
 		j++
 	}
-	var apart []Block // in file order
-	if i < j && s.blocks[i].Off < lo {
-		apart = append(apart, s.blocks[i])
+	var apart []*sealUnit // in file order
+	if i < j && s.units[i].off < lo {
+		apart = append(apart, &s.units[i])
 		i++
 	}
 	for k := 0; i < j; k++ {
-		b := s.blocks[j-1]
-		if end := b.Off + uint64(b.StoredLen); end <= hi && (s.aead == nil || end+tagSize <= hi) {
+		u := &s.units[j-1]
+		if end := u.end(); end <= hi && (s.aead == nil || end+tagSize <= hi) {
 			break
 		}
-		apart = slices.Insert(apart, len(apart)-k, b)
+		apart = slices.Insert(apart, len(apart)-k, u)
 		j--
 	}
 	// Read the rest: the blocks decrypted in place and the padding around
@@ -125,11 +127,11 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	for k := 0; k <= len(apart); k++ {
 		to := hi
 		if k < len(apart) {
-			to = apart[k].Off
+			to = apart[k].off
 		}
 		if from < to {
 			n, err := s.f.ReadAt(p[from-lo:to-lo], int64(from))
-			if err != nil && (k < len(apart) || !errors.Is(err, io.EOF) || i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > from+uint64(n)) {
+			if err != nil && (k < len(apart) || !errors.Is(err, io.EOF) || i < j && s.units[j-1].end() > from+uint64(n)) {
 				if errors.Is(err, io.EOF) {
 					err = io.ErrUnexpectedEOF // a block is cut short
 				}
@@ -140,21 +142,22 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 			}
 		}
 		if k < len(apart) {
-			from = max(from, apart[k].Off+uint64(apart[k].StoredLen))
+			from = max(from, apart[k].end())
 		}
 	}
-	for _, b := range apart {
-		if err := s.partial(b, p, lo); err != nil {
+	for _, u := range apart {
+		if err := s.partial(u, p, lo); err != nil {
 			return 0, err
 		}
 	}
 	if s.aead == nil {
-		for _, b := range s.blocks[i:j] {
-			if err := s.check(b, p[b.Off-lo:b.Off-lo+uint64(b.StoredLen)]); err != nil {
+		for k := i; k < j; k++ {
+			u := &s.units[k]
+			if err := s.check(u, p[u.off-lo:u.end()-lo]); err != nil {
 				return 0, err
 			}
 		}
-	} else if err := s.openAll(s.blocks[i:j], p, lo); err != nil {
+	} else if err := s.openAll(s.units[i:j], p, lo); err != nil {
 		return 0, err
 	}
 	return count, eof
@@ -171,20 +174,20 @@ const sealedParallel = 1 << 20
 // its last, whose tag would stand over the first bytes of the next group
 // while another goroutine opens them: those last blocks are opened once
 // all the rest is.
-func (s *sealedPages) openAll(bs []Block, p []byte, lo uint64) error {
+func (s *sealedPages) openAll(bs []sealUnit, p []byte, lo uint64) error {
 	if len(bs) == 0 {
 		return nil
 	}
-	total := bs[len(bs)-1].Off + uint64(bs[len(bs)-1].StoredLen) - bs[0].Off
+	total := bs[len(bs)-1].end() - bs[0].off
 	parts := min(runtime.GOMAXPROCS(0), len(bs)/2, int(total/sealedParallel))
 	if parts <= 1 {
 		return s.openInPlace(bs, p, lo)
 	}
 	// Cut bs into parts groups of about total/parts bytes each.
-	groups := make([][]Block, 0, parts)
+	groups := make([][]sealUnit, 0, parts)
 	start := 0
 	for k := range bs {
-		if len(groups) < parts-1 && bs[k].Off+uint64(bs[k].StoredLen)-bs[start].Off >= total/uint64(parts) {
+		if len(groups) < parts-1 && bs[k].end()-bs[start].off >= total/uint64(parts) {
 			groups = append(groups, bs[start:k+1])
 			start = k + 1
 		}
@@ -214,14 +217,15 @@ func (s *sealedPages) openAll(bs []Block, p []byte, lo uint64) error {
 // (read at lo) with room for a tag after each. AES-GCM wants a block's
 // tag right after its ciphertext: the 16 bytes after a block in p (the
 // next block's, or padding) are set aside while the tag stands there.
-func (s *sealedPages) openInPlace(bs []Block, p []byte, lo uint64) error {
+func (s *sealedPages) openInPlace(us []sealUnit, p []byte, lo uint64) error {
 	var save [tagSize]byte
-	for _, b := range bs {
-		at := b.Off - lo
-		end := at + uint64(b.StoredLen)
+	for k := range us {
+		u := &us[k]
+		at := u.off - lo
+		end := at + uint64(u.n)
 		copy(save[:], p[end:end+tagSize])
-		copy(p[end:end+tagSize], s.tag(b))
-		_, err := s.open(b, p[at:at], p[at:end+tagSize])
+		copy(p[end:end+tagSize], s.tag(u))
+		_, err := s.open(u, p[at:at], p[at:end+tagSize])
 		copy(p[end:end+tagSize], save[:])
 		if err != nil {
 			return err
@@ -230,43 +234,50 @@ func (s *sealedPages) openInPlace(bs []Block, p []byte, lo uint64) error {
 	return nil
 }
 
-func (s *sealedPages) tag(b Block) []byte {
-	return s.tags[b.Index*uint64(s.tagLen) : (b.Index+1)*uint64(s.tagLen)]
+func (s *sealedPages) tag(u *sealUnit) []byte {
+	return s.tags[u.tag : u.tag+uint64(s.tagLen)]
 }
 
-// check compares the stored bytes of block b with its SHA-256 (signed
+// check compares the stored bytes of block u with its SHA-256 (signed
 // snapshots in clear).
-func (s *sealedPages) check(b Block, stored []byte) error {
-	if d := sha256.Sum256(stored); !bytes.Equal(d[:], s.tag(b)) {
-		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
+func (s *sealedPages) check(u *sealUnit, stored []byte) error {
+	if d := sha256.Sum256(stored); !bytes.Equal(d[:], s.tag(u)) {
+		return &BlockError{File: s.name, Block: u.b.Index, Addr: u.b.Addr, Err: ErrAuth}
 	}
 	return nil
 }
 
-// open authenticates and decrypts block b, ciphertext and tag in ct,
+// open authenticates and decrypts unit u, ciphertext and tag in ct,
 // appending the plaintext to dst.
-func (s *sealedPages) open(b Block, dst, ct []byte) ([]byte, error) {
+func (s *sealedPages) open(u *sealUnit, dst, ct []byte) ([]byte, error) {
+	b := &u.b
 	var nonce [nonceSize]byte
 	var ad [blockADSize]byte
-	out, err := s.aead.Open(dst, blockNonce(&nonce, b.Index), ct, blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen))
+	bad := blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen)
+	n := blockNonce(&nonce, b.Index)
+	if u.win != 0 {
+		var wad [windowADSize]byte
+		bad, n = windowAD(&wad, bad, u.win), windowNonce(&nonce, b.Index, u.win)
+	}
+	out, err := s.aead.Open(dst, n, ct, bad)
 	if err != nil {
 		return nil, &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
 	}
 	return out, nil
 }
 
-// partial reads block b whole into a scratch buffer, authenticates and
+// partial reads unit u whole into a scratch buffer, authenticates and
 // decrypts it, and copies what of it falls in p (read at lo): straight
 // from the scratch buffer into p if all of it does.
-func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
-	n := int(b.StoredLen)
+func (s *sealedPages) partial(u *sealUnit, p []byte, lo uint64) error {
+	n := int(u.n)
 	var buf []byte
 	select {
 	case buf = <-s.scratch:
 	default:
 	}
 	if cap(buf) < n+tagSize {
-		// Every buffer fits every block: kept, none is made again.
+		// Every buffer fits every unit: kept, none is made again.
 		buf = make([]byte, max(n, s.maxLen)+tagSize)
 	}
 	defer func() {
@@ -276,31 +287,31 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 		}
 	}()
 	buf = buf[:n+tagSize]
-	if _, err := s.f.ReadAt(buf[:n], int64(b.Off)); err != nil {
+	if _, err := s.f.ReadAt(buf[:n], int64(u.off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: err}
+		return &BlockError{File: s.name, Block: u.b.Index, Addr: u.b.Addr, Err: err}
 	}
 	out := buf[:n]
 	if s.aead == nil {
-		if err := s.check(b, out); err != nil {
+		if err := s.check(u, out); err != nil {
 			return err
 		}
 	} else {
-		copy(buf[n:], s.tag(b))
-		if b.Off >= lo && b.Off+uint64(n) <= lo+uint64(len(p)) {
-			_, err := s.open(b, p[b.Off-lo:b.Off-lo], buf)
+		copy(buf[n:], s.tag(u))
+		if u.off >= lo && u.end() <= lo+uint64(len(p)) {
+			_, err := s.open(u, p[u.off-lo:u.off-lo], buf)
 			return err
 		}
 		var err error
-		if out, err = s.open(b, buf[:0], buf); err != nil {
+		if out, err = s.open(u, buf[:0], buf); err != nil {
 			return err
 		}
 	}
-	from, to := max(lo, b.Off), min(lo+uint64(len(p)), b.Off+uint64(n))
+	from, to := max(lo, u.off), min(lo+uint64(len(p)), u.end())
 	if from < to {
-		copy(p[from-lo:to-lo], out[from-b.Off:to-b.Off])
+		copy(p[from-lo:to-lo], out[from-u.off:to-u.off])
 	}
 	return nil
 }
@@ -308,14 +319,19 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 // blockSealer encrypts the blocks of one process at dump time (the
 // pipeline's Seal hook) and keeps their tags.
 type blockSealer struct {
-	aead cipher.AEAD
-	id   [idSize]byte
-	pid  uint64
+	aead   cipher.AEAD
+	id     [idSize]byte
+	pid    uint64
+	window uint64 // Raw blocks larger than it are sealed in windows; 0: none
 }
 
 // seal encrypts stored, the stored bytes of block index at addr, into
-// buf and returns ciphertext and tag.
+// buf and returns ciphertext and tag, or the ciphertext and tags of its
+// windows.
 func (s *blockSealer) seal(buf []byte, index, addr uint64, length uint32, kind codec.Kind, stored []byte) []byte {
+	if windowed(s.window, kind, uint32(len(stored))) {
+		return s.sealWindows(buf, index, addr, length, stored)
+	}
 	var nonce [nonceSize]byte
 	var ad [blockADSize]byte
 	return s.aead.Seal(buf, blockNonce(&nonce, index), stored,

@@ -28,9 +28,11 @@ func authRanges() []memRange {
 	return []memRange{{addr: 0x7f0000000000, data: b}}
 }
 
-// authSnapshots writes authRanges in clear, sealed and signed, and
-// returns the directories and the keyring of each (nil in clear).
-func authSnapshots(t *testing.T) (dirs [3]string, keys [3]*Keyring) {
+// authSnapshots writes authRanges in clear, sealed (Raw blocks in
+// windows), signed, and sealed with every block whole (as before sealed
+// windows), and returns the directories and the keyring of each (nil in
+// clear).
+func authSnapshots(t *testing.T) (dirs [4]string, keys [4]*Keyring) {
 	t.Helper()
 	id, err := age.GenerateX25519Identity()
 	if err != nil {
@@ -48,17 +50,19 @@ func authSnapshots(t *testing.T) (dirs [3]string, keys [3]*Keyring) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := [3]Options{{}, {Seal: so}, {Sign: priv}}
+	whole := *so
+	whole.whole = true
+	opts := [4]Options{{}, {Seal: so}, {Sign: priv}, {Seal: &whole}}
 	for i := range opts {
 		opts[i].BlockSize, opts[i].Mode = 64<<10, codec.Compress
 		dirs[i] = filepath.Join(tmp, fmt.Sprintf("snap%d", i))
 		writeSnapshot(t, dirs[i], 42, authRanges(), opts[i])
 	}
-	keys[1], keys[2] = keyring(t, ageKey), keyring(t, pub)
+	keys[1], keys[2], keys[3] = keyring(t, ageKey), keyring(t, pub), keyring(t, ageKey)
 	return dirs, keys
 }
 
-var authNames = [3]string{"clear", "sealed", "signed"}
+var authNames = [4]string{"clear", "sealed", "signed", "sealed whole"}
 
 func openAuth(t *testing.T, dir string, k *Keyring) *Reader {
 	t.Helper()
@@ -245,3 +249,109 @@ func TestAuthenticatedTamper(t *testing.T) {
 		}
 	}
 }
+
+// TestSealedWindows: a sealed snapshot's Raw blocks are sealed in windows
+// (feature sealed-windows, the window in the seal), one with every block
+// whole still reads; a window reads and authenticates alone: a bit flipped
+// in one window of a block leaves the others readable and that one
+// refused, naming the block, and two windows of a block swapped, or the
+// same window of two blocks, are refused.
+func TestSealedWindows(t *testing.T) {
+	dirs, keys := authSnapshots(t)
+	ranges := authRanges()
+	lo := ranges[0].addr
+	want := expected(ranges, lo, lo+uint64(len(ranges[0].data)))
+	for _, v := range []int{1, 3} {
+		s, err := OpenWith(dirs[v], OpenOptions{Keys: keys[v]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, feat := s.Manifest.Seal.Window, s.Manifest.HasFeature(FeatureSealedWindows); (v == 1) != (got == sealWindow && feat) || (v == 3) != (got == 0 && !feat) {
+			t.Fatalf("%s: window %d, feature %v", authNames[v], got, feat)
+		}
+		s.Close()
+	}
+	r := openAuth(t, dirs[1], keys[1])
+	var raws []Block
+	for b := range r.Blocks() {
+		if b.Kind == codec.Raw {
+			raws = append(raws, b)
+		}
+		if b.Kind == codec.Raw && b.Len > sealWindow != r.PageChecked(b) {
+			t.Fatalf("block %d (%v, %d bytes): PageChecked %v", b.Index, b.Kind, b.Len, r.PageChecked(b))
+		}
+	}
+	b := raws[len(raws)/2]
+	for addr := b.Addr; addr < b.End(); addr += sealWindow {
+		wlo, whi, ok := r.Unit(addr+PageSize, lazyUnit)
+		if !ok || wlo != addr || whi != min(b.End(), addr+sealWindow) {
+			t.Fatalf("Unit at %#x: [%#x, %#x) %v", addr+PageSize, wlo, whi, ok)
+		}
+		p := make([]byte, whi-wlo)
+		if _, err := r.Uncached().ReadAt(p, int64(wlo)); err != nil || !bytes.Equal(p, want[wlo-lo:whi-lo]) {
+			t.Fatalf("window at %#x differs (%v)", wlo, err)
+		}
+		// Inside a window, across two.
+		q := make([]byte, sealWindow)
+		at := wlo + 3000
+		if at+uint64(len(q)) <= b.End() {
+			if _, err := r.Uncached().ReadAt(q, int64(at)); err != nil || !bytes.Equal(q, want[at-lo:at-lo+uint64(len(q))]) {
+				t.Fatalf("read at %#x across windows differs (%v)", at, err)
+			}
+		}
+	}
+
+	pages := filepath.Base(r.Name())
+	other := raws[len(raws)/2+1]
+	for _, tc := range []struct {
+		name   string
+		change func([]byte)
+		bad    uint64 // the address of the window refused
+		good   uint64 // and of one that still reads
+	}{
+		{"bit in a window", func(f []byte) { f[b.Off+2*sealWindow+99] ^= 8 }, b.Addr + 2*sealWindow, b.Addr + 3*sealWindow},
+		{"two windows of a block swapped", func(f []byte) {
+			w1 := bytes.Clone(f[b.Off : b.Off+sealWindow])
+			copy(f[b.Off:], f[b.Off+sealWindow:b.Off+2*sealWindow])
+			copy(f[b.Off+sealWindow:], w1)
+		}, b.Addr, b.Addr + 2*sealWindow},
+		{"window of another block", func(f []byte) {
+			copy(f[b.Off+sealWindow:b.Off+2*sealWindow], f[other.Off+sealWindow:other.Off+2*sealWindow])
+		}, b.Addr + sealWindow, b.Addr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := copyDir(t, dirs[1])
+			p := filepath.Join(d, pages)
+			f, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.change(f)
+			if err := os.WriteFile(p, f, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r := openAuth(t, d, keys[1])
+			buf := make([]byte, sealWindow)
+			if _, err := r.Uncached().ReadAt(buf, int64(tc.good)); err != nil || !bytes.Equal(buf, want[tc.good-lo:tc.good-lo+sealWindow]) {
+				t.Errorf("an untouched window of the block: %v, or it differs", err)
+			}
+			for _, read := range []struct {
+				how string
+				f   func() error
+			}{
+				{"the window", func() error { _, err := r.Uncached().ReadAt(buf, int64(tc.bad)); return err }},
+				{"the block", func() error { _, err := r.Uncached().ReadAt(make([]byte, b.Len), int64(b.Addr)); return err }},
+				{"a page of the window, cached", func() error { _, err := r.ReadAt(buf[:PageSize], int64(tc.bad+PageSize)); return err }},
+			} {
+				err := read.f()
+				be, ok := errors.AsType[*BlockError](err)
+				if !errors.Is(err, ErrAuth) || !ok || be.Block != b.Index || be.Addr != b.Addr || !strings.Contains(err.Error(), pages) {
+					t.Errorf("%s: %v, want an authentication failure of block %d at %#x of %s", read.how, err, b.Index, b.Addr, pages)
+				}
+			}
+		})
+	}
+}
+
+// lazyUnit is the unit size a lazy restore asks Reader.Unit for.
+const lazyUnit = 16 << 10
