@@ -77,7 +77,8 @@
 //	                         signature, if signed; layout in sign.go)
 //	DIR/process-PID.sealed   the state, sealed (header in seal.go)
 //	DIR/pagemap-PID.sealed   the index, then 16 bytes per block: its GCM
-//	                         tag (zeros for a Zero block), sealed together
+//	                         tag (zeros for a Zero block), or per window
+//	                         of a block sealed in windows, sealed together
 //	DIR/pages-PID.img        the same layout as in clear, every stored
 //	                         payload replaced by its AES-256-GCM ciphertext
 //	                         (the same length: offsets and alignment hold)
@@ -88,6 +89,9 @@
 // id), one per process for its blocks. A block's nonce is its index (each
 // is sealed once under its process's key) and its associated data its
 // identity: snapshot id, pid, index, address, length, kind, stored length.
+// With feature "sealed-windows" (sealwindows.go), a Raw block larger than
+// the seal's window is sealed window by window, so that a lazy fault reads
+// and authenticates its window alone.
 // A block's tag is kept in the index rather than after its ciphertext, so
 // that the pages file keeps its layout; readers read the ciphertext into
 // their buffer and decrypt it in place (Reader.Payloads), a large read on
