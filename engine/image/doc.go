@@ -94,8 +94,7 @@
 // and authenticates its window alone.
 // A block's tag is kept in the index rather than after its ciphertext, so
 // that the pages file keeps its layout; readers read the ciphertext into
-// their buffer and decrypt it in place (Reader.Payloads), a large read on
-// several goroutines. GCM has then authenticated every byte of the block
+// their buffer and decrypt it in place (Reader.Payloads). GCM has then authenticated every byte of the block
 // as itself, and its CRC32C is not checked again. The index keeps the
 // CRC32C of each block's plaintext: sealed with it, it leaks nothing, and
 // it still checks what another party's mount serves (Reader.Checked), and

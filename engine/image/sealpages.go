@@ -8,10 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
 	"slices"
 	"sort"
-	"sync"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 )
@@ -92,7 +90,7 @@ func newSealedPages(name string, f File, lay *layout, k *sealKeys, window uint64
 const sealedScratch = 16
 
 // ReadAt reads the payloads [off, off+len(p)) straight into p, then
-// authenticates and decrypts each block in place (openAll). A block cut
+// authenticates and decrypts each block in place (openInPlace). A block cut
 // by either end of the read, or at its end with no room after it in p
 // for its tag (every single-block read), is read apart: into a scratch
 // buffer, and decrypted from there into p.
@@ -157,60 +155,10 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 				return 0, err
 			}
 		}
-	} else if err := s.openAll(s.units[i:j], p, lo); err != nil {
+	} else if err := s.openInPlace(s.units[i:j], p, lo); err != nil {
 		return 0, err
 	}
 	return count, eof
-}
-
-// sealedParallel is the least ciphertext a read decrypts on more than
-// one goroutine (at most GOMAXPROCS): below it, starting goroutines
-// costs more than the decryption.
-const sealedParallel = 1 << 20
-
-// openAll authenticates and decrypts in place blocks bs, read whole into
-// p (read at lo) with room for a tag after each. A large read is
-// decrypted on several goroutines, each a group of consecutive blocks but
-// its last, whose tag would stand over the first bytes of the next group
-// while another goroutine opens them: those last blocks are opened once
-// all the rest is.
-func (s *sealedPages) openAll(bs []sealUnit, p []byte, lo uint64) error {
-	if len(bs) == 0 {
-		return nil
-	}
-	total := bs[len(bs)-1].end() - bs[0].off
-	parts := min(runtime.GOMAXPROCS(0), len(bs)/2, int(total/sealedParallel))
-	if parts <= 1 {
-		return s.openInPlace(bs, p, lo)
-	}
-	// Cut bs into parts groups of about total/parts bytes each.
-	groups := make([][]sealUnit, 0, parts)
-	start := 0
-	for k := range bs {
-		if len(groups) < parts-1 && bs[k].end()-bs[start].off >= total/uint64(parts) {
-			groups = append(groups, bs[start:k+1])
-			start = k + 1
-		}
-	}
-	if start < len(bs) {
-		groups = append(groups, bs[start:])
-	}
-	errs := make([]error, len(groups))
-	var wg sync.WaitGroup
-	for g := range groups[1:] {
-		wg.Go(func() { errs[g+1] = s.openInPlace(groups[g+1][:len(groups[g+1])-1], p, lo) })
-	}
-	errs[0] = s.openInPlace(groups[0][:len(groups[0])-1], p, lo)
-	wg.Wait()
-	for g, err := range errs {
-		if err == nil {
-			err = s.openInPlace(groups[g][len(groups[g])-1:], p, lo)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // openInPlace authenticates and decrypts in place blocks bs, read into p

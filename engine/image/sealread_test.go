@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -18,8 +17,7 @@ import (
 )
 
 // authRanges is memory for the authenticated readers' tests: 64 KiB
-// blocks, Raw (random) then LZ4 (records) then Raw again, several MiB so
-// that a read of it is decrypted on several goroutines.
+// blocks, Raw (random) then LZ4 (records) then Raw again, several MiB.
 func authRanges() []memRange {
 	b := make([]byte, 6<<20)
 	synth("random", b[:2<<20], 3)
@@ -79,21 +77,12 @@ func openAuth(t *testing.T, dir string, k *Keyring) *Reader {
 	return r
 }
 
-// atLeast2Procs makes reads decrypt on two goroutines even on one CPU.
-func atLeast2Procs(t *testing.T) {
-	if n := runtime.GOMAXPROCS(0); n < 2 {
-		runtime.GOMAXPROCS(2)
-		t.Cleanup(func() { runtime.GOMAXPROCS(n) })
-	}
-}
-
 // TestAuthenticatedReads: the readers of a sealed or signed snapshot, which
 // do not check a block's CRC32C once it is authenticated, read back the
 // memory dumped, through every path: cached, uncached (one block, several,
-// several MiB decrypted on two goroutines), a block's payload alone, reads
+// several MiB), a block's payload alone, reads
 // that end just after a block or past the end of the pages file.
 func TestAuthenticatedReads(t *testing.T) {
-	atLeast2Procs(t)
 	dirs, keys := authSnapshots(t)
 	ranges := authRanges()
 	lo := ranges[0].addr
@@ -172,11 +161,10 @@ func TestAuthenticatedReads(t *testing.T) {
 // TestAuthenticatedTamper: with no CRC32C checked after authentication, a
 // bit flipped in a Raw or an LZ4 block of a sealed or signed snapshot, or
 // a block copied over another, is still refused by every reader (cached,
-// uncached alone and in a multi-MiB read decrypted on two goroutines, the
+// uncached alone and in a multi-MiB read, the
 // payloads as the restore's fill decodes them, Stream), naming the pages
 // file and the block.
 func TestAuthenticatedTamper(t *testing.T) {
-	atLeast2Procs(t)
 	dirs, keys := authSnapshots(t)
 	for v := 1; v < len(dirs); v++ {
 		r0 := openAuth(t, dirs[v], keys[v])
