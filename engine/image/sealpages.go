@@ -50,6 +50,7 @@ type sealedPages struct {
 	aead    cipher.AEAD // nil: a signed snapshot in clear, blocks checked by SHA-256
 	id      [idSize]byte
 	pid     uint64
+	blocks  []Block    // the stored blocks, by offset
 	units   []sealUnit // of the stored blocks, by offset
 	tags    []byte     // tagLen per unit and Zero block, in index order: GCM tags, or SHA-256 (aead nil)
 	tagLen  int
@@ -69,10 +70,11 @@ func newSealedPages(name string, f File, lay *layout, k *sealKeys, window uint64
 	} else {
 		window = 0
 	}
-	units, want, err := sealUnits(lay, window, s.tagLen)
+	blocks, units, want, err := sealUnits(lay, window, s.tagLen)
 	if err != nil {
 		return nil, err
 	}
+	s.blocks = blocks
 	if uint64(len(tags)) != want {
 		return nil, fmt.Errorf("%w: %d bytes of block tags or digests for %d blocks, want %d", ErrAuth, len(tags), len(lay.ix.Blocks), want)
 	}
@@ -190,7 +192,8 @@ func (s *sealedPages) tag(u *sealUnit) []byte {
 // snapshots in clear).
 func (s *sealedPages) check(u *sealUnit, stored []byte) error {
 	if d := sha256.Sum256(stored); !bytes.Equal(d[:], s.tag(u)) {
-		return &BlockError{File: s.name, Block: u.b.Index, Addr: u.b.Addr, Err: ErrAuth}
+		b := &s.blocks[u.blk]
+		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
 	}
 	return nil
 }
@@ -198,7 +201,7 @@ func (s *sealedPages) check(u *sealUnit, stored []byte) error {
 // open authenticates and decrypts unit u, ciphertext and tag in ct,
 // appending the plaintext to dst.
 func (s *sealedPages) open(u *sealUnit, dst, ct []byte) ([]byte, error) {
-	b := &u.b
+	b := &s.blocks[u.blk]
 	var nonce [nonceSize]byte
 	var ad [blockADSize]byte
 	bad := blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen)
@@ -239,7 +242,8 @@ func (s *sealedPages) partial(u *sealUnit, p []byte, lo uint64) error {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return &BlockError{File: s.name, Block: u.b.Index, Addr: u.b.Addr, Err: err}
+		b := &s.blocks[u.blk]
+		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: err}
 	}
 	out := buf[:n]
 	if s.aead == nil {

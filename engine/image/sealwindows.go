@@ -93,20 +93,33 @@ func (s *blockSealer) sealWindows(buf []byte, index, addr uint64, length uint32,
 // sealUnit is what one AES-GCM message of a pages file covers: a block
 // sealed whole, or one window of a block sealed in windows.
 type sealUnit struct {
-	b   Block
-	win uint32 // window number from 1; 0: the whole block
 	off uint64 // of its stored bytes in the pages file
-	n   uint32 // its stored bytes
 	tag uint64 // offset of its tag in the tag table
+	n   uint32 // its stored bytes
+	win uint32 // window number from 1; 0: the whole block
+	blk uint32 // its block, in sealedPages.blocks
 }
 
 func (u *sealUnit) end() uint64 { return u.off + uint64(u.n) }
 
-// sealUnits returns the units of the stored blocks of lay, in file order,
-// and the length their tag table must have (tagLen bytes per block sealed
-// whole or Zero, per window of a block sealed in windows of w bytes).
-func sealUnits(lay *layout, w uint64, tagLen int) ([]sealUnit, uint64, error) {
-	var units []sealUnit
+// sealUnits returns the stored blocks of lay and their units, in file
+// order, and the length their tag table must have (tagLen bytes per block
+// sealed whole or Zero, per window of a block sealed in windows of w
+// bytes). The slices are made at their size: a restore opens a snapshot
+// more than once, and memory made anew is slow on some hosts.
+func sealUnits(lay *layout, w uint64, tagLen int) ([]Block, []sealUnit, uint64, error) {
+	var nb, nu int
+	for _, rec := range lay.ix.Blocks {
+		switch {
+		case rec.Kind == codec.Zero:
+		case windowed(w, rec.Kind, rec.StoredLen):
+			nb, nu = nb+1, nu+int(windows(w, rec.StoredLen))
+		default:
+			nb, nu = nb+1, nu+1
+		}
+	}
+	blocks := make([]Block, 0, nb)
+	units := make([]sealUnit, 0, nu)
 	var tag uint64
 	next := uint64(0)
 	for ri, r := range lay.ix.Runs {
@@ -114,25 +127,28 @@ func sealUnits(lay *layout, w uint64, tagLen int) ([]sealUnit, uint64, error) {
 		for j := uint64(0); j < n; j++ {
 			b := lay.block(ri, r.FirstBlock+j)
 			if b.Index != next {
-				return nil, 0, fmt.Errorf("%w: block %d where block %d was expected", ErrCorrupt, b.Index, next)
+				return nil, nil, 0, fmt.Errorf("%w: block %d where block %d was expected", ErrCorrupt, b.Index, next)
 			}
 			next++
-			switch {
-			case b.Kind == codec.Zero:
+			if b.Kind == codec.Zero {
 				tag += uint64(tagLen)
-			case windowed(w, b.Kind, b.StoredLen):
-				for win := uint64(0); win < windows(w, b.StoredLen); win++ {
-					n := min(uint64(b.StoredLen)-win*w, w)
-					units = append(units, sealUnit{b: b, win: uint32(win + 1), off: b.Off + win*w, n: uint32(n), tag: tag})
-					tag += uint64(tagLen)
-				}
-			default:
-				units = append(units, sealUnit{b: b, off: b.Off, n: b.StoredLen, tag: tag})
+				continue
+			}
+			bi := uint32(len(blocks))
+			blocks = append(blocks, b)
+			if !windowed(w, b.Kind, b.StoredLen) {
+				units = append(units, sealUnit{blk: bi, off: b.Off, n: b.StoredLen, tag: tag})
+				tag += uint64(tagLen)
+				continue
+			}
+			for win := uint64(0); win < windows(w, b.StoredLen); win++ {
+				n := min(uint64(b.StoredLen)-win*w, w)
+				units = append(units, sealUnit{blk: bi, win: uint32(win + 1), off: b.Off + win*w, n: uint32(n), tag: tag})
 				tag += uint64(tagLen)
 			}
 		}
 	}
-	return units, tag, nil
+	return blocks, units, tag, nil
 }
 
 // windowed reports whether block b is sealed in windows.
