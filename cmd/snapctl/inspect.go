@@ -218,6 +218,9 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		for _, r := range s.Recipients {
 			fmt.Fprintf(w, "    %s\n", r)
 		}
+		if s.Window != 0 {
+			fmt.Fprintf(w, "  RAW blocks sealed in windows of %s, each authenticated alone (a lazy fault reads its window)\n", units.FormatSize(s.Window))
+		}
 		if rep.Sealed == "yes" {
 			fmt.Fprintf(w, "  opened with an identity: manifest, state, index and keys authenticated\n")
 		} else {

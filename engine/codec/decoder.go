@@ -40,6 +40,11 @@ type DecodeOptions struct {
 	// BatchBytes is the most decoded bytes per batch; 0 or more than
 	// MaxBatchBytes means MaxBatchBytes.
 	BatchBytes int
+	// Authenticated says that src has authenticated every stored byte it
+	// returns, and the block it belongs to (a sealed or signed snapshot's
+	// payloads): blocks are decoded but not checked against their CRC32C,
+	// which would catch nothing the authentication has not.
+	Authenticated bool
 }
 
 // BlockError reports a block that could not be read or decoded, or whose
@@ -103,7 +108,8 @@ func (b *Block) check() error {
 // is returned as it is.
 //
 // Every block's sizes are checked before anything is read or allocated for
-// it, and every block is checked against its CRC32C before fn sees it. A
+// it, and every block is checked against its CRC32C before fn sees it
+// (unless opts.Authenticated: src has authenticated it already). A
 // block that fails either check, or whose stored bytes cannot be read,
 // stops the stream with a *BlockError: the blocks before it are still handed
 // to fn (possibly in a shorter batch), none at or after it. A cancelled ctx
@@ -124,6 +130,7 @@ func decodeBlocks(ctx context.Context, src io.ReaderAt, blocks []Block, opts Dec
 		minThread:  minThreadBytes,
 		threads:    opts.Threads,
 		batchBytes: opts.BatchBytes,
+		noCRC:      opts.Authenticated,
 	}
 	if d.batchBytes <= 0 || d.batchBytes > MaxBatchBytes {
 		d.batchBytes = MaxBatchBytes
@@ -210,6 +217,7 @@ type decoder struct {
 	cpus       int
 	minThread  int64
 	batchBytes int
+	noCRC      bool // opts.Authenticated
 }
 
 // decode decodes and checks every block of b into b.out, on as many
@@ -250,11 +258,19 @@ func (d *decoder) decode(ctx context.Context, b *batch) (int, error) {
 			case Zero:
 				clear(b.out[k]) // CRC checked when the batch was formed
 			case Raw: // read in place
+				if d.noCRC {
+					break
+				}
 				if crc := Checksum(b.out[k]); crc != blk.CRC {
 					err = fmt.Errorf("%w: crc32c %08x, want %08x", ErrChecksum, crc, blk.CRC)
 				}
 			default:
-				err = DecodeChecked(b.out[k], blk.Kind, b.stored[b.pos[k]:b.pos[k]+blk.StoredLen], blk.CRC)
+				stored := b.stored[b.pos[k] : b.pos[k]+blk.StoredLen]
+				if d.noCRC {
+					err = Decode(b.out[k], blk.Kind, stored)
+				} else {
+					err = DecodeChecked(b.out[k], blk.Kind, stored, blk.CRC)
+				}
 			}
 			if err != nil {
 				mu.Lock()

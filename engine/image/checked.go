@@ -107,7 +107,7 @@ func (c *checked) whole(dst []byte, at uint64) error {
 // read whole and checked: kept from an earlier read, being read by
 // another, or read now.
 func (c *checked) part(b Block, dst []byte, at uint64) error {
-	if c.r.PageChecked(b) {
+	if c.r.pageCRCs(b) {
 		return c.pages(b, dst, at)
 	}
 	data, err := c.wholeBlock(b)

@@ -48,8 +48,10 @@
 // address). Holes read as zeros. A read of part of a block decodes the whole
 // block once into the shared cache (cache.Cache); concurrent readers of the
 // same block wait for that one decode. Every block is checked against its
-// CRC32C before it is cached or returned; a mismatch is a *BlockError that
-// names the file, the block and its address, and never wrong bytes.
+// CRC32C before it is cached or returned (a block of a sealed or signed
+// snapshot is authenticated instead, as it is read: Reader.Authenticated);
+// a mismatch is a *BlockError that names the file, the block and its
+// address, and never wrong bytes.
 // Uncached is the same memory for a reader that reads each block once (a
 // lazy restore's pager): blocks are read straight into its buffer, through
 // the same loader and checks, without the cache. Stream decodes ranges in
@@ -75,7 +77,8 @@
 //	                         signature, if signed; layout in sign.go)
 //	DIR/process-PID.sealed   the state, sealed (header in seal.go)
 //	DIR/pagemap-PID.sealed   the index, then 16 bytes per block: its GCM
-//	                         tag (zeros for a Zero block), sealed together
+//	                         tag (zeros for a Zero block), or per window
+//	                         of a block sealed in windows, sealed together
 //	DIR/pages-PID.img        the same layout as in clear, every stored
 //	                         payload replaced by its AES-256-GCM ciphertext
 //	                         (the same length: offsets and alignment hold)
@@ -86,11 +89,16 @@
 // id), one per process for its blocks. A block's nonce is its index (each
 // is sealed once under its process's key) and its associated data its
 // identity: snapshot id, pid, index, address, length, kind, stored length.
+// With feature "sealed-windows" (sealwindows.go), a Raw block larger than
+// the seal's window is sealed window by window, so that a lazy fault reads
+// and authenticates its window alone.
 // A block's tag is kept in the index rather than after its ciphertext, so
 // that the pages file keeps its layout; readers read the ciphertext into
-// their buffer and decrypt it in place (Reader.Payloads). The index keeps
-// the CRC32C of each block's plaintext: sealed with it, it leaks nothing,
-// and it still checks what a mount serves (Reader.Checked).
+// their buffer and decrypt it in place (Reader.Payloads). GCM has then authenticated every byte of the block
+// as itself, and its CRC32C is not checked again. The index keeps the
+// CRC32C of each block's plaintext: sealed with it, it leaks nothing, and
+// it still checks what another party's mount serves (Reader.Checked), and
+// snapctl verify checks it.
 //
 // Readers authenticate the manifest first (OpenOptions.Keys), then every
 // file before parsing it; every failure is ErrAuth, which matches

@@ -316,6 +316,8 @@ type Reader struct {
 	name    string // pages file name, for errors
 	f       File
 	src     io.ReaderAt // payloads: f, or f decrypted (sealedPages)
+	auth    bool        // src authenticates every block (Authenticated)
+	window  uint64      // Raw blocks larger than it are sealed in windows (Seal.Window)
 	lay     *layout
 	cache   *cache.Cache
 	file    uint64 // key space in the cache
@@ -383,11 +385,15 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
 	}
+	if s.keys != nil {
+		r.window = s.Manifest.Seal.Window
+	}
 	if s.keys != nil || s.signed {
-		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, pid, tags); err != nil {
+		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, r.window, pid, tags); err != nil {
 			r.Close() // and f
 			return nil, fmt.Errorf("%s: %w", e.Index, err)
 		}
+		r.auth = true
 	}
 	if e.PageCRCs != "" {
 		if err := r.openPageCRCs(s, e.PageCRCs); err != nil {
@@ -445,6 +451,13 @@ func (r *Reader) Close() error {
 // restore's fill reads Raw blocks and decodes LZ4 blocks from. Valid
 // until r is closed.
 func (r *Reader) Payloads() io.ReaderAt { return r.src }
+
+// Authenticated reports whether Payloads authenticates every block it
+// returns, stored bytes and identity (a sealed snapshot's AES-GCM, a
+// signed one's SHA-256 under the signed index), before returning it. A
+// decoded block's CRC32C then catches nothing more, and the readers of r
+// do not check it (but Verify); nor need the restore's fill.
+func (r *Reader) Authenticated() bool { return r.auth }
 
 // Name returns the pages file name.
 func (r *Reader) Name() string { return r.name }
@@ -544,8 +557,9 @@ func (r *Reader) blockError(b Block, err error) error {
 
 // load reads and decodes block b into dst (len(dst) == b.Len) and checks
 // its CRC32C: a Raw block is read in place, then checked; an LZ4 block is
-// read into a scratch buffer and decoded into dst, then checked. The
-// cached ReadAt and the uncached reader (Uncached) both load through it.
+// read into a scratch buffer and decoded into dst, then checked (an
+// authenticated block is not: see Authenticated). The cached ReadAt and
+// the uncached reader (Uncached) both load through it.
 func (r *Reader) load(b Block, dst []byte) error {
 	switch b.Kind {
 	case codec.Raw:
@@ -563,7 +577,13 @@ func (r *Reader) load(b Block, dst []byte) error {
 		}
 		stored = *buf
 	}
-	if err := codec.DecodeChecked(dst, b.Kind, stored, b.CRC); err != nil {
+	var err error
+	if r.auth {
+		err = codec.Decode(dst, b.Kind, stored)
+	} else {
+		err = codec.DecodeChecked(dst, b.Kind, stored, b.CRC)
+	}
+	if err != nil {
 		return r.blockError(b, err)
 	}
 	return nil
@@ -571,8 +591,12 @@ func (r *Reader) load(b Block, dst []byte) error {
 
 // pread reads len(dst) bytes of the pages file from the payload of block
 // b on (the payloads of the blocks after it, if dst is longer).
-func (r *Reader) pread(b Block, dst []byte) error {
-	if _, err := r.src.ReadAt(dst, int64(b.Off)); err != nil {
+func (r *Reader) pread(b Block, dst []byte) error { return r.preadAt(b, dst, b.Off) }
+
+// preadAt reads len(dst) bytes of the payloads at off, in block b or from
+// it on.
+func (r *Reader) preadAt(b Block, dst []byte, off uint64) error {
+	if _, err := r.src.ReadAt(dst, int64(off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -598,8 +622,13 @@ func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
 }
 
 // PageChecked reports whether block b's pages can be read and checked one
-// by one (a Raw block of a snapshot with page checksums).
-func (r *Reader) PageChecked(b Block) bool {
+// by one (a Raw block of a snapshot with page checksums), or its windows
+// read and authenticated one by one (a Raw block of a sealed snapshot
+// sealed in windows).
+func (r *Reader) PageChecked(b Block) bool { return r.pageCRCs(b) || r.windowed(b) }
+
+// pageCRCs reports whether block b has page checksums.
+func (r *Reader) pageCRCs(b Block) bool {
 	return r.pcrc != nil && hasPageCRCsFor(b) && (r.parent == nil || r.pcrc.covers(b.Index))
 }
 
@@ -612,7 +641,11 @@ func (r *Reader) Unit(addr, size uint64) (lo, hi uint64, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	if r.PageChecked(b) {
+	if r.windowed(b) {
+		lo, hi = r.sealedWindow(b, addr)
+		return lo, hi, true
+	}
+	if r.pageCRCs(b) {
 		size = max(PageSize, size&^(PageSize-1))
 		lo = max(b.Addr, addr/size*size)
 		return lo, min(b.End(), lo+size), true
@@ -639,17 +672,22 @@ func (r *Reader) loadPages(b Block, at uint64, dst []byte) error {
 // that hold it alone if b is PageChecked (through a scratch buffer unless
 // the part is whole pages), else the whole block through a scratch buffer.
 func (r *Reader) readPart(b Block, lo, hi uint64, dst []byte) error {
+	if r.windowed(b) {
+		// The payloads authenticate the windows that hold [lo, hi) and
+		// decrypt into dst what of them it holds.
+		return r.preadAt(b, dst, b.Off+(lo-b.Addr))
+	}
 	plo, phi := lo&^(PageSize-1), alignUp(hi, PageSize)
-	if !r.PageChecked(b) {
+	if !r.pageCRCs(b) {
 		plo, phi = b.Addr, b.End()
 	}
-	if plo == lo && phi == hi && r.PageChecked(b) {
+	if plo == lo && phi == hi && r.pageCRCs(b) {
 		return r.loadPages(b, lo, dst)
 	}
 	buf := scratch(int(phi - plo))
 	defer scratchPool.Put(buf)
 	var err error
-	if r.PageChecked(b) {
+	if r.pageCRCs(b) {
 		err = r.loadPages(b, plo, *buf)
 	} else {
 		err = r.load(b, *buf)
@@ -658,8 +696,12 @@ func (r *Reader) readPart(b Block, lo, hi uint64, dst []byte) error {
 	return err
 }
 
-// checkRaw checks the CRC32C of Raw block b, read into data.
+// checkRaw checks the CRC32C of Raw block b, read into data, unless
+// the block was authenticated as it was read.
 func (r *Reader) checkRaw(b Block, data []byte) error {
+	if r.auth {
+		return nil
+	}
 	if got := codec.Checksum(data); got != b.CRC {
 		return r.blockError(b, fmt.Errorf("%w: crc32c %08x, want %08x", codec.ErrChecksum, got, b.CRC))
 	}
@@ -939,16 +981,17 @@ func (r *Reader) Stream(ctx context.Context, lo, hi uint64, skipZero bool, fn fu
 		}
 		blocks = append(blocks, b)
 	}
-	return r.streamBlocks(ctx, blocks, fn)
+	return r.streamBlocks(ctx, blocks, r.auth, fn)
 }
 
-func (r *Reader) streamBlocks(ctx context.Context, blocks []Block, fn func([]Chunk) error) error {
+// streamBlocks decodes blocks; noCRC leaves their CRC32C unchecked.
+func (r *Reader) streamBlocks(ctx context.Context, blocks []Block, noCRC bool, fn func([]Chunk) error) error {
 	cb := make([]codec.Block, len(blocks))
 	for i, b := range blocks {
 		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
 	}
 	var chunks []Chunk
-	err := codec.DecodeBlocks(ctx, r.src, cb, codec.DecodeOptions{Threads: r.threads}, func(first int, out [][]byte) error {
+	err := codec.DecodeBlocks(ctx, r.src, cb, codec.DecodeOptions{Threads: r.threads, Authenticated: noCRC}, func(first int, out [][]byte) error {
 		chunks = chunks[:0]
 		for i, d := range out {
 			b := blocks[first+i]
@@ -963,15 +1006,17 @@ func (r *Reader) streamBlocks(ctx context.Context, blocks []Block, fn func([]Chu
 	return err
 }
 
-// Verify decodes every block and checks its CRC32C. progress, if not nil,
-// is called with the decoded bytes checked so far and the total.
+// Verify decodes every block and checks its CRC32C (after its
+// authentication, if Authenticated: the command that checks a snapshot
+// checks everything). progress, if not nil, is called with the decoded
+// bytes checked so far and the total.
 func (r *Reader) Verify(ctx context.Context, progress func(done, total uint64)) error {
 	var blocks []Block
 	for b := range r.Blocks() {
 		blocks = append(blocks, b)
 	}
 	var done uint64
-	return r.streamBlocks(ctx, blocks, func(c []Chunk) error {
+	return r.streamBlocks(ctx, blocks, false, func(c []Chunk) error {
 		for _, x := range c {
 			done += uint64(len(x.Data))
 		}

@@ -90,6 +90,10 @@ type Seal struct {
 	KDF        string   `json:"kdf"`
 	Wrap       string   `json:"key_wrap"`
 	Recipients []string `json:"recipients"`
+	// Window is the size of the windows that Raw blocks larger than it
+	// are sealed in (feature "sealed-windows", sealwindows.go); 0: every
+	// block is sealed whole.
+	Window uint64 `json:"window,omitempty"`
 }
 
 // checkSeal validates the manifest's seal against its features.
@@ -110,6 +114,9 @@ func checkSeal(m *Manifest) error {
 	if _, ok := m.Files[KeysName]; !ok {
 		return fmt.Errorf("%w: sealed manifest lists no %s", ErrCorrupt, KeysName)
 	}
+	if err := checkSealWindow(m); err != nil {
+		return err
+	}
 	for _, p := range m.Processes {
 		if p.PageCRCs != "" {
 			return fmt.Errorf("%w: process %d of a sealed snapshot has page checksums (of its plaintext)", ErrCorrupt, p.PID)
@@ -125,6 +132,9 @@ type SealOptions struct {
 	// Names are the recipients as the manifest records them ("for
 	// whom"), one per recipient.
 	Names []string
+	// whole seals every block whole, as before sealed windows (the
+	// tests of older snapshots).
+	whole bool
 }
 
 // ParseRecipients turns the arguments of dump --encrypt-to into

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
@@ -49,33 +50,37 @@ type sealedPages struct {
 	aead    cipher.AEAD // nil: a signed snapshot in clear, blocks checked by SHA-256
 	id      [idSize]byte
 	pid     uint64
-	blocks  []Block // stored blocks, by offset
-	tags    []byte  // tagLen per block of the index: GCM tags, or SHA-256 (aead nil)
+	blocks  []Block    // the stored blocks, by offset
+	units   []sealUnit // of the stored blocks, by offset
+	tags    []byte     // tagLen per unit and Zero block, in index order: GCM tags, or SHA-256 (aead nil)
 	tagLen  int
-	maxLen  int // the largest stored block, for the scratch buffers
+	maxLen  int // the largest unit, for the scratch buffers
 	scratch chan []byte
 }
 
 // newSealedPages returns the pages file f of process pid read through
-// the keys of a sealed snapshot, tags being the blocks' GCM tags; or, k
+// the keys of a sealed snapshot, its Raw blocks sealed in windows of
+// window bytes (0: all whole), tags being the blocks' GCM tags; or, k
 // nil, of a signed snapshot in clear, tags being the blocks' SHA-256.
-func newSealedPages(name string, f File, lay *layout, k *sealKeys, pid int, tags []byte) (*sealedPages, error) {
+func newSealedPages(name string, f File, lay *layout, k *sealKeys, window uint64, pid int, tags []byte) (*sealedPages, error) {
 	s := &sealedPages{name: name, f: f, pid: uint64(pid), tags: tags, tagLen: digestSize,
 		scratch: make(chan []byte, sealedScratch)}
 	if k != nil {
 		s.aead, s.id, s.tagLen = k.pagesAEAD(pid), k.id, tagSize
+	} else {
+		window = 0
 	}
-	if uint64(len(tags)) != uint64(len(lay.ix.Blocks))*uint64(s.tagLen) {
-		return nil, fmt.Errorf("%w: %d bytes of block tags or digests for %d blocks", ErrAuth, len(tags), len(lay.ix.Blocks))
+	blocks, units, want, err := sealUnits(lay, window, s.tagLen)
+	if err != nil {
+		return nil, err
 	}
-	for ri, r := range lay.ix.Runs {
-		n := blocksInRange(r.Addr, r.End(), lay.ix.BlockSize)
-		for j := uint64(0); j < n; j++ {
-			if b := lay.block(ri, r.FirstBlock+j); b.Kind != codec.Zero {
-				s.blocks = append(s.blocks, b)
-				s.maxLen = max(s.maxLen, int(b.StoredLen))
-			}
-		}
+	s.blocks = blocks
+	if uint64(len(tags)) != want {
+		return nil, fmt.Errorf("%w: %d bytes of block tags or digests for %d blocks, want %d", ErrAuth, len(tags), len(lay.ix.Blocks), want)
+	}
+	s.units = units
+	for _, u := range units {
+		s.maxLen = max(s.maxLen, int(u.n))
 	}
 	return s, nil
 }
@@ -87,110 +92,143 @@ func newSealedPages(name string, f File, lay *layout, k *sealKeys, pid int, tags
 const sealedScratch = 16
 
 // ReadAt reads the payloads [off, off+len(p)) straight into p, then
-// authenticates and decrypts each block in place. AES-GCM wants a block's
-// tag right after its ciphertext: the 16 bytes after a block in p (the
-// next block's) are set aside while the tag stands there. A block with no
-// room after it in p, or cut by either end of the read, goes through a
-// scratch buffer.
+// authenticates and decrypts each block in place (openInPlace). A block cut
+// by either end of the read, or at its end with no room after it in p
+// for its tag (every single-block read), is read apart: into a scratch
+// buffer, and decrypted from there into p.
 func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("read %s at %d: negative offset", s.name, off)
 	}
 	lo, hi := uint64(off), uint64(off)+uint64(len(p))
-	i := sort.Search(len(s.blocks), func(i int) bool { return s.blocks[i].Off+uint64(s.blocks[i].StoredLen) > lo })
+	i := sort.Search(len(s.units), func(i int) bool { return s.units[i].end() > lo })
 	j := i
-	for j < len(s.blocks) && s.blocks[j].Off < hi {
+	for j < len(s.units) && s.units[j].off < hi {
 		j++
 	}
-	inLo, inHi := lo, hi // read in place
-	if i < j && s.blocks[i].Off < lo {
-		if err := s.partial(s.blocks[i], p, lo); err != nil {
-			return 0, err
-		}
-		inLo = min(hi, s.blocks[i].Off+uint64(s.blocks[i].StoredLen))
+	var apart []*sealUnit // in file order
+	if i < j && s.units[i].off < lo {
+		apart = append(apart, &s.units[i])
 		i++
 	}
-	if i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > hi {
-		if err := s.partial(s.blocks[j-1], p, lo); err != nil {
-			return 0, err
+	for k := 0; i < j; k++ {
+		u := &s.units[j-1]
+		if end := u.end(); end <= hi && (s.aead == nil || end+tagSize <= hi) {
+			break
 		}
-		inHi = s.blocks[j-1].Off
+		apart = slices.Insert(apart, len(apart)-k, u)
 		j--
 	}
-	n := 0
-	if inLo < inHi {
-		var err error
-		n, err = s.f.ReadAt(p[inLo-lo:inHi-lo], int64(inLo))
-		if err != nil && (i < j && s.blocks[j-1].Off+uint64(s.blocks[j-1].StoredLen) > inLo+uint64(n) || !errors.Is(err, io.EOF)) {
-			return 0, err // a block is cut short
+	// Read the rest: the blocks decrypted in place and the padding around
+	// them. A read past the end of the file, after the last block, returns
+	// what it read and io.EOF, once the blocks are authenticated.
+	count, eof := len(p), error(nil)
+	from := lo
+	for k := 0; k <= len(apart); k++ {
+		to := hi
+		if k < len(apart) {
+			to = apart[k].off
 		}
-		if err != nil {
-			return int(inLo-lo) + n, err // past the end of the file, after the last block
+		if from < to {
+			n, err := s.f.ReadAt(p[from-lo:to-lo], int64(from))
+			if err != nil && (k < len(apart) || !errors.Is(err, io.EOF) || i < j && s.units[j-1].end() > from+uint64(n)) {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF // a block is cut short
+				}
+				return 0, err
+			}
+			if err != nil {
+				count, eof = int(from-lo)+n, err
+			}
+		}
+		if k < len(apart) {
+			from = max(from, apart[k].end())
 		}
 	}
-	var save [tagSize]byte
-	for _, b := range s.blocks[i:j] {
-		at := b.Off - lo
-		end := at + uint64(b.StoredLen)
-		if s.aead == nil {
-			if err := s.check(b, p[at:end]); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if end+tagSize > uint64(len(p)) {
-			if err := s.partial(b, p, lo); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		copy(save[:], p[end:end+tagSize])
-		copy(p[end:end+tagSize], s.tag(b))
-		_, err := s.open(b, p[at:at], p[at:end+tagSize])
-		copy(p[end:end+tagSize], save[:])
-		if err != nil {
+	for _, u := range apart {
+		if err := s.partial(u, p, lo); err != nil {
 			return 0, err
 		}
 	}
-	return len(p), nil
+	if s.aead == nil {
+		for k := i; k < j; k++ {
+			u := &s.units[k]
+			if err := s.check(u, p[u.off-lo:u.end()-lo]); err != nil {
+				return 0, err
+			}
+		}
+	} else if err := s.openInPlace(s.units[i:j], p, lo); err != nil {
+		return 0, err
+	}
+	return count, eof
 }
 
-func (s *sealedPages) tag(b Block) []byte {
-	return s.tags[b.Index*uint64(s.tagLen) : (b.Index+1)*uint64(s.tagLen)]
+// openInPlace authenticates and decrypts in place blocks bs, read into p
+// (read at lo) with room for a tag after each. AES-GCM wants a block's
+// tag right after its ciphertext: the 16 bytes after a block in p (the
+// next block's, or padding) are set aside while the tag stands there.
+func (s *sealedPages) openInPlace(us []sealUnit, p []byte, lo uint64) error {
+	var save [tagSize]byte
+	for k := range us {
+		u := &us[k]
+		at := u.off - lo
+		end := at + uint64(u.n)
+		copy(save[:], p[end:end+tagSize])
+		copy(p[end:end+tagSize], s.tag(u))
+		_, err := s.open(u, p[at:at], p[at:end+tagSize])
+		copy(p[end:end+tagSize], save[:])
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// check compares the stored bytes of block b with its SHA-256 (signed
+func (s *sealedPages) tag(u *sealUnit) []byte {
+	return s.tags[u.tag : u.tag+uint64(s.tagLen)]
+}
+
+// check compares the stored bytes of block u with its SHA-256 (signed
 // snapshots in clear).
-func (s *sealedPages) check(b Block, stored []byte) error {
-	if d := sha256.Sum256(stored); !bytes.Equal(d[:], s.tag(b)) {
+func (s *sealedPages) check(u *sealUnit, stored []byte) error {
+	if d := sha256.Sum256(stored); !bytes.Equal(d[:], s.tag(u)) {
+		b := &s.blocks[u.blk]
 		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
 	}
 	return nil
 }
 
-// open authenticates and decrypts block b, ciphertext and tag in ct,
+// open authenticates and decrypts unit u, ciphertext and tag in ct,
 // appending the plaintext to dst.
-func (s *sealedPages) open(b Block, dst, ct []byte) ([]byte, error) {
+func (s *sealedPages) open(u *sealUnit, dst, ct []byte) ([]byte, error) {
+	b := &s.blocks[u.blk]
 	var nonce [nonceSize]byte
 	var ad [blockADSize]byte
-	out, err := s.aead.Open(dst, blockNonce(&nonce, b.Index), ct, blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen))
+	bad := blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen)
+	n := blockNonce(&nonce, b.Index)
+	if u.win != 0 {
+		var wad [windowADSize]byte
+		bad, n = windowAD(&wad, bad, u.win), windowNonce(&nonce, b.Index, u.win)
+	}
+	out, err := s.aead.Open(dst, n, ct, bad)
 	if err != nil {
 		return nil, &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
 	}
 	return out, nil
 }
 
-// partial reads block b whole into a scratch buffer, authenticates and
-// decrypts it there, and copies what of it falls in p (read at lo).
-func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
-	n := int(b.StoredLen)
+// partial reads unit u whole into a scratch buffer, authenticates and
+// decrypts it, and copies what of it falls in p (read at lo): straight
+// from the scratch buffer into p if all of it does.
+func (s *sealedPages) partial(u *sealUnit, p []byte, lo uint64) error {
+	n := int(u.n)
 	var buf []byte
 	select {
 	case buf = <-s.scratch:
 	default:
 	}
 	if cap(buf) < n+tagSize {
-		// Every buffer fits every block: kept, none is made again.
+		// Every buffer fits every unit: kept, none is made again.
 		buf = make([]byte, max(n, s.maxLen)+tagSize)
 	}
 	defer func() {
@@ -200,27 +238,32 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 		}
 	}()
 	buf = buf[:n+tagSize]
-	if _, err := s.f.ReadAt(buf[:n], int64(b.Off)); err != nil {
+	if _, err := s.f.ReadAt(buf[:n], int64(u.off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
+		b := &s.blocks[u.blk]
 		return &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: err}
 	}
 	out := buf[:n]
 	if s.aead == nil {
-		if err := s.check(b, out); err != nil {
+		if err := s.check(u, out); err != nil {
 			return err
 		}
 	} else {
-		copy(buf[n:], s.tag(b))
+		copy(buf[n:], s.tag(u))
+		if u.off >= lo && u.end() <= lo+uint64(len(p)) {
+			_, err := s.open(u, p[u.off-lo:u.off-lo], buf)
+			return err
+		}
 		var err error
-		if out, err = s.open(b, buf[:0], buf); err != nil {
+		if out, err = s.open(u, buf[:0], buf); err != nil {
 			return err
 		}
 	}
-	from, to := max(lo, b.Off), min(lo+uint64(len(p)), b.Off+uint64(n))
+	from, to := max(lo, u.off), min(lo+uint64(len(p)), u.end())
 	if from < to {
-		copy(p[from-lo:to-lo], out[from-b.Off:to-b.Off])
+		copy(p[from-lo:to-lo], out[from-u.off:to-u.off])
 	}
 	return nil
 }
@@ -228,14 +271,19 @@ func (s *sealedPages) partial(b Block, p []byte, lo uint64) error {
 // blockSealer encrypts the blocks of one process at dump time (the
 // pipeline's Seal hook) and keeps their tags.
 type blockSealer struct {
-	aead cipher.AEAD
-	id   [idSize]byte
-	pid  uint64
+	aead   cipher.AEAD
+	id     [idSize]byte
+	pid    uint64
+	window uint64 // Raw blocks larger than it are sealed in windows; 0: none
 }
 
 // seal encrypts stored, the stored bytes of block index at addr, into
-// buf and returns ciphertext and tag.
+// buf and returns ciphertext and tag, or the ciphertext and tags of its
+// windows.
 func (s *blockSealer) seal(buf []byte, index, addr uint64, length uint32, kind codec.Kind, stored []byte) []byte {
+	if windowed(s.window, kind, uint32(len(stored))) {
+		return s.sealWindows(buf, index, addr, length, stored)
+	}
 	var nonce [nonceSize]byte
 	var ad [blockADSize]byte
 	return s.aead.Seal(buf, blockNonce(&nonce, index), stored,

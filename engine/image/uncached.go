@@ -17,8 +17,9 @@ import (
 // cached ReadAt decodes into the cache and copies out: for such a reader,
 // that doubles the cost of a read (see test/bench/BENCHMARKS.md).
 //
-// Blocks are loaded and checked as by ReadAt, and errors are the same
-// *BlockError. Addresses that were not dumped read as zeros. Safe for
+// Blocks are loaded and checked as by ReadAt (the CRC32C of an
+// authenticated block is not checked: see Authenticated), and errors are
+// the same *BlockError. Addresses that were not dumped read as zeros. Safe for
 // concurrent use; valid until r is closed.
 func (r *Reader) Uncached() io.ReaderAt { return uncached{r} }
 

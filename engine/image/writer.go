@@ -177,6 +177,10 @@ func (w *Writer) startSeal(o *SealOptions) error {
 	w.keys = newSealKeys(data, id)
 	w.addFeature(FeatureSealed)
 	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: sealAEAD, KDF: sealKDF, Wrap: sealWrap, Recipients: o.Names}
+	if uint64(w.opts.BlockSize) > sealWindow && !o.whole {
+		w.m.Seal.Window = sealWindow
+		w.addFeature(FeatureSealedWindows)
+	}
 	return nil
 }
 
@@ -519,7 +523,7 @@ func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWrit
 	pw.pcrc = pw.bs > PageSize && w.keys == nil && w.signer == nil
 	po := codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.pcrc}
 	if w.keys != nil {
-		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid)}
+		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid), window: w.m.Seal.Window}
 		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) {
 			t := e.Tag.(*blockTag)
 			return pw.seal.seal(buf, t.index, t.addr, uint32(len(e.Src)), e.Kind, e.Stored), nil

@@ -73,6 +73,9 @@ type filler struct {
 	progMu  sync.Mutex
 	zeros   []byte
 	writers int
+	// noCRC: pages authenticates every block it reads (it is the
+	// payloads of a sealed or signed snapshot): no CRC32C to check.
+	noCRC bool
 	// uffd, if not -1, is the process's userfaultfd, with the VMAs of
 	// uffdVMAs registered MISSING.
 	uffd     int
@@ -94,7 +97,8 @@ func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
 	}
 	defer mem.Close()
 	f := &filler{t: t, o: o, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
-		writers: min(maxFillWriters, max(1, runtime.GOMAXPROCS(0))), uffd: -1}
+		writers: min(maxFillWriters, max(1, runtime.GOMAXPROCS(0))), uffd: -1,
+		noCRC: o.Pages.Authenticated() && pages == o.Pages.Payloads()}
 	if o.Userfaultfd {
 		if err := f.openUffd(append(raw, decode...)); err != nil {
 			t.Log.Debug("fill without userfaultfd", "err", err)
@@ -235,7 +239,7 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 	for i, b := range blocks {
 		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
 	}
-	err := codec.DecodeBlocks(ctx, f.pages, cb, codec.DecodeOptions{Threads: f.o.Threads}, func(first int, out [][]byte) error {
+	err := codec.DecodeBlocks(ctx, f.pages, cb, codec.DecodeOptions{Threads: f.o.Threads, Authenticated: f.noCRC}, func(first int, out [][]byte) error {
 		var wg sync.WaitGroup
 		for i, d := range out {
 			wg.Add(1)
@@ -299,7 +303,8 @@ func (f *filler) do(j *fillJob, buf *[]byte) error {
 }
 
 // readRaw reads the Raw blocks of j from the pages file into data and
-// checks each against its CRC32C.
+// checks each against its CRC32C, unless PagesFile authenticated them as
+// it read them (image.Reader.Authenticated).
 func (f *filler) readRaw(j *fillJob, data []byte) error {
 	if _, err := f.pages.ReadAt(data, int64(j.blocks[0].Off)); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -310,6 +315,9 @@ func (f *filler) readRaw(j *fillJob, data []byte) error {
 		}
 		file, index := f.o.Pages.Origin(j.blocks[0])
 		return &image.BlockError{File: file, Block: index, Addr: j.addr(), Err: err}
+	}
+	if f.noCRC {
+		return nil
 	}
 	for _, b := range j.blocks {
 		d := data[b.Addr-j.addr() : b.End()-j.addr()]
