@@ -62,8 +62,10 @@
 //     page already served and since dropped by MADV_DONTNEED) is served
 //     zeros, from the faulting page to the next pending extent: for a read
 //     fault the zero page (UFFDIO_ZEROPAGE, only page table entries) on up
-//     to ZeroReadChunk bytes (2 MiB: a process reading through zero memory
-//     faults once per 2 MiB), for a write fault a copy of zeros (which
+//     to ZeroReadChunk bytes (2 MiB), twice as much each time a read fault
+//     follows the zeros the last one mapped, up to 64 MiB (a process
+//     reading through zero memory, in order or at a stride, faults a few
+//     times, not once per 2 MiB), for a write fault a copy of zeros (which
 //     saves the copy-on-write fault that would follow) on up to ZeroChunk.
 //   - With Options.Prefetch the pager streams every pending extent in
 //     address order, in chunks of up to PrefetchChunk bytes. With

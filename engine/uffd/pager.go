@@ -66,9 +66,9 @@ type Options struct {
 	ZeroChunk uint64
 	// ZeroReadChunk is ZeroChunk for a read fault, which is served the
 	// zero page (UFFDIO_ZEROPAGE: no memory, only page table entries, a
-	// few µs per MiB), so it can be large: a process reading through
-	// zero memory faults once per ZeroReadChunk. Default
-	// DefaultZeroReadChunk.
+	// few µs per MiB), so it can be large; a read fault that follows the
+	// zeros the last one mapped is served twice as much, up to 64 MiB.
+	// Default DefaultZeroReadChunk.
 	ZeroReadChunk uint64
 	// Spin, if positive, keeps the serving thread polling the userfaultfd
 	// for this long after each fault served from the source instead of

@@ -491,3 +491,28 @@ func TestPagerScanAfterStride(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// TestPagerZeroAhead: a thread reading at a stride through memory the
+// snapshot holds none of (zeros): each read fault past the zeros the last
+// one mapped maps twice as many, so it faults a few times, not once per
+// ZeroReadChunk; the memory reads zeros.
+func TestPagerZeroAhead(t *testing.T) {
+	const size = 128 * mib
+	f, fd, base := startRegistered(t, uint64(size))
+	ext := cut(base+size-block, block, 1) // pending until the end: Run serves until then
+	src := newPatternSrc(ext)
+	m := newMem(base, size, ext, src)
+	p := New(fd, src, ext, Options{Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	zeros := uint64(size - block)
+	r := f.do("touch %x %x %x", base, zeros, uint64(400<<10))
+	st := p.Stats()
+	t.Logf("%d pages read at a stride through %d MiB of zeros: %d faults", r[0], zeros/mib, st.ZeroFaults)
+	if max := uint64(12); st.ZeroFaults > max {
+		t.Errorf("%d zero faults for %d MiB read at a stride, more than %d: the zeros mapped do not grow", st.ZeroFaults, zeros/mib, max)
+	}
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

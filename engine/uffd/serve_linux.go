@@ -200,6 +200,10 @@ func (s *server) serveFault(f fault) error {
 	return nil
 }
 
+// zeroReadMax bounds what a read fault zero-fills as it doubles (see
+// serveZero): 64 MiB of zero pages is 16,384 page table entries.
+const zeroReadMax = 64 << 20
+
 // latencyBound is how long after a fault that does not continue the one
 // before (a thread touching pages here and there, or at a stride) every
 // prefetch worker but one holds back. Such a thread waits on each fault's
@@ -417,7 +421,16 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 	defer s.evMu.RUnlock()
 	end := page + s.opts.ZeroChunk
 	if !write {
-		end = page + s.opts.ZeroReadChunk
+		// A read fault within a chunk past the last read fault's zeros
+		// (a thread reading on through zero memory, or at a stride) is
+		// served twice as much, up to zeroReadMax: zero pages cost only
+		// their page table entries, and each fault a round trip.
+		chunk := s.opts.ZeroReadChunk
+		if z := s.lastZero; z.len > 0 && page >= z.end() && page < z.end()+s.zeroChunk {
+			chunk = max(chunk, min(2*s.zeroChunk, zeroReadMax))
+		}
+		s.zeroChunk = chunk
+		end = page + chunk
 	}
 	s.setMu.Lock()
 	if q, _, ok := s.pend.next(page); ok && q.cur < end {
@@ -437,6 +450,9 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 		}
 		switch {
 		case err == nil, errors.Is(err, ErrShort):
+			if !write {
+				s.lastZero = piece{cur: page, len: uint64(n)}
+			}
 			return uint64(n), nil
 		case errors.Is(err, ErrExist):
 			return 0, s.wakePage(page)

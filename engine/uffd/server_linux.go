@@ -56,6 +56,8 @@ type server struct {
 	probed     time.Time
 	lastFault  piece  // the range the last data fault was served
 	lastPage   uint64 // the page of the last data fault
+	lastZero   piece  // what the last read fault outside every extent zero-filled
+	zeroChunk  uint64 // the chunk it asked for
 	adjacent   int    // data faults in a row on the page after the one before
 	stride     stride
 	// latencyUntil (unix ns): until then, the process waits on the
