@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 )
 
@@ -14,6 +15,7 @@ import (
 func TestPipelineInParent(t *testing.T) {
 	data := genData(dataRecords, 16*PageSize, 1)
 	clear(data[4*PageSize : 8*PageSize])
+	var mu sync.Mutex // the hook is asked on every encoding goroutine at once
 	asked := map[int]bool{}
 	var got []Encoded
 	p := NewPipeline(context.Background(), PipelineOptions{Workers: 2, Mode: Compress, PageChecksums: true,
@@ -21,7 +23,9 @@ func TestPipelineInParent(t *testing.T) {
 			if crc != Checksum(src) {
 				t.Errorf("block %d: crc %08x, not its CRC32C", tag, crc)
 			}
+			mu.Lock()
 			asked[tag.(int)] = true
+			mu.Unlock()
 			return tag.(int)%2 == 0, nil
 		}}, func(e *Encoded) error {
 		c := *e

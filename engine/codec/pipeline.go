@@ -42,7 +42,8 @@ type PipelineOptions struct {
 	// The dump encrypts blocks with it, in parallel like the encoding.
 	// An error stops the pipeline like an error of emit.
 	Seal func(e *Encoded, buf []byte) ([]byte, error)
-	// InParent, if set, is asked on the encoding goroutine, for every
+	// InParent, if set, is asked on the encoding goroutines (several at
+	// once: it must be safe for that), for every
 	// block that is not all zeros, whether the parent snapshot holds the
 	// same bytes at the same place (crc is the CRC32C of src); if so, the
 	// block is emitted as a Parent block, without encoding (Stored nil,
