@@ -60,17 +60,29 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 		s.setMu.Unlock()
 		return false, nil
 	}
+	// From the faulting page on, in the recorded order, up to
+	// firstAheadMax bytes (a range of the working set may be large: the
+	// blocks of a scan, merged); the prefetcher's queue goes on from where
+	// this stops. The ranges before j, recorded before the page the
+	// thread is at, are left to the prefetcher's ordinary order.
 	parts := s.firstParts[:0]
 	var total uint64
-	k := j
-	for ; k < len(s.opts.First) && total < firstAheadMax; k++ {
+	k, next := j, at&^(PageSize-1)
+	for k < len(s.opts.First) && total < firstAheadMax {
 		r := s.opts.First[k]
-		s.pend.overlapping(r.Start, r.End, func(p piece) {
+		lo := max(r.Start, next)
+		end := min(r.End, lo+(firstAheadMax-total))
+		s.pend.overlapping(lo, end, func(p piece) {
 			parts = append(parts, p)
 			total += p.len
 		})
+		if end < r.End {
+			next = end
+			break
+		}
+		k, next = k+1, 0
 	}
-	q.i, q.next = k, 0
+	q.i, q.next = k, next
 	s.setMu.Unlock()
 	s.firstParts = parts
 	if total == 0 {

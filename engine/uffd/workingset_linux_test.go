@@ -158,3 +158,28 @@ func TestPagerFirstAhead(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// TestPagerFirstAheadBounded: a working set of one large range (the blocks
+// of a scan, merged) brings in at most firstAheadMax ahead of one fault,
+// not the whole range while the serving goroutine serves nothing else.
+func TestPagerFirstAheadBounded(t *testing.T) {
+	const size = 32 * mib
+	f, base, m, p, errc := servePattern(t, size, func(base uint64) Options {
+		return Options{First: []units.Range{{Start: base, End: base + 16*mib}}, NoStrideAhead: true, MaxFaultBytes: PageSize, FaultAhead: PageSize}
+	})
+	f.do("touch %x %x %x", base+4*mib, uint64(PageSize), uint64(PageSize))
+	// The thread goes on once its page is in; what comes ahead of it is
+	// placed after.
+	st := p.Stats()
+	for deadline := time.Now().Add(5 * time.Second); st.FirstAheadBytes == 0 && time.Now().Before(deadline); st = p.Stats() {
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("one fault in a 16 MiB working set: %d bytes brought in ahead", st.FirstAheadBytes)
+	if st.FirstAheadBytes == 0 || st.FirstAheadBytes > firstAheadMax {
+		t.Errorf("one fault brought in %d bytes of the working set ahead, want 1..%d", st.FirstAheadBytes, firstAheadMax)
+	}
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
