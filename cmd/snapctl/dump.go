@@ -79,7 +79,8 @@ records DIR's path (relative to itself if DIR was given relative: move
 the two together) and the SHA-256 of DIR's manifest; restore, verify,
 inspect and lazyfs follow the chain, and refuse it if DIR is missing
 (exit status 7) or is not the snapshot dumped against (replaced or
-edited: exit status 9). DIR may be incremental itself, up to 16 deep.
+edited: exit status 9). DIR may be incremental itself: a chain holds at
+most 16 snapshots below the newest.
 The block size is DIR's (--compress or --compress-block must agree with
 it: exit status 3); --codec may differ. With --pre-copy, --leave-running
 and process trees it works as without. Not with --encrypt-to or --sign

@@ -183,6 +183,12 @@ func (s *Snapshot) checkAsParent(c *parentCheck) error {
 		return fmt.Errorf("%s: %w: its SHA-256 is %.16s…, %s was dumped against %.16s… (the parent was replaced or edited)",
 			joinName(s.Dir, ManifestName), ErrParentChanged, got, c.child, c.ref.Manifest)
 	}
+	if s.Manifest.HasFeature(FeatureSealed) || s.Manifest.HasFeature(FeatureSigned) {
+		// Dumps refuse such parents; a child that names one anyway was
+		// not made by us.
+		return fmt.Errorf("%s: %w: the parent of %s is sealed or signed; an incremental snapshot takes blocks from a snapshot in clear only",
+			joinName(s.Dir, ManifestName), ErrCorrupt, c.child)
+	}
 	depth := 0
 	if s.Manifest.Parent != nil {
 		depth = s.Manifest.Parent.Depth
@@ -248,7 +254,7 @@ func (r *Reader) attachParent(pr *Reader) error {
 			}
 			lay.ix.Blocks[i] = BlockRecord{Kind: pb.Kind, StoredLen: pb.StoredLen, CRC: pb.CRC}
 			lay.off[i] = base + pb.Off
-			if pr.PageChecked(pb) {
+			if pr.pageCRCs(pb) {
 				if r.pcrc == nil {
 					r.pcrc = &pageCRCs{first: map[uint64]uint32{}}
 				}
@@ -368,6 +374,14 @@ func openParentForDump(dir string, o *Options) (*Snapshot, *ParentRef, error) {
 		return nil, nil, fmt.Errorf("%w: parent %s is sealed or signed: an incremental snapshot takes blocks from a snapshot in clear only", ErrUnsupported, o.Parent)
 	}
 	p, err := OpenWith(o.Parent, OpenOptions{Remote: o.Remote})
+	if err == nil && (p.Manifest.HasFeature(FeatureSealed) || p.Manifest.HasFeature(FeatureSigned)) {
+		// The look before it could not read a remote parent's manifest.
+		p.Close()
+		return nil, nil, fmt.Errorf("%w: parent %s is sealed or signed: an incremental snapshot takes blocks from a snapshot in clear only", ErrUnsupported, o.Parent)
+	}
+	if err != nil && errors.Is(err, ErrNoIdentity) {
+		return nil, nil, fmt.Errorf("%w: parent %s is sealed: an incremental snapshot takes blocks from a snapshot in clear only", ErrUnsupported, o.Parent)
+	}
 	if err != nil {
 		if errors.Is(err, ErrIncomplete) || errors.Is(err, os.ErrNotExist) {
 			if !errors.Is(err, ErrParentMissing) {

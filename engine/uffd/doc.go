@@ -34,8 +34,8 @@
 //     before brought in (or after memory already in place that follows
 //     it), or a fault at the prefetcher's front (a thread reading through
 //     memory the prefetcher has not reached), is a scan: it is served the
-//     pending memory that follows as well, up to FaultAhead (1 MiB), past
-//     what is already in place: a scan of 4 KiB blocks then faults once
+//     pending memory that follows as well, up to FaultAhead (1 MiB) on,
+//     past what is already in place and past holes between mappings: a scan of 4 KiB blocks then faults once
 //     per MiB, not once per page; and the prefetcher's cursor moves to
 //     where it ended, so that streaming goes on ahead of the reader, in
 //     its order. One such fault alone is the rest of the access before it
