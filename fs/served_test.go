@@ -123,9 +123,11 @@ func TestServedBlocksLeaveCache(t *testing.T) {
 	r = srv.procs[0].r
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		// A block that readahead decoded as the reader read it can stay.
+		// A block that readahead decoded as the reader read it can stay
+		// (a few, more under the race detector's slower timing: 4 of 64
+		// in one run); without the served blocks leaving, all 64 would.
 		cs := r.CacheStats()
-		if cs.Served >= 60 && cs.Entries <= 2 {
+		if cs.Served >= 56 && cs.Entries <= 8 {
 			break
 		}
 		if time.Now().After(deadline) {
