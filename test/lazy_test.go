@@ -293,8 +293,20 @@ func lazyCheckCounter(t *testing.T, ctx context.Context, p *fixture.Proc, atDump
 	if c := l.MustUint(t, "counter"); c < atDump || c > atDump+1_000_000 {
 		t.Errorf("restored counter %d, dumped at %d", c, atDump)
 	}
+	// During the lazy phase the marker's page may not be in yet: the
+	// kernel does not wait on a userfaultfd for another process's access
+	// to /proc/PID/mem, which then fails with EIO. The pager places every
+	// page in the end: ask again until it is in, for a bounded time.
 	marker, _ := p.Ready.Value("marker")
-	if m, err := p.ReadMemory(p.Ready.MustUint(t, "marker_addr"), len(marker)); err != nil || string(m) != marker {
+	var m []byte
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		m, err = p.ReadMemory(p.Ready.MustUint(t, "marker_addr"), len(marker))
+		if !errors.Is(err, syscall.EIO) || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil || string(m) != marker {
 		t.Errorf("marker on the restored heap %q (%v), want %q", m, err, marker)
 	}
 }
