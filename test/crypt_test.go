@@ -267,19 +267,11 @@ func TestSealedCounterRestore(t *testing.T) {
 			{"lazy lazyfs mount", []string{"--lazy", "--mount", mnt}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				if len(tc.flags) == 0 {
-					restoreAndAdopt(t, p, dir, "--identity", keyFile)
-				} else {
-					l := startLazy(t, dir, tc.flags[1:]...)
-					if pid := l.waitRunning(t, ctx); pid != p.PID {
-						t.Fatalf("pidfile names %d, want %d", pid, p.PID)
-					}
-					if err := p.Adopt(); err != nil {
-						t.Fatal(err)
-					}
-					lazyCheckCounter(t, ctx, p, atDump)
-					l.mustFinish(t, ctx, p.PID)
+				if len(tc.flags) > 0 {
+					lazyRestoreCounter(t, ctx, p, dir, atDump, tc.flags[1:]...)
+					return
 				}
+				restoreAndAdopt(t, p, dir, "--identity", keyFile)
 				lazyCheckCounter(t, ctx, p, atDump)
 				lazyKill(t, ctx, p)
 			})
@@ -566,19 +558,11 @@ func TestSealedS3(t *testing.T) {
 		{"lazy direct", []string{"--lazy", "--source", "direct"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if len(tc.flags) == 0 {
-				restoreAndAdopt(t, p, addr)
-			} else {
-				l := startLazy(t, addr, tc.flags[1:]...)
-				if pid := l.waitRunning(t, ctx); pid != p.PID {
-					t.Fatalf("pidfile names %d, want %d", pid, p.PID)
-				}
-				if err := p.Adopt(); err != nil {
-					t.Fatal(err)
-				}
-				lazyCheckCounter(t, ctx, p, atDump)
-				l.mustFinish(t, ctx, p.PID)
+			if len(tc.flags) > 0 {
+				lazyRestoreCounter(t, ctx, p, addr, atDump, tc.flags[1:]...)
+				return
 			}
+			restoreAndAdopt(t, p, addr)
 			lazyCheckCounter(t, ctx, p, atDump)
 			lazyKill(t, ctx, p)
 		})

@@ -311,6 +311,24 @@ func lazyCheckCounter(t *testing.T, ctx context.Context, p *fixture.Proc, atDump
 	}
 }
 
+// lazyRestoreCounter restores the counter fixture p lazily from dir with
+// startLazy's flags, checks it while its memory comes in and once all of
+// it is in, and kills it.
+func lazyRestoreCounter(t *testing.T, ctx context.Context, p *fixture.Proc, dir string, atDump uint64, flags ...string) {
+	t.Helper()
+	l := startLazy(t, dir, flags...)
+	if pid := l.waitRunning(t, ctx); pid != p.PID {
+		t.Fatalf("pidfile names %d, want %d", pid, p.PID)
+	}
+	if err := p.Adopt(); err != nil {
+		t.Fatal(err)
+	}
+	lazyCheckCounter(t, ctx, p, atDump)
+	l.mustFinish(t, ctx, p.PID)
+	lazyCheckCounter(t, ctx, p, atDump)
+	lazyKill(t, ctx, p)
+}
+
 // lazyKill kills the adopted process and waits until its pid is free.
 func lazyKill(t *testing.T, ctx context.Context, p *fixture.Proc) {
 	t.Helper()
@@ -343,17 +361,7 @@ func TestLazyCounter(t *testing.T) {
 		{"lazyfs-mount-again", []string{"--mount", mnt}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := startLazy(t, dir, tc.flags...)
-			if pid := l.waitRunning(t, ctx); pid != p.PID {
-				t.Fatalf("pidfile names %d, want %d", pid, p.PID)
-			}
-			if err := p.Adopt(); err != nil {
-				t.Fatal(err)
-			}
-			lazyCheckCounter(t, ctx, p, atDump)
-			l.mustFinish(t, ctx, p.PID)
-			lazyCheckCounter(t, ctx, p, atDump)
-			lazyKill(t, ctx, p)
+			lazyRestoreCounter(t, ctx, p, dir, atDump, tc.flags...)
 		})
 	}
 	if t.Failed() {
