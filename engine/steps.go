@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // StepError names the step of a dump or restore that failed.
@@ -44,11 +46,11 @@ func runSteps(ctx context.Context, log *slog.Logger, what string, steps []namedS
 		if err := ctx.Err(); err != nil {
 			return step(s.name, err)
 		}
-		t0 := time.Now()
+		t0, n0 := time.Now(), ptrace.Resumes()
 		if err := s.fn(ctx); err != nil {
 			return step(s.name, err)
 		}
-		log.Debug(what+" step", "step", s.name, "took", time.Since(t0))
+		log.Debug(what+" step", "step", s.name, "took", time.Since(t0), "resumes", ptrace.Resumes()-n0)
 	}
 	return nil
 }

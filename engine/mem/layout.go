@@ -37,22 +37,19 @@ func FreeAreas(vmas []image.VMA, n uint64) []uint64 {
 // injection area) and the kernel's special mappings (see MoveVDSO).
 func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
 	r := t
-	if _, err := r.call(unix.SYS_CLOSE_RANGE, 0, ^uint64(0)>>32, 0); err != nil {
-		return fmt.Errorf("close_range: %w", err)
-	}
 	maps, err := proc.ReadMaps(r.pid())
 	if err != nil {
 		return err
 	}
+	c := r.In.NewCalls() // one resume for them all
+	c.Add("close_range", unix.SYS_CLOSE_RANGE, 0, ^uint64(0)>>32, 0)
 	for _, m := range maps {
 		if m.Start == keep || m.IsSpecial() {
 			continue
 		}
-		if _, err := r.call(unix.SYS_MUNMAP, m.Start, m.Len()); err != nil {
-			return fmt.Errorf("munmap %s: %w", m.String(), err)
-		}
+		c.Add("munmap "+m.String(), unix.SYS_MUNMAP, m.Start, m.Len())
 	}
-	return nil
+	return r.In.RunCalls(c)
 }
 
 // MoveVDSO moves [vvar], [vvar_vclock] and [vdso] where the process had

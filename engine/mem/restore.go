@@ -67,6 +67,10 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 			}
 		}
 	}()
+	// The files and shared objects are opened first, one call at a time;
+	// every mmap, mprotect and madvise then runs in one batch: a process
+	// with hundreds of mappings is mapped in one resume.
+	m.calls = t.In.NewCalls()
 	vmas := t.State.VMAs
 	for i := 0; i < len(vmas); {
 		if err := ctx.Err(); err != nil {
@@ -77,11 +81,17 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 			return nil, err
 		}
 		for j := i; j < i+n; j++ {
-			if err := m.advise(&vmas[j]); err != nil {
-				return nil, err
-			}
+			m.advise(&vmas[j])
 		}
 		i += n
+	}
+	if err := t.In.RunCalls(m.calls); err != nil {
+		return nil, err
+	}
+	for _, mm := range m.mmaps {
+		if got := uint64(m.calls.Result(mm.call)); got != mm.addr {
+			return nil, fmt.Errorf("%s: mapped at %#x", m.calls.What(mm.call), got)
+		}
 	}
 	return m.shmem, nil
 }
@@ -140,20 +150,23 @@ type mapper struct {
 	*Target
 	files map[string]int // mode:path -> fd of a mapped file in the process
 	shmem map[uint64]int
+	calls *ptrace.Calls // the mmaps, mprotects and madvises, run at the end
+	mmaps []mmapCall
+}
+
+// mmapCall is an mmap of a batch and the address it must return.
+type mmapCall struct {
+	call int
+	addr uint64
 }
 
 // advise gives mapped VMA v its advice.
-func (r *mapper) advise(v *image.VMA) error {
+func (r *mapper) advise(v *image.VMA) {
 	for _, f := range v.VMFlags {
-		adv, ok := madvFlags[f]
-		if !ok {
-			continue
-		}
-		if _, err := r.call(unix.SYS_MADVISE, v.Start, v.End-v.Start, uint64(adv)); err != nil {
-			return fmt.Errorf("madvise %x-%x %s: %w", v.Start, v.End, f, err)
+		if adv, ok := madvFlags[f]; ok {
+			r.calls.Add(fmt.Sprintf("madvise %x-%x %s", v.Start, v.End, f), unix.SYS_MADVISE, v.Start, v.End-v.Start, uint64(adv))
 		}
 	}
-	return nil
 }
 
 func (r *mapper) mapVMA(v *image.VMA) error {
@@ -208,17 +221,11 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 	default:
 		return fmt.Errorf("%w: VMA kind %q", image.ErrUnsupported, v.Kind)
 	}
-	got, err := r.call(unix.SYS_MMAP, v.Start, length, prot, flags, fd, off)
-	if err != nil {
-		return err
-	}
-	if got != v.Start {
-		return fmt.Errorf("mapped at %#x", got)
-	}
+	what := fmt.Sprintf("map %x-%x %s %s", v.Start, v.End, image.Perms(*v), v.Name)
+	r.mmaps = append(r.mmaps, mmapCall{r.calls.Len(), v.Start})
+	r.calls.Add(what, unix.SYS_MMAP, v.Start, length, prot, flags, fd, off)
 	if reprotect {
-		if _, err := r.call(unix.SYS_MPROTECT, v.Start, length, uint64(v.Prot)); err != nil {
-			return fmt.Errorf("mprotect: %w", err)
-		}
+		r.calls.Add(what+": mprotect", unix.SYS_MPROTECT, v.Start, length, uint64(v.Prot))
 	}
 	return nil
 }

@@ -223,3 +223,80 @@ func (in *Injector) ReadProcess() (ProcessInfo, error) {
 	})
 	return p, err
 }
+
+// Calls is a batch in the making: system calls, what each is for (to name
+// the one that fails), and the data their arguments point to, laid out
+// from the start of the injector's scratch memory. Injector.RunCalls runs
+// them in one resume of the thread where it can.
+type Calls struct {
+	calls []BatchCall
+	what  []string
+	data  []byte
+	base  uint64
+}
+
+// NewCalls starts a batch for in.
+func (in *Injector) NewCalls() *Calls { return &Calls{base: in.scratch} }
+
+// Data puts b in the batch's scratch data and returns the address it
+// will have in the thread (8-byte aligned).
+func (c *Calls) Data(b []byte) uint64 {
+	a := c.base + uint64(len(c.data))
+	c.data = append(c.data, b...)
+	for len(c.data)%8 != 0 {
+		c.data = append(c.data, 0)
+	}
+	return a
+}
+
+// String puts s, NUL-terminated, in the batch's scratch data and returns
+// its address.
+func (c *Calls) String(s string) uint64 { return c.Data(append([]byte(s), 0)) }
+
+// Add appends system call nr with args; what names it in an error.
+func (c *Calls) Add(what string, nr int, args ...uint64) {
+	bc := BatchCall{Nr: nr}
+	copy(bc.Args[:], args)
+	c.calls = append(c.calls, bc)
+	c.what = append(c.what, what)
+}
+
+// Len returns how many calls the batch holds.
+func (c *Calls) Len() int { return len(c.calls) }
+
+// What returns what call i is for.
+func (c *Calls) What(i int) string { return c.what[i] }
+
+// Result returns the raw result of call i once RunCalls has run it.
+func (c *Calls) Result(i int) int64 { return c.calls[i].Result }
+
+// RunCalls writes c's data into the scratch memory and runs its calls in
+// order: in one resume when they fit the scratch memory beside their
+// data, in as few as fit otherwise, one by one without the batch code.
+// Every call runs, whatever the ones before it returned; the first that
+// failed is returned as an error naming it.
+func (in *Injector) RunCalls(c *Calls) error {
+	if len(c.calls) == 0 {
+		return nil
+	}
+	if c.base != in.scratch {
+		return fmt.Errorf("batch made for another injector's scratch memory")
+	}
+	if len(c.data) > 0 {
+		if _, err := in.Put(0, c.data); err != nil {
+			return err
+		}
+	}
+	per := max(1, (in.scratchLen-len(c.data))/batchEntry)
+	for i := 0; i < len(c.calls); i += per {
+		if err := in.Batch(len(c.data), c.calls[i:min(i+per, len(c.calls))]); err != nil {
+			return err
+		}
+	}
+	for i := range c.calls {
+		if err := Errno(c.calls[i].Result); err != nil {
+			return fmt.Errorf("%s: %w", c.what[i], err)
+		}
+	}
+	return nil
+}

@@ -122,10 +122,10 @@ func TestBatchPerThread(t *testing.T) {
 			}
 		}
 	}
-	// An injector on a stub that no open injector mapped runs a batch
-	// call by call.
+	// An injector on a stub without the batch code after it (one the
+	// caller wrote itself) runs a batch call by call.
 	addr := mustCall(t, lead, unix.SYS_MMAP, 0, pageSize, unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
-	if err := p.WriteStub(addr); err != nil {
+	if err := p.WriteMem(addr, stubCode[:]); err != nil {
 		t.Fatal(err)
 	}
 	other := p.Threads()[0]
@@ -145,6 +145,31 @@ func TestBatchPerThread(t *testing.T) {
 	}
 	if ta, err := in.TidAddress(); err != nil || info.TidAddress != ta {
 		t.Errorf("thread %d: call-by-call tid address %#x, single %#x %v", other.Tid(), info.TidAddress, ta, err)
+	}
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// One WriteStub wrote has the batch code after it: InjectorAt finds
+	// it there, and the batch runs in one resume.
+	if err := p.WriteStub(addr); err != nil {
+		t.Fatal(err)
+	}
+	if in, err = other.InjectorAt(addr, scratch, n); err != nil {
+		t.Fatal(err)
+	}
+	if !in.CanBatch() {
+		t.Error("injector on a stub WriteStub wrote does not find its batch code")
+	}
+	before := Resumes()
+	info, err = in.ReadThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Resumes() - before; got != 1 {
+		t.Errorf("a batch on WriteStub's stub took %d resumes, want 1", got)
+	}
+	if ta, err := in.TidAddress(); err != nil || info.TidAddress != ta {
+		t.Errorf("thread %d: batched tid address %#x, single %#x %v", other.Tid(), info.TidAddress, ta, err)
 	}
 	if err := in.Close(); err != nil {
 		t.Fatal(err)

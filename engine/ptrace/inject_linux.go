@@ -1,8 +1,10 @@
 package ptrace
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -88,6 +90,13 @@ func (th *Thread) begin(stub, scratch uint64, scratchLen int) (*Injector, error)
 			in.batch = o.inj.batch
 		}
 	}
+	if in.batch == 0 && stub != 0 {
+		// A stub WriteStub wrote has the batch code after it.
+		code := make([]byte, StubLen)
+		if err := th.p.ReadMem(stub, code); err == nil && bytes.Equal(code, stubWithBatch()) {
+			in.batch = stub + batchOff
+		}
+	}
 	if err := ptGetRegs(th.tid, &in.saved); err != nil {
 		return nil, th.check("PTRACE_GETREGS", err)
 	}
@@ -133,10 +142,7 @@ func (th *Thread) newInjector(scratchLen int) (*Injector, error) {
 	}
 	base := uint64(addr)
 	in.mapped, in.mappedLen = base, total
-	code := make([]byte, batchOff+len(batchCode))
-	copy(code, stubCode[:])
-	copy(code[batchOff:], batchCode[:])
-	if err := th.p.writeMem(base, code); err != nil {
+	if err := th.p.writeMem(base, stubWithBatch()); err != nil {
 		in.abort()
 		return nil, fmt.Errorf("write stub: %w", err)
 	}
@@ -287,11 +293,20 @@ func (in *Injector) syscallAt(stub uint64, nr int, args []uint64) (int64, error)
 	return syscallResult(&r), nil
 }
 
+// resumes counts the injected runs of this process (Resumes).
+var resumes atomic.Int64
+
+// Resumes returns how many times an injector of this process resumed a
+// thread to run injected code (a call, or a batch of them) and waited
+// for it to stop: what a step of a restore spends its time on.
+func Resumes() int64 { return resumes.Load() }
+
 // run resumes the thread with regs until it reaches the int3 before trap
 // (or faults on unmapped, the instruction after a call that unmapped the
 // stub; 0: none) and returns its registers there.
 func (in *Injector) run(regs *Regs, trap, unmapped uint64) (Regs, error) {
 	th := in.th
+	resumes.Add(1)
 	if err := th.stopped(); err != nil {
 		return Regs{}, err
 	}

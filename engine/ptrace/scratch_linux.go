@@ -47,9 +47,22 @@ func (in *Injector) CloseFD(fd int) error {
 	return err
 }
 
-// WriteStub writes the injection stub ("syscall; int3") at addr of p, for
-// an Injector made with InjectorAt to run its calls through.
-func (p *Process) WriteStub(addr uint64) error { return p.WriteMem(addr, stubCode[:]) }
+// WriteStub writes the injection stub ("syscall; int3") at addr of p,
+// with the batch code after it, for an Injector made with InjectorAt to
+// run its calls through (and its batches in one resume: InjectorAt finds
+// the batch code there). addr needs StubLen bytes of executable memory.
+func (p *Process) WriteStub(addr uint64) error { return p.WriteMem(addr, stubWithBatch()) }
+
+// StubLen is how many bytes WriteStub writes.
+const StubLen = batchOff + len(batchCode)
+
+// stubWithBatch is the stub page's code: the stub, then the batch code.
+func stubWithBatch() []byte {
+	code := make([]byte, StubLen)
+	copy(code, stubCode[:])
+	copy(code[batchOff:], batchCode[:])
+	return code
+}
 
 // OpenAt2 injects openat2(AT_FDCWD, path, {flags, mode, resolve}) and
 // returns the descriptor the tracee got: with resolve
