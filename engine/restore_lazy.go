@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime"
@@ -66,6 +67,14 @@ type LazyOptions struct {
 	// created (the private mount) waits for it there and says if it
 	// failed, so that a process never runs without its source.
 	SourceReady func() error
+	// SourceUp, if set with RawDirect, reports without waiting whether
+	// the source (one that comes up in the background, as SourceReady's)
+	// can be read yet. The process then runs without waiting for it
+	// (SourceReady is not called): until SourceUp reports true, the
+	// blocks meant for the source are decoded here from the snapshot's
+	// files, as with the direct source; if it never comes up, they all
+	// are.
+	SourceUp func() bool
 	// SourceGone, if set, receives an error naming what died when the
 	// process that serves the source is gone (the private mount's FUSE
 	// server): the lazy phase then ends at once, the process tree is
@@ -308,7 +317,7 @@ func (r *restorer) finish(ctx context.Context) error {
 	if err := r.lazy.register(); err != nil {
 		return err
 	}
-	if ready := r.opts.LazyOptions.SourceReady; ready != nil {
+	if ready := r.opts.LazyOptions.SourceReady; ready != nil && !(r.opts.LazyOptions.RawDirect && r.opts.LazyOptions.SourceUp != nil) {
 		if err := ready(); err != nil {
 			return fmt.Errorf("page source: %w", err)
 		}
@@ -346,6 +355,9 @@ func (r *restorer) servePages(ctx context.Context, stats *LazyStats, wsr *Workin
 		src = r.pages.Checked(src)
 	}
 	if o.RawDirect {
+		if o.SourceUp != nil {
+			src = standIn{up: o.SourceUp, src: src, direct: r.pages.Uncached()}
+		}
 		src = r.pages.Mixed(src)
 	}
 	po.First, src = r.workingSetFirst(src, wsr)
@@ -499,4 +511,18 @@ func (r *restorer) lazyError(err error) error {
 		a = b.End()
 	}
 	return fmt.Errorf("%w (the snapshot files read fine there: the page source failed)", err)
+}
+
+// standIn reads from src once up reports it can be read, and from direct
+// (the snapshot's own files) until then (LazyOptions.SourceUp).
+type standIn struct {
+	up          func() bool
+	src, direct io.ReaderAt
+}
+
+func (s standIn) ReadAt(p []byte, off int64) (int, error) {
+	if s.up() {
+		return s.src.ReadAt(p, off)
+	}
+	return s.direct.ReadAt(p, off)
 }

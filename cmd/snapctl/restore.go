@@ -60,7 +60,10 @@ snapshot: a private one that snapctl mounts and unmounts itself (in a
 mount namespace of its own, so nothing is left mounted if it dies), or with
 --mount a running lazyfs mount of the same snapshot, whose cache several
 restores then share; blocks stored raw, and with --source direct every
-block, come from the snapshot files. Until
+block, come from the snapshot files. The process does not wait for the
+private mount: until its helper has mounted, snapctl decodes those blocks
+itself from the snapshot files (and goes on so, with a warning, if the
+mount cannot be made). Until
 every page is in, snapctl stays the process's tracer (signals pass through):
 if snapctl dies, the process, and any child it forked meanwhile, dies with
 it rather than run with memory missing. A page that cannot be read (a
@@ -227,7 +230,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	var progress *lazyProgress
 	if *lazy {
-		src, err := openLazySource(*dir, *mount, *source, *threads, open)
+		src, err := openLazySource(*dir, *mount, *source, *threads, open, log)
 		if err != nil {
 			return err
 		}
@@ -244,6 +247,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		}
 		opts.LazyOptions.SourceGone = src.gone
 		opts.LazyOptions.SourceReady = src.ready
+		opts.LazyOptions.SourceUp = src.up
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
 		opts.LazyOptions.Keeper = true
 		// The private mount answers with direct I/O: its reads wait on
@@ -464,12 +468,15 @@ type lazySource struct {
 	// ready, if not nil, waits for a source made in the background
 	// (engine.LazyOptions.SourceReady).
 	ready func() error
+	// up, if not nil, says without waiting whether that source is up
+	// (engine.LazyOptions.SourceUp): the process does not wait for it.
+	up func() bool
 }
 
 // openLazySource opens where a lazy restore reads pages from: the
 // snapshot files (--source direct), a running lazyfs mount (--mount), or
 // a private mount of the snapshot (fs.MountPrivate).
-func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
+func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions, log *slog.Logger) (*lazySource, error) {
 	snap, err := image.OpenWith(dir, o)
 	if err != nil {
 		return nil, err
@@ -508,7 +515,7 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions) (
 		// Direct I/O and a small block cache: the pager reads each block
 		// once (see test/bench/BENCHMARKS.md, Decisions).
 		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
-	}, false), nil
+	}, log), nil
 }
 
 // openMountMem opens MNT/PID/mem of a running lazyfs mount (--mount) for
@@ -585,19 +592,26 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 	}
 	return mountLater(func() (*fs.PrivateMount, error) {
 		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
-	}, true), nil
+	}, nil), nil
 }
 
 // mountLater starts the private mount that mount makes and returns it as
-// a lazySource at once (tree: with a source for each process). Its reads
-// wait until the mount is up: the helper starts and mounts
-// while the process is created and its memory laid out, which need no
-// page from it, and only blocks that must be decoded are read through it
-// (engine.LazyOptions.RawDirect). The process does not run before the
-// mount is up (ready, engine.LazyOptions.SourceReady); if the mount
-// fails, or its helper dies later, gone says why and the restore ends
-// (engine.LazyOptions.SourceGone).
-func mountLater(mount func() (*fs.PrivateMount, error), tree bool) *lazySource {
+// a lazySource at once. The helper starts and mounts while the process is
+// created and its memory laid out, which need no page from it, and only
+// blocks that must be decoded are read through it
+// (engine.LazyOptions.RawDirect).
+//
+// The mount of one process (log not nil) is not waited for: until it is
+// up, the restore decodes those blocks itself from the snapshot's files
+// (up, engine.LazyOptions.SourceUp), so the process runs and its first
+// faults are served without waiting for a helper to start; if the mount
+// cannot be made, it goes on that way and log says why. The mount of a
+// process tree (log nil, with a source for each process) is: its reads
+// wait until it is up, the processes do not run before (ready,
+// engine.LazyOptions.SourceReady), and if it fails, gone says why and the
+// restore ends. If the helper dies once the mount is up, gone says so and
+// the restore ends (engine.LazyOptions.SourceGone).
+func mountLater(mount func() (*fs.PrivateMount, error), log *slog.Logger) *lazySource {
 	ready := make(chan struct{})
 	gone, stop := make(chan error, 1), make(chan struct{})
 	var m *fs.PrivateMount
@@ -606,7 +620,11 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool) *lazySource {
 		m, merr = mount()
 		close(ready)
 		if merr != nil {
-			gone <- merr
+			if log == nil {
+				gone <- merr
+			} else {
+				log.Warn("no private mount: blocks that must be decoded are decoded by snapctl", "err", merr)
+			}
 			return
 		}
 		select {
@@ -627,7 +645,7 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool) *lazySource {
 		}
 		return m.Close()
 	}
-	if tree {
+	if log == nil {
 		src.of = func(pid int) (io.ReaderAt, error) {
 			return readerAtFunc(func(p []byte, off int64) (int, error) {
 				if err := wait(); err != nil {
@@ -648,6 +666,14 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool) *lazySource {
 		}
 		return m.ReadAt(p, off)
 	})
+	src.up = func() bool {
+		select {
+		case <-ready:
+			return merr == nil
+		default:
+			return false
+		}
+	}
 	return src
 }
 
