@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/uffd"
 )
 
 // RestoreOptions configure Restore.
@@ -122,19 +123,26 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		defer snap.Close()
 		return restoreTree(ctx, opts, snap, start, log)
 	}
+	// The keeper starts while the process's state and pages are read:
+	// its fork and exec take milliseconds the restore need not wait for.
+	keeper := make(chan *uffd.Keeper, 1)
+	go func(o RestoreOptions) { keeper <- startKeeper(o, log) }(opts)
 	st, pages, err := openProcess(snap, opts)
+	if err == nil && opts.Lazy == nil && opts.LazyOf != nil {
+		if opts.Lazy, err = opts.LazyOf(st.PID); err != nil {
+			pages.Close()
+		}
+	}
+	k := <-keeper
 	if err != nil {
+		if k != nil {
+			closeKeeper(k, log)
+		}
 		snap.Close()
 		return nil, step("open snapshot", err)
 	}
 	defer pages.Close()
 	defer snap.Close()
-	if opts.Lazy == nil && opts.LazyOf != nil {
-		if opts.Lazy, err = opts.LazyOf(st.PID); err != nil {
-			return nil, step("open snapshot", err)
-		}
-	}
-	k := startKeeper(opts, log)
 	if k != nil {
 		defer closeKeeper(k, log) // after abort, which kills what it protects
 		opts.LazyOptions.Holder = k
