@@ -89,7 +89,11 @@
 //
 // Mounts go through fusermount3, as root too: go-fuse's direct mount(2)
 // leaves the /dev/fuse descriptor inheritable by children (a restored
-// process would keep a dead server's connection alive). Unmount
+// process would keep a dead server's connection alive). The private
+// mount's helper, which starts no program while it mounts, is the
+// exception: as root it mounts with mount(2), one process fewer to start
+// before a lazy restore is served, and then makes its descriptors
+// close-on-exec. Unmount
 // unmounts, or, if files are still open, detaches the mount (umount -l)
 // so that the mountpoint is free at once; the readers are closed when the
 // serve loop ends. The server never sends requests to its own mount after

@@ -148,10 +148,12 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 		Name:         Subtype,
 		Debug:        opts.Debug,
 		Logger:       debugLogger(logger),
-		// Not DirectMount, even as root: go-fuse's direct mount leaves the
+		// Not DirectMount, even as root, but in the private mount's helper
+		// (Options.directMount): go-fuse's direct mount leaves the
 		// /dev/fuse descriptor inheritable, and a child that inherits it
 		// (a restored process) would keep the connection alive after this
 		// server is gone. fusermount3's descriptor is set close-on-exec.
+		DirectMount:   opts.directMount,
 		DisableXAttrs: true,
 		PanicHandler: func(v any) fuse.Status {
 			logger.Error("panic in FUSE handler", "panic", v, "stack", string(debug.Stack()))
@@ -164,6 +166,14 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("mount %s: %w", mnt, mountError(err))
 	}
 	s.srv = srv
+	if opts.directMount {
+		// Whatever the mount opened, no program started later inherits.
+		if err := closeOnExecAll(); err != nil {
+			srv.Unmount()
+			s.closeReaders()
+			return nil, fmt.Errorf("mount %s: close_range: %w", mnt, err)
+		}
+	}
 	go func() {
 		srv.Serve()
 		s.closeReaders()

@@ -66,4 +66,11 @@ type Options struct {
 	// Logger receives corrupt-block errors and mount diagnostics; nil
 	// discards them.
 	Logger *slog.Logger
+
+	// directMount mounts with mount(2) as root rather than through
+	// fusermount3 (one process fewer to start), then makes every
+	// descriptor of this process close-on-exec, since go-fuse opens
+	// /dev/fuse without it: only for a process that starts no other
+	// program while it mounts, the private mount's helper.
+	directMount bool
 }

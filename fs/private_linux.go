@@ -338,7 +338,8 @@ func PrivateMain(args []string) int {
 		return fail(err)
 	}
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
-		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote, Keys: keys})
+		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote, Keys: keys,
+		directMount: true})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -357,6 +359,76 @@ func TestLazyHelperKilled(t *testing.T) {
 			l.lazyNothingLeft(t, dir)
 		})
 	}
+}
+
+// TestPrivateMountCloseOnExec: the private mount's helper mounts with
+// mount(2) as root, and go-fuse opens /dev/fuse for that without
+// O_CLOEXEC; the descriptor must be close-on-exec all the same, so that
+// no program the helper starts (fusermount3 to detach a busy mount) holds
+// the connection open. Meanwhile the process runs before the mount is up,
+// and its memory is right. (go-fuse's splice pipes and its /dev/null,
+// opened later, are none of the connection.)
+func TestPrivateMountCloseOnExec(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ctx := testContext(t)
+	p, dir, atDump := lazyCounterDumped(t, ctx, "64M")
+	// The helper is looked at before the prefetch starts and ends it.
+	l := startLazy(t, dir, "--prefetch-delay", "3s")
+	l.waitRunning(t, ctx)
+	if err := p.Adopt(); err != nil {
+		t.Fatal(err)
+	}
+	helper := []byte(fmt.Sprintf("lazyfs-private-mount\x00%d\x00", l.cmd.Process.Pid))
+	pids := lazyProcs(t, helper)
+	if len(pids) != 1 {
+		t.Fatalf("%d private mount helpers of snapctl %d, want 1", len(pids), l.cmd.Process.Pid)
+	}
+	// fds lists the helper's descriptors but the standard ones: target
+	// and fdinfo flags.
+	fds := func() map[int]string {
+		out := map[int]string{}
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pids[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			fd, _ := strconv.Atoi(e.Name())
+			target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pids[0], fd))
+			if fd >= 3 && target != "" {
+				out[fd] = target
+			}
+		}
+		return out
+	}
+	mounted := func() bool { return slices.Contains(slices.Collect(maps.Values(fds())), "/dev/fuse") }
+	for deadline := time.Now().Add(10 * time.Second); !mounted(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the helper holds no /dev/fuse descriptor 10 s after the process ran")
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the helper has answered by now
+	for fd, target := range fds() {
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pids[0], fd))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		var flags uint64
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				flags, _ = strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+			}
+		}
+		if target == "/dev/fuse" && flags&syscall.O_CLOEXEC == 0 {
+			t.Errorf("helper %d: fd %d (%s) is not close-on-exec (flags %o)", pids[0], fd, target, flags)
+		}
+	}
+	lazyCheckCounter(t, ctx, p, atDump)
+	l.mustFinish(t, ctx, p.PID)
+	lazyKill(t, ctx, p)
+	l.lazyNothingLeft(t, dir)
 }
 
 // TestLazyMountNotLazyfs: --mount of a plain directory that holds the
