@@ -150,7 +150,11 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
 	defer func() {
 		if r.wsLoad != nil {
-			r.wsLoad() // it reads through snap's directory, closed next
+			// It reads through snap's directory, closed next; its mapping
+			// goes once the pager that read it is done.
+			if ws, _ := r.wsLoad(); ws != nil {
+				ws.Close()
+			}
 		}
 	}()
 	if err := r.check(); err != nil {

@@ -128,7 +128,7 @@ func (r *restorer) loadWorkingSet(context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ws, err = r.snap.WorkingSet(pid)
+		ws, err = r.snap.MapWorkingSet(pid) // closed when the restore ends
 		if errors.Is(err, os.ErrNotExist) {
 			ws, err = nil, nil
 		}
@@ -207,7 +207,12 @@ func (r *restorer) lazyRange(lo, hi uint64) bool {
 }
 
 // copySource answers a read that lies inside one part of a working set's
-// copy from it, and any other from src.
+// copy from it, and any other from src. The copy is the working set's
+// file mapped (image.MapWorkingSet), its bytes checked against their
+// CRC32C when it was opened: a snapshot in clear is checked for
+// accidents, not edits (an edit of the file in place during the restore
+// is one), and a sealed or signed snapshot never reads a working set's
+// copy. A file truncated meanwhile fails the read, which src answers.
 type copySource struct {
 	src   io.ReaderAt
 	parts []image.WorkingSetEntry // sorted by address, disjoint
@@ -226,7 +231,10 @@ func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 	})
 	if i < len(c.parts) {
 		if e := c.parts[i]; e.Addr <= a && a+uint64(len(p)) <= e.End() {
-			return copy(p, e.Data[a-e.Addr:]), nil
+			// A mapped file truncated since: the snapshot's blocks then.
+			if n, err := image.ReadData(p, e, a-e.Addr); err == nil {
+				return n, nil
+			}
 		}
 	}
 	return c.src.ReadAt(p, off)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -107,6 +108,20 @@ type WorkingSet struct {
 	Span    time.Duration
 	Stop    string
 	Entries []WorkingSetEntry
+
+	unmap func() error // MapWorkingSet's
+}
+
+// Close releases what MapWorkingSet mapped: the entries' Data must not
+// be used after. It does nothing for a working set read into memory, and
+// may be called more than once.
+func (w *WorkingSet) Close() error {
+	if w == nil || w.unmap == nil {
+		return nil
+	}
+	f := w.unmap
+	w.unmap = nil
+	return f()
 }
 
 // HasData reports whether the entries carry their bytes.
@@ -275,7 +290,36 @@ func (s *Snapshot) WorkingSet(pid int) (*WorkingSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	return readWorkingSet(d, pid, s.ID(), s.trust)
+	return readWorkingSet(d, pid, s.ID(), s.trust, false)
+}
+
+// MapWorkingSet is WorkingSet, the file mapped rather than read: its
+// entries' Data are the page cache's pages, valid until Close. A restore
+// that starts reads its working set so: tens of MiB read into memory a
+// new process has never touched cost it a first touch of every page,
+// slow where the hypervisor reclaims free memory, while the pages of a
+// file read before are there to map. Whoever reads Data must expect the
+// file to shrink under it (another writer truncating it in place, which
+// snapctl never does: it renames a new file over the old): a read past
+// its end faults, and ReadData turns that into an error.
+func (s *Snapshot) MapWorkingSet(pid int) (*WorkingSet, error) {
+	d, err := s.localDir()
+	if err != nil {
+		return nil, err
+	}
+	return readWorkingSet(d, pid, s.ID(), s.trust, true)
+}
+
+// ReadData copies e.Data[off:] into p like copy, but returns an error
+// rather than crash if the mapping behind it faults (MapWorkingSet).
+func ReadData(p []byte, e WorkingSetEntry, off uint64) (n int, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			n, err = 0, fmt.Errorf("%w: working set entry at %#x: its file changed while mapped (%v)", ErrCorrupt, e.Addr, memoryFault(r))
+		}
+	}()
+	return copy(p, e.Data[off:]), nil
 }
 
 // localDir returns the directory of a snapshot in a directory; a working
@@ -297,10 +341,10 @@ func ReadWorkingSet(dir string, pid int, id SnapshotID, trust bool) (*WorkingSet
 		return nil, err
 	}
 	defer d.Close()
-	return readWorkingSet(d, pid, id, trust)
+	return readWorkingSet(d, pid, id, trust, false)
 }
 
-func readWorkingSet(d *os.File, pid int, id SnapshotID, trust bool) (*WorkingSet, error) {
+func readWorkingSet(d *os.File, pid int, id SnapshotID, trust, mapped bool) (*WorkingSet, error) {
 	name := WorkingSetName(pid)
 	path := filepath.Join(d.Name(), name)
 	f, err := openAt(d, name)
@@ -323,18 +367,52 @@ func readWorkingSet(d *os.File, pid int, id SnapshotID, trust bool) (*WorkingSet
 	if st.Size() > wsHeaderSize+wsEntrySize*maxWSEntries+MaxWorkingSetData {
 		return nil, fmt.Errorf("%s: %w: %d bytes", path, ErrCorrupt, st.Size())
 	}
-	b := make([]byte, st.Size())
-	if _, err := io.ReadFull(f, b); err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+	var b []byte
+	unmap := func() error { return nil }
+	if mapped && st.Size() > 0 {
+		if b, err = unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
+			return nil, fmt.Errorf("map %s: %w", path, err)
+		}
+		unmap = func() error { return unix.Munmap(b) }
+	} else {
+		b = make([]byte, st.Size())
+		if _, err := io.ReadFull(f, b); err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
 	}
-	w, err := ParseWorkingSet(b)
+	w, err := parseMapped(b)
+	if err == nil {
+		err = checkWorkingSet(w, pid, id)
+	}
 	if err != nil {
+		unmap()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := checkWorkingSet(w, pid, id); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if mapped {
+		w.unmap = unmap
 	}
 	return w, nil
+}
+
+// parseMapped is ParseWorkingSet on bytes that may be a mapping of a file
+// that shrinks while it is read: a fault is an error.
+func parseMapped(b []byte) (w *WorkingSet, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			w, err = nil, fmt.Errorf("%w: the file changed while read (%v)", ErrCorrupt, memoryFault(r))
+		}
+	}()
+	return ParseWorkingSet(b)
+}
+
+// memoryFault returns r, a recovered panic, if it is a memory fault that
+// debug.SetPanicOnFault turned into one; any other panic goes on.
+func memoryFault(r any) any {
+	if _, ok := r.(interface{ Addr() uintptr }); !ok {
+		panic(r)
+	}
+	return r
 }
 
 // checkWorkingSet checks that w was recorded on process pid of the

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -192,4 +193,53 @@ func FuzzWorkingSet(f *testing.F) {
 			t.Fatalf("re-marshalled does not parse: %v", err)
 		}
 	})
+}
+
+// TestMapWorkingSet: a mapped working set reads as the file; a file
+// truncated under its mapping fails ReadData rather than crash the
+// reader; Close unmaps, once.
+func TestMapWorkingSet(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	w := withData(testWorkingSet(s.ID(), 42))
+	if err := WriteWorkingSet(dir, w); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.MapWorkingSet(42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapped := *got
+	mapped.unmap = nil
+	if !reflect.DeepEqual(&mapped, w) {
+		t.Fatalf("mapped %+v, wrote %+v", mapped.Entries, w.Entries)
+	}
+	last := got.Entries[len(got.Entries)-1]
+	p := make([]byte, 4096)
+	if n, err := ReadData(p, last, last.Len-4096); err != nil || n != 4096 || !bytes.Equal(p, w.Entries[len(w.Entries)-1].Data[last.Len-4096:]) {
+		t.Fatalf("ReadData of the last page: %d, %v", n, err)
+	}
+	// Truncated in place (snapctl renames a new file over the old one;
+	// someone else may not): the last entry's bytes are gone.
+	if err := os.Truncate(filepath.Join(dir, WorkingSetName(42)), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadData(p, last, last.Len-4096); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("ReadData past the end of a truncated file: %v, want ErrCorrupt", err)
+	}
+	if err := got.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := got.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	// A file truncated before it is mapped is refused as any damaged one.
+	if _, err := s.MapWorkingSet(42); !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("truncated working set mapped: %v", err)
+	}
 }
