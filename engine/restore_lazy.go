@@ -65,7 +65,8 @@ type LazyOptions struct {
 	// SourceReady, if set, is called before the process first runs: a
 	// source that comes up in the background while the process is
 	// created (the private mount) waits for it there and says if it
-	// failed, so that a process never runs without its source.
+	// failed, so that a process never runs without its source (unless
+	// SourceUp says how it can).
 	SourceReady func() error
 	// SourceUp, if set with RawDirect, reports without waiting whether
 	// the source (one that comes up in the background, as SourceReady's)
