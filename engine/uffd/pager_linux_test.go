@@ -516,3 +516,49 @@ func TestPagerZeroAhead(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// TestPagerStrideArrays: a thread reading every 100th page of each of
+// many arrays, the arrays at descending addresses (as mmap lays out one
+// malloc after another) and each read upwards, as a request reads a
+// model's weight arrays in order. Each array starts with a jump; the
+// stride must go on in the next array at once, as far ahead as before
+// (two faults an array, not the three it takes to see a stride anew and
+// one more per doubling of its window), and must not read ahead into the
+// array it just walked, whose pages at its stride nobody touches next.
+func TestPagerStrideArrays(t *testing.T) {
+	const (
+		arrays = 8
+		array  = 8 * mib
+		size   = arrays * array
+		stride = 400 << 10
+		unit   = 16 << 10 // page checksums: strides read a window each
+	)
+	f, base, m, p, errc := servePattern(t, size, func(uint64) Options {
+		return Options{Unit: func(at uint64) (uint64, uint64, bool) {
+			lo := at &^ (unit - 1)
+			return lo, lo + unit, true
+		}}
+	})
+	var touched uint64
+	for i := range uint64(arrays) {
+		a := base + size - (i+1)*array
+		touched += f.do("touch %x %x %x", a, uint64(array), uint64(stride))[0]
+	}
+	st := p.Stats()
+	t.Logf("%d pages touched in %d arrays: %d faults, %d bytes, %d of them ahead of the stride", touched, arrays, st.DataFaults, st.FaultBytes, st.StrideBytes)
+	// The first array: three faults to see the stride, then one per
+	// doubling of the window (4, 8, 16... ahead) until its end.
+	if max := uint64(8 + 3*(arrays-1)); st.DataFaults > max {
+		t.Errorf("%d faults for %d arrays read at one stride, more than %d: the stride is seen anew in each array", st.DataFaults, arrays, max)
+	}
+	// Each touched page's unit, and one window of strides ahead past
+	// the first array's end (the pages at the stride of the memory above
+	// it are pending too: nobody can tell).
+	if max := (touched + strideMaxAhead) * unit; st.FaultBytes > max {
+		t.Errorf("%d bytes brought in for %d pages touched, more than %d: the strides are read ahead into the array walked before", st.FaultBytes, touched, max)
+	}
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

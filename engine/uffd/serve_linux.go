@@ -245,7 +245,18 @@ type stride struct {
 	// span is how far (bytes from its first page) one access of the
 	// thread reaches: PageSize, or more for an access that crosses into
 	// the next page (see restOf). 0 counts as PageSize.
-	span uint64
+	span  uint64
+	start uint64 // the page the run at d started from
+	// The stride seen before the last jump, kept: a thread that reads
+	// array after array at one stride (every 100th page of each of many
+	// weight arrays) jumps to the next array and goes on there at the
+	// same stride, at the same pace. kept is 0 when there is none; the
+	// run, span and the memory walked (from, to: page addresses, up to
+	// the last stride read ahead) are those it had.
+	kept           int64
+	keptRun        int
+	keptSpan       uint64
+	walkLo, walkHi uint64
 }
 
 // strideMaxSpan bounds stride.span.
@@ -261,6 +272,15 @@ func (st *stride) reach(start, page uint64) {
 	if page >= start {
 		st.span = max(st.span, min(page-start+PageSize, strideMaxSpan))
 	}
+}
+
+// walked reports whether page lies in the memory the stride kept from
+// before the last jump walked: a run resumed after a jump that runs into
+// it has reached the end of its own array (arrays laid out at descending
+// addresses, each read upwards, as mmap places them), and the pages at
+// its stride there are not what the thread reads next.
+func (st *stride) walked(page uint64) bool {
+	return st.walkHi > st.walkLo && page >= st.walkLo && page <= st.walkHi
 }
 
 // restOf tells whether a fault on page is the rest of an access whose
@@ -290,9 +310,12 @@ const (
 // next records a data fault on page and returns how many strides ahead to
 // serve: 0 unless the fault continues a stride, then doubling with each
 // fault that does, as readahead grows its window. A sequential reader is
-// FaultAhead's, not a stride.
+// FaultAhead's, not a stride. A fault at the stride kept from before a
+// jump, one fault after it, resumes that stride where it was, with its
+// window: the thread goes on at the same pace in the memory it jumped to.
 func (st *stride) next(page uint64, sequential bool) int {
-	d := int64(page - st.prev)
+	prev := st.prev
+	d := int64(page - prev)
 	seen := st.seen
 	st.prev, st.seen = page, true
 	if !seen || sequential || d == 0 {
@@ -300,8 +323,18 @@ func (st *stride) next(page uint64, sequential bool) int {
 		return 0
 	}
 	if d != st.d {
-		st.d, st.run, st.span = d, 1, 0
-		return 0
+		if st.kept != 0 && d == st.kept && st.run == 1 {
+			// prev was the jump's target: the run goes on from there.
+			st.d, st.run, st.span, st.start = d, st.keptRun, st.keptSpan, prev
+			st.kept = 0
+		} else {
+			if st.run >= strideMin {
+				st.kept, st.keptRun, st.keptSpan = st.d, st.run, st.span
+				st.walkLo, st.walkHi = min(st.start, prev), max(st.start, prev)
+			}
+			st.d, st.run, st.span, st.start = d, 1, 0, prev
+			return 0
+		}
 	}
 	st.run++
 	if st.run < strideMin {
@@ -326,6 +359,9 @@ func (s *server) strideAhead(page uint64, n int) error {
 	s.setMu.Lock()
 	for i := 1; i <= n && total < strideMaxBytes; i++ {
 		at := page + uint64(int64(i)*d)
+		if s.stride.walked(at) && !s.stride.walked(page) {
+			break
+		}
 		last = at
 		p, ok := s.pend.find(at)
 		if !ok {
