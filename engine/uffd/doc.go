@@ -48,6 +48,11 @@
 //     64 at a time, read from the source in parallel and placed in order
 //     while it works: it faults once per batch instead of once per page.
 //     Each stride brings in as many pages as one access was seen to reach.
+//     A thread that jumps elsewhere and goes on at the same stride (one
+//     array after another) resumes it there with its window after one
+//     fault; its strides read ahead stop where they enter the memory the
+//     run before the jump walked (arrays at descending addresses, as mmap
+//     lays them out, each read upwards).
 //   - A fault on a page of the working set still to fetch (Options.First:
 //     the thread touches it in the recorded order faster than the
 //     prefetcher places it) brings in the ranges that follow it in that
