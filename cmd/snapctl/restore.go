@@ -515,7 +515,7 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions, l
 		// Direct I/O and a small block cache: the pager reads each block
 		// once (see test/bench/BENCHMARKS.md, Decisions).
 		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
-	}, log), nil
+	}, false, log), nil
 }
 
 // openMountMem opens MNT/PID/mem of a running lazyfs mount (--mount) for
@@ -592,7 +592,7 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 	}
 	return mountLater(func() (*fs.PrivateMount, error) {
 		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
-	}, nil), nil
+	}, true, nil), nil
 }
 
 // mountLater starts the private mount that mount makes and returns it as
@@ -601,17 +601,17 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 // blocks that must be decoded are read through it
 // (engine.LazyOptions.RawDirect).
 //
-// The mount of one process (log not nil) is not waited for: until it is
+// The mount of one process is not waited for: until it is
 // up, the restore decodes those blocks itself from the snapshot's files
 // (up, engine.LazyOptions.SourceUp), so the process runs and its first
 // faults are served without waiting for a helper to start; if the mount
 // cannot be made, it goes on that way and log says why. The mount of a
-// process tree (log nil, with a source for each process) is: its reads
+// process tree (tree, with a source for each process) is: its reads
 // wait until it is up, the processes do not run before (ready,
 // engine.LazyOptions.SourceReady), and if it fails, gone says why and the
 // restore ends. If the helper dies once the mount is up, gone says so and
 // the restore ends (engine.LazyOptions.SourceGone).
-func mountLater(mount func() (*fs.PrivateMount, error), log *slog.Logger) *lazySource {
+func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Logger) *lazySource {
 	ready := make(chan struct{})
 	gone, stop := make(chan error, 1), make(chan struct{})
 	var m *fs.PrivateMount
@@ -620,7 +620,7 @@ func mountLater(mount func() (*fs.PrivateMount, error), log *slog.Logger) *lazyS
 		m, merr = mount()
 		close(ready)
 		if merr != nil {
-			if log == nil {
+			if tree {
 				gone <- merr
 			} else {
 				log.Warn("no private mount: blocks that must be decoded are decoded by snapctl", "err", merr)
@@ -645,7 +645,7 @@ func mountLater(mount func() (*fs.PrivateMount, error), log *slog.Logger) *lazyS
 		}
 		return m.Close()
 	}
-	if log == nil {
+	if tree {
 		src.of = func(pid int) (io.ReaderAt, error) {
 			return readerAtFunc(func(p []byte, off int64) (int, error) {
 				if err := wait(); err != nil {
