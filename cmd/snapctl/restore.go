@@ -63,12 +63,11 @@ restores then share; blocks stored raw, and with --source direct every
 block, come from the snapshot files. The process does not wait for the
 private mount: until its helper has mounted, snapctl decodes those blocks
 itself from the snapshot files (and goes on so, with a warning, if the
-mount cannot be made). Until
-every page is in, snapctl stays the process's tracer (signals pass through):
-if snapctl dies, the process, and any child it forked meanwhile, dies with
-it rather than run with memory missing. A page that cannot be read (a
-corrupt block, a mount gone) kills the process: it never runs on wrong
-bytes.
+mount cannot be made). Until every page is in, snapctl stays the
+process's tracer (signals pass through): if snapctl dies, the process, and
+any child it forked meanwhile, dies with it rather than run with memory
+missing. A page that cannot be read (a corrupt block, a mount gone) kills
+the process: it never runs on wrong bytes.
 
 Working sets: with --lazy --record-working-set, the restore records the
 memory the process faults in, in order (the background prefetch waits
