@@ -68,7 +68,7 @@ type LazyOptions struct {
 	// failed, so that a process never runs without its source (unless
 	// SourceUp says how it can).
 	SourceReady func() error
-	// SourceUp, if set with RawDirect, reports without waiting whether
+	// SourceUp, if set, reports without waiting whether
 	// the source (one that comes up in the background, as SourceReady's)
 	// can be read yet. The process then runs without waiting for it
 	// (SourceReady is not called): until SourceUp reports true, the
@@ -318,7 +318,7 @@ func (r *restorer) finish(ctx context.Context) error {
 	if err := r.lazy.register(); err != nil {
 		return err
 	}
-	if ready := r.opts.LazyOptions.SourceReady; ready != nil && !(r.opts.LazyOptions.RawDirect && r.opts.LazyOptions.SourceUp != nil) {
+	if ready := r.opts.LazyOptions.SourceReady; ready != nil && r.opts.LazyOptions.SourceUp == nil {
 		if err := ready(); err != nil {
 			return fmt.Errorf("page source: %w", err)
 		}
@@ -355,10 +355,10 @@ func (r *restorer) servePages(ctx context.Context, stats *LazyStats, wsr *Workin
 	if o.CheckSource {
 		src = r.pages.Checked(src)
 	}
+	if o.SourceUp != nil {
+		src = standIn{up: o.SourceUp, src: src, direct: r.pages.Uncached()}
+	}
 	if o.RawDirect {
-		if o.SourceUp != nil {
-			src = standIn{up: o.SourceUp, src: src, direct: r.pages.Uncached()}
-		}
 		src = r.pages.Mixed(src)
 	}
 	po.First, src = r.workingSetFirst(src, wsr)

@@ -177,6 +177,23 @@ func copyDir(t *testing.T, dir string) string {
 	return out
 }
 
+// changedCopy copies a snapshot directory and changes the bytes of its
+// file name with change.
+func changedCopy(t *testing.T, dir, name string, change func([]byte)) string {
+	t.Helper()
+	d := copyDir(t, dir)
+	p := filepath.Join(d, name)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(b)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // readSnapshot opens the snapshot and reads all of it: state and memory.
 func readSnapshot(dir string, k *Keyring) error {
 	s, err := OpenWith(dir, OpenOptions{Keys: k})

@@ -194,16 +194,7 @@ func TestAuthenticatedTamper(t *testing.T) {
 			}},
 		} {
 			t.Run(authNames[v]+"/"+tc.name, func(t *testing.T) {
-				d := copyDir(t, dirs[v])
-				p := filepath.Join(d, pages)
-				f, err := os.ReadFile(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				tc.change(f)
-				if err := os.WriteFile(p, f, 0o600); err != nil {
-					t.Fatal(err)
-				}
+				d := changedCopy(t, dirs[v], pages, tc.change)
 				r := openAuth(t, d, keys[v])
 				lo := all[0].Addr
 				hi := all[len(all)-1].End()
@@ -215,7 +206,7 @@ func TestAuthenticatedTamper(t *testing.T) {
 					}
 				}
 				buf := make([]byte, hi-lo)
-				_, err = r.Uncached().ReadAt(buf, int64(lo))
+				_, err := r.Uncached().ReadAt(buf, int64(lo))
 				check("uncached, all of memory", err)
 				_, err = r.Uncached().ReadAt(buf[:tc.bad.Len], int64(tc.bad.Addr))
 				check("uncached, the block", err)
@@ -308,16 +299,7 @@ func TestSealedWindows(t *testing.T) {
 		}, b.Addr + sealWindow, b.Addr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := copyDir(t, dirs[1])
-			p := filepath.Join(d, pages)
-			f, err := os.ReadFile(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.change(f)
-			if err := os.WriteFile(p, f, 0o600); err != nil {
-				t.Fatal(err)
-			}
+			d := changedCopy(t, dirs[1], pages, tc.change)
 			r := openAuth(t, d, keys[1])
 			buf := make([]byte, sealWindow)
 			if _, err := r.Uncached().ReadAt(buf, int64(tc.good)); err != nil || !bytes.Equal(buf, want[tc.good-lo:tc.good-lo+sealWindow]) {

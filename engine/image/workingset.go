@@ -312,14 +312,12 @@ func (s *Snapshot) MapWorkingSet(pid int) (*WorkingSet, error) {
 
 // ReadData copies e.Data[off:] into p like copy, but returns an error
 // rather than crash if the mapping behind it faults (MapWorkingSet).
-func ReadData(p []byte, e WorkingSetEntry, off uint64) (n int, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			n, err = 0, fmt.Errorf("%w: working set entry at %#x: its file changed while mapped (%v)", ErrCorrupt, e.Addr, memoryFault(r))
-		}
-	}()
-	return copy(p, e.Data[off:]), nil
+func ReadData(p []byte, e WorkingSetEntry, off uint64) (int, error) {
+	n := 0
+	if err := unlessFault(func() { n = copy(p, e.Data[off:]) }); err != nil {
+		return 0, fmt.Errorf("%w: working set entry at %#x: its file changed while mapped (%v)", ErrCorrupt, e.Addr, err)
+	}
+	return n, nil
 }
 
 // localDir returns the directory of a snapshot in a directory; a working
@@ -397,22 +395,31 @@ func readWorkingSet(d *os.File, pid int, id SnapshotID, trust, mapped bool) (*Wo
 // parseMapped is ParseWorkingSet on bytes that may be a mapping of a file
 // that shrinks while it is read: a fault is an error.
 func parseMapped(b []byte) (w *WorkingSet, err error) {
+	if ferr := unlessFault(func() { w, err = ParseWorkingSet(b) }); ferr != nil {
+		return nil, fmt.Errorf("%w: the file changed while read (%v)", ErrCorrupt, ferr)
+	}
+	return w, err
+}
+
+// unlessFault runs f and returns the memory fault that stopped it (a
+// mapped file read past its end), if any, as an error; any other panic
+// goes on.
+func unlessFault(f func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
-			w, err = nil, fmt.Errorf("%w: the file changed while read (%v)", ErrCorrupt, memoryFault(r))
+			fault, ok := r.(interface {
+				error
+				Addr() uintptr
+			})
+			if !ok {
+				panic(r)
+			}
+			err = fault
 		}
 	}()
-	return ParseWorkingSet(b)
-}
-
-// memoryFault returns r, a recovered panic, if it is a memory fault that
-// debug.SetPanicOnFault turned into one; any other panic goes on.
-func memoryFault(r any) any {
-	if _, ok := r.(interface{ Addr() uintptr }); !ok {
-		panic(r)
-	}
-	return r
+	f()
+	return nil
 }
 
 // checkWorkingSet checks that w was recorded on process pid of the
