@@ -78,10 +78,10 @@ request: kill -USR1 SNAPCTL_PID); then it writes DIR/workingset-PID.img
 (atomically: a restore killed before leaves the previous one, or none) and
 streams in the rest. The file holds the touched pages' addresses and a copy
 of their bytes, laid out contiguously and checksummed. Every later --lazy
-restore of the snapshot reads that copy in one go and places it first, in
-the recorded order, while faults are still served at once (--working-set
-blocks fetches the snapshot's blocks that hold those pages instead);
---working-set off ignores it. A working set recorded on
+restore of the snapshot maps that copy (no second copy in memory) and
+places it first, in the recorded order, while faults are still served at
+once (--working-set blocks fetches the snapshot's blocks that hold those
+pages instead); --working-set off ignores it. A working set recorded on
 another snapshot, or damaged, is ignored with a warning naming it: it only
 orders reads, and never changes what the process reads.
 
