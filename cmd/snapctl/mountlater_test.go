@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lazyfs/lazyfs/fs"
+)
+
+// TestMountLaterFails: a private mount that cannot be made leaves the
+// lazy restore of one process reading the snapshot's files (its source
+// never up, nothing said on gone, a warning naming the failure), while a
+// process tree's restore, which waits for its mount, is told on gone.
+func TestMountLaterFails(t *testing.T) {
+	failed := errors.New("no FUSE here")
+	mount := func() (*fs.PrivateMount, error) { return nil, failed }
+
+	logged := &lockedBuffer{}
+	one := mountLater(mount, false, slog.New(slog.NewTextHandler(logged, nil)))
+	if err := one.ready(); !errors.Is(err, failed) {
+		t.Fatalf("ready: %v, want the mount's error", err)
+	}
+	if one.up() {
+		t.Error("a mount that failed reports itself up")
+	}
+	select {
+	case err := <-one.gone:
+		t.Errorf("one process: gone said %v; the restore should go on without the mount", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logged.String(), failed.Error()); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning naming the failure: %q", logged.String())
+		}
+	}
+	if err := one.close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+
+	tree := mountLater(mount, true, slog.New(slog.DiscardHandler))
+	select {
+	case err := <-tree.gone:
+		if !errors.Is(err, failed) {
+			t.Errorf("tree: gone said %v, want the mount's error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("tree: gone said nothing of a mount that failed")
+	}
+	if tree.up != nil {
+		t.Error("a tree's source claims it can be read before its mount is up")
+	}
+	tree.close()
+}
+
+// lockedBuffer is a bytes.Buffer for a logger on another goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
