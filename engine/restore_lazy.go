@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -388,11 +390,11 @@ func (r *restorer) servePages(ctx context.Context, stats *LazyStats, wsr *Workin
 		return r.lazyError(err)
 	}
 	if !stats.Exited {
-		for _, rg := range l.ranges {
-			if err := uffd.Unregister(l.fd, rg.Start, rg.Len()); err != nil {
-				return fmt.Errorf("UFFDIO_UNREGISTER %v: %w", rg, err)
-			}
+		exited, err := unregisterLazy(l.fd, l.ranges, r.pid)
+		if err != nil {
+			return err
 		}
+		stats.Exited = exited
 	}
 	if err := l.pager.Close(); err != nil {
 		return err
@@ -408,6 +410,35 @@ func (r *restorer) servePages(ctx context.Context, stats *LazyStats, wsr *Workin
 	l.fd = -1
 	r.lazy = nil
 	return nil
+}
+
+// unregisterLazy removes the registration of the lazy ranges of process
+// pid. A process that exits once its last page is in, before this (killed
+// while its working set is written, say), takes its address space with it,
+// and the kernel then refuses with ENOMEM: that is an exit (exited true),
+// not a failed restore.
+func unregisterLazy(fd int, ranges []units.Range, pid int) (exited bool, err error) {
+	for _, rg := range ranges {
+		err := uffd.Unregister(fd, rg.Start, rg.Len())
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, unix.ENOMEM) && addressSpaceGone(pid) {
+			return true, nil
+		}
+		return false, fmt.Errorf("UFFDIO_UNREGISTER %v: %w", rg, err)
+	}
+	return false, nil
+}
+
+// addressSpaceGone reports whether process pid has exited, or is past the
+// point of its exit where its memory is released (no virtual size).
+func addressSpaceGone(pid int) bool {
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH)
+	}
+	return st.Exited() || st.VSize == 0
 }
 
 // ErrHelperDied: a process a lazy restore depends on (the keeper of the
