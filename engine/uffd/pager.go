@@ -27,8 +27,9 @@ const (
 
 // Options tune a Pager. The zero value serves faults only.
 type Options struct {
-	// Prefetch streams every extent not yet served, in address order, in
-	// the background of fault service (faults always first).
+	// Prefetch streams every extent not yet served, in address order (or
+	// after and below a thread that reads in order: see plan), in the
+	// background of fault service (faults always first).
 	Prefetch bool
 	// Logger receives debug records of events and a summary; nil discards.
 	Logger *slog.Logger

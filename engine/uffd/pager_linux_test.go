@@ -562,3 +562,30 @@ func TestPagerStrideArrays(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// TestPagerScanReleasesHold: a fault that is not part of a scan holds the
+// prefetch workers but one back (latencyBound); once the thread goes on
+// reading in order, the hold ends, as it waits on streaming, not on the
+// latency of single faults (arrays read one after another each start
+// with such a fault).
+func TestPagerScanReleasesHold(t *testing.T) {
+	const size = 8 * mib
+	f, fd, base := startRegistered(t, uint64(size))
+	ext := cut(base, 64*PageSize, size/(64*PageSize))
+	src := newPatternSrc(ext)
+	m := newMem(base, size, ext, src)
+	// The workers wait meanwhile: every page comes by a fault.
+	p := New(fd, src, ext, Options{Prefetch: true, Workers: 2, PrefetchDelay: time.Hour, Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	f.checkSum(m, "a page", base+size/2, PageSize)
+	if p.root.latencyUntil.Load() == 0 {
+		t.Fatal("a single fault set no hold")
+	}
+	f.checkSum(m, "the rest", base, size)
+	if until := p.root.latencyUntil.Load(); until != 0 {
+		t.Errorf("after a scan through %d MiB the workers are held until %v", size/mib, time.Unix(0, until))
+	}
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

@@ -198,6 +198,32 @@ func (s *pieceSet) clone() *pieceSet {
 // chunk returns the next run to prefetch at or after addr: consecutive live
 // pieces contiguous both in the process and in the source, at most limit
 // bytes, starting inside the first piece if addr falls in it.
+// chunkBelow returns the pending memory right below addr: the highest live
+// piece that starts below it, cut at addr, grown downwards over the pieces
+// that precede it contiguously (in memory and in the source) up to limit
+// bytes, its end fixed.
+func (s *pieceSet) chunkBelow(addr, limit uint64) (piece, bool) {
+	i := s.search(addr) - 1
+	for ; i >= 0 && s.ps[i].len == 0; i-- {
+	}
+	if i < 0 {
+		return piece{}, false
+	}
+	p := s.ps[i]
+	p.len = min(p.end(), addr) - p.cur
+	end := p.end()
+	for end-p.cur < limit {
+		for i--; i >= 0 && s.ps[i].len == 0; i-- {
+		}
+		if i < 0 || s.ps[i].end() != p.cur || s.ps[i].src+s.ps[i].len != p.src {
+			return p, true
+		}
+		p = piece{s.ps[i].cur, s.ps[i].src, end - s.ps[i].cur}
+	}
+	cut := end - p.cur - limit
+	return piece{p.cur + cut, p.src + cut, limit}, true
+}
+
 func (s *pieceSet) chunk(addr, limit uint64) (piece, bool) {
 	p, i, ok := s.next(addr)
 	if !ok {

@@ -230,3 +230,37 @@ func TestStride(t *testing.T) {
 		t.Errorf("downward stride, then another: %v, want %v", got, want)
 	}
 }
+
+// TestPieceSetChunkBelow: the pending memory right below an address, cut
+// there, grown downwards over contiguous pieces up to the limit, not over
+// a gap in memory or in the source.
+func TestPieceSetChunkBelow(t *testing.T) {
+	const P = PageSize
+	s := newPieceSet([]Extent{{0x10 * P, 4 * P}, {0x14 * P, 4 * P}, {0x20 * P, 8 * P}})
+	s.remove(0x22*P, 0x23*P, nil) // a hole inside the last extent
+	for _, tc := range []struct {
+		addr, limit uint64
+		want        piece
+		ok          bool
+	}{
+		{0x10 * P, 64 * P, piece{}, false},                         // nothing below
+		{0x30 * P, 64 * P, piece{0x23 * P, 0x23 * P, 5 * P}, true}, // stops at the hole
+		{0x30 * P, 2 * P, piece{0x26 * P, 0x26 * P, 2 * P}, true},  // the limit, end fixed
+		{0x25 * P, 64 * P, piece{0x23 * P, 0x23 * P, 2 * P}, true}, // cut at addr
+		{0x22 * P, 64 * P, piece{0x20 * P, 0x20 * P, 2 * P}, true},
+		{0x1c * P, 64 * P, piece{0x10 * P, 0x10 * P, 8 * P}, true}, // two extents, contiguous
+		{0x1c * P, 6 * P, piece{0x12 * P, 0x12 * P, 6 * P}, true},
+		{0x13 * P, 64 * P, piece{0x10 * P, 0x10 * P, 3 * P}, true},
+	} {
+		got, ok := s.chunkBelow(tc.addr, tc.limit)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("chunkBelow(%#x, %#x) = %+v, %v; want %+v, %v", tc.addr, tc.limit, got, ok, tc.want, tc.ok)
+		}
+	}
+	// Not across a jump in the source (pieces moved by mremap).
+	s.remap(0x14*P, 0x3e*P, 2*P)
+	s.remap(0x10*P, 0x40*P, 2*P)
+	if got, _ := s.chunkBelow(0x42*P, 64*P); got != (piece{0x40 * P, 0x10 * P, 2 * P}) {
+		t.Errorf("after two remaps: chunkBelow = %+v, want only the upper of two pieces that follow in memory, not in the source", got)
+	}
+}

@@ -4,26 +4,94 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
 // plan returns the next chunk to prefetch, wrapping to the lowest address
-// once the cursor has passed the last pending piece and nothing is in
-// flight (pieces moved behind the cursor by mremap are found that way).
-// The caller holds setMu.
+// once the cursor has passed the last pending piece (pieces moved behind
+// the cursor by mremap are found that way). Serving a thread that reads
+// through memory in order, it takes the memory that follows the thread's
+// front, and once there is none, the memory right below where the thread's
+// scan started (see scan). The caller holds setMu.
 func (s *server) plan(inflight int) (piece, bool) {
 	if c, ok := s.planFirst(); ok {
 		return c, true
 	}
-	c, ok := s.pend.chunk(s.cursor, s.opts.PrefetchChunk)
-	if !ok && inflight == 0 && s.cursor != 0 {
+	c, ok := s.nextChunk(s.cursor)
+	if s.scan.on && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk) {
+		if d, ok := s.chunkBelow(s.scan.down); ok && d.end()+scanBelow >= s.scan.lo {
+			s.scan.down = d.cur
+			return d, true
+		}
+	}
+	// Workers skip each other's chunks (claimed); the serving
+	// goroutine's read-ahead wraps only once it has none in flight.
+	if !ok && s.cursor != 0 && (inflight == 0 || s.opts.Workers > 0) {
 		s.cursor = 0
-		c, ok = s.pend.chunk(0, s.opts.PrefetchChunk)
+		c, ok = s.nextChunk(0)
 	}
 	if ok {
 		s.cursor = c.end()
 	}
 	return c, ok
+}
+
+// scanBelow is how far below the start of a scan the prefetcher fetches
+// for it: the next array or two of a thread that reads arrays laid out at
+// descending addresses (one mmap each, as malloc makes them for large
+// arrays), each upwards, as a forward pass over a model's weights does.
+// Further down, the memory is fetched in address order as before.
+const scanBelow = 32 << 20
+
+// nextChunk returns the chunk to prefetch from addr up, past the chunks
+// workers have claimed. The caller holds setMu.
+func (s *server) nextChunk(addr uint64) (piece, bool) {
+	for {
+		c, ok := s.pend.chunk(addr, s.opts.PrefetchChunk)
+		if !ok {
+			return c, false
+		}
+		cl, hit := s.claimedIn(c)
+		if !hit {
+			return c, true
+		}
+		if cl.cur > c.cur {
+			c.len = cl.cur - c.cur
+			return c, true
+		}
+		addr = cl.end()
+	}
+}
+
+// chunkBelow returns the chunk to prefetch right below addr, past the
+// chunks workers have claimed. The caller holds setMu.
+func (s *server) chunkBelow(addr uint64) (piece, bool) {
+	for {
+		d, ok := s.pend.chunkBelow(addr, s.opts.PrefetchChunk)
+		if !ok {
+			return d, false
+		}
+		cl, hit := s.claimedIn(d)
+		if !hit {
+			return d, true
+		}
+		if cl.end() < d.end() {
+			return piece{cl.end(), d.src + (cl.end() - d.cur), d.end() - cl.end()}, true
+		}
+		addr = cl.cur
+	}
+}
+
+// claimedIn returns a chunk claimed by a worker that overlaps c (pending
+// until the worker has placed it). The caller holds setMu.
+func (s *server) claimedIn(c piece) (piece, bool) {
+	for _, cl := range s.claimed {
+		if cl.cur < c.end() && c.cur < cl.end() {
+			return cl, true
+		}
+	}
+	return piece{}, false
 }
 
 // prefetch places at most one chunk, on the serving goroutine (Workers
@@ -168,6 +236,7 @@ func (s *server) work(ctx context.Context, id int) error {
 		err := s.placeClaimed(ctx, r)
 		s.setMu.Lock()
 		s.inflight--
+		s.claimed = slices.DeleteFunc(s.claimed, func(cl piece) bool { return cl == c })
 		empty := s.pend.empty() && s.inflight == 0
 		s.setCond.Broadcast()
 		s.setMu.Unlock()
@@ -209,6 +278,7 @@ func (s *server) claim(ctx context.Context, id int) (piece, bool) {
 		}
 		if c, ok := s.plan(s.inflight); ok {
 			s.inflight++
+			s.claimed = append(s.claimed, c)
 			return c, true
 		}
 		// Everything left is in other workers' hands (or moved behind

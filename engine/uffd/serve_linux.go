@@ -90,6 +90,7 @@ func (s *server) serveFault(f fault) error {
 		s.adjacent++
 	} else {
 		s.adjacent = 0
+		s.runStart = page
 	}
 	sequential := s.adjacent >= 2
 	// The rest of an access whose first page was placed ahead of a
@@ -101,6 +102,16 @@ func (s *server) serveFault(f fault) error {
 		ahead := uint64(max(1, s.opts.Workers)) * s.opts.PrefetchChunk
 		s.setMu.Lock()
 		sequential = page+ahead >= s.cursor && page < s.cursor+s.opts.PrefetchChunk
+		s.setMu.Unlock()
+	}
+	// A scan that starts is followed below its start once nothing is
+	// pending after its front (see plan); a jump elsewhere ends it.
+	if sequential || !rest && !strided {
+		s.setMu.Lock()
+		if sequential && (!s.scan.on || s.scan.lo != s.runStart) {
+			s.scan.lo, s.scan.down = s.runStart, s.runStart
+		}
+		s.scan.on = sequential
 		s.setMu.Unlock()
 	}
 	parts := append(s.faultParts[:0], piece{lo, src, hi - lo})
@@ -168,6 +179,13 @@ func (s *server) serveFault(f fault) error {
 	s.mu.Unlock()
 	if !sequential {
 		s.latencyUntil.Store(time.Now().Add(latencyBound).UnixNano())
+	} else if s.latencyUntil.Swap(0) > time.Now().UnixNano() {
+		// The thread reads on in order: it waits on streaming now, which
+		// every worker speeds up (the first fault of each array it goes
+		// on to is not yet known as part of a scan).
+		s.setMu.Lock()
+		s.setCond.Broadcast()
+		s.setMu.Unlock()
 	}
 	s.lastPage = page
 	// In the working set still to fetch: what follows it in the recorded

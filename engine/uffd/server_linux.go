@@ -46,6 +46,8 @@ type server struct {
 	zeros      []byte
 	parts      []piece
 	cursor     uint64 // prefetch: next address to plan; under setMu
+	scan       scan   // the scan faults last served; under setMu
+	runStart   uint64 // the first page of the current run of data faults
 	ra         *readAhead
 	syncBuf    []byte // prefetch without read-ahead
 	wk         *waker
@@ -77,6 +79,7 @@ type server struct {
 	setMu    sync.Mutex
 	setCond  *sync.Cond // on setMu: the pending set, inflight, evGen or stop changed
 	inflight int        // chunks claimed by workers, not yet placed
+	claimed  []piece    // those chunks
 	evGen    uint64     // events applied so far
 	werr     error      // the first error of a worker
 	stop     bool       // workers must return
@@ -93,6 +96,15 @@ type server struct {
 	mu sync.Mutex // guards st, h
 	st Stats
 	h  hist
+}
+
+// scan is a thread's run of faults through memory in order, as the
+// serving goroutine last saw it: where it started (lo) and how far below
+// that the prefetcher has gone for it (down). on: the last data fault
+// continued it (or was the rest of an access), not a jump elsewhere.
+type scan struct {
+	on       bool
+	lo, down uint64
 }
 
 func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, child bool) *server {

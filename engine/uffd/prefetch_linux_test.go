@@ -1,0 +1,92 @@
+package uffd
+
+import "testing"
+
+// planServer returns a server with ext pending, for plan's tests (no
+// userfaultfd: plan only looks at the pending set and the cursor).
+func planServer(ext []Extent, workers int) *server {
+	o := Options{Prefetch: true, PrefetchChunk: 16 * PageSize, Workers: workers}.normalized()
+	return newServer(-1, nil, newPieceSet(ext), o, &tree{}, false)
+}
+
+// claimNext plans as a worker claims (under setMu, counted in flight).
+func claimNext(s *server) (piece, bool) {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	c, ok := s.plan(s.inflight)
+	if ok {
+		s.inflight++
+		s.claimed = append(s.claimed, c)
+	}
+	return c, ok
+}
+
+// TestPlanBelowScan: a thread that read one array from its start upwards
+// (arrays at descending addresses) gets the memory right below that start
+// next, downwards chunk by chunk, while nothing is pending after its
+// front; not the lowest memory of the process, where the cursor would
+// wrap to. Further than scanBelow down, address order again.
+func TestPlanBelowScan(t *testing.T) {
+	const P = PageSize
+	heap := Extent{0x10 * P, 32 * P}
+	lo := uint64(0x100000 * P)          // far above the heap
+	a3, a2, a1 := lo, lo+64*P, lo+128*P // three arrays of 64 pages, a1 on top
+	s := planServer([]Extent{heap, {a3, 192 * P}}, 2)
+	s.pend.remove(a1, a1+64*P, nil) // a1 read and placed
+	s.cursor = a1 + 64*P
+	s.scan = scan{on: true, lo: a1, down: a1}
+
+	for i, want := range []piece{{a2 + 48*P, a2 + 48*P, 16 * P}, {a2 + 32*P, a2 + 32*P, 16 * P}} {
+		if c, ok := claimNext(s); !ok || c != want {
+			t.Fatalf("chunk %d: %+v, %v; want %+v below the scan's start", i, c, ok, want)
+		}
+	}
+	// Everything below the scan within reach placed: the heap's turn, in
+	// address order, with the two chunks above still in flight.
+	s.pend.remove(a3, a2+64*P, nil)
+	if c, ok := claimNext(s); !ok || c != (piece{heap.Addr, heap.Addr, 16 * P}) {
+		t.Fatalf("after the arrays: %+v, %v; want the heap's first chunk", c, ok)
+	}
+
+	// A scan that ended (a jump elsewhere): address order.
+	s = planServer([]Extent{heap, {a3, 192 * P}}, 2)
+	s.pend.remove(a1, a1+64*P, nil)
+	s.cursor = a1 + 64*P
+	s.scan = scan{on: false, lo: a1, down: a1}
+	if c, ok := claimNext(s); !ok || c.cur != heap.Addr {
+		t.Fatalf("no scan: %+v, %v; want the heap (wrapped)", c, ok)
+	}
+}
+
+// TestPlanSkipsClaimed: a worker that finds nothing past the cursor wraps
+// to the lowest pending memory even while another worker's chunk is in
+// flight, past that chunk (still pending until placed), rather than wait
+// for it; the serving goroutine's read-ahead (no workers) waits as before.
+func TestPlanSkipsClaimed(t *testing.T) {
+	const P = PageSize
+	ext := []Extent{{0x10 * P, 32 * P}, {0x100 * P, 16 * P}}
+	s := planServer(ext, 2)
+	s.cursor = 0x100 * P
+	first, ok := claimNext(s)
+	if !ok || first.cur != 0x100*P {
+		t.Fatalf("first chunk %+v, %v", first, ok)
+	}
+	s.pend.remove(0x10*P, 0x10*P+4*P, nil) // placed by a fault
+	s.claimed = append(s.claimed, piece{0x14 * P, 0x14 * P, 16 * P})
+	s.inflight++
+	if c, ok := claimNext(s); !ok || c != (piece{0x24 * P, 0x24 * P, 12 * P}) {
+		t.Fatalf("with chunks in flight: %+v, %v; want the memory past the claimed chunk", c, ok)
+	}
+	if c, ok := claimNext(s); ok {
+		t.Fatalf("all claimed: got %+v", c)
+	}
+
+	r := planServer(ext, 0)
+	r.cursor = 0x200 * P
+	r.setMu.Lock()
+	c, ok := r.plan(1)
+	r.setMu.Unlock()
+	if ok {
+		t.Fatalf("read-ahead with a chunk in flight wrapped to %+v", c)
+	}
+}
