@@ -195,9 +195,6 @@ func (s *pieceSet) clone() *pieceSet {
 	return c
 }
 
-// chunk returns the next run to prefetch at or after addr: consecutive live
-// pieces contiguous both in the process and in the source, at most limit
-// bytes, starting inside the first piece if addr falls in it.
 // chunkBelow returns the pending memory right below addr: the highest live
 // piece that starts below it, cut at addr, grown downwards over the pieces
 // that precede it contiguously (in memory and in the source) up to limit
@@ -224,6 +221,9 @@ func (s *pieceSet) chunkBelow(addr, limit uint64) (piece, bool) {
 	return piece{p.cur + cut, p.src + cut, limit}, true
 }
 
+// chunk returns the next run to prefetch at or after addr: consecutive live
+// pieces contiguous both in the process and in the source, at most limit
+// bytes, starting inside the first piece if addr falls in it.
 func (s *pieceSet) chunk(addr, limit uint64) (piece, bool) {
 	p, i, ok := s.next(addr)
 	if !ok {
