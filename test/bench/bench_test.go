@@ -110,6 +110,14 @@ func TestValidateRejects(t *testing.T) {
 		{"zero time", func(r *report) { r.Sizes[0].Baselines[0].Warm[0] = 0 }},
 		{"missing weightserver", func(r *report) { r.Sizes[0].Weights = r.Sizes[0].Weights[:1] }},
 		{"hg lost in a restore", func(r *report) { r.Sizes[0].Weights[0].Restores[2].Runs[0].HugeVMAs = 0 }},
+		{"touch 1 answered in a token-first run", func(r *report) {
+			for _, x := range r.Sizes[0].Weights[0].Restores {
+				if x.Case.TokenFirst {
+					x.Runs[0].First = x.Runs[0].Ping + time.Millisecond
+					return
+				}
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := fakeReport(2, smokeSize)
@@ -325,6 +333,9 @@ func fakeReport(runs int, sizes ...uint64) *report {
 						Ping: ms(50, r), First: ms(300, r), Token: ms(600, r)}
 					if !c.Lazy() {
 						run.Running, run.Total, run.Faults, run.Ping, run.First = ms(500, r), ms(500, r), 0, ms(510, r), ms(520, r)
+					}
+					if c.TokenFirst {
+						run.First = 0
 					}
 					rr.Runs = append(rr.Runs, run)
 				}

@@ -80,6 +80,9 @@ type restoreCase struct {
 	Cold    bool // page cache dropped right before the command
 	Idle    bool // lazy: no request until every page is in
 	Threads int  // --decompress-threads
+	// TokenFirst: the client asks ping, then token, and no touch 1: a
+	// forward pass as the first real request.
+	TokenFirst bool
 }
 
 // Lazy reports whether the case restores with --lazy.
@@ -98,6 +101,9 @@ func (c restoreCase) Label() string {
 	s := c.Mode.String()
 	if c.Idle {
 		s += ", idle"
+	}
+	if c.TokenFirst {
+		s += ", token first"
 	}
 	return s
 }

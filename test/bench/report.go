@@ -372,11 +372,15 @@ func weightsSection(m *md, s *sizeResult) {
 				slices.Sort(hp)
 				vmas, huge = fmt.Sprint(hv[len(hv)/2]), fmt.Sprintf("%d MiB", hp[len(hp)/2])
 			}
-			m.row(c.Label(), c.Cache(), adviceLabel(w.Advice), cell(r, runningOf), cell(r, pingOf), cell(r, firstOf), cell(r, tokenOf), cell(r, wallOf), vmas, huge)
+			first := cell(r, firstOf)
+			if c.TokenFirst {
+				first = "(not asked)"
+			}
+			m.row(c.Label(), c.Cache(), adviceLabel(w.Advice), cell(r, runningOf), cell(r, pingOf), first, cell(r, tokenOf), cell(r, wallOf), vmas, huge)
 		}
 	}
 	m.p("")
-	m.p("*huge pages after*: the restored process's `AnonHugePages` (median) once snapctl exited. The ratio of each median with the advice to the same median without it, from this run:")
+	m.p("*token first*: the client asks `ping`, then `token`, and no `touch 1` (a forward pass as the first real request). *huge pages after*: the restored process's `AnonHugePages` (median) once snapctl exited. The ratio of each median with the advice to the same median without it, from this run:")
 	m.p("")
 	m.header("restore", "cache", "process runs", "first answer (touch 1)", "token", "command exits")
 	for _, c := range weightCases() {
@@ -399,7 +403,11 @@ func weightsSection(m *md, s *sizeResult) {
 			}
 			return fmt.Sprintf("%.2f×", with.dist(f).Med.Seconds()/b.Seconds())
 		}
-		m.row(c.Label(), c.Cache(), ratio(runningOf), ratio(firstOf), ratio(tokenOf), ratio(wallOf))
+		first := ratio(firstOf)
+		if c.TokenFirst {
+			first = "(not asked)"
+		}
+		m.row(c.Label(), c.Cache(), ratio(runningOf), first, ratio(tokenOf), ratio(wallOf))
 	}
 	m.p("")
 }

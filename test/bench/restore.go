@@ -80,7 +80,11 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	var answers []answer
 	var askErr error
 	if !c.Idle {
-		answers, askErr = converse(askCtx, snap.Port, start, "ping", "touch 1", "token")
+		asks := []string{"ping", "touch 1", "token"}
+		if c.TokenFirst {
+			asks = []string{"ping", "token"}
+		}
+		answers, askErr = converse(askCtx, snap.Port, start, asks...)
 	}
 	e := <-exited
 	if e.err != nil {
@@ -94,6 +98,8 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 		if answers, askErr = converse(ctx, snap.Port, time.Now(), "touch 1", "token"); askErr != nil {
 			return run, askErr
 		}
+	} else if c.TokenFirst {
+		run.Ping, run.Token = answers[0].At, answers[1].At
 	} else {
 		run.Ping, run.First, run.Token = answers[0].At, answers[1].At, answers[2].At
 	}

@@ -177,6 +177,10 @@ func checkRun(c restoreCase, r restoreRun) string {
 		if r.Ping != 0 || r.First != 0 || r.Token != 0 {
 			msgs = append(msgs, "idle run has answers")
 		}
+	} else if c.TokenFirst {
+		if r.Ping <= 0 || r.First != 0 || r.Token < r.Ping {
+			msgs = append(msgs, fmt.Sprintf("answers out of order: ping %v, touch 1 %v (not asked), token %v", r.Ping, r.First, r.Token))
+		}
 	} else if r.Ping <= 0 || r.First < r.Ping || r.Token < r.First {
 		msgs = append(msgs, fmt.Sprintf("answers out of order: ping %v, touch 1 %v, token %v", r.Ping, r.First, r.Token))
 	}

@@ -26,6 +26,8 @@ func weightCases() []restoreCase {
 		{Mode: lazyMount, Cold: true, Threads: 1},
 		{Mode: lazyDirect, Threads: 1},
 		{Mode: lazyDirect, Cold: true, Threads: 1},
+		{Mode: eager, Threads: 1, TokenFirst: true},
+		{Mode: lazyMount, Threads: 1, TokenFirst: true},
 	}
 }
 
