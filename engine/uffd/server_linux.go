@@ -201,6 +201,7 @@ func (s *server) run(ctx context.Context) error {
 	st := s.stats()
 	s.log.Debug("uffd pager done", "err", err, "elapsed", time.Since(start),
 		"faults", st.Faults, "fault_bytes", st.FaultBytes, "prefetch_bytes", st.PrefetchBytes,
+		"read_bytes", st.ReadBytes, "existing_bytes", st.ExistingBytes, "stride_bytes", st.StrideBytes,
 		"zero_bytes", st.ZeroBytes, "fault_p50", st.FaultP50, "fault_p99", st.FaultP99,
 		"removes", st.Removes, "unmaps", st.Unmaps, "remaps", st.Remaps, "forks", st.Forks, "exited", st.Exited)
 	return err
