@@ -179,7 +179,7 @@ func checkRun(c restoreCase, r restoreRun) string {
 		}
 	} else if c.TokenFirst {
 		if r.Ping <= 0 || r.First != 0 || r.Token < r.Ping {
-			msgs = append(msgs, fmt.Sprintf("answers out of order: ping %v, touch 1 %v (not asked), token %v", r.Ping, r.First, r.Token))
+			msgs = append(msgs, fmt.Sprintf("token-first run: ping %v, touch 1 %v (not to be asked), token %v", r.Ping, r.First, r.Token))
 		}
 	} else if r.Ping <= 0 || r.First < r.Ping || r.Token < r.First {
 		msgs = append(msgs, fmt.Sprintf("answers out of order: ping %v, touch 1 %v, token %v", r.Ping, r.First, r.Token))
