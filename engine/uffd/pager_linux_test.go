@@ -577,12 +577,24 @@ func TestPagerScanReleasesHold(t *testing.T) {
 	// The workers wait meanwhile: every page comes by a fault.
 	p := New(fd, src, ext, Options{Prefetch: true, Workers: 2, PrefetchDelay: time.Hour, Logger: testLogger(t)})
 	errc := runPager(t, p, fd, base, size, time.Minute)
+	// The serving goroutine sets or ends the hold after the copy that
+	// lets the thread go on: wait for it.
+	settles := func(ok func(int64) bool) (int64, bool) {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			v := p.root.latencyUntil.Load()
+			if ok(v) || time.Now().After(deadline) {
+				return v, ok(v)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 	f.checkSum(m, "a page", base+size/2, PageSize)
-	if p.root.latencyUntil.Load() == 0 {
+	if _, ok := settles(func(v int64) bool { return v != 0 }); !ok {
 		t.Fatal("a single fault set no hold")
 	}
 	f.checkSum(m, "the rest", base, size)
-	if until := p.root.latencyUntil.Load(); until != 0 {
+	if until, ok := settles(func(v int64) bool { return v == 0 }); !ok {
 		t.Errorf("after a scan through %d MiB the workers are held until %v", size/mib, time.Unix(0, until))
 	}
 	if err := waitRun(t, errc, 30*time.Second); err != nil {
