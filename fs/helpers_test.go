@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -82,30 +81,12 @@ func writeSnapshot(t testing.TB, blockSize int) *fstest.Snapshot {
 	return s
 }
 
-// logBuffer collects log records for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // mount mounts dir on a fresh mountpoint and unmounts it at the end of
 // the test, checking that the mount is gone from /proc/mounts.
-func mount(t testing.TB, dir string, opts Options) (*Server, *logBuffer) {
+func mount(t testing.TB, dir string, opts Options) (*Server, *testutil.Buffer) {
 	t.Helper()
 	testutil.RequireFUSE(t)
-	logs := &logBuffer{}
+	logs := &testutil.Buffer{}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -133,7 +133,7 @@ func lazyBenchRun(ctx context.Context, bin, dir string, pid, port int, request, 
 	}
 	args := append([]string{"restore", "-D", dir, "--pidfile", pidfile}, flags...)
 	cmd := exec.Command(bin, args...)
-	var out lazyBuffer
+	var out testutil.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
 	if err := cmd.Start(); err != nil {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,31 +27,13 @@ import (
 // then checks that snapctl exits 0 with everything in and the process
 // detached.
 
-// lazyBuffer is a bytes.Buffer safe to read while a command writes it.
-type lazyBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *lazyBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *lazyBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // lazyRun is a `snapctl restore --lazy` running in the background.
 type lazyRun struct {
 	cmd            *exec.Cmd
 	dir            string
 	pidfile        string
 	start          time.Time
-	stdout, stderr lazyBuffer
+	stdout, stderr testutil.Buffer
 	done           chan struct{}
 	res            cmdResult
 }
@@ -557,7 +538,7 @@ func lazyRedisOn(t *testing.T, ctx context.Context, dir string) int {
 	}
 	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir, "--dbfilename", "dump.rdb",
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "")
-	var out lazyBuffer
+	var out testutil.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

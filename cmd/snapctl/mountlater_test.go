@@ -1,15 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/lazyfs/lazyfs/fs"
+	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
 // TestMountLaterFails: a private mount that cannot be made leaves the
@@ -20,7 +19,7 @@ func TestMountLaterFails(t *testing.T) {
 	failed := errors.New("no FUSE here")
 	mount := func() (*fs.PrivateMount, error) { return nil, failed }
 
-	logged := &lockedBuffer{}
+	logged := &testutil.Buffer{}
 	one := mountLater(mount, false, slog.New(slog.NewTextHandler(logged, nil)))
 	if err := one.ready(); !errors.Is(err, failed) {
 		t.Fatalf("ready: %v, want the mount's error", err)
@@ -55,22 +54,4 @@ func TestMountLaterFails(t *testing.T) {
 		t.Error("a tree's source claims it can be read before its mount is up")
 	}
 	tree.close()
-}
-
-// lockedBuffer is a bytes.Buffer for a logger on another goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

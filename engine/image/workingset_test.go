@@ -11,6 +11,20 @@ import (
 	"time"
 )
 
+// wsSnapshot writes a snapshot of process 42 and opens it, closed at
+// cleanup.
+func wsSnapshot(t *testing.T) (string, *Snapshot) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "snap")
+	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return dir, s
+}
+
 func testWorkingSet(id SnapshotID, pid int) *WorkingSet {
 	return &WorkingSet{PID: pid, Snapshot: id, Span: 1500 * time.Millisecond, Stop: "signal", Entries: []WorkingSetEntry{
 		{Addr: 0x7f0000010000, Len: 64 << 10, At: 3 * time.Millisecond},
@@ -62,13 +76,7 @@ func TestWorkingSetData(t *testing.T) {
 }
 
 func TestWorkingSetRoundTrip(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "snap")
-	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
-	s, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dir, s := wsSnapshot(t)
 	if _, err := s.WorkingSet(42); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("no working set: %v, want ErrNotExist", err)
 	}
@@ -110,13 +118,7 @@ func TestWorkingSetRoundTrip(t *testing.T) {
 }
 
 func TestWorkingSetRefused(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "snap")
-	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
-	s, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dir, s := wsSnapshot(t)
 	good, err := testWorkingSet(s.ID(), 42).MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
@@ -199,13 +201,7 @@ func FuzzWorkingSet(f *testing.F) {
 // truncated under its mapping fails ReadData rather than crash the
 // reader; Close unmaps, once.
 func TestMapWorkingSet(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "snap")
-	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
-	s, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	dir, s := wsSnapshot(t)
 	w := withData(testWorkingSet(s.ID(), 42))
 	if err := WriteWorkingSet(dir, w); err != nil {
 		t.Fatal(err)
