@@ -512,11 +512,22 @@ func (r *restorer) detachTree() error {
 	return errors.Join(errs...)
 }
 
-// lazyError names the block behind a failed read: a read through a mount
-// reports only EIO, so the block is read again from the snapshot files,
-// which tells a corrupt block (its file, index, address and checksum)
-// from a source that went away.
-func (r *restorer) lazyError(err error) error {
+// lazyError names the block behind a failed read (see explainRead).
+func (r *restorer) lazyError(err error) error { return explainRead(r.pages, err) }
+
+// snapshotBlocks is what explainRead reads again: the snapshot's own
+// reader (*image.Reader).
+type snapshotBlocks interface {
+	BlockAt(addr uint64) (image.Block, bool)
+	io.ReaderAt
+}
+
+// explainRead names the block behind a pager's failed read: a read
+// through a mount reports only EIO, so the block is read again from the
+// snapshot itself, which tells a corrupt block (its file, index, address
+// and checksum) or a snapshot that cannot be read any more (a store gone)
+// from a source that went away on its own.
+func explainRead(pages snapshotBlocks, err error) error {
 	var se *uffd.ServeError
 	if !errors.As(err, &se) || se.Op != "read" {
 		return err
@@ -530,14 +541,18 @@ func (r *restorer) lazyError(err error) error {
 		src = se.Addr
 	}
 	for a := src; a < src+se.Len; {
-		b, ok := r.pages.BlockAt(a)
+		b, ok := pages.BlockAt(a)
 		if !ok {
 			break
 		}
 		if b.Kind != codec.Zero {
 			buf := make([]byte, b.Len)
-			if _, derr := r.pages.ReadAt(buf, int64(b.Addr)); errors.As(derr, &be) {
+			_, derr := pages.ReadAt(buf, int64(b.Addr))
+			if errors.As(derr, &be) {
 				return fmt.Errorf("%w (uffd read %#x+%#x through the page source: %v)", be, se.Addr, se.Len, se.Err)
+			}
+			if derr != nil && !errors.Is(derr, io.EOF) {
+				return fmt.Errorf("%w (read again from the snapshot: %w)", err, derr)
 			}
 		}
 		a = b.End()
