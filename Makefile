@@ -4,7 +4,8 @@
 #   make test    lint, the go.mod tidiness check, race-detector tests of the
 #                pure packages, the FUSE server, the userfaultfd pager, the
 #                tracer and the engine, then every other test (as root with LAZYFS_TEST_REQUIRE=all in CI:
-#                .ci/run)
+#                .ci/run); every stage runs even if one fails, and a
+#                summary of every failure ends it
 #   make bench   the benchmark harness (test/bench, root, under 15 minutes):
 #                snapshot size, dump time, eager and lazy restore to first
 #                response of a 1 GiB modelserver, cold and warm, with the
@@ -84,7 +85,10 @@ test-all: $(LAUNCH)
 	if [ $${#pkgs[@]} -eq 0 ]; then echo "no packages to test"; exit 0; fi; \
 	$(LAUNCH) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TESTFLAGS) "$${pkgs[@]}"
 
-test: lint tidy race test-all
+# test: every stage, each run even when one before it failed, then one
+# summary of every failure (test/stages.sh; logs in $(BIN)/test-*.log).
+test: $(LAUNCH)
+	BIN=$(BIN) MAKE="$(MAKE)" bash test/stages.sh lint tidy race test-all
 
 BENCH_LARGE ?=
 BENCH_FLAGS ?=
