@@ -19,13 +19,23 @@ restore needs, for real (ptrace on a stub it starts, clone3 with a chosen
 pid, PR_SET_MM_MAP, userfaultfd, PAGEMAP_SCAN, new pid, mount and network
 namespaces, TCP_REPAIR with the nft program for --tcp-established) and
 FUSE for lazyfs, and say
-for each whether it works and what needs it. Exits 10 if one is missing.`,
+for each whether it works and what needs it. Exits 10 if one is missing.
+
+Then report the kernel's behaviours that change what a dump holds or how
+fast a restore goes, never whether it works, each probed: what a read
+fault of private anonymous memory maps (the shared zero page, or a
+private page of zeros on some kernels), the transparent huge page
+policy, free page reporting to a hypervisor (first touches of memory
+slow, timings that swing), and whether / propagates mounts to the
+namespaces snapctl makes. With --json they are in the same list, marked
+"behaviour": true.`,
 		[]int{cli.ExitNoPrivilege}, stdout, stderr)
 	asJSON := fl.Bool("json", false, "print the results as JSON")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	feats := append(check.Run(ctx, ""), check.FUSE(fs.CheckFUSE()))
+	behaviours := check.Behaviours()
 	var missing []string
 	for _, f := range feats {
 		if !f.OK {
@@ -35,7 +45,7 @@ for each whether it works and what needs it. Exits 10 if one is missing.`,
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(feats); err != nil {
+		if err := enc.Encode(append(feats, behaviours...)); err != nil {
 			return err
 		}
 	} else {
@@ -45,6 +55,10 @@ for each whether it works and what needs it. Exits 10 if one is missing.`,
 				state = "missing"
 			}
 			fmt.Fprintf(stdout, "%-15s %-8s %-25s %s\n", f.Name, state, "("+f.Needed+")", f.Detail)
+		}
+		fmt.Fprintf(stdout, "\nkernel behaviours (they change results or speed, never whether it works):\n")
+		for _, f := range behaviours {
+			fmt.Fprintf(stdout, "%-15s %-8s %-25s %s\n", f.Name, "", "("+f.Needed+")", f.Detail)
 		}
 	}
 	if len(missing) > 0 {

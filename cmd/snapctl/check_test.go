@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -35,7 +36,14 @@ func TestCheckTable(t *testing.T) {
 	if stderr.Len() > 0 {
 		t.Errorf("stderr: %q", stderr.String())
 	}
-	lines := strings.Split(strings.TrimSuffix(stdout.String(), "\n"), "\n")
+	// The facilities, a blank line, then the kernel's behaviours under a
+	// heading of their own.
+	table, rest, ok := strings.Cut(stdout.String(), "\n\n")
+	if !ok {
+		t.Fatalf("no blank line before the kernel's behaviours:\n%s", stdout.String())
+	}
+	checkBehaviourLines(t, rest)
+	lines := strings.Split(table, "\n")
 	if len(lines) != len(checkNames) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(checkNames), stdout.String())
 	}
@@ -55,15 +63,55 @@ func TestCheckTable(t *testing.T) {
 	}
 }
 
+// behaviourNames are the kernel behaviours snapctl check reports after the
+// facilities, in its order.
+var behaviourNames = []string{"read-fault page", "THP", "page reporting", "/ propagation"}
+
+// checkBehaviourLines checks the behaviours' part of check's table: a
+// heading, then one line per behaviour, name, what it changes and what
+// was found, in the facilities' columns.
+func checkBehaviourLines(t *testing.T, s string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
+	if len(lines) != 1+len(behaviourNames) || !strings.HasPrefix(lines[0], "kernel behaviours") {
+		t.Fatalf("behaviours: want a heading and %d lines:\n%s", len(behaviourNames), s)
+	}
+	line := regexp.MustCompile(`^(.{15}) {10}(\([^)]*\)) +\S.*$`)
+	for i, l := range lines[1:] {
+		m := line.FindStringSubmatch(l)
+		if m == nil || strings.TrimSpace(m[1]) != behaviourNames[i] {
+			t.Errorf("behaviour line %q, want %s (WHAT IT CHANGES) DETAIL in columns", l, behaviourNames[i])
+			continue
+		}
+		if strings.Contains(l, "unknown:") {
+			t.Errorf("a probe failed: %q", l)
+		}
+	}
+}
+
 func TestCheckJSON(t *testing.T) {
 	requireAll(t)
 	var stdout, stderr bytes.Buffer
 	if err := run(t.Context(), []string{"check", "--json"}, &stdout, &stderr); err != nil {
 		t.Fatalf("check --json: %v\n%s", err, stderr.String())
 	}
-	var feats []check.Feature
-	if err := json.Unmarshal(stdout.Bytes(), &feats); err != nil {
+	var all, feats []check.Feature
+	if err := json.Unmarshal(stdout.Bytes(), &all); err != nil {
 		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	var behaviours []string
+	for _, f := range all {
+		if !f.Behaviour {
+			feats = append(feats, f)
+			continue
+		}
+		behaviours = append(behaviours, f.Name)
+		if !f.OK || f.Needed == "" || f.Detail == "" || strings.HasPrefix(f.Detail, "unknown") {
+			t.Errorf("behaviour %+v: want OK, what it changes and what was found", f)
+		}
+	}
+	if !reflect.DeepEqual(behaviours, behaviourNames) {
+		t.Errorf("behaviours %q, want %q", behaviours, behaviourNames)
 	}
 	if len(feats) != len(checkNames) {
 		t.Fatalf("%d features, want %d: %+v", len(feats), len(checkNames), feats)

@@ -11,6 +11,10 @@ type Feature struct {
 	Needed string `json:"needed"` // what needs it
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"` // what was tried and seen, or why it is missing
+	// Behaviour marks a behaviour of the kernel reported for what it
+	// changes (Needed then says what), not a facility that can be
+	// missing: OK is always true.
+	Behaviour bool `json:"behaviour,omitempty"`
 }
 
 // What needs each feature.

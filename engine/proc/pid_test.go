@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -60,5 +61,24 @@ func TestSysctl(t *testing.T) {
 	}
 	if _, err := SysctlInt("kernel.ostype"); !errors.Is(err, ErrMalformed) {
 		t.Errorf("SysctlInt of a word: %v", err)
+	}
+}
+
+func TestSysChoice(t *testing.T) {
+	dir := t.TempDir()
+	for in, want := range map[string]string{
+		"always [madvise] never\n":         "madvise",
+		"[always] inherit madvise never\n": "always",
+		"always madvise [never]":           "never",
+		"always madvise never\n":           "",
+	} {
+		path := filepath.Join(dir, "enabled")
+		if err := os.WriteFile(path, []byte(in), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := sysChoice(path)
+		if got != want || (err != nil) != (want == "") {
+			t.Errorf("sysChoice(%q) = %q, %v; want %q", in, got, err, want)
+		}
 	}
 }
