@@ -4,10 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"io/fs"
+	"io"
+	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -34,9 +35,18 @@ const DefaultCacheSize = 8 << 30
 // written to a temporary file and renamed into place.
 //
 // The directory must be the caller's (or root's) and writable by nobody
-// else, as a snapshot directory must: its bytes become memory.
+// else, as a snapshot directory must: its bytes become memory. It is
+// opened once, not through a symbolic link, and checked through that
+// descriptor; every chunk is then opened, created, renamed and removed
+// relative to it, never by a path, so that nothing done to the path after
+// the check (a symbolic link renamed over it) redirects a chunk. A chunk
+// file must be a regular file of the caller's: anything else (a file
+// planted by another user, a FIFO, a symbolic link) is a miss, removed
+// and fetched again.
 type diskCache struct {
-	dir   string
+	name  string   // the directory as given, for messages
+	dir   *os.File // the directory, opened once
+	trust bool     // --trust-snapshot: chunks of other owners accepted
 	limit int64
 	used  atomic.Int64 // bytes, as counted at open plus what was put since
 	mu    sync.Mutex   // one eviction at a time
@@ -52,76 +62,122 @@ func openDiskCache(dir string, limit int64, trust bool) (*diskCache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cache directory: %w", err)
 	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if fi, lerr := os.Lstat(dir); err != nil && lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
+		// ELOOP, or ENOTDIR with O_DIRECTORY
+		return nil, fmt.Errorf("%w: cache directory %s is a symbolic link: give the directory it points to", image.ErrUntrusted, dir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cache directory: %w", &os.PathError{Op: "open", Path: dir, Err: err})
 	}
+	d := os.NewFile(uintptr(fd), dir)
 	var st unix.Stat_t
-	err = unix.Fstat(fd, &st)
-	unix.Close(fd)
-	if err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
+		d.Close()
 		return nil, fmt.Errorf("cache directory %s: %w", dir, err)
 	}
 	if !trust {
 		if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
+			d.Close()
 			return nil, fmt.Errorf("%w: cache directory %s belongs to uid %d, neither the caller (uid %d) nor root (--trust-snapshot accepts it)", image.ErrUntrusted, dir, st.Uid, euid)
 		}
 		if st.Mode&0o022 != 0 {
+			d.Close()
 			return nil, fmt.Errorf("%w: cache directory %s is writable by group or others (mode %04o; --trust-snapshot accepts it)", image.ErrUntrusted, dir, st.Mode&0o7777)
 		}
 	}
-	c := &diskCache{dir: dir, limit: limit}
+	c := &diskCache{name: dir, dir: d, trust: trust, limit: limit}
 	var used int64
-	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && strings.HasSuffix(path, cacheExt) {
-			if info, err := d.Info(); err == nil {
-				used += info.Size()
-			}
-		}
-		return nil
-	})
+	for _, e := range c.list() {
+		used += e.size
+	}
 	c.used.Store(used)
 	return c, nil
 }
 
-// path returns the file of chunk i of the object.
-func (c *diskCache) path(cl *client, key string, o object, i int64) string {
+// fd is the directory's descriptor.
+func (c *diskCache) fd() int { return int(c.dir.Fd()) }
+
+// file returns the name of chunk i of the object in the directory.
+func (c *diskCache) file(cl *client, key string, o object, i int64) string {
 	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%s\x00%s\x00%d", cl.endpoint, cl.addr.Bucket, key, o.etag, o.size))
-	return filepath.Join(c.dir, fmt.Sprintf("%s-%d%s", hex.EncodeToString(h[:16]), i, cacheExt))
+	return fmt.Sprintf("%s-%d%s", hex.EncodeToString(h[:16]), i, cacheExt)
+}
+
+// openChunk opens the chunk file name of the directory for reading, beneath
+// it and through no symbolic link (openat2 where the kernel has it; the
+// name has no slash, so openat with O_NOFOLLOW is the same on older ones),
+// without blocking on a FIFO.
+func (c *diskCache) openChunk(name string) (*os.File, error) {
+	flags := uint64(unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY)
+	fd, err := unix.Openat2(c.fd(), name, &unix.OpenHow{
+		Flags:   flags,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if errors.Is(err, unix.ENOSYS) {
+		fd, err = unix.Openat(c.fd(), name, int(flags), 0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// usable reports whether an opened chunk file may be read: a regular file
+// of the caller's (of anyone's with --trust-snapshot).
+func (c *diskCache) usable(f *os.File) (int64, bool) {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return 0, false
+	}
+	if !c.trust && st.Uid != uint32(os.Geteuid()) {
+		return 0, false
+	}
+	return st.Size, true
 }
 
 // get returns chunk i of the object, of n bytes, if the cache holds it
 // whole and it passes its CRC32C.
 func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, bool) {
-	p := c.path(cl, key, o, i)
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	name := c.file(cl, key, o, i)
+	f, err := c.openChunk(name)
 	if err != nil {
+		if !errors.Is(err, unix.ENOENT) {
+			c.drop(name) // a symbolic link, a device...
+		}
 		return nil, false
 	}
 	defer f.Close()
-	b := make([]byte, n+4)
-	m, err := f.ReadAt(b, 0)
-	var rest [1]byte
-	if extra, _ := f.ReadAt(rest[:], n+4); m != len(b) || extra != 0 || codec.Checksum(b[:n]) != binary.LittleEndian.Uint32(b[n:]) {
-		c.drop(p)
+	size, ok := c.usable(f)
+	if !ok || size != n+4 {
+		c.drop(name)
 		return nil, false
 	}
-	now := time.Now()
-	os.Chtimes(p, now, now) // used: evicted last
+	b := make([]byte, n+4)
+	if m, err := f.ReadAt(b, 0); m != len(b) || (err != nil && !errors.Is(err, io.EOF)) || codec.Checksum(b[:n]) != binary.LittleEndian.Uint32(b[n:]) {
+		c.drop(name)
+		return nil, false
+	}
+	now := unix.NsecToTimeval(time.Now().UnixNano())
+	unix.Futimes(int(f.Fd()), []unix.Timeval{now, now}) // used: evicted last
 	return b[:n], true
 }
 
-// drop removes a chunk file that failed its check.
-func (c *diskCache) drop(p string) {
-	if info, err := os.Lstat(p); err == nil && os.Remove(p) == nil {
-		c.used.Add(-info.Size())
+// drop removes a chunk file of the directory that failed its check.
+func (c *diskCache) drop(name string) {
+	var st unix.Stat_t
+	if unix.Fstatat(c.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+		return
+	}
+	if unix.Unlinkat(c.fd(), name, 0) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		c.used.Add(-st.Size)
 	}
 }
 
 // put stores chunk i of the object. Errors are not the reader's: a chunk
 // not cached is fetched again next time.
 func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
-	p := c.path(cl, key, o, i)
+	name := c.file(cl, key, o, i)
 	size := int64(len(b) + 4)
 	if size > c.limit {
 		return
@@ -129,27 +185,72 @@ func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
 	if c.used.Load()+size > c.limit {
 		c.evict(size)
 	}
-	tmp, err := os.CreateTemp(c.dir, ".tmp-*")
-	if err != nil {
+	var tmp string
+	var fd int
+	for range 10 {
+		tmp = fmt.Sprintf(".tmp-%016x", rand.Uint64())
+		var err error
+		fd, err = unix.Openat(c.fd(), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			return
+		}
+		fd = -1
+	}
+	if fd < 0 {
 		return
 	}
+	f := os.NewFile(uintptr(fd), tmp)
 	var sum [4]byte
 	binary.LittleEndian.PutUint32(sum[:], codec.Checksum(b))
-	_, err = tmp.Write(b)
+	_, err := f.Write(b)
 	if err == nil {
-		_, err = tmp.Write(sum[:])
+		_, err = f.Write(sum[:])
 	}
-	if cerr := tmp.Close(); err == nil {
+	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), p)
+		err = unix.Renameat(c.fd(), tmp, c.fd(), name)
 	}
 	if err != nil {
-		os.Remove(tmp.Name())
+		unix.Unlinkat(c.fd(), tmp, 0)
 		return
 	}
 	c.used.Add(size)
+}
+
+// cacheEntry is a chunk file of the directory.
+type cacheEntry struct {
+	name string
+	size int64
+	used time.Time
+}
+
+// list returns the chunk files of the directory (regular files only),
+// read through its descriptor.
+func (c *diskCache) list() []cacheEntry {
+	fd, err := unix.Openat(c.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	d := os.NewFile(uintptr(fd), c.name)
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	var out []cacheEntry
+	for _, name := range names {
+		if !strings.HasSuffix(name, cacheExt) {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(c.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		out = append(out, cacheEntry{name, st.Size, time.Unix(st.Mtim.Unix())})
+	}
+	return out
 }
 
 // evict removes the chunks used least recently until need more bytes fit
@@ -160,30 +261,18 @@ func (c *diskCache) evict(need int64) {
 	if c.used.Load()+need <= c.limit {
 		return
 	}
-	type entry struct {
-		path string
-		size int64
-		used time.Time
-	}
-	var all []entry
+	all := c.list()
 	var total int64
-	entries, _ := os.ReadDir(c.dir)
-	for _, d := range entries {
-		if !d.Type().IsRegular() || !strings.HasSuffix(d.Name(), cacheExt) {
-			continue
-		}
-		if info, err := d.Info(); err == nil {
-			all = append(all, entry{filepath.Join(c.dir, d.Name()), info.Size(), info.ModTime()})
-			total += info.Size()
-		}
+	for _, e := range all {
+		total += e.size
 	}
-	slices.SortFunc(all, func(a, b entry) int { return a.used.Compare(b.used) })
+	slices.SortFunc(all, func(a, b cacheEntry) int { return a.used.Compare(b.used) })
 	target := c.limit - c.limit/10 - need
 	for _, e := range all {
 		if total <= target {
 			break
 		}
-		if os.Remove(e.path) == nil {
+		if unix.Unlinkat(c.fd(), e.name, 0) == nil {
 			total -= e.size
 		}
 	}

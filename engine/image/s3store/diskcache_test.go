@@ -1,0 +1,179 @@
+package s3store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// cacheCase is a disk cache in a fresh directory and a chunk's identity.
+type cacheCase struct {
+	dir string
+	c   *diskCache
+	cl  *client
+	key string
+	obj object
+}
+
+func newCacheCase(t *testing.T) *cacheCase {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "cache")
+	c, err := openDiskCache(dir, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.dir.Close() })
+	return &cacheCase{dir: dir, c: c, cl: &client{addr: Address{Bucket: "snaps"}, endpoint: "http://127.0.0.1:9"},
+		key: "snap/pages-1.img", obj: object{size: 1 << 20, etag: `"e1"`}}
+}
+
+// plant writes a chunk file as a cache would, CRC32C included, into dir.
+func (cc *cacheCase) plant(t *testing.T, dir string, i int64, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, cc.c.file(cc.cl, cc.key, cc.obj, i))
+	sum := binary.LittleEndian.AppendUint32(nil, codec.Checksum(b))
+	if err := os.WriteFile(p, append(bytes.Clone(b), sum...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A cache directory given as a symbolic link is refused, naming it.
+func TestDiskCacheSymlinkRefused(t *testing.T) {
+	real := filepath.Join(t.TempDir(), "real")
+	if err := os.Mkdir(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	_, err := openDiskCache(link, 0, false)
+	if !errors.Is(err, image.ErrUntrusted) || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), link) {
+		t.Errorf("cache directory through a symlink: %v, want untrusted naming the link", err)
+	}
+}
+
+// Once opened and checked, the cache reads and writes only the directory
+// it checked: a symbolic link renamed over its path afterwards, to a
+// directory holding a planted chunk with a right CRC32C, redirects
+// nothing.
+func TestDiskCacheSwappedAfterCheck(t *testing.T) {
+	cc := newCacheCase(t)
+	good := bytes.Repeat([]byte("good"), 1024)
+	cc.c.put(cc.cl, cc.key, cc.obj, 0, good)
+
+	evil := filepath.Join(t.TempDir(), "evil")
+	if err := os.Mkdir(evil, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Repeat([]byte("evil"), 1024)
+	cc.plant(t, evil, 0, bad)
+	cc.plant(t, evil, 1, bad)
+	if err := os.Rename(cc.dir, cc.dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(evil, cc.dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(good))); !ok || !bytes.Equal(b, good) {
+		t.Errorf("chunk 0 after the swap: %q... (%v), want the chunk put before it", b[:min(8, len(b))], ok)
+	}
+	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 1, int64(len(bad))); ok {
+		t.Error("chunk 1 read from the directory swapped in")
+	}
+	cc.c.put(cc.cl, cc.key, cc.obj, 2, good)
+	if _, err := os.Stat(filepath.Join(cc.dir+".moved", cc.c.file(cc.cl, cc.key, cc.obj, 2))); err != nil {
+		t.Errorf("a chunk put after the swap is not in the directory checked: %v", err)
+	}
+	if ents, _ := os.ReadDir(evil); len(ents) != 2 {
+		t.Errorf("the directory swapped in has %d entries, want the 2 planted", len(ents))
+	}
+}
+
+// A chunk file that is not a regular file of the caller's is a miss,
+// removed; a FIFO does not block the read.
+func TestDiskCacheForeignChunks(t *testing.T) {
+	testutil.RequireRoot(t)
+	cc := newCacheCase(t)
+	data := bytes.Repeat([]byte{7}, 4096)
+
+	p := cc.plant(t, cc.dir, 0, data)
+	if err := os.Chown(p, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(data))); ok {
+		t.Error("a chunk owned by another user was used")
+	}
+	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the foreign chunk is still there: %v", err)
+	}
+
+	fifo := filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, 1))
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() {
+		_, ok := cc.c.get(cc.cl, cc.key, cc.obj, 1, int64(len(data)))
+		done <- ok
+	}()
+	select {
+	case ok := <-done:
+		if ok {
+			t.Error("a FIFO was read as a chunk")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("get blocked on a FIFO planted as a chunk")
+	}
+
+	target := cc.plant(t, t.TempDir(), 2, data)
+	link := filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, 2))
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 2, int64(len(data))); ok {
+		t.Error("a chunk read through a symbolic link")
+	}
+	if _, err := os.Stat(target); err != nil {
+		t.Errorf("the symbolic link's target was removed: %v", err)
+	}
+	// And one of ours, right, is used.
+	cc.plant(t, cc.dir, 3, data)
+	if b, ok := cc.c.get(cc.cl, cc.key, cc.obj, 3, int64(len(data))); !ok || !bytes.Equal(b, data) {
+		t.Error("a good chunk of ours was not used")
+	}
+}
+
+// Eviction goes through the directory's descriptor too, oldest first.
+func TestDiskCacheEvicts(t *testing.T) {
+	cc := newCacheCase(t)
+	cc.c.limit = 40 << 10
+	chunk := bytes.Repeat([]byte{1}, 10<<10)
+	for i := range int64(6) {
+		cc.c.put(cc.cl, cc.key, cc.obj, i, chunk)
+		// mtimes a second apart at most: make them distinct
+		old := time.Now().Add(time.Duration(i-10) * time.Minute)
+		os.Chtimes(filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, i)), old, old)
+	}
+	if used := cc.c.used.Load(); used > cc.c.limit {
+		t.Errorf("%d bytes used, limit %d", used, cc.c.limit)
+	}
+	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(chunk))); ok {
+		t.Error("the oldest chunk survived eviction")
+	}
+	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 5, int64(len(chunk))); !ok {
+		t.Error("the newest chunk was evicted")
+	}
+}
