@@ -232,14 +232,14 @@ func lazyProcs(t testing.TB, prefix []byte) []int {
 
 // lazyMountLazyfs mounts dir with `lazyfs --background` on a fresh directory
 // and unmounts it at cleanup.
-func lazyMountLazyfs(t testing.TB, dir string) string {
+func lazyMountLazyfs(t testing.TB, dir string, flags ...string) string {
 	t.Helper()
 	bin := buildTool(t, "lazyfs")
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	r := runTool(t, bin, commandTimeout, "--background", dir, mnt)
+	r := runTool(t, bin, commandTimeout, append(append([]string{"--background"}, flags...), dir, mnt)...)
 	if r.Code != 0 {
 		t.Fatalf("%s", r)
 	}

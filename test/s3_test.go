@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	// s3:// addresses for image.Open in this test binary.
+	"github.com/lazyfs/lazyfs/engine/codec"
 	_ "github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
@@ -152,6 +154,86 @@ func TestS3Modelserver(t *testing.T) {
 			t.Errorf("the second restore with --cache-dir made %d GETs of block data, want none", n)
 		}
 	})
+	// The cache directory is checked once, then used through that
+	// descriptor: a symbolic link renamed over its path afterwards, to a
+	// directory of chunks another user planted (garbage under right
+	// trailer checksums), changes nothing a restore or a mount reads.
+	swapCache := func(t *testing.T) {
+		t.Helper()
+		evil := filepath.Join(t.TempDir(), "evil")
+		plantChunks(t, cache, evil)
+		real := cache + ".checked"
+		if err := os.Rename(cache, real); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(evil, cache); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			os.Remove(cache)
+			os.Rename(real, cache)
+		})
+	}
+	t.Run("restore --lazy, cache directory swapped after the check", func(t *testing.T) {
+		l := startLazy(t, addr, "--cache-dir", cache, "--s3-endpoint", m.Endpoint, "--prefetch-delay", "3s")
+		pid := l.waitRunning(t, ctx)
+		if err := p.Adopt(); err != nil {
+			t.Fatal(err)
+		}
+		swapCache(t)
+		for req, sum := range want {
+			if got := lazyChecksumOf(lazyAsk(t, ctx, port, req)); got != sum {
+				t.Errorf("%s: checksum %s, want %s as before the dump", req, got, sum)
+			}
+		}
+		l.mustFinish(t, ctx, pid)
+		lazyKill(t, ctx, p)
+	})
+	t.Run("lazyfs --cache-dir, swapped after the mount", func(t *testing.T) {
+		mnt := lazyMountLazyfs(t, addr, "--cache-dir", cache)
+		swapCache(t)
+		checkRegions(t, si, filepath.Join(mnt, strconv.Itoa(p.PID)), model)
+	})
+	t.Run("cache directory given as a symbolic link: refused", func(t *testing.T) {
+		link := filepath.Join(t.TempDir(), "link")
+		if err := os.Symlink(cache, link); err != nil {
+			t.Fatal(err)
+		}
+		r := runSnapctl(t, "restore", "-D", addr, "--cache-dir", link, "--s3-endpoint", m.Endpoint)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "symbolic link") || !strings.Contains(r.Stderr, link) {
+			t.Errorf("restore with --cache-dir %s (a link): want a refusal naming it\n%s", link, r)
+		}
+	})
+}
+
+// plantChunks fills dir with a chunk file for every one of from, of the
+// same name and size, holding garbage under a right trailer CRC32C: what
+// a user who can compute chunk names (from a bucket listing) plants.
+func plantChunks(t *testing.T, from, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() || info.Size() < 4 {
+			continue
+		}
+		b := bytes.Repeat([]byte{0xee}, int(info.Size())-4)
+		b = binary.LittleEndian.AppendUint32(b, codec.Checksum(b))
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("no chunk in %s to plant copies of", from)
+	}
 }
 
 // TestS3Faults takes the store away under a lazyfs read (EIO, never a
