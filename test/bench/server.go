@@ -90,7 +90,9 @@ func startServer(ctx context.Context, t tools, prog string, size uint64, extra [
 		cmd.Wait()
 		close(s.done)
 	}()
-	s.Ready, err = waitReady(ctx, logPath, from, s)
+	readyCtx, cancel := context.WithTimeout(ctx, serverReadyTimeout+time.Duration(size>>30)*30*time.Second)
+	s.Ready, err = waitReady(readyCtx, logPath, from, s)
+	cancel()
 	if err != nil {
 		cmd.Process.Kill()
 		<-s.done
@@ -98,6 +100,12 @@ func startServer(ctx context.Context, t tools, prog string, size uint64, extra [
 	}
 	return s, nil
 }
+
+// serverReadyTimeout, plus 30 s per GiB of its memory, bounds a server's
+// start up to its ready line (it fills its memory first: seconds at the
+// sizes measured), so that a server that hangs is reported as such, not
+// as the run's deadline.
+const serverReadyTimeout = 2 * time.Minute
 
 // waitReady polls the log from offset for the server's ready line.
 func waitReady(ctx context.Context, logPath string, from int64, s *server) (fixture.Line, error) {
