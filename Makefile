@@ -15,14 +15,15 @@
 #                BENCH_FLAGS passes more flags (-size, -runs, -out, -work,
 #                -only SERIES to measure one series into another -out)
 #   make bench-smoke  the harness at 64 MiB, one run, into bin/bench-smoke
-#                (seconds; CI runs the same through TestSmoke in make test)
+#                (about 2 minutes; CI runs the same through TestSmoke in make test)
 #   make gobench go test benchmarks of every package, output also in bin/bench.txt
 #   make fuzz    every Fuzz target for FUZZTIME each
 #   make lint    gofmt and go vet
 #   make tidy    check that go.mod and go.sum are tidy (go mod tidy -diff)
 #   make setup   install what the build and tests need (.ci/setup: Debian 12, root)
-#   make demo    set up, build, then the whole tool in a minute: dump, mount,
-#                lazy restore
+#   make demo    set up what the demo needs (.ci/setup demo: Debian packages,
+#                no test servers), build, then the whole tool in a minute:
+#                dump, mount, lazy restore
 #   make clean   remove build outputs and compiled test fixtures
 
 SHELL := /bin/bash
@@ -49,7 +50,7 @@ BENCH ?= .
 FUZZTIME ?= 30s
 FUZZ_PKGS ?= ./...
 
-.PHONY: all setup build test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
+.PHONY: all setup setup-demo build test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
 
 # GNU make starts recipes with posix_spawn, which in glibc 2.36 leaves
 # signals 32 and 33 ignored in the child, and an ignored signal stays ignored
@@ -128,7 +129,11 @@ tidy:
 setup:
 	bash .ci/setup
 
-demo: setup build
+# setup-demo: only what the demo needs (no test servers, no MinIO build).
+setup-demo:
+	bash .ci/setup demo
+
+demo: setup-demo build
 	test/demo/demo.sh
 
 clean:
