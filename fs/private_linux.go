@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,7 +87,9 @@ type PrivateMount struct {
 // in the shared namespace, and Close removes what a dead helper left.
 //
 // The helper runs a mount of opts; Cache, Logger and Debug do not cross
-// the process boundary and are ignored (the helper logs nothing).
+// the process boundary and are ignored. The helper logs its warnings and
+// errors (a read that failed, and why; an object store that is slow to
+// answer) to this process's standard error, marked as its own.
 func MountPrivate(dir string, pid int, opts Options) (*PrivateMount, error) {
 	return MountPrivateTree(dir, []int{pid}, opts)
 }
@@ -124,6 +127,9 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 		Path:       exe,
 		Args:       []string{PrivateArg0, strconv.Itoa(os.Getpid()), string(args)},
 		ExtraFiles: []*os.File{theirs}, // fd 3
+		// Its warnings and errors (a store that stalls, a read that
+		// failed and why) are ours: the reader of the mount sees only EIO.
+		Stderr: os.Stderr,
 		// A session of its own: a terminal's signals for our process
 		// group must not take the mount away before we are done with it.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -337,9 +343,11 @@ func PrivateMain(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("from", "private mount")
+	slog.SetDefault(logger) // the object store's warnings too
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
 		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote, Keys: keys,
-		directMount: true})
+		Logger: logger, directMount: true})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}

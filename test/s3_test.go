@@ -262,7 +262,7 @@ func TestS3Faults(t *testing.T) {
 	}
 
 	t.Run("store stopped under a lazyfs read", func(t *testing.T) {
-		mnt := lazyMountLazyfs(t, addr)
+		mnt := lazyMountLazyfs(t, addr, "--s3-read-timeout", "5s")
 		// The biggest region: the model's 256 MiB.
 		var big regionFile
 		for _, r := range listRegions(t, filepath.Join(mnt, strconv.Itoa(p.PID))) {
@@ -313,7 +313,7 @@ func TestS3Faults(t *testing.T) {
 	t.Run("store stopped under a lazy restore", func(t *testing.T) {
 		lazyKill(t, ctx, p)
 		// Nothing streams for a minute: the faults alone read the store.
-		l := startLazy(t, addr, "--prefetch-delay", "1m")
+		l := startLazy(t, addr, "--prefetch-delay", "1m", "--s3-read-timeout", "5s")
 		pid := l.waitRunning(t, ctx)
 		if err := p.Adopt(); err != nil {
 			t.Fatal(err)

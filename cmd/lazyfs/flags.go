@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
@@ -27,7 +28,7 @@ type config struct {
 }
 
 // options turns the command line into mount options.
-func (c *config) options() fs.Options {
+func (c *config) options(ctx context.Context) fs.Options {
 	return fs.Options{
 		CacheSize:         c.cacheSize.V,
 		DecompressThreads: c.threads,
@@ -35,7 +36,7 @@ func (c *config) options() fs.Options {
 		DirectIO:          c.directIO,
 		Debug:             c.debug,
 		TrustSnapshot:     c.trust,
-		Remote:            c.remote.Options(),
+		Remote:            c.remote.Options(ctx),
 	}
 }
 

@@ -323,7 +323,7 @@ func TestParseArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := c.options()
+	o := c.options(t.Context())
 	if c.snapshot != "snap" || c.mountpoint != "mnt" || o.CacheSize != 1<<30 || o.DecompressThreads != 0 || !o.AllowOther {
 		t.Errorf("parsed %+v, options %+v", c, o)
 	}
@@ -332,7 +332,7 @@ func TestParseArgs(t *testing.T) {
 		t.Errorf("after --: %+v, %v", c, err)
 	}
 	c, err = parseArgs([]string{"a", "b"}, &out, &out)
-	if err != nil || c.options().CacheSize != 256<<20 || c.threads != 1 || c.options().AllowOther {
+	if err != nil || c.options(t.Context()).CacheSize != 256<<20 || c.threads != 1 || c.options(t.Context()).AllowOther {
 		t.Errorf("defaults: %+v, %v", c, err)
 	}
 }

@@ -38,7 +38,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeLog()
-	opts := c.options()
+	opts := c.options(ctx)
 	opts.Logger = logger
 	if opts.Keys, err = c.identity(); err != nil {
 		ready(err)

@@ -163,7 +163,7 @@ process of the tree that leads outside.`,
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(),
+	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(ctx),
 		TCPEstablished: *tcpEstablished, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	if len(external) > 0 {
 		ext, err := fds.ParseExternal(external)

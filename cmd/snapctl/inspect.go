@@ -53,7 +53,7 @@ status 9 if not, 7 if missing), and the blocks taken from its parent (kind
 	if err != nil {
 		return err
 	}
-	rep, err := inspect(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options(), Keys: keys})
+	rep, err := inspect(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options(ctx), Keys: keys})
 	if err != nil {
 		return err
 	}

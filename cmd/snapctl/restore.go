@@ -186,7 +186,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	if err := remote.Check(*dir); err != nil {
 		return err
 	}
-	open := image.OpenOptions{Trust: *trust, Remote: remote.Options()}
+	open := image.OpenOptions{Trust: *trust, Remote: remote.Options(ctx)}
 	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
 		return err
 	}

@@ -42,7 +42,7 @@ file of the chain that the snapshot uses is checked.`,
 	if err != nil {
 		return err
 	}
-	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options(), Keys: keys})
+	s, err := image.OpenWith(*dir, image.OpenOptions{Trust: *trust, Remote: remote.Options(ctx), Keys: keys})
 	if err != nil {
 		return fmt.Errorf("open snapshot: %w", err)
 	}

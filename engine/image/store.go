@@ -1,12 +1,14 @@
 package image
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -78,6 +80,13 @@ type RemoteOptions struct {
 	// Trust is OpenOptions.Trust: it also accepts a CacheDir that
 	// another user can change.
 	Trust bool `json:",omitempty"`
+	// ReadTimeout bounds one read of the store, every retry included
+	// (--s3-read-timeout); zero means the store's default.
+	ReadTimeout time.Duration `json:",omitempty"`
+	// Context, if set, ends every read of the store when it is done (the
+	// command's context: SIGINT and SIGTERM). Not passed on to helper
+	// processes, which their parent ends.
+	Context context.Context `json:"-"`
 }
 
 // Scheme opens the stores of one kind of address.

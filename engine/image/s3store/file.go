@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
 )
@@ -20,10 +24,16 @@ const (
 	maxGet = 8 << 20
 	// maxInFlight bounds the GETs of one store at once.
 	maxInFlight = 8
-	// readRetryWindow is how long a read keeps trying a store it cannot
-	// reach before it fails; retryWait is its first wait.
-	readRetryWindow = 5 * time.Second
-	retryWait       = 250 * time.Millisecond
+	// DefaultReadTimeout bounds one read of the store, every attempt and
+	// wait included (--s3-read-timeout); retryWait is the first wait
+	// between attempts, doubled up to maxBackoff, each jittered.
+	DefaultReadTimeout = 30 * time.Second
+	retryWait          = 250 * time.Millisecond
+	// attemptTimeout bounds one attempt of a GET of at most maxGet bytes,
+	// its body included.
+	attemptTimeout = 10 * time.Second
+	// stallWarnEvery is how often a read that waits says so.
+	stallWarnEvery = 5 * time.Second
 	// readaheadChunks is how far ahead of a sequential reader chunks are
 	// fetched.
 	readaheadChunks = 16
@@ -65,7 +75,7 @@ type fetch struct {
 }
 
 func newFile(s *Store, name string, o object) *file {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(s.ctx)
 	f := &file{s: s, name: name, key: s.c.addr.key(name), obj: o, inFlight: map[int64]*fetch{}, last: -1, ctx: ctx, cancel: cancel}
 	if name != "snapshot.json" {
 		f.disk = s.disk
@@ -107,7 +117,7 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 		}
 	}
 	if len(missing) > 0 {
-		got, err := f.fetchChunks(context.Background(), missing, true)
+		got, err := f.fetchChunks(f.s.ctx, missing, true)
 		if err != nil {
 			return 0, err
 		}
@@ -244,12 +254,22 @@ func (f *file) get(ctx context.Context, c *fetch) {
 	}
 }
 
-// getChunks reads chunks [lo, hi) of the object with one ranged GET
-// (retried by the SDK), refusing an object whose ETag is no longer the
-// one listed.
+// getChunks reads chunks [lo, hi) of the object with one ranged GET,
+// refusing an object whose ETag is no longer the one listed. The whole
+// read, every attempt and wait included, ends within the store's read
+// timeout (--s3-read-timeout): an answer that may pass (the store cannot
+// be reached, a 5xx, SlowDown, RequestTimeout, throttling, a body cut
+// short, an attempt with no answer in attemptTimeout) is tried again
+// after a jittered, growing wait; any other answer (no such key, access
+// denied, an object replaced) ends it at once. While it waits, a warning
+// every stallWarnEvery names the object and the store's last answer; when
+// it gives up, the error does too.
 func (f *file) getChunks(ctx context.Context, lo, hi int64) ([][]byte, error) {
 	start, end := lo*readChunk, min(f.obj.size, hi*readChunk)
-	ctx, cancel := context.WithTimeout(ctx, readRetryWindow+maxAttempts*(getTimeout+maxBackoff))
+	what := fmt.Sprintf("read %s bytes %d-%d", f.name, start, end-1)
+	first := time.Now()
+	deadline := first.Add(f.s.readTimeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	in := &s3.GetObjectInput{
 		Bucket:  aws.String(f.s.c.addr.Bucket),
@@ -257,57 +277,160 @@ func (f *file) getChunks(ctx context.Context, lo, hi int64) ([][]byte, error) {
 		Range:   aws.String(fmt.Sprintf("bytes=%d-%d", start, end-1)),
 		IfMatch: aws.String(f.obj.etag),
 	}
-	var lastErr error
-	// The SDK retries a request that fails maxAttempts times, quickly;
-	// past that, a store that cannot be reached (a restart, a network
-	// blip) and a body cut short are tried again here, with a growing
-	// wait, for readRetryWindow. A store that answers no (an API error)
-	// is not asked again.
-	first, wait := time.Now(), retryWait
+	var last lastAnswer
+	stop := f.warnWhileWaiting(what, first, &last)
+	defer stop()
+	wait := retryWait
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
-			if time.Since(first)+wait > readRetryWindow {
+			d := jitter(wait)
+			if time.Now().Add(d).After(deadline) {
 				break
 			}
 			select {
-			case <-time.After(wait):
+			case <-time.After(d):
 			case <-ctx.Done():
+			}
+			if ctx.Err() != nil {
+				break
 			}
 			wait = min(2*wait, maxBackoff)
 		}
-		out, err := f.s.c.s3.GetObject(ctx, in)
-		if err != nil {
-			var ae smithy.APIError
-			if errors.As(err, &ae) || ctx.Err() != nil {
-				return nil, f.s.c.storeError(fmt.Sprintf("read %s bytes %d-%d", f.name, start, end-1), err)
-			}
-			lastErr = err
-			continue
-		}
-		bufs := make([][]byte, hi-lo)
-		var n int64
-		for i := range bufs {
-			bufs[i] = make([]byte, f.chunkLen(lo+int64(i)))
-			var m int
-			m, err = io.ReadFull(out.Body, bufs[i])
-			n += int64(m)
-			if err != nil {
-				break
-			}
-		}
-		out.Body.Close()
+		began := time.Now()
+		bufs, err := f.getOnce(ctx, in, lo, hi, start, end)
 		if err == nil {
 			return bufs, nil
 		}
-		lastErr = fmt.Errorf("%d of %d bytes: %w", n, end-start, err)
-		if ctx.Err() != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The attempt's own bound or the read's: no answer.
+			err = fmt.Errorf("no answer in %v (attempt %d)", time.Since(began).Round(time.Millisecond), attempt+1)
+		}
+		last.set(err)
+		if !retryable(err) || ctx.Err() != nil {
 			break
 		}
 	}
-	if errors.Is(lastErr, io.EOF) {
-		lastErr = io.ErrUnexpectedEOF
+	err := last.get()
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		return nil, fmt.Errorf("%s: %s: %w", f.path(), what, ctx.Err())
+	case !retryable(err):
+		return nil, f.s.c.storeError(what, err)
 	}
-	return nil, f.s.c.storeError(fmt.Sprintf("read %s bytes %d-%d", f.name, start, end-1), lastErr)
+	return nil, f.s.c.storeError(what, fmt.Errorf("%w after %v (--s3-read-timeout %v); the store's last answer: %w",
+		errGaveUp, time.Since(first).Round(time.Millisecond), f.s.readTimeout, err))
+}
+
+// errGaveUp marks a read that gave up at the read timeout.
+var errGaveUp = errors.New("gave up")
+
+// getOnce is one attempt of a ranged GET, bounded by attemptTimeout (its
+// body too: a store that stalls mid-body is given up on, not waited for).
+func (f *file) getOnce(ctx context.Context, in *s3.GetObjectInput, lo, hi, start, end int64) ([][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	out, err := f.s.c.s3.GetObject(ctx, in, func(o *s3.Options) { o.RetryMaxAttempts = 1 })
+	if err != nil {
+		return nil, err
+	}
+	defer out.Body.Close()
+	// A store that ignores Range answers 200 with the whole object: its
+	// bytes are not the ones asked for.
+	want := fmt.Sprintf("bytes %d-%d/%d", start, end-1, f.obj.size)
+	if got := aws.ToString(out.ContentRange); got != want {
+		return nil, fmt.Errorf("%w: asked bytes=%d-%d, answered Content-Range %q", errRangeIgnored, start, end-1, got)
+	}
+	bufs := make([][]byte, hi-lo)
+	var n int64
+	for i := range bufs {
+		bufs[i] = make([]byte, f.chunkLen(lo+int64(i)))
+		m, err := io.ReadFull(out.Body, bufs[i])
+		n += int64(m)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w (%w)", err, ctx.Err())
+			}
+			return nil, fmt.Errorf("body cut short: %d of %d bytes: %w", n, end-start, err)
+		}
+	}
+	return bufs, nil
+}
+
+// errRangeIgnored marks an answer to a ranged GET that is not the range.
+var errRangeIgnored = errors.New("the store ignored the Range of a GET")
+
+// retryable reports whether an attempt's error may pass if tried again:
+// no answer (a connection refused or reset, an attempt that timed out, a
+// body cut short), a 5xx, 408 or 429, or an error code that says the store
+// is busy.
+func retryable(err error) bool {
+	if errors.Is(err, errRangeIgnored) {
+		return false
+	}
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		if s := re.HTTPStatusCode(); s >= 500 || s == http.StatusTooManyRequests || s == http.StatusRequestTimeout {
+			return true
+		}
+	}
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
+			"ThrottlingException", "ThrottledException", "RequestThrottled", "TooManyRequests",
+			"TooManyRequestsException", "RequestLimitExceeded", "BandwidthLimitExceeded":
+			return true
+		}
+		return false
+	}
+	return true
+}
+
+// jitter returns a wait between d/2 and d.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+// lastAnswer is the store's last answer to a read, for the warnings
+// printed while it waits and the error if it gives up.
+type lastAnswer struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *lastAnswer) set(err error) { l.mu.Lock(); l.err = err; l.mu.Unlock() }
+
+func (l *lastAnswer) get() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		return errors.New("none yet")
+	}
+	return l.err
+}
+
+// warnWhileWaiting logs a warning every stallWarnEvery until the returned
+// function is called: the store has not answered the read what yet.
+func (f *file) warnWhileWaiting(what string, since time.Time, last *lastAnswer) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(stallWarnEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				slog.Warn("the object store is slow to answer", "store", f.s.c.addr.String(), "endpoint", f.s.c.endpoint,
+					"read", what, "waiting", now.Sub(since).Round(time.Second), "gives up after", f.s.readTimeout,
+					"last answer", last.get().Error())
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // readahead notes a read of [off, end), whose last chunk is hi-1: a read

@@ -26,10 +26,15 @@
 // with a CRC32C each, checked whenever a chunk is reused (diskCache).
 // Every GET names the object's ETag as the store listed it (If-Match), so
 // that an object replaced since the snapshot was opened fails its reads
-// rather than mix two snapshots. A failed GET is retried with backoff
-// (the SDK's standard retryer, maxAttempts attempts, each bounded by
-// getTimeout), then the read fails: its caller (a lazyfs mount, a
-// restore) gets an error, never other bytes. The bytes themselves are
+// rather than mix two snapshots, and its answer must be the range asked
+// (206 with that Content-Range). A GET that fails in a way that may pass
+// (no answer, a 5xx, SlowDown, throttling, a body cut short, an attempt
+// of more than attemptTimeout) is tried again after a jittered, growing
+// wait, within one read timeout for the whole read (DefaultReadTimeout,
+// --s3-read-timeout), with a warning every stallWarnEvery while it
+// waits; then the read fails, naming the store's last answer: its caller
+// (a lazyfs mount, a restore) gets an error, never other bytes. Every
+// read ends at once when the Store's context (the command's) is done. The bytes themselves are
 // checked by the format's readers (the manifest's CRC32C of every small
 // file, every block's CRC32C).
 //
@@ -89,8 +94,6 @@ const (
 	maxAttempts = 4
 	// maxBackoff bounds the wait between two attempts.
 	maxBackoff = 2 * time.Second
-	// getTimeout bounds one attempt of a GET of at most maxGet bytes.
-	getTimeout = 30 * time.Second
 	// opTimeout bounds the other requests (LIST, PUT of small objects,
 	// a part...).
 	opTimeout = 2 * time.Minute
@@ -164,7 +167,7 @@ func newClient(ctx context.Context, addr Address, o image.RemoteOptions) (*clien
 		d.Timeout = dialTimeout
 	}).WithTransportOptions(func(tr *http.Transport) {
 		tr.MaxIdleConnsPerHost = 2 * maxInFlight
-		tr.ResponseHeaderTimeout = getTimeout
+		tr.ResponseHeaderTimeout = attemptTimeout
 	})
 	cfg, err := config.LoadDefaultConfig(ctx,
 		config.WithHTTPClient(hc),
@@ -266,6 +269,10 @@ type Store struct {
 	mem     *lru.Cache[chunkKey, []byte]
 	disk    *diskCache // nil without a cache directory
 	sem     chan struct{}
+	// ctx ends every read when it is done (RemoteOptions.Context: the
+	// command's, cancelled by SIGINT and SIGTERM).
+	ctx         context.Context
+	readTimeout time.Duration
 }
 
 // memChunks is how many chunks a Store keeps in memory.
@@ -280,7 +287,10 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx := context.Background()
+	ctx := o.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	c, err := newClient(ctx, a, o)
 	if err != nil {
 		return nil, err
@@ -290,7 +300,10 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 		return nil, err
 	}
 	mem, _ := lru.New[chunkKey, []byte](memChunks)
-	s := &Store{c: c, objects: objs, mem: mem, sem: make(chan struct{}, maxInFlight)}
+	s := &Store{c: c, objects: objs, mem: mem, sem: make(chan struct{}, maxInFlight), ctx: ctx, readTimeout: o.ReadTimeout}
+	if s.readTimeout <= 0 {
+		s.readTimeout = DefaultReadTimeout
+	}
 	if o.CacheDir != "" {
 		if s.disk, err = openDiskCache(o.CacheDir, o.CacheSize, o.Trust); err != nil {
 			return nil, err

@@ -199,6 +199,7 @@ func TestStoreGone(t *testing.T) {
 	data := random(4<<20, 4)
 	addr := "s3://snaps/gone"
 	write(t, addr, o, map[string][]byte{"pages-1.img": data})
+	o.ReadTimeout = 5 * time.Second
 	s, err := s3store.Open(addr, o)
 	if err != nil {
 		t.Fatal(err)

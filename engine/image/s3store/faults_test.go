@@ -1,0 +1,237 @@
+package s3store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// faultProxy stands between the client and MinIO and misbehaves on the
+// ranged GETs of objects (the reads of a restore) as a store may: it
+// answers 503 SlowDown, stalls (accepts and never answers), or ignores the
+// Range, for as long as told. Other requests (the listing) pass.
+type faultProxy struct {
+	*httptest.Server
+	rp *httputil.ReverseProxy
+
+	mu      sync.Mutex
+	mode    string // "", "503", "stall", "norange"
+	until   time.Time
+	faulted int // ranged GETs that met a fault
+	release chan struct{}
+}
+
+func startFaultProxy(t *testing.T, endpoint string) *faultProxy {
+	t.Helper()
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &faultProxy{rp: httputil.NewSingleHostReverseProxy(u), release: make(chan struct{})}
+	p.rp.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.Context().Value(noRange{}) != nil && resp.StatusCode == http.StatusPartialContent {
+			// As a store that ignores Range says it: 200, no
+			// Content-Range.
+			resp.StatusCode, resp.Status = http.StatusOK, "200 OK"
+			resp.Header.Del("Content-Range")
+		}
+		return nil
+	}
+	p.Server = httptest.NewServer(p)
+	t.Cleanup(func() {
+		close(p.release)
+		p.Server.Close()
+	})
+	return p
+}
+
+// noRange marks a request whose answer the proxy turns into one that
+// ignored the Range.
+type noRange struct{}
+
+// set makes ranged GETs meet mode for d (0: until set again).
+func (p *faultProxy) set(mode string, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mode, p.until = mode, time.Time{}
+	if d > 0 {
+		p.until = time.Now().Add(d)
+	}
+}
+
+func (p *faultProxy) current() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.until.IsZero() && time.Now().After(p.until) {
+		p.mode = ""
+	}
+	return p.mode
+}
+
+func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	mode := ""
+	if r.Method == http.MethodGet && r.Header.Get("Range") != "" {
+		mode = p.current()
+	}
+	if mode != "" {
+		p.mu.Lock()
+		p.faulted++
+		p.mu.Unlock()
+	}
+	switch mode {
+	case "503":
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`)
+		return
+	case "stall":
+		select {
+		case <-r.Context().Done():
+		case <-p.release:
+		}
+		return
+	case "norange":
+		r = r.WithContext(context.WithValue(r.Context(), noRange{}, true))
+	}
+	p.rp.ServeHTTP(w, r)
+}
+
+// faultCase writes an object through MinIO and opens the store through a
+// fault proxy, with o's read options.
+func faultCase(t *testing.T, o image.RemoteOptions) (*faultProxy, image.File, []byte) {
+	t.Helper()
+	m, direct, _ := setup(t)
+	data := make([]byte, 3<<20)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(rnd.Uint32())
+	}
+	addr := "s3://snaps/faults"
+	write(t, addr, direct, map[string][]byte{"pages-1.img": data})
+	p := startFaultProxy(t, m.Endpoint)
+	o.Endpoint = p.URL
+	s, err := s3store.Open(addr, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.Open("pages-1.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return p, f, data
+}
+
+// warnings captures slog's default logger's warnings for the test.
+func warnings(t *testing.T) *testutil.Buffer {
+	t.Helper()
+	var buf testutil.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return &buf
+}
+
+// Three seconds of 503 SlowDown (what many replicas starting at once
+// provoke) are waited out: the read succeeds, with the right bytes.
+func TestReadRetriesSlowDown(t *testing.T) {
+	p, f, data := faultCase(t, image.RemoteOptions{})
+	p.set("503", 3*time.Second)
+	start := time.Now()
+	b := make([]byte, 64<<10)
+	if _, err := f.ReadAt(b, 1<<20); err != nil {
+		t.Fatalf("read through 3 s of 503: %v", err)
+	}
+	if !bytes.Equal(b, data[1<<20:1<<20+len(b)]) {
+		t.Error("wrong bytes after the store recovered")
+	}
+	p.mu.Lock()
+	faulted := p.faulted
+	p.mu.Unlock()
+	t.Logf("read after %v, %d answers of 503", time.Since(start).Round(time.Millisecond), faulted)
+	if faulted < 2 || time.Since(start) < 2*time.Second {
+		t.Errorf("%d answers of 503 in %v: the fault did not happen", faulted, time.Since(start))
+	}
+}
+
+// A store that stops answering (connections open, nothing said) is
+// waited for up to the read timeout, with a warning every few seconds
+// naming the object, then the read fails naming the store and the flag.
+func TestReadStallBounded(t *testing.T) {
+	logs := warnings(t)
+	const timeout = 7 * time.Second
+	p, f, _ := faultCase(t, image.RemoteOptions{ReadTimeout: timeout})
+	p.set("stall", 0)
+	start := time.Now()
+	_, err := f.ReadAt(make([]byte, 4096), 0)
+	took := time.Since(start)
+	t.Logf("gave up after %v: %v", took.Round(time.Millisecond), err)
+	if err == nil || !strings.Contains(err.Error(), p.URL) || !strings.Contains(err.Error(), "--s3-read-timeout") {
+		t.Errorf("read of a stalled store: %v, want an error naming the endpoint and --s3-read-timeout", err)
+	}
+	if took < timeout-time.Second || took > timeout+3*time.Second {
+		t.Errorf("gave up after %v, want about %v", took, timeout)
+	}
+	w := logs.String()
+	if !strings.Contains(w, "level=WARN") || !strings.Contains(w, "pages-1.img") || !strings.Contains(w, "waiting=5s") {
+		t.Errorf("no warning naming the object after 5 s:\n%s", w)
+	}
+}
+
+// The command's context ends a read that waits on a stalled store at once
+// (SIGINT and SIGTERM cancel it).
+func TestReadStallCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, f, _ := faultCase(t, image.RemoteOptions{Context: ctx})
+	p.set("stall", 0)
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.ReadAt(make([]byte, 4096), 2<<20)
+		done <- err
+	}()
+	time.Sleep(time.Second)
+	cancel()
+	cancelled := time.Now()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("read after cancel: %v, want context.Canceled", err)
+		}
+		if d := time.Since(cancelled); d > time.Second {
+			t.Errorf("read returned %v after the cancel, want within 1 s", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a read waiting on a stalled store outlived its context by 10 s")
+	}
+}
+
+// A store that ignores Range (200 with the whole object) is named as
+// such, at once, not taken for a corrupt snapshot.
+func TestReadRangeIgnored(t *testing.T) {
+	p, f, _ := faultCase(t, image.RemoteOptions{})
+	p.set("norange", 0)
+	start := time.Now()
+	_, err := f.ReadAt(make([]byte, 4096), 1<<20)
+	if err == nil || !strings.Contains(err.Error(), "ignored the Range") {
+		t.Errorf("read from a store that ignores Range: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v: an answer that will not change was retried", d)
+	}
+}
