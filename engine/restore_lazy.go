@@ -84,6 +84,11 @@ type LazyOptions struct {
 	// killed, and Restore returns that error rather than wait for faults
 	// that can no longer be served.
 	SourceGone <-chan error
+	// SourceAbort, if set, makes every read waiting on the source fail at
+	// once: called when the restore's context ends (SIGINT, SIGTERM) during
+	// the lazy phase, so that the pager does not wait on reads that a
+	// stalled store may hold for their whole timeout.
+	SourceAbort func()
 	// Holder, if set, holds those copies instead of a keeper that
 	// Restore starts.
 	Holder uffd.Holder
@@ -365,9 +370,10 @@ func (r *restorer) servePages(ctx context.Context, stats *LazyStats, wsr *Workin
 	}
 	po.First, src = r.workingSetFirst(src, wsr)
 	l.pager = uffd.New(l.fd, src, slices.Clip(l.extents), po)
+	parent := ctx
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	go r.watchHelpers(ctx, cancel)
+	go r.watchHelpers(parent, ctx, cancel)
 	var recorded chan struct{}
 	if rec != nil {
 		recorded = make(chan struct{})
@@ -451,13 +457,20 @@ var ErrHelperDied = errors.New("helper process died")
 // snapctl killed now would leave the process reading zeros; without the
 // server, faults would fail one by one, or never come if the process is
 // idle, and snapctl would wait on a restore that cannot finish.
-func (r *restorer) watchHelpers(ctx context.Context, cancel context.CancelCauseFunc) {
+//
+// When the restore's own context (parent) ends, it aborts the source
+// (LazyOptions.SourceAbort): reads waiting on it fail, and the pager ends
+// now rather than when they time out.
+func (r *restorer) watchHelpers(parent, ctx context.Context, cancel context.CancelCauseFunc) {
 	var keeperExited <-chan struct{}
 	if r.keeper != nil {
 		keeperExited = r.keeper.Exited()
 	}
 	select {
 	case <-ctx.Done():
+		if parent.Err() != nil && r.opts.LazyOptions.SourceAbort != nil {
+			r.opts.LazyOptions.SourceAbort()
+		}
 	case err, ok := <-r.opts.LazyOptions.SourceGone:
 		if !ok || err == nil {
 			err = errors.New("the page source's server")

@@ -285,6 +285,15 @@ func (m *PrivateMount) close() error {
 
 // abort aborts the FUSE connection of the helper's mount, found in its
 // mount namespace (/proc/PID/mountinfo), where fusectl allows (root).
+// Abort ends the mount at once, for a restore that is itself ending (a
+// signal): the FUSE connection is aborted, so that every read waiting on
+// the helper (a store that stalls) fails now, and the helper is killed.
+// Close is still to be called.
+func (m *PrivateMount) Abort() {
+	m.abort()
+	m.cmd.Process.Kill()
+}
+
 func (m *PrivateMount) abort() {
 	if m.mnt == "" {
 		return
@@ -320,6 +329,19 @@ func PrivateMain(args []string) int {
 		unix.Sendmsg(sock, append([]byte{'E'}, err.Error()...), nil, nil, unix.MSG_NOSIGNAL)
 		return 1
 	}
+	// Setting up may wait long on the snapshot (an object store that
+	// stalls): if the starter ends meanwhile (its own restore ended),
+	// nobody waits for this mount, so end now rather than when the reads
+	// time out. (The mount, if made, is in a namespace of ours.)
+	setUp := make(chan struct{})
+	go func() {
+		waitStarter(sock, pidfd)
+		select {
+		case <-setUp:
+		default:
+			os.Exit(0)
+		}
+	}()
 	var pa privateArgs
 	if err := json.Unmarshal([]byte(args[2]), &pa); err != nil {
 		return fail(fmt.Errorf("helper arguments: %w", err))
@@ -361,6 +383,7 @@ func PrivateMain(args []string) int {
 		defer f.Close()
 		fds = append(fds, int(f.Fd()))
 	}
+	close(setUp)
 	err = unix.Sendmsg(sock, append([]byte{'S'}, tmp...), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
 	if err != nil {
 		return 1

@@ -247,6 +247,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		opts.LazyOptions.SourceGone = src.gone
 		opts.LazyOptions.SourceReady = src.ready
 		opts.LazyOptions.SourceUp = src.up
+		opts.LazyOptions.SourceAbort = src.abort
 		opts.LazyOptions.PrefetchDelay = *prefetchDelay
 		opts.LazyOptions.Keeper = true
 		// The private mount answers with direct I/O: its reads wait on
@@ -470,6 +471,9 @@ type lazySource struct {
 	// up, if not nil, says without waiting whether that source is up
 	// (engine.LazyOptions.SourceUp): the process does not wait for it.
 	up func() bool
+	// abort, if not nil, makes the reads waiting on the source fail at
+	// once (engine.LazyOptions.SourceAbort).
+	abort func()
 }
 
 // openLazySource opens where a lazy restore reads pages from: the
@@ -615,9 +619,21 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Log
 	gone, stop := make(chan error, 1), make(chan struct{})
 	var m *fs.PrivateMount
 	var merr error
+	var mu sync.Mutex
+	abandoned := false // closed before it was up: not waited for
 	go func() {
-		m, merr = mount()
+		m0, err0 := mount()
+		mu.Lock()
+		m, merr = m0, err0
 		close(ready)
+		left := abandoned
+		mu.Unlock()
+		if left {
+			if merr == nil {
+				m.Close()
+			}
+			return
+		}
 		if merr != nil {
 			if tree {
 				gone <- merr
@@ -637,9 +653,31 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Log
 		return merr
 	}
 	src := &lazySource{gone: gone, ready: wait}
+	src.abort = func() {
+		select {
+		case <-ready:
+			if merr == nil {
+				m.Abort()
+			}
+		default: // not up: nothing reads through it
+		}
+	}
 	src.close = func() error {
 		close(stop)
-		if wait() != nil {
+		mu.Lock()
+		select {
+		case <-ready:
+			mu.Unlock()
+		default:
+			// Still being set up (it may wait long on a store that
+			// stalls): not waited for. The helper ends when this
+			// process does; a mount made meanwhile is closed by the
+			// goroutine above.
+			abandoned = true
+			mu.Unlock()
+			return nil
+		}
+		if merr != nil {
 			return nil // said by gone, or by the reads that failed
 		}
 		return m.Close()
