@@ -376,3 +376,109 @@ func TestS3Faults(t *testing.T) {
 		}
 	})
 }
+
+// TestS3StoreMisbehaves restores a model server lazily from MinIO through
+// a proxy that misbehaves as stores do: 503 SlowDown for 3 s (what many
+// replicas starting at once provoke) is waited out and the restore
+// completes; a store that stops answering (connections open, nothing
+// said) is warned about within 5 s and ends the restore cleanly at the
+// read timeout, naming the store; and SIGTERM ends a restore stalled so
+// within a second, killing the process and leaving nothing behind.
+func TestS3StoreMisbehaves(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	m, _ := s3Setup(t, false)
+	ctx := testContext(t)
+	p := fixture.Start(t, "modelserver", "64M")
+	port := int(p.Ready.MustInt(t, "port"))
+	want := lazyChecksumOf(lazyAsk(t, ctx, port, "token"))
+	addr := "s3://snaps/misbehaves"
+	dumpPID(t, p.PID, addr, "--s3-endpoint", m.Endpoint)
+	if _, err := p.WaitExit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy := fixture.StartFaultProxy(t, m.Endpoint)
+
+	t.Run("503 SlowDown for 3 s", func(t *testing.T) {
+		proxy.Set("503", 3*time.Second)
+		l := startLazy(t, addr, "--s3-endpoint", proxy.URL)
+		pid := l.waitRunning(t, ctx)
+		if err := p.Adopt(); err != nil {
+			t.Fatal(err)
+		}
+		if got := lazyChecksumOf(lazyAsk(t, ctx, port, "token")); got != want {
+			t.Errorf("token: checksum %s, want %s", got, want)
+		}
+		l.mustFinish(t, ctx, pid)
+		if proxy.Faulted() == 0 {
+			t.Error("no GET met the 503s: the fault did not happen")
+		}
+		lazyKill(t, ctx, p)
+	})
+
+	// stalled starts a lazy restore with nothing prefetched, stalls the
+	// store once the process runs and asks for a token in the background.
+	stalled := func(t *testing.T, flags ...string) (*lazyRun, int) {
+		t.Helper()
+		proxy.Set("", 0)
+		l := startLazy(t, addr, append([]string{"--s3-endpoint", proxy.URL, "--prefetch-delay", "1m"}, flags...)...)
+		pid := l.waitRunning(t, ctx)
+		if err := p.Adopt(); err != nil {
+			t.Fatal(err)
+		}
+		proxy.Set("stall", 0)
+		go func() {
+			if c, err := fixture.DialLines(ctx, port); err == nil {
+				c.Ask(ctx, "token")
+				c.Close()
+			}
+		}()
+		return l, pid
+	}
+
+	t.Run("store stalls: warned, then ended at the read timeout", func(t *testing.T) {
+		const timeout = 8 * time.Second
+		l, pid := stalled(t, "--s3-read-timeout", timeout.String())
+		stalledAt := time.Now()
+		r := l.wait(t, ctx)
+		took := time.Since(stalledAt)
+		t.Logf("snapctl exited %d after %v:\n%s", r.Code, took.Round(time.Millisecond), r.Stderr)
+		if r.Code == 0 || !strings.Contains(r.Stderr, "gave up") || !strings.Contains(r.Stderr, proxy.URL) {
+			t.Errorf("want a failure naming the store and that it gave up\n%s", r)
+		}
+		if !strings.Contains(r.Stderr, "slow to answer") || !strings.Contains(r.Stderr, "waiting=5s") {
+			t.Errorf("no warning after 5 s of waiting\n%s", r)
+		}
+		if took > timeout+10*time.Second {
+			t.Errorf("ended %v after the store stalled, the read timeout is %v", took, timeout)
+		}
+		if !lazyDead(ctx, pid) {
+			t.Error("the restored process outlived the restore")
+		}
+		l.lazyNothingLeft(t, addr)
+	})
+
+	t.Run("store stalls, SIGTERM: exit 130 within a second", func(t *testing.T) {
+		l, pid := stalled(t)
+		time.Sleep(2 * time.Second) // the token's faults wait on the store
+		if err := l.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		sent := time.Now()
+		r := l.wait(t, ctx)
+		took := time.Since(sent)
+		t.Logf("snapctl exited %d %v after SIGTERM", r.Code, took.Round(time.Millisecond))
+		if r.Code != 130 {
+			t.Errorf("exit %d after SIGTERM, want 130\n%s", r.Code, r)
+		}
+		if took > time.Second {
+			t.Errorf("exited %v after SIGTERM, want within 1 s", took)
+		}
+		if !lazyDead(ctx, pid) {
+			t.Error("the restored process outlived the restore")
+		}
+		l.lazyNothingLeft(t, addr)
+	})
+}

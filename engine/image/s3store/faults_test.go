@@ -4,116 +4,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
-// faultProxy stands between the client and MinIO and misbehaves on the
-// ranged GETs of objects (the reads of a restore) as a store may: it
-// answers 503 SlowDown, stalls (accepts and never answers), or ignores the
-// Range, for as long as told. Other requests (the listing) pass.
-type faultProxy struct {
-	*httptest.Server
-	rp *httputil.ReverseProxy
-
-	mu      sync.Mutex
-	mode    string // "", "503", "stall", "norange"
-	until   time.Time
-	faulted int // ranged GETs that met a fault
-	release chan struct{}
-}
-
-func startFaultProxy(t *testing.T, endpoint string) *faultProxy {
-	t.Helper()
-	u, err := url.Parse(endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &faultProxy{rp: httputil.NewSingleHostReverseProxy(u), release: make(chan struct{})}
-	p.rp.ModifyResponse = func(resp *http.Response) error {
-		if resp.Request.Context().Value(noRange{}) != nil && resp.StatusCode == http.StatusPartialContent {
-			// As a store that ignores Range says it: 200, no
-			// Content-Range.
-			resp.StatusCode, resp.Status = http.StatusOK, "200 OK"
-			resp.Header.Del("Content-Range")
-		}
-		return nil
-	}
-	p.Server = httptest.NewServer(p)
-	t.Cleanup(func() {
-		close(p.release)
-		p.Server.Close()
-	})
-	return p
-}
-
-// noRange marks a request whose answer the proxy turns into one that
-// ignored the Range.
-type noRange struct{}
-
-// set makes ranged GETs meet mode for d (0: until set again).
-func (p *faultProxy) set(mode string, d time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.mode, p.until = mode, time.Time{}
-	if d > 0 {
-		p.until = time.Now().Add(d)
-	}
-}
-
-func (p *faultProxy) current() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.until.IsZero() && time.Now().After(p.until) {
-		p.mode = ""
-	}
-	return p.mode
-}
-
-func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	mode := ""
-	if r.Method == http.MethodGet && r.Header.Get("Range") != "" {
-		mode = p.current()
-	}
-	if mode != "" {
-		p.mu.Lock()
-		p.faulted++
-		p.mu.Unlock()
-	}
-	switch mode {
-	case "503":
-		w.Header().Set("Content-Type", "application/xml")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`)
-		return
-	case "stall":
-		select {
-		case <-r.Context().Done():
-		case <-p.release:
-		}
-		return
-	case "norange":
-		r = r.WithContext(context.WithValue(r.Context(), noRange{}, true))
-	}
-	p.rp.ServeHTTP(w, r)
-}
-
 // faultCase writes an object through MinIO and opens the store through a
 // fault proxy, with o's read options.
-func faultCase(t *testing.T, o image.RemoteOptions) (*faultProxy, image.File, []byte) {
+func faultCase(t *testing.T, o image.RemoteOptions) (*fixture.FaultProxy, image.File, []byte) {
 	t.Helper()
 	m, direct, _ := setup(t)
 	data := make([]byte, 3<<20)
@@ -123,7 +28,7 @@ func faultCase(t *testing.T, o image.RemoteOptions) (*faultProxy, image.File, []
 	}
 	addr := "s3://snaps/faults"
 	write(t, addr, direct, map[string][]byte{"pages-1.img": data})
-	p := startFaultProxy(t, m.Endpoint)
+	p := fixture.StartFaultProxy(t, m.Endpoint)
 	o.Endpoint = p.URL
 	s, err := s3store.Open(addr, o)
 	if err != nil {
@@ -151,7 +56,7 @@ func warnings(t *testing.T) *testutil.Buffer {
 // provoke) are waited out: the read succeeds, with the right bytes.
 func TestReadRetriesSlowDown(t *testing.T) {
 	p, f, data := faultCase(t, image.RemoteOptions{})
-	p.set("503", 3*time.Second)
+	p.Set("503", 3*time.Second)
 	start := time.Now()
 	b := make([]byte, 64<<10)
 	if _, err := f.ReadAt(b, 1<<20); err != nil {
@@ -160,9 +65,7 @@ func TestReadRetriesSlowDown(t *testing.T) {
 	if !bytes.Equal(b, data[1<<20:1<<20+len(b)]) {
 		t.Error("wrong bytes after the store recovered")
 	}
-	p.mu.Lock()
-	faulted := p.faulted
-	p.mu.Unlock()
+	faulted := p.Faulted()
 	t.Logf("read after %v, %d answers of 503", time.Since(start).Round(time.Millisecond), faulted)
 	if faulted < 2 || time.Since(start) < 2*time.Second {
 		t.Errorf("%d answers of 503 in %v: the fault did not happen", faulted, time.Since(start))
@@ -176,7 +79,7 @@ func TestReadStallBounded(t *testing.T) {
 	logs := warnings(t)
 	const timeout = 7 * time.Second
 	p, f, _ := faultCase(t, image.RemoteOptions{ReadTimeout: timeout})
-	p.set("stall", 0)
+	p.Set("stall", 0)
 	start := time.Now()
 	_, err := f.ReadAt(make([]byte, 4096), 0)
 	took := time.Since(start)
@@ -199,7 +102,7 @@ func TestReadStallCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p, f, _ := faultCase(t, image.RemoteOptions{Context: ctx})
-	p.set("stall", 0)
+	p.Set("stall", 0)
 	done := make(chan error, 1)
 	go func() {
 		_, err := f.ReadAt(make([]byte, 4096), 2<<20)
@@ -225,7 +128,7 @@ func TestReadStallCancelled(t *testing.T) {
 // such, at once, not taken for a corrupt snapshot.
 func TestReadRangeIgnored(t *testing.T) {
 	p, f, _ := faultCase(t, image.RemoteOptions{})
-	p.set("norange", 0)
+	p.Set("norange", 0)
 	start := time.Now()
 	_, err := f.ReadAt(make([]byte, 4096), 1<<20)
 	if err == nil || !strings.Contains(err.Error(), "ignored the Range") {
