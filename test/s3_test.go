@@ -194,6 +194,12 @@ func TestS3Modelserver(t *testing.T) {
 		swapCache(t)
 		checkRegions(t, si, filepath.Join(mnt, strconv.Itoa(p.PID)), model)
 	})
+	t.Run("cached chunks with right trailers and wrong bytes: fetched again", func(t *testing.T) {
+		n := damageChunks(t, cache)
+		mnt := lazyMountLazyfs(t, addr, "--cache-dir", cache)
+		checkRegions(t, si, filepath.Join(mnt, strconv.Itoa(p.PID)), model)
+		t.Logf("%d chunks damaged; every region read right", n)
+	})
 	t.Run("cache directory given as a symbolic link: refused", func(t *testing.T) {
 		link := filepath.Join(t.TempDir(), "link")
 		if err := os.Symlink(cache, link); err != nil {
@@ -204,6 +210,36 @@ func TestS3Modelserver(t *testing.T) {
 			t.Errorf("restore with --cache-dir %s (a link): want a refusal naming it\n%s", link, r)
 		}
 	})
+}
+
+// damageChunks flips a byte of every chunk file in dir and rewrites its
+// trailer CRC32C to match: damage the cache's own check cannot see, only
+// the snapshot's block checksums. It returns how many it damaged.
+func damageChunks(t *testing.T, dir string) int {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		path := filepath.Join(dir, e.Name())
+		b, err := os.ReadFile(path)
+		if err != nil || !e.Type().IsRegular() || len(b) < 4+4096 {
+			continue
+		}
+		b = b[:len(b)-4]
+		b[4096] ^= 0xff
+		b = binary.LittleEndian.AppendUint32(b, codec.Checksum(b))
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("no chunk in %s to damage", dir)
+	}
+	return n
 }
 
 // plantChunks fills dir with a chunk file for every one of from, of the

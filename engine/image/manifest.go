@@ -128,7 +128,7 @@ func readManifestBytes(st Store) ([]byte, error) {
 	if size > maxManifestSize {
 		return nil, fmt.Errorf("%s: %w: manifest larger than %d bytes", joinName(st.String(), ManifestName), ErrCorrupt, maxManifestSize)
 	}
-	return readAll(st, ManifestName, size)
+	return readAll(st, ManifestName, size, false)
 }
 
 // parseManifest decodes and validates a manifest.

@@ -234,9 +234,16 @@ func (s *Snapshot) readSmall(name string, limit int64) ([]byte, error) {
 	if sum.Size > limit {
 		return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", name, ErrCorrupt, sum.Size, limit)
 	}
-	b, err := readAll(s.store, name, sum.Size)
+	b, err := readAll(s.store, name, sum.Size, false)
 	if err != nil {
 		return nil, err
+	}
+	if crcHex(codec.Checksum(b)) != sum.CRC32C {
+		// A copy kept by the store's cache may be what is wrong: read
+		// again past it, once (see Forgetter).
+		if again, err := readAll(s.store, name, sum.Size, true); err == nil {
+			b = again
+		}
 	}
 	if got := crcHex(codec.Checksum(b)); got != sum.CRC32C {
 		mismatch := ErrManifestMismatch
@@ -561,6 +568,34 @@ func (r *Reader) blockError(b Block, err error) error {
 // authenticated block is not: see Authenticated). The cached ReadAt and
 // the uncached reader (Uncached) both load through it.
 func (r *Reader) load(b Block, dst []byte) error {
+	err := r.loadOnce(b, dst)
+	if err == nil {
+		return err
+	}
+	// Bytes kept by the source (an object store's chunk cache) may be
+	// the ones that are wrong, not the snapshot's: dropped and fetched
+	// again once before the block is called corrupt.
+	f, ok := r.src.(Forgetter)
+	if !ok || !(errors.Is(err, codec.ErrChecksum) || errors.Is(err, codec.ErrUndecodable)) {
+		return err
+	}
+	if !f.Forget(int64(b.Off), int64(b.StoredLen)) {
+		return err
+	}
+	r.log.Warn("block fetched again: its cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+	return r.loadOnce(b, dst)
+}
+
+// Forgetter is a pages file (an image.File) whose bytes may come from a
+// cache of its own, such as an object store's chunks kept on disk.
+type Forgetter interface {
+	// Forget drops what the cache holds of [off, off+n), so that the next
+	// read fetches it again; it reports whether it held any.
+	Forget(off, n int64) bool
+}
+
+// loadOnce is one try of load.
+func (r *Reader) loadOnce(b Block, dst []byte) error {
 	switch b.Kind {
 	case codec.Raw:
 		if err := r.pread(b, dst); err != nil {

@@ -238,7 +238,7 @@ func authenticate(st Store, raw []byte, k *Keyring) (*sealKeys, bool, error) {
 		if size > limit {
 			return nil, fmt.Errorf("%s: %w: larger than %d bytes", joinName(st.String(), name), ErrAuth, limit)
 		}
-		return readAll(st, name, size)
+		return readAll(st, name, size, false)
 	}
 	b, err := read(AuthName, authSize, "neither sealed nor signed")
 	if err != nil {

@@ -2,6 +2,7 @@ package image
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -185,12 +186,15 @@ func (s *dirStore) Stat(name string) (int64, error) {
 }
 
 // readAll reads the whole file name of st, of size bytes.
-func readAll(st Store, name string, size int64) ([]byte, error) {
+func readAll(st Store, name string, size int64, forget bool) ([]byte, error) {
 	f, err := st.Open(name)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fg, ok := f.(Forgetter); forget && (!ok || !fg.Forget(0, size)) {
+		return nil, errors.New("nothing cached to fetch again")
+	}
 	b := make([]byte, size)
 	if n, err := f.ReadAt(b, 0); n < len(b) {
 		if err == io.EOF || err == nil {

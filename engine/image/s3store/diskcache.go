@@ -163,15 +163,20 @@ func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, b
 	return b[:n], true
 }
 
-// drop removes a chunk file of the directory that failed its check.
-func (c *diskCache) drop(name string) {
+// drop removes a chunk file of the directory that failed its check; it
+// reports whether there was one.
+func (c *diskCache) drop(name string) bool {
 	var st unix.Stat_t
 	if unix.Fstatat(c.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
-		return
+		return false
 	}
-	if unix.Unlinkat(c.fd(), name, 0) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+	if unix.Unlinkat(c.fd(), name, 0) != nil {
+		return false
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFREG {
 		c.used.Add(-st.Size)
 	}
+	return true
 }
 
 // put stores chunk i of the object. Errors are not the reader's: a chunk

@@ -138,6 +138,25 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// Forget drops the chunks of [off, off+n) from memory and from the disk
+// cache (image.Forgetter): the reader found a block there that fails its
+// check, and the store may hold a good copy. It reports whether a chunk
+// was kept anywhere.
+func (f *file) Forget(off, n int64) bool {
+	if n <= 0 || off < 0 || off >= f.obj.size {
+		return false
+	}
+	end := min(off+n, f.obj.size)
+	held := false
+	for i := off / readChunk; i < (end-1)/readChunk+1; i++ {
+		held = f.s.mem.Remove(chunkKey{f.name, i}) || held
+		if f.disk != nil {
+			held = f.disk.drop(f.disk.file(f.s.c, f.key, f.obj, i)) || held
+		}
+	}
+	return held
+}
+
 // chunkLen returns the length of chunk i of the object.
 func (f *file) chunkLen(i int64) int64 {
 	return min(f.obj.size, (i+1)*readChunk) - i*readChunk
