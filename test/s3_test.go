@@ -154,6 +154,25 @@ func TestS3Modelserver(t *testing.T) {
 			t.Errorf("the second restore with --cache-dir made %d GETs of block data, want none", n)
 		}
 	})
+	t.Run("store stopped: restore --lazy from the full cache directory", func(t *testing.T) {
+		m.Stop()
+		defer m.Start()
+		l := startLazy(t, addr, "--cache-dir", cache, "--s3-endpoint", m.Endpoint)
+		pid := l.waitRunning(t, ctx)
+		if err := p.Adopt(); err != nil {
+			t.Fatal(err)
+		}
+		for req, sum := range want {
+			if got := lazyChecksumOf(lazyAsk(t, ctx, port, req)); got != sum {
+				t.Errorf("%s: checksum %s, want %s as before the dump", req, got, sum)
+			}
+		}
+		r := l.mustFinish(t, ctx, pid)
+		if !strings.Contains(r.Stderr, "cannot be reached") || !strings.Contains(r.Stderr, "listing kept") {
+			t.Errorf("the restore does not say it ran from the cache directory alone\n%s", r)
+		}
+		lazyKill(t, ctx, p)
+	})
 	// The cache directory is checked once, then used through that
 	// descriptor: a symbolic link renamed over its path afterwards, to a
 	// directory of chunks another user planted (garbage under right

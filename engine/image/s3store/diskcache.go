@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -190,6 +191,14 @@ func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
 	if c.used.Load()+size > c.limit {
 		c.evict(size)
 	}
+	if c.write(name, b) {
+		c.used.Add(size)
+	}
+}
+
+// write stores b then its CRC32C as the file name of the directory: a
+// temporary file renamed into place.
+func (c *diskCache) write(name string, b []byte) bool {
 	var tmp string
 	var fd int
 	for range 10 {
@@ -200,12 +209,12 @@ func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
 			break
 		}
 		if !errors.Is(err, unix.EEXIST) {
-			return
+			return false
 		}
 		fd = -1
 	}
 	if fd < 0 {
-		return
+		return false
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	var sum [4]byte
@@ -222,9 +231,9 @@ func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
 	}
 	if err != nil {
 		unix.Unlinkat(c.fd(), tmp, 0)
-		return
+		return false
 	}
-	c.used.Add(size)
+	return true
 }
 
 // cacheEntry is a chunk file of the directory.
@@ -282,4 +291,68 @@ func (c *diskCache) evict(need int64) {
 		}
 	}
 	c.used.Store(total)
+}
+
+// A listing kept in the cache directory: the objects of one snapshot, by
+// name, with their size and ETag, as the store listed them, so that a
+// restore whose chunks are all cached works with the store unreachable.
+// One file per snapshot address, named like a chunk's object, holding
+// JSON then its CRC32C.
+type keptListing struct {
+	Listed  time.Time
+	Objects map[string]keptObject
+}
+
+type keptObject struct {
+	Size int64
+	ETag string
+}
+
+// listingExt names kept listings.
+const listingExt = ".listing"
+
+func (c *diskCache) listingFile(cl *client) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "listing\x00%s\x00%s\x00%s", cl.endpoint, cl.addr.Bucket, cl.addr.listPrefix()))
+	return hex.EncodeToString(h[:16]) + listingExt
+}
+
+// putListing keeps the listing of the snapshot cl addresses.
+func (c *diskCache) putListing(cl *client, objs map[string]object) {
+	k := keptListing{Listed: time.Now().UTC(), Objects: map[string]keptObject{}}
+	for name, o := range objs {
+		k.Objects[name] = keptObject{o.size, o.etag}
+	}
+	b, err := json.Marshal(k)
+	if err != nil {
+		return
+	}
+	c.write(c.listingFile(cl), b)
+}
+
+// listing returns the kept listing of the snapshot cl addresses, checked
+// as a chunk is (a regular file of the caller's, its CRC32C right).
+func (c *diskCache) listing(cl *client) (map[string]object, time.Time, bool) {
+	name := c.listingFile(cl)
+	f, err := c.openChunk(name)
+	if err != nil {
+		return nil, time.Time{}, false
+	}
+	defer f.Close()
+	size, ok := c.usable(f)
+	if !ok || size < 4 || size > 16<<20 {
+		return nil, time.Time{}, false
+	}
+	b := make([]byte, size)
+	if n, _ := f.ReadAt(b, 0); int64(n) != size || codec.Checksum(b[:size-4]) != binary.LittleEndian.Uint32(b[size-4:]) {
+		return nil, time.Time{}, false
+	}
+	var k keptListing
+	if json.Unmarshal(b[:size-4], &k) != nil || k.Objects == nil {
+		return nil, time.Time{}, false
+	}
+	out := map[string]object{}
+	for name, o := range k.Objects {
+		out[name] = object{size: o.Size, etag: o.ETag}
+	}
+	return out, k.Listed, true
 }

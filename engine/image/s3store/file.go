@@ -15,6 +15,8 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
+
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 const (
@@ -51,9 +53,11 @@ type file struct {
 	name string
 	key  string
 	obj  object
-	// disk is the store's disk cache, or nil (the manifest is always read
-	// from the store: it says what every other byte must be).
-	disk *diskCache
+	// disk is the store's disk cache, or nil; diskRead says whether
+	// chunks are read from it (the manifest's only offline), not only
+	// put there.
+	disk     *diskCache
+	diskRead bool
 
 	mu       sync.Mutex
 	inFlight map[int64]*fetch // chunks being fetched
@@ -77,9 +81,11 @@ type fetch struct {
 func newFile(s *Store, name string, o object) *file {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &file{s: s, name: name, key: s.c.addr.key(name), obj: o, inFlight: map[int64]*fetch{}, last: -1, ctx: ctx, cancel: cancel}
-	if name != "snapshot.json" {
-		f.disk = s.disk
-	}
+	f.disk = s.disk
+	// The manifest is read from the store whenever it can be reached:
+	// it says what every other byte must be. It is kept in the cache
+	// for when the store cannot be.
+	f.diskRead = s.disk != nil && (name != image.ManifestName || s.offline)
 	return f
 }
 
@@ -241,7 +247,7 @@ func (f *file) get(ctx context.Context, c *fetch) {
 		return
 	}
 	defer func() { <-f.s.sem }()
-	if f.disk != nil {
+	if f.diskRead {
 		// From the disk cache if it holds them all; a chunk that fails
 		// its check there is fetched again with the others.
 		data := make([][]byte, 0, c.hi-c.lo)

@@ -23,7 +23,9 @@
 // maxInFlight per store; a read that continues the previous one fetches
 // the chunks after it ahead of time. Chunks are kept in memory (an LRU,
 // memChunks per store), and, with a cache directory, on disk across runs
-// with a CRC32C each, checked whenever a chunk is reused (diskCache).
+// with a CRC32C each, checked whenever a chunk is reused (diskCache). The
+// listing and the manifest are kept there too: a Store opened while the
+// store cannot be reached works from the cache directory alone.
 // Every GET names the object's ETag as the store listed it (If-Match), so
 // that an object replaced since the snapshot was opened fails its reads
 // rather than mix two snapshots, and its answer must be the range asked
@@ -61,6 +63,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -273,6 +276,10 @@ type Store struct {
 	// command's, cancelled by SIGINT and SIGTERM).
 	ctx         context.Context
 	readTimeout time.Duration
+	// offline: the store could not be reached at Open, and the listing
+	// is the one kept in the cache directory; the manifest is then read
+	// from the cache too.
+	offline bool
 }
 
 // memChunks is how many chunks a Store keeps in memory.
@@ -295,12 +302,8 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	objs, err := c.list(ctx, 0)
-	if err != nil {
-		return nil, err
-	}
 	mem, _ := lru.New[chunkKey, []byte](memChunks)
-	s := &Store{c: c, objects: objs, mem: mem, sem: make(chan struct{}, maxInFlight), ctx: ctx, readTimeout: o.ReadTimeout}
+	s := &Store{c: c, mem: mem, sem: make(chan struct{}, maxInFlight), ctx: ctx, readTimeout: o.ReadTimeout}
 	if s.readTimeout <= 0 {
 		s.readTimeout = DefaultReadTimeout
 	}
@@ -309,7 +312,35 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 			return nil, err
 		}
 	}
+	objs, err := c.list(ctx, 0)
+	switch {
+	case err == nil:
+		s.objects = objs
+		if s.disk != nil {
+			s.disk.putListing(c, objs)
+		}
+	case s.disk != nil && unreachable(err):
+		// Offline: the listing kept with the chunks, if there is one.
+		// Every chunk read from the cache is still checked, and the
+		// manifest (kept too) says what every other byte must be.
+		kept, at, ok := s.disk.listing(c)
+		if !ok {
+			return nil, err
+		}
+		slog.Warn("the object store cannot be reached: using the listing kept in the cache directory", "store", a.String(),
+			"endpoint", c.endpoint, "listed", at.Format(time.RFC3339), "err", err)
+		s.objects, s.offline = kept, true
+	default:
+		return nil, err
+	}
 	return s, nil
+}
+
+// unreachable reports whether a request failed for want of an answer (no
+// connection, no answer in time), rather than by the store's refusal.
+func unreachable(err error) bool {
+	var ae smithy.APIError
+	return !errors.As(err, &ae) && !errors.Is(err, context.Canceled)
 }
 
 func (s *Store) String() string { return s.c.addr.String() }
