@@ -165,12 +165,21 @@ func (d *dumper) freeze(context.Context) error {
 		p := queue[0]
 		queue = queue[1:]
 		if p.pid != d.pid {
+			if d.leaveOut(p) {
+				continue
+			}
 			if err := precheckChild(p.pid, p.parent); err != nil {
+				if d.leaveOut(p) { // it exited meanwhile
+					continue
+				}
 				return err
 			}
 		}
 		p.comm, _ = proc.ReadComm(p.pid)
 		if p.p, err = t.Seize(p.pid, ptrace.SeizeOptions{}); err != nil {
+			if p.pid != d.pid && d.leaveOut(p) {
+				continue
+			}
 			return fmt.Errorf("pid %d (%s): %w", p.pid, p.comm, err)
 		}
 		if d.frozen.IsZero() {
@@ -194,6 +203,25 @@ func (d *dumper) freeze(context.Context) error {
 	}
 	d.log.Info("frozen", "pid", d.pid, "processes", len(d.procs), "threads", threads, "took", time.Since(d.frozen))
 	return nil
+}
+
+// leaveOut reports whether child p of a frozen process has exited (a
+// zombie its frozen parent cannot reap, or gone): it is then left out of
+// the snapshot, as if it had exited and been reaped just before the
+// freeze. Its parent, restored, finds no such child (waitpid's ECHILD),
+// as after a reap; a pending SIGCHLD is restored with the parent's
+// signals. Pre-fork servers and shell pipelines have such children at
+// any moment.
+func (d *dumper) leaveOut(p *dumpProc) bool {
+	s, err := proc.ReadStatus(p.pid)
+	if err == nil && s.State != 'Z' && s.State != 'X' {
+		return false
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
+		return false
+	}
+	d.log.Info("left out: a child that exited during the freeze", "pid", p.pid, "parent", p.parent)
+	return true
 }
 
 func (d *dumper) memoryLayout(p *dumpProc) error {

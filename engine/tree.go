@@ -50,14 +50,10 @@ func treeOrder[T any](items []T, ids func(T) (pid, parent int)) []T {
 }
 
 // precheckChild refuses a descendant that cannot be dumped, naming it
-// and its parent: a zombie its parent has not reaped (the snapshot cannot
-// hold its exit status), a process traced or stopped by a debugger, a
-// kernel thread.
+// and its parent: a process traced or stopped by a debugger, a kernel
+// thread. (A child that has exited is left out: dumper.leaveOut.)
 func precheckChild(pid, parent int) error {
 	comm, _ := proc.ReadComm(pid)
-	if s, err := proc.ReadStatus(pid); err == nil && s.State == 'Z' {
-		return fmt.Errorf("%w: pid %d (%s), child of %d, is a zombie its parent has not reaped: a snapshot cannot hold its exit status", ErrUnsupported, pid, comm, parent)
-	}
 	if err := precheck(pid); err != nil {
 		return fmt.Errorf("pid %d (%s), child of %d: %w", pid, comm, parent, err)
 	}

@@ -604,3 +604,41 @@ func corruptBlock(t *testing.T, si *snapImage) {
 	}
 	t.Fatal("no block to corrupt")
 }
+
+// TestDumpChurningTree dumps a parent whose children live 5 ms each (a
+// pre-fork server respawning workers, a shell pipeline) 20 times: a child
+// that has exited when the tree is frozen is left out of the snapshot, as
+// if it had exited and been reaped just before, never a failed dump; every
+// dump restores, and the restored parent goes on forking and reaping, no
+// child ending other than it should.
+func TestDumpChurningTree(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	const dumps = 20
+	leftOut := 0
+	for i := range dumps {
+		ctx := testContext(t)
+		p := fixture.Start(t, "forker", "5")
+		time.Sleep(20 * time.Millisecond)
+		dir := filepath.Join(t.TempDir(), fmt.Sprintf("snap-%d", i))
+		r := runSnapctl(t, "dump", "-v", "-t", strconv.Itoa(p.PID), "-D", dir)
+		if r.Code != 0 {
+			t.Fatalf("dump %d of a churning tree:\n%s", i, r)
+		}
+		if strings.Contains(r.Stderr, "left out") {
+			leftOut++
+		}
+		if _, err := p.WaitExit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		restoreAndAdopt(t, p, dir)
+		first := request(t, ctx, p, syscall.SIGUSR1, "report")
+		time.Sleep(30 * time.Millisecond)
+		second := request(t, ctx, p, syscall.SIGUSR1, "report")
+		if second.MustUint(t, "reaped") <= first.MustUint(t, "reaped") || second.MustUint(t, "bad") != 0 {
+			t.Errorf("restore %d: %q then %q: the parent does not go on reaping its children, or one ended badly", i, first.Text, second.Text)
+		}
+		lazyKill(t, ctx, p)
+	}
+	t.Logf("%d dumps of %d left exited children out", leftOut, dumps)
+}
