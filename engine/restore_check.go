@@ -102,9 +102,6 @@ func (r *restorer) check() error {
 	if err := r.checkPIDs(); err != nil {
 		return err
 	}
-	if len(st.Threads) == 0 || st.Threads[0].TID != st.PID {
-		return fmt.Errorf("%w: the first thread is not the process leader", image.ErrCorrupt)
-	}
 	if err := fds.CheckFile(st.Exe, "executable"); err != nil {
 		return err
 	}

@@ -116,8 +116,9 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 		}
 		p.VMAs = append(p.VMAs, v)
 	}
+	// The leader first, as a dump lists the threads.
 	for i := range 1 + rng.IntN(4) {
-		th := image.Thread{TID: p.PID + 1 + i, SigMask: rng.Uint64(), SigPending: rng.Uint64() & 0x4000}
+		th := image.Thread{TID: p.PID + i, SigMask: rng.Uint64(), SigPending: rng.Uint64() & 0x4000}
 		th.Regs.Rip, th.Regs.Rsp, th.Regs.Rbp = rng.Uint64(), rng.Uint64(), rng.Uint64()
 		switch rng.IntN(3) {
 		case 0:
@@ -132,9 +133,6 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 			th.FPRegs[j] = byte(rng.Uint32())
 		}
 		p.Threads = append(p.Threads, th)
-	}
-	if rng.IntN(4) > 0 { // the main thread, not necessarily first in the state
-		p.Threads[rng.IntN(len(p.Threads))].TID = p.PID
 	}
 	p.Auxv = []uint64{6, 4096, 25, 0x7ffc0000, 0, 0}
 	return p, files

@@ -102,7 +102,7 @@ func writeSnapshot(t testing.TB, dir string, pid int, ranges []memRange, opts Op
 	if err := pw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.WriteState(&Process{PID: pid, Comm: "synth"}); err != nil {
+	if err := w.WriteState(&Process{PID: pid, Comm: "synth", Threads: []Thread{{TID: pid}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Commit(); err != nil {

@@ -295,6 +295,9 @@ func (s *Snapshot) State(pid int) (*Process, error) {
 	if p.PID != pid {
 		return nil, fmt.Errorf("%s: %w: holds pid %d", stateName(pid), ErrCorrupt, p.PID)
 	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", stateName(pid), err)
+	}
 	return &p, nil
 }
 

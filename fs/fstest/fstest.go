@@ -108,6 +108,10 @@ func writeProcess(w *image.Writer, p *Process) error {
 		return err
 	}
 	st := &image.Process{PID: p.PID, Comm: "synthetic", Cmdline: []string{"synthetic", fmt.Sprint(p.PID)}, Threads: p.Threads}
+	if len(st.Threads) == 0 {
+		// A process has at least its leader (image.Process.Validate).
+		st.Threads = []image.Thread{{TID: p.PID, Comm: "synthetic"}}
+	}
 	st.MM.Auxv = p.Auxv
 	for _, v := range p.VMAs {
 		if v.Start%PageSize != 0 || v.End%PageSize != 0 || v.End <= v.Start {

@@ -1,0 +1,94 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Limits of a process state that Validate enforces: more than a kernel
+// allows a process (vm.max_map_count is 65530 by default; RLIMIT_NOFILE's
+// hard ceiling, fs.nr_open, 1<<20), so that a state over them is damaged,
+// never a process that could have been.
+const (
+	maxVMAs    = 1 << 20
+	maxThreads = 1 << 16
+	maxFD      = 1 << 20
+	// protMask is PROT_READ|PROT_WRITE|PROT_EXEC.
+	protMask = 0x7
+)
+
+// Validate checks what a process state must be for a restore to take it:
+// a positive pid; threads, the first of them the leader, each tid positive
+// and once; VMAs page-aligned, non-empty, in address order and not
+// overlapping, of a known kind, with PROT_* bits only; descriptors
+// non-negative and once each, a dup (SameAs) naming a lower one that
+// exists. State calls it, so that verify, inspect, a mount and a restore
+// all refuse the same states, with ErrCorrupt, and a state verify passes
+// is never refused by restore for its shape. (Whether this machine can
+// restore it, its files and pids, is restore's own check.)
+func (p *Process) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+	if p.PID <= 0 {
+		return bad("pid %d", p.PID)
+	}
+	if len(p.Threads) == 0 {
+		return bad("no threads")
+	}
+	if len(p.Threads) > maxThreads {
+		return bad("%d threads, more than %d", len(p.Threads), maxThreads)
+	}
+	if p.Threads[0].TID != p.PID {
+		return bad("the first thread (tid %d) is not the process leader (pid %d)", p.Threads[0].TID, p.PID)
+	}
+	tids := make(map[int]bool, len(p.Threads))
+	for _, th := range p.Threads {
+		if th.TID <= 0 || tids[th.TID] {
+			return bad("thread id %d: not positive, or twice", th.TID)
+		}
+		tids[th.TID] = true
+	}
+	if len(p.VMAs) > maxVMAs {
+		return bad("%d VMAs, more than %d", len(p.VMAs), maxVMAs)
+	}
+	for i, v := range p.VMAs {
+		if err := v.validate(); err != nil {
+			return bad("VMA %d (%#x-%#x): %v", i, v.Start, v.End, err)
+		}
+		if i > 0 && v.Start < p.VMAs[i-1].End {
+			return bad("VMA %d (%#x-%#x) is not after VMA %d (%#x-%#x): out of order or overlapping", i, v.Start, v.End, i-1, p.VMAs[i-1].Start, p.VMAs[i-1].End)
+		}
+	}
+	fds := make(map[int]bool, len(p.FDs))
+	for _, f := range p.FDs {
+		if f.FD < 0 || f.FD >= maxFD || fds[f.FD] {
+			return bad("descriptor %d: negative, too high, or twice", f.FD)
+		}
+		fds[f.FD] = true
+	}
+	for _, f := range p.FDs {
+		if f.SameAs != nil && (*f.SameAs >= f.FD || !fds[*f.SameAs]) {
+			return bad("descriptor %d is a dup of %d, which is not a lower descriptor of the process", f.FD, *f.SameAs)
+		}
+	}
+	return nil
+}
+
+// validate checks one VMA alone.
+func (v VMA) validate() error {
+	switch {
+	case v.Start%PageSize != 0 || v.End%PageSize != 0:
+		return errors.New("not page-aligned")
+	case v.End <= v.Start:
+		return errors.New("empty or reversed")
+	case v.Prot&^protMask != 0 || v.Prot < 0:
+		return fmt.Errorf("prot %#x: bits other than PROT_READ, PROT_WRITE and PROT_EXEC", v.Prot)
+	}
+	switch v.Kind {
+	case VMAAnon, VMAFile, VMAFileShared, VMAShmem, VMAVDSO, VMAVVar, VMAVVarVclock, VMAVsyscall:
+	default:
+		return fmt.Errorf("unknown kind %q", v.Kind)
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func validState() *Process {
+	one := 1
+	return &Process{PID: 10, Threads: []Thread{{TID: 10}, {TID: 11}},
+		VMAs: []VMA{
+			{Start: 0x1000, End: 0x3000, Prot: 3, Kind: VMAAnon},
+			{Start: 0x3000, End: 0x4000, Prot: 5, Kind: VMAFile, File: &FileID{Path: "/bin/x"}},
+			{Start: 0x7fff0000, End: 0x7fff2000, Prot: 1, Kind: VMAVDSO},
+		},
+		FDs: []FD{{FD: 0, Kind: FDChr}, {FD: 1, Kind: FDChr}, {FD: 3, Kind: FDFile, SameAs: &one}},
+	}
+}
+
+// The states a crafted snapshot may hold that restore cannot take: each
+// refused by Validate, naming what is wrong, as ErrCorrupt.
+func TestValidateRefuses(t *testing.T) {
+	if err := validState().Validate(); err != nil {
+		t.Fatalf("a valid state: %v", err)
+	}
+	minus, self := -1, 3
+	for name, c := range map[string]struct {
+		mutate func(p *Process)
+		says   string
+	}{
+		"pid 0":                {func(p *Process) { p.PID = 0 }, "pid"},
+		"no threads":           {func(p *Process) { p.Threads = nil }, "no threads"},
+		"leader not first":     {func(p *Process) { p.Threads[0], p.Threads[1] = p.Threads[1], p.Threads[0] }, "leader"},
+		"tid twice":            {func(p *Process) { p.Threads[1].TID = 10 }, "twice"},
+		"tid negative":         {func(p *Process) { p.Threads[1].TID = -4 }, "thread id"},
+		"VMAs overlapping":     {func(p *Process) { p.VMAs[1].Start = 0x2000 }, "overlapping"},
+		"VMAs unsorted":        {func(p *Process) { p.VMAs[0], p.VMAs[2] = p.VMAs[2], p.VMAs[0] }, "out of order"},
+		"VMA end before start": {func(p *Process) { p.VMAs[0].End = 0 }, "reversed"},
+		"VMA empty":            {func(p *Process) { p.VMAs[0].End = p.VMAs[0].Start }, "empty"},
+		"VMA unaligned":        {func(p *Process) { p.VMAs[0].Start = 0x1001 }, "aligned"},
+		"VMA duplicated": {func(p *Process) {
+			for range 70000 {
+				p.VMAs = append(p.VMAs, p.VMAs[2])
+			}
+		}, "overlapping"},
+		"too many VMAs": {func(p *Process) {
+			p.VMAs = nil
+			for i := range uint64(maxVMAs + 1) {
+				p.VMAs = append(p.VMAs, VMA{Start: (i + 1) << 12, End: (i + 2) << 12, Kind: VMAAnon})
+			}
+		}, "more than"},
+		"prot 2^40":        {func(p *Process) { p.VMAs[0].Prot = 1 << 40 }, "prot"},
+		"prot negative":    {func(p *Process) { p.VMAs[0].Prot = -1 }, "prot"},
+		"unknown kind":     {func(p *Process) { p.VMAs[0].Kind = "heap" }, "kind"},
+		"fd -1":            {func(p *Process) { p.FDs[0].FD = -1 }, "descriptor -1"},
+		"fd twice":         {func(p *Process) { p.FDs[1].FD = 0 }, "twice"},
+		"fd huge":          {func(p *Process) { p.FDs[2].FD = 1 << 30 }, "too high"},
+		"dup of itself":    {func(p *Process) { p.FDs[2].SameAs = &self }, "dup"},
+		"dup of negative":  {func(p *Process) { p.FDs[2].SameAs = &minus }, "dup"},
+		"dup of a missing": {func(p *Process) { two := 2; p.FDs[2].SameAs = &two }, "dup"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := validState()
+			c.mutate(p)
+			err := p.Validate()
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), c.says) {
+				t.Errorf("Validate: %v, want ErrCorrupt saying %q", err, c.says)
+			}
+		})
+	}
+}
+
+// FuzzValidate: whatever a state's JSON holds, Validate never panics, and
+// a state it accepts has the shape restore relies on: the leader first,
+// VMAs in order and apart, PROT_* bits only, descriptors once each.
+func FuzzValidate(f *testing.F) {
+	b, _ := json.Marshal(validState())
+	f.Add(b)
+	f.Add([]byte(`{"pid":1,"threads":[{"tid":1}],"vmas":[{"start":4096,"end":0,"kind":"anon"}]}`))
+	f.Add([]byte(`{"pid":1,"threads":[{"tid":1}],"fds":[{"fd":-1}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p Process
+		if json.Unmarshal(b, &p) != nil || p.Validate() != nil {
+			return
+		}
+		if len(p.Threads) == 0 || p.Threads[0].TID != p.PID {
+			t.Fatalf("accepted threads %+v of pid %d", p.Threads, p.PID)
+		}
+		for i, v := range p.VMAs {
+			if v.End <= v.Start || v.Prot&^7 != 0 || i > 0 && v.Start < p.VMAs[i-1].End {
+				t.Fatalf("accepted VMA %d %+v", i, v)
+			}
+		}
+		seen := map[int]bool{}
+		for _, d := range p.FDs {
+			if d.FD < 0 || seen[d.FD] {
+				t.Fatalf("accepted fd %d", d.FD)
+			}
+			seen[d.FD] = true
+		}
+	})
+}
