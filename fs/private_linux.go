@@ -128,8 +128,10 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 		Args:       []string{PrivateArg0, strconv.Itoa(os.Getpid()), string(args)},
 		ExtraFiles: []*os.File{theirs}, // fd 3
 		// Its warnings and errors (a store that stalls, a read that
-		// failed and why) are ours: the reader of the mount sees only EIO.
-		Stderr: os.Stderr,
+		// failed and why) are ours: the reader of the mount sees only
+		// EIO. Through a pipe of our own, so that a helper that outlives
+		// us never holds our standard error open.
+		Stderr: stderrCopier{},
 		// A session of its own: a terminal's signals for our process
 		// group must not take the mount away before we are done with it.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
@@ -306,6 +308,12 @@ func (m *PrivateMount) abort() {
 		abortConnection(e.dev)
 	}
 }
+
+// stderrCopier is the helper's standard error: exec copies what it writes
+// to ours through a pipe (an io.Writer that is not an *os.File).
+type stderrCopier struct{}
+
+func (stderrCopier) Write(p []byte) (int, error) { return os.Stderr.Write(p) }
 
 // PrivateMain is the helper process of MountPrivate (args is its
 // os.Args): it mounts, sends the starter the mountpoint and an fd of

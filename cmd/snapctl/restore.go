@@ -620,7 +620,9 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Log
 	var m *fs.PrivateMount
 	var merr error
 	var mu sync.Mutex
-	abandoned := false // closed before it was up: not waited for
+	// aborting: the restore is ending on a signal (abort); abandoned: the
+	// mount was closed then, before it was up, and is not waited for.
+	aborting, abandoned := false, false
 	go func() {
 		m0, err0 := mount()
 		mu.Lock()
@@ -654,6 +656,9 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Log
 	}
 	src := &lazySource{gone: gone, ready: wait}
 	src.abort = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		aborting = true
 		select {
 		case <-ready:
 			if merr == nil {
@@ -669,14 +674,19 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Log
 		case <-ready:
 			mu.Unlock()
 		default:
-			// Still being set up (it may wait long on a store that
-			// stalls): not waited for. The helper ends when this
-			// process does; a mount made meanwhile is closed by the
-			// goroutine above.
+			if !aborting {
+				mu.Unlock()
+				break // waited for below: m.Close sees to a helper stuck in its mount
+			}
+			// Ending on a signal while it is still being set up (it may
+			// wait long on a store that stalls): not waited for. The
+			// helper ends when this process does; a mount made
+			// meanwhile is closed by the goroutine above.
 			abandoned = true
 			mu.Unlock()
 			return nil
 		}
+		<-ready
 		if merr != nil {
 			return nil // said by gone, or by the reads that failed
 		}
