@@ -217,6 +217,9 @@ func (d *dumper) leaveOut(p *dumpProc) bool {
 	if err == nil && s.State != 'Z' && s.State != 'X' {
 		return false
 	}
+	if err == nil && s.Threads > 1 {
+		return false // a leader that exited while its other threads run: refused, not left out
+	}
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
 		return false
 	}

@@ -240,6 +240,12 @@ type object struct {
 // list returns the objects right under the address's prefix, by file
 // name (at most limit of them if limit > 0).
 func (c *client) list(ctx context.Context, limit int) (map[string]object, error) {
+	return c.listWith(ctx, limit, nil)
+}
+
+// listWith is list; raw, if not nil, receives a failed request's own
+// error.
+func (c *client) listWith(ctx context.Context, limit int, raw *error) (map[string]object, error) {
 	out := map[string]object{}
 	in := &s3.ListObjectsV2Input{Bucket: aws.String(c.addr.Bucket), Prefix: aws.String(c.addr.listPrefix()), Delimiter: aws.String("/")}
 	if limit > 0 {
@@ -251,6 +257,9 @@ func (c *client) list(ctx context.Context, limit int) (map[string]object, error)
 		page, err := p.NextPage(octx)
 		cancel()
 		if err != nil {
+			if raw != nil {
+				*raw = err
+			}
 			return nil, c.storeError("list objects", err)
 		}
 		for _, o := range page.Contents {
@@ -312,14 +321,14 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 			return nil, err
 		}
 	}
-	objs, err := c.list(ctx, 0)
+	objs, raw, err := c.listRaw(ctx)
 	switch {
 	case err == nil:
 		s.objects = objs
 		if s.disk != nil {
 			s.disk.putListing(c, objs)
 		}
-	case s.disk != nil && unreachable(err):
+	case s.disk != nil && unreachable(raw):
 		// Offline: the listing kept with the chunks, if there is one.
 		// Every chunk read from the cache is still checked, and the
 		// manifest (kept too) says what every other byte must be.
@@ -334,6 +343,14 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// listRaw is list(ctx, 0) that also returns the request's own error,
+// before storeError words it, for unreachable.
+func (c *client) listRaw(ctx context.Context) (map[string]object, error, error) {
+	var raw error
+	objs, err := c.listWith(ctx, 0, &raw)
+	return objs, raw, err
 }
 
 // unreachable reports whether a request failed for want of an answer (no
