@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -310,6 +312,72 @@ func pidInUse(id int) (bool, string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// awaitPIDReleased is called when clone3 found id taken although no task
+// has it: the kernel keeps a pid while it is still some process group's or
+// session's id. The processes holding it so are most often dying (the
+// children of a session leader the dump killed, zombies until init reaps
+// them): it waits for them to go, within zombieWait, and returns nil once
+// id can be taken again. Otherwise it returns ErrPIDInUse naming a holder.
+func awaitPIDReleased(id int) error {
+	deadline := time.Now().Add(zombieWait)
+	for {
+		holder, live := idHolder(id)
+		if holder == nil {
+			if busy, comm := pidInUse(id); busy {
+				return fmt.Errorf("%w: pid %d was taken meanwhile, by %q", ErrPIDInUse, id, comm)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if live {
+				return fmt.Errorf("%w: pid %d is still the %s of pid %d (%s), which runs: end it first",
+					ErrPIDInUse, id, holder.role, holder.pid, holder.comm)
+			}
+			return fmt.Errorf("%w: pid %d is still the %s of pid %d (%s), a zombie its parent has not reaped",
+				ErrPIDInUse, id, holder.role, holder.pid, holder.comm)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pidHolder is a process whose process group or session id is a pid.
+type pidHolder struct {
+	pid  int
+	comm string
+	role string // "process group id", "session id" or both
+}
+
+// idHolder returns a process whose process group or session id is id,
+// preferring one that runs (live true) to a zombie; nil if there is none.
+func idHolder(id int) (h *pidHolder, live bool) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, false
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := proc.ReadStat(pid)
+		if err != nil || st.Pgrp != id && st.Session != id {
+			continue
+		}
+		role := "session id"
+		switch {
+		case st.Pgrp == id && st.Session == id:
+			role = "process group and session id"
+		case st.Pgrp == id:
+			role = "process group id"
+		}
+		h = &pidHolder{pid: pid, comm: st.Comm, role: role}
+		if !st.Exited() {
+			return h, true
+		}
+	}
+	return h, false
 }
 
 // waitStopped waits until the n threads of pid are in a group stop (they

@@ -55,7 +55,14 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if r.opts.Namespaces.PID && !stubIsInit {
 		cloneFlags = unix.CLONE_NEWPID // the process is the new namespace's init
 	}
-	th, err := in.Clone3(ptrace.CloneArgs{Flags: cloneFlags, ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{own}})
+	args := ptrace.CloneArgs{Flags: cloneFlags, ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{own}}
+	th, err := in.Clone3(args)
+	if errors.Is(err, unix.EEXIST) && !r.opts.Namespaces.PID {
+		if err := awaitPIDReleased(own); err != nil {
+			return err
+		}
+		th, err = in.Clone3(args)
+	}
 	if err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, own)

@@ -351,7 +351,14 @@ func (tr *treeRestore) create(ctx context.Context) error {
 // with r's pid, injected into the parent.
 func (tr *treeRestore) clone(r *restorer) error {
 	parent := tr.byPID[r.st.PPID]
-	th, err := parent.in.Clone3(ptrace.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{r.st.PID}})
+	args := ptrace.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{r.st.PID}}
+	th, err := parent.in.Clone3(args)
+	if errors.Is(err, unix.EEXIST) {
+		if err := awaitPIDReleased(r.st.PID); err != nil {
+			return err
+		}
+		th, err = parent.in.Clone3(args)
+	}
 	if err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, r.st.PID)
