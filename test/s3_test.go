@@ -10,12 +10,17 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	// s3:// addresses for image.Open in this test binary.
 	"github.com/lazyfs/lazyfs/engine/codec"
@@ -535,5 +540,151 @@ func TestS3StoreMisbehaves(t *testing.T) {
 			t.Error("the restored process outlived the restore")
 		}
 		l.lazyNothingLeft(t, addr)
+	})
+}
+
+// bgSnapctl is a snapctl command running in the background, killed and
+// reaped at cleanup if still running.
+type bgSnapctl struct {
+	cmd            *exec.Cmd
+	stdout, stderr testutil.Buffer
+	done           chan error
+}
+
+func startSnapctl(t *testing.T, args ...string) *bgSnapctl {
+	t.Helper()
+	b := &bgSnapctl{cmd: exec.Command(buildTool(t, "snapctl"), args...), done: make(chan error, 1)}
+	b.cmd.Stdout, b.cmd.Stderr = &b.stdout, &b.stderr
+	if err := b.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { b.done <- b.cmd.Wait() }()
+	t.Cleanup(func() {
+		b.cmd.Process.Kill()
+		<-b.done
+		b.done <- nil
+	})
+	return b
+}
+
+// TestS3DumpLeftovers: a dump into an object store killed in the middle of
+// its uploads leaves a lock naming it and a multipart upload; the next dump
+// there is refused (exit 11) with a message saying that dump is gone and
+// how to clear what it left; `snapctl cleanup --dry-run` lists the lock and
+// the upload and changes nothing; `snapctl cleanup` aborts the upload and
+// removes the lock, after which a dump there succeeds. A lock of a dump
+// that runs is called running, by the losing dump and by cleanup, which
+// refuses to clear it.
+func TestS3DumpLeftovers(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	m, _ := s3Setup(t, false)
+	ctx := testContext(t)
+	proxy := fixture.StartFaultProxy(t, m.Endpoint)
+	p := fixture.Start(t, "modelserver", "64M")
+	q := fixture.Start(t, "modelserver", "16M") // the second dump's
+	addr := "s3://snaps/leftovers"
+	direct := []string{"--s3-endpoint", m.Endpoint}
+
+	// stuckDump starts a dump through the proxy and returns once one of
+	// its parts is held there: it has its lock and an upload under way.
+	stuckDump := func(t *testing.T) *bgSnapctl {
+		t.Helper()
+		proxy.Set("stallparts", 0)
+		before := proxy.Faulted()
+		d := startSnapctl(t, "dump", "--leave-running", "-t", strconv.Itoa(p.PID), "-D", addr, "--s3-endpoint", proxy.URL)
+		for proxy.Faulted() == before {
+			select {
+			case err := <-d.done:
+				t.Fatalf("dump ended (%v) before a part reached the store:\n%s", err, d.stderr.String())
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return d
+	}
+
+	t.Run("running", func(t *testing.T) {
+		d := stuckDump(t)
+		r := runSnapctl(t, append([]string{"dump", "--leave-running", "-t", strconv.Itoa(q.PID), "-D", addr}, direct...)...)
+		want := "the dump of pid " + strconv.Itoa(d.cmd.Process.Pid) + " on host "
+		t.Logf("the losing dump: exit %d: %s", r.Code, r.Stderr)
+		if r.Code != 11 || !strings.Contains(r.Stderr, want) || !strings.Contains(r.Stderr, "which is running") {
+			t.Errorf("a dump into a prefix another runs dump holds: want exit 11 naming %q, running\n%s", want, r)
+		}
+		r = runSnapctl(t, append([]string{"cleanup", "-D", addr}, direct...)...)
+		if r.Code != 11 || !strings.Contains(r.Stderr, "which is running") {
+			t.Errorf("cleanup of a running dump's lock: want exit 11, running\n%s", r)
+		}
+		d.cmd.Process.Kill()
+		<-d.done
+		d.done <- nil
+		proxy.Set("", 0)
+		mustSnapctl(t, append([]string{"cleanup", "-D", addr}, direct...)...)
+	})
+
+	t.Run("killed", func(t *testing.T) {
+		d := stuckDump(t)
+		dead := d.cmd.Process.Pid
+		d.cmd.Process.Kill()
+		<-d.done
+		d.done <- nil
+		proxy.Set("", 0)
+
+		r := runSnapctl(t, append([]string{"dump", "--leave-running", "-t", strconv.Itoa(q.PID), "-D", addr}, direct...)...)
+		want := "the dump of pid " + strconv.Itoa(dead) + " on host "
+		t.Logf("the next dump: exit %d: %s", r.Code, r.Stderr)
+		if r.Code != 11 || !strings.Contains(r.Stderr, want) || !strings.Contains(r.Stderr, "which is gone") ||
+			!strings.Contains(r.Stderr, "snapctl cleanup -D "+addr) {
+			t.Errorf("a dump into the prefix of a killed dump: want exit 11 naming %q, gone, and the cleanup\n%s", want, r)
+		}
+
+		r = mustSnapctl(t, append([]string{"cleanup", "--dry-run", "-D", addr}, direct...)...)
+		if !strings.Contains(r.Stdout, "locked by "+want) || !strings.Contains(r.Stdout, "upload  pages-"+strconv.Itoa(p.PID)+".img") || !strings.Contains(r.Stdout, "dry run") {
+			t.Errorf("cleanup --dry-run: want the lock and the upload listed\n%s", r)
+		}
+		uploads := func() int {
+			// MinIO lists uploads of an exact key only.
+			key := "leftovers/pages-" + strconv.Itoa(p.PID) + ".img"
+			out, err := m.Client().ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String("snaps"), Prefix: aws.String(key)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(out.Uploads)
+		}
+		objects := func() []string {
+			out, err := m.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String("leftovers/")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, o := range out.Contents {
+				names = append(names, aws.ToString(o.Key))
+			}
+			return names
+		}
+		if uploads() == 0 || !slices.Contains(objects(), "leftovers/.lazyfs-dump.lock") {
+			t.Fatalf("after --dry-run: %d uploads, objects %v: want the upload and the lock kept", uploads(), objects())
+		}
+
+		r = mustSnapctl(t, append([]string{"cleanup", "-D", addr}, direct...)...)
+		t.Logf("cleanup:\n%s", r.Stdout)
+		if !strings.Contains(r.Stdout, "aborted the upload of pages-") || !strings.Contains(r.Stdout, "removed the lock") {
+			t.Errorf("cleanup: want the upload aborted and the lock removed\n%s", r)
+		}
+		if n, objs := uploads(), objects(); n != 0 || len(objs) != 0 {
+			t.Errorf("after cleanup: %d uploads, objects %v: want none", n, objs)
+		}
+		r = mustSnapctl(t, append([]string{"cleanup", "-D", addr}, direct...)...)
+		if !strings.Contains(r.Stdout, "nothing left by a dump") {
+			t.Errorf("cleanup of a clean prefix:\n%s", r)
+		}
+		dumpPID(t, q.PID, addr, append([]string{"--leave-running"}, direct...)...)
+		r = mustSnapctl(t, append([]string{"cleanup", "-D", addr}, direct...)...)
+		if !strings.Contains(r.Stdout, "holds a complete snapshot (kept)") || !strings.Contains(r.Stdout, "nothing left") {
+			t.Errorf("cleanup of a complete snapshot:\n%s", r)
+		}
+		mustSnapctl(t, append([]string{"verify", "-D", addr}, direct...)...)
 	})
 }

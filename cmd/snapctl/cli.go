@@ -23,6 +23,7 @@ func commands() []command {
 		{"inspect", "show what a snapshot holds", runInspect},
 		{"verify", "check every block of a snapshot against its checksum", runVerify},
 		{"check", "check that this machine has what restore needs", runCheck},
+		{"cleanup", "list and clear what a dump into an object store left when it died", runCleanup},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/fs"
 )
@@ -50,6 +51,9 @@ const (
 	// file), or the kernel lacks a facility (FUSE, userfaultfd features,
 	// ENOSYS, EOPNOTSUPP). snapctl check says which.
 	ExitNoPrivilege = 10
+	// ExitLocked: another dump holds the snapshot's lock (image.ErrLocked),
+	// or snapctl cleanup refused a lock whose dump may be running.
+	ExitLocked = 11
 	// ExitInterrupted: SIGINT or SIGTERM stopped the command before it
 	// finished (128 + SIGINT, as restic and shells do).
 	ExitInterrupted = 130
@@ -75,6 +79,7 @@ var Statuses = []Status{
 	{ExitUntrusted, "untrusted: the snapshot, or a path it names, can be changed by another user; or a sealed or signed snapshot fails its authentication, or no identity given opens it"},
 	{ExitFileChanged, "a file the process mapped or held open changed since the dump, or the parent of an incremental snapshot is not the one it was dumped against"},
 	{ExitNoPrivilege, "missing privilege or kernel feature (EPERM, EACCES, no FUSE, no userfaultfd feature, ENOSYS); snapctl check says which"},
+	{ExitLocked, "locked: another dump holds the snapshot's lock (the message says whose, and how to clear it if that dump is gone)"},
 	{ExitInterrupted, "interrupted by SIGINT or SIGTERM"},
 }
 
@@ -109,6 +114,8 @@ func ExitCode(err error) int {
 		return ExitNoProcess
 	case errors.Is(err, fs.ErrNoFUSE), errors.Is(err, errors.ErrUnsupported), errors.Is(err, os.ErrPermission):
 		return ExitNoPrivilege
+	case errors.Is(err, image.ErrLocked), errors.Is(err, s3store.ErrLockHeld):
+		return ExitLocked
 	}
 	return ExitFailure
 }

@@ -233,8 +233,9 @@ func (c *client) storeError(op string, err error) error {
 
 // object is what a listing says of one object.
 type object struct {
-	size int64
-	etag string
+	size     int64
+	etag     string
+	modified time.Time
 }
 
 // list returns the objects right under the address's prefix, by file
@@ -264,7 +265,7 @@ func (c *client) listWith(ctx context.Context, limit int, raw *error) (map[strin
 		}
 		for _, o := range page.Contents {
 			name := strings.TrimPrefix(aws.ToString(o.Key), c.addr.listPrefix())
-			out[name] = object{size: aws.ToInt64(o.Size), etag: aws.ToString(o.ETag)}
+			out[name] = object{size: aws.ToInt64(o.Size), etag: aws.ToString(o.ETag), modified: aws.ToTime(o.LastModified)}
 		}
 		if limit > 0 && len(out) >= limit {
 			break

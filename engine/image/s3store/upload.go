@@ -7,8 +7,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -30,6 +32,10 @@ const (
 	maxPartsInFlight = 4
 	// lockName marks a prefix a dump is writing into.
 	lockName = ".lazyfs-dump.lock"
+	// uploadMarker starts the name of the object that names a multipart
+	// upload under way: uploadMarker + the file's name, holding the
+	// upload's id.
+	uploadMarker = ".lazyfs-upload."
 )
 
 // unsignedPayload leaves the SHA-256 of a body out of a request's
@@ -67,26 +73,55 @@ func Create(addr string, o image.RemoteOptions) (*Writer, error) {
 		return nil, err
 	}
 	w := &Writer{c: c, ctx: ctx, cancel: cancel}
-	objs, err := c.list(ctx, 1)
-	if err != nil {
+	if err := w.lock(a); err != nil {
 		cancel()
-		return nil, err
-	}
-	for name := range objs {
-		cancel()
-		if name == image.ManifestName {
-			return nil, fmt.Errorf("%s: %w", a, image.ErrExists)
-		}
-		return nil, fmt.Errorf("%w: %s is not empty (it holds %s, perhaps of a dump that was killed): remove it or dump elsewhere", image.ErrExists, a, name)
-	}
-	if err := w.putIfAbsent(lockName, []byte("dump in progress\n")); err != nil {
-		cancel()
-		if errors.Is(err, image.ErrExists) {
-			return nil, fmt.Errorf("%s: %w", a, image.ErrLocked)
-		}
 		return nil, err
 	}
 	return w, nil
+}
+
+// lock checks that the prefix is empty and takes it with a lock object
+// naming this dump (see Lock).
+func (w *Writer) lock(a Address) error {
+	objs, err := w.c.list(w.ctx, maxListed)
+	if err != nil {
+		return err
+	}
+	if _, ok := objs[image.ManifestName]; ok {
+		return fmt.Errorf("%s: %w", a, image.ErrExists)
+	}
+	if _, ok := objs[lockName]; ok {
+		return w.lockedError(a)
+	}
+	for _, name := range slices.Sorted(maps.Keys(objs)) {
+		if strings.HasPrefix(name, uploadMarker) {
+			return fmt.Errorf("%w: %s holds %s, the mark of an upload a dump left: clear it with `snapctl cleanup -D %s`", image.ErrExists, a, name, a)
+		}
+		return fmt.Errorf("%w: %s is not empty (it holds %s): remove it or dump elsewhere", image.ErrExists, a, name)
+	}
+	if err := w.putIfAbsent(lockName, ourLock().encode()); err != nil {
+		if errors.Is(err, image.ErrExists) {
+			return w.lockedError(a) // another dump got there first
+		}
+		return err
+	}
+	return nil
+}
+
+// maxListed bounds the listing of a prefix a dump checks is empty: one
+// page of a listing.
+const maxListed = 1000
+
+// lockedError reads the prefix's lock and says whose it is.
+func (w *Writer) lockedError(a Address) error {
+	l, found, err := w.c.readLock(w.ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w (its lock could not be read: %v)", a, image.ErrLocked, err)
+	}
+	if !found { // removed meanwhile: its dump just ended
+		return fmt.Errorf("%s: %w: another dump held it a moment ago: try again", a, image.ErrLocked)
+	}
+	return lockedError(a, l)
 }
 
 func (w *Writer) String() string { return w.c.addr.String() }
@@ -167,19 +202,27 @@ func (w *Writer) Abort() {
 	for _, u := range open {
 		u.Abort()
 	}
-	w.remove(append(written, lockName))
+	// The lock stays if anything else does: it marks what is left as a
+	// dead dump's, for snapctl cleanup.
+	if w.remove(written) {
+		w.remove([]string{lockName})
+	}
 	w.cancel()
 }
 
-// remove deletes the objects of names; errors are only logged by the
-// store's absence of them (a dump that failed leaves what it could not
-// remove, and the next dump there refuses the prefix, naming it).
-func (w *Writer) remove(names []string) {
+// remove deletes the objects of names and reports whether every delete
+// succeeded (a dump that failed leaves what it could not remove, and the
+// next dump there refuses the prefix, naming it).
+func (w *Writer) remove(names []string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
+	ok := true
 	for _, n := range names {
-		w.c.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(w.c.addr.Bucket), Key: aws.String(w.c.addr.key(n))})
+		if _, err := w.c.s3.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(w.c.addr.Bucket), Key: aws.String(w.c.addr.key(n))}); err != nil {
+			ok = false
+		}
 	}
+	return ok
 }
 
 // upload is one file being written: one PUT if it fits in a part, else
@@ -248,6 +291,15 @@ func (u *upload) sendPart() error {
 			return err
 		}
 		u.id = aws.ToString(out.UploadId)
+		// A marker object names the upload until it is completed or
+		// aborted: a store need not list uploads by prefix (MinIO
+		// lists them by exact key only), and a dump that dies leaves
+		// the upload behind, for snapctl cleanup to find.
+		if err := u.w.put(u.marker(), []byte(u.id+"\n"), false); err != nil {
+			u.abortUpload()
+			u.fail(err)
+			return err
+		}
 	}
 	select {
 	case u.sem <- struct{}{}:
@@ -323,8 +375,19 @@ func (u *upload) Close() error {
 	u.w.mu.Lock()
 	u.w.written = append(u.w.written, u.name)
 	u.w.mu.Unlock()
+	// The marker goes with the upload; one left by a failed delete names
+	// an upload that no longer exists, which cleanup removes.
+	if u.w.c.remove(ctx, u.marker()) == nil {
+		u.w.mu.Lock()
+		u.w.written = slices.DeleteFunc(u.w.written, func(n string) bool { return n == u.marker() })
+		u.w.mu.Unlock()
+	}
 	return nil
 }
+
+// marker is the name of the object that names u's multipart upload while
+// it is under way.
+func (u *upload) marker() string { return uploadMarker + u.name }
 
 // Abort drops the upload: the parts sent so far are discarded.
 func (u *upload) Abort() {
