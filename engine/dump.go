@@ -152,7 +152,15 @@ func (d *dumper) freeze(context.Context) error {
 		if d.opts.beforeFreeze != nil {
 			d.opts.beforeFreeze()
 		}
-		return d.freezePreCopied()
+		if !d.preP.AddressSpaceGone() {
+			if err := d.freezePreCopied(); err != nil {
+				return err
+			}
+			if !d.preP.AddressSpaceGone() {
+				return nil
+			}
+		}
+		d.abandonPreCopy()
 	}
 	t, err := ptrace.New()
 	if err != nil {

@@ -41,6 +41,10 @@ type PreCopyResult struct {
 	FrozenCopy uint64
 	// Time is the time from the start of the pre-copy to the freeze.
 	Time time.Duration
+	// Abandoned: the process exec'd during the pre-copy; what the rounds
+	// copied was of its old program, and its memory was read whole while
+	// it was frozen, as without --pre-copy.
+	Abandoned bool
 }
 
 // preCopy, for DumpOptions.PreCopy, stops the process just long enough
@@ -102,6 +106,9 @@ func (d *dumper) preCopy(ctx context.Context) (err error) {
 	for {
 		t0 := time.Now()
 		st, err := d.pc.Round(ctx)
+		if d.preP.AddressSpaceGone() {
+			break // it exec'd: the freeze abandons the pre-copy
+		}
 		if err != nil {
 			return err
 		}
@@ -148,6 +155,22 @@ func (d *dumper) freezePreCopied() error {
 	}
 	d.log.Info("frozen", "pid", d.pid, "threads", len(d.preP.Threads()), "took", d.stop)
 	return nil
+}
+
+// abandonPreCopy gives up a pre-copy whose process exec'd: the rounds
+// copied, and tracked the writes of, an address space that is gone. The
+// process is detached, to be frozen and read whole as without --pre-copy.
+func (d *dumper) abandonPreCopy() {
+	d.log.Warn("the process exec'd during the pre-copy: its memory is read whole while it is frozen", "pid", d.pid)
+	d.pc.Close()
+	d.pc = nil
+	if err := d.preP.Detach(); err != nil {
+		d.log.Debug("detach after exec", "pid", d.pid, "err", err)
+	}
+	d.preP, d.procs = nil, nil
+	d.t.Close()
+	d.t = nil
+	d.preRes.Abandoned = true
 }
 
 // memOptions are the options of mem.Dump for one process.

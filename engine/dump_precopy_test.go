@@ -97,3 +97,50 @@ func TestPreCopyStateAtFreeze(t *testing.T) {
 		t.Errorf("dumpable %d, want 1", st.Dumpable)
 	}
 }
+
+// TestPreCopyExec: a process that execs between the pre-copy rounds and
+// the freeze is dumped as the program it became, its memory read whole at
+// the freeze: the rounds copied an address space that no longer exists,
+// and the write tracking went with it.
+func TestPreCopyExec(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := fixture.StartWith(t, "changes", fixture.Options{Traced: true, Args: []string{"8M"}})
+	var execd fixture.Line
+	dir := filepath.Join(t.TempDir(), "snap")
+	res, err := Dump(ctx, DumpOptions{
+		PID: p.PID, Dir: dir, LeaveRunning: true,
+		PreCopy: &PreCopyOptions{},
+		beforeFreeze: func() {
+			execd = p.MustRequest(t, ctx, syscall.SIGUSR1, "execd")
+		},
+	})
+	if err != nil {
+		t.Fatalf("dump of a process that exec'd during pre-copy: %v", err)
+	}
+	if res.PreCopy == nil || !res.PreCopy.Abandoned {
+		t.Errorf("pre-copy result %+v: want it abandoned", res.PreCopy)
+	}
+	s, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	buf, size := execd.MustUint(t, "buf"), execd.MustUint(t, "size")
+	r, err := s.OpenPages(p.PID, image.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := make([]byte, size)
+	if _, err := r.ReadAt(got, int64(buf)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if want := byte(i*13 + 5); got[i] != want {
+			t.Fatalf("snapshot at %#x: %#x, want %#x (the exec'd program's buffer)", buf+uint64(i), got[i], want)
+		}
+	}
+}

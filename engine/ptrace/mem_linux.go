@@ -76,6 +76,21 @@ func (p *Process) readv(addr uint64, b []byte) (int, error) {
 	return n + m, memErr(err)
 }
 
+// AddressSpaceGone reports whether the address space the process had
+// when it was attached is gone: it exec'd (or exited). Reads by pid then
+// reach the new program's memory, and writes and anything set up in the
+// old one are lost. It asks /proc/PID/mem, which stays bound to the
+// address space it was opened on: a read there gives end of file once
+// that is gone, an error (nothing is mapped at 0) while it lives.
+func (p *Process) AddressSpaceGone() bool {
+	if p.mem == nil {
+		return false
+	}
+	var b [1]byte
+	n, err := p.mem.ReadAt(b[:], 0)
+	return n == 0 && errors.Is(err, io.EOF)
+}
+
 // WriteAt implements io.WriterAt with off = virtual address.
 func (p *Process) WriteAt(b []byte, off int64) (int, error) {
 	if p.mem == nil {
