@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/test/testutil"
@@ -312,10 +314,11 @@ func TestCheckFUSE(t *testing.T) {
 	}
 }
 
-// TestCheckMount: a lazyfs mount of the snapshot passes; a plain
+// TestOpenMount: a lazyfs mount of the snapshot passes and its memory
+// files open through it, even once its path names something else; a plain
 // directory holding the same manifest, and a lazyfs mount of another
-// snapshot, do not.
-func TestCheckMount(t *testing.T) {
+// snapshot, do not pass.
+func TestOpenMount(t *testing.T) {
 	testutil.RequireFUSE(t)
 	s := writeSnapshot(t, 64<<10)
 	manifest, err := os.ReadFile(filepath.Join(s.Dir, image.ManifestName))
@@ -323,19 +326,62 @@ func TestCheckMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv, _ := mount(t, s.Dir, Options{})
-	if err := CheckMount(srv.Mountpoint(), manifest); err != nil {
-		t.Errorf("a lazyfs mount of the snapshot: %v", err)
+	// The mount reached through a symbolic link, as a path given by a
+	// user may be.
+	link := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Symlink(srv.Mountpoint(), link); err != nil {
+		t.Fatal(err)
 	}
+	m, err := OpenMount(link, manifest)
+	if err != nil {
+		t.Fatalf("a lazyfs mount of the snapshot: %v", err)
+	}
+	defer m.Close()
 	fake := t.TempDir()
 	if err := os.WriteFile(filepath.Join(fake, image.ManifestName), manifest, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckMount(fake, manifest); !errors.Is(err, ErrNotMounted) {
+	if _, err := OpenMount(fake, manifest); !errors.Is(err, ErrNotMounted) {
 		t.Errorf("a plain directory with the manifest: %v, want ErrNotMounted", err)
 	}
 	other := writeSnapshot(t, 128<<10)
 	srv2, _ := mount(t, other.Dir, Options{})
-	if err := CheckMount(srv2.Mountpoint(), manifest); !errors.Is(err, ErrNotMounted) {
+	if _, err := OpenMount(srv2.Mountpoint(), manifest); !errors.Is(err, ErrNotMounted) {
 		t.Errorf("a lazyfs mount of another snapshot: %v, want ErrNotMounted", err)
+	}
+
+	// The link retargeted after the check, at a directory that looks
+	// like the mount: the memory is still the checked mount's.
+	pid := s.Procs[0].PID
+	if err := os.MkdirAll(filepath.Join(fake, strconv.Itoa(pid)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(fake, strconv.Itoa(pid), "mem"), []byte("planted"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fake, link); err != nil {
+		t.Fatal(err)
+	}
+	f, err := m.OpenMem(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st, want unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(srv.Mountpoint(), &want); err != nil {
+		t.Fatal(err)
+	}
+	if st.Dev != want.Dev {
+		t.Errorf("memory file opened on device %#x, the checked mount is %#x: the retargeted link was followed", st.Dev, want.Dev)
+	}
+	// A path that leaves the mount is refused.
+	if _, err := m.open("..", image.ManifestName); err == nil {
+		t.Error("opened a file above the mount's root")
 	}
 }

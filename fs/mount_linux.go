@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -255,35 +256,126 @@ func ForceUnmount(mountpoint string) error {
 	return nil
 }
 
-// CheckMount checks that mnt is a lazyfs mount of the snapshot whose
-// manifest is manifest, made by root or the caller: the filesystem
-// mounted there (from mountinfo) is lazyfs's, its FUSE server was started
-// by one of them, and it serves those manifest bytes. A restore reads a
-// process's memory from such a mount (snapctl restore --lazy --mount); the
-// bytes it reads are checked against the snapshot's CRC32C besides.
-func CheckMount(mnt string, manifest []byte) error {
+// CheckedMount is a running lazyfs mount of a snapshot, checked and held
+// by a descriptor of its root directory: what is read from it is read
+// from that mount, whatever becomes of its path (another mount over it, a
+// symbolic link retargeted) after the check.
+type CheckedMount struct {
+	dir *os.File
+	dev uint64
+}
+
+// OpenMount checks that mnt is a lazyfs mount of the snapshot whose
+// manifest is manifest, made by root or the caller, and returns it held
+// by a descriptor: the file system of the directory opened (by st_dev,
+// in mountinfo) is lazyfs's, its FUSE server was started by one of them,
+// and it serves those manifest bytes. A restore reads a process's memory
+// from such a mount (snapctl restore --lazy --mount); the bytes it reads
+// are checked against the snapshot's CRC32C besides.
+func OpenMount(mnt string, manifest []byte) (*CheckedMount, error) {
 	abs, err := filepath.Abs(mnt)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(abs, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", abs, err)
+	}
+	m := &CheckedMount{dir: os.NewFile(uintptr(fd), abs)}
+	if err := m.check(manifest); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *CheckedMount) check(manifest []byte) error {
+	abs := m.dir.Name()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(m.dir.Fd()), &st); err != nil {
+		return fmt.Errorf("%s: %w", abs, err)
+	}
+	m.dev = st.Dev
+	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return err
 	}
-	m, err := findMount(abs)
+	e, ok := mountOfDev(b, st.Dev)
+	if !ok {
+		return fmt.Errorf("%s: %w: not a mount point", abs, ErrNotMounted)
+	}
+	if e.fstype != FSType {
+		return fmt.Errorf("%s: %w (it is a %s mount)", abs, ErrNotMounted, e.fstype)
+	}
+	if euid := os.Geteuid(); e.userID != 0 && e.userID != euid {
+		return fmt.Errorf("%s: %w: mounted by uid %d, neither the caller (uid %d) nor root", abs, image.ErrUntrusted, e.userID, euid)
+	}
+	f, err := m.open(image.ManifestName)
 	if err != nil {
-		return fmt.Errorf("%s: %w", abs, err)
+		return err
 	}
-	if m.fstype != FSType {
-		return fmt.Errorf("%s: %w (it is a %s mount)", abs, ErrNotMounted, m.fstype)
-	}
-	if euid := os.Geteuid(); m.userID != 0 && m.userID != euid {
-		return fmt.Errorf("%s: %w: mounted by uid %d, neither the caller (uid %d) nor root", abs, image.ErrUntrusted, m.userID, euid)
-	}
-	b, err := os.ReadFile(filepath.Join(abs, image.ManifestName))
+	defer f.Close()
+	got, err := io.ReadAll(io.LimitReader(f, int64(len(manifest))+1))
 	if err != nil {
-		return fmt.Errorf("%s: %w", abs, err)
+		return fmt.Errorf("%s: %w", f.Name(), err)
 	}
-	if !bytes.Equal(b, manifest) {
+	if !bytes.Equal(got, manifest) {
 		return fmt.Errorf("%s: %w: it serves another snapshot", abs, ErrNotMounted)
 	}
 	return nil
+}
+
+// OpenMem opens the memory file PID/mem of the mount.
+func (m *CheckedMount) OpenMem(pid int) (*os.File, error) {
+	return m.open(strconv.Itoa(pid), "mem")
+}
+
+// open opens the file at the path of components below the mount's root,
+// one component at a time without following a symbolic link, each on the
+// mount's own file system.
+func (m *CheckedMount) open(components ...string) (*os.File, error) {
+	at := int(m.dir.Fd())
+	name := m.dir.Name()
+	var fd int = -1
+	for i, c := range components {
+		flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		if i < len(components)-1 {
+			flags |= unix.O_DIRECTORY
+		}
+		next, err := unix.Openat(at, c, flags, 0)
+		name = filepath.Join(name, c)
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		fd, at = next, next
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Dev != m.dev {
+			unix.Close(fd)
+			return nil, fmt.Errorf("%s: %w: not on the mount checked", name, ErrNotMounted)
+		}
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// Close releases the mount's descriptor.
+func (m *CheckedMount) Close() error { return m.dir.Close() }
+
+// mountOfDev returns the mountinfo entry of the file system whose st_dev
+// is dev (the last one, if several).
+func mountOfDev(b []byte, dev uint64) (mountEntry, bool) {
+	var found mountEntry
+	ok := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		if e, good := parseMountLine(sc.Text()); good && e.dev == dev {
+			found, ok = e, true
+		}
+	}
+	return found, ok
 }
 
 // lazyfsMount returns the absolute path of mountpoint if a lazyfs file
@@ -343,27 +435,40 @@ func parseMountinfo(b []byte, mnt string) (mountEntry, bool) {
 		if len(f) < 10 || unescapeMount(f[4]) != mnt {
 			continue
 		}
-		var maj, min uint32
-		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
-			continue
-		}
-		for i := 6; i+1 < len(f); i++ {
-			if f[i] == "-" {
-				found, ok = mountEntry{dev: unix.Mkdev(maj, min), fstype: f[i+1], userID: -1}, true
-				if i+3 < len(f) {
-					for _, o := range strings.Split(f[i+3], ",") {
-						if v, isUID := strings.CutPrefix(o, "user_id="); isUID {
-							if id, err := strconv.Atoi(v); err == nil {
-								found.userID = id
-							}
-						}
-					}
-				}
-				break
-			}
+		if e, good := parseMountLine(sc.Text()); good {
+			found, ok = e, true
 		}
 	}
 	return found, ok
+}
+
+// parseMountLine parses a line of /proc/self/mountinfo.
+func parseMountLine(line string) (mountEntry, bool) {
+	f := strings.Fields(line)
+	if len(f) < 10 {
+		return mountEntry{}, false
+	}
+	var maj, min uint32
+	if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+		return mountEntry{}, false
+	}
+	for i := 6; i+1 < len(f); i++ {
+		if f[i] != "-" {
+			continue
+		}
+		e := mountEntry{dev: unix.Mkdev(maj, min), fstype: f[i+1], userID: -1}
+		if i+3 < len(f) {
+			for _, o := range strings.Split(f[i+3], ",") {
+				if v, isUID := strings.CutPrefix(o, "user_id="); isUID {
+					if id, err := strconv.Atoi(v); err == nil {
+						e.userID = id
+					}
+				}
+			}
+		}
+		return e, true
+	}
+	return mountEntry{}, false
 }
 
 // unescapeMount undoes the octal escapes (\040 for a space...) of a path

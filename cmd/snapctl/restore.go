@@ -500,10 +500,12 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions, l
 		}
 		return &lazySource{ReaderAt: r.Uncached(), close: r.Close}, nil
 	case mnt != "":
-		if err := fs.CheckMount(mnt, snap.ManifestJSON()); err != nil {
+		m, err := fs.OpenMount(mnt, snap.ManifestJSON())
+		if err != nil {
 			return nil, fmt.Errorf("--mount %w", err)
 		}
-		f, err := openMountMem(mnt, pid)
+		defer m.Close()
+		f, err := openMountMem(m, pid)
 		if err != nil {
 			return nil, err
 		}
@@ -528,14 +530,14 @@ func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions, l
 // the Raw blocks around them into its page cache, a second copy of what
 // the pages file's page cache holds, for no reader. What it asks for is
 // in the page cache all the same, for the restores after it.
-func openMountMem(mnt string, pid int) (*os.File, error) {
-	f, err := os.Open(filepath.Join(mnt, strconv.Itoa(pid), "mem"))
+func openMountMem(m *fs.CheckedMount, pid int) (*os.File, error) {
+	f, err := m.OpenMem(pid)
 	if err != nil {
-		return nil, fmt.Errorf("--mount %s: open pages: %w", mnt, err)
+		return nil, fmt.Errorf("--mount: open pages: %w", err)
 	}
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("--mount %s: posix_fadvise %s: %w", mnt, f.Name(), err)
+		return nil, fmt.Errorf("--mount: posix_fadvise %s: %w", f.Name(), err)
 	}
 	return f, nil
 }
@@ -570,7 +572,8 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 		}
 		return &lazySource{of: of, close: closeAll}, nil
 	case mnt != "":
-		if err := fs.CheckMount(mnt, snap.ManifestJSON()); err != nil {
+		m, err := fs.OpenMount(mnt, snap.ManifestJSON())
+		if err != nil {
 			return nil, fmt.Errorf("--mount %w", err)
 		}
 		var files []*os.File
@@ -578,10 +581,10 @@ func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, 
 			for _, f := range files {
 				f.Close()
 			}
-			return nil
+			return m.Close()
 		}
 		of := func(pid int) (io.ReaderAt, error) {
-			f, err := openMountMem(mnt, pid)
+			f, err := openMountMem(m, pid)
 			if err != nil {
 				return nil, err
 			}
