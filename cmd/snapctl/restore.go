@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -376,18 +377,46 @@ func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
 	}
 }
 
-// writePidfile writes pid to path atomically.
+// writePidfile writes pid to path atomically, through a descriptor of
+// path's directory: a directory owned by root or the caller and, if group
+// or others can write it, sticky (as /tmp), so that no other user can
+// rename what is written there. The pid goes to a temporary file of a new,
+// random name (O_CREAT|O_EXCL|O_NOFOLLOW: never a link someone planted),
+// renamed over the name: rename replaces a link at the name itself, never
+// what it points to.
 func writePidfile(path string, pid int) error {
-	// A temporary file of a new, random name (O_CREAT|O_EXCL: never a link
-	// someone planted), renamed over path: rename replaces a link at path
-	// itself, never what it points to.
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("pidfile: %w", err)
+		return fmt.Errorf("pidfile: %s: %w", dir, err)
 	}
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(dfd, &st); err != nil {
+		return fmt.Errorf("pidfile: %s: %w", dir, err)
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
+		return fmt.Errorf("pidfile: %w: %s belongs to uid %d, neither the caller (uid %d) nor root", image.ErrUntrusted, dir, st.Uid, euid)
+	}
+	if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
+		return fmt.Errorf("pidfile: %w: %s is writable by group or others and not sticky (mode %04o)", image.ErrUntrusted, dir, st.Mode&0o7777)
+	}
+	var fd int
+	var tmp string
+	for range 100 {
+		tmp = fmt.Sprintf(".%s.%d.tmp", base, rand.Uint64())
+		fd, err = unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		if !errors.Is(err, unix.EEXIST) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pidfile: create a temporary file in %s: %w", dir, err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir, tmp))
 	_, err = f.WriteString(strconv.Itoa(pid) + "\n")
 	if err == nil {
-		err = f.Chmod(0o644)
+		err = f.Chmod(0o644) // whatever the umask
 	}
 	if err == nil {
 		err = f.Sync()
@@ -396,10 +425,10 @@ func writePidfile(path string, pid int) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(f.Name(), path)
+		err = unix.Renameat(dfd, tmp, dfd, base)
 	}
 	if err != nil {
-		os.Remove(f.Name())
+		unix.Unlinkat(dfd, tmp, 0)
 		return fmt.Errorf("pidfile: %w", err)
 	}
 	return nil

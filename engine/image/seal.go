@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"filippo.io/age"
+	"golang.org/x/sys/unix"
 )
 
 // Sealed snapshots (the "sealed" format feature): encrypted and
@@ -153,9 +154,9 @@ func ParseRecipients(args []string) (*SealOptions, error) {
 			}
 			rs = r
 		} else {
-			b, err := os.ReadFile(a)
+			b, err := readKeyFile(a, "recipient file")
 			if err != nil {
-				return nil, fmt.Errorf("recipient: %w", err)
+				return nil, err
 			}
 			rs, err = age.ParseRecipients(bytes.NewReader(b))
 			if err != nil {
@@ -211,14 +212,9 @@ func LoadKeyring(files []string) (*Keyring, error) {
 	}
 	k := &Keyring{}
 	for _, name := range files {
-		f, err := os.Open(name)
+		b, err := readKeyFile(name, "identity")
 		if err != nil {
-			return nil, fmt.Errorf("identity: %w", err)
-		}
-		b, err := io.ReadAll(io.LimitReader(f, 1<<20))
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("identity: %w", err)
+			return nil, err
 		}
 		ids, err := age.ParseIdentities(bufio.NewReader(bytes.NewReader(b)))
 		if err != nil {
@@ -232,6 +228,38 @@ func LoadKeyring(files []string) (*Keyring, error) {
 		k.files = append(k.files, name)
 	}
 	return k, nil
+}
+
+// readKeyFile reads a file of keys (what names its use: identity,
+// recipient file, signing key) that only the caller and root can change:
+// a key another user could swap would be theirs (a public key verifying
+// what they signed, a recipient reading what is sealed), as OpenSSH's
+// StrictModes holds. It must be a regular file; a FIFO in its place is
+// refused, not waited on (O_NONBLOCK).
+func readKeyFile(name, what string) ([]byte, error) {
+	f, err := os.OpenFile(name, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%w: %s %s is not a regular file", ErrUntrusted, what, name)
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
+		return nil, fmt.Errorf("%w: %s %s belongs to uid %d, neither the caller (uid %d) nor root", ErrUntrusted, what, name, st.Uid, euid)
+	}
+	if st.Mode&0o022 != 0 {
+		return nil, fmt.Errorf("%w: %s %s is writable by group or others (mode %04o): chmod go-w it", ErrUntrusted, what, name, st.Mode&0o7777)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", what, name, err)
+	}
+	return b, nil
 }
 
 // Files returns the identity files the keyring was read from.

@@ -46,9 +46,9 @@ type Signature struct {
 // ParseSigner reads the private key of dump --sign: an OpenSSH ed25519
 // key file without a passphrase.
 func ParseSigner(file string) (ed25519.PrivateKey, error) {
-	b, err := os.ReadFile(file)
+	b, err := readKeyFile(file, "signing key")
 	if err != nil {
-		return nil, fmt.Errorf("signing key: %w", err)
+		return nil, err
 	}
 	k, err := ssh.ParseRawPrivateKey(b)
 	if err != nil {
