@@ -51,6 +51,35 @@ type diskCache struct {
 	limit int64
 	used  atomic.Int64 // bytes, as counted at open plus what was put since
 	mu    sync.Mutex   // one eviction at a time
+
+	// life guards dir against close: every use holds it for reading,
+	// close for writing, so that a descriptor is never used after close
+	// (its number may name another file by then). Files of a Store
+	// outlive it: once the cache is closed, they read from the store.
+	life   sync.RWMutex
+	closed bool
+}
+
+// hold keeps the directory open until release; false if it is closed.
+func (c *diskCache) hold() bool {
+	c.life.RLock()
+	if c.closed {
+		c.life.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (c *diskCache) release() { c.life.RUnlock() }
+
+// close closes the directory, once every use under way has ended.
+func (c *diskCache) close() {
+	c.life.Lock()
+	defer c.life.Unlock()
+	if !c.closed {
+		c.closed = true
+		c.dir.Close()
+	}
 }
 
 // cacheExt names chunk files; temporary ones start with ".tmp".
@@ -115,7 +144,9 @@ func (c *diskCache) openChunk(name string) (*os.File, error) {
 		Flags:   flags,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 	})
-	if errors.Is(err, unix.ENOSYS) {
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+		// No openat2 here, or a seccomp filter that refuses it
+		// (some container runtimes' answer is EPERM).
 		fd, err = unix.Openat(c.fd(), name, int(flags), 0)
 	}
 	if err != nil {
@@ -140,23 +171,34 @@ func (c *diskCache) usable(f *os.File) (int64, bool) {
 // get returns chunk i of the object, of n bytes, if the cache holds it
 // whole and it passes its CRC32C.
 func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, bool) {
+	if !c.hold() {
+		return nil, false
+	}
+	defer c.release()
 	name := c.file(cl, key, o, i)
 	f, err := c.openChunk(name)
 	if err != nil {
-		if !errors.Is(err, unix.ENOENT) {
-			c.drop(name) // a symbolic link, a device...
+		// A symbolic link (or a file behind a mount) is not a chunk; an
+		// error of this moment (EMFILE, EINTR, ENOMEM) leaves the chunk
+		// for next time.
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			c.dropHeld(name)
 		}
 		return nil, false
 	}
 	defer f.Close()
 	size, ok := c.usable(f)
 	if !ok || size != n+4 {
-		c.drop(name)
+		c.dropHeld(name)
 		return nil, false
 	}
 	b := make([]byte, n+4)
-	if m, err := f.ReadAt(b, 0); m != len(b) || (err != nil && !errors.Is(err, io.EOF)) || codec.Checksum(b[:n]) != binary.LittleEndian.Uint32(b[n:]) {
-		c.drop(name)
+	m, err := f.ReadAt(b, 0)
+	if m != len(b) && err != nil && !errors.Is(err, io.EOF) {
+		return nil, false // a read error of this moment: left for next time
+	}
+	if m != len(b) || codec.Checksum(b[:n]) != binary.LittleEndian.Uint32(b[n:]) {
+		c.dropHeld(name)
 		return nil, false
 	}
 	now := unix.NsecToTimeval(time.Now().UnixNano())
@@ -167,6 +209,15 @@ func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, b
 // drop removes a chunk file of the directory that failed its check; it
 // reports whether there was one.
 func (c *diskCache) drop(name string) bool {
+	if !c.hold() {
+		return false
+	}
+	defer c.release()
+	return c.dropHeld(name)
+}
+
+// dropHeld is drop, the directory held.
+func (c *diskCache) dropHeld(name string) bool {
 	var st unix.Stat_t
 	if unix.Fstatat(c.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 		return false
@@ -183,6 +234,10 @@ func (c *diskCache) drop(name string) bool {
 // put stores chunk i of the object. Errors are not the reader's: a chunk
 // not cached is fetched again next time.
 func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
+	if !c.hold() {
+		return
+	}
+	defer c.release()
 	name := c.file(cl, key, o, i)
 	size := int64(len(b) + 4)
 	if size > c.limit {
@@ -275,6 +330,7 @@ func (c *diskCache) evict(need int64) {
 	if c.used.Load()+need <= c.limit {
 		return
 	}
+	before := c.used.Load()
 	all := c.list()
 	var total int64
 	for _, e := range all {
@@ -290,7 +346,9 @@ func (c *diskCache) evict(need int64) {
 			total -= e.size
 		}
 	}
-	c.used.Store(total)
+	// Resynchronised with the directory (other processes share it), by
+	// a difference: what puts added meanwhile is kept.
+	c.used.Add(total - before)
 }
 
 // A listing kept in the cache directory: the objects of one snapshot, by
@@ -318,6 +376,10 @@ func (c *diskCache) listingFile(cl *client) string {
 
 // putListing keeps the listing of the snapshot cl addresses.
 func (c *diskCache) putListing(cl *client, objs map[string]object) {
+	if !c.hold() {
+		return
+	}
+	defer c.release()
 	k := keptListing{Listed: time.Now().UTC(), Objects: map[string]keptObject{}}
 	for name, o := range objs {
 		k.Objects[name] = keptObject{o.size, o.etag}
@@ -332,6 +394,10 @@ func (c *diskCache) putListing(cl *client, objs map[string]object) {
 // listing returns the kept listing of the snapshot cl addresses, checked
 // as a chunk is (a regular file of the caller's, its CRC32C right).
 func (c *diskCache) listing(cl *client) (map[string]object, time.Time, bool) {
+	if !c.hold() {
+		return nil, time.Time{}, false
+	}
+	defer c.release()
 	name := c.listingFile(cl)
 	f, err := c.openChunk(name)
 	if err != nil {

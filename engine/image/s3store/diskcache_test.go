@@ -33,7 +33,7 @@ func newCacheCase(t *testing.T) *cacheCase {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.dir.Close() })
+	t.Cleanup(c.close)
 	return &cacheCase{dir: dir, c: c, cl: &client{addr: Address{Bucket: "snaps"}, endpoint: "http://127.0.0.1:9"},
 		key: "snap/pages-1.img", obj: object{size: 1 << 20, etag: `"e1"`}}
 }
@@ -175,5 +175,68 @@ func TestDiskCacheEvicts(t *testing.T) {
 	}
 	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 5, int64(len(chunk))); !ok {
 		t.Error("the newest chunk was evicted")
+	}
+}
+
+// TestDiskCacheClosed: once closed, the cache is a miss for every chunk
+// and stores none, never using its descriptor (whose number may name
+// another file by then); a close under way waits for the uses in flight.
+func TestDiskCacheClosed(t *testing.T) {
+	cc := newCacheCase(t)
+	b := bytes.Repeat([]byte{7}, 4096)
+	cc.c.put(cc.cl, cc.key, cc.obj, 0, b)
+	if got, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b))); !ok || !bytes.Equal(got, b) {
+		t.Fatal("a chunk put is not got back")
+	}
+	cc.c.close()
+	cc.c.close() // twice is fine
+	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b))); ok {
+		t.Error("a closed cache gave a chunk")
+	}
+	cc.c.put(cc.cl, cc.key, cc.obj, 1, b)
+	if cc.c.drop(cc.c.file(cc.cl, cc.key, cc.obj, 0)) {
+		t.Error("a closed cache dropped a chunk")
+	}
+	if _, err := os.Stat(filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, 1))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a closed cache stored a chunk: %v", err)
+	}
+}
+
+// TestDiskCacheTransientOpenError: a chunk whose open fails for a reason
+// of the moment (too many open files) is a miss, and stays for next time.
+func TestDiskCacheTransientOpenError(t *testing.T) {
+	cc := newCacheCase(t)
+	b := bytes.Repeat([]byte{9}, 4096)
+	cc.c.put(cc.cl, cc.key, cc.obj, 0, b)
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the descriptor table up to a lowered limit, then ask.
+	low := lim
+	var held []int
+	func() {
+		low.Cur = 64
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+			t.Skip(err)
+		}
+		defer unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+		for {
+			fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				break
+			}
+			held = append(held, fd)
+		}
+		_, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b)))
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+		if ok {
+			t.Error("got a chunk with no descriptor free")
+		}
+	}()
+	if got, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b))); !ok || !bytes.Equal(got, b) {
+		t.Error("the chunk was dropped for EMFILE")
 	}
 }

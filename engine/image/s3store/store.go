@@ -335,12 +335,14 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 		// manifest (kept too) says what every other byte must be.
 		kept, at, ok := s.disk.listing(c)
 		if !ok {
+			s.disk.close()
 			return nil, err
 		}
 		slog.Warn("the object store cannot be reached: using the listing kept in the cache directory", "store", a.String(),
 			"endpoint", c.endpoint, "listed", at.Format(time.RFC3339), "err", err)
 		s.objects, s.offline = kept, true
 	default:
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -381,6 +383,12 @@ func (s *Store) Open(name string) (image.File, error) {
 	return newFile(s, name, o), nil
 }
 
-// Close does nothing: files opened from the store stay usable, and each
-// stops its own readahead when closed.
-func (s *Store) Close() error { return nil }
+// Close closes the cache directory, if any. Files opened from the store
+// stay usable, reading from the store alone; each stops its own readahead
+// when closed.
+func (s *Store) Close() error {
+	if s.disk != nil {
+		s.disk.close()
+	}
+	return nil
+}
