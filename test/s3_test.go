@@ -178,6 +178,19 @@ func TestS3Modelserver(t *testing.T) {
 		}
 		lazyKill(t, ctx, p)
 	})
+	t.Run("cached chunks with right trailers and wrong bytes: an eager restore fetches them again", func(t *testing.T) {
+		n := damageChunks(t, cache)
+		r := restoreAndAdopt(t, p, addr, "--cache-dir", cache, "--s3-endpoint", m.Endpoint)
+		for req, sum := range want {
+			if got := lazyChecksumOf(lazyAsk(t, ctx, port, req)); got != sum {
+				t.Errorf("%s: checksum %s, want %s as before the dump", req, got, sum)
+			}
+		}
+		if !strings.Contains(r.Stderr, "fetched again") {
+			t.Errorf("%d chunks damaged: the restore does not say it fetched any again\n%s", n, r)
+		}
+		lazyKill(t, ctx, p)
+	})
 	// The cache directory is checked once, then used through that
 	// descriptor: a symbolic link renamed over its path afterwards, to a
 	// directory of chunks another user planted (garbage under right

@@ -239,29 +239,48 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 	for i, b := range blocks {
 		cb[i] = codec.Block{Kind: b.Kind, Off: int64(b.Off), StoredLen: int(b.StoredLen), Len: int(b.Len), CRC: b.CRC}
 	}
-	err := codec.DecodeBlocks(ctx, f.pages, cb, codec.DecodeOptions{Threads: f.o.Threads, Authenticated: f.noCRC}, func(first int, out [][]byte) error {
-		var wg sync.WaitGroup
-		for i, d := range out {
-			wg.Add(1)
-			if err := f.send(ctx, &fillJob{vma: vmas[first+i], blocks: blocks[first+i : first+i+1], data: d, done: &wg}); err != nil {
-				wg.Done()
-				wg.Wait()
-				return err
+	// base is the first block not yet handed to the writers: a batch
+	// fails whole, before any of its blocks is sent.
+	base, retried := 0, -1
+	for {
+		from := base
+		err := codec.DecodeBlocks(ctx, f.pages, cb[from:], codec.DecodeOptions{Threads: f.o.Threads, Authenticated: f.noCRC}, func(first int, out [][]byte) error {
+			first += from
+			var wg sync.WaitGroup
+			for i, d := range out {
+				wg.Add(1)
+				if err := f.send(ctx, &fillJob{vma: vmas[first+i], blocks: blocks[first+i : first+i+1], data: d, done: &wg}); err != nil {
+					wg.Done()
+					wg.Wait()
+					return err
+				}
 			}
+			wg.Wait()
+			base = first + len(out)
+			return ctx.Err()
+		})
+		be, ok := errors.AsType[*codec.BlockError](err)
+		if !ok || be.Index < 0 || from+be.Index >= len(blocks) {
+			return err
 		}
-		wg.Wait()
-		return ctx.Err()
-	})
-	var be *codec.BlockError
-	if errors.As(err, &be) && be.Index >= 0 && be.Index < len(blocks) {
 		if ibe, ok := errors.AsType[*image.BlockError](err); ok {
 			return ibe // a sealed block names itself
 		}
-		b := blocks[be.Index]
+		bad := from + be.Index
+		b := blocks[bad]
+		// Bytes kept by the source (an object store's chunk cache) may
+		// be the ones that are wrong: dropped and fetched again once per
+		// block, as image.Reader does, before it is called corrupt.
+		if fg, isF := f.pages.(image.Forgetter); isF && bad != retried &&
+			(errors.Is(be.Err, codec.ErrChecksum) || errors.Is(be.Err, codec.ErrUndecodable)) &&
+			fg.Forget(int64(b.Off), int64(b.StoredLen)) {
+			f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", be.Err)
+			retried = bad
+			continue
+		}
 		file, index := f.o.Pages.Origin(b)
 		return &image.BlockError{File: file, Block: index, Addr: b.Addr, Err: be.Err}
 	}
-	return err
 }
 
 // writeLoop writes jobs until the queue closes. After an error (its own,
@@ -306,6 +325,24 @@ func (f *filler) do(j *fillJob, buf *[]byte) error {
 // checks each against its CRC32C, unless PagesFile authenticated them as
 // it read them (image.Reader.Authenticated).
 func (f *filler) readRaw(j *fillJob, data []byte) error {
+	err := f.readRawOnce(j, data)
+	if err == nil || !errors.Is(err, codec.ErrChecksum) {
+		return err
+	}
+	// Bytes kept by the source (an object store's chunk cache) may be the
+	// ones that are wrong: dropped and fetched again once, as
+	// image.Reader does, before the block is called corrupt.
+	fg, ok := f.pages.(image.Forgetter)
+	first, last := j.blocks[0], j.blocks[len(j.blocks)-1]
+	if !ok || !fg.Forget(int64(first.Off), int64(last.Off+uint64(last.StoredLen)-first.Off)) {
+		return err
+	}
+	f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", j.addr()), "err", err)
+	return f.readRawOnce(j, data)
+}
+
+// readRawOnce is one try of readRaw.
+func (f *filler) readRawOnce(j *fillJob, data []byte) error {
 	if _, err := f.pages.ReadAt(data, int64(j.blocks[0].Off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF

@@ -334,3 +334,11 @@ func Lock(ctx context.Context, r *Target) error {
 	}
 	return nil
 }
+
+// logger is the target's log, or the default one.
+func (t *Target) logger() *slog.Logger {
+	if t.Log != nil {
+		return t.Log
+	}
+	return slog.Default()
+}

@@ -54,10 +54,32 @@ type diskCache struct {
 
 	// life guards dir against close: every use holds it for reading,
 	// close for writing, so that a descriptor is never used after close
-	// (its number may name another file by then). Files of a Store
-	// outlive it: once the cache is closed, they read from the store.
+	// (its number may name another file by then).
 	life   sync.RWMutex
 	closed bool
+	// refs counts the Store and its open files: files outlive the Store,
+	// and the directory is closed when the last of them is.
+	refs atomic.Int64
+}
+
+// retain counts one more user of the directory; false if it is closed.
+func (c *diskCache) retain() bool {
+	for {
+		n := c.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if c.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// unref ends a use; the last closes the directory.
+func (c *diskCache) unref() {
+	if c.refs.Add(-1) == 0 {
+		c.close()
+	}
 }
 
 // hold keeps the directory open until release; false if it is closed.
@@ -117,6 +139,7 @@ func openDiskCache(dir string, limit int64, trust bool) (*diskCache, error) {
 		}
 	}
 	c := &diskCache{name: dir, dir: d, trust: trust, limit: limit}
+	c.refs.Store(1) // the Store's
 	var used int64
 	for _, e := range c.list() {
 		used += e.size

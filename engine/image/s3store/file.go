@@ -49,10 +49,11 @@ type chunkKey struct {
 
 // file is one object opened for ranged reads: an image.File.
 type file struct {
-	s    *Store
-	name string
-	key  string
-	obj  object
+	s         *Store
+	closeOnce sync.Once // lets go of disk
+	name      string
+	key       string
+	obj       object
 	// disk is the store's disk cache, or nil; diskRead says whether
 	// chunks are read from it (the manifest's only offline), not only
 	// put there.
@@ -81,18 +82,25 @@ type fetch struct {
 func newFile(s *Store, name string, o object) *file {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &file{s: s, name: name, key: s.c.addr.key(name), obj: o, inFlight: map[int64]*fetch{}, last: -1, ctx: ctx, cancel: cancel}
-	f.disk = s.disk
+	if s.disk != nil && s.disk.retain() {
+		f.disk = s.disk
+	}
 	// The manifest is read from the store whenever it can be reached:
 	// it says what every other byte must be. It is kept in the cache
 	// for when the store cannot be.
-	f.diskRead = s.disk != nil && (name != image.ManifestName || s.offline)
+	f.diskRead = f.disk != nil && (name != image.ManifestName || s.offline)
 	return f
 }
 
-// Close stops the file's readahead.
+// Close stops the file's readahead and lets go of the cache directory.
 func (f *file) Close() error {
 	f.cancel()
 	f.wg.Wait()
+	f.closeOnce.Do(func() {
+		if f.disk != nil {
+			f.disk.unref()
+		}
+	})
 	return nil
 }
 

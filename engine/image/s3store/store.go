@@ -68,6 +68,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -281,7 +282,9 @@ type Store struct {
 	objects map[string]object // listed once, by Open
 	mem     *lru.Cache[chunkKey, []byte]
 	disk    *diskCache // nil without a cache directory
-	sem     chan struct{}
+	// closeOnce lets go of disk once, however often Close is called.
+	closeOnce sync.Once
+	sem       chan struct{}
 	// ctx ends every read when it is done (RemoteOptions.Context: the
 	// command's, cancelled by SIGINT and SIGTERM).
 	ctx         context.Context
@@ -335,7 +338,7 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 		// manifest (kept too) says what every other byte must be.
 		kept, at, ok := s.disk.listing(c)
 		if !ok {
-			s.disk.close()
+			s.Close()
 			return nil, err
 		}
 		slog.Warn("the object store cannot be reached: using the listing kept in the cache directory", "store", a.String(),
@@ -383,12 +386,14 @@ func (s *Store) Open(name string) (image.File, error) {
 	return newFile(s, name, o), nil
 }
 
-// Close closes the cache directory, if any. Files opened from the store
-// stay usable, reading from the store alone; each stops its own readahead
-// when closed.
+// Close lets go of the cache directory, if any, which is closed with the
+// last file opened from the store: files stay usable after the store is
+// closed; each stops its own readahead when closed.
 func (s *Store) Close() error {
-	if s.disk != nil {
-		s.disk.close()
-	}
+	s.closeOnce.Do(func() {
+		if s.disk != nil {
+			s.disk.unref()
+		}
+	})
 	return nil
 }
