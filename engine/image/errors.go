@@ -59,6 +59,9 @@ var (
 	// the caller's own (another owner, or writable by group or others), or
 	// is a symbolic link. It matches ErrUntrusted.
 	ErrUnsafeDir error = &untrusted{"unsafe snapshot directory"}
+	// ErrStateRefused: a dump's process state is one Validate refuses
+	// (a restore would): the dump fails rather than commit it.
+	ErrStateRefused = errors.New("process state a restore would refuse")
 	// ErrLocked: another dump is writing into the directory.
 	ErrLocked = errors.New("snapshot directory in use by another dump")
 )

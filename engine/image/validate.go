@@ -5,14 +5,18 @@ import (
 	"fmt"
 )
 
-// Limits of a process state that Validate enforces: more than a kernel
-// allows a process (vm.max_map_count is 65530 by default; RLIMIT_NOFILE's
-// hard ceiling, fs.nr_open, 1<<20), so that a state over them is damaged,
-// never a process that could have been.
+// Limits of a process state that Validate enforces: the kernel's own
+// ceilings, which no tuning goes past, so that a state over them is
+// damaged, never a process that could have been on a tuned host. A thread
+// id is below PID_MAX_LIMIT (4M, pid_max's ceiling); a descriptor below
+// fs.nr_open's ceiling (INT_MAX rounded down to a multiple of 64; 1<<20 by
+// default). vm.max_map_count may be raised to INT_MAX, but the largest
+// state file (maxStateSize) describes about 1.5M VMAs: 1<<20 of them,
+// 16 times the default count, are held to.
 const (
 	maxVMAs    = 1 << 20
-	maxThreads = 1 << 16
-	maxFD      = 1 << 20
+	maxThreads = 1 << 22
+	maxFD      = 1<<31 - 64
 	// protMask is PROT_READ|PROT_WRITE|PROT_EXEC.
 	protMask = 0x7
 )

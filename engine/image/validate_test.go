@@ -56,7 +56,7 @@ func TestValidateRefuses(t *testing.T) {
 		"unknown kind":     {func(p *Process) { p.VMAs[0].Kind = "heap" }, "kind"},
 		"fd -1":            {func(p *Process) { p.FDs[0].FD = -1 }, "descriptor -1"},
 		"fd twice":         {func(p *Process) { p.FDs[1].FD = 0 }, "twice"},
-		"fd huge":          {func(p *Process) { p.FDs[2].FD = 1 << 30 }, "too high"},
+		"fd huge":          {func(p *Process) { p.FDs[2].FD = maxFD }, "too high"},
 		"dup of itself":    {func(p *Process) { p.FDs[2].SameAs = &self }, "dup"},
 		"dup of negative":  {func(p *Process) { p.FDs[2].SameAs = &minus }, "dup"},
 		"dup of a missing": {func(p *Process) { two := 2; p.FDs[2].SameAs = &two }, "dup"},
@@ -101,4 +101,23 @@ func FuzzValidate(f *testing.F) {
 			seen[d.FD] = true
 		}
 	})
+}
+
+// TestWriterRefusesInvalidState: a state that readers would refuse is
+// never written: WriteState fails with ErrStateRefused (not ErrCorrupt: the
+// snapshot is not damaged, the dump is refused), naming the process and
+// what is wrong, and nothing is committed.
+func TestWriterRefusesInvalidState(t *testing.T) {
+	dir := t.TempDir() + "/snap"
+	w, err := Create(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	p := validState()
+	p.Threads = nil
+	err = w.WriteState(p)
+	if !errors.Is(err, ErrStateRefused) || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "process 10: ") || !strings.Contains(err.Error(), "no threads") {
+		t.Fatalf("WriteState of a state without threads: %v, want ErrStateRefused naming it", err)
+	}
 }

@@ -341,6 +341,11 @@ func (w *Writer) entry(pid int) *ProcessEntry {
 
 // WriteState writes process-PID.json.
 func (w *Writer) WriteState(p *Process) error {
+	// What every reader refuses is never written: the dump fails instead
+	// of committing a snapshot that restore would turn down.
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("%w: process %d: %v", ErrStateRefused, p.PID, err)
+	}
 	b, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode process state: %w", err)

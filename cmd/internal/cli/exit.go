@@ -71,7 +71,7 @@ var Statuses = []Status{
 	{ExitOK, "success"},
 	{ExitFailure, "failure not listed below"},
 	{ExitUsage, "usage: a mistake in the command line"},
-	{ExitUnsupported, "unsupported: a process holds something a snapshot cannot describe (the message names it and the process), is a zombie child, or is traced by another tracer"},
+	{ExitUnsupported, "unsupported: a process holds something a snapshot cannot describe (the message names it and the process), is a zombie child, or is traced by another tracer; or a dumped state is one a restore would refuse"},
 	{ExitNoProcess, "no such process"},
 	{ExitPIDInUse, "the snapshot's pid or a thread id is in use"},
 	{ExitOtherKernel, "the snapshot was taken on another kernel"},
@@ -108,7 +108,7 @@ func ExitCode(err error) int {
 		return ExitUntrusted
 	case errors.Is(err, engine.ErrFileChanged), errors.Is(err, image.ErrParentChanged):
 		return ExitFileChanged
-	case errors.Is(err, engine.ErrUnsupported), errors.Is(err, ptrace.ErrAlreadyTraced):
+	case errors.Is(err, engine.ErrUnsupported), errors.Is(err, ptrace.ErrAlreadyTraced), errors.Is(err, image.ErrStateRefused):
 		return ExitUnsupported
 	case errors.Is(err, ptrace.ErrNoProcess):
 		return ExitNoProcess
