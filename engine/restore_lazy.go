@@ -68,8 +68,9 @@ type LazyOptions struct {
 	// source that comes up in the background while the process is
 	// created (the private mount) waits for it there and says if it
 	// failed, so that a process never runs without its source (unless
-	// SourceUp says how it can).
-	SourceReady func() error
+	// SourceUp says how it can). It returns when ctx ends (SIGINT or
+	// SIGTERM), however long the source takes to come up.
+	SourceReady func(ctx context.Context) error
 	// SourceUp, if set, reports without waiting whether
 	// the source (one that comes up in the background, as SourceReady's)
 	// can be read yet. The process then runs without waiting for it
@@ -326,7 +327,7 @@ func (r *restorer) finish(ctx context.Context) error {
 		return err
 	}
 	if ready := r.opts.LazyOptions.SourceReady; ready != nil && r.opts.LazyOptions.SourceUp == nil {
-		if err := ready(); err != nil {
+		if err := ready(ctx); err != nil {
 			return fmt.Errorf("page source: %w", err)
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"strings"
@@ -21,7 +22,7 @@ func TestMountLaterFails(t *testing.T) {
 
 	logged := &testutil.Buffer{}
 	one := mountLater(mount, false, slog.New(slog.NewTextHandler(logged, nil)))
-	if err := one.ready(); !errors.Is(err, failed) {
+	if err := one.ready(context.Background()); !errors.Is(err, failed) {
 		t.Fatalf("ready: %v, want the mount's error", err)
 	}
 	if one.up() {
@@ -54,4 +55,37 @@ func TestMountLaterFails(t *testing.T) {
 		t.Error("a tree's source claims it can be read before its mount is up")
 	}
 	tree.close()
+}
+
+// TestMountLaterInterrupted: a tree's restore waiting for a private mount
+// that is slow to come up (a store that stalls) returns as soon as its
+// context ends (SIGINT, SIGTERM), and closing the source then does not
+// wait for the mount either.
+func TestMountLaterInterrupted(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	mount := func() (*fs.PrivateMount, error) {
+		<-release
+		return nil, errors.New("released")
+	}
+	tree := mountLater(mount, true, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	if err := tree.ready(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("ready: %v, want the context's end", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		tree.close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("close waited for a mount still being set up after a signal")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("ready and close took %v after the context ended", took)
+	}
 }

@@ -496,7 +496,7 @@ type lazySource struct {
 	gone <-chan error
 	// ready, if not nil, waits for a source made in the background
 	// (engine.LazyOptions.SourceReady).
-	ready func() error
+	ready func(ctx context.Context) error
 	// up, if not nil, says without waiting whether that source is up
 	// (engine.LazyOptions.SourceUp): the process does not wait for it.
 	up func() bool
@@ -686,7 +686,19 @@ func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Log
 		<-ready
 		return merr
 	}
-	src := &lazySource{gone: gone, ready: wait}
+	src := &lazySource{gone: gone, ready: func(ctx context.Context) error {
+		select {
+		case <-ready:
+			return merr
+		case <-ctx.Done():
+			// A signal: the mount not yet up is abandoned (close does
+			// not wait for it either).
+			mu.Lock()
+			aborting = true
+			mu.Unlock()
+			return ctx.Err()
+		}
+	}}
 	src.abort = func() {
 		mu.Lock()
 		defer mu.Unlock()
