@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -340,20 +342,35 @@ func PrivateMain(args []string) int {
 	// Setting up may wait long on the snapshot (an object store that
 	// stalls): if the starter ends meanwhile (its own restore ended),
 	// nobody waits for this mount, so end now rather than when the reads
-	// time out. (The mount, if made, is in a namespace of ours.)
+	// time out: the store's reads are cancelled, the setup fails and
+	// undoes what it did (the mount, its directory). Should it still not
+	// return, the helper exits anyway, removing the directory if it can.
 	setUp := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var tmpDir atomic.Pointer[string]
 	go func() {
 		waitStarter(sock, pidfd)
 		select {
 		case <-setUp:
 		default:
-			os.Exit(0)
+			cancel()
+			select {
+			case <-setUp:
+			case <-time.After(privateExitWait):
+				if d := tmpDir.Load(); d != nil {
+					unix.Unmount(*d, unix.MNT_DETACH)
+					os.Remove(*d)
+				}
+				os.Exit(0)
+			}
 		}
 	}()
 	var pa privateArgs
 	if err := json.Unmarshal([]byte(args[2]), &pa); err != nil {
 		return fail(fmt.Errorf("helper arguments: %w", err))
 	}
+	pa.Remote.Context = ctx
 	// The mount namespace is this thread's (unshare of CLONE_FS and
 	// CLONE_NEWNS is per thread): mount, open, unmount all happen on it,
 	// and fusermount3 is started from it.
@@ -368,6 +385,7 @@ func PrivateMain(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	tmpDir.Store(&tmp)
 	defer os.Remove(tmp)
 	keys, err := image.LoadKeyring(pa.Identities)
 	if err != nil {

@@ -5,13 +5,20 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/image"
+	// s3:// addresses for the private mount's helper (this test binary).
+	_ "github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -20,8 +27,12 @@ import (
 // through the mount and waits to be killed (TestMountPrivateStarterKilled).
 const privateChildEnv = "LAZYFS_FS_TEST_PRIVATE_CHILD"
 
+// privateEndpointEnv, for a child of privateChildEnv, is the object
+// store of a dir at s3://.
+const privateEndpointEnv = "LAZYFS_FS_TEST_PRIVATE_ENDPOINT"
+
 func privateChildMain(dir string) int {
-	m, err := MountPrivate(dir, pidA, Options{DirectIO: true})
+	m, err := MountPrivate(dir, pidA, Options{DirectIO: true, Remote: image.RemoteOptions{Endpoint: os.Getenv(privateEndpointEnv)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -219,4 +230,86 @@ func TestMountPrivateStarterKilled(t *testing.T) {
 		t.Fatalf("helper %d still running 5s after its starter was killed", helper)
 	}
 	checkNothingLeft(t, s.Dir, mnt)
+}
+
+// TestMountPrivateStarterKilledDuringSetup: a starter killed while its
+// helper is still setting up (here: listing a snapshot in an object store
+// that accepts connections and never answers) leaves nothing behind: the
+// helper cancels the store's reads, undoes its setup (its mountpoint
+// directory) and exits, within a few seconds.
+func TestMountPrivateStarterKilledDuringSetup(t *testing.T) {
+	testutil.RequireFUSE(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "lazyfs-private-*"))
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), privateChildEnv+"=s3://snaps/stalled", privateEndpointEnv+"=http://"+ln.Addr().String(),
+		"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=testtest", "AWS_REGION=us-east-1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	// The helper: the child's child, named PrivateArg0, with its
+	// mountpoint directory made.
+	helper := 0
+	for deadline := time.Now().Add(10 * time.Second); helper == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no helper started\n%s", stderr.String())
+		}
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				continue
+			}
+			st := string(b)
+			f := strings.Fields(st[strings.LastIndexByte(st, ')')+1:])
+			if len(f) > 1 && f[1] == strconv.Itoa(cmd.Process.Pid) {
+				helper = pid
+			}
+		}
+	}
+	var made []string
+	for deadline := time.Now().Add(10 * time.Second); len(made) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("helper %d made no mountpoint directory", helper)
+		}
+		now, _ := filepath.Glob(filepath.Join(os.TempDir(), "lazyfs-private-*"))
+		for _, d := range now {
+			if !slices.Contains(before, d) {
+				made = append(made, d)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // listing, stalled
+	cmd.Process.Kill()
+	cmd.Wait()
+	if !processGone(helper, 5*time.Second) {
+		t.Fatalf("helper %d still running 5s after its starter was killed during setup", helper)
+	}
+	for _, d := range made {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the helper's mountpoint directory %s left behind: %v", d, err)
+			os.Remove(d)
+		}
+	}
 }
