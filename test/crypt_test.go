@@ -567,4 +567,23 @@ func TestSealedS3(t *testing.T) {
 			lazyKill(t, ctx, p)
 		})
 	}
+	t.Run("cached chunks with right trailers and wrong bytes: fetched again", func(t *testing.T) {
+		cache := filepath.Join(t.TempDir(), "cache")
+		restoreAndAdopt(t, p, addr, "--cache-dir", cache)
+		lazyKill(t, ctx, p)
+		n := damageChunks(t, cache)
+		for _, lazy := range []bool{false, true} {
+			if lazy {
+				n = damageChunks(t, cache)
+				lazyRestoreCounter(t, ctx, p, addr, atDump, "--cache-dir", cache, "--source", "direct")
+				continue
+			}
+			r := restoreAndAdopt(t, p, addr, "--cache-dir", cache)
+			lazyCheckCounter(t, ctx, p, atDump)
+			if !strings.Contains(r.Stderr, "fetched again") {
+				t.Errorf("%d sealed chunks damaged: the restore does not say it fetched any again\n%s", n, r)
+			}
+			lazyKill(t, ctx, p)
+		}
+	})
 }

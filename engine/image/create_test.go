@@ -111,7 +111,7 @@ func TestCommitNeverReplaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Abort()
-	if err := w.WriteState(&Process{PID: 3}); err != nil {
+	if err := w.WriteState(&Process{PID: 3, Threads: []Thread{{TID: 3}}}); err != nil {
 		t.Fatal(err)
 	}
 	delete(w.m.Files, stateName(3)) // commit checks nothing but the manifest here

@@ -304,6 +304,25 @@ type chainPayloads struct {
 	parent        io.ReaderAt
 }
 
+// Forget passes on to the files of the chain that hold [off, off+n)
+// (Forgetter).
+func (c *chainPayloads) Forget(off, n int64) bool {
+	lo, hi := uint64(max(off, 0)), uint64(max(off+n, 0))
+	held := false
+	if lo < c.ownSize {
+		if fg, ok := c.own.(Forgetter); ok {
+			held = fg.Forget(int64(lo), int64(min(hi, c.ownSize)-lo)) || held
+		}
+	}
+	if hi > c.base {
+		if fg, ok := c.parent.(Forgetter); ok {
+			from := max(lo, c.base)
+			held = fg.Forget(int64(from-c.base), int64(hi-from)) || held
+		}
+	}
+	return held
+}
+
 func (c *chainPayloads) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("read pages at %d: negative offset", off)

@@ -571,22 +571,34 @@ func (r *Reader) blockError(b Block, err error) error {
 // authenticated block is not: see Authenticated). The cached ReadAt and
 // the uncached reader (Uncached) both load through it.
 func (r *Reader) load(b Block, dst []byte) error {
-	err := r.loadOnce(b, dst)
-	if err == nil {
+	return r.refetching(b, func() error { return r.loadOnce(b, dst) })
+}
+
+// refetching runs read, a read of block b from the source, and if it
+// fails as bytes a cache kept wrong would (Refetchable), drops the
+// source's copy of the block (Forgetter) and runs it once more before
+// the block is called corrupt. The second read is made even if the
+// source held nothing: another reader may have dropped the same chunk a
+// moment before, its fetch not yet done.
+func (r *Reader) refetching(b Block, read func() error) error {
+	err := read()
+	if err == nil || !Refetchable(err) {
 		return err
 	}
-	// Bytes kept by the source (an object store's chunk cache) may be
-	// the ones that are wrong, not the snapshot's: dropped and fetched
-	// again once before the block is called corrupt.
 	f, ok := r.src.(Forgetter)
-	if !ok || !(errors.Is(err, codec.ErrChecksum) || errors.Is(err, codec.ErrUndecodable)) {
+	if !ok {
 		return err
 	}
-	if !f.Forget(int64(b.Off), int64(b.StoredLen)) {
-		return err
-	}
+	f.Forget(int64(b.Off), int64(b.StoredLen))
 	r.log.Warn("block fetched again: its cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
-	return r.loadOnce(b, dst)
+	return read()
+}
+
+// Refetchable tells whether a block's error may come from bytes a cache
+// kept wrong (a checksum, a decoder's or an authentication failure), so
+// that reading the block again past the cache (Forgetter) may cure it.
+func Refetchable(err error) bool {
+	return errors.Is(err, codec.ErrChecksum) || errors.Is(err, codec.ErrUndecodable) || errors.Is(err, ErrAuth)
 }
 
 // Forgetter is a pages file (an image.File) whose bytes may come from a
@@ -694,16 +706,18 @@ func (r *Reader) Unit(addr, size uint64) (lo, hi uint64, ok bool) {
 // loadPages reads the pages [at, at+len(dst)) of block b, which must be
 // PageChecked, page aligned and inside it, into dst and checks each.
 func (r *Reader) loadPages(b Block, at uint64, dst []byte) error {
-	if _, err := r.src.ReadAt(dst, int64(b.Off+(at-b.Addr))); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	return r.refetching(b, func() error {
+		if _, err := r.src.ReadAt(dst, int64(b.Off+(at-b.Addr))); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return r.blockError(b, err)
 		}
-		return r.blockError(b, err)
-	}
-	if err := r.pcrc.check(b, at, dst); err != nil {
-		return r.blockError(b, err)
-	}
-	return nil
+		if err := r.pcrc.check(b, at, dst); err != nil {
+			return r.blockError(b, err)
+		}
+		return nil
+	})
 }
 
 // readPart reads [lo, hi) of block b, a part of it, into dst: the pages
@@ -713,7 +727,7 @@ func (r *Reader) readPart(b Block, lo, hi uint64, dst []byte) error {
 	if r.windowed(b) {
 		// The payloads authenticate the windows that hold [lo, hi) and
 		// decrypt into dst what of them it holds.
-		return r.preadAt(b, dst, b.Off+(lo-b.Addr))
+		return r.refetching(b, func() error { return r.preadAt(b, dst, b.Off+(lo-b.Addr)) })
 	}
 	plo, phi := lo&^(PageSize-1), alignUp(hi, PageSize)
 	if !r.pageCRCs(b) {

@@ -85,6 +85,13 @@ func newSealedPages(name string, f File, lay *layout, k *sealKeys, window uint64
 	return s, nil
 }
 
+// Forget passes on to the pages file (Forgetter): a block that fails its
+// authentication may be one its cache kept wrong.
+func (s *sealedPages) Forget(off, n int64) bool {
+	fg, ok := s.f.(Forgetter)
+	return ok && fg.Forget(off, n)
+}
+
 // sealedScratch is how many block-sized buffers a sealedPages keeps for
 // blocks it cannot decrypt in place. They are kept, not pooled: memory
 // freed and faulted in again is what costs most on a machine that hands

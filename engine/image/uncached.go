@@ -69,18 +69,26 @@ func (u uncached) loadRaw(ri int, b Block, dst []byte) (uint64, error) {
 		}
 		last, n, count = next, n+uint64(next.Len), count+1
 	}
-	if err := r.pread(b, dst[:n]); err != nil {
+	batch := b
+	batch.StoredLen = uint32(last.Off + uint64(last.StoredLen) - b.Off) // the bytes Forget drops
+	err := r.refetching(batch, func() error {
+		if err := r.pread(b, dst[:n]); err != nil {
+			return err
+		}
+		for c, ci := b, ri; ; {
+			if err := r.checkRaw(c, dst[c.Addr-b.Addr:c.End()-b.Addr]); err != nil {
+				return err
+			}
+			if c.Index == last.Index {
+				return nil
+			}
+			ci, c, _ = u.next(ci, c)
+		}
+	})
+	if err != nil {
 		return 0, err
 	}
-	for c := b; ; {
-		if err := r.checkRaw(c, dst[c.Addr-b.Addr:c.End()-b.Addr]); err != nil {
-			return 0, err
-		}
-		if c.Index == last.Index {
-			return n, nil
-		}
-		ri, c, _ = u.next(ri, c)
-	}
+	return n, nil
 }
 
 // next returns the block after b (of run ri) and its run, if it starts

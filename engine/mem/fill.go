@@ -259,24 +259,38 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 			base = first + len(out)
 			return ctx.Err()
 		})
-		be, ok := errors.AsType[*codec.BlockError](err)
-		if !ok || be.Index < 0 || from+be.Index >= len(blocks) {
+		// The block that failed: by its index in the batch (a block the
+		// decoder checked), or by its address (a sealed block, which
+		// names itself when the source reads it).
+		bad := -1
+		be, isBE := errors.AsType[*codec.BlockError](err)
+		ibe, isIBE := errors.AsType[*image.BlockError](err)
+		switch {
+		case isIBE:
+			for i := from; i < len(blocks); i++ {
+				if blocks[i].Addr == ibe.Addr {
+					bad = i
+					break
+				}
+			}
+		case isBE && be.Index >= 0 && from+be.Index < len(blocks):
+			bad = from + be.Index
+		}
+		if bad < 0 {
 			return err
 		}
-		if ibe, ok := errors.AsType[*image.BlockError](err); ok {
-			return ibe // a sealed block names itself
-		}
-		bad := from + be.Index
 		b := blocks[bad]
 		// Bytes kept by the source (an object store's chunk cache) may
 		// be the ones that are wrong: dropped and fetched again once per
 		// block, as image.Reader does, before it is called corrupt.
-		if fg, isF := f.pages.(image.Forgetter); isF && bad != retried &&
-			(errors.Is(be.Err, codec.ErrChecksum) || errors.Is(be.Err, codec.ErrUndecodable)) &&
-			fg.Forget(int64(b.Off), int64(b.StoredLen)) {
-			f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", be.Err)
+		if fg, isF := f.pages.(image.Forgetter); isF && bad != retried && image.Refetchable(err) {
+			fg.Forget(int64(b.Off), int64(b.StoredLen))
+			f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
 			retried = bad
 			continue
+		}
+		if isIBE {
+			return ibe // a sealed block names itself
 		}
 		file, index := f.o.Pages.Origin(b)
 		return &image.BlockError{File: file, Block: index, Addr: b.Addr, Err: be.Err}
@@ -326,17 +340,20 @@ func (f *filler) do(j *fillJob, buf *[]byte) error {
 // it read them (image.Reader.Authenticated).
 func (f *filler) readRaw(j *fillJob, data []byte) error {
 	err := f.readRawOnce(j, data)
-	if err == nil || !errors.Is(err, codec.ErrChecksum) {
+	if err == nil || !image.Refetchable(err) {
 		return err
 	}
 	// Bytes kept by the source (an object store's chunk cache) may be the
 	// ones that are wrong: dropped and fetched again once, as
 	// image.Reader does, before the block is called corrupt.
+	// (The second read is made even if the source held nothing: another
+	// reader may have dropped the same chunk a moment before.)
 	fg, ok := f.pages.(image.Forgetter)
-	first, last := j.blocks[0], j.blocks[len(j.blocks)-1]
-	if !ok || !fg.Forget(int64(first.Off), int64(last.Off+uint64(last.StoredLen)-first.Off)) {
+	if !ok {
 		return err
 	}
+	first, last := j.blocks[0], j.blocks[len(j.blocks)-1]
+	fg.Forget(int64(first.Off), int64(last.Off+uint64(last.StoredLen)-first.Off))
 	f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", j.addr()), "err", err)
 	return f.readRawOnce(j, data)
 }
