@@ -247,7 +247,7 @@ func TestDumpTwiceIntoOneDir(t *testing.T) {
 	if second.Code == 0 {
 		t.Fatalf("the second dump into the same directory succeeded too:\n%s", second)
 	}
-	if !strings.Contains(second.Stderr, "in use by another dump") {
+	if !strings.Contains(second.Stderr, "locked by another dump") {
 		t.Errorf("the second dump's error does not say the directory is in use:\n%s", second.Stderr)
 	}
 	if st := small.ExitState(); st != nil {

@@ -63,7 +63,7 @@ var (
 	// (a restore would): the dump fails rather than commit it.
 	ErrStateRefused = errors.New("process state a restore would refuse")
 	// ErrLocked: another dump is writing into the directory.
-	ErrLocked = errors.New("snapshot directory in use by another dump")
+	ErrLocked = errors.New("locked by another dump")
 )
 
 // untrusted is a sentinel for one way a path is not the caller's to

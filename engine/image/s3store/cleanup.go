@@ -37,9 +37,13 @@ type Leftovers struct {
 	// Others are objects that are not a dump's leftovers (no lock marks
 	// the prefix): listed, never removed.
 	Others []Object
-	// Uploads are multipart uploads under way or abandoned: those the
-	// markers name, and those the store lists under the prefix.
+	// Uploads are the dump's multipart uploads never completed nor
+	// aborted: those its markers name, and, under a dead dump's lock,
+	// those the store lists under the prefix.
 	Uploads []PendingUpload
+	// OtherUploads are uploads under the prefix that no marker or lock
+	// says are a dump's: listed, never aborted.
+	OtherUploads []PendingUpload
 	// Markers are the objects that name a dump's uploads.
 	Markers []string
 
@@ -95,15 +99,25 @@ func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Le
 		switch {
 		case name == lockName:
 		case strings.HasPrefix(name, uploadMarker):
-			// A dump's own, whatever else the prefix holds.
+			// A dump's own, whatever else the prefix holds. Its upload
+			// is looked up by its exact key, which every store lists:
+			// a marker whose upload is gone (completed, its marker's
+			// delete failed) is stale, removed with nothing to abort.
 			l.Markers = append(l.Markers, name)
 			id, err := c.readSmall(ctx, name)
 			if err != nil {
 				return nil, err
 			}
-			if id = strings.TrimSpace(id); id != "" && !ids[id] {
-				ids[id] = true
-				l.Uploads = append(l.Uploads, PendingUpload{Name: strings.TrimPrefix(name, uploadMarker), ID: id, Initiated: objs[name].modified})
+			file := strings.TrimPrefix(name, uploadMarker)
+			of, err := c.pendingUploadsOf(ctx, c.addr.key(file))
+			if err != nil {
+				return nil, err
+			}
+			for _, u := range of {
+				if u.ID == strings.TrimSpace(id) && !ids[u.ID] {
+					ids[u.ID] = true
+					l.Uploads = append(l.Uploads, u)
+				}
 			}
 		case l.Complete:
 		case l.Lock != nil:
@@ -112,19 +126,34 @@ func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Le
 			l.Others = append(l.Others, ob)
 		}
 	}
-	// Uploads with no marker (a dump killed between starting one and
-	// marking it), where the store lists uploads by prefix.
-	listed, err := c.pendingUploads(ctx)
+	// Uploads with no marker, where the store lists uploads by prefix:
+	// a dead dump's (killed between starting one and marking it) when its
+	// lock says so; otherwise someone else's, listed and kept.
+	listed, err := c.pendingUploads(ctx, c.addr.listPrefix())
 	if err != nil {
 		return nil, err
 	}
 	for _, u := range listed {
-		if !ids[u.ID] {
-			ids[u.ID] = true
+		if ids[u.ID] {
+			continue
+		}
+		ids[u.ID] = true
+		if l.Lock != nil && !l.Complete {
 			l.Uploads = append(l.Uploads, u)
+		} else {
+			l.OtherUploads = append(l.OtherUploads, u)
 		}
 	}
 	return l, nil
+}
+
+// pendingUploadsOf lists the multipart uploads of the object key.
+func (c *client) pendingUploadsOf(ctx context.Context, key string) ([]PendingUpload, error) {
+	us, err := c.pendingUploads(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(us, func(u PendingUpload) bool { return c.addr.key(u.Name) != key }), nil
 }
 
 // readSmall reads the object name, a few bytes of text (a marker).
@@ -146,10 +175,11 @@ func (c *client) readSmall(ctx context.Context, name string) (string, error) {
 	return string(b), nil
 }
 
-// pendingUploads lists the multipart uploads right under the prefix.
-func (c *client) pendingUploads(ctx context.Context) ([]PendingUpload, error) {
+// pendingUploads lists the multipart uploads whose keys start with
+// prefix, right under the snapshot's prefix.
+func (c *client) pendingUploads(ctx context.Context, prefix string) ([]PendingUpload, error) {
 	var out []PendingUpload
-	in := &s3.ListMultipartUploadsInput{Bucket: aws.String(c.addr.Bucket), Prefix: aws.String(c.addr.listPrefix()), Delimiter: aws.String("/")}
+	in := &s3.ListMultipartUploadsInput{Bucket: aws.String(c.addr.Bucket), Prefix: aws.String(prefix), Delimiter: aws.String("/")}
 	for {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
 		page, err := c.s3.ListMultipartUploads(octx, in)
@@ -175,6 +205,15 @@ func (c *client) pendingUploads(ctx context.Context) ([]PendingUpload, error) {
 // lock whose dump runs on this host and, unless force, one whose dump ran
 // on another host or says too little to tell.
 func (l *Leftovers) Clear(ctx context.Context, force bool, report func(what string)) error {
+	// The lock once more, just before acting: a dump that took the
+	// prefix since it was listed is not cleared away.
+	now, found, err := l.c.readLock(ctx)
+	if err != nil {
+		return err
+	}
+	if found != (l.Lock != nil) || found && now != *l.Lock {
+		return fmt.Errorf("%s: %w: a dump took or left the prefix since it was listed: run cleanup again", l.Addr, ErrLockHeld)
+	}
 	if l.Lock != nil {
 		switch st := l.Lock.State(); {
 		case st == LockRunning:

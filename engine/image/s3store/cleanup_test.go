@@ -102,3 +102,90 @@ func TestLeftoversOfOtherHosts(t *testing.T) {
 		}
 	})
 }
+
+// TestLeftoversChangedOrStale: a lock replaced between listing and
+// clearing (another dump took the prefix) is not cleared; a marker whose
+// upload is gone (a complete snapshot whose marker's delete failed) is
+// removed with nothing aborted; an upload no marker or lock names (another
+// tool's) is never aborted.
+func TestLeftoversChangedOrStale(t *testing.T) {
+	m, o, _ := setup(t)
+	ctx := context.Background()
+	put := func(key, body string) {
+		t.Helper()
+		if _, err := m.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("snaps"), Key: aws.String(key), Body: bytes.NewReader([]byte(body))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := "lazyfs dump lock\nhost: elsewhere\nboot_id: 0\npid_ns: pid:[1]\npid: 1\nstart_ticks: 1\nstarted: 2026-01-02T03:04:05Z\n"
+
+	put("changed/.lazyfs-dump.lock", other)
+	l, err := s3store.FindLeftovers(ctx, "s3://snaps/changed", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put("changed/.lazyfs-dump.lock", strings.Replace(other, "pid: 1\n", "pid: 2\n", 1))
+	if err := l.Clear(ctx, true, func(string) {}); !errors.Is(err, s3store.ErrLockHeld) || !strings.Contains(err.Error(), "since it was listed") {
+		t.Errorf("clear after the lock changed: %v, want ErrLockHeld", err)
+	}
+
+	put("stale/"+image.ManifestName, "{}")
+	put("stale/.lazyfs-upload.pages-1.img", "no-such-upload-id\n")
+	up, err := m.Client().CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("snaps"), Key: aws.String("stale/notes.bin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err = s3store.FindLeftovers(ctx, "s3://snaps/stale", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Complete || len(l.Markers) != 1 || len(l.Uploads) != 0 {
+		t.Fatalf("leftovers %+v: want a complete snapshot, one stale marker, no upload to abort", l)
+	}
+	var did []string
+	if err := l.Clear(ctx, false, func(s string) { did = append(did, s) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(did) != 0 {
+		t.Errorf("clearing a stale marker reported %q", did)
+	}
+	out, err := m.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String("stale/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Contents) != 1 || aws.ToString(out.Contents[0].Key) != "stale/"+image.ManifestName {
+		t.Errorf("after clear: %d objects, want the manifest alone", len(out.Contents))
+	}
+	ups, err := m.Client().ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String("snaps"), Prefix: aws.String("stale/notes.bin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ups.Uploads) != 1 || aws.ToString(ups.Uploads[0].UploadId) != aws.ToString(up.UploadId) {
+		t.Errorf("another tool's upload was aborted: %d left", len(ups.Uploads))
+	}
+}
+
+// TestLockState: a lock is running only when its pid, with the same start
+// time, is in the caller's own pid namespace of the same boot of the same
+// host; another pid namespace (a container on the host) cannot tell.
+func TestLockState(t *testing.T) {
+	me := s3store.OurLockForTest()
+	if st := me.State(); st != s3store.LockRunning {
+		t.Errorf("our own lock: %v, want running", st)
+	}
+	ns := me
+	ns.PIDNS = "pid:[1]"
+	if st := ns.State(); st != s3store.LockUnknown {
+		t.Errorf("a lock of another pid namespace: %v, want unknown", st)
+	}
+	gone := me
+	gone.Start++
+	if st := gone.State(); st != s3store.LockGone {
+		t.Errorf("a lock whose pid has another start time: %v, want gone", st)
+	}
+	reboot := me
+	reboot.BootID = "another-boot"
+	if st := reboot.State(); st != s3store.LockGone {
+		t.Errorf("a lock of another boot: %v, want gone", st)
+	}
+}

@@ -23,8 +23,12 @@ import (
 // to tell, on the dump's own host, whether it still runs (its pid with the
 // same start time, since the same boot), and elsewhere who to ask.
 type Lock struct {
-	Host    string
-	BootID  string    // /proc/sys/kernel/random/boot_id of the host
+	Host   string
+	BootID string // /proc/sys/kernel/random/boot_id of the host
+	// PIDNS names the dump's pid namespace (/proc/self/ns/pid): containers
+	// share a host's boot id, and may share its hostname, but a pid means
+	// something only in its own namespace.
+	PIDNS   string
 	PID     int       // the dumping snapctl's
 	Start   uint64    // its start time, in clock ticks after boot
 	Started time.Time // when it took the lock
@@ -62,6 +66,7 @@ func ourLock() Lock {
 	l := Lock{PID: os.Getpid(), Started: time.Now().UTC().Truncate(time.Second)}
 	l.Host, _ = os.Hostname()
 	l.BootID = bootID()
+	l.PIDNS = pidNS()
 	if st, err := proc.ReadStat(l.PID); err == nil {
 		l.Start = st.StartTime
 	}
@@ -76,12 +81,22 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
+// pidNS names the caller's pid namespace: the link /proc/self/ns/pid
+// (pid:[INODE]).
+func pidNS() string {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return ""
+	}
+	return ns
+}
+
 // encode writes l as a lock object's text: a magic line, then one
 // "key: value" line per field, readable with cat.
 func (l Lock) encode() []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%s\nhost: %s\nboot_id: %s\npid: %d\nstart_ticks: %d\nstarted: %s\n",
-		lockMagic, l.Host, l.BootID, l.PID, l.Start, l.Started.Format(time.RFC3339))
+	fmt.Fprintf(&b, "%s\nhost: %s\nboot_id: %s\npid_ns: %s\npid: %d\nstart_ticks: %d\nstarted: %s\n",
+		lockMagic, l.Host, l.BootID, l.PIDNS, l.PID, l.Start, l.Started.Format(time.RFC3339))
 	return b.Bytes()
 }
 
@@ -103,6 +118,8 @@ func parseLock(b []byte) (Lock, bool) {
 			l.Host = v
 		case "boot_id":
 			l.BootID = v
+		case "pid_ns":
+			l.PIDNS = v
 		case "pid":
 			l.PID, _ = strconv.Atoi(v)
 		case "start_ticks":
@@ -114,7 +131,10 @@ func parseLock(b []byte) (Lock, bool) {
 	return l, l.Host != "" && l.PID > 0
 }
 
-// State tells whether l's dump still runs, as far as this host can know.
+// State tells whether l's dump still runs, as far as this host can know:
+// only a dump of this boot of this host, in the caller's own pid
+// namespace, can be looked up (a container on the same host, with its
+// own pid namespace, is another host here).
 func (l Lock) State() LockState {
 	host, _ := os.Hostname()
 	if l.Host == "" || l.Host != host || l.BootID == "" {
@@ -122,6 +142,9 @@ func (l Lock) State() LockState {
 	}
 	if l.BootID != bootID() {
 		return LockGone // a process does not outlive its host's boot
+	}
+	if l.PIDNS == "" || l.PIDNS != pidNS() {
+		return LockUnknown
 	}
 	st, err := proc.ReadStat(l.PID)
 	if err != nil || st.Exited() || st.StartTime != l.Start {

@@ -52,6 +52,7 @@ type Writer struct {
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	written []string  // keys stored so far, for Abort
+	keep    []string  // markers of uploads that could not be aborted
 	open    []*upload // not yet closed, for Abort
 	done    bool
 }
@@ -95,7 +96,7 @@ func (w *Writer) lock(a Address) error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(objs)) {
 		if strings.HasPrefix(name, uploadMarker) {
-			return fmt.Errorf("%w: %s holds %s, the mark of an upload a dump left: clear it with `snapctl cleanup -D %s`", image.ErrExists, a, name, a)
+			return fmt.Errorf("%s: %w: it holds %s, the mark of an upload a dump left: clear it with `snapctl cleanup -D %s`", a, image.ErrLocked, name, a)
 		}
 		return fmt.Errorf("%w: %s is not empty (it holds %s): remove it or dump elsewhere", image.ErrExists, a, name)
 	}
@@ -176,6 +177,17 @@ func (w *Writer) Create(name string) (image.Upload, error) {
 // Commit stores the manifest, only if the prefix has none, then removes
 // the lock.
 func (w *Writer) Commit(manifest []byte) error {
+	// Markers whose delete failed when their upload completed: once more
+	// (one left is stale, and snapctl cleanup removes it as such).
+	w.mu.Lock()
+	var markers []string
+	for _, n := range w.written {
+		if strings.HasPrefix(n, uploadMarker) {
+			markers = append(markers, n)
+		}
+	}
+	w.mu.Unlock()
+	w.remove(markers)
 	if err := w.putIfAbsent(image.ManifestName, manifest); err != nil {
 		if errors.Is(err, image.ErrExists) {
 			return fmt.Errorf("%s: %w", w.c.addr, image.ErrExists)
@@ -197,14 +209,17 @@ func (w *Writer) Abort() {
 	w.done = true
 	w.mu.Lock()
 	open := slices.Clone(w.open)
-	written := slices.DeleteFunc(slices.Clone(w.written), func(n string) bool { return n == lockName })
 	w.mu.Unlock()
 	for _, u := range open {
 		u.Abort()
 	}
+	w.mu.Lock()
+	keep := w.keep
+	written := slices.DeleteFunc(slices.Clone(w.written), func(n string) bool { return n == lockName || slices.Contains(keep, n) })
+	w.mu.Unlock()
 	// The lock stays if anything else does: it marks what is left as a
 	// dead dump's, for snapctl cleanup.
-	if w.remove(written) {
+	if w.remove(written) && len(keep) == 0 {
 		w.remove([]string{lockName})
 	}
 	w.cancel()
@@ -401,13 +416,21 @@ func (u *upload) Abort() {
 	u.forget()
 }
 
+// abortUpload aborts the multipart upload, if one was started. One that
+// cannot be aborted keeps its marker (and so the dump's lock): snapctl
+// cleanup finds it there.
 func (u *upload) abortUpload() {
 	if u.id == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	u.w.c.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), UploadId: aws.String(u.id)})
+	_, err := u.w.c.s3.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: aws.String(u.w.c.addr.Bucket), Key: aws.String(u.key), UploadId: aws.String(u.id)})
+	if err != nil && !noSuchUpload(err) {
+		u.w.mu.Lock()
+		u.w.keep = append(u.w.keep, u.marker())
+		u.w.mu.Unlock()
+	}
 }
 
 // forget removes u from the writer's open uploads.

@@ -1,0 +1,4 @@
+package s3store
+
+// OurLockForTest is the lock a dump by this process would write.
+func OurLockForTest() Lock { return ourLock() }
