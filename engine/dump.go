@@ -153,11 +153,11 @@ func (d *dumper) freeze(context.Context) error {
 			d.opts.beforeFreeze()
 		}
 		if !d.preP.AddressSpaceGone() {
-			if err := d.freezePreCopied(); err != nil {
-				return err
-			}
+			// An exec while it stops fails the checks of the old
+			// program (the new one may have forked): the exec decides.
+			err := d.freezePreCopied()
 			if !d.preP.AddressSpaceGone() {
-				return nil
+				return err
 			}
 		}
 		d.abandonPreCopy()

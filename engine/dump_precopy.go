@@ -161,13 +161,14 @@ func (d *dumper) freezePreCopied() error {
 // copied, and tracked the writes of, an address space that is gone. The
 // process is detached, to be frozen and read whole as without --pre-copy.
 func (d *dumper) abandonPreCopy() {
-	d.log.Warn("the process exec'd during the pre-copy: its memory is read whole while it is frozen", "pid", d.pid)
+	d.log.Warn("the process exec'd (or exited) during the pre-copy: its memory is read whole while it is frozen", "pid", d.pid)
 	d.pc.Close()
 	d.pc = nil
 	if err := d.preP.Detach(); err != nil {
 		d.log.Debug("detach after exec", "pid", d.pid, "err", err)
 	}
 	d.preP, d.procs = nil, nil
+	d.frozen, d.stop = time.Time{}, 0 // the freeze is the one to come
 	d.t.Close()
 	d.t = nil
 	d.preRes.Abandoned = true

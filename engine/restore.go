@@ -321,7 +321,7 @@ func pidInUse(id int) (bool, string) {
 // them): it waits for them to go, within zombieWait, and returns nil once
 // id can be taken again. Otherwise it returns ErrPIDInUse naming a holder.
 func awaitPIDReleased(id int) error {
-	deadline := time.Now().Add(zombieWait)
+	start := time.Now()
 	for {
 		holder, live := idHolder(id)
 		if holder == nil {
@@ -330,7 +330,9 @@ func awaitPIDReleased(id int) error {
 			}
 			return nil
 		}
-		if time.Now().After(deadline) {
+		// A process killed with the rest is a zombie within moments; one
+		// that still runs after liveWait is not dying.
+		if waited := time.Since(start); waited > zombieWait || live && waited > liveWait {
 			if live {
 				return fmt.Errorf("%w: pid %d is still the %s of pid %d (%s), which runs: end it first",
 					ErrPIDInUse, id, holder.role, holder.pid, holder.comm)
@@ -341,6 +343,10 @@ func awaitPIDReleased(id int) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// liveWait bounds how long awaitPIDReleased waits for a holder that still
+// runs to die.
+const liveWait = time.Second
 
 // pidHolder is a process whose process group or session id is a pid.
 type pidHolder struct {

@@ -589,8 +589,9 @@ func (r *Reader) refetching(b Block, read func() error) error {
 	if !ok {
 		return err
 	}
-	f.Forget(int64(b.Off), int64(b.StoredLen))
-	r.log.Warn("block fetched again: its cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+	if f.Forget(int64(b.Off), int64(b.StoredLen)) {
+		r.log.Warn("block fetched again: its cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+	}
 	return read()
 }
 

@@ -7,8 +7,9 @@ import (
 
 // Limits of a process state that Validate enforces: the kernel's own
 // ceilings, which no tuning goes past, so that a state over them is
-// damaged, never a process that could have been on a tuned host. A thread
-// id is below PID_MAX_LIMIT (4M, pid_max's ceiling); a descriptor below
+// damaged, never a process that could have been on a tuned host. A
+// process has fewer threads than PID_MAX_LIMIT (4M, pid_max's ceiling:
+// each takes a pid); a descriptor is below
 // fs.nr_open's ceiling (INT_MAX rounded down to a multiple of 64; 1<<20 by
 // default). vm.max_map_count may be raised to INT_MAX, but the largest
 // state file (maxStateSize) describes about 1.5M VMAs: 1<<20 of them,

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -344,7 +345,7 @@ func (w *Writer) WriteState(p *Process) error {
 	// What every reader refuses is never written: the dump fails instead
 	// of committing a snapshot that restore would turn down.
 	if err := p.Validate(); err != nil {
-		return fmt.Errorf("%w: process %d: %v", ErrStateRefused, p.PID, err)
+		return fmt.Errorf("%w: process %d: %s", ErrStateRefused, p.PID, strings.TrimPrefix(err.Error(), ErrCorrupt.Error()+": "))
 	}
 	b, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {

@@ -284,8 +284,9 @@ func (f *filler) queueDecoded(ctx context.Context, blocks []image.Block, vmas []
 		// be the ones that are wrong: dropped and fetched again once per
 		// block, as image.Reader does, before it is called corrupt.
 		if fg, isF := f.pages.(image.Forgetter); isF && bad != retried && image.Refetchable(err) {
-			fg.Forget(int64(b.Off), int64(b.StoredLen))
-			f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+			if fg.Forget(int64(b.Off), int64(b.StoredLen)) {
+				f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", b.Addr), "err", err)
+			}
 			retried = bad
 			continue
 		}
@@ -353,8 +354,9 @@ func (f *filler) readRaw(j *fillJob, data []byte) error {
 		return err
 	}
 	first, last := j.blocks[0], j.blocks[len(j.blocks)-1]
-	fg.Forget(int64(first.Off), int64(last.Off+uint64(last.StoredLen)-first.Off))
-	f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", j.addr()), "err", err)
+	if fg.Forget(int64(first.Off), int64(last.Off+uint64(last.StoredLen)-first.Off)) {
+		f.t.logger().Warn("blocks fetched again: their cached copy failed its check", "addr", fmt.Sprintf("%#x", j.addr()), "err", err)
+	}
 	return f.readRawOnce(j, data)
 }
 
