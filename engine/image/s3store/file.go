@@ -62,8 +62,12 @@ type file struct {
 
 	mu       sync.Mutex
 	inFlight map[int64]*fetch // chunks being fetched
-	last     int64            // end of the previous read, for readahead
-	raNext   int64            // first chunk not yet asked ahead
+	// forgets counts Forget calls: a fetch begun before one may bring
+	// the bytes it dropped (read from the disk cache before the drop),
+	// so it is not kept in memory.
+	forgets uint64
+	last    int64 // end of the previous read, for readahead
+	raNext  int64 // first chunk not yet asked ahead
 
 	ctx    context.Context // readahead's, cancelled by Close
 	cancel context.CancelFunc
@@ -73,10 +77,11 @@ type file struct {
 // fetch is one GET of chunks [lo, hi) that readers of those chunks wait
 // for.
 type fetch struct {
-	lo, hi int64
-	done   chan struct{}
-	data   [][]byte // a buffer per chunk: the memory cache keeps them one by one
-	err    error
+	lo, hi  int64
+	forgets uint64 // file.forgets when it began
+	done    chan struct{}
+	data    [][]byte // a buffer per chunk: the memory cache keeps them one by one
+	err     error
 }
 
 func newFile(s *Store, name string, o object) *file {
@@ -162,6 +167,18 @@ func (f *file) Forget(off, n int64) bool {
 	}
 	end := min(off+n, f.obj.size)
 	held := false
+	// A fetch of these chunks under way may be bringing the copy being
+	// dropped: readers from now on start one of their own, and what it
+	// brings is not kept (current).
+	f.mu.Lock()
+	f.forgets++
+	for i := off / readChunk; i < (end-1)/readChunk+1; i++ {
+		if _, ok := f.inFlight[i]; ok {
+			delete(f.inFlight, i)
+			held = true
+		}
+	}
+	f.mu.Unlock()
 	for i := off / readChunk; i < (end-1)/readChunk+1; i++ {
 		held = f.s.mem.Remove(chunkKey{f.name, i}) || held
 		if f.disk != nil {
@@ -169,6 +186,14 @@ func (f *file) Forget(off, n int64) bool {
 		}
 	}
 	return held
+}
+
+// current tells whether no Forget came since fetch c began: only then
+// may what it read from the disk cache be kept in memory.
+func (f *file) current(c *fetch) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return c.forgets == f.forgets
 }
 
 // chunkLen returns the length of chunk i of the object.
@@ -201,7 +226,7 @@ func (f *file) fetchChunks(ctx context.Context, idx []int64, wait bool) ([][]byt
 		for j < len(idx) && idx[j] == idx[j-1]+1 && (idx[j]-idx[i]+1)*readChunk <= maxGet && f.inFlight[idx[j]] == nil {
 			j++
 		}
-		c := &fetch{lo: idx[i], hi: idx[j-1] + 1, done: make(chan struct{})}
+		c := &fetch{lo: idx[i], hi: idx[j-1] + 1, forgets: f.forgets, done: make(chan struct{})}
 		for k := i; k < j; k++ {
 			calls[k] = c
 			f.inFlight[idx[k]] = c
@@ -268,8 +293,10 @@ func (f *file) get(ctx context.Context, c *fetch) {
 		}
 		if len(data) == int(c.hi-c.lo) {
 			c.data = data
-			for i, b := range data {
-				f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
+			if f.current(c) {
+				for i, b := range data {
+					f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
+				}
 			}
 			return
 		}
@@ -280,6 +307,7 @@ func (f *file) get(ctx context.Context, c *fetch) {
 	}
 	for i := c.lo; i < c.hi; i++ {
 		b := c.data[i-c.lo]
+		// From the store: good even if a Forget came meanwhile.
 		f.s.mem.Add(chunkKey{f.name, i}, b)
 		if f.disk != nil {
 			f.disk.put(f.s.c, f.key, f.obj, i, b)
