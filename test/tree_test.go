@@ -10,6 +10,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -45,22 +46,36 @@ func treeOf(t *testing.T, root int) map[int]treeIDs {
 	for len(queue) > 0 {
 		pid := queue[0]
 		queue = queue[1:]
-		f := statFields(t, pid)
+		b, serr := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		st, err := proc.ReadStatus(pid)
-		if err != nil {
+		kids, kerr := proc.Children(pid)
+		if err = errors.Join(serr, err, kerr); err != nil {
+			if pid != root && !procLive(pid) {
+				continue // a child that exited while the tree was walked (a reload)
+			}
 			t.Fatal(err)
 		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 		ppid, _ := strconv.Atoi(f[1])
 		pgid, _ := strconv.Atoi(f[2])
 		sid, _ := strconv.Atoi(f[3])
 		out[pid] = treeIDs{ppid, pgid, sid, int(st.Uid[0])}
-		kids, err := proc.Children(pid)
-		if err != nil {
-			t.Fatal(err)
-		}
 		queue = append(queue, kids...)
 	}
 	return out
+}
+
+// procLive reports whether pid is a process that has not exited (no
+// zombie).
+func procLive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
 // sameTree checks that the restored tree of root is the dumped one: the
