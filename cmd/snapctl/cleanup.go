@@ -65,8 +65,8 @@ A directory needs no cleanup: its lock goes with the dump that held it.`,
 	for _, u := range l.OtherUploads {
 		fmt.Fprintf(stdout, "other   upload of %s, not a dump's (no lock, no marker): kept\n", u.Name)
 	}
-	if n := len(l.Markers); n > 0 && len(l.Uploads) < n {
-		fmt.Fprintf(stdout, "marker  %d upload marker(s) whose upload is gone: removed with the rest\n", n-len(l.Uploads))
+	for _, m := range l.Stale {
+		fmt.Fprintf(stdout, "marker  %s, whose upload is gone already\n", m)
 	}
 	for _, o := range l.Others {
 		fmt.Fprintf(stdout, "other   %s  %s, not a dump's (no lock): kept\n", o.Name, units.FormatSize(uint64(o.Size)))

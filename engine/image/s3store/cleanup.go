@@ -44,8 +44,10 @@ type Leftovers struct {
 	// OtherUploads are uploads under the prefix that no marker or lock
 	// says are a dump's: listed, never aborted.
 	OtherUploads []PendingUpload
-	// Markers are the objects that name a dump's uploads.
+	// Markers are the objects that name a dump's uploads; Stale those
+	// of them whose upload is gone (completed, or aborted already).
 	Markers []string
+	Stale   []string
 
 	c *client
 }
@@ -113,11 +115,16 @@ func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Le
 			if err != nil {
 				return nil, err
 			}
+			found := false
 			for _, u := range of {
 				if u.ID == strings.TrimSpace(id) && !ids[u.ID] {
 					ids[u.ID] = true
 					l.Uploads = append(l.Uploads, u)
+					found = true
 				}
+			}
+			if !found {
+				l.Stale = append(l.Stale, name)
 			}
 		case l.Complete:
 		case l.Lock != nil:

@@ -139,7 +139,7 @@ func TestLeftoversChangedOrStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !l.Complete || len(l.Markers) != 1 || len(l.Uploads) != 0 {
+	if !l.Complete || len(l.Markers) != 1 || len(l.Stale) != 1 || len(l.Uploads) != 0 {
 		t.Fatalf("leftovers %+v: want a complete snapshot, one stale marker, no upload to abort", l)
 	}
 	var did []string
