@@ -106,7 +106,7 @@ func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Le
 			// a marker whose upload is gone (completed, its marker's
 			// delete failed) is stale, removed with nothing to abort.
 			l.Markers = append(l.Markers, name)
-			id, err := c.readSmall(ctx, name)
+			id, _, err := c.readSmall(ctx, name)
 			if err != nil {
 				return nil, err
 			}
@@ -163,23 +163,24 @@ func (c *client) pendingUploadsOf(ctx context.Context, key string) ([]PendingUpl
 	return slices.DeleteFunc(us, func(u PendingUpload) bool { return c.addr.key(u.Name) != key }), nil
 }
 
-// readSmall reads the object name, a few bytes of text (a marker).
-func (c *client) readSmall(ctx context.Context, name string) (string, error) {
+// readSmall reads the object name, a few bytes of text (a lock, a
+// marker); found is false if there is no such object.
+func (c *client) readSmall(ctx context.Context, name string) (text string, found bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(c.addr.Bucket), Key: aws.String(c.addr.key(name))})
 	if err != nil {
 		if notFound(err) {
-			return "", nil
+			return "", false, nil
 		}
-		return "", c.storeError("read "+name, err)
+		return "", false, c.storeError("read "+name, err)
 	}
 	defer out.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(out.Body, 4096))
 	if err != nil {
-		return "", c.storeError("read "+name, err)
+		return "", true, c.storeError("read "+name, err)
 	}
-	return string(b), nil
+	return string(b), true, nil
 }
 
 // pendingUploads lists the multipart uploads whose keys start with

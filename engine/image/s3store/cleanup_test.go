@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // TestLeftoversOfOtherHosts: a lock whose dump ran on another host, or an
@@ -23,12 +24,7 @@ import (
 func TestLeftoversOfOtherHosts(t *testing.T) {
 	m, o, _ := setup(t)
 	ctx := context.Background()
-	put := func(key, body string) {
-		t.Helper()
-		if _, err := m.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("snaps"), Key: aws.String(key), Body: bytes.NewReader([]byte(body))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(key, body string) { putObject(t, m, key, body) }
 	keys := func(prefix string) []string {
 		t.Helper()
 		out, err := m.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String(prefix)})
@@ -111,12 +107,7 @@ func TestLeftoversOfOtherHosts(t *testing.T) {
 func TestLeftoversChangedOrStale(t *testing.T) {
 	m, o, _ := setup(t)
 	ctx := context.Background()
-	put := func(key, body string) {
-		t.Helper()
-		if _, err := m.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("snaps"), Key: aws.String(key), Body: bytes.NewReader([]byte(body))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(key, body string) { putObject(t, m, key, body) }
 	other := "lazyfs dump lock\nhost: elsewhere\nboot_id: 0\npid_ns: pid:[1]\npid: 1\nstart_ticks: 1\nstarted: 2026-01-02T03:04:05Z\n"
 
 	put("changed/.lazyfs-dump.lock", other)
@@ -187,5 +178,14 @@ func TestLockState(t *testing.T) {
 	reboot.BootID = "another-boot"
 	if st := reboot.State(); st != s3store.LockGone {
 		t.Errorf("a lock of another boot: %v, want gone", st)
+	}
+}
+
+// putObject stores body as key in the bucket "snaps", as another tool
+// would.
+func putObject(t *testing.T, m *fixture.MinIO, key, body string) {
+	t.Helper()
+	if _, err := m.Client().PutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String("snaps"), Key: aws.String(key), Body: bytes.NewReader([]byte(body))}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -6,14 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
@@ -168,21 +164,11 @@ func (l Lock) describe() string {
 // readLock reads the lock object of the prefix; found is false if there
 // is none.
 func (c *client) readLock(ctx context.Context) (l Lock, found bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	out, err := c.s3.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(c.addr.Bucket), Key: aws.String(c.addr.key(lockName))})
-	if err != nil {
-		if notFound(err) {
-			return l, false, nil
-		}
-		return l, false, c.storeError("read "+lockName, err)
+	text, found, err := c.readSmall(ctx, lockName)
+	if err != nil || !found {
+		return l, found, err
 	}
-	defer out.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(out.Body, 4096))
-	if err != nil {
-		return l, true, c.storeError("read "+lockName, err)
-	}
-	l, _ = parseLock(b)
+	l, _ = parseLock([]byte(text))
 	return l, true, nil
 }
 
