@@ -323,7 +323,11 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 		}
 		d.stats.Add(stats)
 	}
-	markSharedObjects(d.procs)
+	sts := make([]*image.Process, len(d.procs))
+	for i, p := range d.procs {
+		sts[i] = p.st
+	}
+	mem.MarkShared(sts)
 	return nil
 }
 

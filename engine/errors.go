@@ -1,10 +1,9 @@
 package engine
 
 import (
-	"errors"
-
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/task"
 )
 
 // Sentinel errors, tested with errors.Is. Here and below: snapctl maps
@@ -19,7 +18,7 @@ var (
 
 var (
 	// ErrPIDInUse: the process's pid (or a thread's tid) is taken.
-	ErrPIDInUse = errors.New("pid in use")
+	ErrPIDInUse = task.ErrPIDInUse
 	// ErrKernelMismatch: the snapshot was taken on another kernel, whose
 	// vDSO this one does not provide.
 	ErrKernelMismatch = image.ErrKernelMismatch

@@ -4,64 +4,50 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/lazy"
+	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
-	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/task"
 )
 
 // RestoreOptions configure Restore.
 type RestoreOptions struct {
-	Dir string
-	// TrustSnapshot accepts a snapshot that users other than the caller
-	// and root can change (image.OpenOptions.Trust).
-	TrustSnapshot bool
-	// Remote configures the store when Dir is an address
-	// (s3://BUCKET/PREFIX).
-	Remote image.RemoteOptions
-	// Keys open a sealed or signed snapshot (image.OpenOptions.Keys),
-	// in a directory or at an address.
-	Keys *image.Keyring
+	// Snapshot is what is restored, opened by the caller (image.OpenWith:
+	// a directory or an address, its keys, whether it is trusted), who
+	// closes it once Restore has returned.
+	Snapshot *image.Snapshot
 	// Threads is --decompress-threads for the LZ4 blocks: 1 serial, 0
-	// automatic, N a maximum. The writes that place memory in the process
-	// (page faults, mostly) run on every CPU whatever its value.
+	// automatic, N a maximum. The writes that place memory in the
+	// processes (page faults, mostly) run on every CPU whatever its value.
 	Threads int
-	// Lazy, when set, is where lazily restored memory is read from: the
-	// memory of the snapshot's process (SnapshotPID) at its addresses,
-	// such as a lazyfs mount's MNT/<pid>/mem file (fs.MountPrivate) or
-	// the snapshot's pages read uncached (image.Reader.Uncached).
-	// Anonymous private memory is then served on demand through
-	// userfaultfd instead of being filled before the process runs.
-	// LazyOptions say what the source is like.
-	Lazy io.ReaderAt
-	// LazyOf, for a snapshot of a process tree, is Lazy for each of its
-	// processes: where the memory of process pid is read from (the
-	// mount's MNT/<pid>/mem files, fs.MountPrivateTree). Each process
-	// gets a pager of its own.
-	LazyOf func(pid int) (io.ReaderAt, error)
-	// LazyOptions tune the lazy phase (with Lazy or LazyOf).
-	LazyOptions LazyOptions
-	// Namespaces say which namespaces the process lives in: new pid and
-	// mount ones, another network one (see Namespaces).
-	Namespaces Namespaces
-	// Running, if set, is called with the process's pid in our pid
-	// namespace once it runs (before the lazy phase ends): the place to
+	// Source, if set, makes the restore lazy: anonymous private memory is
+	// not filled before the processes run but served on demand through
+	// userfaultfd, each process by a pager of its own reading from Source
+	// (the snapshot's files, a lazyfs mount, a private mount: see
+	// image.PageSource), until all of it is in. Lazy tunes that phase.
+	Source image.PageSource
+	Lazy   lazy.Options
+	// Namespaces say which namespaces the processes live in: new pid and
+	// mount ones, another network one (see ns.Namespaces).
+	Namespaces ns.Namespaces
+	// Running, if set, is called with the root's pid in our pid namespace
+	// once every process runs (before the lazy phase ends): the place to
 	// write a pidfile.
 	Running func(pid int) error
-	// Progress, if set, is called with the memory bytes restored so far.
+	// Progress, if set, is called with the memory bytes filled so far.
 	Progress func(done, total uint64)
-	// LeaveStopped leaves every thread of the restored process in a
+	// LeaveStopped leaves every thread of every restored process in a
 	// group stop, as if it had received SIGSTOP before running an
 	// instruction: SIGCONT lets it run (criu restore --leave-stopped).
-	// Not with Lazy.
+	// Not with Source.
 	LeaveStopped bool
 	Logger       *slog.Logger
 	// TCPEstablished brings back connected the TCP connections the dump
@@ -71,163 +57,107 @@ type RestoreOptions struct {
 	// refused by its checks keeps it, to be tried again.
 	TCPEstablished bool
 	// Inherit gives, by key, descriptors of the caller that take the
-	// place of descriptors leading outside the process
-	// (fds.ParseInherit); for a tree, outside the tree, and the keys are
-	// checked against all its processes together. ExternalFallback is
-	// what the others become (fds.ExternalRefuse, the default, or
-	// fds.ExternalNull).
+	// place of descriptors leading outside the tree (fds.ParseInherit);
+	// the keys are checked against all its processes together.
+	// ExternalFallback is what the others become (fds.ExternalRefuse, the
+	// default, or fds.ExternalNull).
 	Inherit          map[string]int
 	ExternalFallback string
 }
 
 // RestoreResult describes a finished restore.
 type RestoreResult struct {
-	// PID is the process's pid in our pid namespace: the one to signal.
+	// PID is the root's pid in our pid namespace: the one to signal.
 	PID int
 	// OwnPID is its pid in its own pid namespace (the one it had), and
 	// InitPID our pid of that namespace's init, with Namespaces.PID
-	// (InitPID is PID when the process is the init); 0 otherwise.
+	// (InitPID is PID when the root is the init); 0 otherwise.
 	OwnPID, InitPID int
 	// Processes is how many processes the tree has (1: a single one).
 	Processes int
 	// Threads is how many threads, all processes together.
 	Threads int
-	// ToRunning is the time from the start of Restore until the process
+	// ToRunning is the time from the start of Restore until the processes
 	// ran; Total until Restore returned (every page in, for a lazy one).
 	ToRunning time.Duration
 	Total     time.Duration
-	// Filled is the memory written before the process ran; Lazy the memory
-	// served through userfaultfd afterwards.
+	// Filled is the memory written before the processes ran; Lazy what
+	// the lazy phase served afterwards.
 	Filled uint64
-	Lazy   LazyStats
-	// WorkingSet says what a lazy restore did with working sets.
-	WorkingSet WorkingSetResult
+	Lazy   lazy.Stats
+	// WorkingSets say what a lazy restore did with the working set of
+	// each process, in tree order.
+	WorkingSets []lazy.WorkingSetResult
 }
 
-// Restore rebuilds the process of the snapshot in opts.Dir and lets it
-// run. On any error, everything it created is killed: no half-restored
-// process is left running. The error names the step that failed.
+// Restore rebuilds the processes of opts.Snapshot and lets them run. The
+// unit is a process tree, as CRIU's: a single process is a tree of one.
+// On any error, everything it created is killed: no half-restored process
+// is left running. The error names the step that failed.
+//
+// The steps, in order (runSteps; snapctl -v logs each):
+//
+//	check               every process (kernel, pids, files, descriptors),
+//	                    then the tree's links (restore_check.go)
+//	create processes    the root from a stub, in the namespaces asked for;
+//	                    every other process cloned from its parent with
+//	                    its pid; sessions and groups (restore_create.go)
+//	shared descriptors  pipes and socket pairs between processes
+//	for each process, parents first:
+//	  unmap stub, move vdso, map memory, fill memory, lock memory, mm
+//	  fields (restore_mem.go); file descriptors, hand out descriptors;
+//	  threads, thread state; lazy memory (its userfaultfd); process
+//	  state, pending signals, leave stopped (restore_thread.go)
+//	finish              children first: registers, then each runs
+//
+// then, for a lazy restore, the lazy phase (engine/lazy) until every
+// page of every process is in.
 func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err error) {
 	start := time.Now()
-	log := logger(opts.Logger)
-	if opts.LeaveStopped && (opts.Lazy != nil || opts.LazyOf != nil) {
-		return nil, fmt.Errorf("%w: a lazy restore cannot leave the process stopped", ErrUnsupported)
-	}
-	snap, err := image.OpenWith(opts.Dir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote, Keys: opts.Keys})
+	tr, err := openTree(opts)
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}
-	if opts.LazyOptions.Record != nil && snap.Sealed() {
-		snap.Close()
-		return nil, step("check", fmt.Errorf("%w: %s is sealed: a working set would be written in clear beside it (the addresses its process touched, and their memory)", ErrUnsupported, snap.Dir))
-	}
-	if len(snap.PIDs()) > 1 {
-		defer snap.Close()
-		return restoreTree(ctx, opts, snap, start, log)
-	}
-	// The keeper starts while the process's state and pages are read:
-	// its fork and exec take milliseconds the restore need not wait for.
-	keeper := make(chan *uffd.Keeper, 1)
-	go func(o RestoreOptions) { keeper <- startKeeper(o, log) }(opts)
-	st, pages, err := openProcess(snap, opts)
-	if err == nil && opts.Lazy == nil && opts.LazyOf != nil {
-		if opts.Lazy, err = opts.LazyOf(st.PID); err != nil {
-			pages.Close()
-		}
-	}
-	k := <-keeper
-	if err != nil {
-		if k != nil {
-			closeKeeper(k, log)
-		}
-		snap.Close()
-		return nil, step("open snapshot", err)
-	}
-	defer pages.Close()
-	defer snap.Close()
-	if k != nil {
-		defer closeKeeper(k, log) // after abort, which kills what it protects
-		opts.LazyOptions.Holder = k
-	}
-	r := &restorer{snap: snap, st: st, pages: pages, opts: opts, log: log, keeper: k}
-	defer func() {
-		if r.wsLoad != nil {
-			// It reads through snap's directory, closed next; its mapping
-			// goes once the pager that read it is done.
-			if ws, _ := r.wsLoad(); ws != nil {
-				ws.Close()
-			}
-		}
-	}()
-	if err := r.check(); err != nil {
-		return nil, step("check", err)
-	}
-	if ns := opts.Namespaces.Net; ns != "" && ns != NetNew {
-		if r.netns, err = OpenNetns(ns); err != nil {
-			return nil, step("check", err)
-		}
-		defer r.netns.Close()
-	}
-	// Past its checks, the restore releases the network lock however it
-	// ends: as soon as the process is made (or not), before a lazy phase.
-	released := map[string]bool{}
-	defer releaseNetLocks([]*image.Process{st}, released, log)
-	t, err := ptrace.New()
-	if err != nil {
-		return nil, step("start tracer", err)
-	}
-	r.t = t
 	defer func() {
 		if err != nil {
-			r.abort()
+			tr.abort()
 		}
-		t.Close()
+		tr.close()
 	}()
-	err = runSteps(ctx, log, "restore", []namedStep{
-		{"working set", r.loadWorkingSet}, // read while the rest goes on
-		{"create process", r.createProcess},
-		{"unmap stub", r.unmapStub},
-		{"move vdso", r.moveVDSO},
-		{"map memory", r.mapMemory},
-		{"fill memory", r.fillMemory},
-		{"lock memory", r.lockMemory},
-		{"mm fields", r.setMM},
-		{"file descriptors", r.restoreFDs},
-		{"threads", r.createThreads},
-		{"thread state", r.threadState},
-		// The userfaultfd is made while the process still has our
-		// privileges: process state may set an unprivileged uid, for
-		// which userfaultfd(2) is refused (vm.unprivileged_userfaultfd=0).
-		{"lazy memory", r.prepareLazy},
-		{"process state", r.processState},
-		{"pending signals", r.pendingSignals},
-		{"leave stopped", r.leaveStopped},
-		{"finish", r.finish},
-	})
-	releaseNetLocks([]*image.Process{st}, released, log)
-	if err != nil {
+	if err := tr.check(); err != nil {
+		return nil, step("check", err)
+	}
+	// Past its checks, the restore releases the network locks however it
+	// ends: once the processes are made (or not), before a lazy phase.
+	defer tr.releaseNetLocks()
+	if tr.t, err = ptrace.New(); err != nil {
+		return nil, step("start tracer", err)
+	}
+	if err := runSteps(ctx, tr.log, "restore", tr.steps()); err != nil {
 		return nil, err
 	}
-	r.running = true
-	res = &RestoreResult{PID: r.pid, Processes: 1, Threads: len(st.Threads), ToRunning: time.Since(start), Filled: r.filled}
-	if opts.Namespaces.PID {
-		res.OwnPID, res.InitPID = st.OwnPID(), r.initPID
-		if r.initPID == 0 {
-			res.InitPID = r.pid
-		}
-	}
+	tr.releaseNetLocks()
+	res = tr.result(start)
 	if opts.LeaveStopped {
-		if err := waitStopped(ctx, r.pid, len(st.Threads)); err != nil {
-			return nil, step("leave stopped", err)
+		for _, r := range tr.procs {
+			if err := task.WaitStopped(ctx, r.pid, len(r.st.Threads)); err != nil {
+				return nil, step("leave stopped", tr.name(r, err))
+			}
 		}
 	}
 	if opts.Running != nil {
-		if err := opts.Running(r.pid); err != nil {
+		if err := opts.Running(res.PID); err != nil {
 			return nil, step("running", err)
 		}
 	}
-	if opts.Lazy != nil {
-		if err := r.serveLazy(ctx, &res.Lazy, &res.WorkingSet); err != nil {
+	if tr.lazy != nil {
+		if res.Lazy, err = tr.lazy.Serve(ctx); err != nil {
+			return nil, step("lazy memory", err)
+		}
+		for _, r := range tr.procs {
+			res.WorkingSets = append(res.WorkingSets, r.lazy.WorkingSet())
+		}
+		if err := tr.detach(); err != nil {
 			return nil, step("lazy memory", err)
 		}
 	}
@@ -235,39 +165,256 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	return res, nil
 }
 
-// SnapshotPID returns the pid of the process of snap, a snapshot of one
-// process, whose memory a lazy restore reads: this build restores a
-// process tree only eagerly.
-func SnapshotPID(snap *image.Snapshot) (int, error) {
-	pids := snap.PIDs()
-	if len(pids) != 1 {
-		return 0, fmt.Errorf("%w: a lazy restore of a process tree (%d processes): restore it without --lazy", ErrUnsupported, len(pids))
-	}
-	return pids[0], nil
+// tree is one restore: its processes in tree order (parents first, the
+// root first), what they share, its lazy phase.
+type tree struct {
+	opts   RestoreOptions
+	snap   *image.Snapshot
+	log    *slog.Logger
+	procs  []*restorer
+	byPID  map[int]*restorer // by pid at the dump
+	broker *fds.Broker
+	lazy   *lazy.Phase // for a lazy restore
+	t      *ptrace.Tracer
+	netns  *os.File // the network namespace to join (Namespaces.Net)
+	// released are the network locks released (releaseNetLocks).
+	released map[string]bool
 }
 
-// openProcess opens the one process of a snapshot: its state and pages.
-func openProcess(snap *image.Snapshot, opts RestoreOptions) (*image.Process, *image.Reader, error) {
-	pid, err := SnapshotPID(snap)
-	if err != nil {
-		return nil, nil, err
-	}
-	st, err := snap.State(pid)
-	if err != nil {
-		return nil, nil, err
-	}
-	pages, err := snap.OpenPages(st.PID, image.ReaderOptions{Threads: opts.Threads})
-	if err != nil {
-		return nil, nil, err
-	}
-	return st, pages, nil
+// restorer is the restore of one process of the tree.
+type restorer struct {
+	tr    *tree
+	st    *image.Process
+	pages *image.Reader
+	log   *slog.Logger
+
+	stub  *ptrace.Process // the exec'd stub the root is cloned from
+	child *ptrace.Process // the restored process
+	// pid is the restored process's pid in our pid namespace: st.PID,
+	// or another with Namespaces.PID.
+	pid int
+	// initPID is, for the root, our pid of the init of its new pid
+	// namespace (Namespaces.PID), once it runs; 0 if none.
+	initPID int
+	in      *ptrace.Injector
+	area    uint64 // our stub page and scratch in the process
+	// threads are the restored threads, in the order of st.Threads.
+	threads []*ptrace.Thread
+	// shmem maps a shared object id to the fd of it in the process while
+	// memory is mapped and fds restored.
+	shmem  map[uint64]int
+	filled uint64
+	// running is set once the process runs (detached, for an eager
+	// restore).
+	running bool
+	lazy    *lazy.Process // its lazy phase, for a lazy restore
 }
 
-// abort kills everything the restore created.
+// openTree reads the state of every process of the snapshot and opens
+// its pages.
+func openTree(opts RestoreOptions) (*tree, error) {
+	snap := opts.Snapshot
+	if snap == nil {
+		return nil, fmt.Errorf("no snapshot")
+	}
+	if opts.LeaveStopped && opts.Source != nil {
+		return nil, fmt.Errorf("%w: a lazy restore cannot leave the processes stopped", ErrUnsupported)
+	}
+	if opts.Source != nil && opts.Lazy.Record != nil && snap.Sealed() {
+		return nil, fmt.Errorf("%w: %s is sealed: a working set would be written in clear beside it (the addresses its processes touched, and their memory)", ErrUnsupported, snap.Dir)
+	}
+	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}}
+	if opts.Source != nil {
+		// Its keeper starts while the processes' state and pages are read.
+		tr.lazy = lazy.NewPhase(opts.Lazy, opts.Source, tr.log)
+	}
+	for _, pid := range snap.PIDs() {
+		st, err := snap.State(pid)
+		if err != nil {
+			tr.close()
+			return nil, err
+		}
+		pages, err := snap.OpenPages(pid, image.ReaderOptions{Threads: opts.Threads})
+		if err != nil {
+			tr.close()
+			return nil, err
+		}
+		r := &restorer{tr: tr, st: st, pages: pages, log: tr.log}
+		if tr.lazy != nil {
+			r.lazy = tr.lazy.Add(snap, st, pages)
+		}
+		tr.procs = append(tr.procs, r)
+		tr.byPID[pid] = r
+	}
+	tr.procs = treeOrder(tr.procs, func(r *restorer) (int, int) { return r.st.PID, r.st.PPID })
+	return tr, nil
+}
+
+// close releases what the restore holds, once its processes run or are
+// dead.
+func (tr *tree) close() {
+	if tr.lazy != nil {
+		tr.lazy.Close()
+	}
+	for _, r := range tr.procs {
+		r.pages.Close()
+	}
+	tr.broker.Close()
+	if tr.netns != nil {
+		tr.netns.Close()
+	}
+	if tr.t != nil {
+		tr.t.Close()
+	}
+}
+
+// steps lists the restore's steps: those of the tree, and each process's
+// in tree order.
+func (tr *tree) steps() []namedStep {
+	steps := []namedStep{
+		{"create processes", tr.create},
+		{"shared descriptors", tr.shared},
+	}
+	for _, r := range tr.procs {
+		for _, s := range []namedStep{
+			{"unmap stub", r.unmapStub},
+			{"move vdso", r.moveVDSO},
+			{"map memory", r.mapMemory},
+			{"fill memory", r.fillMemory},
+			{"lock memory", r.lockMemory},
+			{"mm fields", r.setMM},
+			{"file descriptors", r.restoreFDs},
+			{"hand out descriptors", r.handOut},
+			{"threads", r.createThreads},
+			{"thread state", r.threadState},
+			// The userfaultfd is made while the process still has our
+			// privileges: process state may set an unprivileged uid, for
+			// which userfaultfd(2) is refused
+			// (vm.unprivileged_userfaultfd=0).
+			{"lazy memory", r.prepareLazy},
+			{"process state", r.processState},
+			{"pending signals", r.pendingSignals},
+			{"leave stopped", r.leaveStopped},
+		} {
+			if len(tr.procs) > 1 {
+				s.name = fmt.Sprintf("%s of pid %d (%s)", s.name, r.st.PID, r.st.Comm)
+			}
+			steps = append(steps, s)
+		}
+	}
+	return append(steps, namedStep{"finish", tr.finish})
+}
+
+// name prefixes err with the process it concerns, in a tree of several.
+func (tr *tree) name(r *restorer, err error) error {
+	if len(tr.procs) == 1 || err == nil {
+		return err
+	}
+	return fmt.Errorf("pid %d (%s): %w", r.st.PID, r.st.Comm, err)
+}
+
+// result is what Restore returns once every process runs.
+func (tr *tree) result(start time.Time) *RestoreResult {
+	root := tr.procs[0]
+	res := &RestoreResult{PID: root.pid, Processes: len(tr.procs), ToRunning: time.Since(start)}
+	for _, r := range tr.procs {
+		res.Threads += len(r.st.Threads)
+		res.Filled += r.filled
+	}
+	if tr.opts.Namespaces.PID {
+		res.OwnPID, res.InitPID = root.st.OwnPID(), root.initPID
+		if root.initPID == 0 {
+			res.InitPID = root.pid
+		}
+	}
+	return res
+}
+
+// finish lets every process run, children first: registers, then
+// detach (or, for a lazy restore, resume, still traced).
+func (tr *tree) finish(ctx context.Context) error {
+	for i := len(tr.procs) - 1; i >= 0; i-- {
+		r := tr.procs[i]
+		if err := r.finish(ctx); err != nil {
+			return tr.name(r, err)
+		}
+		r.running = true
+	}
+	return nil
+}
+
+// finish removes our injection area, sets every thread's registers, FP
+// state and signal mask, and lets the process run: detached, or for a
+// lazy restore still traced with PTRACE_O_EXITKILL so that it dies with
+// snapctl rather than run on with missing memory.
+func (r *restorer) finish(ctx context.Context) error {
+	if _, err := r.in.Syscall(unix.SYS_MUNMAP, r.area, areaLen); err != nil {
+		return fmt.Errorf("munmap injection area: %w", err)
+	}
+	if err := r.in.Close(); err != nil {
+		return err
+	}
+	if err := r.setThreadRegs(); err != nil {
+		return err
+	}
+	if r.lazy == nil {
+		return r.child.Detach()
+	}
+	if err := r.lazy.Register(); err != nil {
+		return err
+	}
+	return r.child.Resume()
+}
+
+// prepareLazy makes the process's userfaultfd, for a lazy restore.
+func (r *restorer) prepareLazy(context.Context) error {
+	if r.lazy == nil {
+		return nil
+	}
+	return r.lazy.Prepare(r.in, r.pid, r.threads)
+}
+
+// detach lets every process go once the lazy phase is over: the restored
+// ones, then every child they forked during it (which may have forked in
+// turn until detached).
+func (tr *tree) detach() error {
+	var errs []error
+	for _, r := range tr.procs {
+		if err := r.child.Detach(); err != nil {
+			errs = append(errs, tr.name(r, err))
+		}
+	}
+	for range 100 {
+		ps := tr.t.Processes()
+		if len(ps) == 0 {
+			break
+		}
+		for _, p := range ps {
+			if err := p.Detach(); err != nil {
+				errs = append(errs, fmt.Errorf("detach child %d: %w", p.Pid(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// abort kills every process the restore made, children first, and for a
+// lazy restore every child they forked during the lazy phase.
+func (tr *tree) abort() {
+	for i := len(tr.procs) - 1; i >= 0; i-- {
+		tr.procs[i].abort()
+	}
+	if tr.lazy != nil && tr.t != nil {
+		for _, p := range tr.t.Processes() {
+			if err := p.Kill(); err != nil {
+				tr.log.Error("kill child forked during the lazy phase", "pid", p.Pid(), "err", err)
+			}
+		}
+	}
+}
+
+// abort kills what the restore of r made.
 func (r *restorer) abort() {
-	if r.lazy != nil {
-		r.lazy.close()
-	}
 	if r.child != nil {
 		// A detached process (an eager restore that failed after it
 		// ran) is no longer the tracer's to kill: kill it by pid.
@@ -287,130 +434,21 @@ func (r *restorer) abort() {
 	}
 }
 
-// zombieWait bounds how long restore waits for a dead process's zombie
-// (the dumped process, just killed) to be reaped by its parent.
-const zombieWait = 5 * time.Second
-
-// pidInUse reports whether a task with this id exists. A zombie is
-// waited for: a process killed by its dump keeps its pid until its parent
-// (often init, which can take a moment) reaps it.
-func pidInUse(id int) (bool, string) {
-	deadline := time.Now().Add(zombieWait)
-	for {
-		st, err := proc.ReadStat(id)
-		if errors.Is(err, proc.ErrMalformed) || errors.Is(err, proc.ErrTooLarge) {
-			return true, "?"
-		}
-		if err != nil {
-			return false, ""
-		}
-		if !st.Exited() {
-			return true, st.Comm
-		}
-		if time.Now().After(deadline) {
-			return true, st.Comm + " (a zombie its parent has not reaped)"
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// awaitPIDReleased is called when clone3 found id taken although no task
-// has it: the kernel keeps a pid while it is still some process group's or
-// session's id. The processes holding it so are most often dying (the
-// children of a session leader the dump killed, zombies until init reaps
-// them): it waits for them to go, within zombieWait, and returns nil once
-// id can be taken again. Otherwise it returns ErrPIDInUse naming a holder.
-func awaitPIDReleased(id int) error {
-	start := time.Now()
-	for {
-		holder, live := idHolder(id)
-		if holder == nil {
-			if busy, comm := pidInUse(id); busy {
-				return fmt.Errorf("%w: pid %d was taken meanwhile, by %q", ErrPIDInUse, id, comm)
+// releaseNetLocks deletes the network locks that held the TCP
+// connections of the tree since the dump (one lock for a whole tree):
+// once they are back, or once the restore failed (their peers then see a
+// reset). A lock is released once, however often this is called.
+func (tr *tree) releaseNetLocks() {
+	for _, r := range tr.procs {
+		for _, f := range r.st.FDs {
+			if f.Socket == nil || f.Socket.TCP == nil || f.Socket.TCP.Lock == "" || tr.released[f.Socket.TCP.Lock] {
+				continue
 			}
-			return nil
-		}
-		// A process killed with the rest is a zombie within moments; one
-		// that still runs after liveWait is not dying.
-		if waited := time.Since(start); waited > zombieWait || live && waited > liveWait {
-			if live {
-				return fmt.Errorf("%w: pid %d is still the %s of pid %d (%s), which runs: end it first",
-					ErrPIDInUse, id, holder.role, holder.pid, holder.comm)
+			lock := f.Socket.TCP.Lock
+			tr.released[lock] = true
+			if err := fds.DeleteNetLock(lock); err != nil {
+				tr.log.Error("network lock not released: nft delete table inet "+lock, "pid", r.st.PID, "err", err)
 			}
-			return fmt.Errorf("%w: pid %d is still the %s of pid %d (%s), a zombie its parent has not reaped",
-				ErrPIDInUse, id, holder.role, holder.pid, holder.comm)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// liveWait bounds how long awaitPIDReleased waits for a holder that still
-// runs to die.
-const liveWait = time.Second
-
-// pidHolder is a process whose process group or session id is a pid.
-type pidHolder struct {
-	pid  int
-	comm string
-	role string // "process group id", "session id" or both
-}
-
-// idHolder returns a process whose process group or session id is id,
-// preferring one that runs (live true) to a zombie; nil if there is none.
-func idHolder(id int) (h *pidHolder, live bool) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, false
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := proc.ReadStat(pid)
-		if err != nil || st.Pgrp != id && st.Session != id {
-			continue
-		}
-		role := "session id"
-		switch {
-		case st.Pgrp == id && st.Session == id:
-			role = "process group and session id"
-		case st.Pgrp == id:
-			role = "process group id"
-		}
-		h = &pidHolder{pid: pid, comm: st.Comm, role: role}
-		if !st.Exited() {
-			return h, true
-		}
-	}
-	return h, false
-}
-
-// waitStopped waits until the n threads of pid are in a group stop (they
-// take their SIGSTOP once detached, before they return to user space).
-func waitStopped(ctx context.Context, pid, n int) error {
-	deadline := time.Now().Add(zombieWait)
-	for {
-		stopped := 0
-		tids, err := proc.Tasks(pid)
-		if err != nil {
-			return err
-		}
-		for _, tid := range tids {
-			if st, err := proc.ReadTaskStat(pid, tid); err == nil && st.State == 'T' {
-				stopped++
-			}
-		}
-		if stopped == n && len(tids) == n {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d threads stopped after %v", stopped, n, zombieWait)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
 		}
 	}
 }

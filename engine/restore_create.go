@@ -8,10 +8,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
+	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/task"
 )
 
 const (
@@ -21,6 +22,144 @@ const (
 	scratchLen = 64 << 10
 	areaLen    = pageSize + scratchLen
 )
+
+// create makes every process of the tree, with its pid, parent, session
+// and process group, all of them stopped: the root from a stub
+// (createProcess), then each other process, parents first, cloned (clone3
+// with its pid) from its restored parent while both are still bare copies
+// of the stub, so that parent and child links come from the clone itself.
+// A session leader calls setsid before it clones its children, a group
+// leader setpgid; then the others join their groups.
+func (tr *tree) create(ctx context.Context) error {
+	root := tr.procs[0]
+	if err := root.createProcess(ctx); err != nil {
+		return err
+	}
+	if err := tr.session(root); err != nil {
+		return err
+	}
+	for _, r := range tr.procs[1:] {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := tr.clone(r); err != nil {
+			return tr.name(r, err)
+		}
+	}
+	// Join the groups now that their leaders exist: a group led in the
+	// tree, or else the root's.
+	for _, r := range tr.procs[1:] {
+		st := r.st
+		if st.SID == st.PID {
+			continue
+		}
+		leader := root
+		if l := tr.byPID[st.PGID]; l != nil {
+			leader = l
+		}
+		if cur, err := unix.Getpgid(r.pid); err == nil && cur == leader.pid {
+			continue
+		}
+		// In the process's pid namespace: the leader's own pid there.
+		want := leader.st.OwnPID()
+		if _, err := r.in.Call(unix.SYS_SETPGID, 0, uint64(want)); err != nil {
+			return tr.name(r, fmt.Errorf("setpgid(0, %d): %w", want, err))
+		}
+	}
+	return nil
+}
+
+// clone3 clones the process of r with args (its pid set) through in, and
+// checks the pid it got: in our pid namespace its own, waiting for it if
+// it is still held (AwaitPIDReleased); in a new one (Namespaces.PID), its
+// own there.
+func (r *restorer) clone3(in *ptrace.Injector, args ptrace.CloneArgs) (*ptrace.Thread, error) {
+	own, pidns := r.st.OwnPID(), r.tr.opts.Namespaces.PID
+	th, err := in.Clone3(args)
+	if errors.Is(err, unix.EEXIST) && !pidns {
+		if err := task.AwaitPIDReleased(own); err != nil {
+			return nil, err
+		}
+		th, err = in.Clone3(args)
+	}
+	if err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, own)
+		}
+		return nil, fmt.Errorf("clone3 with pid %d: %w", own, err)
+	}
+	r.child, r.pid = th.Process(), th.Tid()
+	if pidns {
+		if err := task.CheckOwnPID(r.pid, own); err != nil {
+			return nil, err
+		}
+	} else if r.pid != own {
+		return nil, fmt.Errorf("clone3 made pid %d, wanted %d", r.pid, own)
+	}
+	if err := th.SetOptions(unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE); err != nil {
+		return nil, err
+	}
+	return th, nil
+}
+
+// clone makes process r from its parent, which is made already: clone3
+// with r's pid, injected into the parent.
+func (tr *tree) clone(r *restorer) error {
+	parent := tr.byPID[r.st.PPID]
+	th, err := r.clone3(parent.in, ptrace.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{r.st.OwnPID()}})
+	if err != nil {
+		return err
+	}
+	// The child's memory is a copy of its parent's: the injection area
+	// is in it at the same address.
+	r.area = parent.area
+	if r.in, err = th.InjectorAt(r.area, r.area+pageSize, scratchLen); err != nil {
+		return err
+	}
+	r.threads = []*ptrace.Thread{th}
+	return tr.session(r)
+}
+
+// session makes r lead its session or its process group if it led one,
+// before it clones its children, who inherit them. The root that led
+// neither gets a process group of its own in snapctl's session (a
+// session or group led by a process outside the tree cannot be joined).
+func (tr *tree) session(r *restorer) error {
+	st := r.st
+	switch {
+	case st.SID == st.PID:
+		if _, err := r.in.Call(unix.SYS_SETSID); err != nil {
+			return fmt.Errorf("setsid: %w", err)
+		}
+	case st.PGID == st.PID || r == tr.procs[0]:
+		if r == tr.procs[0] && st.PGID != st.PID {
+			tr.log.Warn("the restored processes rejoin no session: the root did not lead its session or group", "pid", st.PID, "sid", st.SID, "pgid", st.PGID)
+		}
+		if _, err := r.in.Call(unix.SYS_SETPGID, 0, 0); err != nil {
+			return fmt.Errorf("setpgid: %w", err)
+		}
+	}
+	return nil
+}
+
+// shared makes, in snapctl, the pipes and socket pairs whose ends are in
+// several processes.
+func (tr *tree) shared(context.Context) error { return tr.broker.MakeShared(tr.states()) }
+
+// states are the states of the processes, in tree order.
+func (tr *tree) states() []*image.Process {
+	sts := make([]*image.Process, len(tr.procs))
+	for i, r := range tr.procs {
+		sts[i] = r.st
+	}
+	return sts
+}
+
+// handOut hands out the open file descriptions of r that processes after
+// it inherited.
+func (r *restorer) handOut(context.Context) error {
+	return r.tr.broker.GiveInherited(r.st, r.tr.states())
+}
 
 // createProcess starts a stub program stopped before its first
 // instruction and clones the process out of it with its original pid: in
@@ -33,11 +172,11 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	flags, argv, files, stubIsInit := r.stubNamespaces()
-	stub, err := r.t.StartStopped(exe, argv, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL, Cloneflags: flags, Files: files})
+	flags, argv, files, stubIsInit := r.tr.opts.Namespaces.Stub(r.st.OwnPID(), r.tr.netns)
+	stub, err := r.tr.t.StartStopped(exe, argv, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL, Cloneflags: flags, Files: files})
 	if err != nil {
 		if flags != 0 {
-			return nsError("new "+nsNames(flags)+" namespace", err)
+			return ns.Error("new "+ns.Names(flags)+" namespace", err)
 		}
 		return fmt.Errorf("start stub: %w", err)
 	}
@@ -47,38 +186,17 @@ func (r *restorer) createProcess(ctx context.Context) error {
 		return fmt.Errorf("stub: %w", err)
 	}
 	defer in.Close()
-	if err := r.setUpStub(in, flags); err != nil {
+	if err := r.tr.opts.Namespaces.SetUpStub(in, flags); err != nil {
 		return err
 	}
 	own := r.st.OwnPID()
 	var cloneFlags uint64
-	if r.opts.Namespaces.PID && !stubIsInit {
+	if r.tr.opts.Namespaces.PID && !stubIsInit {
 		cloneFlags = unix.CLONE_NEWPID // the process is the new namespace's init
 	}
 	args := ptrace.CloneArgs{Flags: cloneFlags, ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{own}}
-	th, err := in.Clone3(args)
-	if errors.Is(err, unix.EEXIST) && !r.opts.Namespaces.PID {
-		if err := awaitPIDReleased(own); err != nil {
-			return err
-		}
-		th, err = in.Clone3(args)
-	}
+	th, err := r.clone3(in, args)
 	if err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, own)
-		}
-		return fmt.Errorf("clone3 with pid %d: %w", own, err)
-	}
-	r.child = th.Process()
-	r.pid = th.Tid()
-	if r.opts.Namespaces.PID {
-		if err := checkOwnPID(r.pid, own); err != nil {
-			return err
-		}
-	} else if r.pid != own {
-		return fmt.Errorf("clone3 made pid %d, wanted %d", r.pid, own)
-	}
-	if err := th.SetOptions(unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE); err != nil {
 		return err
 	}
 	// The child's memory is a copy of the stub's, injector page included:
@@ -87,7 +205,13 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.area, err = r.mapArea(cin)
+	// Where no process of the tree has memory: the others are cloned
+	// from the root with it in place.
+	var layout []image.VMA
+	for _, q := range r.tr.procs {
+		layout = append(layout, q.st.VMAs...)
+	}
+	r.area, err = mem.MapArea(cin, r.child, layout, areaLen)
 	cin.Close()
 	if err != nil {
 		return err
@@ -97,8 +221,8 @@ func (r *restorer) createProcess(ctx context.Context) error {
 		return err
 	}
 	r.threads = []*ptrace.Thread{th}
-	if r.opts.Namespaces.PID {
-		if err := r.mountProc(); err != nil {
+	if r.tr.opts.Namespaces.PID {
+		if err := ns.MountProc(r.in); err != nil {
 			return err
 		}
 	}
@@ -111,7 +235,7 @@ func (r *restorer) createProcess(ctx context.Context) error {
 			return fmt.Errorf("start the pid namespace's init: %w", err)
 		}
 		r.initPID, r.stub = stub.Pid(), nil
-		go reapInit(r.initPID)
+		go ns.ReapInit(r.initPID)
 		return nil
 	}
 	// The stub has done its work; the process is reparented to init.
@@ -120,66 +244,4 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	}
 	r.stub = nil
 	return nil
-}
-
-// reapInit waits for the pid namespace's init, our child, to exit, so
-// that it leaves no zombie while we run (a program that restores many
-// times). The tracer does not wait for it once detached.
-func reapInit(pid int) {
-	for {
-		_, err := unix.Wait4(pid, nil, 0, nil)
-		if err != unix.EINTR {
-			return
-		}
-	}
-}
-
-// mapArea maps the injection area (stub page, scratch) at an address the
-// restored layout does not use.
-func (r *restorer) mapArea(in *ptrace.Injector) (uint64, error) {
-	layout := r.layout
-	if layout == nil {
-		layout = r.st.VMAs
-	}
-	for _, a := range mem.FreeAreas(layout, areaLen) {
-		res, err := in.Syscall(unix.SYS_MMAP, a, areaLen, unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC,
-			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)
-		if err != nil {
-			return 0, err
-		}
-		if res == -int64(unix.EEXIST) {
-			continue
-		}
-		if res < 0 {
-			return 0, fmt.Errorf("mmap injection area: %w", ptrace.Errno(res))
-		}
-		if err := r.child.WriteStub(a); err != nil {
-			return 0, err
-		}
-		return a, nil
-	}
-	return 0, errors.New("no room for the injection area in the restored layout")
-}
-
-// call injects a system call into the leader and turns a failure into an
-// error.
-func (r *restorer) call(nr int, args ...uint64) (uint64, error) {
-	return r.in.Call(nr, args...)
-}
-
-func (r *restorer) closeFD(fd int) {
-	if err := r.in.CloseFD(fd); err != nil {
-		r.log.Warn("close in restored process", "fd", fd, "err", err)
-	}
-}
-
-// setMM sets the mm fields, auxv and exe with PR_SET_MM_MAP. The old
-// exe (the stub's) is unmapped already, as the kernel requires.
-func (r *restorer) setMM(ctx context.Context) error {
-	exeFD, err := fds.OpenVerified(r.in, r.st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, r.st.Exe, true)
-	if err != nil {
-		return err
-	}
-	defer r.closeFD(exeFD)
-	return r.in.SetMM(ptrace.MM(r.st.MM), exeFD)
 }

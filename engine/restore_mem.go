@@ -3,14 +3,14 @@ package engine
 import (
 	"context"
 
-	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
+	"github.com/lazyfs/lazyfs/engine/task"
 )
 
 // The memory steps of a restore: engine/mem does the work.
 
 func (r *restorer) target() *mem.Target {
-	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tree}
+	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker}
 }
 
 // unmapStub closes every descriptor the stub inherited and removes every
@@ -38,12 +38,12 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 	o := mem.FillOptions{
 		Pages:       r.pages,
 		PagesFile:   r.pages.Payloads(),
-		Threads:     r.opts.Threads,
-		Userfaultfd: r.opts.Lazy == nil,
-		Progress:    r.opts.Progress,
+		Threads:     r.tr.opts.Threads,
+		Userfaultfd: r.lazy == nil,
+		Progress:    r.tr.opts.Progress,
 	}
-	if r.opts.Lazy != nil {
-		o.Skip = func(b image.Block, v *image.VMA) bool { return r.isLazy(v) && !r.eagerPage(b.Addr, uint64(b.Len)) }
+	if r.lazy != nil {
+		o.Skip = r.lazy.Skip
 	}
 	n, err := mem.Fill(ctx, r.target(), o)
 	r.filled += n
@@ -51,3 +51,6 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 }
 
 func (r *restorer) lockMemory(ctx context.Context) error { return mem.Lock(ctx, r.target()) }
+
+// setMM sets the mm fields, auxv and exe (task.SetMM).
+func (r *restorer) setMM(context.Context) error { return task.SetMM(r.in, r.st, r.log) }

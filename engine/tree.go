@@ -59,30 +59,3 @@ func precheckChild(pid, parent int) error {
 	}
 	return nil
 }
-
-// markSharedObjects marks the shared memory objects that several
-// processes of the tree map (image.ShmemRef.Tree): restore makes each
-// once and maps it in each.
-func markSharedObjects(procs []*dumpProc) {
-	if len(procs) < 2 {
-		return
-	}
-	users := map[uint64]map[int]bool{}
-	for _, p := range procs {
-		for _, v := range p.st.VMAs {
-			if v.Shmem != nil {
-				if users[v.Shmem.ID] == nil {
-					users[v.Shmem.ID] = map[int]bool{}
-				}
-				users[v.Shmem.ID][p.pid] = true
-			}
-		}
-	}
-	for _, p := range procs {
-		for i := range p.st.VMAs {
-			if s := p.st.VMAs[i].Shmem; s != nil && len(users[s.ID]) > 1 {
-				s.Tree = true
-			}
-		}
-	}
-}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine"
+	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -82,7 +83,12 @@ func BenchmarkRestore(b *testing.B) {
 		for _, threads := range []int{1, 2, 0} {
 			b.Run(fmt.Sprintf("threads=%d/%s", threads, cache), func(b *testing.B) {
 				benchTimed(b, cache, st.Size(), func() (time.Duration, error) {
-					res, err := engine.Restore(ctx, engine.RestoreOptions{Dir: dir, Threads: threads})
+					snap, err := image.Open(dir)
+					if err != nil {
+						return 0, err
+					}
+					defer snap.Close()
+					res, err := engine.Restore(ctx, engine.RestoreOptions{Snapshot: snap, Threads: threads})
 					if err != nil {
 						return 0, err
 					}

@@ -209,7 +209,12 @@ func TestRestoreMemoryExact(t *testing.T) {
 	p := fixture.Start(t, "counter", "16M")
 	dir, si := dumpForRestore(t, ctx, p)
 
-	res, err := engine.Restore(ctx, engine.RestoreOptions{Dir: dir, LeaveStopped: true})
+	snap, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	res, err := engine.Restore(ctx, engine.RestoreOptions{Snapshot: snap, LeaveStopped: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,8 @@ import (
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/lazy"
+	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/units"
 	"github.com/lazyfs/lazyfs/fs"
 )
@@ -31,10 +33,10 @@ import (
 // re-executed as one: before anything else, and nothing else.
 func init() {
 	switch filepath.Base(os.Args[0]) {
-	case engine.KeeperArg0:
-		os.Exit(engine.KeeperMain(os.Args))
-	case engine.PIDNSInitArg0:
-		os.Exit(engine.PIDNSInitMain(os.Args))
+	case lazy.KeeperArg0:
+		os.Exit(lazy.KeeperMain(os.Args))
+	case ns.InitArg0:
+		os.Exit(ns.InitMain(os.Args))
 	case fs.PrivateArg0:
 		os.Exit(fs.PrivateMain(os.Args))
 	}
@@ -148,7 +150,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	trust := trustFlag(fl)
 	identity := fl.Identity()
 	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
-	lazy := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
+	lazyFlag := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
@@ -188,10 +190,10 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		return err
 	}
 	open := image.OpenOptions{Trust: *trust, Remote: remote.Options(ctx)}
-	if err := checkLazyFlags(fl, *lazy, *source, *mount, *prefetchDelay); err != nil {
+	if err := checkLazyFlags(fl, *lazyFlag, *source, *mount, *prefetchDelay); err != nil {
 		return err
 	}
-	if err := checkWorkingSetFlags(fl, *lazy, *workingSet, *record, *recordFor, *recordFaults); err != nil {
+	if err := checkWorkingSetFlags(fl, *lazyFlag, *workingSet, *record, *recordFor, *recordFaults); err != nil {
 		return err
 	}
 	level := slog.LevelWarn
@@ -199,8 +201,8 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if *netns != "" && *netns != engine.NetNew {
-		f, err := engine.OpenNetns(*netns)
+	if *netns != "" && *netns != ns.NetNew {
+		f, err := ns.OpenNet(*netns)
 		if err != nil {
 			return cli.Usagef("--netns: %v", err)
 		}
@@ -211,8 +213,13 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		return err
 	}
 	open.Keys = keys
-	opts := engine.RestoreOptions{Dir: *dir, Threads: *threads, TrustSnapshot: *trust, Remote: open.Remote, Keys: keys, Logger: log,
-		Namespaces:     engine.Namespaces{PID: *pidns, Net: *netns},
+	snap, err := image.OpenWith(*dir, open)
+	if err != nil {
+		return fmt.Errorf("open snapshot: %w", err)
+	}
+	defer snap.Close()
+	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log,
+		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns},
 		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback}
 	tty := isTerminal(stderr)
 	if tty {
@@ -220,7 +227,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	started := time.Now()
 	opts.Running = func(pid int) error {
-		if *lazy {
+		if *lazyFlag {
 			fmt.Fprintf(stdout, "pid %d running after %s; serving its memory\n", pid, time.Since(started).Round(time.Millisecond))
 		}
 		if *pidfile == "" {
@@ -229,46 +236,22 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		return writePidfile(*pidfile, pid)
 	}
 	var progress *lazyProgress
-	if *lazy {
-		src, err := openLazySource(*dir, *mount, *source, *threads, open, log)
-		if err != nil {
+	if *lazyFlag {
+		if opts.Source, err = pageSource(snap, *source, *mount, *threads, log); err != nil {
 			return err
 		}
-		// After Restore: by then the process tree is fully served or dead.
+		// After Restore: by then every process is fully served or dead.
 		defer func() {
-			if err := src.close(); err != nil {
+			if err := opts.Source.Close(); err != nil {
 				log.Warn("lazy page source", "err", err)
 			}
 		}()
-		if src.of != nil {
-			opts.LazyOf = src.of // a process tree: a source for each
-		} else {
-			opts.Lazy = src.ReaderAt
-		}
-		opts.LazyOptions.SourceGone = src.gone
-		opts.LazyOptions.SourceReady = src.ready
-		opts.LazyOptions.SourceUp = src.up
-		opts.LazyOptions.SourceAbort = src.abort
-		opts.LazyOptions.PrefetchDelay = *prefetchDelay
-		opts.LazyOptions.Keeper = true
-		// The private mount answers with direct I/O: its reads wait on
-		// the helper's FUSE server.
-		opts.LazyOptions.SourceWaits = *source == "mount" && *mount == ""
-		// Someone else's mount (--mount): its bytes are checked against
-		// the snapshot's CRC32C by the pager, as the snapshot's own
-		// reader checks its reads. The private mount is served by our own
-		// helper, through that reader: checking its bytes again costs
-		// a good part of the lazy phase for nothing (BENCHMARKS.md).
-		opts.LazyOptions.CheckSource = *mount != ""
-		// Through a mount, only blocks that must be decoded: what is
-		// stored as is comes from the pages file, whose page cache every
-		// restore on the host shares as it would share the mount's.
-		opts.LazyOptions.RawDirect = *source == "mount"
+		opts.Lazy = lazy.Options{PrefetchDelay: *prefetchDelay, Keeper: true}
 		switch *workingSet {
 		case "off":
-			opts.LazyOptions.WorkingSet = engine.WorkingSetOff
+			opts.Lazy.WorkingSet = lazy.WorkingSetOff
 		case "blocks":
-			opts.LazyOptions.WorkingSet = engine.WorkingSetBlocks
+			opts.Lazy.WorkingSet = lazy.WorkingSetBlocks
 		}
 		if *record {
 			stop := make(chan struct{})
@@ -280,12 +263,12 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 					close(stop)
 				}
 			}()
-			opts.LazyOptions.Record = &engine.RecordOptions{For: *recordFor, Faults: *recordFaults, Stop: stop}
+			opts.Lazy.Record = &lazy.RecordOptions{For: *recordFor, Faults: *recordFaults, Stop: stop}
 		}
 		if tty {
 			progress = newLazyProgress(stderr)
 			defer progress.stop()
-			opts.LazyOptions.Progress = progress.update
+			opts.Lazy.Progress = progress.update
 		}
 	}
 	res, err := engine.Restore(ctx, opts)
@@ -295,9 +278,24 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	if err != nil {
 		return err
 	}
-	printRestored(stdout, res, *lazy)
-	printWorkingSet(stdout, res.WorkingSet)
+	printRestored(stdout, res, *lazyFlag)
+	for _, ws := range res.WorkingSets {
+		printWorkingSet(stdout, ws)
+	}
 	return nil
+}
+
+// pageSource is where a lazy restore reads memory from: the snapshot's
+// files (--source direct), a running lazyfs mount of it (--mount), or a
+// private mount that snapctl makes (the default).
+func pageSource(snap *image.Snapshot, source, mnt string, threads int, log *slog.Logger) (image.PageSource, error) {
+	switch {
+	case source == "direct":
+		return image.DirectSource, nil
+	case mnt != "":
+		return fs.MountSource(mnt, snap)
+	}
+	return fs.PrivateSource(snap, threads, log)
 }
 
 // checkWorkingSetFlags refuses the working-set flags without --lazy and
@@ -321,7 +319,7 @@ func checkWorkingSetFlags(fl *cli.FlagSet, lazy bool, mode string, record bool, 
 }
 
 // printWorkingSet says what the restore did with working sets.
-func printWorkingSet(w io.Writer, ws engine.WorkingSetResult) {
+func printWorkingSet(w io.Writer, ws lazy.WorkingSetResult) {
 	switch {
 	case ws.Recorded:
 		fmt.Fprintf(w, "working set recorded: %s in %d ranges over %s (stopped by %s) in %s\n",
@@ -483,292 +481,3 @@ func (p *lazyProgress) stop() {
 	p.once.Do(func() { close(p.quit) })
 	<-p.finished
 }
-
-// lazySource is where a lazy restore reads pages from.
-type lazySource struct {
-	io.ReaderAt
-	// of, for a snapshot of a process tree, gives the source of each
-	// process (ReaderAt is then nil).
-	of    func(pid int) (io.ReaderAt, error)
-	close func() error
-	// gone, if not nil, receives an error naming the helper that served
-	// the source if it dies (engine.LazyOptions.SourceGone).
-	gone <-chan error
-	// ready, if not nil, waits for a source made in the background
-	// (engine.LazyOptions.SourceReady).
-	ready func(ctx context.Context) error
-	// up, if not nil, says without waiting whether that source is up
-	// (engine.LazyOptions.SourceUp): the process does not wait for it.
-	up func() bool
-	// abort, if not nil, makes the reads waiting on the source fail at
-	// once (engine.LazyOptions.SourceAbort).
-	abort func()
-}
-
-// openLazySource opens where a lazy restore reads pages from: the
-// snapshot files (--source direct), a running lazyfs mount (--mount), or
-// a private mount of the snapshot (fs.MountPrivate).
-func openLazySource(dir, mnt, source string, threads int, o image.OpenOptions, log *slog.Logger) (*lazySource, error) {
-	snap, err := image.OpenWith(dir, o)
-	if err != nil {
-		return nil, err
-	}
-	defer snap.Close()
-	if pids := snap.PIDs(); len(pids) > 1 {
-		return openTreeSource(snap, dir, mnt, source, threads, o)
-	}
-	pid, err := engine.SnapshotPID(snap)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case source == "direct":
-		r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
-		if err != nil {
-			return nil, err
-		}
-		return &lazySource{ReaderAt: r.Uncached(), close: r.Close}, nil
-	case mnt != "":
-		m, err := fs.OpenMount(mnt, snap.ManifestJSON())
-		if err != nil {
-			return nil, fmt.Errorf("--mount %w", err)
-		}
-		defer m.Close()
-		f, err := openMountMem(m, pid)
-		if err != nil {
-			return nil, err
-		}
-		return &lazySource{ReaderAt: f, close: f.Close}, nil
-	}
-	// What makes a mount fail at once is refused before anything is
-	// created; the mount itself is made while the process is.
-	if _, err := fs.CheckFUSE(); err != nil {
-		return nil, err
-	}
-	return mountLater(func() (*fs.PrivateMount, error) {
-		// Direct I/O and a small block cache: the pager reads each block
-		// once (see test/bench/BENCHMARKS.md, Decisions).
-		return fs.MountPrivate(dir, pid, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
-	}, false, log), nil
-}
-
-// openMountMem opens MNT/PID/mem of a running lazyfs mount (--mount) for
-// the pager, with the kernel's readahead off (POSIX_FADV_RANDOM): the
-// pager asks the mount for the blocks that must be decoded and no others
-// (engine.LazyOptions.RawDirect), and readahead would make the mount read
-// the Raw blocks around them into its page cache, a second copy of what
-// the pages file's page cache holds, for no reader. What it asks for is
-// in the page cache all the same, for the restores after it.
-func openMountMem(m *fs.CheckedMount, pid int) (*os.File, error) {
-	f, err := m.OpenMem(pid)
-	if err != nil {
-		return nil, fmt.Errorf("--mount: open pages: %w", err)
-	}
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("--mount: posix_fadvise %s: %w", f.Name(), err)
-	}
-	return f, nil
-}
-
-// openTreeSource is openLazySource for a snapshot of a process tree: the
-// memory of each process, through one mount.
-func openTreeSource(snap *image.Snapshot, dir, mnt, source string, threads int, o image.OpenOptions) (*lazySource, error) {
-	pids := snap.PIDs()
-	switch {
-	case source == "direct":
-		readers := map[int]*image.Reader{}
-		closeAll := func() error {
-			var errs []error
-			for _, r := range readers {
-				errs = append(errs, r.Close())
-			}
-			return errors.Join(errs...)
-		}
-		for _, pid := range pids {
-			r, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
-			if err != nil {
-				closeAll()
-				return nil, err
-			}
-			readers[pid] = r
-		}
-		of := func(pid int) (io.ReaderAt, error) {
-			if r, ok := readers[pid]; ok {
-				return r.Uncached(), nil
-			}
-			return nil, fmt.Errorf("no process %d in the snapshot", pid)
-		}
-		return &lazySource{of: of, close: closeAll}, nil
-	case mnt != "":
-		m, err := fs.OpenMount(mnt, snap.ManifestJSON())
-		if err != nil {
-			return nil, fmt.Errorf("--mount %w", err)
-		}
-		var files []*os.File
-		closeAll := func() error {
-			for _, f := range files {
-				f.Close()
-			}
-			return m.Close()
-		}
-		of := func(pid int) (io.ReaderAt, error) {
-			f, err := openMountMem(m, pid)
-			if err != nil {
-				return nil, err
-			}
-			files = append(files, f)
-			return f, nil
-		}
-		return &lazySource{of: of, close: closeAll}, nil
-	}
-	if _, err := fs.CheckFUSE(); err != nil {
-		return nil, err
-	}
-	return mountLater(func() (*fs.PrivateMount, error) {
-		return fs.MountPrivateTree(dir, pids, fs.Options{DecompressThreads: threads, DirectIO: true, CacheSize: 16 << 20, TrustSnapshot: o.Trust, Remote: o.Remote, Keys: o.Keys})
-	}, true, nil), nil
-}
-
-// mountLater starts the private mount that mount makes and returns it as
-// a lazySource at once. The helper starts and mounts while the process is
-// created and its memory laid out, which need no page from it, and only
-// blocks that must be decoded are read through it
-// (engine.LazyOptions.RawDirect).
-//
-// The mount of one process is not waited for: until it is
-// up, the restore decodes those blocks itself from the snapshot's files
-// (up, engine.LazyOptions.SourceUp), so the process runs and its first
-// faults are served without waiting for a helper to start; if the mount
-// cannot be made, it goes on that way and log says why. The mount of a
-// process tree (tree, with a source for each process) is: its reads
-// wait until it is up, the processes do not run before (ready,
-// engine.LazyOptions.SourceReady), and if it fails, gone says why and the
-// restore ends. If the helper dies once the mount is up, gone says so and
-// the restore ends (engine.LazyOptions.SourceGone).
-func mountLater(mount func() (*fs.PrivateMount, error), tree bool, log *slog.Logger) *lazySource {
-	ready := make(chan struct{})
-	gone, stop := make(chan error, 1), make(chan struct{})
-	var m *fs.PrivateMount
-	var merr error
-	var mu sync.Mutex
-	// aborting: the restore is ending on a signal (abort); abandoned: the
-	// mount was closed then, before it was up, and is not waited for.
-	aborting, abandoned := false, false
-	go func() {
-		m0, err0 := mount()
-		mu.Lock()
-		m, merr = m0, err0
-		close(ready)
-		left := abandoned
-		mu.Unlock()
-		if left {
-			if merr == nil {
-				m.Close()
-			}
-			return
-		}
-		if merr != nil {
-			if tree {
-				gone <- merr
-			} else {
-				log.Warn("no private mount: blocks that must be decoded are decoded by snapctl", "err", merr)
-			}
-			return
-		}
-		select {
-		case <-m.Exited():
-			gone <- fmt.Errorf("the private mount's FUSE server (%s, pid %d): %v", fs.PrivateArg0, m.HelperPID(), m.ExitErr())
-		case <-stop:
-		}
-	}()
-	wait := func() error {
-		<-ready
-		return merr
-	}
-	src := &lazySource{gone: gone, ready: func(ctx context.Context) error {
-		select {
-		case <-ready:
-			return merr
-		case <-ctx.Done():
-			// A signal: the mount not yet up is abandoned (close does
-			// not wait for it either).
-			mu.Lock()
-			aborting = true
-			mu.Unlock()
-			return ctx.Err()
-		}
-	}}
-	src.abort = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		aborting = true
-		select {
-		case <-ready:
-			if merr == nil {
-				m.Abort()
-			}
-		default: // not up: nothing reads through it
-		}
-	}
-	src.close = func() error {
-		close(stop)
-		mu.Lock()
-		select {
-		case <-ready:
-			mu.Unlock()
-		default:
-			if !aborting {
-				mu.Unlock()
-				break // waited for below: m.Close sees to a helper stuck in its mount
-			}
-			// Ending on a signal while it is still being set up (it may
-			// wait long on a store that stalls): not waited for. The
-			// helper ends when this process does; a mount made
-			// meanwhile is closed by the goroutine above.
-			abandoned = true
-			mu.Unlock()
-			return nil
-		}
-		<-ready
-		if merr != nil {
-			return nil // said by gone, or by the reads that failed
-		}
-		return m.Close()
-	}
-	if tree {
-		src.of = func(pid int) (io.ReaderAt, error) {
-			return readerAtFunc(func(p []byte, off int64) (int, error) {
-				if err := wait(); err != nil {
-					return 0, err
-				}
-				r, err := m.Mem(pid)
-				if err != nil {
-					return 0, err
-				}
-				return r.ReadAt(p, off)
-			}), nil
-		}
-		return src
-	}
-	src.ReaderAt = readerAtFunc(func(p []byte, off int64) (int, error) {
-		if err := wait(); err != nil {
-			return 0, err
-		}
-		return m.ReadAt(p, off)
-	})
-	src.up = func() bool {
-		select {
-		case <-ready:
-			return merr == nil
-		default:
-			return false
-		}
-	}
-	return src
-}
-
-// readerAtFunc is a function as an io.ReaderAt.
-type readerAtFunc func(p []byte, off int64) (int, error)
-
-func (f readerAtFunc) ReadAt(p []byte, off int64) (int, error) { return f(p, off) }

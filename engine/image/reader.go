@@ -53,6 +53,7 @@ type Snapshot struct {
 	keys     *sealKeys // of a sealed snapshot, opened
 	signed   bool      // its signature verified
 	parent   *Snapshot // of an incremental snapshot (parent.go)
+	opts     OpenOptions
 }
 
 // OpenOptions tune OpenWith.
@@ -98,7 +99,7 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 		st.Close()
 		return nil, err
 	}
-	s.trust = o.Trust
+	s.trust, s.opts = o.Trust, o
 	if err := s.checkAsParent(o.asParent); err != nil {
 		st.Close()
 		return nil, err
@@ -324,6 +325,7 @@ const readaheadBatch = 32 << 20
 // Reader reads the memory of one process of a snapshot.
 type Reader struct {
 	name    string // pages file name, for errors
+	pid     int    // the process whose memory it reads
 	f       File
 	src     io.ReaderAt // payloads: f, or f decrypted (sealedPages)
 	auth    bool        // src authenticates every block (Authenticated)
@@ -350,6 +352,17 @@ type Reader struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 }
+
+// Options returns the options the snapshot was opened with: a helper
+// process that opens it again (a private mount) opens it so.
+func (s *Snapshot) Options() OpenOptions {
+	o := s.opts
+	o.asParent = nil
+	return o
+}
+
+// PID returns the process whose memory r reads.
+func (r *Reader) PID() int { return r.pid }
 
 // OpenPages opens the page image of pid.
 func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
@@ -395,6 +408,7 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
 	}
+	r.pid = pid
 	if s.keys != nil {
 		r.window = s.Manifest.Seal.Window
 	}

@@ -388,3 +388,30 @@ func readFull(f *os.File, b []byte, off int64) error {
 	}
 	return err
 }
+
+// MarkShared marks the shared memory objects that several of the
+// processes sts of a tree map (image.ShmemRef.Tree): restore makes each
+// once and maps it in each.
+func MarkShared(sts []*image.Process) {
+	if len(sts) < 2 {
+		return
+	}
+	users := map[uint64]map[int]bool{}
+	for _, st := range sts {
+		for _, v := range st.VMAs {
+			if v.Shmem != nil {
+				if users[v.Shmem.ID] == nil {
+					users[v.Shmem.ID] = map[int]bool{}
+				}
+				users[v.Shmem.ID][st.PID] = true
+			}
+		}
+	}
+	for _, st := range sts {
+		for i := range st.VMAs {
+			if s := st.VMAs[i].Shmem; s != nil && len(users[s.ID]) > 1 {
+				s.Tree = true
+			}
+		}
+	}
+}

@@ -1,14 +1,17 @@
 package mem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // FreeAreas lists candidate addresses for n bytes outside every one of
@@ -28,6 +31,22 @@ func FreeAreas(vmas []image.VMA, n uint64) []uint64 {
 		if i < len(vmas) {
 			lo = max(lo, vmas[i].End)
 		}
+	}
+	return out
+}
+
+// Union sorts vmas and merges those that overlap or touch (the layouts
+// of several processes) into ranges.
+func Union(vmas []image.VMA) []image.VMA {
+	vmas = slices.Clone(vmas)
+	slices.SortFunc(vmas, func(a, b image.VMA) int { return cmp.Compare(a.Start, b.Start) })
+	var out []image.VMA
+	for _, v := range vmas {
+		if n := len(out); n > 0 && v.Start <= out[n-1].End {
+			out[n-1].End = max(out[n-1].End, v.End)
+			continue
+		}
+		out = append(out, image.VMA{Start: v.Start, End: v.End})
 	}
 	return out
 }
@@ -148,4 +167,29 @@ func (r *Target) mremap(from, n, to uint64) error {
 		err = fmt.Errorf("mremap moved to %#x", got)
 	}
 	return err
+}
+
+// MapArea maps n bytes for the injection area (stub page, scratch) in
+// process p, through in, at an address outside every one of layout (the
+// memory of every process to be restored, in any order), and writes the
+// stub page there.
+func MapArea(in *ptrace.Injector, p *ptrace.Process, layout []image.VMA, n uint64) (uint64, error) {
+	for _, a := range FreeAreas(Union(layout), n) {
+		res, err := in.Syscall(unix.SYS_MMAP, a, n, unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)
+		if err != nil {
+			return 0, err
+		}
+		if res == -int64(unix.EEXIST) {
+			continue
+		}
+		if res < 0 {
+			return 0, fmt.Errorf("mmap injection area: %w", ptrace.Errno(res))
+		}
+		if err := p.WriteStub(a); err != nil {
+			return 0, err
+		}
+		return a, nil
+	}
+	return 0, errors.New("no room for the injection area in the restored layout")
 }

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -25,22 +26,12 @@ type restorer struct {
 	log *slog.Logger
 }
 
-// RestoreProcess restores, through in, the per-process state: signal actions, umask,
-// working and root directories, personality, prctl settings, resource
-// limits, session and process group, and credentials (last, since they
-// may drop the privileges the rest needs) with no_new_privs.
+// RestoreProcess restores, through in, the per-process state: signal
+// actions, umask, working and root directories, personality, prctl
+// settings, resource limits, and credentials (last, since they may drop
+// the privileges the rest needs) with no_new_privs. Its session and
+// process group were set as the process was created.
 func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
-	return restoreProcess(in, st, log, true)
-}
-
-// RestoreProcessInTree is RestoreProcess for a process of a tree, whose
-// session and process group were set as the tree was created
-// (SetSession, JoinGroup).
-func RestoreProcessInTree(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
-	return restoreProcess(in, st, log, false)
-}
-
-func restoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger, session bool) error {
 	r := &restorer{in: in, st: st, log: log}
 	// Signal actions, umask, directories, personality and prctl settings
 	// go in one batch: one resume of the process rather than seventy.
@@ -66,11 +57,6 @@ func restoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger, se
 		lim := unix.Rlimit{Cur: l.Cur, Max: l.Max}
 		if err := unix.Prlimit(r.in.Thread().Process().Pid(), l.Resource, &lim, nil); err != nil {
 			r.log.Warn("resource limit not restored", "resource", l.Resource, "cur", l.Cur, "max", l.Max, "err", err)
-		}
-	}
-	if session {
-		if err := r.session(); err != nil {
-			return err
 		}
 	}
 	if err := r.creds(); err != nil {
@@ -101,30 +87,6 @@ func (r *restorer) sigActions(c *ptrace.Calls) {
 		}
 		c.Add("rt_sigaction("+strconv.Itoa(sig)+")", unix.SYS_RT_SIGACTION, uint64(sig), c.Data(buf), 0, 8)
 	}
-}
-
-// session puts the process back in its own session or process group when
-// it led one; otherwise it stays in snapctl's session, in a process group
-// of its own (a dumped session or group led by another process cannot be
-// joined).
-func (r *restorer) session() error {
-	st := r.st
-	switch {
-	case st.SID == st.PID:
-		if _, err := r.in.Call(unix.SYS_SETSID); err != nil {
-			return fmt.Errorf("setsid: %w", err)
-		}
-	case st.PGID == st.PID:
-		if _, err := r.in.Call(unix.SYS_SETPGID, 0, 0); err != nil {
-			return fmt.Errorf("setpgid: %w", err)
-		}
-	default:
-		r.log.Warn("process rejoins no session: it did not lead its session or group", "sid", st.SID, "pgid", st.PGID)
-		if _, err := r.in.Call(unix.SYS_SETPGID, 0, 0); err != nil {
-			return fmt.Errorf("setpgid: %w", err)
-		}
-	}
-	return nil
 }
 
 // creds sets groups, gids and uids where they differ from snapctl's.
@@ -226,4 +188,20 @@ func SetThreadRegs(th *ptrace.Thread, t *image.Thread) error {
 		return fmt.Errorf("thread %d: set signal mask: %w", t.TID, err)
 	}
 	return nil
+}
+
+// SetMM sets the mm fields, auxv and exe of the process in injects into
+// with PR_SET_MM_MAP. The old exe (the stub's) must be unmapped already,
+// as the kernel requires.
+func SetMM(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
+	exeFD, err := fds.OpenVerified(in, st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, st.Exe, true)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := in.CloseFD(exeFD); err != nil {
+			log.Warn("close in restored process", "fd", exeFD, "err", err)
+		}
+	}()
+	return in.SetMM(ptrace.MM(st.MM), exeFD)
 }

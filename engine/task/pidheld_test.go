@@ -1,4 +1,4 @@
-package engine
+package task
 
 import (
 	"errors"
@@ -48,17 +48,17 @@ func TestPIDHeldBySession(t *testing.T) {
 	cmd.Process.Kill()
 	cmd.Wait()
 
-	if busy, _ := pidInUse(leader); busy {
+	if busy, _ := PIDInUse(leader); busy {
 		t.Fatalf("pid %d: no task should have it once reaped", leader)
 	}
-	err = awaitPIDReleased(leader)
+	err = AwaitPIDReleased(leader)
 	if !errors.Is(err, ErrPIDInUse) || !strings.Contains(err.Error(), "process group and session id of pid "+strconv.Itoa(child)+" (sleep), which runs") {
 		t.Fatalf("pid %d held as the session of live pid %d: %v", leader, child, err)
 	}
 
 	syscall.Kill(child, syscall.SIGKILL)
 	start := time.Now()
-	if err := awaitPIDReleased(leader); err != nil {
+	if err := AwaitPIDReleased(leader); err != nil {
 		t.Fatalf("after its session's last process was killed: %v", err)
 	}
 	if _, err := os.Stat("/proc/" + strconv.Itoa(child)); err == nil {

@@ -1,4 +1,4 @@
-package engine
+package fs
 
 import (
 	"bytes"

@@ -1,4 +1,9 @@
-package engine
+// Package ns makes and joins the namespaces a restore asks for
+// (Namespaces): the stub the restored processes are cloned from starts
+// in them (Stub), its new network namespace's loopback up or another
+// joined (SetUpStub), /proc of a new pid namespace mounted (MountProc);
+// and the small init of a new pid namespace (InitMain).
+package ns
 
 import (
 	"encoding/binary"
@@ -9,11 +14,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
-// Namespaces say which namespaces a restored process lives in. Their zero
+// Namespaces say which namespaces restored processes live in. Their zero
 // value is snapctl's own.
 //
 // With PID, the process gets a new pid namespace in which it has the pid
@@ -21,7 +25,7 @@ import (
 // any number of restores of one snapshot run at once, each in its own
 // namespace, and the process sees the ids it cached (glibc's tid in the
 // thread descriptor, a server's pid in its own variables) unchanged. It
-// is not the namespace's init: a small init (PIDNSInitMain, the pid 1
+// is not the namespace's init: a small init (InitMain, the pid 1
 // there) is its parent, reaps what it orphans, passes on the signals it
 // gets (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) and exits
 // with the process's status when it ends, which ends the namespace. A
@@ -48,12 +52,9 @@ type Namespaces struct {
 // NetNew is the Namespaces.Net value for a new network namespace.
 const NetNew = "new"
 
-// any reports whether the restore makes or joins a namespace.
-func (ns Namespaces) any() bool { return ns.PID || ns.Net != "" }
-
-// OpenNetns opens the network namespace file path for Namespaces.Net and
+// OpenNet opens the network namespace file path for Namespaces.Net and
 // checks that it is one.
-func OpenNetns(path string) (*os.File, error) {
+func OpenNet(path string) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("network namespace: %w", err)
@@ -71,38 +72,38 @@ func OpenNetns(path string) (*os.File, error) {
 	return f, nil
 }
 
-// netnsFD is the descriptor of the network namespace to join in the
+// netFD is the descriptor of the network namespace to join in the
 // stub, which starts with it there.
-const netnsFD = 3
+const netFD = 3
 
-// stubNamespaces returns the CLONE_NEW* flags the stub starts with, its
-// argv, and the files it gets (the network namespace to join at
-// netnsFD). initPID says whether the stub is to be the new pid
-// namespace's init (PIDNSInitMain), of which the restored process is a
-// child.
-func (r *restorer) stubNamespaces() (flags uintptr, argv []string, files []*os.File, initPID bool) {
-	ns := r.opts.Namespaces
+// Stub returns the CLONE_NEW* flags the stub of a restore starts with,
+// its argv, and the files it gets (net, the network namespace to join
+// that OpenNet opened, at netFD). own is the root's pid in its own pid
+// namespace; initPID says whether the stub is to be the new pid
+// namespace's init (InitMain), of which the root is a child, or the root
+// the init itself (it was pid 1 of its namespace).
+func (ns Namespaces) Stub(own int, net *os.File) (flags uintptr, argv []string, files []*os.File, initPID bool) {
 	argv = []string{"lazyfs-restore-stub"}
 	if ns.PID {
 		flags |= unix.CLONE_NEWNS
-		if own := r.st.OwnPID(); own != 1 {
+		if own != 1 {
 			flags |= unix.CLONE_NEWPID
-			argv, initPID = []string{PIDNSInitArg0, fmt.Sprint(own)}, true
+			argv, initPID = []string{InitArg0, fmt.Sprint(own)}, true
 		}
 	}
 	switch {
 	case ns.Net == NetNew:
 		flags |= unix.CLONE_NEWNET
 	case ns.Net != "":
-		files = []*os.File{nil, nil, nil, r.netns}
+		files = []*os.File{nil, nil, nil, net}
 	}
 	return flags, argv, files, initPID
 }
 
-// nsError explains a refusal to create or join namespaces: EPERM is a
+// Error explains a refusal to create or join namespaces: EPERM is a
 // missing CAP_SYS_ADMIN (os.ErrPermission), EINVAL a kernel without them
 // (errors.ErrUnsupported).
-func nsError(what string, err error) error {
+func Error(what string, err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("%s: %w (CAP_SYS_ADMIN is needed)", what, err)
@@ -112,8 +113,8 @@ func nsError(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// nsNames names the namespaces of flags, for messages.
-func nsNames(flags uintptr) string {
+// Names names the namespaces of flags, for messages.
+func Names(flags uintptr) string {
 	var n []string
 	for _, f := range []struct {
 		flag uintptr
@@ -126,30 +127,30 @@ func nsNames(flags uintptr) string {
 	return strings.Join(n, ", ")
 }
 
-// setUpStub prepares the stub's namespaces before the process is cloned
-// out of it, by calls injected into it: its mount namespace a slave of
+// SetUpStub prepares the namespaces of the stub (started with flags)
+// before the processes are cloned out of it, by calls injected into it: its mount namespace a slave of
 // ours, its new network namespace's loopback up, or the network
-// namespace at netnsFD joined.
-func (r *restorer) setUpStub(in *ptrace.Injector, flags uintptr) error {
+// namespace at netFD joined.
+func (ns Namespaces) SetUpStub(in *ptrace.Injector, flags uintptr) error {
 	if flags&unix.CLONE_NEWNS != 0 {
 		root, err := in.PutString(0, "/")
 		if err != nil {
 			return err
 		}
 		if _, err := in.Call(unix.SYS_MOUNT, 0, root, 0, unix.MS_REC|unix.MS_SLAVE, 0); err != nil {
-			return nsError("make the new mount namespace a slave of ours", err)
+			return Error("make the new mount namespace a slave of ours", err)
 		}
 	}
-	switch ns := r.opts.Namespaces.Net; {
+	switch net := ns.Net; {
 	case flags&unix.CLONE_NEWNET != 0:
 		if err := loopbackUp(in); err != nil {
-			return nsError("bring up the new network namespace's loopback", err)
+			return Error("bring up the new network namespace's loopback", err)
 		}
-	case ns != "":
-		if _, err := in.Call(unix.SYS_SETNS, netnsFD, unix.CLONE_NEWNET); err != nil {
-			return nsError("join network namespace "+ns, err)
+	case net != "":
+		if _, err := in.Call(unix.SYS_SETNS, netFD, unix.CLONE_NEWNET); err != nil {
+			return Error("join network namespace "+net, err)
 		}
-		if err := in.CloseFD(netnsFD); err != nil {
+		if err := in.CloseFD(netFD); err != nil {
 			return err
 		}
 	}
@@ -187,32 +188,32 @@ func loopbackUp(in *ptrace.Injector) error {
 	return nil
 }
 
-// mountProc mounts, from inside the restored process (in the new pid and
-// mount namespaces), a /proc of its pid namespace over /proc.
-func (r *restorer) mountProc() error {
-	at, _ := r.in.Scratch()
-	src, err := r.in.PutString(0, "proc")
+// MountProc mounts, from inside the restored process that in injects
+// into (in the new pid and mount namespaces), a /proc of its pid
+// namespace over /proc.
+func MountProc(in *ptrace.Injector) error {
+	at, _ := in.Scratch()
+	src, err := in.PutString(0, "proc")
 	if err != nil {
 		return err
 	}
-	if _, err := r.in.PutString(8, "/proc"); err != nil {
+	if _, err := in.PutString(8, "/proc"); err != nil {
 		return err
 	}
-	if _, err := r.in.Call(unix.SYS_MOUNT, src, at+8, src, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, 0); err != nil {
-		return nsError("mount /proc in the new pid namespace", err)
+	if _, err := in.Call(unix.SYS_MOUNT, src, at+8, src, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, 0); err != nil {
+		return Error("mount /proc in the new pid namespace", err)
 	}
 	return nil
 }
 
-// checkOwnPID checks that task id (ours) has own as its id in its
-// innermost pid namespace.
-func checkOwnPID(id, own int) error {
-	s, err := proc.ReadStatus(id)
-	if err != nil {
-		return err
+// ReapInit waits for the pid namespace's init, our child, to exit, so
+// that it leaves no zombie while we run (a program that restores many
+// times). The tracer does not wait for it once detached.
+func ReapInit(pid int) {
+	for {
+		_, err := unix.Wait4(pid, nil, 0, nil)
+		if err != unix.EINTR {
+			return
+		}
 	}
-	if n := len(s.NSpid); n == 0 || s.NSpid[n-1] != own {
-		return fmt.Errorf("task %d has ids %v, wanted %d in its pid namespace", id, s.NSpid, own)
-	}
-	return nil
 }

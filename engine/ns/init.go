@@ -1,4 +1,4 @@
-package engine
+package ns
 
 import (
 	"errors"
@@ -10,25 +10,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// PIDNSInitArg0 is the argv[0] of the init of the pid namespace that a
+// InitArg0 is the argv[0] of the init of the pid namespace that a
 // restore with Namespaces.PID makes: the running program, started as the
-// namespace's pid 1 (and the stub the process is cloned out of). A
-// program that sets Namespaces.PID must run PIDNSInitMain before anything
-// else when os.Args[0] is PIDNSInitArg0, in an init function, as it does
-// KeeperMain.
-const PIDNSInitArg0 = "lazyfs-pidns-init"
+// namespace's pid 1 (and the stub the processes are cloned out of). A
+// program that sets Namespaces.PID must run InitMain before anything
+// else when os.Args[0] is InitArg0, in an init function, as it does
+// lazy.KeeperMain.
+const InitArg0 = "lazyfs-pidns-init"
 
 // initSignals are the signals the init passes on to the restored process:
 // those a supervisor sends to stop or reload a server.
 var initSignals = []os.Signal{unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGTERM, unix.SIGUSR1, unix.SIGUSR2}
 
-// PIDNSInitMain is the init of a restore's pid namespace (args is its
-// os.Args: PIDNSInitArg0, the restored process's pid in the namespace).
+// InitMain is the init of a restore's pid namespace (args is its
+// os.Args: InitArg0, the restored process's pid in the namespace).
 // It reaps every process that ends in the namespace, passes initSignals
 // on to the restored process, and returns, to exit with it, the
 // restored process's exit status (128+N for a signal N) once it ends:
 // the kernel then kills whatever is left in the namespace.
-func PIDNSInitMain(args []string) int {
+func InitMain(args []string) int {
 	if len(args) != 2 {
 		return 2
 	}

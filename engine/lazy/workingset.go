@@ -1,4 +1,4 @@
-package engine
+package lazy
 
 import (
 	"cmp"
@@ -82,76 +82,73 @@ type WorkingSetResult struct {
 // that answers reads inside the copy from it, the rest from src), else
 // the snapshot's blocks that hold it, in src. With no usable working set
 // it returns nil and src, with a warning naming the file if there is one.
-func (r *restorer) workingSetFirst(src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
-	o := r.opts.LazyOptions
-	if r.wsLoad == nil {
+func (p *Process) workingSetFirst(src io.ReaderAt) ([]units.Range, io.ReaderAt) {
+	o := p.ph.opts
+	res := &p.ws
+	if p.wsLoad == nil {
 		return nil, src
 	}
-	ws, err := r.wsLoad()
+	ws, err := p.wsLoad()
 	if ws == nil && err == nil {
 		return nil, src
 	}
 	if err != nil {
 		res.Ignored = err.Error()
-		r.log.Warn("working set ignored: the restore goes on without it", "err", err)
+		p.ph.log.Warn("working set ignored: the restore goes on without it", "err", err)
 		return nil, src
 	}
-	res.Path = filepath.Join(r.snap.Dir, image.WorkingSetName(ws.PID))
+	res.Path = filepath.Join(p.snap.Dir, image.WorkingSetName(ws.PID))
 	var out []units.Range
 	// The copy of the memory a working set carries is checked by its own
 	// CRC32C only: a sealed or signed snapshot's memory is what
 	// authenticates, so only the working set's addresses serve there.
-	authenticated := r.snap.Sealed() || r.snap.Signed()
+	authenticated := p.snap.Sealed() || p.snap.Signed()
 	if ws.HasData() && o.WorkingSet != WorkingSetBlocks && !authenticated {
-		out, src = r.workingSetCopy(ws, src, res)
+		out, src = p.workingSetCopy(ws, src, res)
 	} else {
-		out = r.workingSetBlocks(ws, res)
+		out = p.workingSetBlocks(ws, res)
 	}
 	res.Used, res.Ranges = len(out) > 0, len(out)
-	r.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes, "copy", res.Copy)
+	p.ph.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes, "copy", res.Copy)
 	return out, src
 }
 
 // loadWorkingSet starts reading the working set beside the snapshot, if
-// the restore uses one, while the restore goes on; r.wsLoad waits for it
+// the restore uses one, while the restore goes on; p.wsLoad waits for it
 // and returns it (nil, nil if there is none).
-func (r *restorer) loadWorkingSet(context.Context) error {
-	o := r.opts.LazyOptions
-	if r.opts.Lazy == nil || o.WorkingSet == WorkingSetOff || o.Record != nil {
-		return nil
-	}
-	pid, err := SnapshotPID(r.snap)
-	if err != nil {
-		return err
+func (p *Process) loadWorkingSet() {
+	o := p.ph.opts
+	if o.WorkingSet == WorkingSetOff || o.Record != nil {
+		return
 	}
 	var ws *image.WorkingSet
+	var err error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ws, err = r.snap.MapWorkingSet(pid) // closed when the restore ends
+		ws, err = p.snap.MapWorkingSet(p.st.PID) // closed with p
 		if errors.Is(err, os.ErrNotExist) {
 			ws, err = nil, nil
 		}
 	}()
-	r.wsLoad = func() (*image.WorkingSet, error) {
+	p.wsLoad = func() (*image.WorkingSet, error) {
 		<-done
 		return ws, err
 	}
-	return nil
 }
 
 // workingSetBlocks returns the lazily served blocks that hold ws, in the
 // order of its entries, merged into ranges where they follow each other.
-func (r *restorer) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult) []units.Range {
+func (p *Process) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult) []units.Range {
 	seen := map[uint64]bool{}
 	var out []units.Range
 	for _, e := range ws.Entries {
 		for a := e.Addr; a < e.End(); {
-			b, ok := r.pages.BlockAt(a)
+			b, ok := p.pages.BlockAt(a)
 			if !ok {
 				// A hole of the snapshot (not a block): on to the next
 				// block, if the entry reaches one.
-				next, ok := r.pages.NextData(a)
+				next, ok := p.pages.NextData(a)
 				if !ok || next <= a {
 					break
 				}
@@ -159,7 +156,7 @@ func (r *restorer) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult)
 				continue
 			}
 			a = b.End()
-			if seen[b.Addr] || b.Kind == codec.Zero || !r.lazyBlock(b) {
+			if seen[b.Addr] || b.Kind == codec.Zero || !p.serves(b) {
 				continue
 			}
 			seen[b.Addr] = true
@@ -177,12 +174,12 @@ func (r *restorer) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult)
 // workingSetCopy returns ws's entries that lie in lazily served blocks,
 // in order, and a source that reads them from ws's copy (checked against
 // their CRC32C when the file was read) and everything else from src.
-func (r *restorer) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
+func (p *Process) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
 	c := &copySource{src: src}
 	var out []units.Range
 	for _, e := range ws.Entries {
-		b, ok := r.pages.BlockAt(e.Addr)
-		if !ok || b.Kind == codec.Zero || !r.lazyBlock(b) || e.End() > b.End() && !r.lazyRange(e.Addr, e.End()) {
+		b, ok := p.pages.BlockAt(e.Addr)
+		if !ok || b.Kind == codec.Zero || !p.serves(b) || e.End() > b.End() && !p.lazyRange(e.Addr, e.End()) {
 			continue
 		}
 		out = append(out, units.Range{Start: e.Addr, End: e.End()})
@@ -195,10 +192,10 @@ func (r *restorer) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *Wo
 }
 
 // lazyRange reports whether every block of [lo, hi) is lazily served.
-func (r *restorer) lazyRange(lo, hi uint64) bool {
+func (p *Process) lazyRange(lo, hi uint64) bool {
 	for a := lo; a < hi; {
-		b, ok := r.pages.BlockAt(a)
-		if !ok || !r.lazyBlock(b) {
+		b, ok := p.pages.BlockAt(a)
+		if !ok || !p.serves(b) {
 			return false
 		}
 		a = b.End()
@@ -242,8 +239,8 @@ func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 
 // startRecording sets the pager's options up for recording (held
 // prefetch, every fault observed) and returns the recorder.
-func (r *restorer) startRecording(po *uffd.Options, start time.Time) *uffd.Recorder {
-	ro := r.opts.LazyOptions.Record
+func (p *Process) startRecording(po *uffd.Options, start time.Time) *uffd.Recorder {
+	ro := p.ph.opts.Record
 	if ro == nil {
 		return nil
 	}
@@ -259,8 +256,9 @@ func (r *restorer) startRecording(po *uffd.Options, start time.Time) *uffd.Recor
 // the lazy phase, ctx), releases the prefetcher and writes the working
 // set beside the snapshot. A write that fails is a warning: the restore
 // goes on.
-func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager, res *WorkingSetResult) {
-	ro := r.opts.LazyOptions.Record
+func (p *Process) record(ctx context.Context, rec *uffd.Recorder, pager *uffd.Pager) {
+	ro := p.ph.opts.Record
+	res := &p.ws
 	var timeout <-chan time.Time
 	if ro.For > 0 {
 		t := time.NewTimer(ro.For)
@@ -279,14 +277,10 @@ func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager
 			return // the restore failed: nothing worth keeping
 		}
 	}
-	p.ReleasePrefetch()
+	pager.ReleasePrefetch()
 	touches, reason, span := rec.Result()
-	pid, err := SnapshotPID(r.snap)
-	if err != nil {
-		r.log.Warn("working set not written", "err", err)
-		return
-	}
-	ws := &image.WorkingSet{PID: pid, Snapshot: r.snap.ID(), Span: span, Stop: reason}
+	pid := p.st.PID
+	ws := &image.WorkingSet{PID: pid, Snapshot: p.snap.ID(), Span: span, Stop: reason}
 	var total uint64
 	for _, t := range touches {
 		// Pages touched one after the other make one entry.
@@ -302,13 +296,13 @@ func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager
 	// the snapshot is signed: a restore would not use that copy, which
 	// nothing authenticates (workingSetFirst). (A sealed snapshot records
 	// no working set: Restore refuses it.)
-	if total <= image.MaxWorkingSetData && !r.snap.Signed() {
+	if total <= image.MaxWorkingSetData && !p.snap.Signed() {
 		ctx := context.WithoutCancel(ctx) // over when the lazy phase is: the snapshot is still open
 		for i := range ws.Entries {
 			e := &ws.Entries[i]
 			buf := make([]byte, e.Len)
-			if _, err := r.pages.ReadAtContext(ctx, buf, int64(e.Addr)); err != nil {
-				r.log.Warn("working set written without its memory", "err", err)
+			if _, err := p.pages.ReadAtContext(ctx, buf, int64(e.Addr)); err != nil {
+				p.ph.log.Warn("working set written without its memory", "err", err)
 				for j := range ws.Entries {
 					ws.Entries[j].Data = nil
 				}
@@ -317,13 +311,13 @@ func (r *restorer) record(ctx context.Context, rec *uffd.Recorder, p *uffd.Pager
 			e.Data = buf
 		}
 	}
-	if err := r.snap.WriteWorkingSet(ws); err != nil {
-		r.log.Warn("working set not written", "err", err)
+	if err := p.snap.WriteWorkingSet(ws); err != nil {
+		p.ph.log.Warn("working set not written", "err", err)
 		return
 	}
-	res.Recorded, res.Path, res.Span, res.Stop = true, filepath.Join(r.snap.Dir, image.WorkingSetName(pid)), span, reason
+	res.Recorded, res.Path, res.Span, res.Stop = true, filepath.Join(p.snap.Dir, image.WorkingSetName(pid)), span, reason
 	res.Ranges, res.Bytes = len(ws.Entries), ws.Bytes()
-	r.log.Debug("working set recorded", "file", res.Path, "ranges", res.Ranges, "bytes", res.Bytes, "span", span, "stop", reason)
+	p.ph.log.Debug("working set recorded", "file", res.Path, "ranges", res.Ranges, "bytes", res.Bytes, "span", span, "stop", reason)
 }
 
 // errLazyDoneOK is the cause of the lazy phase's end when the pager
