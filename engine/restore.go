@@ -217,12 +217,6 @@ func openTree(opts RestoreOptions) (*tree, error) {
 	if snap == nil {
 		return nil, fmt.Errorf("no snapshot")
 	}
-	if opts.LeaveStopped && opts.Source != nil {
-		return nil, fmt.Errorf("%w: a lazy restore cannot leave the processes stopped", ErrUnsupported)
-	}
-	if opts.Source != nil && opts.Lazy.Record != nil && snap.Sealed() {
-		return nil, fmt.Errorf("%w: %s is sealed: a working set would be written in clear beside it (the addresses its processes touched, and their memory)", ErrUnsupported, snap.Dir)
-	}
 	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}}
 	if opts.Source != nil {
 		// Its keeper starts while the processes' state and pages are read.

@@ -20,6 +20,17 @@ import (
 // the root's own one outside it (which the restored tree gets from
 // snapctl). It opens the network namespace to join, if any.
 func (tr *tree) check() error {
+	if tr.opts.LeaveStopped && tr.opts.Source != nil {
+		return fmt.Errorf("%w: a lazy restore cannot leave the processes stopped", ErrUnsupported)
+	}
+	if tr.opts.Source != nil && tr.opts.Lazy.Record != nil {
+		if tr.snap.Sealed() {
+			return fmt.Errorf("%w: %s is sealed: a working set would be written in clear beside it (the addresses its processes touched, and their memory)", ErrUnsupported, tr.snap.Dir)
+		}
+		if _, err := tr.snap.WorkingSetDir(); err != nil {
+			return fmt.Errorf("record a working set: %w", err)
+		}
+	}
 	k := tr.snap.Manifest.Kernel
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {

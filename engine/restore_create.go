@@ -158,7 +158,7 @@ func (tr *tree) states() []*image.Process {
 // handOut hands out the open file descriptions of r that processes after
 // it inherited.
 func (r *restorer) handOut(context.Context) error {
-	return r.tr.broker.GiveInherited(r.st, r.tr.states())
+	return r.tr.broker.GiveInherited(r.pid, r.st, r.tr.states())
 }
 
 // createProcess starts a stub program stopped before its first

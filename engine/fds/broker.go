@@ -2,7 +2,6 @@ package fds
 
 import (
 	"fmt"
-	"os"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -33,10 +32,10 @@ func (b *Broker) MakeShared(sts []*image.Process) error {
 }
 
 // GiveInherited takes a copy of each open file description of process st
-// that processes after it in sts inherited (image.FDTree), while st holds
-// them: the process made, its descriptors restored, before those that
-// inherited them are.
-func (b *Broker) GiveInherited(st *image.Process, sts []*image.Process) error {
+// (pid in our pid namespace) that processes after it in sts inherited
+// (image.FDTree), while st holds them: the process made, its descriptors
+// restored, before those that inherited them are.
+func (b *Broker) GiveInherited(pid int, st *image.Process, sts []*image.Process) error {
 	var nums []int
 	for _, q := range sts {
 		for _, f := range q.FDs {
@@ -46,32 +45,43 @@ func (b *Broker) GiveInherited(st *image.Process, sts []*image.Process) error {
 		}
 	}
 	for _, fd := range nums {
-		if err := b.Give(st.PID, OFDKey(st.PID, fd), fd); err != nil {
+		if err := b.Give(pid, OFDKey(st.PID, fd), fd); err != nil {
 			return fmt.Errorf("fd %d: %w", fd, err)
 		}
 	}
 	return nil
 }
 
-// Take puts the object key into the process and returns its descriptor
-// there.
+// Take puts the object key into the process that in injects into and
+// returns its descriptor there, close-on-exec (passed through a socket
+// pair: the process may be in a pid namespace where snapctl has no pid).
 func (b *Broker) Take(in *ptrace.Injector, key string) (int, bool, error) {
 	fd, ok := b.mine[key]
 	if !ok {
 		return -1, false, nil
 	}
-	pfd, err := in.Call(unix.SYS_PIDFD_OPEN, uint64(os.Getpid()), 0)
+	pidfd, err := b.pidfd(in.Thread().Process().Pid())
 	if err != nil {
-		return -1, true, fmt.Errorf("pidfd_open(snapctl): %w", err)
+		return -1, true, err
 	}
-	nfd, err := in.Call(unix.SYS_PIDFD_GETFD, pfd, uint64(fd), 0)
-	if cerr := in.CloseFD(int(pfd)); err == nil && cerr != nil {
-		err = cerr
-	}
+	nfd, err := passFD(in, pidfd, fd, true)
 	if err != nil {
-		return -1, true, fmt.Errorf("pidfd_getfd %s: %w", key, err)
+		return -1, true, fmt.Errorf("%s: %w", key, err)
 	}
-	return int(nfd), true, nil
+	return nfd, true, nil
+}
+
+// pidfd returns our pidfd of process pid, opened once.
+func (b *Broker) pidfd(pid int) (int, error) {
+	if fd, ok := b.pidfds[pid]; ok {
+		return fd, nil
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	b.pidfds[pid] = fd
+	return fd, nil
 }
 
 // Give takes a copy of descriptor fd of process pid as key.
@@ -79,13 +89,9 @@ func (b *Broker) Give(pid int, key string, fd int) error {
 	if _, ok := b.mine[key]; ok {
 		return nil
 	}
-	pidfd, ok := b.pidfds[pid]
-	if !ok {
-		var err error
-		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
-			return fmt.Errorf("pidfd_open %d: %w", pid, err)
-		}
-		b.pidfds[pid] = pidfd
+	pidfd, err := b.pidfd(pid)
+	if err != nil {
+		return err
 	}
 	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // Descriptors that lead outside the process: a pipe whose other end
@@ -238,24 +239,32 @@ func (fc *fdCreator) external(f *image.FD) (int, error) {
 }
 
 // passFD gives the process a descriptor of the same open file as our fd
-// n: the process makes a datagram socket pair, we send n (SCM_RIGHTS) into
-// one end through a copy of it, the process receives it from the other.
+// n (passFD).
 func (fc *fdCreator) passFD(n int, cloexec bool) (int, error) {
-	at, _ := fc.in.Scratch()
-	if _, err := fc.in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0, at); err != nil {
-		return -1, fmt.Errorf("socketpair: %w", err)
-	}
-	var b [8]byte
-	if err := fc.in.Get(0, b[:]); err != nil {
-		return -1, err
-	}
-	a, c := int(binary.LittleEndian.Uint32(b[:])), int(binary.LittleEndian.Uint32(b[4:]))
-	defer fc.closeFD(a)
-	defer fc.closeFD(c)
 	pidfd, err := fc.pidfd()
 	if err != nil {
 		return -1, err
 	}
+	return passFD(fc.in, pidfd, n, cloexec)
+}
+
+// passFD gives the process that in injects into (of which pidfd is our
+// pidfd) a descriptor of the same open file as our fd n: the process makes
+// a datagram socket pair, we send n (SCM_RIGHTS) into one end through a
+// copy of it, the process receives it from the other. It needs no pid of
+// ours that the process can see (it may be in a pid namespace of its own).
+func passFD(in *ptrace.Injector, pidfd, n int, cloexec bool) (int, error) {
+	at, _ := in.Scratch()
+	if _, err := in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0, at); err != nil {
+		return -1, fmt.Errorf("socketpair: %w", err)
+	}
+	var b [8]byte
+	if err := in.Get(0, b[:]); err != nil {
+		return -1, err
+	}
+	a, c := int(binary.LittleEndian.Uint32(b[:])), int(binary.LittleEndian.Uint32(b[4:]))
+	defer in.CloseFD(a) // errors of these closes change nothing for the process
+	defer in.CloseFD(c)
 	cp, err := unix.PidfdGetfd(pidfd, c, 0)
 	if err != nil {
 		return -1, fmt.Errorf("pidfd_getfd: %w", err)
@@ -276,24 +285,24 @@ func (fc *fdCreator) passFD(n int, cloexec bool) (int, error) {
 	le.PutUint64(hdr[32:], at+ctlOff) // msg_control
 	le.PutUint64(hdr[40:], uint64(ctlLen))
 	iov := le.AppendUint64(le.AppendUint64(nil, at+dataOff), 1)
-	if _, err := fc.in.Put(0, hdr); err != nil {
+	if _, err := in.Put(0, hdr); err != nil {
 		return -1, err
 	}
-	if _, err := fc.in.Put(iovOff, iov); err != nil {
+	if _, err := in.Put(iovOff, iov); err != nil {
 		return -1, err
 	}
-	if _, err := fc.in.Put(ctlOff, make([]byte, ctlLen)); err != nil {
+	if _, err := in.Put(ctlOff, make([]byte, ctlLen)); err != nil {
 		return -1, err
 	}
 	flags := uint64(unix.MSG_DONTWAIT)
 	if cloexec {
 		flags |= unix.MSG_CMSG_CLOEXEC
 	}
-	if _, err := fc.in.Call(unix.SYS_RECVMSG, uint64(a), at, flags); err != nil {
+	if _, err := in.Call(unix.SYS_RECVMSG, uint64(a), at, flags); err != nil {
 		return -1, fmt.Errorf("recvmsg: %w", err)
 	}
 	ctl := make([]byte, ctlLen)
-	if err := fc.in.Get(ctlOff, ctl); err != nil {
+	if err := in.Get(ctlOff, ctl); err != nil {
 		return -1, err
 	}
 	msgs, err := unix.ParseSocketControlMessage(ctl)
@@ -312,9 +321,10 @@ func (fc *fdCreator) pidfd() (int, error) {
 	if fc.pfd >= 0 {
 		return fc.pfd, nil
 	}
-	fd, err := unix.PidfdOpen(fc.st.PID, 0)
+	pid := fc.in.Thread().Process().Pid() // ours: not st.PID in a new pid namespace
+	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return -1, fmt.Errorf("pidfd_open %d: %w", fc.st.PID, err)
+		return -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
 	fc.pfd = fd
 	return fd, nil

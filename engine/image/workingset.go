@@ -320,13 +320,38 @@ func ReadData(p []byte, e WorkingSetEntry, off uint64) (int, error) {
 	return n, nil
 }
 
-// localDir returns the directory of a snapshot in a directory; a working
-// set lives only beside those (ErrUnsupported for one in a store).
+// LocalDirStore is a Store that keeps the files written beside a
+// snapshot after its dump (working sets) in a local directory of its own:
+// an object store's, in its cache directory.
+type LocalDirStore interface {
+	Store
+	// LocalDir returns that directory, the Store's to close; an error
+	// matching ErrUnsupported if the store has none.
+	LocalDir() (*os.File, error)
+}
+
+// localDir returns the directory where the working sets of the snapshot
+// are: the snapshot's own directory, or its store's local directory
+// (LocalDirStore); ErrUnsupported for a store that has none.
 func (s *Snapshot) localDir() (*os.File, error) {
-	if ds, ok := s.store.(*dirStore); ok {
-		return ds.d, nil
+	switch st := s.store.(type) {
+	case *dirStore:
+		return st.d, nil
+	case LocalDirStore:
+		return st.LocalDir()
 	}
 	return nil, fmt.Errorf("%s: %w: working sets are kept beside snapshots in directories only", s.Dir, ErrUnsupported)
+}
+
+// WorkingSetDir returns the directory where the working sets of the
+// snapshot are read and written, or an error matching ErrUnsupported that
+// says why it has none.
+func (s *Snapshot) WorkingSetDir() (string, error) {
+	d, err := s.localDir()
+	if err != nil {
+		return "", err
+	}
+	return d.Name(), nil
 }
 
 // ReadWorkingSet reads the working set of process pid in the snapshot

@@ -97,7 +97,7 @@ func (p *Process) workingSetFirst(src io.ReaderAt) ([]units.Range, io.ReaderAt) 
 		p.ph.log.Warn("working set ignored: the restore goes on without it", "err", err)
 		return nil, src
 	}
-	res.Path = filepath.Join(p.snap.Dir, image.WorkingSetName(ws.PID))
+	res.Path = p.workingSetPath()
 	var out []units.Range
 	// The copy of the memory a working set carries is checked by its own
 	// CRC32C only: a sealed or signed snapshot's memory is what
@@ -128,6 +128,12 @@ func (p *Process) loadWorkingSet() {
 		defer close(done)
 		ws, err = p.snap.MapWorkingSet(p.st.PID) // closed with p
 		if errors.Is(err, os.ErrNotExist) {
+			ws, err = nil, nil
+		}
+		if errors.Is(err, image.ErrUnsupported) {
+			// A store that keeps none (an object store without a cache
+			// directory): nothing was ever recorded.
+			p.ph.log.Debug("no working set", "err", err)
 			ws, err = nil, nil
 		}
 	}()
@@ -315,7 +321,7 @@ func (p *Process) record(ctx context.Context, rec *uffd.Recorder, pager *uffd.Pa
 		p.ph.log.Warn("working set not written", "err", err)
 		return
 	}
-	res.Recorded, res.Path, res.Span, res.Stop = true, filepath.Join(p.snap.Dir, image.WorkingSetName(pid)), span, reason
+	res.Recorded, res.Path, res.Span, res.Stop = true, p.workingSetPath(), span, reason
 	res.Ranges, res.Bytes = len(ws.Entries), ws.Bytes()
 	p.ph.log.Debug("working set recorded", "file", res.Path, "ranges", res.Ranges, "bytes", res.Bytes, "span", span, "stop", reason)
 }
@@ -331,4 +337,13 @@ func errLazyDone(err error) error {
 		return errLazyDoneOK
 	}
 	return err
+}
+
+// workingSetPath names the working-set file of the process.
+func (p *Process) workingSetPath() string {
+	dir, err := p.snap.WorkingSetDir()
+	if err != nil {
+		dir = p.snap.Dir
+	}
+	return filepath.Join(dir, image.WorkingSetName(p.st.PID))
 }

@@ -295,7 +295,7 @@ func (r *mapper) shmemFD(v *image.VMA) (int, error) {
 	}
 	r.shmem[v.Shmem.ID] = int(fd)
 	if v.Shmem.Tree {
-		if err := r.Tree.Give(r.State.PID, fds.ShmemKey(v.Shmem.ID), int(fd)); err != nil {
+		if err := r.Tree.Give(r.pid(), fds.ShmemKey(v.Shmem.ID), int(fd)); err != nil {
 			return -1, err
 		}
 	}

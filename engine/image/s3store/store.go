@@ -293,6 +293,11 @@ type Store struct {
 	// is the one kept in the cache directory; the manifest is then read
 	// from the cache too.
 	offline bool
+	// side is the local directory of the snapshot's working sets
+	// (LocalDir), opened once.
+	sideOnce sync.Once
+	side     *os.File
+	sideErr  error
 }
 
 // memChunks is how many chunks a Store keeps in memory.
@@ -391,6 +396,9 @@ func (s *Store) Open(name string) (image.File, error) {
 // closed; each stops its own readahead when closed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		if s.side != nil {
+			s.side.Close()
+		}
 		if s.disk != nil {
 			s.disk.unref()
 		}
