@@ -171,6 +171,30 @@ type snapshot struct {
 	PID   int
 	Port  int
 	Pages string // the pages file
+	// Workers are the other processes of a tree (the pre-fork server's
+	// workers), with the pids they come back with.
+	Workers []int
+}
+
+// killTree kills the restored processes of snap, the workers first, and
+// reaps them (the harness is their subreaper).
+func (snap *snapshot) killTree(ctx context.Context) error {
+	for _, pid := range snap.Workers {
+		if err := killAndReap(ctx, pid); err != nil {
+			return err
+		}
+	}
+	return killAndReap(ctx, snap.PID)
+}
+
+// taken reports whether a pid of snap is taken.
+func (snap *snapshot) taken() (int, bool) {
+	for _, pid := range append([]int{snap.PID}, snap.Workers...) {
+		if alive(pid) {
+			return pid, true
+		}
+	}
+	return 0, false
 }
 
 // dumpSeries starts and dumps a server h.runs times; the last snapshot is

@@ -18,7 +18,9 @@ import (
 // --record-working-set, stopped by SIGUSR1 once "touch 1" was answered),
 // against the same without (--working-set off) and an eager restore, cold
 // and warm; and a "token" request, which the working set does not cover.
-// For the modelserver and the weightserver (numpy's layout).
+// For the modelserver and the weightserver (numpy's layout); and, warm
+// only, for a process tree: the modelserver as a pre-fork server (a
+// parent and 2 workers, a working set per process), at most 256 MiB.
 
 func init() {
 	extraSeries = append(extraSeries, series{
@@ -31,9 +33,9 @@ func init() {
 
 // wsResult is the series of one server.
 type wsResult struct {
-	Server   string // "modelserver" or "weightserver"
-	Recorded string // snapctl's "working set recorded: ..." line
-	File     uint64 // size of the working-set file
+	Server   string // "modelserver", "weightserver", "modelserver pre-fork"
+	Recorded string // snapctl's "working set recorded: ..." lines
+	File     uint64 // size of the working-set files
 	Cases    []*wsCaseResult
 }
 
@@ -82,6 +84,11 @@ func (c wsCase) args(dir string) []string {
 	return a
 }
 
+// wsTreeCases are the restores of the process tree, warm only.
+func wsTreeCases() []wsCase {
+	return []wsCase{{Mode: wsEager}, {Mode: wsOff}, {Mode: wsCopy}}
+}
+
 // wsCases are the restores of each server, in the order of a round.
 func wsCases() []wsCase {
 	var cs []wsCase
@@ -116,11 +123,14 @@ func (h *harness) workingSetSeries(ctx context.Context, sr *sizeResult) error {
 	for _, srv := range []struct {
 		name, prog string
 		extra      []string
+		size       uint64
+		cases      []wsCase
 	}{
-		{"modelserver", h.tools.Modelserver, nil},
-		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}},
+		{"modelserver", h.tools.Modelserver, nil, h.size, wsCases()},
+		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}, h.size, wsCases()},
+		{"modelserver pre-fork", h.tools.Modelserver, []string{"42", "2"}, min(h.size, 256<<20), wsTreeCases()},
 	} {
-		w, err := h.workingSetServer(ctx, srv.name, srv.prog, srv.extra)
+		w, err := h.workingSetServer(ctx, srv.name, srv.prog, srv.extra, srv.size, srv.cases)
 		if err != nil {
 			return fmt.Errorf("working set, %s: %w", srv.name, err)
 		}
@@ -132,9 +142,9 @@ func (h *harness) workingSetSeries(ctx context.Context, sr *sizeResult) error {
 
 // workingSetServer dumps one server, records its working set and runs
 // the cases h.runs times, interleaved.
-func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string) (*wsResult, error) {
+func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string, size uint64, cases []wsCase) (*wsResult, error) {
 	w := &wsResult{Server: name}
-	snap, err := h.wsDump(ctx, name, prog, extra)
+	snap, err := h.wsDump(ctx, name, prog, extra, size)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +156,7 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range wsCases() {
+	for _, c := range cases {
 		w.Cases = append(w.Cases, &wsCaseResult{Case: c})
 	}
 	for r := range h.runs {
@@ -179,10 +189,10 @@ func wsAnswer(c wsCase, r restoreRun) time.Duration {
 
 // wsDump starts a server, learns its answers and dumps it with the
 // default option.
-func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string) (*snapshot, error) {
+func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string, size uint64) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, prog, h.size, extra, h.logPath, h.work)
+	srv, err := startServer(ctx, h.tools, prog, size, extra, h.logPath, h.work)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +201,17 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string)
 	if err := h.learn(ctx, srv.Port); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(h.work, "snap-ws-"+name)
+	var workers []int
+	if ws, ok := srv.Ready.Fields["workers"]; ok {
+		for _, f := range strings.Split(ws, ",") {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("ready line %q: %w", srv.Ready.Text, ErrOutput)
+			}
+			workers = append(workers, pid)
+		}
+	}
+	dir := filepath.Join(h.work, "snap-ws-"+strings.ReplaceAll(name, " ", "-"))
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
@@ -205,9 +225,13 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string)
 	if err := srv.waitGone(ctx); err != nil {
 		return nil, err
 	}
+	snap := &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img"), Workers: workers}
+	if err := snap.killTree(ctx); err != nil { // the workers' zombies
+		return nil, err
+	}
 	h.live = 0
 	h.logf("workingset: dumped %s: %s", name, strings.TrimSpace(stdout.String()))
-	return &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}, nil
+	return snap, nil
 }
 
 // wsRecord restores snap lazily recording its working set: "ping" and
@@ -236,21 +260,27 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) err
 	if askErr != nil {
 		return askErr
 	}
+	var recorded []string
 	for line := range strings.Lines(out.String()) {
-		if strings.HasPrefix(line, "working set recorded:") {
-			w.Recorded = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, "working set recorded: "); ok {
+			// Without its path: "SIZE in N ranges over D (stopped by S)".
+			rest, _, _ = strings.Cut(strings.TrimSpace(rest), ") in ")
+			recorded = append(recorded, rest+")")
 		}
 	}
-	if w.Recorded == "" {
-		return fmt.Errorf("no working set recorded: %q: %w", out.String(), ErrOutput)
+	if len(recorded) != 1+len(snap.Workers) {
+		return fmt.Errorf("%d working sets recorded, want %d: %q: %w", len(recorded), 1+len(snap.Workers), out.String(), ErrOutput)
 	}
-	st, err := os.Stat(filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img"))
-	if err != nil {
-		return err
+	w.Recorded = strings.Join(recorded, "; ")
+	for _, pid := range append([]int{snap.PID}, snap.Workers...) {
+		st, err := os.Stat(filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(pid)+".img"))
+		if err != nil {
+			return err
+		}
+		w.File += uint64(st.Size())
 	}
-	w.File = uint64(st.Size())
 	h.logf("workingset: recorded in %s (touch 1 answered after %s): %s", time.Since(start).Round(time.Millisecond), answers[1].At.Round(time.Millisecond), w.Recorded)
-	if err := killAndReap(ctx, snap.PID); err != nil {
+	if err := snap.killTree(ctx); err != nil {
 		return err
 	}
 	h.live = 0
@@ -263,8 +293,8 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	var run restoreRun
 	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
-	if alive(snap.PID) {
-		return run, fmt.Errorf("pid %d is taken before the restore", snap.PID)
+	if pid, taken := snap.taken(); taken {
+		return run, fmt.Errorf("pid %d is taken before the restore", pid)
 	}
 	if err := setCache(c.Cold, files...); err != nil {
 		return run, err
@@ -321,7 +351,7 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 		}
 	}
 	run.Wall, run.Running, run.Total, run.Faults = wall, rep.Running, rep.Total, rep.Faults
-	if err := killAndReap(ctx, snap.PID); err != nil {
+	if err := snap.killTree(ctx); err != nil {
 		return run, err
 	}
 	h.live = 0
@@ -354,13 +384,14 @@ func workingSetSection(m *md, sr *sizeResult) {
 	}
 	m.p("### Working set: lazy restores that fetch first what the last one touched")
 	m.p("")
-	m.p("Each server is dumped once (default option), then restored lazily once with `--record-working-set`, asked `ping` and `touch 1`, and sent SIGUSR1 once `touch 1` was answered: that working set is then used by every lazy restore below except `--working-set off`. *lazy, working set* places the working set's own copy of the touched pages first (the default); *--working-set blocks* reads the snapshot's blocks holding them in place instead. Times from the command's start; median (min–max) of the runs. The *token* rows ask `ping` then `token` (the whole memory), which the working set does not cover.")
+	m.p("Each server is dumped once (default option), then restored lazily once with `--record-working-set`, asked `ping` and `touch 1`, and sent SIGUSR1 once `touch 1` was answered: that working set is then used by every lazy restore below except `--working-set off`. *lazy, working set* places the working set's own copy of the touched pages first (the default); *--working-set blocks* reads the snapshot's blocks holding them in place instead. Times from the command's start; median (min–max) of the runs. The *token* rows ask `ping` then `token` (the whole memory), which the working set does not cover. *modelserver pre-fork* is a process tree (`modelserver SIZE PORT 42 2`: the parent builds the memory and forks 2 workers that answer on its socket, at most 256 MiB each, every process's memory dumped whole), restored warm only, with a working set per process.")
 	m.p("")
 	for _, w := range sr.WorkingSet {
 		m.p("**%s** — %s (file %s).", w.Server, w.Recorded, fmtBytes(w.File))
 		m.p("")
 		m.header("restore", "cache", "request", "process runs", "ping answered", "answer", "command exits")
-		for _, c := range wsCases() {
+		for _, cr := range w.Cases {
+			c := cr.Case
 			r := w.find(c)
 			m.row(c.Mode, c.cache(), c.request(), cell(r, runningOf), cell(r, pingOf), cell(r, func(run restoreRun) time.Duration { return wsAnswer(c, run) }), cell(r, wallOf))
 		}
