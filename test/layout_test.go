@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -53,6 +57,8 @@ func TestLayout(t *testing.T) {
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
 		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/image/s3store", "cmd/"}, "fs serves snapshots through engine/image only", false},
 		{"engine/", []string{"engine/image/s3store"}, "a store is chosen by the commands (cmd/internal/cli registers it); the engine reads through engine/image", false},
+		{"engine/lazy", []string{"engine", "engine/task", "engine/ns", "fs", "cmd/"}, "the lazy phase reads memory through image.PageSource: it knows no mount and nothing of the restore around it", false},
+		{"engine/ns", []string{"engine", "engine/image", "engine/lazy", "fs", "cmd/"}, "namespaces know nothing of snapshots", false},
 	}
 	match := func(pattern, pkg string) bool {
 		if p, ok := strings.CutSuffix(pattern, "/"); ok {
@@ -84,5 +90,75 @@ func TestLayout(t *testing.T) {
 	}
 	if checked < 10 {
 		t.Errorf("only %d packages checked: go list output changed?\n%s", checked, out)
+	}
+}
+
+// TestLayoutSeams holds two rules README.md (Layout) states that imports
+// alone do not show: a lazy restore's page source is built where its
+// knowledge lives (engine/image, fs), so the commands call none of the
+// readers and mounts a source is made of; and no package the commands may
+// import re-exports a type of engine/uffd under its own name (an alias
+// would let a command use the pager's types without importing it).
+func TestLayoutSeams(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a page source is made of: reading a snapshot's memory
+	// uncached, checked or mixed with a mount's, and the mounts' files.
+	sourceParts := map[string]bool{"Uncached": true, "Checked": true, "Mixed": true,
+		"MountPrivate": true, "MountPrivateTree": true, "OpenMount": true, "OpenMem": true}
+	parse := func(dir string, visit func(name string, f *ast.File)) {
+		t.Helper()
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			visit(name, f)
+		}
+	}
+	checked := 0
+	for _, dir := range []string{"cmd/snapctl", "cmd/lazyfs", "cmd/internal/cli"} {
+		parse(dir, func(name string, f *ast.File) {
+			checked++
+			ast.Inspect(f, func(n ast.Node) bool {
+				if sel, ok := n.(*ast.SelectorExpr); ok && sourceParts[sel.Sel.Name] {
+					t.Errorf("%s calls %s: a page source is built in engine/image or fs, and the command picks one", filepath.Base(name), sel.Sel.Name)
+				}
+				return true
+			})
+		})
+	}
+	for _, dir := range []string{"engine", "engine/lazy", "engine/ns", "engine/image", "engine/task", "engine/fds", "engine/check", "fs"} {
+		parse(dir, func(name string, f *ast.File) {
+			checked++
+			for _, d := range f.Decls {
+				g, ok := d.(*ast.GenDecl)
+				if !ok || g.Tok != token.TYPE {
+					continue
+				}
+				for _, sp := range g.Specs {
+					ts := sp.(*ast.TypeSpec)
+					sel, ok := ts.Type.(*ast.SelectorExpr)
+					if !ok || !ts.Assign.IsValid() {
+						continue
+					}
+					if id, ok := sel.X.(*ast.Ident); ok && id.Name == "uffd" {
+						t.Errorf("%s/%s: type %s = uffd.%s re-exports the pager's type", dir, filepath.Base(name), ts.Name.Name, sel.Sel.Name)
+					}
+				}
+			}
+		})
+	}
+	if checked < 20 {
+		t.Errorf("only %d files checked: moved?", checked)
 	}
 }

@@ -86,7 +86,10 @@ places it first, in the recorded order, while faults are still served at
 once (--working-set blocks fetches the snapshot's blocks that hold those
 pages instead); --working-set off ignores it. A working set recorded on
 another snapshot, or damaged, is ignored with a warning naming it: it only
-orders reads, and never changes what the process reads.
+orders reads, and never changes what the process reads. Each process of a
+tree has its own. A snapshot in an object store keeps its working sets in
+--cache-dir; without one there are none, and --record-working-set is
+refused (status 3).
 
 A sealed snapshot (dump --encrypt-to) needs --identity (or $LAZYFS_IDENTITY)
 with an age identity that opens it, a signed one (dump --sign) the signer's
@@ -126,9 +129,9 @@ together. Without one, --external-fallback says what it becomes: refuse
 (the default: the restore is refused, naming it) or null (/dev/null,
 opened for its access mode).
 
-With --pidns, the process is restored into a new pid namespace where it
-has its original pid and thread ids, so that one snapshot restores many
-times at once. Its parent there is a small init (pid 1: snapctl
+With --pidns, the process (every process of a tree) is restored into a
+new pid namespace where it has its original pid and thread ids, so that
+one snapshot restores many times at once. Its parent there is a small init (pid 1: snapctl
 re-executed as lazyfs-pidns-init), which passes SIGTERM, SIGINT, SIGHUP,
 SIGQUIT, SIGUSR1 and SIGUSR2 on to it and exits with its status when it
 ends, taking the namespace with it; a process that was pid 1 of its
