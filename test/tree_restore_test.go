@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -355,5 +357,111 @@ func treeRestores(t *testing.T, ctx context.Context, s *treeServer, dir string) 
 		if r := runSnapctl(t, "restore", "-D", addr, "--lazy", "--record-working-set"); r.Code != 3 || !strings.Contains(r.Stderr, "--cache-dir") {
 			t.Errorf("--record-working-set from the store without --cache-dir: want exit 3 naming --cache-dir\n%s", r)
 		}
+	})
+}
+
+// TestTreeRestoreOptions restores nginx with the options the other tree
+// tests leave out: --leave-stopped, --netns PATH, a sealed snapshot
+// (eagerly and lazily through the private mount) and a signed one
+// (lazily from the snapshot's files, --source direct).
+func TestTreeRestoreOptions(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ip := testutil.RequireCommand(t, "ip")
+	ctx := treeContext(t)
+	n := startNginx(t, ctx)
+	s := &treeServer{name: "nginx", root: n.master, before: n.before,
+		ask: func(ctx context.Context) error {
+			got, err := httpGetHere(ctx, n.url)
+			if err == nil && got != n.page {
+				err = fmt.Errorf("served %q, want %q", got, n.page)
+			}
+			return err
+		}}
+	plain := n.dump(t, ctx)
+	// restore restores plain eagerly, $LAZYFS_IDENTITY unset (a key
+	// refuses a snapshot that is neither sealed nor signed).
+	restore := func(t *testing.T, flags ...string) {
+		t.Helper()
+		r := runSnapctlEnv(t, "", append([]string{"restore", "-D", plain}, flags...)...)
+		if r.Code != 0 {
+			t.Fatalf("%s", r)
+		}
+		sameTree(t, s.root, s.before)
+	}
+
+	t.Run("leave stopped", func(t *testing.T) {
+		restore(t, "--leave-stopped")
+		for pid := range s.before {
+			states, err := fixture.TaskStates(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for tid, st := range states {
+				if st != 'T' {
+					t.Errorf("pid %d thread %d in state %c, want stopped (T)", pid, tid, st)
+				}
+			}
+		}
+		for pid := range s.before {
+			if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.mustAsk(t, ctx, "after SIGCONT")
+		s.killTree(t, ctx)
+	})
+	t.Run("netns PATH", func(t *testing.T) {
+		name := fmt.Sprintf("lazyfs-tree-%d", os.Getpid())
+		testutil.Output(t, ip, "netns", "add", name)
+		t.Cleanup(func() { exec.Command(ip, "netns", "delete", name).Run() })
+		testutil.Output(t, ip, "-n", name, "link", "set", "lo", "up")
+		restore(t, "--netns", "/run/netns/"+name)
+		for pid := range s.before {
+			if got, want := nsInode(t, pid, "net"), nsInode(t, s.root, "net"); got != want || got == nsInode(t, os.Getpid(), "net") {
+				t.Errorf("pid %d: network namespace %d, want %s's (%d), not ours", pid, got, name, want)
+			}
+		}
+		if err := inNetns(s.root, func() error { return s.ask(ctx) }); err != nil {
+			t.Errorf("in %s: %v", name, err)
+		}
+		if err := s.ask(ctx); err == nil {
+			t.Errorf("nginx answers in our network namespace too")
+		}
+		s.killTree(t, ctx)
+	})
+	t.Run("sealed", func(t *testing.T) {
+		recipient, _, _ := sealKeys(t)
+		restore(t)
+		sealed := filepath.Join(t.TempDir(), "sealed")
+		r := dumpPID(t, s.root, sealed, "--encrypt-to", recipient)
+		t.Logf("%s", strings.TrimSpace(r.Stdout))
+		s.gone(t, ctx)
+		r = mustSnapctl(t, "restore", "-D", sealed)
+		sameTree(t, s.root, s.before)
+		s.mustAsk(t, ctx, "after an eager restore of the sealed snapshot")
+		s.killTree(t, ctx)
+		l := startLazy(t, sealed)
+		l.waitRunning(t, ctx)
+		s.mustAsk(t, ctx, "during a lazy restore of the sealed snapshot")
+		l.mustFinish(t, ctx, s.root)
+		sameTree(t, s.root, s.before)
+		s.killTree(t, ctx)
+	})
+	t.Run("signed", func(t *testing.T) {
+		key, _ := signKeys(t)
+		restore(t)
+		signed := filepath.Join(t.TempDir(), "signed")
+		dumpPID(t, s.root, signed, "--sign", key)
+		s.gone(t, ctx)
+		l := startLazy(t, signed, "--source", "direct")
+		l.waitRunning(t, ctx)
+		s.mustAsk(t, ctx, "during a lazy restore of the signed snapshot")
+		l.mustFinish(t, ctx, s.root)
+		sameTree(t, s.root, s.before)
+		s.mustAsk(t, ctx, "after a lazy restore of the signed snapshot")
+		s.killTree(t, ctx)
 	})
 }

@@ -46,6 +46,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"restore", "-D", "/x", "--lazy", "--record-for", "1s"}, "need --record-working-set"},
 		{[]string{"restore", "-D", "/x", "--lazy", "--working-set", "first"}, "want auto, blocks or off"},
 		{[]string{"restore", "-D", "/x", "--lazy", "--record-working-set", "--record-faults", "-1"}, "must not be negative"},
+		{[]string{"restore", "-D", "/x", "--lazy", "--leave-stopped"}, "--leave-stopped and --lazy are exclusive"},
 		{[]string{"verify"}, "-D DIR (--images-dir) is required"},
 	} {
 		code, _, stderr := snapctl(t, tc.args...)

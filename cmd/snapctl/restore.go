@@ -157,6 +157,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
 	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
 	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
+	leaveStopped := fl.Bool("leave-stopped", false, "leave every restored process stopped, as if SIGSTOP came before its first instruction: SIGCONT lets it run (not with --lazy)")
 	tcpEstablished := fl.Bool("tcp-established", false, "bring back connected the TCP connections the dump kept (dump --tcp-established)")
 	tcpClose := fl.Bool("tcp-close", false, "close established TCP connections (the default without --tcp-established)")
 	var inherit []string
@@ -175,6 +176,9 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	remote := cli.RemoteFlags(fl, true)
 	if err := fl.Parse(args); err != nil {
 		return err
+	}
+	if *leaveStopped && *lazyFlag {
+		return cli.Usagef("--leave-stopped and --lazy are exclusive: a lazy restore keeps its processes traced until their memory is in")
 	}
 	if *tcpEstablished && *tcpClose {
 		return cli.Usagef("--tcp-established and --tcp-close are exclusive")
@@ -221,7 +225,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		return fmt.Errorf("open snapshot: %w", err)
 	}
 	defer snap.Close()
-	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log,
+	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log, LeaveStopped: *leaveStopped,
 		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns},
 		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback}
 	tty := isTerminal(stderr)
