@@ -337,8 +337,8 @@ func (tr *tree) finish(ctx context.Context) error {
 	return nil
 }
 
-// finish removes our injection area, sets every thread's registers, FP
-// state and signal mask, and lets the process run: detached, or for a
+// finish removes our injection area, sets every thread's scheduling,
+// registers, FP state and signal mask, and lets the process run: detached, or for a
 // lazy restore still traced with PTRACE_O_EXITKILL so that it dies with
 // snapctl rather than run on with missing memory.
 func (r *restorer) finish(ctx context.Context) error {
@@ -346,6 +346,9 @@ func (r *restorer) finish(ctx context.Context) error {
 		return fmt.Errorf("munmap injection area: %w", err)
 	}
 	if err := r.in.Close(); err != nil {
+		return err
+	}
+	if err := task.RestoreSched(r.threads, r.st); err != nil {
 		return err
 	}
 	if err := r.setThreadRegs(); err != nil {

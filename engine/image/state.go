@@ -26,6 +26,9 @@ type Process struct {
 	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER).
 	ChildSubreaper bool     `json:"child_subreaper,omitempty"`
 	TimerSlackNs   uint64   `json:"timer_slack_ns,omitempty"`
+	// OOMScoreAdj is /proc/PID/oom_score_adj (-1000 to 1000); nil in a
+	// snapshot taken before it was recorded.
+	OOMScoreAdj *int `json:"oom_score_adj,omitempty"`
 	Creds          Creds    `json:"creds"`
 	Rlimits        []Rlimit `json:"rlimits"`
 	MM             MM       `json:"mm"`
@@ -119,6 +122,25 @@ type Thread struct {
 	// or -1. With Regs.Rax holding -ERESTART*, restore lets the kernel
 	// restart it.
 	Syscall int64 `json:"syscall"`
+	// Sched is the thread's scheduling; nil in a snapshot taken before it
+	// was recorded (restore then leaves what the restore made).
+	Sched *Sched `json:"sched,omitempty"`
+}
+
+// Sched is a thread's scheduling, as the kernel keeps it per thread.
+type Sched struct {
+	// Nice is the nice value (-20 to 19).
+	Nice int `json:"nice"`
+	// Policy is sched_getscheduler(2)'s answer: SCHED_OTHER, FIFO, RR,
+	// BATCH or IDLE, with SCHED_RESET_ON_FORK; RTPriority the real-time
+	// priority (1 to 99 for FIFO and RR, else 0).
+	Policy     uint32 `json:"policy"`
+	RTPriority uint32 `json:"rt_priority,omitempty"`
+	// Affinity is the CPU affinity mask, 64 CPUs a word, without its
+	// trailing zero words.
+	Affinity []uint64 `json:"affinity,omitempty"`
+	// IOPrio is ioprio_get(2)'s answer (class << 13 | data).
+	IOPrio int `json:"ioprio"`
 }
 
 // AltStack is a thread's sigaltstack.

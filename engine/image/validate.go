@@ -53,6 +53,12 @@ func (p *Process) Validate() error {
 			return bad("thread id %d: not positive, or twice", th.TID)
 		}
 		tids[th.TID] = true
+		if err := th.Sched.validate(); err != nil {
+			return bad("thread %d: %v", th.TID, err)
+		}
+	}
+	if a := p.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
+		return bad("oom_score_adj %d, not within -1000 to 1000", *a)
 	}
 	if len(p.VMAs) > maxVMAs {
 		return bad("%d VMAs, more than %d", len(p.VMAs), maxVMAs)
@@ -94,6 +100,37 @@ func (v VMA) validate() error {
 	case VMAAnon, VMAFile, VMAFileShared, VMAShmem, VMAVDSO, VMAVVar, VMAVVarVclock, VMAVsyscall:
 	default:
 		return fmt.Errorf("unknown kind %q", v.Kind)
+	}
+	return nil
+}
+
+// validate refuses a scheduling no kernel gives a thread (nil is none
+// recorded), or an affinity mask beyond the 1024 CPUs restore can set.
+func (s *Sched) validate() error {
+	if s == nil {
+		return nil
+	}
+	const resetOnFork = 0x40000000
+	switch s.Policy &^ resetOnFork {
+	case 0, 3, 5: // SCHED_OTHER, SCHED_BATCH, SCHED_IDLE
+		if s.RTPriority != 0 {
+			return fmt.Errorf("real-time priority %d under policy %d", s.RTPriority, s.Policy)
+		}
+	case 1, 2: // SCHED_FIFO, SCHED_RR
+		if s.RTPriority < 1 || s.RTPriority > 99 {
+			return fmt.Errorf("real-time priority %d, not within 1 to 99", s.RTPriority)
+		}
+	default:
+		return fmt.Errorf("scheduling policy %#x", s.Policy)
+	}
+	if s.Nice < -20 || s.Nice > 19 {
+		return fmt.Errorf("nice %d, not within -20 to 19", s.Nice)
+	}
+	if len(s.Affinity) > 16 {
+		return fmt.Errorf("an affinity mask of %d words", len(s.Affinity))
+	}
+	if class := s.IOPrio >> 13; s.IOPrio < 0 || class > 3 {
+		return fmt.Errorf("I/O priority %#x", s.IOPrio)
 	}
 	return nil
 }

@@ -60,6 +60,13 @@ func TestValidateRefuses(t *testing.T) {
 		"dup of itself":    {func(p *Process) { p.FDs[2].SameAs = &self }, "dup"},
 		"dup of negative":  {func(p *Process) { p.FDs[2].SameAs = &minus }, "dup"},
 		"dup of a missing": {func(p *Process) { two := 2; p.FDs[2].SameAs = &two }, "dup"},
+		"nice 20":          {func(p *Process) { p.Threads[1].Sched = &Sched{Nice: 20} }, "nice"},
+		"FIFO priority 0":  {func(p *Process) { p.Threads[1].Sched = &Sched{Policy: 1} }, "priority"},
+		"OTHER priority 5": {func(p *Process) { p.Threads[1].Sched = &Sched{RTPriority: 5} }, "priority"},
+		"deadline policy":  {func(p *Process) { p.Threads[1].Sched = &Sched{Policy: 6} }, "policy"},
+		"affinity 2048":    {func(p *Process) { p.Threads[1].Sched = &Sched{Affinity: make([]uint64, 32)} }, "affinity"},
+		"ioprio class 4":   {func(p *Process) { p.Threads[1].Sched = &Sched{IOPrio: 4 << 13} }, "I/O priority"},
+		"oom_score_adj":    {func(p *Process) { v := 1001; p.OOMScoreAdj = &v }, "oom_score_adj"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := validState()

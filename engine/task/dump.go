@@ -67,6 +67,9 @@ func ReadProcess(pid int, st *image.Process) error {
 	}
 	st.Personality = uint64(pers)
 	st.TimerSlackNs, _ = proc.TimerSlack(pid)
+	if st.OOMScoreAdj, err = readOOMScoreAdj(pid); err != nil {
+		return err
+	}
 	rl, err := proc.ReadRlimits(pid)
 	if errors.Is(err, unix.EPERM) {
 		// Another uid's process (an nginx worker) and no
@@ -187,6 +190,9 @@ func thread(pid int, th *ptrace.Thread, in *ptrace.Injector, info ptrace.ThreadI
 	t.SigPending = ts.SigPnd
 	if len(ts.NSpid) > 1 {
 		t.NSTID = ts.NSpid
+	}
+	if t.Sched, err = readSched(pid, th.Tid()); err != nil {
+		return t, err
 	}
 	return t, nil
 }
