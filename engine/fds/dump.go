@@ -156,9 +156,22 @@ type fdDumper struct {
 	used    map[string]bool // fd[N] and ino[INO] of the descriptors External matched
 }
 
-// fd describes one descriptor: its number and flags here, what it is
-// in the function for its kind.
+// fd describes one descriptor: its number and flags, the file locks held
+// through it, and what it is (fdKind).
 func (fx *fdDumper) fd(f *proc.FD) (image.FD, error) {
+	out, err := fx.fdKind(f)
+	if err != nil || len(f.Info.Locks) == 0 {
+		return out, err
+	}
+	if out.Locks, err = parseLocks(f.Info.Locks); err != nil {
+		return out, fmt.Errorf("fd %d: %w", f.Num, err)
+	}
+	return out, nil
+}
+
+// fdKind describes one descriptor: its number and flags here, what it is
+// in the function for its kind.
+func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	out := image.FD{FD: f.Num}
 	if f.Info == nil {
 		return out, fmt.Errorf("no fdinfo")

@@ -88,6 +88,9 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 	if err := fc.epollTargets(); err != nil {
 		return err
 	}
+	if err := fc.takeLocks(); err != nil {
+		return err
+	}
 	// Restore the dumped limit (raised above for the move).
 	if err := setNoFile(in, st, func(l image.Rlimit) unix.Rlimit { return unix.Rlimit{Cur: l.Cur, Max: l.Max} }); err != nil {
 		return fmt.Errorf("restore RLIMIT_NOFILE: %w", err)

@@ -24,14 +24,14 @@ type Process struct {
 	// Dumpable is prctl(PR_GET_DUMPABLE); restore sets it back.
 	Dumpable int `json:"dumpable"`
 	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER).
-	ChildSubreaper bool     `json:"child_subreaper,omitempty"`
-	TimerSlackNs   uint64   `json:"timer_slack_ns,omitempty"`
+	ChildSubreaper bool   `json:"child_subreaper,omitempty"`
+	TimerSlackNs   uint64 `json:"timer_slack_ns,omitempty"`
 	// OOMScoreAdj is /proc/PID/oom_score_adj (-1000 to 1000); nil in a
 	// snapshot taken before it was recorded.
-	OOMScoreAdj *int `json:"oom_score_adj,omitempty"`
-	Creds          Creds    `json:"creds"`
-	Rlimits        []Rlimit `json:"rlimits"`
-	MM             MM       `json:"mm"`
+	OOMScoreAdj *int     `json:"oom_score_adj,omitempty"`
+	Creds       Creds    `json:"creds"`
+	Rlimits     []Rlimit `json:"rlimits"`
+	MM          MM       `json:"mm"`
 	// SigActions holds the action of every signal 1..64 whose handler is
 	// not SIG_DFL or whose flags or mask are set.
 	SigActions []SigAction `json:"sigactions"`
@@ -277,12 +277,35 @@ type FD struct {
 	// Tree links the descriptor to other processes of a tree
 	// (FeatureTree).
 	Tree *FDTree `json:"tree,omitempty"`
+	// Locks are the file locks held through this open file description:
+	// flock and OFD locks it owns, and POSIX locks the process holds on
+	// its file (restore takes them again on it).
+	Locks []Lock `json:"locks,omitempty"`
 	// External, when set, is the key ("pipe:[INO]", "socket:[INO]") of
 	// a pipe or unix socket whose other end was outside the process
 	// (dump --external): restore puts a descriptor it is handed
 	// (--inherit-fd) or /dev/null in its place (state_external.go).
 	External string `json:"external,omitempty"`
 }
+
+// Lock is one file lock, as /proc/PID/fdinfo/N shows it.
+type Lock struct {
+	// Kind is LockFlock, LockPOSIX or LockOFD.
+	Kind string `json:"kind"`
+	// Write is an exclusive (write) lock; else shared (read).
+	Write bool `json:"write,omitempty"`
+	// Start and End are the bytes locked, End included; End -1 is to
+	// the end of the file, however it grows (a flock covers it all).
+	Start int64 `json:"start"`
+	End   int64 `json:"end"`
+}
+
+// The kinds of Lock.
+const (
+	LockFlock = "flock"
+	LockPOSIX = "posix"
+	LockOFD   = "ofd"
+)
 
 // Pipe is one end of a pipe. Both ends of a pipe share the ID; the bytes
 // buffered in it are stored once, with the read end.

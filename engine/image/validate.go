@@ -82,6 +82,11 @@ func (p *Process) Validate() error {
 		if f.SameAs != nil && (*f.SameAs >= f.FD || !fds[*f.SameAs]) {
 			return bad("descriptor %d is a dup of %d, which is not a lower descriptor of the process", f.FD, *f.SameAs)
 		}
+		for _, l := range f.Locks {
+			if l.Kind != LockFlock && l.Kind != LockPOSIX && l.Kind != LockOFD || l.Start < 0 || l.End < -1 || l.End >= 0 && l.End < l.Start {
+				return bad("descriptor %d: lock %+v", f.FD, l)
+			}
+		}
 	}
 	return nil
 }

@@ -67,6 +67,8 @@ func TestValidateRefuses(t *testing.T) {
 		"affinity 2048":    {func(p *Process) { p.Threads[1].Sched = &Sched{Affinity: make([]uint64, 32)} }, "affinity"},
 		"ioprio class 4":   {func(p *Process) { p.Threads[1].Sched = &Sched{IOPrio: 4 << 13} }, "I/O priority"},
 		"oom_score_adj":    {func(p *Process) { v := 1001; p.OOMScoreAdj = &v }, "oom_score_adj"},
+		"lock kind":        {func(p *Process) { p.FDs[0].Locks = []Lock{{Kind: "lease", End: -1}} }, "lock"},
+		"lock reversed":    {func(p *Process) { p.FDs[0].Locks = []Lock{{Kind: LockPOSIX, Start: 10, End: 5}} }, "lock"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := validState()
