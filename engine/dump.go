@@ -52,6 +52,9 @@ type DumpOptions struct {
 	// process (outside the tree, for a process tree) that the snapshot
 	// records (fds.ParseExternal).
 	External *fds.External
+	// ShellJob records the descriptors on a terminal outside the tree, to
+	// be given the restoring snapctl's (criu dump --shell-job).
+	ShellJob bool
 	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
 	Seal *image.SealOptions
 	// Sign, if set, signs the snapshot (image.Options.Sign).
@@ -256,7 +259,7 @@ func (d *dumper) fds(maps [][]proc.Mapping) error {
 		// One lock, one set of repaired sockets for the whole tree.
 		d.tcp = fds.NewTCPRepair(d.pid)
 	}
-	o := fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External}
+	o := fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External, ShellJob: d.opts.ShellJob}
 	if len(d.procs) == 1 {
 		var err error
 		p := d.procs[0]

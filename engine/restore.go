@@ -63,6 +63,8 @@ type RestoreOptions struct {
 	// default, or fds.ExternalNull).
 	Inherit          map[string]int
 	ExternalFallback string
+	// ShellJob: Inherit[fds.TerminalKey] is the caller's terminal (--shell-job).
+	ShellJob bool
 }
 
 // RestoreResult describes a finished restore.
@@ -73,10 +75,8 @@ type RestoreResult struct {
 	// InitPID our pid of that namespace's init, with Namespaces.PID
 	// (InitPID is PID when the root is the init); 0 otherwise.
 	OwnPID, InitPID int
-	// Processes is how many processes the tree has (1: a single one).
-	Processes int
-	// Threads is how many threads, all processes together.
-	Threads int
+	// Processes and Threads are how many the tree has, all together.
+	Processes, Threads int
 	// ToRunning is the time from the start of Restore until the processes
 	// ran; Total until Restore returned (every page in, for a lazy one).
 	ToRunning time.Duration

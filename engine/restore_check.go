@@ -143,5 +143,6 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 // fdOptions are the options of the descriptors' restore.
 func (r *restorer) fdOptions() fds.RestoreOptions {
 	o := r.tr.opts
-	return fds.RestoreOptions{Log: r.log, TCPEstablished: o.TCPEstablished, Inherit: o.Inherit, ExternalFallback: o.ExternalFallback, Tree: r.tr.broker}
+	return fds.RestoreOptions{Log: r.log, TCPEstablished: o.TCPEstablished, Inherit: o.Inherit, ExternalFallback: o.ExternalFallback,
+		ShellJob: o.ShellJob, Tree: r.tr.broker}
 }

@@ -110,7 +110,14 @@ or socket pair between two processes of the tree is not outside) by its
 key, pipe:[INO] or socket:[INO]: restore gives it a descriptor of its own
 with --inherit-fd fd[N]:KEY, or /dev/null. A daemon started from a shell
 whose stdio are pipes: --external stdio. fd[N] names descriptor N of any
-process of the tree that leads outside.`,
+process of the tree that leads outside.
+
+A descriptor on a terminal outside the tree (a server started from an
+interactive shell holds /dev/pts/N) is refused: restore would have to
+reopen the terminal by its name, which may be gone or another session's
+by then. With --shell-job (as criu dump --shell-job) it is recorded as
+leading outside, key tty, and restore --shell-job gives it the terminal of
+the snapctl that restores. A pseudo-terminal master is refused.`,
 		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	fs.Alias("tree", "t")
@@ -136,6 +143,7 @@ process of the tree that leads outside.`,
 		external = append(external, strings.Split(v, ",")...)
 		return nil
 	})
+	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
 	verbose := fs.Bool("v", false, "log each step")
 	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
@@ -164,7 +172,7 @@ process of the tree that leads outside.`,
 		level = slog.LevelDebug
 	}
 	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(ctx),
-		TCPEstablished: *tcpEstablished, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+		TCPEstablished: *tcpEstablished, ShellJob: *shellJob, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	if len(external) > 0 {
 		ext, err := fds.ParseExternal(external)
 		if err != nil {

@@ -127,7 +127,11 @@ process (of any process of a tree) (the same open file: the other end
 still sees it). The keys are checked against every process of a tree
 together. Without one, --external-fallback says what it becomes: refuse
 (the default: the restore is refused, naming it) or null (/dev/null,
-opened for its access mode).
+opened for its access mode). With --shell-job, the descriptors on a
+terminal outside the tree (dump --shell-job) get snapctl's own terminal:
+its standard input, output or error, the first that is a terminal, else
+its controlling terminal (/dev/tty); a snapshot without any is restored as
+without it.
 
 With --pidns, the process (every process of a tree) is restored into a
 new pid namespace where it has its original pid and thread ids, so that
@@ -165,6 +169,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		inherit = append(inherit, v)
 		return nil
 	})
+	shellJob := fl.Bool("shell-job", false, "give the descriptors on a terminal outside the tree (dump --shell-job) snapctl's own terminal")
 	fallback := fl.String("external-fallback", fds.ExternalRefuse, "what a descriptor leading outside without --inherit-fd becomes: `MODE` refuse (the restore) or null (/dev/null)")
 	pidns := fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
 	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
@@ -189,6 +194,17 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	inherited, err := fds.ParseInherit(inherit)
 	if err != nil {
 		return cli.Usagef("%v", err)
+	}
+	if *shellJob {
+		if _, given := inherited[fds.TerminalKey]; given {
+			return cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", fds.TerminalKey)
+		}
+		tty, err := ownTerminal()
+		if err != nil {
+			return cli.Usagef("--shell-job: %v", err)
+		}
+		defer tty.Close()
+		inherited[fds.TerminalKey] = int(tty.Fd())
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
@@ -227,7 +243,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	defer snap.Close()
 	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log, LeaveStopped: *leaveStopped,
 		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns},
-		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback}
+		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback, ShellJob: *shellJob}
 	tty := isTerminal(stderr)
 	if tty {
 		opts.Progress = progressPrinter(stderr, "restore", time.Second)
@@ -487,4 +503,24 @@ func (p *lazyProgress) update(done, total uint64) {
 func (p *lazyProgress) stop() {
 	p.once.Do(func() { close(p.quit) })
 	<-p.finished
+}
+
+// ownTerminal returns snapctl's terminal, for --shell-job: a copy of its
+// standard input, output or error, the first that is a terminal (the
+// same open file), else its controlling terminal opened (/dev/tty).
+func ownTerminal() (*os.File, error) {
+	for fd := range 3 {
+		if _, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
+			nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+			if err != nil {
+				return nil, err
+			}
+			return os.NewFile(uintptr(nfd), "/dev/stdin"), nil
+		}
+	}
+	f, err := os.OpenFile("/dev/tty", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("snapctl has no terminal to give (no standard stream is one, and /dev/tty: %w)", err)
+	}
+	return f, nil
 }

@@ -36,6 +36,9 @@ func Check(f image.FD) error {
 	if f.Tree != nil && f.Tree.PID != 0 {
 		return nil // another process's, checked there
 	}
+	if f.External != "" {
+		return nil // given by the caller, or /dev/null (CheckExternal)
+	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDFifo:
 		if f.File == nil {

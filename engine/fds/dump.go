@@ -20,6 +20,9 @@ type DumpOptions struct {
 	// External names the pipes and unix sockets leading outside the
 	// process that are recorded rather than refused or closed.
 	External *External
+	// ShellJob records descriptors on a terminal outside the process as
+	// leading outside (TerminalKey); without it they are refused.
+	ShellJob bool
 }
 
 // Dump describes every open file descriptor of the frozen process pid,
@@ -64,7 +67,7 @@ func newFDDumper(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, o 
 		return nil, fmt.Errorf("pid %d: pidfd_open: %w", pid, err)
 	}
 	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td,
-		tcp: o.TCP, ext: o.External, used: used}
+		tcp: o.TCP, ext: o.External, used: used, shellJob: o.ShellJob}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -154,6 +157,8 @@ type fdDumper struct {
 	tcp     *TCPRepair
 	ext     *External
 	used    map[string]bool // fd[N] and ino[INO] of the descriptors External matched
+	// shellJob: terminals are recorded as leading outside (terminal.go).
+	shellJob bool
 }
 
 // fd describes one descriptor: its number and flags, the file locks held
@@ -180,7 +185,12 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	out.CloExec = flags&unix.O_CLOEXEC != 0
 	out.Flags = flags &^ unix.O_CLOEXEC
 	switch f.Kind {
-	case proc.FDFile, proc.FDDir, proc.FDCharDev, proc.FDFIFO:
+	case proc.FDCharDev:
+		if tty, master := isTerminal(f.Stat.Rdev); tty {
+			return fx.terminal(f, out, master)
+		}
+		return dumpFile(f, out)
+	case proc.FDFile, proc.FDDir, proc.FDFIFO:
 		return dumpFile(f, out)
 	case proc.FDMemfd:
 		return fx.memfd(f, out)

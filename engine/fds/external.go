@@ -128,8 +128,8 @@ var inheritForm = regexp.MustCompile(`^fd\[([0-9]+)\]:(.+)$`)
 
 // ParseInherit parses --inherit-fd values fd[N]:KEY into KEY -> N, where
 // N is a descriptor of the caller and KEY the key of a descriptor leading
-// outside ("pipe:[INO]", "socket:[INO]") or "fd[M]", descriptor M of the
-// dumped process.
+// outside ("pipe:[INO]", "socket:[INO]", "tty" for a terminal) or
+// "fd[M]", descriptor M of the dumped process.
 func ParseInherit(vals []string) (map[string]int, error) {
 	out := map[string]int{}
 	for _, v := range vals {
@@ -142,8 +142,8 @@ func ParseInherit(vals []string) (map[string]int, error) {
 			return nil, fmt.Errorf("--inherit-fd %q: %w", v, err)
 		}
 		key := m[2]
-		if !strings.HasPrefix(key, "fd[") && !strings.HasPrefix(key, "pipe:[") && !strings.HasPrefix(key, "socket:[") {
-			return nil, fmt.Errorf("--inherit-fd %q: KEY %q is not pipe:[INO], socket:[INO] or fd[M]", v, key)
+		if !strings.HasPrefix(key, "fd[") && !strings.HasPrefix(key, "pipe:[") && !strings.HasPrefix(key, "socket:[") && key != TerminalKey {
+			return nil, fmt.Errorf("--inherit-fd %q: KEY %q is not pipe:[INO], socket:[INO], tty or fd[M]", v, key)
 		}
 		if _, dup := out[key]; dup {
 			return nil, fmt.Errorf("--inherit-fd: %s given twice", key)
@@ -159,9 +159,9 @@ func ParseInherit(vals []string) (map[string]int, error) {
 
 // inherited returns the caller's descriptor that takes f's place, if one
 // was given by its key or by its number.
-func inherited(f *image.FD, inherit map[string]int) (int, string, bool) {
+func inherited(f *image.FD, o RestoreOptions) (int, string, bool) {
 	for _, k := range []string{f.External, fmt.Sprintf("fd[%d]", f.FD)} {
-		if n, ok := inherit[k]; ok {
+		if n, ok := o.Inherit[k]; ok {
 			return n, k, true
 		}
 	}
@@ -186,19 +186,23 @@ func CheckExternal(sts []*image.Process, o RestoreOptions) error {
 			if f.External == "" || f.SameAs != nil {
 				continue
 			}
-			if _, k, ok := inherited(f, o.Inherit); ok {
+			if _, k, ok := inherited(f, o); ok {
 				used[k] = true
 				continue
 			}
 			if o.ExternalFallback == ExternalNull {
 				continue
 			}
+			if f.External == TerminalKey {
+				return fmt.Errorf("%w: fd %d of pid %d was the terminal %s, outside %s: restore with --shell-job to give it snapctl's terminal, or --inherit-fd fd[N]:%s, or --external-fallback null",
+					ErrExternal, f.FD, st.PID, f.Path, where, TerminalKey)
+			}
 			return fmt.Errorf("%w: fd %d of pid %d is %s, whose other end was outside %s: give a descriptor for it with --inherit-fd fd[N]:%s (or fd[N]:fd[%d]), or --external-fallback null",
 				ErrExternal, f.FD, st.PID, f.External, where, f.External, f.FD)
 		}
 	}
 	for k := range o.Inherit {
-		if used[k] {
+		if used[k] || k == TerminalKey && o.ShellJob {
 			continue
 		}
 		if len(sts) == 1 {
@@ -212,7 +216,7 @@ func CheckExternal(sts []*image.Process, o RestoreOptions) error {
 // external puts the descriptor that takes the place of f in the
 // process: the caller's inherited one (the same open file), or /dev/null.
 func (fc *fdCreator) external(f *image.FD) (int, error) {
-	if n, k, ok := inherited(f, fc.opts.Inherit); ok {
+	if n, k, ok := inherited(f, fc.opts); ok {
 		fd, err := fc.passFD(n, f.CloExec)
 		if err != nil {
 			return -1, fmt.Errorf("hand over fd %d for %s: %w", n, k, err)

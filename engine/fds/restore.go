@@ -27,6 +27,10 @@ type RestoreOptions struct {
 	// ExternalFallback is what a descriptor leading outside that Inherit
 	// does not give becomes: ExternalRefuse ("" too) or ExternalNull.
 	ExternalFallback string
+	// ShellJob says that Inherit[TerminalKey] is the caller's terminal,
+	// given to the descriptors on a terminal outside the process if there
+	// are any (restore --shell-job), and not an error if there are none.
+	ShellJob bool
 	// Tree, for a process of a tree, hands out the descriptors it shares
 	// with the other processes (DumpTree); nil for a single process.
 	Tree Tree

@@ -1,0 +1,55 @@
+package fds
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+)
+
+// Terminals. A descriptor on a terminal outside the process (or the tree)
+// is never reopened by its path at restore: the pty it names may be gone,
+// or be another session's by then, whose user would see the process
+// write there. As CRIU's --shell-job: the dump records it as leading
+// outside (TerminalKey) only when asked (--shell-job), and the restore
+// gives it the caller's own terminal (RestoreOptions.Terminal,
+// restore --shell-job), or --inherit-fd's descriptor for tty, or
+// /dev/null. A pseudo-terminal master is refused: the pair would have to
+// be rebuilt.
+
+// TerminalKey is the key (image.FD.External) of a descriptor on a terminal
+// outside the process.
+const TerminalKey = "tty"
+
+// isTerminal reports whether a character device is a terminal: a virtual
+// console or serial line (major 4), /dev/tty or /dev/console (5:0, 5:1),
+// a pseudo-terminal slave (136-143), or a pseudo-terminal master (the
+// multiplexer 5:2, and the BSD-style majors 2 and 128-135).
+func isTerminal(rdev uint64) (terminal, master bool) {
+	major, minor := unix.Major(rdev), unix.Minor(rdev)
+	switch {
+	case major == 5 && minor == 2, major == 2, major >= 128 && major <= 135:
+		return true, true
+	case major == 4, major == 5 && minor <= 1, major >= 136 && major <= 143:
+		return true, false
+	}
+	return false, false
+}
+
+// terminal records descriptor f, on a terminal, as leading outside, or
+// refuses it.
+func (fx *fdDumper) terminal(f *proc.FD, out image.FD, master bool) (image.FD, error) {
+	if master {
+		return out, fmt.Errorf("%w: fd %d is a pseudo-terminal master (%s): restore cannot rebuild the pair", image.ErrUnsupported, f.Num, f.Path)
+	}
+	if !fx.shellJob {
+		return out, fmt.Errorf("%w: fd %d is the terminal %s, outside the process: dump with --shell-job, then restore with --shell-job, which gives it snapctl's terminal", ErrExternal, f.Num, f.Path)
+	}
+	out.Kind = image.FDChr
+	out.Path = f.Path
+	out.Rdev = f.Stat.Rdev
+	fx.external(f, &out, TerminalKey)
+	return out, nil
+}
