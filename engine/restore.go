@@ -118,8 +118,9 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if err != nil {
 		return nil, step("open snapshot", err)
 	}
+	done := false
 	defer func() {
-		if err != nil {
+		if !done { // an error, or a panic: nothing half-made may run on
 			tr.abort()
 		}
 		tr.close()
@@ -129,14 +130,14 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	// Past its checks, the restore releases the network locks however it
 	// ends: once the processes are made (or not), before a lazy phase.
-	defer tr.releaseNetLocks()
+	defer fds.ReleaseNetLocks(tr.states(), tr.released, tr.log)
 	if tr.t, err = ptrace.New(); err != nil {
 		return nil, step("start tracer", err)
 	}
 	if err := runSteps(ctx, tr.log, "restore", tr.steps()); err != nil {
 		return nil, err
 	}
-	tr.releaseNetLocks()
+	fds.ReleaseNetLocks(tr.states(), tr.released, tr.log)
 	res = tr.result(start)
 	if opts.LeaveStopped {
 		for _, r := range tr.procs {
@@ -161,7 +162,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 			return nil, step("lazy memory", err)
 		}
 	}
-	res.Total = time.Since(start)
+	res.Total, done = time.Since(start), true
 	return res, nil
 }
 
@@ -177,7 +178,7 @@ type tree struct {
 	lazy   *lazy.Phase // for a lazy restore
 	t      *ptrace.Tracer
 	netns  *os.File // the network namespace to join (Namespaces.Net)
-	// released are the network locks released (releaseNetLocks).
+	// released are the network locks released (fds.ReleaseNetLocks).
 	released map[string]bool
 }
 
@@ -428,24 +429,5 @@ func (r *restorer) abort() {
 	if r.initPID != 0 {
 		// The namespace's init: the kernel kills what is left in it.
 		unix.Kill(r.initPID, unix.SIGKILL)
-	}
-}
-
-// releaseNetLocks deletes the network locks that held the TCP
-// connections of the tree since the dump (one lock for a whole tree):
-// once they are back, or once the restore failed (their peers then see a
-// reset). A lock is released once, however often this is called.
-func (tr *tree) releaseNetLocks() {
-	for _, r := range tr.procs {
-		for _, f := range r.st.FDs {
-			if f.Socket == nil || f.Socket.TCP == nil || f.Socket.TCP.Lock == "" || tr.released[f.Socket.TCP.Lock] {
-				continue
-			}
-			lock := f.Socket.TCP.Lock
-			tr.released[lock] = true
-			if err := fds.DeleteNetLock(lock); err != nil {
-				tr.log.Error("network lock not released: nft delete table inet "+lock, "pid", r.st.PID, "err", err)
-			}
-		}
 	}
 }

@@ -55,6 +55,9 @@ func (tr *tree) check() error {
 			return fmt.Errorf("%w: the snapshot holds several trees (pid %d's parent %d is not in it)", image.ErrCorrupt, st.PID, st.PPID)
 		}
 		name := fmt.Sprintf("pid %d (%s)", st.PID, st.Comm)
+		if len(st.NSPID) != len(root.st.NSPID) {
+			return fmt.Errorf("%w: %s lived in a pid namespace other than the root's", ErrUnsupported, name)
+		}
 		if st.SID != st.PID && st.SID != parent.st.SID {
 			return fmt.Errorf("%w: %s: its session %d is neither its own nor its parent's", ErrUnsupported, name, st.SID)
 		}
@@ -71,6 +74,9 @@ func (tr *tree) check() error {
 		if tr.netns, err = ns.OpenNet(net); err != nil {
 			return err
 		}
+	}
+	if tr.lazy != nil {
+		return tr.lazy.OpenSources()
 	}
 	return nil
 }

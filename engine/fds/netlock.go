@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // NetLock holds established TCP connections still while a dump takes
@@ -170,4 +173,24 @@ func nft(batch string) error {
 		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// ReleaseNetLocks deletes the network locks that held the TCP connections
+// of the processes sts since the dump (one lock for a whole tree): once
+// they are back, or once the restore failed (their peers then see a
+// reset). done remembers the locks released, so that a second call
+// releases nothing twice.
+func ReleaseNetLocks(sts []*image.Process, done map[string]bool, log *slog.Logger) {
+	for _, st := range sts {
+		for _, f := range st.FDs {
+			if f.Socket == nil || f.Socket.TCP == nil || f.Socket.TCP.Lock == "" || done[f.Socket.TCP.Lock] {
+				continue
+			}
+			lock := f.Socket.TCP.Lock
+			done[lock] = true
+			if err := DeleteNetLock(lock); err != nil {
+				log.Error("network lock not released: nft delete table inet "+lock, "pid", st.PID, "err", err)
+			}
+		}
+	}
 }

@@ -49,6 +49,25 @@ func (ph *Phase) Add(snap *image.Snapshot, st *image.Process, pages *image.Reade
 	return p
 }
 
+// OpenSources opens what each process's pager will read from its page
+// source (image.PageSource.Pages): called before anything runs, so that
+// a source that cannot serve a process (a --mount of another snapshot, a
+// process missing from it) refuses the restore rather than kill it once
+// it runs.
+func (ph *Phase) OpenSources() error {
+	for _, p := range ph.procs {
+		if p.src != nil {
+			continue
+		}
+		src, err := ph.src.Pages(p.pages)
+		if err != nil {
+			return fmt.Errorf("page source of pid %d: %w", p.st.PID, err)
+		}
+		p.src = src
+	}
+	return nil
+}
+
 // keeperOf waits for the keeper to start and returns it (nil if there is
 // none).
 func (ph *Phase) keeperOf() *uffd.Keeper {
@@ -81,6 +100,9 @@ func (ph *Phase) Close() {
 // When ctx ends (SIGINT, SIGTERM), the source is aborted: reads waiting
 // on it fail now rather than when they time out.
 func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
+	if err := ph.OpenSources(); err != nil {
+		return Stats{}, err
+	}
 	parent := ctx
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"slices"
 	"time"
@@ -27,8 +28,9 @@ type Process struct {
 	st    *image.Process
 	pages *image.Reader
 
-	pid     int // ours, once Prepare made the userfaultfd
-	fd      int // our copy of the process's userfaultfd
+	src     io.ReaderAt // where the pager reads (PageSource.Pages)
+	pid     int         // ours, once Prepare made the userfaultfd
+	fd      int         // our copy of the process's userfaultfd
 	held    bool
 	ranges  []units.Range // registered: the lazy VMAs that hold data
 	extents []uffd.Extent
@@ -185,11 +187,8 @@ func (p *Process) close() {
 func (p *Process) serve(ctx context.Context, po uffd.Options) error {
 	rec := p.startRecording(&po, time.Now())
 	po.Unit = func(addr uint64) (uint64, uint64, bool) { return p.pages.Unit(addr, lazyFaultWindow) }
-	src, err := p.ph.src.Pages(p.pages)
-	if err != nil {
-		return err
-	}
-	po.First, src = p.workingSetFirst(src)
+	first, src := p.workingSetFirst(p.src) // p.src: Phase.OpenSources
+	po.First = first
 	p.pager = uffd.New(p.fd, src, slices.Clip(p.extents), po)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -201,7 +200,7 @@ func (p *Process) serve(ctx context.Context, po uffd.Options) error {
 			p.record(ctx, rec, p.pager)
 		}()
 	}
-	err = p.pager.Run(ctx)
+	err := p.pager.Run(ctx)
 	if recorded != nil {
 		cancel(errLazyDone(err))
 		<-recorded
