@@ -55,6 +55,8 @@ type DumpOptions struct {
 	// ShellJob records the descriptors on a terminal outside the tree, to
 	// be given the restoring snapctl's (criu dump --shell-job).
 	ShellJob bool
+	// GhostLimit is the largest open deleted file kept (fds.DumpOptions).
+	GhostLimit int64
 	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
 	Seal *image.SealOptions
 	// Sign, if set, signs the snapshot (image.Options.Sign).
@@ -259,7 +261,7 @@ func (d *dumper) fds(maps [][]proc.Mapping) error {
 		// One lock, one set of repaired sockets for the whole tree.
 		d.tcp = fds.NewTCPRepair(d.pid)
 	}
-	o := fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External, ShellJob: d.opts.ShellJob}
+	o := fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External, ShellJob: d.opts.ShellJob, GhostLimit: d.opts.GhostLimit}
 	if len(d.procs) == 1 {
 		var err error
 		p := d.procs[0]

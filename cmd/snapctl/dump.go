@@ -117,7 +117,13 @@ interactive shell holds /dev/pts/N) is refused: restore would have to
 reopen the terminal by its name, which may be gone or another session's
 by then. With --shell-job (as criu dump --shell-job) it is recorded as
 leading outside, key tty, and restore --shell-job gives it the terminal of
-the snapctl that restores. A pseudo-terminal master is refused.`,
+the snapctl that restores. A pseudo-terminal master is refused.
+
+An open file that was deleted (a rotated log, a temporary file unlinked
+once opened) is kept in the snapshot, contents, owner and mode, up to
+--ghost-limit (1M by default); restore makes a new file of them, never
+linked, in the directory the old one was in. A larger one is refused,
+naming it and the flag.`,
 		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	fs.Alias("tree", "t")
@@ -143,6 +149,7 @@ the snapctl that restores. A pseudo-terminal master is refused.`,
 		external = append(external, strings.Split(v, ",")...)
 		return nil
 	})
+	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open files that were deleted, up to `SIZE` each")
 	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
 	verbose := fs.Bool("v", false, "log each step")
 	remote := cli.RemoteFlags(fs, false)
@@ -151,6 +158,9 @@ the snapctl that restores. A pseudo-terminal master is refused.`,
 	}
 	if *pid <= 0 {
 		return cli.Usagef("-t PID (--tree) is required")
+	}
+	if ghostLimit.V < 0 || ghostLimit.V > fds.MaxGhostLimit {
+		return cli.Usagef("--ghost-limit %s: want at most %s", ghostLimit, units.FormatSize(fds.MaxGhostLimit))
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
@@ -172,7 +182,7 @@ the snapctl that restores. A pseudo-terminal master is refused.`,
 		level = slog.LevelDebug
 	}
 	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(ctx),
-		TCPEstablished: *tcpEstablished, ShellJob: *shellJob, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+		TCPEstablished: *tcpEstablished, ShellJob: *shellJob, GhostLimit: ghostLimit.V, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
 	if len(external) > 0 {
 		ext, err := fds.ParseExternal(external)
 		if err != nil {

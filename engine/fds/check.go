@@ -39,6 +39,9 @@ func Check(f image.FD) error {
 	if f.External != "" {
 		return nil // given by the caller, or /dev/null (CheckExternal)
 	}
+	if f.Ghost != nil {
+		return nil // made anew from the snapshot
+	}
 	switch f.Kind {
 	case image.FDFile, image.FDDir, image.FDFifo:
 		if f.File == nil {

@@ -23,6 +23,9 @@ type DumpOptions struct {
 	// ShellJob records descriptors on a terminal outside the process as
 	// leading outside (TerminalKey); without it they are refused.
 	ShellJob bool
+	// GhostLimit is the largest open file that was deleted whose contents
+	// the dump keeps (ghost.go); 0 is DefaultGhostLimit.
+	GhostLimit int64
 }
 
 // Dump describes every open file descriptor of the frozen process pid,
@@ -67,7 +70,7 @@ func newFDDumper(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, o 
 		return nil, fmt.Errorf("pid %d: pidfd_open: %w", pid, err)
 	}
 	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td,
-		tcp: o.TCP, ext: o.External, used: used, shellJob: o.ShellJob}
+		tcp: o.TCP, ext: o.External, used: used, shellJob: o.ShellJob, ghostLimit: o.GhostLimit}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -159,6 +162,10 @@ type fdDumper struct {
 	used    map[string]bool // fd[N] and ino[INO] of the descriptors External matched
 	// shellJob: terminals are recorded as leading outside (terminal.go).
 	shellJob bool
+	// ghostLimit bounds a deleted file kept; ghosts maps one (device,
+	// inode) to its first descriptor (ghost.go).
+	ghostLimit int64
+	ghosts     map[[2]uint64]int
 }
 
 // fd describes one descriptor: its number and flags, the file locks held
@@ -190,7 +197,12 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 			return fx.terminal(f, out, master)
 		}
 		return dumpFile(f, out)
-	case proc.FDFile, proc.FDDir, proc.FDFIFO:
+	case proc.FDFile:
+		if f.Deleted {
+			return fx.ghost(f, out)
+		}
+		return dumpFile(f, out)
+	case proc.FDDir, proc.FDFIFO:
 		return dumpFile(f, out)
 	case proc.FDMemfd:
 		return fx.memfd(f, out)

@@ -74,6 +74,9 @@ func (fc *fdCreator) fifo(f *image.FD, cloexec int) (int, error) {
 // file opens a regular file, directory or character device at its
 // offset.
 func (fc *fdCreator) file(f *image.FD, cloexec uint64) (int, error) {
+	if f.Ghost != nil {
+		return fc.ghost(f, int(cloexec))
+	}
 	fd, err := fc.open(f, f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC|unix.O_NOCTTY)|unix.O_NOCTTY|int(cloexec))
 	if err != nil {
 		return -1, err

@@ -277,6 +277,9 @@ type FD struct {
 	// Tree links the descriptor to other processes of a tree
 	// (FeatureTree).
 	Tree *FDTree `json:"tree,omitempty"`
+	// Ghost, for a regular file deleted while open, holds its contents:
+	// restore recreates it unlinked (FeatureGhostFiles).
+	Ghost *Ghost `json:"ghost,omitempty"`
 	// Locks are the file locks held through this open file description:
 	// flock and OFD locks it owns, and POSIX locks the process holds on
 	// its file (restore takes them again on it).
@@ -286,6 +289,21 @@ type FD struct {
 	// (dump --external): restore puts a descriptor it is handed
 	// (--inherit-fd) or /dev/null in its place (state_external.go).
 	External string `json:"external,omitempty"`
+}
+
+// Ghost is an open file that was deleted (CRIU's ghost file), kept in the
+// snapshot up to dump --ghost-limit: restore makes a file of these
+// contents, owner and mode, never linked, in the directory it was in.
+type Ghost struct {
+	Mode uint32 `json:"mode"` // permission bits
+	UID  uint32 `json:"uid"`
+	GID  uint32 `json:"gid"`
+	// Data is the file's contents; none when Of is set.
+	Data []byte `json:"data,omitempty"`
+	// Of, when set, is the lower descriptor of the process open on the
+	// same deleted file (another open, not a dup): restore opens the file
+	// it made for that one again.
+	Of *int `json:"of,omitempty"`
 }
 
 // Lock is one file lock, as /proc/PID/fdinfo/N shows it.

@@ -10,11 +10,15 @@ const (
 	// FeatureExternalFDs: a descriptor is a pipe or unix socket whose
 	// other end was outside the process (FD.External).
 	FeatureExternalFDs = "external-fds"
+	// FeatureGhostFiles: a descriptor is a deleted file whose contents the
+	// snapshot holds (FD.Ghost); an older reader would open its old path.
+	FeatureGhostFiles = "ghost-files"
 )
 
 func init() {
 	knownFeatures[FeatureTCPRepair] = true
 	knownFeatures[FeatureExternalFDs] = true
+	knownFeatures[FeatureGhostFiles] = true
 }
 
 // TCPConn is an established TCP connection as TCP_REPAIR shows it: what
@@ -65,13 +69,17 @@ type TCPWindow struct {
 // features lists the format features p's state needs.
 func (p *Process) features() []string {
 	var out []string
-	tcp, ext := false, false
+	tcp, ext, ghost := false, false, false
 	for _, f := range p.FDs {
 		tcp = tcp || f.Socket != nil && f.Socket.TCP != nil
 		ext = ext || f.External != ""
+		ghost = ghost || f.Ghost != nil
 	}
 	if ext {
 		out = append(out, FeatureExternalFDs)
+	}
+	if ghost {
+		out = append(out, FeatureGhostFiles)
 	}
 	if tcp {
 		out = append(out, FeatureTCPRepair)

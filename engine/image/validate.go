@@ -82,6 +82,21 @@ func (p *Process) Validate() error {
 		if f.SameAs != nil && (*f.SameAs >= f.FD || !fds[*f.SameAs]) {
 			return bad("descriptor %d is a dup of %d, which is not a lower descriptor of the process", f.FD, *f.SameAs)
 		}
+		if g := f.Ghost; g != nil {
+			ok := f.Kind == FDFile && g.Mode <= 0o7777
+			if g.Of != nil {
+				var of *FD
+				for i := range p.FDs {
+					if p.FDs[i].FD == *g.Of {
+						of = &p.FDs[i]
+					}
+				}
+				ok = ok && len(g.Data) == 0 && *g.Of < f.FD && of != nil && of.Ghost != nil && of.Ghost.Of == nil
+			}
+			if !ok {
+				return bad("descriptor %d: a deleted file that is not one (%s, mode %o, of %v)", f.FD, f.Kind, g.Mode, g.Of)
+			}
+		}
 		for _, l := range f.Locks {
 			if l.Kind != LockFlock && l.Kind != LockPOSIX && l.Kind != LockOFD || l.Start < 0 || l.End < -1 || l.End >= 0 && l.End < l.Start {
 				return bad("descriptor %d: lock %+v", f.FD, l)

@@ -1,0 +1,146 @@
+package fds
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/units"
+)
+
+// Ghost files: a regular file deleted while the process holds it open (a
+// log rotated away, a temporary file unlinked once opened, as databases
+// and servers make them) is kept in the snapshot, contents, owner and
+// mode, up to a size (dump --ghost-limit, 1 MiB by default as CRIU's),
+// and restore makes a new file of them, never linked, in the directory
+// the old one was in (O_TMPFILE). A larger one is refused at dump, naming
+// it and the flag; so is one also mapped shared (its pages are the
+// mapping's), and a deleted directory or FIFO.
+
+// DefaultGhostLimit is the largest deleted file a dump keeps by default;
+// MaxGhostLimit the largest one it can keep (the contents go in the
+// process's state, which a snapshot bounds).
+const (
+	DefaultGhostLimit = 1 << 20
+	MaxGhostLimit     = 64 << 20
+)
+
+// ghost records f, a deleted regular file, with its contents.
+func (fx *fdDumper) ghost(f *proc.FD, out image.FD) (image.FD, error) {
+	if fx.mapped(f.Stat.Ino) {
+		return out, fmt.Errorf("%w: open file %s was deleted and is mapped shared: its pages are the mapping's", image.ErrUnsupported, f.Path)
+	}
+	limit := fx.ghostLimit
+	if limit <= 0 {
+		limit = DefaultGhostLimit
+	}
+	if f.Stat.Size > limit {
+		return out, fmt.Errorf("%w: open file %s was deleted, and its %s are more than --ghost-limit %s: raise it to keep them in the snapshot",
+			image.ErrUnsupported, f.Path, units.FormatSize(uint64(f.Stat.Size)), units.FormatSize(uint64(limit)))
+	}
+	out.Kind = image.FDFile
+	out.Path = f.Path
+	out.Pos = f.Info.Pos
+	id := FileIdentity(f.Path, f.Stat)
+	out.File = &id
+	g := &image.Ghost{Mode: f.Stat.Mode & 0o7777}
+	key := [2]uint64{f.Stat.Dev, f.Stat.Ino}
+	if first, ok := fx.ghosts[key]; ok {
+		g.Of = &first
+		out.Ghost = g
+		return out, nil
+	}
+	// Its contents, read through the process's descriptor (the file has
+	// no other name), as a new open file description of our own.
+	r, err := os.Open(fmt.Sprintf("/proc/%d/fd/%d", fx.pid, f.Num))
+	if err != nil {
+		return out, fmt.Errorf("deleted file %s: %w", f.Path, err)
+	}
+	defer r.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(r.Fd()), &st); err != nil {
+		return out, fmt.Errorf("deleted file %s: %w", f.Path, err)
+	}
+	if st.Ino != f.Stat.Ino || st.Size > limit {
+		return out, fmt.Errorf("deleted file %s changed while it was read", f.Path)
+	}
+	g.UID, g.GID = st.Uid, st.Gid
+	if g.Data, err = io.ReadAll(io.LimitReader(r, limit+1)); err != nil {
+		return out, fmt.Errorf("deleted file %s: %w", f.Path, err)
+	}
+	if int64(len(g.Data)) > limit {
+		return out, fmt.Errorf("deleted file %s grew past --ghost-limit while it was read", f.Path)
+	}
+	if fx.ghosts == nil {
+		fx.ghosts = map[[2]uint64]int{}
+	}
+	fx.ghosts[key] = f.Num
+	out.Ghost = g
+	fx.log.Info("deleted file kept", "pid", fx.pid, "fd", f.Num, "path", f.Path, "bytes", len(g.Data))
+	return out, nil
+}
+
+// ghost makes the deleted file of f again and returns a descriptor on it
+// in the process, opened with f's flags: the first descriptor of a file
+// gets a new file, made by snapctl in the old file's directory with
+// O_TMPFILE (never linked), filled, given its owner and mode, handed to
+// the process and opened again there through /proc/self/fd with f's own
+// flags; a later one (Ghost.Of) opens that descriptor's file again so.
+func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
+	g := f.Ghost
+	flags := f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC) | unix.O_NOCTTY | cloexec
+	if g.Of != nil {
+		return fc.reopen(*g.Of, flags, f)
+	}
+	dir := filepath.Dir(f.Path)
+	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: O_TMPFILE in %s: %w", f.Path, dir, err)
+	}
+	defer unix.Close(tmp)
+	if _, err := unix.Pwrite(tmp, g.Data, 0); err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: %w", f.Path, err)
+	}
+	if err := unix.Fchown(tmp, int(g.UID), int(g.GID)); err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: chown: %w", f.Path, err)
+	}
+	if err := unix.Fchmod(tmp, g.Mode); err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: chmod: %w", f.Path, err)
+	}
+	pfd, err := fc.pidfd()
+	if err != nil {
+		return -1, err
+	}
+	held, err := passFD(fc.in, pfd, tmp, true)
+	if err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: %w", f.Path, err)
+	}
+	defer fc.closeFD(held)
+	return fc.reopen(held, flags, f)
+}
+
+// reopen opens, in the process, the file of its descriptor fd again with
+// flags, at f's offset.
+func (fc *fdCreator) reopen(fd, flags int, f *image.FD) (int, error) {
+	path, err := fc.in.PutString(0, fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return -1, err
+	}
+	cwd := int64(unix.AT_FDCWD)
+	nfd, err := fc.in.Call(unix.SYS_OPENAT, uint64(cwd), path, uint64(flags), 0)
+	if err != nil {
+		return -1, fmt.Errorf("open deleted file %s again: %w", f.Path, err)
+	}
+	if f.Pos != 0 {
+		if _, err := fc.in.Call(unix.SYS_LSEEK, nfd, uint64(f.Pos), unix.SEEK_SET); err != nil {
+			fc.closeFD(int(nfd))
+			return -1, fmt.Errorf("lseek deleted file %s: %w", f.Path, err)
+		}
+	}
+	return int(nfd), nil
+}
