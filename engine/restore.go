@@ -175,6 +175,7 @@ type tree struct {
 	procs  []*restorer
 	byPID  map[int]*restorer // by pid at the dump
 	broker *fds.Broker
+	sysv   map[int]int // System V segments made, by their id at the dump
 	lazy   *lazy.Phase // for a lazy restore
 	t      *ptrace.Tracer
 	netns  *os.File // the network namespace to join (Namespaces.Net)
@@ -218,7 +219,7 @@ func openTree(opts RestoreOptions) (*tree, error) {
 	if snap == nil {
 		return nil, fmt.Errorf("no snapshot")
 	}
-	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}}
+	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}, sysv: map[int]int{}}
 	if opts.Source != nil {
 		// Its keeper starts while the processes' state and pages are read.
 		tr.lazy = lazy.NewPhase(opts.Lazy, opts.Source, tr.log)

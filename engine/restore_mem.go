@@ -10,7 +10,7 @@ import (
 // The memory steps of a restore: engine/mem does the work.
 
 func (r *restorer) target() *mem.Target {
-	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker}
+	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv}
 }
 
 // unmapStub closes every descriptor the stub inherited and removes every

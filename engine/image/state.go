@@ -234,7 +234,30 @@ type ShmemRef struct {
 	// Tree says that other processes of the tree map the object too:
 	// restore makes one object and maps it in each (FeatureTree).
 	Tree bool `json:"tree,omitempty"`
+	// SysV, when set, says the object is a System V shared memory
+	// segment (shmat): restore makes one of this key, owner and mode
+	// (FeatureSysVShm).
+	SysV *SysVShm `json:"sysv,omitempty"`
 }
+
+// SysVShm is a System V shared memory segment a process had attached.
+type SysVShm struct {
+	// Key is the segment's key (0: IPC_PRIVATE); ID its shmid at the dump.
+	Key int32 `json:"key"`
+	ID  int   `json:"id"`
+	// Mode is its permission bits, with SHM_DEST (01000) if it was marked
+	// for destruction once detached (IPC_RMID while attached).
+	Mode uint32 `json:"mode"`
+	UID  uint32 `json:"uid"`
+	GID  uint32 `json:"gid"`
+}
+
+// FeatureSysVShm: a process had a System V shared memory segment
+// attached (ShmemRef.SysV); an older reader would map a memfd instead,
+// and the process would lose the segment.
+const FeatureSysVShm = "sysv-shm"
+
+func init() { knownFeatures[FeatureSysVShm] = true }
 
 // FD kinds.
 const (

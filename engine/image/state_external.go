@@ -70,6 +70,12 @@ type TCPWindow struct {
 func (p *Process) features() []string {
 	var out []string
 	tcp, ext, ghost := false, false, false
+	for _, v := range p.VMAs {
+		if v.Shmem != nil && v.Shmem.SysV != nil {
+			out = append(out, FeatureSysVShm)
+			break
+		}
+	}
 	for _, f := range p.FDs {
 		tcp = tcp || f.Socket != nil && f.Socket.TCP != nil
 		ext = ext || f.External != ""

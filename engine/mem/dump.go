@@ -32,9 +32,6 @@ func vmaKind(m *proc.Mapping) (string, error) {
 		}
 		return image.VMAFileShared, nil
 	case proc.KindShmem:
-		if m.IsSysV() {
-			return "", fmt.Errorf("%w: %s: System V shared memory", image.ErrUnsupported, m)
-		}
 		return image.VMAShmem, nil
 	case proc.KindSpecial:
 		switch m.Path {
@@ -305,6 +302,9 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 			f.Close()
 		}
 	}()
+	if err == nil {
+		err = d.sysV(st)
+	}
 	if err != nil {
 		return image.Stats{}, err
 	}
@@ -414,4 +414,35 @@ func MarkShared(sts []*image.Process) {
 			}
 		}
 	}
+}
+
+// sysV notes which shared objects are System V shared memory segments
+// (ShmemRef.SysV): their key, id, owner and mode, from /proc/sysvipc/shm
+// (a segment's shmem inode number is its id). Their contents are dumped
+// as any shared object's. A segment attached in part (a piece unmapped,
+// or remapped) is refused: restore attaches whole segments.
+func (d *dumper) sysV(st *image.Process) error {
+	var segs map[int]proc.SysVShm
+	for i := range st.VMAs {
+		v, m := &st.VMAs[i], &d.maps[i]
+		if !m.IsSysV() || v.Shmem == nil {
+			continue
+		}
+		if segs == nil {
+			var err error
+			if segs, err = proc.ReadSysVShm(); err != nil {
+				return fmt.Errorf("System V shared memory: %w", err)
+			}
+		}
+		seg, ok := segs[int(m.Inode)]
+		if !ok {
+			return fmt.Errorf("%w: %s: System V segment %d is not in this IPC namespace's /proc/sysvipc/shm", image.ErrUnsupported, m, m.Inode)
+		}
+		if v.Offset != 0 || v.End-v.Start != (seg.Size+image.PageSize-1)&^(image.PageSize-1) {
+			return fmt.Errorf("%w: %s: System V segment %d (%d bytes) attached in part", image.ErrUnsupported, m, seg.ID, seg.Size)
+		}
+		v.Shmem.Size = seg.Size
+		v.Shmem.SysV = &image.SysVShm{Key: seg.Key, ID: seg.ID, Mode: seg.Mode & (0o777 | proc.ShmDest), UID: seg.UID, GID: seg.GID}
+	}
+	return nil
 }

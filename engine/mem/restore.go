@@ -36,6 +36,10 @@ type Target struct {
 	// Tree, for a process of a tree, hands out the shared memory
 	// objects it maps with other processes (ShmemRef.Tree).
 	Tree fds.Tree
+	// SysV maps the id a System V segment had at the dump to the one it
+	// has now: shared by the processes of a tree, the first to attach a
+	// segment makes it (sysv.go).
+	SysV map[int]int
 }
 
 func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }
@@ -209,6 +213,9 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 		}
 		fd, off = uint64(f), v.Offset
 	case image.VMAShmem:
+		if v.Shmem != nil && v.Shmem.SysV != nil {
+			return r.attachSysV(v)
+		}
 		if r.anonShared(v) {
 			flags |= unix.MAP_ANONYMOUS
 			break
