@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/lazy"
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/task"
@@ -175,7 +176,7 @@ type tree struct {
 	procs  []*restorer
 	byPID  map[int]*restorer // by pid at the dump
 	broker *fds.Broker
-	sysv   map[int]int // System V segments made, by their id at the dump
+	sysv   *mem.SysVSegments
 	lazy   *lazy.Phase // for a lazy restore
 	t      *ptrace.Tracer
 	netns  *os.File // the network namespace to join (Namespaces.Net)
@@ -219,7 +220,7 @@ func openTree(opts RestoreOptions) (*tree, error) {
 	if snap == nil {
 		return nil, fmt.Errorf("no snapshot")
 	}
-	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}, sysv: map[int]int{}}
+	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}, sysv: mem.NewSysVSegments()}
 	if opts.Source != nil {
 		// Its keeper starts while the processes' state and pages are read.
 		tr.lazy = lazy.NewPhase(opts.Lazy, opts.Source, tr.log)
@@ -403,6 +404,7 @@ func (tr *tree) abort() {
 	for i := len(tr.procs) - 1; i >= 0; i-- {
 		tr.procs[i].abort()
 	}
+	tr.sysv.RemoveMade()
 	if tr.lazy != nil && tr.t != nil {
 		for _, p := range tr.t.Processes() {
 			if err := p.Kill(); err != nil {

@@ -66,6 +66,12 @@ func TestRestoreSysVShm(t *testing.T) {
 				defer unix.SysvShmDetach(addr)
 				r := runSnapctl(t, "restore", "-D", dir)
 				wantRefused(t, ctx, r, exitUnsupported, p.PID, fmt.Sprintf("key %#x", key), "attached 1 times")
+				// What the refused restore made is gone.
+				for _, s := range sysvSegments(t) {
+					if s.CPID == p.PID && s.Key != int32(key) {
+						t.Errorf("the refused restore left segment %+v", s)
+					}
+				}
 				return
 			}
 			var flags []string

@@ -36,10 +36,9 @@ type Target struct {
 	// Tree, for a process of a tree, hands out the shared memory
 	// objects it maps with other processes (ShmemRef.Tree).
 	Tree fds.Tree
-	// SysV maps the id a System V segment had at the dump to the one it
-	// has now: shared by the processes of a tree, the first to attach a
-	// segment makes it (sysv.go).
-	SysV map[int]int
+	// SysV are the System V segments of the restore, shared by the
+	// processes of a tree: the first to attach one makes it (sysv.go).
+	SysV *SysVSegments
 }
 
 func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }

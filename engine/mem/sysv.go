@@ -35,19 +35,41 @@ const shmExec = 0o100000
 // had is attached by a running process.
 var ErrSysVKeyInUse = fmt.Errorf("%w: System V shared memory key in use", image.ErrUnsupported)
 
+// SysVSegments are the System V segments of a restore, shared by the
+// processes of a tree: the id each had at the dump mapped to the one it
+// has now, and those the restore made, which a restore that fails removes
+// (RemoveMade) so that nothing of it is left.
+type SysVSegments struct {
+	ids  map[int]int
+	made []int
+}
+
+// NewSysVSegments returns an empty set.
+func NewSysVSegments() *SysVSegments { return &SysVSegments{ids: map[int]int{}} }
+
+// RemoveMade marks for destruction every segment the restore made: each
+// goes once the processes that attached it (killed by now) are gone.
+func (s *SysVSegments) RemoveMade() {
+	for _, id := range s.made {
+		unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+	}
+	s.made = nil
+}
+
 // attachSysV adds the shmat of v's segment to the batch, making the
 // segment first if no process of the tree has.
 func (r *mapper) attachSysV(v *image.VMA) error {
 	s := v.Shmem.SysV
-	id, ok := r.SysV[s.ID]
+	if r.SysV == nil {
+		r.SysV = NewSysVSegments()
+	}
+	id, ok := r.SysV.ids[s.ID]
 	if !ok {
 		var err error
 		if id, err = r.makeSysV(v); err != nil {
 			return err
 		}
-		if r.SysV != nil {
-			r.SysV[s.ID] = id
-		}
+		r.SysV.ids[s.ID] = id
 	}
 	var flags uint64
 	if v.Prot&unix.PROT_WRITE == 0 {
@@ -107,6 +129,7 @@ func (r *mapper) makeSysV(v *image.VMA) (int, error) {
 	if _, err := r.call(unix.SYS_SHMCTL, id, unix.IPC_SET, at); err != nil {
 		return -1, fmt.Errorf("shmctl(%d, IPC_SET, uid %d gid %d mode %o): %w", id, s.UID, s.GID, s.Mode&0o777, err)
 	}
+	r.SysV.made = append(r.SysV.made, int(id))
 	if int(id) != s.ID {
 		r.Log.Warn("System V segment made again under another id: a program that kept its id will not find it", "key", fmt.Sprintf("%#x", uint32(s.Key)), "id", id, "was", s.ID)
 	}
