@@ -197,3 +197,19 @@ func TestRestoreScheduling(t *testing.T) {
 		}
 	})
 }
+
+// TestDumpSeccompRefused: a process under a seccomp filter is refused at
+// dump, naming seccomp, and left running: a restore could not rebuild the
+// filter, and the process would run unconfined.
+func TestDumpSeccompRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	p := fixture.Start(t, "seccomp")
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", t.TempDir()+"/snap")
+	if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "seccomp") {
+		t.Errorf("dump of a process under seccomp: want exit %d naming seccomp\n%s", exitUnsupported, r)
+	}
+	if !p.Alive() {
+		t.Errorf("the refused dump killed the process")
+	}
+}
