@@ -55,7 +55,8 @@ type DumpOptions struct {
 	// ShellJob records the descriptors on a terminal outside the tree, to
 	// be given the restoring snapctl's (criu dump --shell-job).
 	ShellJob bool
-	// GhostLimit is the largest open deleted file kept (fds.DumpOptions).
+	// GhostLimit is the largest open deleted file kept (fds.DumpOptions:
+	// 0 the default, -1 none).
 	GhostLimit int64
 	// Seal, if set, seals the snapshot for its recipients (image.Options.Seal).
 	Seal *image.SealOptions

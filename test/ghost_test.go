@@ -4,7 +4,8 @@ package e2e
 // descriptions of one inode, test/fixtures/ghost.py) gets back, eager or
 // lazy, a file of the same contents, mode and offsets, still one inode for
 // both, still deleted; one over --ghost-limit is refused at dump, naming
-// it and the flag, and kept with the limit raised.
+// it and the flag, and kept with the limit raised; --ghost-limit 0 keeps
+// none.
 
 import (
 	"os"
@@ -64,6 +65,10 @@ func TestRestoreDeletedFiles(t *testing.T) {
 		r := runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", t.TempDir()+"/snap")
 		if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "big.tmp") || !strings.Contains(r.Stderr, "--ghost-limit") {
 			t.Fatalf("dump of a 3 MiB deleted file: want exit %d naming it and --ghost-limit\n%s", exitUnsupported, r)
+		}
+		r = runSnapctl(t, "dump", "-t", strconv.Itoa(p.PID), "-D", t.TempDir()+"/snap", "--ghost-limit", "0")
+		if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "--ghost-limit 0 keeps none") {
+			t.Fatalf("dump with --ghost-limit 0: want exit %d saying it keeps none\n%s", exitUnsupported, r)
 		}
 		before := request(t, ctx, p, syscall.SIGUSR1, "report")
 		dir, _ := dumpForRestore(t, ctx, p, "--ghost-limit", "4M")

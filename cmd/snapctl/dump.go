@@ -149,7 +149,7 @@ naming it and the flag.`,
 		external = append(external, strings.Split(v, ",")...)
 		return nil
 	})
-	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open files that were deleted, up to `SIZE` each")
+	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open files that were deleted, up to `SIZE` each (0: refuse them)")
 	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
 	verbose := fs.Bool("v", false, "log each step")
 	remote := cli.RemoteFlags(fs, false)
@@ -161,6 +161,9 @@ naming it and the flag.`,
 	}
 	if ghostLimit.V < 0 || ghostLimit.V > fds.MaxGhostLimit {
 		return cli.Usagef("--ghost-limit %s: want at most %s", ghostLimit, units.FormatSize(fds.MaxGhostLimit))
+	}
+	if ghostLimit.V == 0 {
+		ghostLimit.V = -1 // none kept: a deleted open file is refused
 	}
 	if err := requireDir(*dir); err != nil {
 		return err

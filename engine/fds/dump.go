@@ -24,7 +24,7 @@ type DumpOptions struct {
 	// leading outside (TerminalKey); without it they are refused.
 	ShellJob bool
 	// GhostLimit is the largest open file that was deleted whose contents
-	// the dump keeps (ghost.go); 0 is DefaultGhostLimit.
+	// the dump keeps (ghost.go); 0 is DefaultGhostLimit, -1 none.
 	GhostLimit int64
 }
 

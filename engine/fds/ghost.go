@@ -36,8 +36,11 @@ func (fx *fdDumper) ghost(f *proc.FD, out image.FD) (image.FD, error) {
 		return out, fmt.Errorf("%w: open file %s was deleted and is mapped shared: its pages are the mapping's", image.ErrUnsupported, f.Path)
 	}
 	limit := fx.ghostLimit
-	if limit <= 0 {
+	if limit == 0 {
 		limit = DefaultGhostLimit
+	}
+	if limit < 0 {
+		return out, fmt.Errorf("%w: open file %s was deleted, and --ghost-limit 0 keeps none", image.ErrUnsupported, f.Path)
 	}
 	if f.Stat.Size > limit {
 		return out, fmt.Errorf("%w: open file %s was deleted, and its %s are more than --ghost-limit %s: raise it to keep them in the snapshot",
