@@ -14,9 +14,9 @@ import (
 // or be another session's by then, whose user would see the process
 // write there. As CRIU's --shell-job: the dump records it as leading
 // outside (TerminalKey) only when asked (--shell-job), and the restore
-// gives it the caller's own terminal (RestoreOptions.Terminal,
-// restore --shell-job), or --inherit-fd's descriptor for tty, or
-// /dev/null. A pseudo-terminal master is refused: the pair would have to
+// gives it the caller's own terminal (RestoreOptions.ShellJob, the
+// terminal in Inherit[TerminalKey]: restore --shell-job), or
+// --inherit-fd's descriptor for tty, or /dev/null. A pseudo-terminal master is refused: the pair would have to
 // be rebuilt.
 
 // TerminalKey is the key (image.FD.External) of a descriptor on a terminal
