@@ -6,10 +6,11 @@
 // by the next).
 //
 // The engine creates the processes; for each, Phase.Add gives a Process
-// that says which blocks it leaves out of the eager fill (Serves), makes
+// that says which blocks it leaves out of the eager fill (Skip), makes
 // the process's userfaultfd (Prepare) and registers its ranges just
-// before it runs (Register). Phase.Serve then runs one pager per process,
-// reading from the restore's image.PageSource, until every page is in or
-// one fails. What the source is (the snapshot's files, a lazyfs mount, a
+// before it runs (Register). Phase.OpenSources opens what each pager
+// reads, at check; Phase.Serve then runs one pager per process, reading
+// from the restore's image.PageSource, until every page is in or one
+// fails. What the source is (the snapshot's files, a lazyfs mount, a
 // private mount) is its own business: the pager only reads.
 package lazy
