@@ -131,14 +131,14 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	// Past its checks, the restore releases the network locks however it
 	// ends: once the processes are made (or not), before a lazy phase.
-	defer fds.ReleaseNetLocks(tr.states(), tr.released, tr.log)
+	defer fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	if tr.t, err = ptrace.New(); err != nil {
 		return nil, step("start tracer", err)
 	}
 	if err := runSteps(ctx, tr.log, "restore", tr.steps()); err != nil {
 		return nil, err
 	}
-	fds.ReleaseNetLocks(tr.states(), tr.released, tr.log)
+	fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	res = tr.result(start)
 	if opts.LeaveStopped {
 		for _, r := range tr.procs {
@@ -174,6 +174,7 @@ type tree struct {
 	snap   *image.Snapshot
 	log    *slog.Logger
 	procs  []*restorer
+	sts    []*image.Process  // the procs' states, in the same order
 	byPID  map[int]*restorer // by pid at the dump
 	broker *fds.Broker
 	sysv   *mem.SysVSegments
@@ -244,6 +245,9 @@ func openTree(opts RestoreOptions) (*tree, error) {
 		tr.byPID[pid] = r
 	}
 	tr.procs = treeOrder(tr.procs, func(r *restorer) (int, int) { return r.st.PID, r.st.PPID })
+	for _, r := range tr.procs {
+		tr.sts = append(tr.sts, r.st)
+	}
 	return tr, nil
 }
 

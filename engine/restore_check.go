@@ -45,7 +45,7 @@ func (tr *tree) check() error {
 			return tr.name(r, err)
 		}
 	}
-	if err := fds.CheckExternal(tr.states(), root.fdOptions()); err != nil {
+	if err := fds.CheckExternal(tr.sts, root.fdOptions()); err != nil {
 		return err
 	}
 	for _, r := range tr.procs[1:] {

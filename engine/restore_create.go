@@ -144,21 +144,12 @@ func (tr *tree) session(r *restorer) error {
 
 // shared makes, in snapctl, the pipes and socket pairs whose ends are in
 // several processes.
-func (tr *tree) shared(context.Context) error { return tr.broker.MakeShared(tr.states()) }
-
-// states are the states of the processes, in tree order.
-func (tr *tree) states() []*image.Process {
-	sts := make([]*image.Process, len(tr.procs))
-	for i, r := range tr.procs {
-		sts[i] = r.st
-	}
-	return sts
-}
+func (tr *tree) shared(context.Context) error { return tr.broker.MakeShared(tr.sts) }
 
 // handOut hands out the open file descriptions of r that processes after
 // it inherited.
 func (r *restorer) handOut(context.Context) error {
-	return r.tr.broker.GiveInherited(r.pid, r.st, r.tr.states())
+	return r.tr.broker.GiveInherited(r.pid, r.st, r.tr.sts)
 }
 
 // createProcess starts a stub program stopped before its first

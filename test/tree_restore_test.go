@@ -125,13 +125,9 @@ func (s *treeServer) firstAnswer(t *testing.T, ctx context.Context, start time.T
 	return 0
 }
 
-func TestTreeRestoresNginx(t *testing.T) {
-	testutil.RequireRoot(t)
-	testutil.RequirePtrace(t)
-	testutil.RequireUserfaultfd(t)
-	testutil.RequireFUSE(t)
-	ctx := treeContext(t)
-	n := startNginx(t, ctx)
+// server is nginx as a treeServer: asked for its page on a connection of
+// the calling thread (httpGetHere), dumped by its master.
+func (n *nginxTree) server() *treeServer {
 	s := &treeServer{name: "nginx", root: n.master, before: n.before,
 		ask: func(ctx context.Context) error {
 			got, err := httpGetHere(ctx, n.url)
@@ -139,13 +135,23 @@ func TestTreeRestoresNginx(t *testing.T) {
 				err = fmt.Errorf("served %q, want %q", got, n.page)
 			}
 			return err
-		},
-	}
+		}}
 	s.dumpTo = func(t *testing.T, ctx context.Context, addr string) {
 		r := dumpPID(t, n.master, addr)
 		t.Logf("%s", strings.TrimSpace(r.Stdout))
 		s.gone(t, ctx)
 	}
+	return s
+}
+
+func TestTreeRestoresNginx(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	ctx := treeContext(t)
+	n := startNginx(t, ctx)
+	s := n.server()
 	dir := n.dump(t, ctx)
 	treeRestores(t, ctx, s, dir)
 }
@@ -372,14 +378,7 @@ func TestTreeRestoreOptions(t *testing.T) {
 	ip := testutil.RequireCommand(t, "ip")
 	ctx := treeContext(t)
 	n := startNginx(t, ctx)
-	s := &treeServer{name: "nginx", root: n.master, before: n.before,
-		ask: func(ctx context.Context) error {
-			got, err := httpGetHere(ctx, n.url)
-			if err == nil && got != n.page {
-				err = fmt.Errorf("served %q, want %q", got, n.page)
-			}
-			return err
-		}}
+	s := n.server()
 	plain := n.dump(t, ctx)
 	// restore restores plain eagerly, $LAZYFS_IDENTITY unset (a key
 	// refuses a snapshot that is neither sealed nor signed).

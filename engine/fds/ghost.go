@@ -130,20 +130,16 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 // reopen opens, in the process, the file of its descriptor fd again with
 // flags, at f's offset.
 func (fc *fdCreator) reopen(fd, flags int, f *image.FD) (int, error) {
-	path, err := fc.in.PutString(0, fmt.Sprintf("/proc/self/fd/%d", fd))
-	if err != nil {
-		return -1, err
-	}
-	cwd := int64(unix.AT_FDCWD)
-	nfd, err := fc.in.Call(unix.SYS_OPENAT, uint64(cwd), path, uint64(flags), 0)
+	// /proc/self/fd/N is a magic link: no RESOLVE_NO_MAGICLINKS here.
+	nfd, err := fc.in.OpenAt2(fmt.Sprintf("/proc/self/fd/%d", fd), flags, 0, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open deleted file %s again: %w", f.Path, err)
 	}
 	if f.Pos != 0 {
-		if _, err := fc.in.Call(unix.SYS_LSEEK, nfd, uint64(f.Pos), unix.SEEK_SET); err != nil {
-			fc.closeFD(int(nfd))
+		if _, err := fc.in.Call(unix.SYS_LSEEK, uint64(nfd), uint64(f.Pos), unix.SEEK_SET); err != nil {
+			fc.closeFD(nfd)
 			return -1, fmt.Errorf("lseek deleted file %s: %w", f.Path, err)
 		}
 	}
-	return int(nfd), nil
+	return nfd, nil
 }

@@ -42,20 +42,21 @@ func ParseSysVShm(b []byte) (map[int]SysVShm, error) {
 		if len(f) < 11 {
 			return nil, fmt.Errorf("%w: /proc/sysvipc/shm line %q", ErrMalformed, l)
 		}
+		// Columns: key shmid perms (octal) size cpid lpid nattch uid gid.
 		var n [9]int64
-		for i, idx := range []int{0, 1, 2, 3, 4, 6, 7, 8} {
-			v, err := strconv.ParseInt(f[idx], 10, 64)
+		for i, col := range f[:9] {
+			base := 10
+			if i == 2 {
+				base = 8
+			}
+			v, err := strconv.ParseInt(col, base, 64)
 			if err != nil {
 				return nil, fmt.Errorf("%w: /proc/sysvipc/shm line %q: %v", ErrMalformed, l, err)
 			}
 			n[i] = v
 		}
-		mode, err := strconv.ParseUint(f[2], 8, 32)
-		if err != nil {
-			return nil, fmt.Errorf("%w: /proc/sysvipc/shm line %q: %v", ErrMalformed, l, err)
-		}
-		s := SysVShm{Key: int32(n[0]), ID: int(n[1]), Mode: uint32(mode), Size: uint64(n[3]), CPID: int(n[4]),
-			Nattch: int(n[5]), UID: uint32(n[6]), GID: uint32(n[7])}
+		s := SysVShm{Key: int32(n[0]), ID: int(n[1]), Mode: uint32(n[2]), Size: uint64(n[3]), CPID: int(n[4]),
+			Nattch: int(n[6]), UID: uint32(n[7]), GID: uint32(n[8])}
 		out[s.ID] = s
 	}
 	return out, nil
