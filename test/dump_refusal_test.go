@@ -25,7 +25,7 @@ import (
 // "child" a child process (refused when traced), "zombie" a child that
 // exited and is not reaped. SIGUSR1 -> report sig seq.
 const holderScript = `
-import ctypes, os, signal, sys, time
+import ctypes, os, signal, socket, sys, time
 
 def emit(line):
     os.write(1, (line + "\n").encode())
@@ -33,10 +33,29 @@ def emit(line):
 libc = ctypes.CDLL(None, use_errno=True)
 mode = sys.argv[1]
 extra = ""
+# One descriptor of each kind a dump refuses; each returns the fd.
+def uring():
+    params = ctypes.create_string_buffer(120)
+    return libc.syscall(425, 4, params)  # io_uring_setup
+kinds = {
+    "fanotify": lambda: libc.fanotify_init(0, os.O_RDONLY),
+    "netlink": lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).detach(),
+    "packet": lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0).detach(),
+    "pidfd": lambda: os.pidfd_open(os.getpid()),
+    "io_uring": uring,
+    "userfaultfd": lambda: libc.syscall(323, os.O_CLOEXEC),
+    "fuse": lambda: os.open("/dev/fuse", os.O_RDWR),
+}
 if mode == "inotify":
     fd = libc.inotify_init1(os.O_CLOEXEC)
     if fd < 0 or libc.inotify_add_watch(fd, b".", 0x100) < 0:
         emit("error what=inotify errno=%d" % ctypes.get_errno())
+        sys.exit(2)
+    extra = "fd=%d" % fd
+elif mode in kinds:
+    fd = kinds[mode]()
+    if fd < 0:
+        emit("error what=%s errno=%d" % (mode, ctypes.get_errno()))
         sys.exit(2)
     extra = "fd=%d" % fd
 elif mode == "child":
@@ -322,16 +341,30 @@ func TestDumpRefusals(t *testing.T) {
 		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	})
 
-	t.Run("unsupported-fd", func(t *testing.T) {
-		ctx := testContext(t)
-		p := startHolder(t, "inotify")
-		fd := p.Ready.MustInt(t, "fd")
-		dir := filepath.Join(t.TempDir(), "snap")
-		// Without --leave-running: a successful dump would kill it.
-		refused(t, p.PID, dir, exitUnsupported, "fd "+strconv.FormatInt(fd, 10)+" ", "inotify")
-		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
-			t.Errorf("the failed dump left files in %s: %v", dir, ents)
-		}
-		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
-	})
+	// Every descriptor kind a server may hold that a restore cannot
+	// make again is refused, naming the descriptor and its kind; the
+	// process goes on as it was.
+	for _, kind := range []struct{ mode, name string }{
+		{"inotify", "inotify"},
+		{"fanotify", "fanotify"},
+		{"netlink", "netlink"},
+		{"packet", "packet"},
+		{"pidfd", "pidfd"},
+		{"io_uring", "io_uring"},
+		{"userfaultfd", "userfaultfd"},
+		{"fuse", "/dev/fuse"},
+	} {
+		t.Run("unsupported-fd/"+kind.mode, func(t *testing.T) {
+			ctx := testContext(t)
+			p := startHolder(t, kind.mode)
+			fd := p.Ready.MustInt(t, "fd")
+			dir := filepath.Join(t.TempDir(), "snap")
+			// Without --leave-running: a successful dump would kill it.
+			refused(t, p.PID, dir, exitUnsupported, "fd "+strconv.FormatInt(fd, 10)+" ", kind.name)
+			if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+				t.Errorf("the failed dump left files in %s: %v", dir, ents)
+			}
+			answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+		})
+	}
 }

@@ -58,7 +58,7 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 			return out, err
 		}
 	default:
-		return out, fmt.Errorf("%w: socket family %d", image.ErrUnsupported, sk.Family)
+		return out, fmt.Errorf("%w: %s socket", image.ErrUnsupported, familyName(sk.Family))
 	}
 	if fx.tcp != nil && sk.State == sockEstablished && sk.Type == unix.SOCK_STREAM && sk.Family != unix.AF_UNIX {
 		if err := fx.tcpConn(f, sk); err != nil {
@@ -356,4 +356,17 @@ func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
 		return 0, 0, err
 	}
 	return at, uint64(len(b)), nil
+}
+
+// familyName names a socket family that is neither inet nor unix, for a
+// refusal.
+func familyName(family int) string {
+	if name, ok := map[int]string{
+		unix.AF_NETLINK: "netlink", unix.AF_PACKET: "packet", unix.AF_VSOCK: "vsock",
+		unix.AF_ALG: "AF_ALG", unix.AF_XDP: "XDP", unix.AF_BLUETOOTH: "bluetooth",
+		unix.AF_CAN: "CAN", unix.AF_TIPC: "TIPC", unix.AF_KEY: "PF_KEY", unix.AF_RDS: "RDS",
+	}[family]; ok {
+		return name
+	}
+	return fmt.Sprintf("family %d", family)
 }

@@ -23,6 +23,11 @@ import (
 // outside the process.
 const TerminalKey = "tty"
 
+// memMajor is the major number of the memory devices (/dev/null, zero,
+// full, random, urandom, kmsg), the character devices other than
+// terminals that a reopen restores whole.
+const memMajor = 1
+
 // isTerminal reports whether a character device is a terminal: a virtual
 // console or serial line (major 4), /dev/tty or /dev/console (5:0, 5:1),
 // a pseudo-terminal slave (136-143), or a pseudo-terminal master (the
