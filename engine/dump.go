@@ -308,6 +308,9 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 	var tree mem.TreeObjects
 	if len(d.procs) > 1 {
 		tree = mem.TreeObjects{}
+		if err := d.markInherited(); err != nil {
+			return d.withResumeErr(err)
+		}
 	}
 	for i, p := range d.procs {
 		var captured func()
@@ -334,6 +337,29 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 		sts[i] = p.st
 	}
 	mem.MarkShared(sts)
+	return nil
+}
+
+// markInherited notes, in each child's state, the pages it still shares
+// copy-on-write with its parent (mem.MarkInherited).
+func (d *dumper) markInherited() error {
+	byPID := map[int]*dumpProc{}
+	for _, p := range d.procs {
+		byPID[p.pid] = p
+	}
+	for _, p := range d.procs {
+		parent := byPID[p.parent]
+		if parent == nil {
+			continue
+		}
+		n, err := mem.MarkInherited(p.st, parent.st, p.pid, parent.pid)
+		if err != nil {
+			return d.procErr(p, fmt.Errorf("pages shared with the parent: %w", err))
+		}
+		if n > 0 {
+			d.log.Debug("pages shared with the parent", "pid", p.pid, "bytes", n)
+		}
+	}
 	return nil
 }
 

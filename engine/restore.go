@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/task"
+	"github.com/lazyfs/lazyfs/engine/units"
 )
 
 // RestoreOptions configure Restore.
@@ -100,13 +101,16 @@ type RestoreResult struct {
 //
 //	check               every process (kernel, pids, files, descriptors),
 //	                    then the tree's links (restore_check.go)
-//	create processes    the root from a stub, in the namespaces asked for;
-//	                    every other process cloned from its parent with
-//	                    its pid; sessions and groups (restore_create.go)
+//	create root         from a stub, in the namespaces asked for
 //	shared descriptors  pipes and socket pairs between processes
 //	for each process, parents first:
-//	  unmap stub, move vdso, map memory, fill memory, lock memory, mm
-//	  fields (restore_mem.go); file descriptors, hand out descriptors;
+//	  unmap (what it inherited but the VMAs it keeps from its parent),
+//	  move vdso, map memory, fill memory (restore_mem.go); create
+//	  children: each cloned from it with its pid, its memory with them
+//	  (restore_create.go)
+//	process groups      each joins its group
+//	for each process, parents first:
+//	  lock memory, mm fields; file descriptors, hand out descriptors;
 //	  threads, thread state; lazy memory (its userfaultfd); process
 //	  state, pending signals, leave stopped (restore_thread.go)
 //	finish              children first: registers, then each runs
@@ -208,6 +212,10 @@ type restorer struct {
 	// memory is mapped and fds restored.
 	shmem  map[uint64]int
 	filled uint64
+	// inherit is what it keeps of its parent's memory at fork; forked
+	// the pages its children keep, which it holds when it forks them.
+	inherit mem.Inheritance
+	forked  []units.Range
 	// running is set once the process runs (detached, for an eager
 	// restore).
 	running bool
@@ -247,6 +255,16 @@ func openTree(opts RestoreOptions) (*tree, error) {
 	tr.procs = treeOrder(tr.procs, func(r *restorer) (int, int) { return r.st.PID, r.st.PPID })
 	for _, r := range tr.procs {
 		tr.sts = append(tr.sts, r.st)
+		if p := tr.byPID[r.st.PPID]; p != nil && r != tr.procs[0] {
+			r.inherit = mem.Inherit(r.st, r.pages, p.st)
+			p.forked = append(p.forked, r.inherit.Kept...)
+		}
+	}
+	for _, r := range tr.procs {
+		r.forked = units.Union(r.forked)
+		if r.lazy != nil {
+			r.lazy.Inherit(r.inherit.Kept, r.forked)
+		}
 	}
 	return tr, nil
 }
@@ -273,15 +291,31 @@ func (tr *tree) close() {
 // in tree order.
 func (tr *tree) steps() []namedStep {
 	steps := []namedStep{
-		{"create processes", tr.create},
+		{"create root", tr.createRoot},
 		{"shared descriptors", tr.shared},
+	}
+	name := func(r *restorer, s namedStep) namedStep {
+		if len(tr.procs) > 1 {
+			s.name = fmt.Sprintf("%s of pid %d (%s)", s.name, r.st.PID, r.st.Comm)
+		}
+		return s
 	}
 	for _, r := range tr.procs {
 		for _, s := range []namedStep{
-			{"unmap stub", r.unmapStub},
+			{"unmap", r.unmapStub},
 			{"move vdso", r.moveVDSO},
 			{"map memory", r.mapMemory},
 			{"fill memory", r.fillMemory},
+			// Its memory in place, it forks its children: what they
+			// still shared with it at the dump they share again.
+			{"create children", r.createChildren},
+		} {
+			steps = append(steps, name(r, s))
+		}
+	}
+	steps = append(steps, namedStep{"process groups", tr.joinGroups})
+	for _, r := range tr.procs {
+		for _, s := range []namedStep{
 			{"lock memory", r.lockMemory},
 			{"mm fields", r.setMM},
 			{"file descriptors", r.restoreFDs},
@@ -297,10 +331,7 @@ func (tr *tree) steps() []namedStep {
 			{"pending signals", r.pendingSignals},
 			{"leave stopped", r.leaveStopped},
 		} {
-			if len(tr.procs) > 1 {
-				s.name = fmt.Sprintf("%s of pid %d (%s)", s.name, r.st.PID, r.st.Comm)
-			}
-			steps = append(steps, s)
+			steps = append(steps, name(r, s))
 		}
 	}
 	return append(steps, namedStep{"finish", tr.finish})

@@ -23,31 +23,44 @@ const (
 	areaLen    = pageSize + scratchLen
 )
 
-// create makes every process of the tree, with its pid, parent, session
-// and process group, all of them stopped: the root from a stub
-// (createProcess), then each other process, parents first, cloned (clone3
-// with its pid) from its restored parent while both are still bare copies
-// of the stub, so that parent and child links come from the clone itself.
-// A session leader calls setsid before it clones its children, a group
-// leader setpgid; then the others join their groups.
-func (tr *tree) create(ctx context.Context) error {
+// createRoot makes the root of the tree, stopped, from a stub
+// (createProcess), leading its session or group if it did. Every other
+// process is forked later from its parent (createChildren), once the
+// parent's memory is in place.
+func (tr *tree) createRoot(ctx context.Context) error {
 	root := tr.procs[0]
 	if err := root.createProcess(ctx); err != nil {
 		return err
 	}
-	if err := tr.session(root); err != nil {
-		return err
-	}
-	for _, r := range tr.procs[1:] {
+	return tr.session(root)
+}
+
+// createChildren makes each child of r, cloned (clone3 with its pid)
+// from r once r's memory is in place: parent and child links come from
+// the clone itself, and the child starts with its parent's memory, the
+// pages it still shared with it at the dump among them. A child that
+// led its session calls setsid before it clones its own children, a
+// group leader setpgid (joinGroups puts the others in their groups).
+func (r *restorer) createChildren(ctx context.Context) error {
+	tr := r.tr
+	for _, c := range tr.procs[1:] {
+		if tr.byPID[c.st.PPID] != r {
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := tr.clone(r); err != nil {
-			return tr.name(r, err)
+		if err := tr.clone(c); err != nil {
+			return tr.name(c, err)
 		}
 	}
-	// Join the groups now that their leaders exist: a group led in the
-	// tree, or else the root's.
+	return nil
+}
+
+// joinGroups puts every process in its process group once the leaders
+// exist: a group led in the tree, or else the root's.
+func (tr *tree) joinGroups(context.Context) error {
+	root := tr.procs[0]
 	for _, r := range tr.procs[1:] {
 		st := r.st
 		if st.SID == st.PID {
@@ -110,8 +123,8 @@ func (tr *tree) clone(r *restorer) error {
 	if err != nil {
 		return err
 	}
-	// The child's memory is a copy of its parent's: the injection area
-	// is in it at the same address.
+	// The child's memory is its parent's, copy-on-write: the injection
+	// area is in it at the same address.
 	r.area = parent.area
 	if r.in, err = th.InjectorAt(r.area, r.area+pageSize, scratchLen); err != nil {
 		return err

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 
+	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/task"
 )
@@ -10,7 +11,7 @@ import (
 // The memory steps of a restore: engine/mem does the work.
 
 func (r *restorer) target() *mem.Target {
-	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv}
+	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv, Inherit: r.inherit}
 }
 
 // unmapStub closes every descriptor the stub inherited and removes every
@@ -32,8 +33,9 @@ func (r *restorer) mapMemory(ctx context.Context) error {
 	return err
 }
 
-// fillMemory writes the snapshot's pages, but those a lazy restore serves
-// later.
+// fillMemory writes the snapshot's pages, but those it keeps from its
+// parent and those a lazy restore serves later (not those its children
+// keep: they must be in when it forks them).
 func (r *restorer) fillMemory(ctx context.Context) error {
 	o := mem.FillOptions{
 		Pages:       r.pages,
@@ -41,9 +43,9 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 		Threads:     r.tr.opts.Threads,
 		Userfaultfd: r.lazy == nil,
 		Progress:    r.tr.opts.Progress,
-	}
-	if r.lazy != nil {
-		o.Skip = r.lazy.Skip
+		Skip: func(b image.Block, v *image.VMA) bool {
+			return mem.Within(r.inherit.Kept, b.Addr, uint64(b.Len)) || r.lazy != nil && r.lazy.Skip(b, v)
+		},
 	}
 	n, err := mem.Fill(ctx, r.target(), o)
 	r.filled += n

@@ -20,7 +20,9 @@ import (
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("inspect", "-D DIR [--json]", `
 Show what a snapshot holds: its processes, their memory regions, and the
-blocks by kind (zero, raw, lz4) with original and stored bytes; and how to
+blocks by kind (zero, raw, lz4) with original and stored bytes; for the
+children of a tree, how much of their memory they still shared with their
+parent copy-on-write (restore forks them from it to share it again); and how to
 open each process in a debugger: mounted with lazyfs, MOUNTPOINT/PID/core is
 its ELF core file (gdb EXE MOUNTPOINT/PID/core).
 
@@ -98,6 +100,11 @@ type processReport struct {
 	Outside []outsideReport `json:"outside,omitempty"`
 	// WorkingSet is the working set beside the snapshot, if any.
 	WorkingSet *workingSetReport `json:"working_set,omitempty"`
+	// Parent is the parent's pid, for a process of a tree, and Inherited
+	// the bytes of private memory it still shared with it copy-on-write
+	// at the dump, which restore shares again.
+	Parent    int    `json:"ppid"`
+	Inherited uint64 `json:"inherited_bytes"`
 }
 
 // outsideReport is a descriptor leading outside the process: a pipe or
@@ -198,7 +205,11 @@ func inspect(dir string, o image.OpenOptions) (*inspectReport, error) {
 				pr.Outside = append(pr.Outside, outsideReport{FD: f.FD, Local: f.Socket.Local, Peer: f.Socket.Peer, Lock: f.Socket.TCP.Lock})
 			}
 		}
+		pr.Parent = st.PPID
 		for _, v := range st.VMAs {
+			for _, i := range v.Inherited {
+				pr.Inherited += i.End - i.Start
+			}
 			pr.Regions = append(pr.Regions, regionReport{Start: v.Start, End: v.End, Perms: image.Perms(v), Kind: v.Kind, Name: v.Name, Dumped: r.DumpedIn(v.Start, v.End)})
 		}
 		pr.WorkingSet = workingSet(s, pid, r)
@@ -272,6 +283,9 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		}
 		tw.Flush()
 		fmt.Fprintf(w, "  pages file %s for %s of memory: ratio %.3f (%s)\n", units.FormatSize(b.FileSize), units.FormatSize(b.Total.Bytes), p.Ratio, strings.TrimSpace(fmt.Sprintf("%.1f%% saved", 100*(1-p.Ratio))))
+		if p.Inherited > 0 {
+			fmt.Fprintf(w, "  %s of private memory shared copy-on-write with its parent %d: shared again at restore\n", units.FormatSize(p.Inherited), p.Parent)
+		}
 		for _, o := range p.Outside {
 			if o.Key != "" {
 				fmt.Fprintf(w, "  fd %d leads outside: %s (restore --inherit-fd fd[N]:%s, or --external-fallback null)\n", o.FD, o.Key, o.Key)

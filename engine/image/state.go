@@ -220,6 +220,20 @@ type VMA struct {
 	// shared by every VMA of the same object); its pages are dumped once,
 	// at the addresses of the first VMA that maps it.
 	Shmem *ShmemRef `json:"shmem,omitempty"`
+	// Inherited are the pages of a private anonymous VMA that the
+	// process still shared copy-on-write with its parent when dumped (the
+	// same physical pages at the same addresses, since fork), in address
+	// order: restore forks the process from its parent once those are in,
+	// so that they are shared again. Set only when the parent's VMA is
+	// the same range, protection and flags. Their contents are in the
+	// pages image too.
+	Inherited []PageRange `json:"inherited,omitempty"`
+}
+
+// PageRange is the pages [Start, End) of a process's memory.
+type PageRange struct {
+	Start uint64 `json:"start"`
+	End   uint64 `json:"end"`
 }
 
 // ShmemRef links a shared mapping to the dumped contents of its object.

@@ -3,6 +3,8 @@ package image
 import (
 	"errors"
 	"fmt"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits of a process state that Validate enforces: the kernel's own
@@ -120,6 +122,16 @@ func (v VMA) validate() error {
 	case VMAAnon, VMAFile, VMAFileShared, VMAShmem, VMAVDSO, VMAVVar, VMAVVarVclock, VMAVsyscall:
 	default:
 		return fmt.Errorf("unknown kind %q", v.Kind)
+	}
+	if len(v.Inherited) > 0 && (v.Kind != VMAAnon || v.Flags&unix.MAP_SHARED != 0) {
+		return errors.New("pages inherited from the parent in memory that is not private anonymous")
+	}
+	last := v.Start
+	for _, r := range v.Inherited {
+		if r.Start%PageSize != 0 || r.End%PageSize != 0 || r.Start < last || r.End <= r.Start || r.End > v.End {
+			return fmt.Errorf("inherited pages %#x-%#x: not page-aligned, out of order or outside the VMA", r.Start, r.End)
+		}
+		last = r.End
 	}
 	return nil
 }

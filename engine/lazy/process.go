@@ -36,6 +36,9 @@ type Process struct {
 	extents []uffd.Extent
 	pager   *uffd.Pager
 	stats   uffd.Stats
+	// kept and forked are pages the process has without the pager
+	// (Inherit).
+	kept, forked []units.Range
 
 	// wsLoad waits for the working set loadWorkingSet started reading.
 	wsLoad func() (*image.WorkingSet, error)
@@ -56,8 +59,22 @@ const lazyTraceOptions = unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE | uni
 // Skip reports whether block b of VMA v is left out of the fill before
 // the process runs: its pager serves it.
 func (p *Process) Skip(b image.Block, v *image.VMA) bool {
-	return mem.Lazy(v) && !mem.EagerPage(p.st.Threads, b.Addr, uint64(b.Len))
+	return mem.Lazy(v) && p.served(b)
 }
+
+// served reports whether the pager serves block b of a lazy VMA: not a
+// page the threads need to start (mem.EagerPage), nor one the process
+// has without it (Inherit).
+func (p *Process) served(b image.Block) bool {
+	n := uint64(b.Len)
+	return !mem.EagerPage(p.st.Threads, b.Addr, n) && !mem.Within(p.kept, b.Addr, n) && !mem.Overlaps(p.forked, b.Addr, n)
+}
+
+// Inherit says which pages the process has without its pager: kept, those
+// it keeps from its parent since fork (mem.Inheritance), and forked,
+// those its children keep, which it must hold when it forks them (filled
+// before it runs). Called before Skip and Prepare.
+func (p *Process) Inherit(kept, forked []units.Range) { p.kept, p.forked = kept, forked }
 
 // serves reports whether the pager serves block b.
 func (p *Process) serves(b image.Block) bool {
@@ -112,7 +129,7 @@ func (p *Process) Prepare(in *ptrace.Injector, pid int, threads []*ptrace.Thread
 			v = mem.VMAAt(p.st.VMAs, b.Addr)
 			lazy = v != nil && mem.Lazy(v)
 		}
-		if b.Kind == codec.Zero || !lazy || mem.EagerPage(p.st.Threads, b.Addr, uint64(b.Len)) {
+		if b.Kind == codec.Zero || !lazy || !p.served(b) {
 			continue
 		}
 		if n := len(p.extents); n == 0 || p.extents[n-1].End() <= v.Start {

@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/units"
 )
 
 // FreeAreas lists candidate addresses for n bytes outside every one of
@@ -51,9 +52,11 @@ func Union(vmas []image.VMA) []image.VMA {
 	return out
 }
 
-// UnmapAllBut closes every descriptor of the process (a stub's, which it
-// inherited) and removes every mapping but the one at keep (the
-// injection area) and the kernel's special mappings (see MoveVDSO).
+// UnmapAllBut closes every descriptor of the process (its parent's or
+// the stub's, which it inherited) and removes every mapping but the one
+// at keep (the injection area), the kernel's special mappings (see
+// MoveVDSO) and the VMAs it inherits (Target.Inherit): in those it
+// clears every page but the kept ones, which are its parent's.
 func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
 	r := t
 	maps, err := proc.ReadMaps(r.pid())
@@ -66,9 +69,35 @@ func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
 		if m.Start == keep || m.IsSpecial() {
 			continue
 		}
-		c.Add("munmap "+m.String(), unix.SYS_MUNMAP, m.Start, m.Len())
+		for _, g := range subtract(units.Range{Start: m.Start, End: m.End}, t.Inherit.VMAs) {
+			c.Add("munmap "+g.String(), unix.SYS_MUNMAP, g.Start, g.Len())
+		}
+	}
+	for _, v := range t.Inherit.VMAs {
+		for _, g := range subtract(v, t.Inherit.Kept) {
+			c.Add("madvise "+g.String()+" dontneed", unix.SYS_MADVISE, g.Start, g.Len(), unix.MADV_DONTNEED)
+		}
 	}
 	return r.In.RunCalls(c)
+}
+
+// subtract returns the parts of r outside rs (sorted, not overlapping).
+func subtract(r units.Range, rs []units.Range) []units.Range {
+	var out []units.Range
+	at := r.Start
+	for _, x := range rs {
+		if x.End <= at || x.Start >= r.End {
+			continue
+		}
+		if x.Start > at {
+			out = append(out, units.Range{Start: at, End: x.Start})
+		}
+		at = max(at, x.End)
+	}
+	if at < r.End {
+		out = append(out, units.Range{Start: at, End: r.End})
+	}
+	return out
 }
 
 // MoveVDSO moves [vvar], [vvar_vclock] and [vdso] where the process had

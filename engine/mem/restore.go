@@ -39,6 +39,14 @@ type Target struct {
 	// SysV are the System V segments of the restore, shared by the
 	// processes of a tree: the first to attach one makes it (sysv.go).
 	SysV *SysVSegments
+	// Inherit, for a process forked from its restored parent, are the
+	// VMAs it keeps from it and the pages in them that stay shared.
+	Inherit Inheritance
+}
+
+// inherited reports whether v is a VMA the process keeps from its parent.
+func (t *Target) inherited(v *image.VMA) bool {
+	return Within(t.Inherit.VMAs, v.Start, v.End-v.Start)
 }
 
 func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }
@@ -79,7 +87,13 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		n := anonRun(vmas[i:])
+		if t.inherited(&vmas[i]) {
+			// In place since fork, its shared pages in it.
+			m.advise(&vmas[i])
+			i++
+			continue
+		}
+		n := anonRun(vmas[i:], t.inherited)
 		if err := m.mapRun(vmas[i : i+n]); err != nil {
 			return nil, err
 		}
@@ -100,15 +114,15 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 }
 
 // anonRun returns how many VMAs from vmas[0] on one mmap can map: 1, or
-// a run of contiguous unnamed anonymous private VMAs that differ only in
+// a run of contiguous unnamed anonymous private VMAs, none inherited, that differ only in
 // what madvise sets. Mapped one by one they would merge into one VMA
 // anyway, for madvise to split again: a process whose allocator advises
 // its large allocations (MADV_HUGEPAGE on every numpy array) has
 // hundreds of them, each mmap an injected call.
-func anonRun(vmas []image.VMA) int {
+func anonRun(vmas []image.VMA, inherited func(*image.VMA) bool) int {
 	mergeable := func(v *image.VMA) bool {
 		return v.Kind == image.VMAAnon && v.Name == "" && v.Flags&(unix.MAP_SHARED|unix.MAP_GROWSDOWN) == 0 &&
-			v.Flags&unix.MAP_PRIVATE != 0 && !reprotected(v)
+			v.Flags&unix.MAP_PRIVATE != 0 && !reprotected(v) && !inherited(v)
 	}
 	n := 1
 	if !mergeable(&vmas[0]) {

@@ -1,6 +1,10 @@
 package units
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
 
 // Range is the half-open address range [Start, End) of a process's
 // memory.
@@ -28,3 +32,22 @@ func (r Range) Intersect(o Range) Range {
 }
 
 func (r Range) String() string { return fmt.Sprintf("%x-%x", r.Start, r.End) }
+
+// Union returns the bytes of rs as sorted ranges that neither overlap
+// nor touch.
+func Union(rs []Range) []Range {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
+	var out []Range
+	for _, r := range rs {
+		if r.Len() == 0 {
+			continue
+		}
+		if n := len(out); n > 0 && r.Start <= out[n-1].End {
+			out[n-1].End = max(out[n-1].End, r.End)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
