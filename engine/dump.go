@@ -312,7 +312,17 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 			return d.withResumeErr(err)
 		}
 	}
+	byPID := map[int]*dumpProc{}
+	for _, p := range d.procs {
+		byPID[p.pid] = p
+	}
 	for i, p := range d.procs {
+		if parent := byPID[p.parent]; parent != nil {
+			// What it shares with its parent, dumped before it, is
+			// stored once, in the parent's pages.
+			shared := mem.InheritedRanges(p.st)
+			d.w.Forked(p.st.PID, parent.st.PID, func(addr, n uint64) bool { return mem.Within(shared, addr, n) })
+		}
 		var captured func()
 		if i == len(d.procs)-1 {
 			captured = func() {

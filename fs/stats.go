@@ -20,7 +20,7 @@ func statsText(p *process) []byte {
 	for _, k := range []struct {
 		name string
 		s    image.KindStats
-	}{{"zero", st.Zero}, {"raw", st.Raw}, {"lz4", st.LZ4}, {"shuffle", st.Shuffle}, {"parent", st.Parent}, {"total", st.Total}} {
+	}{{"zero", st.Zero}, {"raw", st.Raw}, {"lz4", st.LZ4}, {"shuffle", st.Shuffle}, {"parent", st.Parent}, {"forked", st.Forked}, {"total", st.Total}} {
 		line("blocks_"+k.name, k.s.Blocks)
 		line("original_bytes_"+k.name, k.s.Bytes)
 		line("stored_bytes_"+k.name, k.s.Stored)

@@ -275,8 +275,8 @@ func printInspect(w io.Writer, rep *inspectReport) {
 		for _, k := range []struct {
 			name string
 			s    image.KindStats
-		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"parent", b.Parent}, {"total", b.Total}} {
-			if k.name == "parent" && k.s.Blocks == 0 {
+		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"parent", b.Parent}, {"forked", b.Forked}, {"total", b.Total}} {
+			if (k.name == "parent" || k.name == "forked") && k.s.Blocks == 0 {
 				continue
 			}
 			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))

@@ -63,10 +63,15 @@ const (
 	// nothing is stored, and it is never decoded by itself: a reader
 	// reads it from the parent.
 	Parent Kind = 4
+	// Forked: the block is, byte for byte, the block at the same address
+	// of the process's parent in the same snapshot, a tree's (feature
+	// "forked"): memory a child still shared with its parent copy-on-write
+	// since fork. Nothing is stored; a reader reads it from the parent.
+	Forked Kind = 5
 )
 
 // NumKinds is the number of block kinds; Kind values are below it.
-const NumKinds = 5
+const NumKinds = 6
 
 func (k Kind) String() string {
 	switch k {
@@ -80,6 +85,8 @@ func (k Kind) String() string {
 		return "shuffle"
 	case Parent:
 		return "parent"
+	case Forked:
+		return "forked"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -298,6 +305,8 @@ func Decode(dst []byte, kind Kind, stored []byte) error {
 		return decodeShuffled(dst, stored)
 	case Parent:
 		return fmt.Errorf("%w: a parent block is read from the parent snapshot", ErrUndecodable)
+	case Forked:
+		return fmt.Errorf("%w: a forked block is read from the parent process", ErrUndecodable)
 	default:
 		return fmt.Errorf("%w: unknown kind %d", ErrUndecodable, kind)
 	}

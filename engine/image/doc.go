@@ -69,6 +69,15 @@
 // names the parent and pins it by the SHA-256 of its manifest; readers
 // resolve the chain when they open a process's pages (parent.go).
 //
+// # Copy-on-write memory of a tree (feature "forked", forked.go)
+//
+// A block record of kind codec.Forked (5) stores nothing either: its bytes
+// are the block at the same address and of the same length of the
+// process's parent in the same snapshot (the state's ppid), whose CRC32C
+// the record repeats; readers resolve it from the parent's pages, as a
+// Parent block from the parent snapshot. A snapshot has one kind or the
+// other, never both.
+//
 // # Sealed snapshots (feature "sealed", seal.go, sealpages.go)
 //
 //	DIR/keys.age             "LZFSKEY1" | snapshot id (16) | data key (32),

@@ -51,10 +51,11 @@ func newLayout(ix *Index) (*layout, error) {
 					return nil, fmt.Errorf("%w: raw block %d at %#x stores %d bytes, want %d", ErrCorrupt, i, addr, rec.StoredLen, length)
 				}
 				off = alignUp(off, rawAlign)
-			case codec.Parent:
-				// In the parent (parent.go): nothing stored here.
+			case codec.Parent, codec.Forked:
+				// In the parent snapshot or process (parent.go,
+				// forked.go): nothing stored here.
 				if rec.StoredLen != 0 {
-					return nil, fmt.Errorf("%w: parent block %d at %#x stores %d bytes", ErrCorrupt, i, addr, rec.StoredLen)
+					return nil, fmt.Errorf("%w: %s block %d at %#x stores %d bytes", ErrCorrupt, rec.Kind, i, addr, rec.StoredLen)
 				}
 			case codec.LZ4, codec.Shuffle:
 				if rec.StoredLen == 0 || uint64(rec.StoredLen) >= length {

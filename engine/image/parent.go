@@ -225,17 +225,18 @@ func (s *Snapshot) chain(r *Reader, pid int, opts ReaderOptions) error {
 		return err
 	}
 	pr.name = joinName(s.parent.Dir, pr.name)
-	if err := r.attachParent(pr); err != nil {
+	if err := r.attachParent(pr, codec.Parent); err != nil {
 		pr.Close()
 		return err
 	}
 	return nil
 }
 
-// attachParent replaces every Parent block of r by the block of pr (the
-// parent's pages of the same process) that holds its bytes, and makes
-// r's payloads the chain's.
-func (r *Reader) attachParent(pr *Reader) error {
+// attachParent replaces every block of r of kind (Parent, or Forked) by
+// the block of pr (the parent snapshot's pages of the same process, or
+// the pages of its parent process) that holds its bytes, and makes r's
+// payloads the chain's.
+func (r *Reader) attachParent(pr *Reader, kind codec.Kind) error {
 	lay := r.lay
 	if pr.lay.ix.BlockSize != lay.ix.BlockSize {
 		return fmt.Errorf("%s: %w: block size %d, the parent's %d", r.name, ErrCorrupt, lay.ix.BlockSize, pr.lay.ix.BlockSize)
@@ -243,12 +244,12 @@ func (r *Reader) attachParent(pr *Reader) error {
 	base := alignUp(lay.ix.PagesSize, rawAlign)
 	for ri, run := range lay.ix.Runs {
 		for i := run.FirstBlock; i < run.FirstBlock+blocksInRange(run.Addr, run.End(), lay.ix.BlockSize); i++ {
-			if lay.ix.Blocks[i].Kind != codec.Parent {
+			if lay.ix.Blocks[i].Kind != kind {
 				continue
 			}
 			b := lay.block(ri, i)
 			pb, ok := pr.lay.blockAt(b.Addr)
-			if !ok || pb.Addr != b.Addr || pb.Len != b.Len || pb.CRC != b.CRC {
+			if !ok || pb.Addr != b.Addr || pb.Len != b.Len || pb.CRC != b.CRC || pb.Kind == codec.Zero {
 				return fmt.Errorf("%s: block %d at %#x: %w: it is in the parent, whose %s holds no block of %d bytes with crc32c %08x there",
 					r.name, i, b.Addr, ErrCorrupt, pr.name, b.Len, b.CRC)
 			}

@@ -78,7 +78,7 @@ func FuzzParentIndex(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if err := r.attachParent(pr); err != nil {
+		if err := r.attachParent(pr, codec.Parent); err != nil {
 			return
 		}
 		for blk := range r.Blocks() {

@@ -366,6 +366,12 @@ func (r *Reader) PID() int { return r.pid }
 
 // OpenPages opens the page image of pid.
 func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
+	return s.openPages(pid, opts, 0)
+}
+
+// openPages is OpenPages of a process whose Forked blocks are resolved
+// depth parents down from the process first asked for (forked.go).
+func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, error) {
 	e, err := s.entry(pid)
 	if err != nil {
 		return nil, err
@@ -426,6 +432,10 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 		}
 	}
 	if err := s.chain(r, pid, opts); err != nil {
+		r.Close()
+		return nil, err
+	}
+	if err := s.forkedParent(r, pid, opts, depth); err != nil {
 		r.Close()
 		return nil, err
 	}

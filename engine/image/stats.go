@@ -23,6 +23,9 @@ type Stats struct {
 	// Parent blocks of an incremental snapshot: the parent's, nothing
 	// stored here (codec.Parent).
 	Parent KindStats `json:"parent,omitzero"`
+	// Forked blocks of a tree's child: its parent's, nothing stored here
+	// (codec.Forked).
+	Forked KindStats `json:"forked,omitzero"`
 	Total  KindStats `json:"total"`
 	Runs   int       `json:"runs"`
 	// FileSize is the size of the pages file, padding included.
@@ -38,7 +41,7 @@ func (s Stats) Ratio() float64 {
 }
 
 func newStats(k [codec.NumKinds]KindStats) Stats {
-	s := Stats{Zero: k[codec.Zero], Raw: k[codec.Raw], LZ4: k[codec.LZ4], Shuffle: k[codec.Shuffle], Parent: k[codec.Parent]}
+	s := Stats{Zero: k[codec.Zero], Raw: k[codec.Raw], LZ4: k[codec.LZ4], Shuffle: k[codec.Shuffle], Parent: k[codec.Parent], Forked: k[codec.Forked]}
 	for _, x := range k {
 		s.Total.Blocks += x.Blocks
 		s.Total.Bytes += x.Bytes

@@ -31,7 +31,7 @@ type FDTree struct {
 // Add adds the figures of another page image to s (the images of the
 // processes of a tree).
 func (s *Stats) Add(o Stats) {
-	for _, p := range [][2]*KindStats{{&s.Zero, &o.Zero}, {&s.Raw, &o.Raw}, {&s.LZ4, &o.LZ4}, {&s.Shuffle, &o.Shuffle}, {&s.Parent, &o.Parent}, {&s.Total, &o.Total}} {
+	for _, p := range [][2]*KindStats{{&s.Zero, &o.Zero}, {&s.Raw, &o.Raw}, {&s.LZ4, &o.LZ4}, {&s.Shuffle, &o.Shuffle}, {&s.Parent, &o.Parent}, {&s.Forked, &o.Forked}, {&s.Total, &o.Total}} {
 		p[0].Blocks += p[1].Blocks
 		p[0].Bytes += p[1].Bytes
 		p[0].Stored += p[1].Stored

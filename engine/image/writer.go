@@ -78,6 +78,11 @@ type Writer struct {
 	keys   *sealKeys          // of a sealed snapshot
 	signer ed25519.PrivateKey // of a signed snapshot
 	parent *Snapshot          // of an incremental snapshot
+	// forked and indexes are for a tree's copy-on-write memory
+	// (forked.go): what each child shares with its parent, and the index
+	// of each process's pages written so far.
+	forked  map[int]forkedFrom
+	indexes map[int]*layout
 }
 
 // Create starts a snapshot in dir. A missing dir is created (mode 0700:
@@ -471,6 +476,9 @@ type PagesWriter struct {
 	// parent reads the parent's pages of the process, of an incremental
 	// snapshot.
 	parent *Reader
+	// forked: blocks the process's parent in the tree holds are recorded
+	// as Forked (forked.go).
+	forked bool
 	stats  [codec.NumKinds]KindStats
 	closed bool
 	err    error
@@ -540,6 +548,9 @@ func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWrit
 	}
 	if parent != nil {
 		po.InParent = (&parentMatcher{r: parent}).inParent
+	} else if m := w.forkedMatcher(pid); m != nil {
+		// Emitted as Parent, recorded as Forked (emit).
+		po.InParent, pw.forked = m.inParent, true
 	}
 	pw.pipe = codec.NewPipeline(ctx, po, pw.emit)
 	return pw, nil
@@ -567,6 +578,9 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		}
 	}()
 	rec := BlockRecord{Kind: e.Kind, CRC: e.CRC}
+	if pw.forked && e.Kind == codec.Parent {
+		rec.Kind = codec.Forked
+	}
 	if e.Kind == codec.Raw {
 		if pad := alignUp(pw.off, rawAlign) - pw.off; pad > 0 {
 			if err := pw.write(zeroPad[:pad]); err != nil {
@@ -599,7 +613,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 	}
 	pw.ix.Blocks = append(pw.ix.Blocks, rec)
 	pw.pageCRCs = append(pw.pageCRCs, e.PageCRCs...)
-	s := &pw.stats[e.Kind]
+	s := &pw.stats[rec.Kind]
 	s.Blocks++
 	s.Bytes += uint64(len(e.Src))
 	s.Stored += uint64(rec.StoredLen)
@@ -774,6 +788,13 @@ func (pw *PagesWriter) Close() error {
 	if pw.stats[codec.Shuffle].Blocks > 0 {
 		pw.w.addFeature(FeatureShuffle)
 	}
+	if pw.stats[codec.Forked].Blocks > 0 {
+		pw.w.addFeature(FeatureForked)
+	}
+	if pw.w.indexes == nil {
+		pw.w.indexes = map[int]*layout{}
+	}
+	pw.w.indexes[pw.pid] = lay
 	if pw.pcrc {
 		// Checked like the index: the writer must never produce a file
 		// the reader refuses.

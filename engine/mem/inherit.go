@@ -184,3 +184,15 @@ func Within(rs []units.Range, addr, n uint64) bool {
 	})
 	return i < len(rs) && rs[i].Start <= addr && addr+n <= rs[i].End
 }
+
+// InheritedRanges returns the pages of st that MarkInherited found shared
+// with its parent, in address order.
+func InheritedRanges(st *image.Process) []units.Range {
+	var out []units.Range
+	for _, v := range st.VMAs {
+		for _, r := range v.Inherited {
+			out = append(out, units.Range{Start: r.Start, End: r.End})
+		}
+	}
+	return units.Union(out)
+}
