@@ -363,8 +363,14 @@ func (tr *tree) result(start time.Time) *RestoreResult {
 }
 
 // finish lets every process run, children first: registers, then
-// detach (or, for a lazy restore, resume, still traced).
+// detach (or, for a lazy restore, resume, still traced). A shell job's
+// terminal gets the settings the job's had first.
 func (tr *tree) finish(ctx context.Context) error {
+	if fd, ok := tr.opts.Inherit[fds.TerminalKey]; ok && tr.opts.ShellJob {
+		if err := fds.SetTerminal(fd, tr.sts); err != nil {
+			return err
+		}
+	}
 	for i := len(tr.procs) - 1; i >= 0; i-- {
 		r := tr.procs[i]
 		if err := r.finish(ctx); err != nil {

@@ -106,6 +106,17 @@ func TestShellJob(t *testing.T) {
 			})
 			first.line(t, ctx, "ready")
 			first.line(t, ctx, "tick")
+			// The job has set its terminal as an interactive program
+			// does: no echo, no line editing, reads of 3 bytes.
+			tio, err := unix.IoctlGetTermios(int(first.slave.Fd()), unix.TCGETS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tio.Lflag &^= unix.ECHO | unix.ICANON
+			tio.Cc[unix.VMIN] = 3
+			if err := unix.IoctlSetTermios(int(first.slave.Fd()), unix.TCSETS, tio); err != nil {
+				t.Fatal(err)
+			}
 			dir := t.TempDir() + "/snap"
 			r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir)
 			if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "--shell-job") || !strings.Contains(r.Stderr, first.slave.Name()) {
@@ -140,10 +151,17 @@ func TestShellJob(t *testing.T) {
 					t.Errorf("fd %d of the restored job is %q (%v), want snapctl's terminal %s", fd, link, err, second.slave.Name())
 				}
 			}
-			// It writes on its new terminal.
+			// It writes on its new terminal, set as it set its own.
 			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			t.Logf("on the new terminal: %s", second.line(t, tctx, "tick"))
+			got, err := unix.IoctlGetTermios(int(second.slave.Fd()), unix.TCGETS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Lflag&(unix.ECHO|unix.ICANON) != 0 || got.Cc[unix.VMIN] != 3 {
+				t.Errorf("snapctl's terminal after restore --shell-job: lflag %#o, VMIN %d; want the job's settings (no ECHO, no ICANON, VMIN 3)", got.Lflag, got.Cc[unix.VMIN])
+			}
 		})
 	}
 }

@@ -130,8 +130,9 @@ together. Without one, --external-fallback says what it becomes: refuse
 opened for its access mode). With --shell-job, the descriptors on a
 terminal outside the tree (dump --shell-job) get snapctl's own terminal:
 its standard input, output or error, the first that is a terminal, else
-its controlling terminal (/dev/tty); a snapshot without any is restored as
-without it.
+its controlling terminal (/dev/tty), set as the job's terminal was at the
+dump (its termios: echo, canonical mode, control characters) just before
+the processes run; a snapshot without any is restored as without it.
 
 With --pidns, the process (every process of a tree) is restored into a
 new pid namespace where it has its original pid and thread ids, so that

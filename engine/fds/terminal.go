@@ -15,8 +15,9 @@ import (
 // write there. As CRIU's --shell-job: the dump records it as leading
 // outside (TerminalKey) only when asked (--shell-job), and the restore
 // gives it the caller's own terminal (RestoreOptions.ShellJob, the
-// terminal in Inherit[TerminalKey]: restore --shell-job), or
-// --inherit-fd's descriptor for tty, or /dev/null. A pseudo-terminal master is refused: the pair would have to
+// terminal in Inherit[TerminalKey]: restore --shell-job), set as the
+// job's was (SetTerminal), or --inherit-fd's descriptor for tty, or
+// /dev/null. A pseudo-terminal master is refused: the pair would have to
 // be rebuilt.
 
 // TerminalKey is the key (image.FD.External) of a descriptor on a terminal
@@ -56,5 +57,44 @@ func (fx *fdDumper) terminal(f *proc.FD, out image.FD, master bool) (image.FD, e
 	out.Path = f.Path
 	out.Rdev = f.Stat.Rdev
 	fx.external(f, &out, TerminalKey)
+	if tio, err := readTermios(fx.pid, f.Num); err != nil {
+		fx.log.Warn("terminal settings not read: restore --shell-job leaves its terminal's as they are", "pid", fx.pid, "fd", f.Num, "err", err)
+	} else {
+		out.Termios = tio
+	}
 	return out, nil
+}
+
+// readTermios reads the settings of the terminal fd of pid is open on,
+// through a descriptor of our own on it (not its controlling terminal).
+func readTermios(pid, fd int) (*image.Termios, error) {
+	tfd, err := unix.Open(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(tfd)
+	t, err := unix.IoctlGetTermios(tfd, unix.TCGETS)
+	if err != nil {
+		return nil, fmt.Errorf("TCGETS: %w", err)
+	}
+	return &image.Termios{Iflag: t.Iflag, Oflag: t.Oflag, Cflag: t.Cflag, Lflag: t.Lflag, Line: t.Line, Cc: t.Cc, Ispeed: t.Ispeed, Ospeed: t.Ospeed}, nil
+}
+
+// SetTerminal gives the terminal fd (restore --shell-job's own) the
+// settings the processes' terminal had at the dump (the first descriptor
+// on it that recorded them), as a job that had set its terminal (raw
+// mode, no echo) expects to find it. Nothing recorded: nothing changes.
+func SetTerminal(fd int, sts []*image.Process) error {
+	for _, st := range sts {
+		for _, f := range st.FDs {
+			if t := f.Termios; t != nil && f.External == TerminalKey {
+				tio := unix.Termios{Iflag: t.Iflag, Oflag: t.Oflag, Cflag: t.Cflag, Lflag: t.Lflag, Line: t.Line, Cc: t.Cc, Ispeed: t.Ispeed, Ospeed: t.Ospeed}
+				if err := unix.IoctlSetTermios(fd, unix.TCSETS, &tio); err != nil {
+					return fmt.Errorf("set the terminal's settings (TCSETS): %w", err)
+				}
+				return nil
+			}
+		}
+	}
+	return nil
 }

@@ -326,6 +326,22 @@ type FD struct {
 	// (dump --external): restore puts a descriptor it is handed
 	// (--inherit-fd) or /dev/null in its place (state_external.go).
 	External string `json:"external,omitempty"`
+	// Termios, for a descriptor on a terminal outside the process
+	// (External "tty"), are the terminal's settings at the dump: restore
+	// --shell-job sets them on its own terminal.
+	Termios *Termios `json:"termios,omitempty"`
+}
+
+// Termios are a terminal's settings (struct termios, TCGETS).
+type Termios struct {
+	Iflag  uint32   `json:"iflag"`
+	Oflag  uint32   `json:"oflag"`
+	Cflag  uint32   `json:"cflag"`
+	Lflag  uint32   `json:"lflag"`
+	Line   uint8    `json:"line"`
+	Cc     [19]byte `json:"cc"`
+	Ispeed uint32   `json:"ispeed"`
+	Ospeed uint32   `json:"ospeed"`
 }
 
 // Ghost is an open file that was deleted (CRIU's ghost file), kept in the
