@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -313,8 +314,16 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 		}
 	}
 	byPID := map[int]*dumpProc{}
+	pids := map[int]bool{}
 	for _, p := range d.procs {
 		byPID[p.pid] = p
+		pids[p.pid], pids[p.st.OwnPID()] = true, true
+	}
+	// Semaphore sets and message queues the processes used: with the
+	// root, read while they are frozen.
+	var err error
+	if d.procs[0].st.SysVIPC, err = ipc.Dump(pids); err != nil {
+		return d.withResumeErr(step("System V IPC", err))
 	}
 	for i, p := range d.procs {
 		if parent := byPID[p.parent]; parent != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/lazy"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
@@ -103,6 +104,7 @@ type RestoreResult struct {
 //	                    then the tree's links (restore_check.go)
 //	create root         from a stub, in the namespaces asked for
 //	shared descriptors  pipes and socket pairs between processes
+//	System V IPC        semaphore sets and message queues (engine/ipc)
 //	for each process, parents first:
 //	  unmap (what it inherited but the VMAs it keeps from its parent),
 //	  move vdso, map memory, fill memory (restore_mem.go); create
@@ -182,6 +184,7 @@ type tree struct {
 	byPID  map[int]*restorer // by pid at the dump
 	broker *fds.Broker
 	sysv   *mem.SysVSegments
+	ipc    *ipc.Made   // the semaphore sets and message queues made
 	lazy   *lazy.Phase // for a lazy restore
 	t      *ptrace.Tracer
 	netns  *os.File // the network namespace to join (Namespaces.Net)
@@ -293,6 +296,7 @@ func (tr *tree) steps() []namedStep {
 	steps := []namedStep{
 		{"create root", tr.createRoot},
 		{"shared descriptors", tr.shared},
+		{"System V IPC", tr.sysvIPC},
 	}
 	name := func(r *restorer, s namedStep) namedStep {
 		if len(tr.procs) > 1 {
@@ -446,6 +450,7 @@ func (tr *tree) abort() {
 		tr.procs[i].abort()
 	}
 	tr.sysv.RemoveMade()
+	tr.ipc.Remove()
 	if tr.lazy != nil && tr.t != nil {
 		for _, p := range tr.t.Processes() {
 			if err := p.Kill(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -153,6 +154,13 @@ func (tr *tree) session(r *restorer) error {
 		}
 	}
 	return nil
+}
+
+// sysvIPC makes (or takes over) the System V semaphore sets and message
+// queues the processes used (engine/ipc), in snapctl's IPC namespace.
+func (tr *tree) sysvIPC(context.Context) (err error) {
+	tr.ipc, err = ipc.Restore(tr.procs[0].st.SysVIPC, tr.log)
+	return err
 }
 
 // shared makes, in snapctl, the pipes and socket pairs whose ends are in

@@ -41,6 +41,10 @@ type Process struct {
 	Threads    []Thread `json:"threads"`
 	VMAs       []VMA    `json:"vmas"`
 	FDs        []FD     `json:"fds"`
+	// SysVIPC, in the root's state of a snapshot, are the System V
+	// semaphore sets and message queues the processes used
+	// (FeatureSysVIPC).
+	SysVIPC *SysVIPC `json:"sysv_ipc,omitempty"`
 }
 
 // FileID identifies a file so restore can refuse one that changed.
@@ -265,6 +269,55 @@ type SysVShm struct {
 	UID  uint32 `json:"uid"`
 	GID  uint32 `json:"gid"`
 }
+
+// SysVIPC are System V semaphore sets and message queues, which belong to
+// an IPC namespace rather than to a process: those a process of the tree
+// had last operated on (a semaphore's last semop, a queue's last msgsnd or
+// msgrcv).
+type SysVIPC struct {
+	Sems []SysVSem `json:"sems,omitempty"`
+	Msgs []SysVMsg `json:"msgs,omitempty"`
+}
+
+// SysVIPCObject is what a semaphore set and a message queue both have: key
+// (0: IPC_PRIVATE), id at the dump, owner, permission bits, and the times
+// of its last operation and change (seconds), by which restore tells the
+// dumped object left behind from one used since.
+type SysVIPCObject struct {
+	Key   int32  `json:"key"`
+	ID    int    `json:"id"`
+	Mode  uint32 `json:"mode"`
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+	OTime int64  `json:"otime"` // last semop, or last msgsnd
+	RTime int64  `json:"rtime,omitempty"`
+	CTime int64  `json:"ctime"`
+}
+
+// SysVSem is a semaphore set and its values.
+type SysVSem struct {
+	SysVIPCObject
+	Values []uint16 `json:"values"`
+}
+
+// SysVMsg is a message queue and the messages in it, oldest first.
+type SysVMsg struct {
+	SysVIPCObject
+	QBytes   uint64        `json:"qbytes"`
+	Messages []SysVMessage `json:"messages,omitempty"`
+}
+
+// SysVMessage is one queued message.
+type SysVMessage struct {
+	Type int64  `json:"type"`
+	Data []byte `json:"data"`
+}
+
+// FeatureSysVIPC: the snapshot holds System V semaphore sets or message
+// queues (Process.SysVIPC), which an older reader would leave out.
+const FeatureSysVIPC = "sysv-ipc"
+
+func init() { knownFeatures[FeatureSysVIPC] = true }
 
 // FeatureSysVShm: a process had a System V shared memory segment
 // attached (ShmemRef.SysV); an older reader would map a memfd instead,

@@ -90,5 +90,8 @@ func (p *Process) features() []string {
 	if tcp {
 		out = append(out, FeatureTCPRepair)
 	}
+	if p.SysVIPC != nil {
+		out = append(out, FeatureSysVIPC)
+	}
 	return out
 }

@@ -22,6 +22,10 @@ const (
 	maxFD      = 1<<31 - 64
 	// protMask is PROT_READ|PROT_WRITE|PROT_EXEC.
 	protMask = 0x7
+	// maxSemaphores is the kernel's ceiling of a set's semaphores
+	// (SEMMSL's), semValueMax a semaphore's (SEMVMX).
+	maxSemaphores = 32000
+	semValueMax   = 32767
 )
 
 // Validate checks what a process state must be for a restore to take it:
@@ -61,6 +65,28 @@ func (p *Process) Validate() error {
 	}
 	if a := p.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
 		return bad("oom_score_adj %d, not within -1000 to 1000", *a)
+	}
+	if ipc := p.SysVIPC; ipc != nil {
+		for _, s := range ipc.Sems {
+			if s.ID < 0 || s.Mode > 0o777 || len(s.Values) == 0 || len(s.Values) > maxSemaphores {
+				return bad("semaphore set %d (key %#x): id, mode %o or %d semaphores out of range", s.ID, uint32(s.Key), s.Mode, len(s.Values))
+			}
+			for i, v := range s.Values {
+				if v > semValueMax {
+					return bad("semaphore set %d: semaphore %d is %d, more than %d", s.ID, i, v, semValueMax)
+				}
+			}
+		}
+		for _, q := range ipc.Msgs {
+			if q.ID < 0 || q.Mode > 0o777 {
+				return bad("message queue %d (key %#x): id or mode %o out of range", q.ID, uint32(q.Key), q.Mode)
+			}
+			for _, m := range q.Messages {
+				if m.Type <= 0 {
+					return bad("message queue %d: a message of type %d (types are positive)", q.ID, m.Type)
+				}
+			}
+		}
 	}
 	if len(p.VMAs) > maxVMAs {
 		return bad("%d VMAs, more than %d", len(p.VMAs), maxVMAs)

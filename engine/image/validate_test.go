@@ -51,9 +51,18 @@ func TestValidateRefuses(t *testing.T) {
 				p.VMAs = append(p.VMAs, VMA{Start: (i + 1) << 12, End: (i + 2) << 12, Kind: VMAAnon})
 			}
 		}, "more than"},
-		"prot 2^40":            {func(p *Process) { p.VMAs[0].Prot = 1 << 40 }, "prot"},
-		"prot negative":        {func(p *Process) { p.VMAs[0].Prot = -1 }, "prot"},
-		"unknown kind":         {func(p *Process) { p.VMAs[0].Kind = "heap" }, "kind"},
+		"prot 2^40":     {func(p *Process) { p.VMAs[0].Prot = 1 << 40 }, "prot"},
+		"prot negative": {func(p *Process) { p.VMAs[0].Prot = -1 }, "prot"},
+		"unknown kind":  {func(p *Process) { p.VMAs[0].Kind = "heap" }, "kind"},
+		"inherited outside": {func(p *Process) {
+			p.VMAs[0].Inherited = []PageRange{{p.VMAs[0].End, p.VMAs[0].End + PageSize}}
+		}, "inherited"},
+		"semaphore over SEMVMX": {func(p *Process) {
+			p.SysVIPC = &SysVIPC{Sems: []SysVSem{{SysVIPCObject: SysVIPCObject{ID: 1, Mode: 0o600}, Values: []uint16{1, 40000}}}}
+		}, "semaphore 1"},
+		"message type 0": {func(p *Process) {
+			p.SysVIPC = &SysVIPC{Msgs: []SysVMsg{{SysVIPCObject: SysVIPCObject{ID: 1, Mode: 0o600}, Messages: []SysVMessage{{Type: 0}}}}}
+		}, "type 0"},
 		"fd -1":                {func(p *Process) { p.FDs[0].FD = -1 }, "descriptor -1"},
 		"fd twice":             {func(p *Process) { p.FDs[1].FD = 0 }, "twice"},
 		"fd huge":              {func(p *Process) { p.FDs[2].FD = maxFD }, "too high"},

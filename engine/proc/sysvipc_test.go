@@ -30,3 +30,27 @@ func TestParseSysVShm(t *testing.T) {
 		t.Errorf("a short line: %v, want ErrMalformed", err)
 	}
 }
+
+// TestParseSysVSemMsg: the kernel's columns of /proc/sysvipc/sem and
+// /proc/sysvipc/msg, and lines cut short or not numbers.
+func TestParseSysVSemMsg(t *testing.T) {
+	sem := []byte(`       key      semid perms      nsems   uid   gid  cuid  cgid      otime      ctime
+     20817          7   640          3 65534 65534     0     0 1796402100 1796402099
+`)
+	rows, err := parseSysVIPC("sem", sem, 10)
+	if err != nil || len(rows) != 1 || rows[0][0] != 20817 || rows[0][1] != 7 || rows[0][2] != 0o640 || rows[0][3] != 3 || rows[0][8] != 1796402100 {
+		t.Errorf("sem parsed %v, %v", rows, err)
+	}
+	msg := []byte(`       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid      stime      rtime      ctime
+     21074          9   600        4310          3 29656 29657     0     0     0     0 1796402099          5 1796402098
+`)
+	rows, err = parseSysVIPC("msg", msg, 14)
+	if err != nil || len(rows) != 1 || rows[0][3] != 4310 || rows[0][4] != 3 || rows[0][5] != 29656 || rows[0][6] != 29657 || rows[0][12] != 5 {
+		t.Errorf("msg parsed %v, %v", rows, err)
+	}
+	for _, bad := range []string{"header\n 1 2 3\n", "header\n 1 2 9 4 5 6 7 8 9 10\n", "header\n 1 x 3 4 5 6 7 8 9 10\n"} {
+		if _, err := parseSysVIPC("sem", []byte(bad), 10); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%q: %v, want ErrMalformed", bad, err)
+		}
+	}
+}
