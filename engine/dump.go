@@ -244,7 +244,7 @@ func (d *dumper) leaveOut(p *dumpProc) bool {
 
 func (d *dumper) memoryLayout(p *dumpProc) error {
 	var err error
-	p.st.VMAs, err = mem.VMAs(p.pid, p.maps)
+	p.st.VMAs, err = mem.VMAs(p.pid, p.maps, d.opts.GhostLimit)
 	if d.pc != nil {
 		// Write tracking is still registered: not the process's own.
 		for i := range p.st.VMAs {

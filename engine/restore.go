@@ -219,6 +219,9 @@ type restorer struct {
 	// the pages its children keep, which it holds when it forks them.
 	inherit mem.Inheritance
 	forked  []units.Range
+	// ghosts are the deleted files made again for its mappings
+	// (mem.Target.Ghosts), open in it until setMM.
+	ghosts map[[2]uint64]int
 	// running is set once the process runs (detached, for an eager
 	// restore).
 	running bool
@@ -248,7 +251,7 @@ func openTree(opts RestoreOptions) (*tree, error) {
 			tr.close()
 			return nil, err
 		}
-		r := &restorer{tr: tr, st: st, pages: pages, log: tr.log}
+		r := &restorer{tr: tr, st: st, pages: pages, log: tr.log, ghosts: map[[2]uint64]int{}}
 		if tr.lazy != nil {
 			r.lazy = tr.lazy.Add(snap, st, pages)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/task"
 )
@@ -89,11 +90,13 @@ func (r *restorer) check() error {
 	if err := r.checkPIDs(); err != nil {
 		return err
 	}
-	if err := fds.CheckFile(st.Exe, "executable"); err != nil {
-		return err
+	if !mem.GhostOf(st.VMAs, st.Exe) {
+		if err := fds.CheckFile(st.Exe, "executable"); err != nil {
+			return err
+		}
 	}
 	for _, v := range st.VMAs {
-		if v.File != nil && (v.Kind == image.VMAFile || v.Kind == image.VMAFileShared) {
+		if v.File != nil && v.Ghost == nil && (v.Kind == image.VMAFile || v.Kind == image.VMAFileShared) {
 			if err := fds.CheckFile(*v.File, fmt.Sprintf("mapping %x-%x", v.Start, v.End)); err != nil {
 				return err
 			}

@@ -11,7 +11,7 @@ import (
 // The memory steps of a restore: engine/mem does the work.
 
 func (r *restorer) target() *mem.Target {
-	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv, Inherit: r.inherit}
+	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv, Inherit: r.inherit, Ghosts: r.ghosts}
 }
 
 // unmapStub closes every descriptor the stub inherited and removes every
@@ -54,5 +54,15 @@ func (r *restorer) fillMemory(ctx context.Context) error {
 
 func (r *restorer) lockMemory(ctx context.Context) error { return mem.Lock(ctx, r.target()) }
 
-// setMM sets the mm fields, auxv and exe (task.SetMM).
-func (r *restorer) setMM(context.Context) error { return task.SetMM(r.in, r.st, r.log) }
+// setMM sets the mm fields, auxv and exe (task.SetMM), then closes the
+// deleted files mapMemory made again: their mappings hold them.
+func (r *restorer) setMM(context.Context) error {
+	err := task.SetMM(r.in, r.st, r.ghosts, r.log)
+	for key, fd := range r.ghosts {
+		if cerr := r.in.CloseFD(fd); cerr != nil {
+			r.log.Warn("close in restored process", "fd", fd, "err", cerr)
+		}
+		delete(r.ghosts, key)
+	}
+	return err
+}

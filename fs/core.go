@@ -519,10 +519,12 @@ func (c *coreFile) seek(off uint64, data bool) (uint64, bool) {
 
 // mappedFile is a file whose bytes serve the pages of a private file
 // mapping that were not dumped. It is opened on first use and checked
-// against the dumped identity on every read.
+// against the dumped identity on every read; a deleted one is the
+// contents the snapshot kept (data).
 type mappedFile struct {
 	path string
 	id   image.FileID
+	data []byte
 	once sync.Once
 	f    *os.File
 	err  error
@@ -532,8 +534,17 @@ type mappedFile struct {
 var errFileChanged = errors.New("mapped file changed since the dump")
 
 // mappedFile returns the file that v maps if it is there, a regular file,
-// and the one the dump recorded; nil otherwise.
+// and the one the dump recorded, or the contents the snapshot kept of it
+// if it was deleted (VMA.Ghost); nil otherwise.
 func (c *coreFile) mappedFile(v image.VMA) *mappedFile {
+	if v.Ghost != nil && v.File != nil {
+		for _, w := range c.proc.state.VMAs {
+			if w.Ghost != nil && w.File != nil && w.File.Dev == v.File.Dev && w.File.Ino == v.File.Ino && len(w.Ghost.Data) > 0 {
+				return &mappedFile{path: v.File.Path, id: *v.File, data: w.Ghost.Data}
+			}
+		}
+		return nil
+	}
 	if v.File == nil || v.File.Path == "" || !filepath.IsAbs(v.File.Path) {
 		return nil
 	}
@@ -566,6 +577,14 @@ func sameFile(st *unix.Stat_t, id *image.FileID) bool {
 // readAt reads dst at off of the file; what lies past its end reads as
 // zeros (as the mapping shows it up to the end of its last page).
 func (m *mappedFile) readAt(dst []byte, off uint64) error {
+	if m.data != nil {
+		n := 0
+		if off < uint64(len(m.data)) {
+			n = copy(dst, m.data[off:])
+		}
+		clear(dst[n:])
+		return nil
+	}
 	m.once.Do(func() {
 		f, err := os.OpenFile(m.path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
 		if errors.Is(err, unix.EPERM) { // O_NOATIME on a file of another user

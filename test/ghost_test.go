@@ -3,9 +3,10 @@ package e2e
 // Deleted files: a process holding open a file it deleted (two open file
 // descriptions of one inode, test/fixtures/ghost.py) gets back, eager or
 // lazy, a file of the same contents, mode and offsets, still one inode for
-// both, still deleted; one over --ghost-limit is refused at dump, naming
-// it and the flag, and kept with the limit raised; --ghost-limit 0 keeps
-// none.
+// both, still deleted; a shared library deleted while mapped (a package
+// upgrade's) is mapped again from a file of its contents and its code
+// runs; one over --ghost-limit is refused at dump, naming it and the flag,
+// and kept with the limit raised; --ghost-limit 0 keeps none.
 
 import (
 	"os"
@@ -41,13 +42,26 @@ func TestRestoreDeletedFiles(t *testing.T) {
 			if ghosts != 2 {
 				t.Errorf("%d descriptors on deleted files in the snapshot, want 2", ghosts)
 			}
+			mapped, kept := 0, 0
+			for _, v := range si.State.VMAs {
+				if v.Ghost != nil {
+					mapped++
+					if len(v.Ghost.Data) > 0 {
+						kept++
+					}
+				}
+			}
+			if mapped < 2 || kept != 1 {
+				t.Errorf("%d mappings of deleted files in the snapshot, %d holding contents: want the library's, its contents once", mapped, kept)
+			}
 			var flags []string
 			if mode == "lazy" {
 				flags = append(flags, "--lazy")
 			}
 			restoreAndAdopt(t, p, dir, flags...)
 			after := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
-			for _, k := range []string{"sum", "pos_rw", "pos_ro", "same", "nlink", "mode"} {
+			wantField(t, after, "libdeleted", "1")
+			for _, k := range []string{"sum", "pos_rw", "pos_ro", "same", "nlink", "mode", "libcrc"} {
 				if a, b := after.Fields[k], before.Fields[k]; a != b {
 					t.Errorf("%s: %s after the restore, %s before (%q, %q)", k, a, b, after.Text, before.Text)
 				}
@@ -76,6 +90,29 @@ func TestRestoreDeletedFiles(t *testing.T) {
 		after := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 		wantField(t, after, "sum", before.Fields["sum"])
 	})
+}
+
+// TestRestoreDeletedProgram: a program deleted while it runs (replaced by
+// an upgrade) is kept whole in the snapshot, and the restored process runs
+// from a file made of it, its exe.
+func TestRestoreDeletedProgram(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	p, path := fixture.StartCopy(t, "counter", "1M")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	before := request(t, ctx, p, syscall.SIGUSR1, "report")
+	dir, _ := dumpForRestore(t, ctx, p)
+	restoreAndAdopt(t, p, dir)
+	after := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
+	if after.MustUint(t, "counter") < before.MustUint(t, "counter") {
+		t.Errorf("counter %s after the restore, %s before", after.Fields["counter"], before.Fields["counter"])
+	}
+	if exe := readProcLink(t, p.PID, "../exe"); !strings.HasSuffix(exe, " (deleted)") {
+		t.Errorf("the restored process's exe is %q, not a deleted file", exe)
+	}
 }
 
 // readProcLink reads /proc/PID/fd/FD.

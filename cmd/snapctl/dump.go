@@ -120,10 +120,13 @@ leading outside, key tty, and restore --shell-job gives it the terminal of
 the snapctl that restores. A pseudo-terminal master is refused.
 
 An open file that was deleted (a rotated log, a temporary file unlinked
-once opened) is kept in the snapshot, contents, owner and mode, up to
---ghost-limit (1M by default); restore makes a new file of them, never
-linked, in the directory the old one was in. A larger one is refused,
-naming it and the flag.`,
+once opened), and a file mapped privately that was deleted (a library or
+the program itself, replaced by a package upgrade while it ran), is kept
+in the snapshot, contents, owner and mode, up to --ghost-limit (1M by
+default); restore makes a new file of them, never linked, in the
+directory the old one was in, and opens or maps it again. A larger one is
+refused, naming it and the flag (a program or library often needs
+--ghost-limit 64M).`,
 		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
 	pid := fs.Int("t", 0, "the `PID` of the process to dump")
 	fs.Alias("tree", "t")
@@ -149,7 +152,7 @@ naming it and the flag.`,
 		external = append(external, strings.Split(v, ",")...)
 		return nil
 	})
-	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open files that were deleted, up to `SIZE` each (0: refuse them)")
+	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
 	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
 	verbose := fs.Bool("v", false, "log each step")
 	remote := cli.RemoteFlags(fs, false)

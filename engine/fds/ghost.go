@@ -10,6 +10,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -35,49 +36,21 @@ func (fx *fdDumper) ghost(f *proc.FD, out image.FD) (image.FD, error) {
 	if fx.mapped(f.Stat.Ino) {
 		return out, fmt.Errorf("%w: open file %s was deleted and is mapped shared: its pages are the mapping's", image.ErrUnsupported, f.Path)
 	}
-	limit := fx.ghostLimit
-	if limit == 0 {
-		limit = DefaultGhostLimit
-	}
-	if limit < 0 {
-		return out, fmt.Errorf("%w: open file %s was deleted, and --ghost-limit 0 keeps none", image.ErrUnsupported, f.Path)
-	}
-	if f.Stat.Size > limit {
-		return out, fmt.Errorf("%w: open file %s was deleted, and its %s are more than --ghost-limit %s: raise it to keep them in the snapshot",
-			image.ErrUnsupported, f.Path, units.FormatSize(uint64(f.Stat.Size)), units.FormatSize(uint64(limit)))
-	}
 	out.Kind = image.FDFile
 	out.Path = f.Path
 	out.Pos = f.Info.Pos
 	id := FileIdentity(f.Path, f.Stat)
 	out.File = &id
-	g := &image.Ghost{Mode: f.Stat.Mode & 0o7777}
 	key := [2]uint64{f.Stat.Dev, f.Stat.Ino}
 	if first, ok := fx.ghosts[key]; ok {
-		g.Of = &first
-		out.Ghost = g
+		out.Ghost = &image.Ghost{Mode: f.Stat.Mode & 0o7777, Of: &first}
 		return out, nil
 	}
 	// Its contents, read through the process's descriptor (the file has
 	// no other name), as a new open file description of our own.
-	r, err := os.Open(fmt.Sprintf("/proc/%d/fd/%d", fx.pid, f.Num))
+	g, err := ReadGhost(fmt.Sprintf("/proc/%d/fd/%d", fx.pid, f.Num), "open file "+f.Path, f.Stat.Ino, fx.ghostLimit)
 	if err != nil {
-		return out, fmt.Errorf("deleted file %s: %w", f.Path, err)
-	}
-	defer r.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(r.Fd()), &st); err != nil {
-		return out, fmt.Errorf("deleted file %s: %w", f.Path, err)
-	}
-	if st.Ino != f.Stat.Ino || st.Size > limit {
-		return out, fmt.Errorf("deleted file %s changed while it was read", f.Path)
-	}
-	g.UID, g.GID = st.Uid, st.Gid
-	if g.Data, err = io.ReadAll(io.LimitReader(r, limit+1)); err != nil {
-		return out, fmt.Errorf("deleted file %s: %w", f.Path, err)
-	}
-	if int64(len(g.Data)) > limit {
-		return out, fmt.Errorf("deleted file %s grew past --ghost-limit while it was read", f.Path)
+		return out, err
 	}
 	if fx.ghosts == nil {
 		fx.ghosts = map[[2]uint64]int{}
@@ -100,31 +73,104 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 	if g.Of != nil {
 		return fc.reopen(*g.Of, flags, f)
 	}
-	dir := filepath.Dir(f.Path)
-	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return -1, fmt.Errorf("recreate deleted file %s: O_TMPFILE in %s: %w", f.Path, dir, err)
-	}
-	defer unix.Close(tmp)
-	if _, err := unix.Pwrite(tmp, g.Data, 0); err != nil {
-		return -1, fmt.Errorf("recreate deleted file %s: %w", f.Path, err)
-	}
-	if err := unix.Fchown(tmp, int(g.UID), int(g.GID)); err != nil {
-		return -1, fmt.Errorf("recreate deleted file %s: chown: %w", f.Path, err)
-	}
-	if err := unix.Fchmod(tmp, g.Mode); err != nil {
-		return -1, fmt.Errorf("recreate deleted file %s: chmod: %w", f.Path, err)
-	}
 	pfd, err := fc.pidfd()
 	if err != nil {
 		return -1, err
 	}
-	held, err := passFD(fc.in, pfd, tmp, true)
+	held, err := makeGhost(fc.in, pfd, f.Path, g)
 	if err != nil {
-		return -1, fmt.Errorf("recreate deleted file %s: %w", f.Path, err)
+		return -1, err
 	}
 	defer fc.closeFD(held)
 	return fc.reopen(held, flags, f)
+}
+
+// makeGhost makes deleted file g again: a file of its contents, owner and
+// mode, made by snapctl in the directory of path with O_TMPFILE (never
+// linked), and handed to the process (pidfd) in injects into, where it
+// returns its descriptor (read-write, close-on-exec).
+func makeGhost(in *ptrace.Injector, pidfd int, path string, g *image.Ghost) (int, error) {
+	dir := filepath.Dir(path)
+	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: O_TMPFILE in %s: %w", path, dir, err)
+	}
+	defer unix.Close(tmp)
+	if _, err := unix.Pwrite(tmp, g.Data, 0); err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: %w", path, err)
+	}
+	if err := unix.Fchown(tmp, int(g.UID), int(g.GID)); err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: chown: %w", path, err)
+	}
+	if err := unix.Fchmod(tmp, g.Mode); err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: chmod: %w", path, err)
+	}
+	held, err := passFD(in, pidfd, tmp, true)
+	if err != nil {
+		return -1, fmt.Errorf("recreate deleted file %s: %w", path, err)
+	}
+	return held, nil
+}
+
+// MakeGhost makes deleted file g of path again in the process in injects
+// into (a mapped file's: see the ghost files above) and returns its
+// descriptor there, read-only and close-on-exec: no descriptor open for
+// writing is left on it, so that it can be the process's exe.
+func MakeGhost(in *ptrace.Injector, path string, g *image.Ghost) (int, error) {
+	pid := in.Thread().Process().Pid() // ours: not the dumped pid in a new pid namespace
+	pfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(pfd)
+	held, err := makeGhost(in, pfd, path, g)
+	if err != nil {
+		return -1, err
+	}
+	defer in.CloseFD(held)
+	// /proc/self/fd/N is a magic link: no RESOLVE_NO_MAGICLINKS here.
+	fd, err := in.OpenAt2(fmt.Sprintf("/proc/self/fd/%d", held), unix.O_RDONLY|unix.O_CLOEXEC, 0, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open deleted file %s again: %w", path, err)
+	}
+	return fd, nil
+}
+
+// ReadGhost reads deleted file f (a path under /proc that reaches it:
+// /proc/PID/fd/N, /proc/PID/map_files/A-B) of inode ino, with its owner
+// and mode, if it is no larger than limit (0: the default; negative: none
+// kept); path says what it was in errors ("open file /tmp/x").
+func ReadGhost(f, path string, ino uint64, limit int64) (*image.Ghost, error) {
+	if limit == 0 {
+		limit = DefaultGhostLimit
+	}
+	if limit < 0 {
+		return nil, fmt.Errorf("%w: %s was deleted, and --ghost-limit 0 keeps none", image.ErrUnsupported, path)
+	}
+	r, err := os.Open(f)
+	if err != nil {
+		return nil, fmt.Errorf("deleted file %s: %w", path, err)
+	}
+	defer r.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(r.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("deleted file %s: %w", path, err)
+	}
+	if st.Ino != ino {
+		return nil, fmt.Errorf("deleted file %s changed while it was read", path)
+	}
+	if st.Size > limit {
+		return nil, fmt.Errorf("%w: %s was deleted, and its %s are more than --ghost-limit %s: raise it to keep them in the snapshot",
+			image.ErrUnsupported, path, units.FormatSize(uint64(st.Size)), units.FormatSize(uint64(limit)))
+	}
+	g := &image.Ghost{Mode: st.Mode & 0o7777, UID: st.Uid, GID: st.Gid}
+	if g.Data, err = io.ReadAll(io.LimitReader(r, limit+1)); err != nil {
+		return nil, fmt.Errorf("deleted file %s: %w", path, err)
+	}
+	if int64(len(g.Data)) > limit {
+		return nil, fmt.Errorf("deleted file %s grew past --ghost-limit while it was read", path)
+	}
+	return g, nil
 }
 
 // reopen opens, in the process, the file of its descriptor fd again with

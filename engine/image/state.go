@@ -232,6 +232,11 @@ type VMA struct {
 	// the same range, protection and flags. Their contents are in the
 	// pages image too.
 	Inherited []PageRange `json:"inherited,omitempty"`
+	// Ghost, for a private mapping of a file deleted while mapped (a
+	// library replaced by an upgrade), holds the file's contents in the
+	// first VMA of it (the others of the same File.Dev and File.Ino have
+	// none): restore maps a file made of them (FeatureGhostFiles).
+	Ghost *Ghost `json:"ghost,omitempty"`
 }
 
 // PageRange is the pages [Start, End) of a process's memory.

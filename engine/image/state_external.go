@@ -76,6 +76,9 @@ func (p *Process) features() []string {
 			break
 		}
 	}
+	for _, v := range p.VMAs {
+		ghost = ghost || v.Ghost != nil
+	}
 	for _, f := range p.FDs {
 		tcp = tcp || f.Socket != nil && f.Socket.TCP != nil
 		ext = ext || f.External != ""

@@ -91,7 +91,18 @@ func (p *Process) Validate() error {
 	if len(p.VMAs) > maxVMAs {
 		return bad("%d VMAs, more than %d", len(p.VMAs), maxVMAs)
 	}
+	ghosts := map[[2]uint64]bool{}
 	for i, v := range p.VMAs {
+		if g := v.Ghost; g != nil {
+			if v.Kind != VMAFile || v.File == nil || g.Mode > 0o7777 || g.Of != nil {
+				return bad("VMA %d (%#x-%#x): a deleted file mapped that is not a private file mapping", i, v.Start, v.End)
+			}
+			key := [2]uint64{v.File.Dev, v.File.Ino}
+			if ghosts[key] && len(g.Data) > 0 {
+				return bad("VMA %d (%#x-%#x): the contents of deleted file %s twice", i, v.Start, v.End, v.File.Path)
+			}
+			ghosts[key] = true
+		}
 		if err := v.validate(); err != nil {
 			return bad("VMA %d (%#x-%#x): %v", i, v.Start, v.End, err)
 		}

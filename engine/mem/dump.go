@@ -77,12 +77,15 @@ type TreeObject struct {
 
 // VMAs describes every mapping of process pid, maps as read from
 // /proc/PID/smaps. Whether each one's pages are dumped is decided by Dump.
-func VMAs(pid int, maps []proc.Mapping) ([]image.VMA, error) {
-	return (&dumper{pid: pid, maps: maps}).vmas()
+// A private mapping of a deleted file keeps the file's contents, up to
+// ghostLimit (fds.ReadGhost's limit), in the first VMA of it (VMA.Ghost).
+func VMAs(pid int, maps []proc.Mapping, ghostLimit int64) ([]image.VMA, error) {
+	return (&dumper{pid: pid, maps: maps}).vmas(ghostLimit)
 }
 
-func (d *dumper) vmas() ([]image.VMA, error) {
+func (d *dumper) vmas(ghostLimit int64) ([]image.VMA, error) {
 	var out []image.VMA
+	ghosts := map[[2]uint64]bool{}
 	for i := range d.maps {
 		m := &d.maps[i]
 		kind, err := vmaKind(m)
@@ -108,14 +111,25 @@ func (d *dumper) vmas() ([]image.VMA, error) {
 			v.Flags |= unix.MAP_GROWSDOWN
 		}
 		if kind == image.VMAFile || kind == image.VMAFileShared || (kind == image.VMAShmem && m.Inode != 0) {
-			if m.Deleted && kind != image.VMAShmem {
-				return nil, fmt.Errorf("%w: %s maps %s, which was deleted", image.ErrUnsupported, m, m.Path)
-			}
 			id, err := d.mappedFile(m)
 			if err != nil {
 				return nil, err
 			}
 			v.File = &id
+		}
+		if kind == image.VMAFile && m.Deleted {
+			// A library or program replaced while it ran (a package
+			// upgrade): its file has no name left to map it from.
+			key := [2]uint64{v.File.Dev, v.File.Ino}
+			if ghosts[key] {
+				v.Ghost = &image.Ghost{Mode: v.File.Mode & 0o7777} // the first VMA of it holds it
+			} else {
+				f := fmt.Sprintf("/proc/%d/map_files/%x-%x", d.pid, m.Start, m.End)
+				if v.Ghost, err = fds.ReadGhost(f, "mapped file "+m.Path, m.Inode, ghostLimit); err != nil {
+					return nil, err
+				}
+				ghosts[key] = true
+			}
 		}
 		out = append(out, v)
 	}

@@ -42,6 +42,11 @@ type Target struct {
 	// Inherit, for a process forked from its restored parent, are the
 	// VMAs it keeps from it and the pages in them that stay shared.
 	Inherit Inheritance
+	// Ghosts are the deleted files Map made again for the private
+	// mappings of them (VMA.Ghost), by device and inode: their
+	// descriptors in the process, which the caller closes (the
+	// program's, if it was deleted, is its exe: task.SetMM).
+	Ghosts map[[2]uint64]int
 }
 
 // inherited reports whether v is a VMA the process keeps from its parent.
@@ -217,6 +222,13 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 		}
 		key := fmt.Sprintf("%d:%s", mode, v.File.Path)
 		f, ok := r.files[key]
+		if v.Ghost != nil {
+			var err error
+			if f, err = r.ghost(v); err != nil {
+				return err
+			}
+			ok = true
+		}
 		if !ok {
 			var err error
 			if f, err = fds.OpenVerified(r.In, v.File.Path, mode|unix.O_CLOEXEC, *v.File, true); err != nil {
@@ -248,6 +260,24 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 		r.calls.Add(what+": mprotect", unix.SYS_MPROTECT, v.Start, length, uint64(v.Prot))
 	}
 	return nil
+}
+
+// ghost returns the descriptor in the process of the deleted file v maps,
+// making it the first time (fds.MakeGhost).
+func (r *mapper) ghost(v *image.VMA) (int, error) {
+	key := [2]uint64{v.File.Dev, v.File.Ino}
+	if fd, ok := r.Ghosts[key]; ok {
+		return fd, nil
+	}
+	fd, err := fds.MakeGhost(r.In, v.File.Path, v.Ghost)
+	if err != nil {
+		return -1, err
+	}
+	if r.Ghosts == nil {
+		r.Ghosts = map[[2]uint64]int{}
+	}
+	r.Ghosts[key] = fd
+	return fd, nil
 }
 
 // anonShared reports whether v is the only mapping of a shared anonymous
@@ -361,4 +391,15 @@ func (t *Target) logger() *slog.Logger {
 		return t.Log
 	}
 	return slog.Default()
+}
+
+// GhostOf reports whether file id, deleted, is kept in vmas (VMA.Ghost):
+// a program deleted while it ran is made again for its mappings.
+func GhostOf(vmas []image.VMA, id image.FileID) bool {
+	for _, v := range vmas {
+		if v.Ghost != nil && v.File != nil && v.File.Dev == id.Dev && v.File.Ino == id.Ino {
+			return true
+		}
+	}
+	return false
 }

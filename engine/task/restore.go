@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -192,8 +193,16 @@ func SetThreadRegs(th *ptrace.Thread, t *image.Thread) error {
 
 // SetMM sets the mm fields, auxv and exe of the process in injects into
 // with PR_SET_MM_MAP. The old exe (the stub's) must be unmapped already,
-// as the kernel requires.
-func SetMM(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
+// as the kernel requires. A program deleted while it ran is the file made
+// again for its mappings, among ghosts (mem.Target.Ghosts).
+func SetMM(in *ptrace.Injector, st *image.Process, ghosts map[[2]uint64]int, log *slog.Logger) error {
+	if strings.HasSuffix(st.Exe.Path, deletedSuffix) {
+		fd, ok := ghosts[[2]uint64{st.Exe.Dev, st.Exe.Ino}]
+		if !ok {
+			return fmt.Errorf("%w: the program %s was deleted, and no mapping of it kept it", image.ErrUnsupported, st.Exe.Path)
+		}
+		return in.SetMM(ptrace.MM(st.MM), fd)
+	}
 	exeFD, err := fds.OpenVerified(in, st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, st.Exe, true)
 	if err != nil {
 		return err
@@ -205,3 +214,6 @@ func SetMM(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
 	}()
 	return in.SetMM(ptrace.MM(st.MM), exeFD)
 }
+
+// deletedSuffix ends the link of a file that was deleted.
+const deletedSuffix = " (deleted)"
