@@ -185,7 +185,7 @@ func Restore(ipc *image.SysVIPC, log *slog.Logger) (made *Made, err error) {
 	for _, s := range ipc.Sems {
 		var cur *proc.SysVSem
 		for i := range sems {
-			if s.Key != 0 && sems[i].Key == s.Key || s.Key == 0 && sems[i].Key == 0 && sems[i].ID == s.ID {
+			if names(s.SysVIPCObject, sems[i].Key, sems[i].ID) {
 				cur = &sems[i]
 			}
 		}
@@ -221,7 +221,7 @@ func Restore(ipc *image.SysVIPC, log *slog.Logger) (made *Made, err error) {
 	for _, q := range ipc.Msgs {
 		var cur *proc.SysVMsg
 		for i := range msgs {
-			if q.Key != 0 && msgs[i].Key == q.Key || q.Key == 0 && msgs[i].Key == 0 && msgs[i].ID == q.ID {
+			if names(q.SysVIPCObject, msgs[i].Key, msgs[i].ID) {
 				cur = &msgs[i]
 			}
 		}
@@ -249,6 +249,15 @@ func Restore(ipc *image.SysVIPC, log *slog.Logger) (made *Made, err error) {
 		}
 	}
 	return made, nil
+}
+
+// names reports whether the object of key and id listed now has obj's
+// name: its key, or for an IPC_PRIVATE one (key 0), its id.
+func names(obj image.SysVIPCObject, key int32, id int) bool {
+	if obj.Key != 0 {
+		return key == obj.Key
+	}
+	return key == 0 && id == obj.ID
 }
 
 // get makes an object with syscall nr (semget, msgget) and args after
