@@ -43,9 +43,9 @@ func (c *config) options(ctx context.Context) fs.Options {
 const about = `
 lazyfs mounts the snapshot directory SNAPSHOT (written by snapctl dump)
 read-only on MOUNTPOINT, and serves it until it is unmounted (lazyfs -u,
-Ctrl-C, SIGTERM). Memory is decoded block by block as it is read, through a
-cache shared by every file of the mount; the kernel keeps what it read in
-its page cache between opens.
+Ctrl-C, SIGTERM: each unmounts, and lazyfs exits 0). Memory is decoded
+block by block as it is read, through a cache shared by every file of the
+mount; the kernel keeps what it read in its page cache between opens.
 
 Files:
   MOUNTPOINT/snapshot.json          the manifest
@@ -95,6 +95,7 @@ var command = cli.Command{
 	About:    about,
 	Footer:   examples,
 	Exits:    []int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege},
+	Server:   true,
 }
 
 // newFlagSet returns the flags of lazyfs bound to c.

@@ -308,6 +308,11 @@ func TestHelp(t *testing.T) {
 			t.Errorf("--help lacks %q", want)
 		}
 	}
+	// SIGINT and SIGTERM stop a mount as asked (TestSignalUnmounts: exit
+	// 0): the help promises no 130.
+	if strings.Contains(string(out), "130") || !strings.Contains(string(out), "lazyfs exits 0") {
+		t.Errorf("--help lists 130 for lazyfs, or does not say a signal exits 0:\n%s", out)
+	}
 }
 
 func TestVersion(t *testing.T) {

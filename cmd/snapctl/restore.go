@@ -142,8 +142,8 @@ SIGQUIT, SIGUSR1 and SIGUSR2 on to it and exits with its status when it
 ends, taking the namespace with it; a process that was pid 1 of its
 namespace is the init itself. It also gets a mount namespace of its own
 whose /proc is the new pid namespace's. The pid printed and written to
---pidfile is the process's pid outside (the one to signal); a second
-line gives its pid inside and the init's. A snapshot of a process that
+--pidfile (one line) is the process's pid outside (the one to signal);
+snapctl prints a second line with its pid inside and the init's. A snapshot of a process that
 lived in a pid namespace restores with --pidns only.
 
 With --netns, its sockets are recreated in another network namespace:

@@ -21,19 +21,19 @@ type Feature struct {
 const (
 	neededRestore = "restore"
 	neededLazy    = "restore --lazy"
-	neededIncr    = "incremental dump"
+	neededPreCopy = "dump --pre-copy"
 	neededMount   = "lazyfs, restore --lazy"
 )
 
 // pageSize is the size of the pages the probes map and register.
 const pageSize = 4096
 
-// Run tries every kernel facility but FUSE that restore and incremental
+// Run tries every kernel facility but FUSE that restore and pre-copy
 // dumps need, for real: ptrace (a stub started stopped, seized,
 // interrupted and injected into), clone3 with set_tid (a process made with
 // a chosen free pid and killed), PR_SET_MM_MAP (the size query and a call
 // with the stub's own values), userfaultfd (the features lazy restore and
-// incremental dumps need, and an anonymous range registered MISSING) and
+// pre-copy dumps need, and an anonymous range registered MISSING) and
 // PAGEMAP_SCAN on /proc/self/pagemap, new pid, mount and network
 // namespaces (a stub started in them), and TCP_REPAIR with the nft
 // program (--tcp-established). stub is the program started stopped

@@ -26,6 +26,11 @@ func TestRun(t *testing.T) {
 		if f.Name != want[i] || !f.OK || f.Needed == "" || f.Detail == "" {
 			t.Errorf("feature %d: %+v, want %s OK with what needs it and what was seen", i, f, want[i])
 		}
+		// What needs write tracking is a pre-copy dump (an incremental
+		// one compares blocks with its parent's and needs neither).
+		if (f.Name == "uffd WP_ASYNC" || f.Name == "PAGEMAP_SCAN") && f.Needed != "dump --pre-copy" {
+			t.Errorf("%s needed by %q, want dump --pre-copy", f.Name, f.Needed)
+		}
 	}
 	children, err := proc.Children(os.Getpid())
 	if err != nil {

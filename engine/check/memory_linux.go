@@ -13,7 +13,7 @@ import (
 )
 
 // checkUserfaultfd checks userfaultfd for lazy restore (the features it
-// needs, and a MISSING registration) and WP_ASYNC for incremental dumps.
+// needs, and a MISSING registration) and WP_ASYNC for pre-copy dumps (--pre-copy).
 func checkUserfaultfd() []Feature {
 	var out []Feature
 	supported, err := uffdFeatures()
@@ -30,7 +30,7 @@ func checkUserfaultfd() []Feature {
 	if err == nil && supported&uffd.FeatureWPAsync == 0 {
 		err = errors.New("UFFDIO_API lacks WP_ASYNC (Linux 6.7)")
 	}
-	return append(out, feature("uffd WP_ASYNC", neededIncr, err, fmt.Sprintf("UFFDIO_API features %#x", supported)))
+	return append(out, feature("uffd WP_ASYNC", neededPreCopy, err, fmt.Sprintf("UFFDIO_API features %#x", supported)))
 }
 
 func newUffd() (int, error) {
@@ -90,15 +90,15 @@ func checkPagemapScan() Feature {
 	const name = "PAGEMAP_SCAN"
 	pm, err := proc.OpenPagemap(os.Getpid())
 	if err != nil {
-		return feature(name, neededIncr, err, "")
+		return feature(name, neededPreCopy, err, "")
 	}
 	defer pm.Close()
 	if !pm.ScanSupported() {
-		return feature(name, neededIncr, errors.New("ioctl on /proc/self/pagemap refused (Linux 6.7)"), "")
+		return feature(name, neededPreCopy, errors.New("ioctl on /proc/self/pagemap refused (Linux 6.7)"), "")
 	}
 	page, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return feature(name, neededIncr, err, "")
+		return feature(name, neededPreCopy, err, "")
 	}
 	defer unix.Munmap(page)
 	page[0] = 1
@@ -107,5 +107,5 @@ func checkPagemapScan() Feature {
 	if err == nil && (len(runs) != 1 || runs[0].Start != addr) {
 		err = fmt.Errorf("a present page scanned as %v", runs)
 	}
-	return feature(name, neededIncr, err, "found a page of ours present")
+	return feature(name, neededPreCopy, err, "found a page of ours present")
 }

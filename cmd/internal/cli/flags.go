@@ -31,8 +31,11 @@ type Command struct {
 	About    string   // what it does, in paragraphs
 	Footer   string   // printed after the options (examples)
 	// Exits lists the exit statuses it documents besides 0, 1, 2 and
-	// 130, which every command has.
+	// 130, which every command has but a server.
 	Exits []int
+	// Server: SIGINT and SIGTERM are how it is stopped (lazyfs), not an
+	// interruption: it ends as asked and exits 0, never 130.
+	Server bool
 }
 
 // lineWidth is the width help text is wrapped to.
@@ -170,7 +173,11 @@ func (f *FlagSet) PrintHelp(w io.Writer) {
 	if foot := strings.TrimSpace(f.cmd.Footer); foot != "" {
 		fmt.Fprintf(w, "\n%s\n", foot)
 	}
-	fmt.Fprintf(w, "\n%s", StatusTable(append([]int{ExitOK, ExitFailure, ExitUsage}, append(f.cmd.Exits, ExitInterrupted)...)))
+	codes := append([]int{ExitOK, ExitFailure, ExitUsage}, f.cmd.Exits...)
+	if !f.cmd.Server {
+		codes = append(codes, ExitInterrupted)
+	}
+	fmt.Fprintf(w, "\n%s", StatusTable(codes))
 }
 
 // isZero reports whether a flag's default is its type's zero value, not
