@@ -131,11 +131,11 @@ func (r *restorer) checkPIDs() error {
 			ErrUnsupported, st.OwnPID(), st.PID)
 	}
 	if busy, comm := task.PIDInUse(st.PID); busy {
-		return fmt.Errorf("%w: pid %d is taken by %q", ErrPIDInUse, st.PID, comm)
+		return fmt.Errorf("%w: pid %d is taken by %q: stop it, or restore a copy beside it in namespaces of its own (--pidns --netns new)", ErrPIDInUse, st.PID, comm)
 	}
 	for _, th := range st.Threads {
 		if busy, comm := task.PIDInUse(th.TID); busy {
-			return fmt.Errorf("%w: thread id %d is taken by %q", ErrPIDInUse, th.TID, comm)
+			return fmt.Errorf("%w: thread id %d is taken by %q: stop it, or restore a copy beside it in namespaces of its own (--pidns --netns new)", ErrPIDInUse, th.TID, comm)
 		}
 	}
 	return nil

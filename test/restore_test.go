@@ -641,6 +641,29 @@ func TestRestoreTwice(t *testing.T) {
 	}
 }
 
+// TestRestoreAddressInUse: a copy restored beside the running original in
+// a pid namespace of its own, but in the same network namespace, cannot
+// bind the original's listening port: the restore is refused, names the
+// address and says --netns new, and nothing of it is left running.
+func TestRestoreAddressInUse(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	ctx := testContext(t)
+	p := fixture.StartRedis(t)
+	dir := filepath.Join(t.TempDir(), "snap")
+	dumpPID(t, p.PID, dir, "--leave-running")
+	r := runSnapctl(t, "restore", "-D", dir, "--pidns")
+	if r.Code == 0 || !strings.Contains(r.Stderr, fmt.Sprintf("bind 127.0.0.1:%d", p.Port)) || !strings.Contains(r.Stderr, "--netns new") {
+		t.Errorf("restore beside the original in its network namespace: want a refusal naming the address and --netns new\n%s", r)
+	}
+	if s := stubLeft(t); len(s) > 0 {
+		t.Errorf("restore stubs left behind: %v", s)
+	}
+	if reply, err := fixture.Redis(ctx, p.Port, "PING"); err != nil || reply != "PONG" {
+		t.Errorf("the original after the refused restore: %q, %v", reply, err)
+	}
+}
+
 func TestRestorePIDInUse(t *testing.T) {
 	testutil.RequirePtrace(t)
 	ctx := testContext(t)
@@ -653,8 +676,8 @@ func TestRestorePIDInUse(t *testing.T) {
 	dumpPID(t, p.PID, dir, "--leave-running")
 
 	r := runSnapctl(t, "restore", "-D", dir)
-	if r.Code != exitPIDInUse || !strings.Contains(r.Stderr, strconv.Itoa(p.PID)) {
-		t.Errorf("restore over a live pid: exit %d, want %d and an error naming pid %d\n%s", r.Code, exitPIDInUse, p.PID, r)
+	if r.Code != exitPIDInUse || !strings.Contains(r.Stderr, strconv.Itoa(p.PID)) || !strings.Contains(r.Stderr, "--pidns --netns new") {
+		t.Errorf("restore over a live pid: exit %d, want %d and an error naming pid %d and --pidns --netns new\n%s", r.Code, exitPIDInUse, p.PID, r)
 	}
 	if got := processesOf(t, exe); !slices.Equal(got, []int{p.PID}) {
 		t.Errorf("processes running %s: %v, want only the original %d", exe, got, p.PID)

@@ -298,8 +298,12 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 		return err
 	}
 	if _, err := fc.in.Call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
-		if errors.Is(err, unix.EADDRINUSE) && s.Type == unix.SOCK_STREAM && s.Family != unix.AF_UNIX && s.Options["SO_REUSEADDR"] == 0 {
-			err = fmt.Errorf("%w (the socket has no SO_REUSEADDR: connections in TIME_WAIT on the port refuse it until they expire)", err)
+		if errors.Is(err, unix.EADDRINUSE) && s.Family != unix.AF_UNIX {
+			hint := ""
+			if s.Type == unix.SOCK_STREAM && s.Options["SO_REUSEADDR"] == 0 {
+				hint = " (the socket has no SO_REUSEADDR: connections in TIME_WAIT on the port refuse it too, until they expire)"
+			}
+			err = fmt.Errorf("%w: another socket holds it now: stop what holds it, or restore into a network namespace of its own (--netns new)%s", err, hint)
 		}
 		return fmt.Errorf("bind %s: %w", s.Local, err)
 	}
