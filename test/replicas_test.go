@@ -325,6 +325,24 @@ func replicaGone(t *testing.T, ctx context.Context, r *replica) {
 	}
 }
 
+// TestDumpAsUser: a user who runs snapctl on a process they may not
+// trace is told to run it as root (exit 10).
+func TestDumpAsUser(t *testing.T) {
+	testutil.RequireRoot(t)
+	setpriv := testutil.RequireCommand(t, "setpriv")
+	p := fixture.Start(t, "sleeper")
+	snapctl := buildTool(t, "snapctl")
+	dir := filepath.Join(t.TempDir(), "snap")
+	if err := os.Chmod(filepath.Dir(dir), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	r := runTool(t, setpriv, commandTimeout, "--reuid", "65534", "--regid", "65534", "--clear-groups", "--",
+		snapctl, "dump", "-t", strconv.Itoa(p.PID), "-D", dir)
+	if r.Code != 10 || !strings.Contains(r.Stderr, "run it as root") {
+		t.Errorf("dump of root's process as nobody: want exit 10 saying to run it as root\n%s", r)
+	}
+}
+
 // TestReplicasNoPrivilege: --pidns and --netns without CAP_SYS_ADMIN
 // (dropped from the bounding set, as a container would) exit 10 with a
 // message naming it, and leave nothing: the snapshot then restores.

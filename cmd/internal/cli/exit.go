@@ -140,12 +140,22 @@ func Report(w io.Writer, prog string, err error, interrupted bool) int {
 	if err == nil || errors.Is(err, ErrHelp) {
 		return ExitOK
 	}
-	fmt.Fprintf(w, "%s: %v\n", prog, err)
+	code := ExitCode(err)
+	msg := err.Error()
+	if prog == "snapctl" && code == ExitNoPrivilege && errors.Is(err, os.ErrPermission) && geteuid() != 0 {
+		// Tracing another user's process, clone3 with a pid, reading
+		// page frames: snapctl's work is root's.
+		msg += " (snapctl dumps and restores as root: run it as root, e.g. sudo snapctl ...)"
+	}
+	fmt.Fprintf(w, "%s: %s\n", prog, msg)
 	if interrupted {
 		return ExitInterrupted
 	}
-	return ExitCode(err)
+	return code
 }
+
+// geteuid is os.Geteuid, which a test replaces.
+var geteuid = os.Geteuid
 
 // StatusTable formats the statuses with codes in codes (all if codes is
 // nil) as the "Exit status" section of a help text.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -99,6 +100,19 @@ func TestReport(t *testing.T) {
 	if code := Report(w, "snapctl", err, true); code != 130 || len(b) == 0 {
 		t.Errorf("interrupted: %d %q", code, b)
 	}
+	// EPERM as a user: what to do, on the same line; as root, nothing
+	// more (the privilege missing is another: the message names it).
+	eperm := fmt.Errorf("seize 1: PTRACE_SEIZE 1: %w", syscall.EPERM)
+	for _, euid := range []int{1000, 0} {
+		geteuid = func() int { return euid }
+		b = nil
+		code := Report(w, "snapctl", eperm, false)
+		hint := strings.Contains(string(b), "run it as root")
+		if code != ExitNoPrivilege || hint != (euid != 0) || strings.Count(string(b), "\n") != 1 {
+			t.Errorf("EPERM as uid %d: %d %q", euid, code, b)
+		}
+	}
+	geteuid = os.Geteuid
 }
 
 type writerFunc func([]byte)
