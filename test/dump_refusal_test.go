@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -200,9 +201,12 @@ func startHolder(t *testing.T, mode string) *fixture.Proc {
 }
 
 // refused runs a dump that must fail: exit status code, one error line
-// on stderr that names every one of names, and no snapshot in dir.
+// on stderr that names every one of names, and no snapshot in dir, nor
+// dir itself if it was not there before.
 func refused(t *testing.T, pid int, dir string, code int, names ...string) cmdResult {
 	t.Helper()
+	_, err := os.Stat(dir)
+	existed := err == nil
 	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir)
 	if r.Code != code {
 		t.Fatalf("dump exit status %d, want %d:\n%s", r.Code, code, r)
@@ -218,6 +222,9 @@ func refused(t *testing.T, pid int, dir string, code int, names ...string) cmdRe
 	}
 	if hasManifest(t, dir) {
 		t.Errorf("a refused dump left a manifest in %s", dir)
+	}
+	if _, err := os.Stat(dir); !existed && !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused dump left the directory it made, %s (%v)", dir, err)
 	}
 	t.Logf("%s", msg)
 	return r

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -33,7 +34,7 @@ func TestCreateDirectoryChecks(t *testing.T) {
 			// files under the names the dump will write.
 			mustDo(t, os.Mkdir(dir, 0o700), os.Symlink("/etc/passwd", filepath.Join(dir, stateName(3))),
 				os.Symlink("/etc/shadow", filepath.Join(dir, "."+ManifestName+".tmp")))
-		}, ErrExists},
+		}, ErrNotEmpty},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "snap")
@@ -75,6 +76,62 @@ func TestCreateMakesPrivateDirectory(t *testing.T) {
 		if fi, _ := e.Info(); fi.Mode().Perm()&0o077 != 0 {
 			t.Errorf("%s mode %v: readable by others", e.Name(), fi.Mode().Perm())
 		}
+	}
+}
+
+// TestCreateNotEmpty: a directory that is not empty is refused, saying
+// what it holds and what to do: a snapshot, the files of a dump that did
+// not finish, or files no dump wrote (a web root).
+func TestCreateNotEmpty(t *testing.T) {
+	for _, tc := range []struct {
+		files []string
+		want  error
+		says  []string
+	}{
+		{[]string{"pages-3.img", ManifestName, "process-3.json"}, ErrExists, []string{ManifestName, "remove it"}},
+		{[]string{"pagemap-3.img", "pages-3.img"}, ErrNotEmpty, []string{"a dump that did not finish", "pagemap-3.img", "rm -r"}},
+		{[]string{"index.html", "style.css"}, ErrNotEmpty, []string{"index.html and 1 more", "which no dump wrote", "new or empty directory"}},
+	} {
+		dir := filepath.Join(t.TempDir(), "snap")
+		mustDo(t, os.Mkdir(dir, 0o700))
+		for _, f := range tc.files {
+			mustDo(t, os.WriteFile(filepath.Join(dir, f), nil, 0o600))
+		}
+		w, err := Create(dir, Options{})
+		if !errors.Is(err, tc.want) {
+			if w != nil {
+				w.Abort()
+			}
+			t.Fatalf("Create over %v: %v, want %v", tc.files, err, tc.want)
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("Create over %v: %q does not say %q", tc.files, err, s)
+			}
+		}
+	}
+}
+
+// TestAbortRemovesDirectory: a dump that fails leaves no directory it
+// made, and leaves one it was given.
+func TestAbortRemovesDirectory(t *testing.T) {
+	made := filepath.Join(t.TempDir(), "a", "snap")
+	w, err := Create(made, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Abort()
+	if _, err := os.Stat(made); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an aborted dump left the directory it made: %v", err)
+	}
+	given := filepath.Join(t.TempDir(), "snap")
+	mustDo(t, os.Mkdir(given, 0o700))
+	if w, err = Create(given, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	w.Abort()
+	if _, err := os.Stat(given); err != nil {
+		t.Errorf("an aborted dump removed the directory it was given: %v", err)
 	}
 }
 

@@ -36,6 +36,9 @@ var (
 	ErrIncomplete = errors.New("incomplete snapshot: no " + ManifestName)
 	// ErrExists: a snapshot is already there.
 	ErrExists = errors.New("directory already holds a snapshot")
+	// ErrNotEmpty: a dump's directory holds other files (a dump's that
+	// did not finish, or files no dump wrote).
+	ErrNotEmpty = errors.New("directory is not empty")
 
 	// ErrSourceMismatch: memory read from a source other than the
 	// snapshot's files (a lazyfs mount) fails the snapshot's checksum

@@ -68,16 +68,18 @@ type Options struct {
 // scheme opens (StoreWriter), with the same order: files as they are
 // written, the manifest last.
 type Writer struct {
-	dir    string
-	dfd    *os.File    // the directory, locked
-	remote StoreWriter // or the store, for an address
-	opts   Options
-	m      Manifest
-	files  []string // written so far, for Abort
-	done   bool
-	keys   *sealKeys          // of a sealed snapshot
-	signer ed25519.PrivateKey // of a signed snapshot
-	parent *Snapshot          // of an incremental snapshot
+	dir string
+	// created: Create made the directory, which Abort removes.
+	created bool
+	dfd     *os.File    // the directory, locked
+	remote  StoreWriter // or the store, for an address
+	opts    Options
+	m       Manifest
+	files   []string // written so far, for Abort
+	done    bool
+	keys    *sealKeys          // of a sealed snapshot
+	signer  ed25519.PrivateKey // of a signed snapshot
+	parent  *Snapshot          // of an incremental snapshot
 	// forked and indexes are for a tree's copy-on-write memory
 	// (forked.go): what each child shares with its parent, and the index
 	// of each process's pages written so far.
@@ -126,6 +128,7 @@ func create(dir string, opts Options) (*Writer, error) {
 	}
 	var dfd *os.File
 	var remote StoreWriter
+	created := false
 	if IsRemote(dir) {
 		sch, err := scheme(dir)
 		if err != nil {
@@ -136,7 +139,7 @@ func create(dir string, opts Options) (*Writer, error) {
 		}
 	} else {
 		var err error
-		if dfd, err = openNewDir(dir); err != nil {
+		if dfd, created, err = openNewDir(dir); err != nil {
 			return nil, err
 		}
 	}
@@ -144,7 +147,7 @@ func create(dir string, opts Options) (*Writer, error) {
 		opts.Kernel = runningKernel()
 	}
 	compression := opts.Mode.String()
-	w := &Writer{dir: dir, dfd: dfd, remote: remote, opts: opts, m: Manifest{
+	w := &Writer{dir: dir, dfd: dfd, created: created, remote: remote, opts: opts, m: Manifest{
 		Format:      manifestFormat,
 		Version:     manifestVersion,
 		Tool:        opts.Tool,
@@ -191,39 +194,46 @@ func (w *Writer) startSeal(o *SealOptions) error {
 }
 
 // openNewDir makes or opens the snapshot directory dir, checks it (see
-// Create) and locks it.
-func openNewDir(dir string) (*os.File, error) {
+// Create) and locks it; created says it made it. Missing parents are made
+// as mkdir -p makes them (0755 less the umask): only the snapshot's own
+// directory is private.
+func openNewDir(dir string) (f *os.File, created bool, err error) {
 	if parent := filepath.Dir(dir); parent != dir {
-		if err := os.MkdirAll(parent, 0o700); err != nil {
-			return nil, fmt.Errorf("create snapshot directory: %w", err)
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			return nil, false, fmt.Errorf("create snapshot directory: %w", err)
 		}
 	}
-	created := true
+	created = true
 	if err := unix.Mkdir(dir, 0o700); errors.Is(err, unix.EEXIST) {
 		created = false
 	} else if err != nil {
-		return nil, fmt.Errorf("create snapshot directory %s: %w", dir, err)
+		return nil, false, fmt.Errorf("create snapshot directory %s: %w", dir, err)
 	}
+	defer func() {
+		if err != nil && created {
+			unix.Rmdir(dir)
+		}
+	}()
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-			return nil, fmt.Errorf("%w: %s is a symbolic link or not a directory", ErrUnsafeDir, dir)
+			return nil, created, fmt.Errorf("%w: %s is a symbolic link or not a directory", ErrUnsafeDir, dir)
 		}
-		return nil, fmt.Errorf("open snapshot directory %s: %w", dir, err)
+		return nil, created, fmt.Errorf("open snapshot directory %s: %w", dir, err)
 	}
-	f := os.NewFile(uintptr(fd), dir)
+	f = os.NewFile(uintptr(fd), dir)
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%s: %w", dir, ErrLocked)
+			return nil, created, fmt.Errorf("%s: %w", dir, ErrLocked)
 		}
-		return nil, fmt.Errorf("lock snapshot directory %s: %w", dir, err)
+		return nil, created, fmt.Errorf("lock snapshot directory %s: %w", dir, err)
 	}
 	if err := checkNewDir(f, created); err != nil {
 		f.Close()
-		return nil, err
+		return nil, created, err
 	}
-	return f, nil
+	return f, created, nil
 }
 
 // checkNewDir checks an open snapshot directory: the caller's, writable
@@ -249,10 +259,39 @@ func checkNewDir(f *os.File, created bool) error {
 	if err != nil {
 		return fmt.Errorf("read snapshot directory %s: %w", f.Name(), err)
 	}
-	if names[0] == ManifestName {
-		return fmt.Errorf("%s: %w", f.Name(), ErrExists)
+	// Say what it holds: a snapshot, what a dump that did not finish
+	// left, or other files.
+	if more, err := f.Readdirnames(maxListed); err == nil || errors.Is(err, io.EOF) {
+		names = append(names, more...)
 	}
-	return fmt.Errorf("%w: %s is not empty (it holds %s, perhaps of a dump that was killed): remove it or dump elsewhere", ErrExists, f.Name(), names[0])
+	slices.Sort(names)
+	if slices.Contains(names, ManifestName) {
+		return fmt.Errorf("%w: %s (it has %s): remove it, or dump into a new or empty directory", ErrExists, f.Name(), ManifestName)
+	}
+	for _, n := range names {
+		if dumpFile(n) {
+			return fmt.Errorf("%w: %s holds the files of a dump that did not finish (%s): remove them (rm -r %s), or dump into a new or empty directory",
+				ErrNotEmpty, f.Name(), n, f.Name())
+		}
+	}
+	what := names[0]
+	if len(names) > 1 {
+		what = fmt.Sprintf("%s and %d more", names[0], len(names)-1)
+	}
+	return fmt.Errorf("%w: %s holds %s, which no dump wrote: dump into a new or empty directory", ErrNotEmpty, f.Name(), what)
+}
+
+// maxListed bounds the names a refusal of a directory reads.
+const maxListed = 64
+
+// dumpFile reports whether name is one of the files a dump writes.
+func dumpFile(name string) bool {
+	for _, p := range []string{"pages-", "pagemap-", "pagecrc-", "process-", "digests-"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return name == KeysName || name == AuthName
 }
 
 // Dir returns the snapshot directory.
@@ -441,6 +480,11 @@ func (w *Writer) Abort() {
 	w.files = nil
 	w.done = true
 	w.dfd.Close()
+	if w.created {
+		// Made for this dump: nothing of it is left (unless another
+		// program wrote into it meanwhile).
+		unix.Rmdir(w.dir)
+	}
 }
 
 // PagesWriter streams the memory of one process into pagemap-PID.img and
