@@ -28,8 +28,8 @@ func checkMountpoint(path string) (string, error) {
 	}
 	// Ask mountinfo first: a request to a mount whose server is stuck
 	// might never be answered.
-	if _, err := findMount(abs); err == nil {
-		return "", fmt.Errorf("mountpoint %s: %w: already a mount point (unmount it first, e.g. lazyfs -u %s)", abs, ErrBusy, abs)
+	if m, err := findMount(abs); err == nil {
+		return "", mountedOn(abs, m.fstype)
 	}
 	var stx unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, abs, 0, unix.STATX_TYPE, &stx); err != nil {
@@ -42,7 +42,7 @@ func checkMountpoint(path string) (string, error) {
 		return "", fmt.Errorf("mountpoint %s: %w", abs, syscall.ENOTDIR)
 	}
 	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return "", fmt.Errorf("mountpoint %s: %w: already a mount point (unmount it first, e.g. lazyfs -u %s)", abs, ErrBusy, abs)
+		return "", mountedOn(abs, "")
 	}
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
@@ -55,6 +55,21 @@ func checkMountpoint(path string) (string, error) {
 		return "", fmt.Errorf("mountpoint %s: %w (%s): mount on a directory of a disk or tmpfs filesystem", abs, ErrKernelFS, name)
 	}
 	return abs, nil
+}
+
+// mountedOn is the refusal of mountpoint abs, a mount already, of file
+// system type fstype ("" if unknown): a lazyfs mount is unmounted with
+// lazyfs -u; any other (a system's /proc, /sys, /home) is not ours to
+// unmount, and the user wants another directory.
+func mountedOn(abs, fstype string) error {
+	if fstype == "fuse."+Subtype {
+		return fmt.Errorf("mountpoint %s: %w: a lazyfs mount is there already (unmount it first: lazyfs -u %s)", abs, ErrBusy, abs)
+	}
+	what := "a mount point"
+	if fstype != "" {
+		what = "the mount point of a " + fstype + " file system"
+	}
+	return fmt.Errorf("mountpoint %s: %w: it is %s: mount on an empty directory of your own (mkdir)", abs, ErrBusy, what)
 }
 
 // kernelFS are the filesystems whose directories the kernel makes (a

@@ -273,8 +273,10 @@ func TestErrors(t *testing.T) {
 		{"no manifest in background", []string{"--background", incomplete, mountpoint(t)}, cli.ExitBadSnapshot, incomplete},
 		{"corrupt manifest", []string{corrupt, mountpoint(t)}, cli.ExitBadSnapshot, filepath.Join(corrupt, image.ManifestName)},
 		{"missing snapshot", []string{filepath.Join(t.TempDir(), "nope"), mountpoint(t)}, cli.ExitFailure, "no such file or directory"},
-		{"mountpoint busy", []string{s.Dir, busy}, cli.ExitFailure, "already a mount point"},
-		{"mountpoint busy in background", []string{"--background", s.Dir, busy}, cli.ExitFailure, "already a mount point"},
+		{"mountpoint busy", []string{s.Dir, busy}, cli.ExitFailure, "a lazyfs mount is there already (unmount it first: lazyfs -u " + busy},
+		{"mountpoint busy in background", []string{"--background", s.Dir, busy}, cli.ExitFailure, "lazyfs -u " + busy},
+		// Not ours to unmount: another directory is what is wanted.
+		{"mountpoint /proc", []string{s.Dir, "/proc"}, cli.ExitFailure, "the mount point of a proc file system: mount on an empty directory"},
 		{"mountpoint is a file", []string{s.Dir, file}, cli.ExitFailure, "not a directory"},
 		{"unmount a plain directory", []string{"-u", t.TempDir()}, cli.ExitFailure, "not a lazyfs mount"},
 		{"one operand", []string{s.Dir}, cli.ExitUsage, "want SNAPSHOT and MOUNTPOINT"},
