@@ -281,7 +281,8 @@ func TestErrors(t *testing.T) {
 		{"unmount a plain directory", []string{"-u", t.TempDir()}, cli.ExitFailure, "not a lazyfs mount"},
 		{"one operand", []string{s.Dir}, cli.ExitUsage, "want SNAPSHOT and MOUNTPOINT"},
 		{"bad size", []string{"--cache-size", "12Q", s.Dir, mountpoint(t)}, cli.ExitUsage, "invalid size"},
-		{"unknown flag", []string{"--frobnicate", s.Dir, mountpoint(t)}, cli.ExitUsage, "flag provided but not defined"},
+		{"unknown flag", []string{"--frobnicate", s.Dir, mountpoint(t)}, cli.ExitUsage, "unknown option --frobnicate"},
+		{"mistyped flag", []string{"--cache-szie", "1G", s.Dir, mountpoint(t)}, cli.ExitUsage, "unknown option --cache-szie: did you mean --cache-size?"},
 		{"-u with two operands", []string{"-u", s.Dir, busy}, cli.ExitUsage, "-u takes one MOUNTPOINT"},
 		{"--force without -u", []string{"--force", s.Dir, busy}, cli.ExitUsage, "--force goes with -u"},
 	} {

@@ -129,9 +129,54 @@ func (f *FlagSet) parse(args []string) error {
 		f.PrintHelp(f.stdout)
 		return ErrHelp
 	case err != nil:
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			if near := f.nearest(name); near != "" {
+				return f.Usagef("unknown option %s: did you mean %s?", dashed(name), dashed(near))
+			}
+			return f.Usagef("unknown option %s", dashed(name))
+		}
 		return f.Usagef("%v", err)
 	}
 	return nil
+}
+
+// nearest returns the defined option closest to name, a mistyped one: at
+// most two edits away (a letter missed, doubled, swapped or wrong), or
+// "" if none is.
+func (f *FlagSet) nearest(name string) string {
+	best, dist := "", 3
+	f.VisitAll(func(fl *flag.Flag) {
+		if d := editDistance(name, fl.Name); d < dist && len(fl.Name) > 1 {
+			best, dist = fl.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the Damerau-Levenshtein distance (optimal string
+// alignment) between a and b.
+func editDistance(a, b string) int {
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 // Usagef prints the synopsis on standard error and returns a *UsageError
