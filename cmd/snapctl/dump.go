@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -298,22 +299,59 @@ func isTerminal(w io.Writer) bool {
 }
 
 // progressPrinter returns a progress callback that starts printing after
-// delay and overwrites one line.
+// delay, on a terminal: the amount done of the total, the percentage, the
+// rate since the start and the time left at that rate, repainted in place
+// at most every progressEvery (a fill reports every block: a 4 GiB
+// restore would repaint thousands of times), and a last line once all is
+// done.
 func progressPrinter(w io.Writer, what string, delay time.Duration) func(done, total uint64) {
-	start := time.Now()
-	printed := false
-	return func(done, total uint64) {
-		if time.Since(start) < delay {
-			return
+	return newProgress(w, what, delay, time.Now).report
+}
+
+// progressEvery is the shortest time between two repaints: ten a second.
+const progressEvery = 100 * time.Millisecond
+
+// progress is one progressPrinter.
+type progress struct {
+	mu      sync.Mutex
+	w       io.Writer
+	what    string
+	delay   time.Duration
+	now     func() time.Time
+	start   time.Time
+	painted time.Time // the last repaint; zero before the first
+	ended   bool
+}
+
+func newProgress(w io.Writer, what string, delay time.Duration, now func() time.Time) *progress {
+	return &progress{w: w, what: what, delay: delay, now: now, start: now()}
+}
+
+func (p *progress) report(done, total uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.now()
+	last := done >= total
+	if p.ended || t.Sub(p.start) < p.delay || !last && !p.painted.IsZero() && t.Sub(p.painted) < progressEvery {
+		return
+	}
+	p.painted = t
+	pct := 100.0
+	if total > 0 {
+		pct = 100 * float64(done) / float64(total)
+	}
+	line := fmt.Sprintf("%s: %s of %s (%.0f%%)", p.what, units.FormatSize(done), units.FormatSize(total), pct)
+	if secs := t.Sub(p.start).Seconds(); secs > 0 && done > 0 {
+		rate := float64(done) / secs
+		line += fmt.Sprintf(", %s/s", units.FormatSize(uint64(rate)))
+		if !last {
+			left := time.Duration(float64(total-done) / rate * float64(time.Second))
+			line += fmt.Sprintf(", %s left", left.Round(time.Second))
 		}
-		pct := 100.0
-		if total > 0 {
-			pct = 100 * float64(done) / float64(total)
-		}
-		fmt.Fprintf(w, "\r%s: %s of %s (%.0f%%)  ", what, units.FormatSize(done), units.FormatSize(total), pct)
-		printed = true
-		if done >= total && printed {
-			fmt.Fprintln(w)
-		}
+	}
+	fmt.Fprintf(p.w, "\r%s\x1b[K", line)
+	if last {
+		p.ended = true
+		fmt.Fprintln(p.w)
 	}
 }
