@@ -306,6 +306,9 @@ func (d *dumper) resumeConns() {
 // are killed only once the snapshot is committed.
 func (d *dumper) dumpMemory(ctx context.Context) error {
 	d.log.Debug("state collected", "pid", d.pid, "since freeze", time.Since(d.frozen))
+	if err := d.controllingTerminals(); err != nil {
+		return d.withResumeErr(err)
+	}
 	var tree mem.TreeObjects
 	if len(d.procs) > 1 {
 		tree = mem.TreeObjects{}
@@ -356,6 +359,29 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 		sts[i] = p.st
 	}
 	mem.MarkShared(sts)
+	return nil
+}
+
+// controllingTerminals notes, for each session leader whose controlling
+// terminal is the slave of a pseudo-terminal pair the processes hold, the
+// pair and the process group in the foreground of it (image.CTTY).
+func (d *dumper) controllingTerminals() error {
+	sts := make([]*image.Process, len(d.procs))
+	for i, p := range d.procs {
+		sts[i] = p.st
+	}
+	for _, p := range d.procs {
+		if p.st.SID != p.st.PID {
+			continue
+		}
+		s, err := proc.ReadStat(p.pid)
+		if err != nil {
+			return d.procErr(p, err)
+		}
+		if idx, ok := fds.CTTYOf(uint64(s.TTYNr), sts); ok {
+			p.st.CTTY = &image.CTTY{Pty: idx, Foreground: s.TPGid}
+		}
+	}
 	return nil
 }
 

@@ -112,8 +112,8 @@ type RestoreResult struct {
 //	  (restore_create.go)
 //	process groups      each joins its group
 //	for each process, parents first:
-//	  lock memory, mm fields; file descriptors, hand out descriptors;
-//	  threads, thread state; lazy memory (its userfaultfd); process
+//	  lock memory, mm fields; file descriptors, hand out descriptors,
+//	  controlling terminal (a pty pair's); threads, thread state; lazy memory (its userfaultfd); process
 //	  state, pending signals, leave stopped (restore_thread.go)
 //	finish              children first: registers, then each runs
 //
@@ -327,6 +327,7 @@ func (tr *tree) steps() []namedStep {
 			{"mm fields", r.setMM},
 			{"file descriptors", r.restoreFDs},
 			{"hand out descriptors", r.handOut},
+			{"controlling terminal", r.controllingTerminal},
 			{"threads", r.createThreads},
 			{"thread state", r.threadState},
 			// The userfaultfd is made while the process still has our

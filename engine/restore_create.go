@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
@@ -161,6 +162,22 @@ func (tr *tree) session(r *restorer) error {
 func (tr *tree) sysvIPC(context.Context) (err error) {
 	tr.ipc, err = ipc.Restore(tr.procs[0].st.SysVIPC, tr.log)
 	return err
+}
+
+// controllingTerminal makes the new slave of a pseudo-terminal pair the
+// controlling terminal of a session leader whose it was, with the same
+// group in the foreground: one of the tree, in its pid namespace, or else
+// the root's, as joinGroups places a process whose group was led outside.
+func (r *restorer) controllingTerminal(context.Context) error {
+	c := r.st.CTTY
+	if c == nil {
+		return nil
+	}
+	fg := r.tr.procs[0].st.OwnPID()
+	if l := r.tr.byPID[c.Foreground]; l != nil {
+		fg = l.st.OwnPID()
+	}
+	return fds.SetCTTY(r.in, r.st, c, fg, r.tr.broker)
 }
 
 // shared makes, in snapctl, the pipes and socket pairs whose ends are in

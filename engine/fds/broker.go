@@ -28,7 +28,10 @@ func (b *Broker) MakeShared(sts []*image.Process) error {
 	for k, fd := range objs {
 		b.mine[k] = fd
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return makePtys(sts, b.mine)
 }
 
 // GiveInherited takes a copy of each open file description of process st

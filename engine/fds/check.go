@@ -39,7 +39,7 @@ func Check(f image.FD) error {
 	if f.External != "" {
 		return nil // given by the caller, or /dev/null (CheckExternal)
 	}
-	if f.Ghost != nil {
+	if f.Ghost != nil || f.Pty != nil {
 		return nil // made anew from the snapshot
 	}
 	switch f.Kind {

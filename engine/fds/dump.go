@@ -40,6 +40,7 @@ func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 	if err != nil {
 		return nil, err
 	}
+	fx.ptys = ptyMasters(fds)
 	defer fx.close()
 	if o.TCP != nil {
 		if err := lockConns(o.TCP, []*fdDumper{fx}); err != nil {
@@ -166,6 +167,9 @@ type fdDumper struct {
 	// inode) to its first descriptor (ghost.go).
 	ghostLimit int64
 	ghosts     map[[2]uint64]int
+	// ptys are the pseudo-terminal pairs whose master the process (or
+	// the tree) holds (pty.go).
+	ptys ptyPairs
 }
 
 // fd describes one descriptor: its number and flags, the file locks held
@@ -193,6 +197,12 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	out.Flags = flags &^ unix.O_CLOEXEC
 	switch f.Kind {
 	case proc.FDCharDev:
+		if f.Stat.Rdev == ptmxRdev && f.Info.TTYIndex >= 0 && fx.ptys[f.Info.TTYIndex] != nil {
+			return fx.pty(f, out, f.Info.TTYIndex, true)
+		}
+		if idx, ok := fx.ptys.of(f.Stat.Rdev); ok {
+			return fx.pty(f, out, idx, false)
+		}
 		if tty, master := isTerminal(f.Stat.Rdev); tty {
 			return fx.terminal(f, out, master)
 		}

@@ -284,6 +284,9 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	if f.Tree != nil {
 		return fc.treeFD(f)
 	}
+	if f.Pty != nil {
+		return fc.ptyFD(f)
+	}
 	if f.External != "" {
 		return fc.external(f)
 	}

@@ -17,8 +17,8 @@ import (
 // gives it the caller's own terminal (RestoreOptions.ShellJob, the
 // terminal in Inherit[TerminalKey]: restore --shell-job), set as the
 // job's was (SetTerminal), or --inherit-fd's descriptor for tty, or
-// /dev/null. A pseudo-terminal master is refused: the pair would have to
-// be rebuilt.
+// /dev/null. A terminal whose pseudo-terminal master the processes hold
+// is a pair inside, rebuilt (pty.go); any other master is refused.
 
 // TerminalKey is the key (image.FD.External) of a descriptor on a terminal
 // outside the process.
@@ -48,7 +48,7 @@ func isTerminal(rdev uint64) (terminal, master bool) {
 // refuses it.
 func (fx *fdDumper) terminal(f *proc.FD, out image.FD, master bool) (image.FD, error) {
 	if master {
-		return out, fmt.Errorf("%w: fd %d is a pseudo-terminal master (%s): restore cannot rebuild the pair", image.ErrUnsupported, f.Num, f.Path)
+		return out, fmt.Errorf("%w: fd %d is a pseudo-terminal master (%s) of a kind restore cannot rebuild (a legacy BSD pty, or a kernel that does not show its pair's number)", image.ErrUnsupported, f.Num, f.Path)
 	}
 	if !fx.shellJob {
 		return out, fmt.Errorf("%w: fd %d is the terminal %s, outside the process: dump with --shell-job, then restore with --shell-job, which gives it snapctl's terminal", ErrExternal, f.Num, f.Path)

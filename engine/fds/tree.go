@@ -160,6 +160,7 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		}
 	}
 	used := map[string]bool{}
+	ptys := ptyMasters(all...)
 	fxs := make([]*fdDumper, 0, len(pids))
 	defer func() {
 		for _, fx := range fxs {
@@ -172,6 +173,7 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		if err != nil {
 			return nil, err
 		}
+		fx.ptys = ptys
 		fxs = append(fxs, fx)
 	}
 	if o.TCP != nil {

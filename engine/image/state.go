@@ -41,6 +41,10 @@ type Process struct {
 	Threads    []Thread `json:"threads"`
 	VMAs       []VMA    `json:"vmas"`
 	FDs        []FD     `json:"fds"`
+	// CTTY, for a session leader whose controlling terminal was the
+	// slave of a pair the processes held (FD.Pty), names the pair, and
+	// the process group in the foreground of it (as PGID is given).
+	CTTY *CTTY `json:"ctty,omitempty"`
 	// SysVIPC, in the root's state of a snapshot, are the System V
 	// semaphore sets and message queues the processes used
 	// (FeatureSysVIPC).
@@ -275,6 +279,13 @@ type SysVShm struct {
 	GID  uint32 `json:"gid"`
 }
 
+// CTTY is a session's controlling terminal: a pseudo-terminal pair of
+// the snapshot.
+type CTTY struct {
+	Pty        int `json:"pty"`
+	Foreground int `json:"foreground"`
+}
+
 // SysVIPC are System V semaphore sets and message queues, which belong to
 // an IPC namespace rather than to a process: those a process of the tree
 // had last operated on (a semaphore's last semop, a queue's last msgsnd or
@@ -388,7 +399,48 @@ type FD struct {
 	// (External "tty"), are the terminal's settings at the dump: restore
 	// --shell-job sets them on its own terminal.
 	Termios *Termios `json:"termios,omitempty"`
+	// Pty, for an end of a pseudo-terminal pair whose master the
+	// processes held, names the pair; restore makes a new one
+	// (FeaturePty).
+	Pty *Pty `json:"pty,omitempty"`
 }
+
+// Pty is an end of a pseudo-terminal pair whose master the processes
+// held (a terminal multiplexer, sshd, a supervisor running a job on a
+// pty).
+type Pty struct {
+	// Index is the pair's number at the dump (its slave was
+	// /dev/pts/Index); Master says this is the master.
+	Index  int  `json:"index"`
+	Master bool `json:"master,omitempty"`
+	// State, on one master descriptor of the pair, is the terminal's.
+	State *PtyState `json:"state,omitempty"`
+}
+
+// PtyState is a pseudo-terminal's settings, window size, and the bytes
+// each way that were written and not yet read: Input to the master, for
+// the slave's reader (with a line being typed), Output to the slave, for
+// the master's reader.
+type PtyState struct {
+	Termios Termios `json:"termios"`
+	Winsize Winsize `json:"winsize"`
+	Input   []byte  `json:"input,omitempty"`
+	Output  []byte  `json:"output,omitempty"`
+}
+
+// Winsize is a terminal's window size (struct winsize).
+type Winsize struct {
+	Row    uint16 `json:"row"`
+	Col    uint16 `json:"col"`
+	Xpixel uint16 `json:"xpixel,omitempty"`
+	Ypixel uint16 `json:"ypixel,omitempty"`
+}
+
+// FeaturePty: the processes held a pseudo-terminal pair (FD.Pty), which
+// an older reader would reopen by the slave's name, another pair's.
+const FeaturePty = "pty"
+
+func init() { knownFeatures[FeaturePty] = true }
 
 // Termios are a terminal's settings (struct termios, TCGETS).
 type Termios struct {

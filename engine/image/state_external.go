@@ -96,5 +96,11 @@ func (p *Process) features() []string {
 	if p.SysVIPC != nil {
 		out = append(out, FeatureSysVIPC)
 	}
+	for _, f := range p.FDs {
+		if f.Pty != nil {
+			out = append(out, FeaturePty)
+			break
+		}
+	}
 	return out
 }

@@ -136,6 +136,9 @@ func (p *Process) Validate() error {
 				return bad("descriptor %d: a deleted file that is not one (%s, mode %o, of %v)", f.FD, f.Kind, g.Mode, g.Of)
 			}
 		}
+		if pt := f.Pty; pt != nil && (f.Kind != FDChr || pt.Index < 0 || pt.State != nil && !pt.Master) {
+			return bad("descriptor %d: a pseudo-terminal end that is not one (%s, pair %d)", f.FD, f.Kind, pt.Index)
+		}
 		for _, l := range f.Locks {
 			if l.Kind != LockFlock && l.Kind != LockPOSIX && l.Kind != LockOFD || l.Start < 0 || l.End < -1 || l.End >= 0 && l.End < l.Start {
 				return bad("descriptor %d: lock %+v", f.FD, l)

@@ -29,6 +29,9 @@ type FDInfo struct {
 	Uffd     *UffdInfo
 	// Locks are the "lock:" lines of file locks held through this file.
 	Locks []string
+	// TTYIndex is a pseudo-terminal master's pair number ("tty-index":
+	// its slave is /dev/pts/TTYIndex); -1 for any other file.
+	TTYIndex int
 	// Extra holds every other line (fanotify, tun, ...).
 	Extra []string
 }
@@ -103,7 +106,7 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 	if len(b) > maxSmallFile {
 		return nil, fmt.Errorf("%w: fdinfo longer than %d bytes", ErrTooLarge, maxSmallFile)
 	}
-	fi := &FDInfo{}
+	fi := &FDInfo{TTYIndex: -1}
 	var seenPos, seenFlags bool
 	var fields [][]byte
 	for len(b) > 0 {
@@ -184,6 +187,11 @@ func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 		fi.MntID = int(v)
 	case "ino":
 		fi.Ino, ok = parseUint(val, 10)
+	case "tty-index":
+		var v int64
+		v, ok = parseInt(val)
+		ok = ok && v >= 0 && v < 1<<20
+		fi.TTYIndex = int(v)
 	case "eventfd-count":
 		fi.eventfd().Count, ok = parseUint(val, 16)
 	case "eventfd-semaphore":
