@@ -1,10 +1,12 @@
 package e2e
 
-// Terminals: a process started on a pseudo-terminal (a server run from an
-// interactive shell) is refused by a dump without --shell-job; with it,
-// its terminal is recorded as leading outside, and restore --shell-job
-// gives it the restoring snapctl's terminal, never the old one reopened
-// by its name (gone here, as when the shell's window was closed).
+// Terminals: a server started from an interactive shell (Python's
+// http.server on a pseudo-terminal, logging its requests there) is
+// refused by a dump without --shell-job; with it, its terminal is
+// recorded as leading outside, and restore --shell-job gives it the
+// restoring snapctl's terminal, set as its own was, never the old one
+// reopened by its name (gone here, as when the shell's window was
+// closed): it answers, and logs the request on the new terminal.
 
 import (
 	"bufio"
@@ -84,14 +86,22 @@ func TestShellJob(t *testing.T) {
 	testutil.RequireUserfaultfd(t)
 	testutil.RequireFUSE(t)
 	snapctl := buildTool(t, "snapctl")
-	sleeper := fixture.Build(t, "sleeper")
+	python := testutil.RequireCommand(t, "python3")
 	for _, mode := range []string{"eager", "lazy"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := testContext(t)
-			// The job: the sleeper with the first terminal as its stdio and
+			// The job: the server with the first terminal as its stdio and
 			// controlling terminal, as a shell runs a command.
 			first := openPTY(t)
-			cmd := exec.Command(sleeper)
+			port, err := fixture.FreePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			www := t.TempDir()
+			if err := os.WriteFile(www+"/f.txt", []byte("on a terminal\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(python, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory", www, strconv.Itoa(port))
 			cmd.Stdin, cmd.Stdout, cmd.Stderr = first.slave, first.slave, first.slave
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 			if err := cmd.Start(); err != nil {
@@ -104,8 +114,17 @@ func TestShellJob(t *testing.T) {
 				unix.Kill(pid, unix.SIGKILL)
 				<-waited
 			})
-			first.line(t, ctx, "ready")
-			first.line(t, ctx, "tick")
+			first.line(t, ctx, "Serving HTTP")
+			get := func() string {
+				t.Helper()
+				body, err := httpGet(ctx, "http://127.0.0.1:"+strconv.Itoa(port)+"/f.txt")
+				if err != nil || body != "on a terminal\n" {
+					t.Fatalf("GET /f.txt: %q, %v", body, err)
+				}
+				return body
+			}
+			get()
+			first.line(t, ctx, "127.0.0.1")
 			// The job has set its terminal as an interactive program
 			// does: no echo, no line editing, reads of 3 bytes.
 			tio, err := unix.IoctlGetTermios(int(first.slave.Fd()), unix.TCGETS)
@@ -151,10 +170,12 @@ func TestShellJob(t *testing.T) {
 					t.Errorf("fd %d of the restored job is %q (%v), want snapctl's terminal %s", fd, link, err, second.slave.Name())
 				}
 			}
-			// It writes on its new terminal, set as it set its own.
+			// It answers, and logs the request on its new terminal, set as
+			// its own was.
+			get()
 			tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			t.Logf("on the new terminal: %s", second.line(t, tctx, "tick"))
+			t.Logf("on the new terminal: %s", second.line(t, tctx, "127.0.0.1"))
 			got, err := unix.IoctlGetTermios(int(second.slave.Fd()), unix.TCGETS)
 			if err != nil {
 				t.Fatal(err)
