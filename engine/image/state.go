@@ -24,8 +24,11 @@ type Process struct {
 	// Dumpable is prctl(PR_GET_DUMPABLE); restore sets it back.
 	Dumpable int `json:"dumpable"`
 	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER).
-	ChildSubreaper bool   `json:"child_subreaper,omitempty"`
-	TimerSlackNs   uint64 `json:"timer_slack_ns,omitempty"`
+	ChildSubreaper bool `json:"child_subreaper,omitempty"`
+	// PdeathSig is prctl(PR_GET_PDEATHSIG): the signal the process gets
+	// when its parent dies.
+	PdeathSig    int    `json:"pdeath_sig,omitempty"`
+	TimerSlackNs uint64 `json:"timer_slack_ns,omitempty"`
 	// OOMScoreAdj is /proc/PID/oom_score_adj (-1000 to 1000); nil in a
 	// snapshot taken before it was recorded.
 	OOMScoreAdj *int     `json:"oom_score_adj,omitempty"`

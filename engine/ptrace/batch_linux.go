@@ -107,7 +107,10 @@ type ProcessInfo struct {
 	// failure, if any (kernels without it).
 	ChildSubreaper bool
 	SubreaperErr   error
-	Thread         ThreadInfo
+	// PdeathSig is prctl(PR_GET_PDEATHSIG): the signal the process gets
+	// when its parent dies (0: none).
+	PdeathSig int
+	Thread    ThreadInfo
 }
 
 // Scratch layout of ReadProcess and ReadThread: the answers first, the
@@ -115,7 +118,8 @@ type ProcessInfo struct {
 const (
 	infoActs      = 0
 	infoSubreaper = infoActs + NumSignals*32
-	infoTid       = infoSubreaper + 8
+	infoPdeath    = infoSubreaper + 8
+	infoTid       = infoPdeath + 8
 	infoAltStack  = infoTid + 8
 	infoEnd       = infoAltStack + 24
 	infoTable     = (infoEnd + 63) &^ 63
@@ -174,7 +178,7 @@ func (in *Injector) ReadThread() (ThreadInfo, error) {
 func (in *Injector) ReadProcess() (ProcessInfo, error) {
 	var p ProcessInfo
 	err := in.th.p.t.Do(func() error {
-		if err := in.needScratch(infoTable + (NumSignals+5)*batchEntry); err != nil {
+		if err := in.needScratch(infoTable + (NumSignals+6)*batchEntry); err != nil {
 			return err
 		}
 		b := make([]byte, infoEnd)
@@ -182,14 +186,15 @@ func (in *Injector) ReadProcess() (ProcessInfo, error) {
 			return err
 		}
 		s := in.scratch
-		calls := make([]BatchCall, 0, NumSignals+5)
+		calls := make([]BatchCall, 0, NumSignals+6)
 		for sig := 1; sig <= NumSignals; sig++ {
 			calls = append(calls, BatchCall{Nr: unix.SYS_RT_SIGACTION, Args: [6]uint64{uint64(sig), 0, s + infoActs + uint64(sig-1)*32, 8}})
 		}
 		calls = append(calls,
 			BatchCall{Nr: unix.SYS_BRK},
 			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_DUMPABLE}},
-			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_CHILD_SUBREAPER, s + infoSubreaper}})
+			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_CHILD_SUBREAPER, s + infoSubreaper}},
+			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_PDEATHSIG, s + infoPdeath}})
 		calls = append(calls, in.threadCalls(s)...)
 		if err := in.runBatch(infoTable, calls); err != nil {
 			return err
@@ -217,8 +222,12 @@ func (in *Injector) ReadProcess() (ProcessInfo, error) {
 		} else {
 			p.ChildSubreaper = le32(b[infoSubreaper:]) != 0
 		}
+		if err := Errno(c[3].Result); err != nil {
+			return fmt.Errorf("prctl(PR_GET_PDEATHSIG): %w", err)
+		}
+		p.PdeathSig = int(le32(b[infoPdeath:]))
 		var err error
-		p.Thread, err = threadInfo(c[3:], b)
+		p.Thread, err = threadInfo(c[4:], b)
 		return err
 	})
 	return p, err

@@ -124,6 +124,7 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 	if info.SubreaperErr == nil {
 		st.ChildSubreaper = info.ChildSubreaper
 	}
+	st.PdeathSig = info.PdeathSig
 	scratch, n := in.Scratch()
 	for _, th := range threads {
 		ti, tinfo := in, info.Thread

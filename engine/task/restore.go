@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 
@@ -63,6 +64,12 @@ func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) er
 	if err := r.creds(); err != nil {
 		return err
 	}
+	if st.PdeathSig != 0 {
+		// After the credentials: changing them clears it.
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(st.PdeathSig)); err != nil {
+			return fmt.Errorf("prctl(PR_SET_PDEATHSIG, %d): %w", st.PdeathSig, err)
+		}
+	}
 	if st.Creds.NoNewPrivs {
 		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
@@ -90,8 +97,86 @@ func (r *restorer) sigActions(c *ptrace.Calls) {
 	}
 }
 
-// creds sets groups, gids and uids where they differ from snapctl's.
+// creds sets the capabilities, groups, gids and uids (as CRIU: the
+// bounding set is dropped to the dumped one while the process is still
+// privileged, its permitted capabilities kept across the change of uid
+// (PR_SET_KEEPCAPS), then set, and the ambient ones raised).
 func (r *restorer) creds() error {
+	c := r.st.Creds
+	if err := r.dropBounding(); err != nil {
+		return err
+	}
+	if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1); err != nil {
+		return fmt.Errorf("prctl(PR_SET_KEEPCAPS): %w", err)
+	}
+	if err := r.ids(); err != nil {
+		return err
+	}
+	return r.capabilities(c)
+}
+
+// dropBounding drops from the bounding set the capabilities the process
+// did not have in it.
+func (r *restorer) dropBounding() error {
+	last := lastCap()
+	for cp := 0; cp <= last; cp++ {
+		if r.st.Creds.CapBnd&(1<<cp) != 0 {
+			continue
+		}
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uint64(cp)); err != nil {
+			return fmt.Errorf("prctl(PR_CAPBSET_DROP, %d): %w", cp, err)
+		}
+	}
+	return nil
+}
+
+// lastCap is the highest capability this kernel knows.
+func lastCap() int {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if n, perr := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && perr == nil && n >= 0 && n < 64 {
+		return n
+	}
+	return 40 // CAP_CHECKPOINT_RESTORE, the last of Linux 6.x
+}
+
+// capabilities sets the effective, permitted and inheritable sets
+// (capset), raises the ambient ones, and ends keeping the permitted ones
+// across uid changes, as a process does by default.
+func (r *restorer) capabilities(c image.Creds) error {
+	// struct __user_cap_header_struct (version 3, this thread), then two
+	// struct __user_cap_data_struct: the low and high 32 bits.
+	var b [8 + 24]byte
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], unix.LINUX_CAPABILITY_VERSION_3)
+	for i, half := range []int{0, 32} {
+		d := b[8+12*i:]
+		le.PutUint32(d[0:], uint32(c.CapEff>>half))
+		le.PutUint32(d[4:], uint32(c.CapPrm>>half))
+		le.PutUint32(d[8:], uint32(c.CapInh>>half))
+	}
+	at, err := r.in.Put(0, b[:])
+	if err != nil {
+		return err
+	}
+	if _, err := r.in.Call(unix.SYS_CAPSET, at, at+8); err != nil {
+		return fmt.Errorf("capset(effective %#x, permitted %#x, inheritable %#x): %w", c.CapEff, c.CapPrm, c.CapInh, err)
+	}
+	for cp := 0; cp < 64; cp++ {
+		if c.CapAmb&(1<<cp) == 0 {
+			continue
+		}
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, uint64(cp)); err != nil {
+			return fmt.Errorf("prctl(PR_CAP_AMBIENT_RAISE, %d): %w", cp, err)
+		}
+	}
+	if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 0); err != nil {
+		return fmt.Errorf("prctl(PR_SET_KEEPCAPS, 0): %w", err)
+	}
+	return nil
+}
+
+// ids sets groups, gids and uids where they differ from snapctl's.
+func (r *restorer) ids() error {
 	c := r.st.Creds
 	if c.UID == [4]uint32{} && c.GID == [4]uint32{} && len(c.Groups) <= 1 && unix.Geteuid() == 0 {
 		return nil
