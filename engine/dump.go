@@ -320,7 +320,12 @@ func (d *dumper) dumpMemory(ctx context.Context) error {
 	pids := map[int]bool{}
 	for _, p := range d.procs {
 		byPID[p.pid] = p
-		pids[p.pid], pids[p.st.OwnPID()] = true, true
+		pids[p.pid] = true
+		if len(p.st.NSPID) > 0 {
+			// In a pid namespace of its own, the kernel records the pid
+			// it has there.
+			pids[p.st.OwnPID()] = true
+		}
 	}
 	// Semaphore sets and message queues the processes used: with the
 	// root, read while they are frozen.

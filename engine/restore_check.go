@@ -90,6 +90,9 @@ func (r *restorer) check() error {
 	if err := r.checkPIDs(); err != nil {
 		return err
 	}
+	if err := task.CheckCapabilities(st); err != nil {
+		return err
+	}
 	if !mem.GhostOf(st.VMAs, st.Exe) {
 		if err := fds.CheckFile(st.Exe, "executable"); err != nil {
 			return err

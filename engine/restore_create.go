@@ -158,23 +158,25 @@ func (tr *tree) session(r *restorer) error {
 }
 
 // sysvIPC makes (or takes over) the System V semaphore sets and message
-// queues the processes used (engine/ipc), in snapctl's IPC namespace.
+// queues the processes used (engine/ipc), in snapctl's IPC namespace, the
+// root putting in their values and messages.
 func (tr *tree) sysvIPC(context.Context) (err error) {
-	tr.ipc, err = ipc.Restore(tr.procs[0].st.SysVIPC, tr.log)
+	tr.ipc, err = ipc.Restore(tr.procs[0].st.SysVIPC, tr.procs[0].in, tr.log)
 	return err
 }
 
 // controllingTerminal makes the new slave of a pseudo-terminal pair the
 // controlling terminal of a session leader whose it was, with the same
-// group in the foreground: one of the tree, in its pid namespace, or else
-// the root's, as joinGroups places a process whose group was led outside.
+// group in the foreground: a group of its session led in the tree, in its
+// pid namespace, or else the leader's own (a group of another session
+// cannot be).
 func (r *restorer) controllingTerminal(context.Context) error {
 	c := r.st.CTTY
 	if c == nil {
 		return nil
 	}
-	fg := r.tr.procs[0].st.OwnPID()
-	if l := r.tr.byPID[c.Foreground]; l != nil {
+	fg := r.st.OwnPID()
+	if l := r.tr.byPID[c.Foreground]; l != nil && l.st.SID == r.st.PID {
 		fg = l.st.OwnPID()
 	}
 	return fds.SetCTTY(r.in, r.st, c, fg, r.tr.broker)

@@ -27,7 +27,7 @@ func (r *restorer) setThreadRegs() error { return task.SetRegs(r.threads, r.st) 
 
 // processState restores the per-process state (task.RestoreProcess).
 func (r *restorer) processState(context.Context) error {
-	return task.RestoreProcess(r.in, r.st, r.log)
+	return task.RestoreProcess(r.in, r.threads, r.area, scratchLen, r.st, r.log)
 }
 
 // pendingSignals queues again the signals pending at the dump, once

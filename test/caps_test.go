@@ -4,8 +4,9 @@ package e2e
 // with a bounding set of two capabilities and CAP_NET_BIND_SERVICE
 // inheritable, permitted, effective and ambient (as a service started by
 // systemd with AmbientCapabilities= runs), whose parent-death signal is
-// SIGHUP, comes back, eager or lazy, with exactly those: never with root's
-// full set, which a restore by root would give it otherwise.
+// SIGHUP, comes back, eager or lazy, with exactly those, in each of its
+// threads: never with root's uid or full set, which a restore by root
+// would give it otherwise (the kernel keeps credentials per thread).
 
 import (
 	"os"
@@ -19,8 +20,9 @@ import (
 
 // capsScript reports its capabilities and parent-death signal on SIGUSR1.
 const capsScript = `
-import ctypes, os, signal, time
+import ctypes, os, signal, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
+threading.Thread(target=lambda: time.sleep(1e6), daemon=True).start()
 libc.prctl(1, signal.SIGHUP)  # PR_SET_PDEATHSIG
 seq = 0
 def on_usr1(signum, frame):
@@ -33,11 +35,16 @@ while True:
     if seq != answered:
         answered = seq
         caps = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Cap")}
+        # Every thread's credentials, as the leader's.
+        creds = set()
+        for tid in os.listdir("/proc/self/task"):
+            creds.add(tuple(l for l in open("/proc/self/task/%s/status" % tid) if l.startswith(("Uid", "Gid", "Cap", "NoNewPrivs"))))
         pd = ctypes.c_int()
         libc.prctl(2, ctypes.byref(pd))  # PR_GET_PDEATHSIG
-        os.write(1, b"report sig=%d seq=%d uid=%d inh=%s prm=%s eff=%s bnd=%s amb=%s pdeath=%d\n" % (
+        os.write(1, b"report sig=%d seq=%d uid=%d inh=%s prm=%s eff=%s bnd=%s amb=%s pdeath=%d threads=%d same=%d\n" % (
             signal.SIGUSR1, answered, os.getuid(), caps["CapInh"].encode(), caps["CapPrm"].encode(),
-            caps["CapEff"].encode(), caps["CapBnd"].encode(), caps["CapAmb"].encode(), pd.value))
+            caps["CapEff"].encode(), caps["CapBnd"].encode(), caps["CapAmb"].encode(), pd.value,
+            len(os.listdir("/proc/self/task")), len(creds) == 1))
     time.sleep(0.005)
 `
 
@@ -69,7 +76,7 @@ func TestRestoreCapabilities(t *testing.T) {
 				"--inh-caps", "+net_bind_service", "--ambient-caps", "+net_bind_service",
 				"--bounding-set", "-all,+net_bind_service,+setuid", "--", python, "-I", script)
 			before := request(t, ctx, p, syscall.SIGUSR1, "report")
-			for k, want := range map[string]string{"uid": "65534", "eff": "0000000000000400", "amb": "0000000000000400", "bnd": "0000000000000480", "pdeath": "1"} {
+			for k, want := range map[string]string{"uid": "65534", "eff": "0000000000000400", "amb": "0000000000000400", "bnd": "0000000000000480", "pdeath": "1", "threads": "2", "same": "1"} {
 				wantField(t, before, k, want)
 			}
 			dir, _ := dumpForRestore(t, ctx, p)
@@ -79,7 +86,7 @@ func TestRestoreCapabilities(t *testing.T) {
 			}
 			restoreAndAdopt(t, p, dir, flags...)
 			after := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
-			for _, k := range []string{"uid", "inh", "prm", "eff", "bnd", "amb", "pdeath"} {
+			for _, k := range []string{"uid", "inh", "prm", "eff", "bnd", "amb", "pdeath", "threads", "same"} {
 				if after.Fields[k] != before.Fields[k] {
 					t.Errorf("%s: %s after the restore, %s before", k, after.Fields[k], before.Fields[k])
 				}

@@ -46,6 +46,7 @@ kinds = {
     "io_uring": uring,
     "userfaultfd": lambda: libc.syscall(323, os.O_CLOEXEC),
     "fuse": lambda: os.open("/dev/fuse", os.O_RDWR),
+    "kmsg": lambda: os.open("/dev/kmsg", os.O_RDONLY),
 }
 if mode == "inotify":
     fd = libc.inotify_init1(os.O_CLOEXEC)
@@ -360,6 +361,7 @@ func TestDumpRefusals(t *testing.T) {
 		{"io_uring", "io_uring"},
 		{"userfaultfd", "userfaultfd"},
 		{"fuse", "/dev/fuse"},
+		{"kmsg", "/dev/kmsg"},
 	} {
 		t.Run("unsupported-fd/"+kind.mode, func(t *testing.T) {
 			ctx := testContext(t)

@@ -13,6 +13,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -132,6 +133,15 @@ func TestRestoreSysVIPC(t *testing.T) {
 				}
 			}
 			// The messages are the ones sent, and the semaphores work.
+			if mode == "made again" {
+				// The restored process is the last to have used what the
+				// restore made: a dump of it keeps them again.
+				again := filepath.Join(t.TempDir(), "again")
+				dumpPID(t, p.PID, again, "--leave-running")
+				if ipc := openImage(t, again, p.PID).State.SysVIPC; ipc == nil || len(ipc.Sems) != 1 || len(ipc.Msgs) != 2 {
+					t.Errorf("a dump of the restored process holds System V IPC %+v: want 1 semaphore set and 2 message queues", ipc)
+				}
+			}
 			took := request(t, ctx, p, syscall.SIGUSR2, "took")
 			for _, k := range []string{"sum", "private_sum", "sems"} {
 				if took.Fields[k] != want.Fields[k] {

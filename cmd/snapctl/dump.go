@@ -300,10 +300,11 @@ func isTerminal(w io.Writer) bool {
 
 // progressPrinter returns a progress callback that starts printing after
 // delay, on a terminal: the amount done of the total, the percentage, the
-// rate since the start and the time left at that rate, repainted in place
-// at most every progressEvery (a fill reports every block: a 4 GiB
-// restore would repaint thousands of times), and a last line once all is
-// done.
+// rate since the line started and the time left at that rate, repainted
+// in place at most every progressEvery (a fill reports every block: a
+// 4 GiB restore would repaint thousands of times), and ended once all is
+// done. A new total, or a new start after the end (the next process of a
+// tree), starts a new line.
 func progressPrinter(w io.Writer, what string, delay time.Duration) func(done, total uint64) {
 	return newProgress(w, what, delay, time.Now).report
 }
@@ -318,19 +319,28 @@ type progress struct {
 	what    string
 	delay   time.Duration
 	now     func() time.Time
-	start   time.Time
-	painted time.Time // the last repaint; zero before the first
+	start   time.Time // of the command, for the delay
+	line    time.Time // of the line's total, for the rate
+	total   uint64
+	painted time.Time // the last repaint of the line; zero before the first
 	ended   bool
 }
 
 func newProgress(w io.Writer, what string, delay time.Duration, now func() time.Time) *progress {
-	return &progress{w: w, what: what, delay: delay, now: now, start: now()}
+	t := now()
+	return &progress{w: w, what: what, delay: delay, now: now, start: t, line: t}
 }
 
 func (p *progress) report(done, total uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	t := p.now()
+	if total != p.total || p.ended && done < total {
+		if !p.painted.IsZero() && !p.ended {
+			fmt.Fprintln(p.w)
+		}
+		p.total, p.line, p.painted, p.ended = total, t, time.Time{}, false
+	}
 	last := done >= total
 	if p.ended || t.Sub(p.start) < p.delay || !last && !p.painted.IsZero() && t.Sub(p.painted) < progressEvery {
 		return
@@ -341,7 +351,7 @@ func (p *progress) report(done, total uint64) {
 		pct = 100 * float64(done) / float64(total)
 	}
 	line := fmt.Sprintf("%s: %s of %s (%.0f%%)", p.what, units.FormatSize(done), units.FormatSize(total), pct)
-	if secs := t.Sub(p.start).Seconds(); secs > 0 && done > 0 {
+	if secs := t.Sub(p.line).Seconds(); secs > 0 && done > 0 {
 		rate := float64(done) / secs
 		line += fmt.Sprintf(", %s/s", units.FormatSize(uint64(rate)))
 		if !last {

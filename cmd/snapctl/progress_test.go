@@ -38,6 +38,16 @@ func TestProgressRepaints(t *testing.T) {
 		t.Errorf("first line %q: want the rate and the time left", first)
 	}
 
+	// The next process of a tree: a line of its own, ended too.
+	b.Reset()
+	for done := uint64(0); done <= 1<<30; done += 64 << 20 {
+		now = now.Add(50 * time.Millisecond)
+		p.report(done, 1<<30)
+	}
+	if out := b.String(); strings.Count(out, "\n") != 1 || !strings.Contains(out, "1 GiB of 1 GiB (100%)") {
+		t.Errorf("a second total: want a line of its own, ended:\n%q", out)
+	}
+
 	b.Reset()
 	now = time.Unix(2000, 0)
 	q := newProgress(&b, "dump", time.Second, func() time.Time { return now })

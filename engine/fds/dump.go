@@ -206,13 +206,12 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 		if tty, master := isTerminal(f.Stat.Rdev); tty {
 			return fx.terminal(f, out, master)
 		}
-		if major := unix.Major(f.Stat.Rdev); major != memMajor {
+		if !statelessDevices[f.Stat.Rdev] {
 			// A driver's state lives in its open file (a FUSE
-			// connection, a TUN interface, a GPU context): reopening
-			// the path makes a new, empty one. Only the memory devices
-			// (null, zero, full, random, urandom, kmsg) hold none.
-			return out, fmt.Errorf("%w: fd %d is the character device %s (%d:%d): a reopened device would not hold the state of the open one; only memory devices (/dev/null, /dev/zero, /dev/urandom...) and terminals are restored",
-				image.ErrUnsupported, f.Num, f.Path, major, unix.Minor(f.Stat.Rdev))
+			// connection, a TUN interface, a GPU context, a position
+			// in the kernel log): reopening the path makes a new one.
+			return out, fmt.Errorf("%w: fd %d is the character device %s (%d:%d): a reopened device would not hold the state of the open one; only /dev/null, zero, full, random, urandom and terminals are restored",
+				image.ErrUnsupported, f.Num, f.Path, unix.Major(f.Stat.Rdev), unix.Minor(f.Stat.Rdev))
 		}
 		return dumpFile(f, out)
 	case proc.FDFile:

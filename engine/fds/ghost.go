@@ -86,12 +86,15 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 }
 
 // makeGhost makes deleted file g again: a file of its contents, owner and
-// mode, made by snapctl in the directory of path with O_TMPFILE (never
-// linked), and handed to the process (pidfd) in injects into, where it
-// returns its descriptor (read-write, close-on-exec).
+// mode, made by snapctl in the directory of path with O_TMPFILE and
+// O_EXCL (nothing can ever link it: a program made again from a setuid
+// one must not become a setuid file anyone can reach), without its
+// set-user-ID and set-group-ID bits, and handed to the process (pidfd) in
+// injects into, where it returns its descriptor (read-write,
+// close-on-exec).
 func makeGhost(in *ptrace.Injector, pidfd int, path string, g *image.Ghost) (int, error) {
 	dir := filepath.Dir(path)
-	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: O_TMPFILE in %s: %w", path, dir, err)
 	}
@@ -102,7 +105,7 @@ func makeGhost(in *ptrace.Injector, pidfd int, path string, g *image.Ghost) (int
 	if err := unix.Fchown(tmp, int(g.UID), int(g.GID)); err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: chown: %w", path, err)
 	}
-	if err := unix.Fchmod(tmp, g.Mode); err != nil {
+	if err := unix.Fchmod(tmp, g.Mode&^(unix.S_ISUID|unix.S_ISGID)); err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: chmod: %w", path, err)
 	}
 	held, err := passFD(in, pidfd, tmp, true)

@@ -299,8 +299,11 @@ func SetCTTY(in *ptrace.Injector, st *image.Process, c *image.CTTY, fg int, t Tr
 	}
 	if fd < 0 {
 		got, ok, err := t.Take(in, PtyKey(c.Pty, false))
-		if err != nil || !ok {
-			return fmt.Errorf("controlling terminal: pseudo-terminal %d: %v", c.Pty, err)
+		if err != nil {
+			return fmt.Errorf("controlling terminal: pseudo-terminal %d: %w", c.Pty, err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: controlling terminal: pseudo-terminal %d has no master in the snapshot", image.ErrCorrupt, c.Pty)
 		}
 		defer in.CloseFD(got)
 		fd = got

@@ -24,10 +24,14 @@ import (
 // outside the process.
 const TerminalKey = "tty"
 
-// memMajor is the major number of the memory devices (/dev/null, zero,
-// full, random, urandom, kmsg), the character devices other than
-// terminals that a reopen restores whole.
-const memMajor = 1
+// statelessDevices are the character devices other than terminals that a
+// reopen restores whole, all of major 1: /dev/null, zero, full, random
+// and urandom. (/dev/kmsg, 1:11, keeps a read position per open file: a
+// reopen would replay the log; /dev/mem and /dev/port, positions in
+// memory.)
+var statelessDevices = map[uint64]bool{
+	unix.Mkdev(1, 3): true, unix.Mkdev(1, 5): true, unix.Mkdev(1, 7): true, unix.Mkdev(1, 8): true, unix.Mkdev(1, 9): true,
+}
 
 // isTerminal reports whether a character device is a terminal: a virtual
 // console or serial line (major 4), /dev/tty or /dev/console (5:0, 5:1),

@@ -32,6 +32,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // ErrKeyInUse: a semaphore set or message queue of a key the processes
@@ -172,8 +173,11 @@ func (m *Made) Remove() {
 
 // Restore makes the semaphore sets and message queues of ipc, or takes
 // over each that is still there as the dump saw it; made lists those it
-// made, also when it fails.
-func Restore(ipc *image.SysVIPC, log *slog.Logger) (made *Made, err error) {
+// made, also when it fails. Their values and messages are put in by in, a
+// restored process: the kernel records it as the last to operate on them
+// (semctl GETPID, a queue's lspid), as the dumped processes were, so that
+// a dump of the restored ones sees them again.
+func Restore(ipc *image.SysVIPC, in *ptrace.Injector, log *slog.Logger) (made *Made, err error) {
 	made = &Made{}
 	if ipc == nil {
 		return made, nil
@@ -203,7 +207,7 @@ func Restore(ipc *image.SysVIPC, log *slog.Logger) (made *Made, err error) {
 			return made, fmt.Errorf("%w: key %#x is now semaphore set %d of %d semaphores, not set %d of %d the processes had: stop what uses it, or remove it (ipcrm -s %d) if it is a leftover",
 				ErrKeyInUse, uint32(s.Key), cur.ID, cur.NSems, s.ID, len(s.Values), cur.ID)
 		}
-		id, err := makeSem(s)
+		id, err := makeSem(s, in)
 		if id >= 0 {
 			made.sems = append(made.sems, id)
 		}
@@ -237,7 +241,7 @@ func Restore(ipc *image.SysVIPC, log *slog.Logger) (made *Made, err error) {
 			return made, fmt.Errorf("%w: key %#x is now message queue %d, not queue %d the processes had: stop what uses it, or remove it (ipcrm -q %d) if it is a leftover",
 				ErrKeyInUse, uint32(q.Key), cur.ID, q.ID, cur.ID)
 		}
-		id, err := makeMsg(q)
+		id, err := makeMsg(q, in)
 		if id >= 0 {
 			made.msgs = append(made.msgs, id)
 		}
@@ -294,8 +298,9 @@ func setOwner(ds *[dsLen]byte, obj image.SysVIPCObject) {
 	binary.LittleEndian.PutUint32(ds[permMode:], obj.Mode)
 }
 
-// makeSem makes semaphore set s: key, id if free, owner, mode, values.
-func makeSem(s image.SysVSem) (int, error) {
+// makeSem makes semaphore set s: key, id if free, owner, mode; and its
+// values, set by in's process.
+func makeSem(s image.SysVSem, in *ptrace.Injector) (int, error) {
 	flags := uintptr(unix.IPC_CREAT | unix.IPC_EXCL | s.Mode)
 	id, err := get(unix.SYS_SEMGET, "sem", s.SysVIPCObject, uintptr(len(s.Values)), flags)
 	if err != nil {
@@ -309,15 +314,23 @@ func makeSem(s image.SysVSem) (int, error) {
 	if _, err := semctl(id, 0, unix.IPC_SET, unsafe.Pointer(&ds)); err != nil {
 		return id, fmt.Errorf("semctl(%d, IPC_SET, uid %d gid %d mode %o): %w", id, s.UID, s.GID, s.Mode, err)
 	}
-	if _, err := semctl(id, 0, setAll, unsafe.Pointer(&s.Values[0])); err != nil {
+	vals := make([]byte, 2*len(s.Values))
+	for i, v := range s.Values {
+		binary.LittleEndian.PutUint16(vals[2*i:], v)
+	}
+	at, err := in.Put(0, vals)
+	if err != nil {
+		return id, err
+	}
+	if _, err := in.Call(unix.SYS_SEMCTL, uint64(id), 0, setAll, at); err != nil {
 		return id, fmt.Errorf("semctl(%d, SETALL): %w", id, err)
 	}
 	return id, nil
 }
 
-// makeMsg makes message queue q: key, id if free, owner, mode, size, and
-// its messages in order.
-func makeMsg(q image.SysVMsg) (int, error) {
+// makeMsg makes message queue q: key, id if free, owner, mode, size; and
+// its messages in order, sent by in's process.
+func makeMsg(q image.SysVMsg, in *ptrace.Injector) (int, error) {
 	id, err := get(unix.SYS_MSGGET, "msg", q.SysVIPCObject, uintptr(unix.IPC_CREAT|unix.IPC_EXCL|q.Mode))
 	if err != nil {
 		return -1, fmt.Errorf("msgget: %w", err)
@@ -335,8 +348,12 @@ func makeMsg(q image.SysVMsg) (int, error) {
 		buf := make([]byte, 8+len(m.Data))
 		binary.LittleEndian.PutUint64(buf, uint64(m.Type))
 		copy(buf[8:], m.Data)
-		if _, _, e := unix.Syscall6(unix.SYS_MSGSND, uintptr(id), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(m.Data)), unix.IPC_NOWAIT, 0, 0); e != 0 {
-			return id, fmt.Errorf("msgsnd message %d of %d (%d bytes): %w", i+1, len(q.Messages), len(m.Data), e)
+		at, err := in.Put(0, buf)
+		if err != nil {
+			return id, err
+		}
+		if _, err := in.Call(unix.SYS_MSGSND, uint64(id), at, uint64(len(m.Data)), unix.IPC_NOWAIT); err != nil {
+			return id, fmt.Errorf("msgsnd message %d of %d (%d bytes): %w", i+1, len(q.Messages), len(m.Data), err)
 		}
 	}
 	return id, nil

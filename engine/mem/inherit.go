@@ -24,9 +24,8 @@ import (
 // private anonymous VMAs that are the same physical pages as its
 // parent's at the same address (pagemap's frame numbers, which only a
 // privileged reader sees: without them nothing is marked). A VMA counts
-// only where the parent has one of the same range, protection and flags
-// that fork passes on (not MADV_DONTFORK or MADV_WIPEONFORK). childPID and
-// parentPID are the frozen processes; it returns the bytes marked.
+// only where the parent has one fork made it from (forkedAs). childPID
+// and parentPID are the frozen processes; it returns the bytes marked.
 func MarkInherited(child, parent *image.Process, childPID, parentPID int) (uint64, error) {
 	var cpm, ppm *proc.Pagemap
 	defer func() {
@@ -43,8 +42,7 @@ func MarkInherited(child, parent *image.Process, childPID, parentPID int) (uint6
 		v := &child.VMAs[i]
 		v.Inherited = nil
 		w := VMAAt(parent.VMAs, v.Start)
-		if !inheritable(v) || w == nil || w.Start != v.Start || w.End != v.End || w.Prot != v.Prot || w.Flags != v.Flags || !inheritable(w) ||
-			slices.Contains(w.VMFlags, "dc") || slices.Contains(w.VMFlags, "wf") {
+		if !forkedAs(v, w) {
 			continue
 		}
 		if cpm == nil {
@@ -92,6 +90,24 @@ func MarkInherited(child, parent *image.Process, childPID, parentPID int) (uint6
 // (512 KiB of them, 256 MiB of memory).
 const inheritChunk = 64 << 10
 
+// forkedAs reports whether the child's VMA v is what fork makes of the
+// parent's w, as restore makes them: the same range, protection, flags
+// and advice (madvise, which a kept VMA keeps from its parent), private
+// anonymous memory that fork passes on (not MADV_DONTFORK or
+// MADV_WIPEONFORK).
+func forkedAs(v, w *image.VMA) bool {
+	if w == nil || !inheritable(v) || !inheritable(w) || w.Start != v.Start || w.End != v.End || w.Prot != v.Prot || w.Flags != v.Flags ||
+		slices.Contains(w.VMFlags, "dc") || slices.Contains(w.VMFlags, "wf") {
+		return false
+	}
+	for f := range madvFlags {
+		if slices.Contains(v.VMFlags, f) != slices.Contains(w.VMFlags, f) {
+			return false
+		}
+	}
+	return true
+}
+
 // inheritable reports whether fork passes v on as it is: private
 // anonymous memory that does not grow down (a stack's VMA is as long as
 // the stack grew).
@@ -124,9 +140,7 @@ func Inherit(st *image.Process, pages *image.Reader, parent *image.Process) Inhe
 		if len(v.Inherited) == 0 {
 			continue
 		}
-		w := VMAAt(parent.VMAs, v.Start)
-		if w != nil && inheritable(v) && inheritable(w) && w.Start == v.Start && w.End == v.End && w.Prot == v.Prot && w.Flags == v.Flags &&
-			!slices.Contains(w.VMFlags, "dc") && !slices.Contains(w.VMFlags, "wf") {
+		if forkedAs(v, VMAAt(parent.VMAs, v.Start)) {
 			ok[v.Start] = true
 		}
 	}

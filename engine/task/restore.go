@@ -28,12 +28,15 @@ type restorer struct {
 	log *slog.Logger
 }
 
-// RestoreProcess restores, through in, the per-process state: signal
-// actions, umask, working and root directories, personality, prctl
-// settings, resource limits, and credentials (last, since they may drop
-// the privileges the rest needs) with no_new_privs. Its session and
-// process group were set as the process was created.
-func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) error {
+// RestoreProcess restores, through in (the leader's injector), the
+// per-process state: signal actions, umask, working and root directories,
+// personality, prctl settings, resource limits; then, in every thread
+// (threads, in the order of st.Threads, injected through area), the
+// credentials (last, since they may drop the privileges the rest needs)
+// with no_new_privs, which the kernel keeps per thread: a thread created
+// before has snapctl's. Its session and process group were set as the
+// process was created.
+func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, scratch int, st *image.Process, log *slog.Logger) error {
 	r := &restorer{in: in, st: st, log: log}
 	// Signal actions, umask, directories, personality and prctl settings
 	// go in one batch: one resume of the process rather than seventy.
@@ -61,10 +64,39 @@ func RestoreProcess(in *ptrace.Injector, st *image.Process, log *slog.Logger) er
 			r.log.Warn("resource limit not restored", "resource", l.Resource, "cur", l.Cur, "max", l.Max, "err", err)
 		}
 	}
+	for i := range st.Threads {
+		tr := r
+		if i > 0 {
+			tin, err := threads[i].InjectorAt(area, area+image.PageSize, scratch)
+			if err != nil {
+				return fmt.Errorf("thread %d: %w", st.Threads[i].TID, err)
+			}
+			tr = &restorer{in: tin, st: st, log: log}
+			err = tr.threadCreds(false)
+			if cerr := tin.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return fmt.Errorf("thread %d: %w", st.Threads[i].TID, err)
+			}
+			continue
+		}
+		if err := tr.threadCreds(true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// threadCreds sets the credentials of the thread r injects into, its
+// no_new_privs, and for the leader the parent-death signal (dumped for
+// the leader alone).
+func (r *restorer) threadCreds(leader bool) error {
+	st := r.st
 	if err := r.creds(); err != nil {
 		return err
 	}
-	if st.PdeathSig != 0 {
+	if leader && st.PdeathSig != 0 {
 		// After the credentials: changing them clears it.
 		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(st.PdeathSig)); err != nil {
 			return fmt.Errorf("prctl(PR_SET_PDEATHSIG, %d): %w", st.PdeathSig, err)
