@@ -8,6 +8,8 @@ package e2e
 // new pair, its group in the foreground, so that ^C reaches it.
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -61,4 +63,20 @@ func TestRestorePtyPair(t *testing.T) {
 			lazyKill(t, ctx, p)
 		})
 	}
+	t.Run("slave held outside", func(t *testing.T) {
+		ctx := testContext(t)
+		p := fixture.Start(t, "ptyjob")
+		child := p.Ready.MustInt(t, "child")
+		t.Cleanup(func() { unix.Kill(int(child), unix.SIGKILL) })
+		// This test holds the job's terminal too, as a process the dump
+		// leaves out would: it would keep the old pair.
+		slave := readProcLink(t, int(child), "0")
+		f, err := os.OpenFile(slave, os.O_RDWR|unix.O_NOCTTY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		refused(t, p.PID, filepath.Join(t.TempDir(), "snap"), exitUnsupported, slave, "pid "+strconv.Itoa(os.Getpid()), "outside")
+		answersNormally(t, ctx, p, syscall.SIGUSR2, "typed")
+	})
 }

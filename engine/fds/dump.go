@@ -40,8 +40,10 @@ func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 	if err != nil {
 		return nil, err
 	}
-	fx.ptys = ptyMasters(fds)
 	defer fx.close()
+	if fx.ptys, err = ptyMasters([]int{pid}, fds); err != nil {
+		return nil, err
+	}
 	if o.TCP != nil {
 		if err := lockConns(o.TCP, []*fdDumper{fx}); err != nil {
 			return nil, err

@@ -3,6 +3,8 @@ package fds
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -25,8 +27,9 @@ import (
 // process its ends: the master as it was, each slave a new open of the
 // new slave with its flags. A session leader whose controlling terminal
 // was the slave makes the new slave its controlling terminal, with the
-// same foreground group (CTTY). A pair in packet mode, or still locked, is
-// refused; so is a master of the legacy BSD ptys.
+// same foreground group (CTTY). A pair whose slave a process outside
+// holds too, one in packet mode, or still locked, is refused; so is a
+// master of the legacy BSD ptys.
 
 // ptmxRdev is /dev/ptmx's device number (5:2), a master's.
 var ptmxRdev = unix.Mkdev(5, 2)
@@ -45,8 +48,11 @@ func ptySlaveIndex(rdev uint64) (int, bool) {
 // records whether its state was read.
 type ptyPairs map[int]*bool
 
-// ptyMasters finds the pairs whose master one of the descriptors holds.
-func ptyMasters(all ...[]proc.FD) ptyPairs {
+// ptyMasters finds the pairs whose master one of the descriptors all of
+// the processes pids holds. A pair whose slave a process outside holds
+// too is refused: that process would keep the old pair, the restored ones
+// a new one.
+func ptyMasters(pids []int, all ...[]proc.FD) (ptyPairs, error) {
 	out := ptyPairs{}
 	for _, fds := range all {
 		for _, f := range fds {
@@ -55,7 +61,48 @@ func ptyMasters(all ...[]proc.FD) ptyPairs {
 			}
 		}
 	}
-	return out
+	if len(out) == 0 {
+		return out, nil
+	}
+	in := map[int]bool{os.Getpid(): true}
+	for _, p := range pids {
+		in[p] = true
+	}
+	for idx := range out {
+		if pid, comm := slaveHolder(idx, in); pid != 0 {
+			return nil, fmt.Errorf("%w: the slave of pseudo-terminal %d (/dev/pts/%d) is held by pid %d (%s), outside the processes dumped: dump the tree it belongs to, or stop it",
+				image.ErrUnsupported, idx, idx, pid, comm)
+		}
+	}
+	return out, nil
+}
+
+// slaveHolder returns a process not in skip that holds a descriptor on
+// the slave of pair idx, and its name; 0 if none.
+func slaveHolder(idx int, skip map[int]bool) (int, string) {
+	rdev := unix.Mkdev(uint32(136+idx>>8), uint32(idx&0xff))
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, ""
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || skip[pid] {
+			continue
+		}
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			continue // gone, or a kernel thread
+		}
+		for _, fd := range fds {
+			var st unix.Stat_t
+			if unix.Stat(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == rdev {
+				comm, _ := proc.ReadComm(pid)
+				return pid, comm
+			}
+		}
+	}
+	return 0, ""
 }
 
 // of returns the pair whose slave is device rdev, if the processes hold

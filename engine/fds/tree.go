@@ -160,7 +160,10 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		}
 	}
 	used := map[string]bool{}
-	ptys := ptyMasters(all...)
+	ptys, err := ptyMasters(pids, all...)
+	if err != nil {
+		return nil, err
+	}
 	fxs := make([]*fdDumper, 0, len(pids))
 	defer func() {
 		for _, fx := range fxs {
