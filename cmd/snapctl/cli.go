@@ -24,6 +24,7 @@ func commands() []command {
 		{"verify", "check every block of a snapshot against its checksum", runVerify},
 		{"check", "check that this machine has what restore needs", runCheck},
 		{"cleanup", "list and clear what a dump into an object store left when it died", runCleanup},
+		{"ls", "list the snapshots in a directory", runLs},
 	}
 }
 
