@@ -1,9 +1,11 @@
 package e2e
 
-// snapctl ls: the snapshots of a directory, an incremental one with its
-// parent, and the files a dump that did not finish left, which a listing
-// must show (they take room, and a new dump refuses the directory);
-// directories that hold neither are not listed.
+// snapctl ls and rm: the snapshots of a directory, an incremental one with
+// its parent, and the files a dump that did not finish left, which a
+// listing must show (they take room, and a new dump refuses the
+// directory); directories that hold neither are not listed, nor removed.
+// A parent is not removed while an incremental snapshot beside it needs
+// it.
 
 import (
 	"encoding/json"
@@ -63,5 +65,23 @@ func TestLs(t *testing.T) {
 	out := mustSnapctl(t, "ls", root).Stdout
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 4 || !strings.HasPrefix(lines[0], "NAME") {
 		t.Errorf("ls table:\n%s", out)
+	}
+
+	at := func(d string) string { return filepath.Join(root, d) }
+	if r := runSnapctl(t, "rm", at("base")); r.Code != 1 || !strings.Contains(r.Stderr, at("next")) {
+		t.Errorf("rm of the parent of an incremental snapshot: want exit 1 naming it\n%s", r)
+	}
+	if r := runSnapctl(t, "rm", at("www")); r.Code != 1 || !strings.Contains(r.Stderr, "nothing removed") {
+		t.Errorf("rm of a directory no dump wrote: want exit 1\n%s", r)
+	}
+	mustSnapctl(t, "rm", at("killed"))
+	mustSnapctl(t, "rm", at("next"), at("base"))
+	for _, d := range []string{"base", "next", "killed"} {
+		if _, err := os.Stat(at(d)); !os.IsNotExist(err) {
+			t.Errorf("%s after rm: %v", d, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(at("www"), "index.html")); err != nil {
+		t.Errorf("rm touched a directory no dump wrote: %v", err)
 	}
 }

@@ -25,6 +25,7 @@ func commands() []command {
 		{"check", "check that this machine has what restore needs", runCheck},
 		{"cleanup", "list and clear what a dump into an object store left when it died", runCleanup},
 		{"ls", "list the snapshots in a directory", runLs},
+		{"rm", "remove snapshots, or what a dump that did not finish left", runRm},
 	}
 }
 

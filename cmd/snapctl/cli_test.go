@@ -60,7 +60,7 @@ func TestUsage(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"dump", "--help"}, {"restore", "-h"}, {"inspect", "--help"}, {"verify", "--help"}, {"check", "--help"}, {"ls", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"dump", "--help"}, {"restore", "-h"}, {"inspect", "--help"}, {"verify", "--help"}, {"check", "--help"}, {"ls", "--help"}, {"rm", "--help"}} {
 		code, stdout, stderr := snapctl(t, args...)
 		if code != 0 || stderr != "" || !strings.Contains(stdout, "usage: snapctl") || !strings.Contains(stdout, "\nExit status:\n  0   success\n") {
 			t.Errorf("snapctl %q: exit %d, stderr %q, stdout:\n%s", args, code, stderr, stdout)
