@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -155,7 +154,7 @@ refused, naming it and the flag (a program or library often needs
 	})
 	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
 	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
-	verbose := fs.Bool("v", false, "log each step")
+	logFlags := cli.NewLogFlags(fs)
 	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -184,12 +183,13 @@ refused, naming it and the flag (a program or library often needs
 	if err := remote.Check(*dir); err != nil {
 		return err
 	}
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelDebug
+	log, closeLog, err := logFlags.Logger(stderr)
+	if err != nil {
+		return err
 	}
+	defer closeLog()
 	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(ctx),
-		TCPEstablished: *tcpEstablished, ShellJob: *shellJob, GhostLimit: ghostLimit.V, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+		TCPEstablished: *tcpEstablished, ShellJob: *shellJob, GhostLimit: ghostLimit.V, Logger: log}
 	if len(external) > 0 {
 		ext, err := fds.ParseExternal(external)
 		if err != nil {

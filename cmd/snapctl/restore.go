@@ -178,7 +178,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
 	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
 	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
-	verbose := fl.Bool("v", false, "log each step")
+	logFlags := cli.NewLogFlags(fl)
 	remote := cli.RemoteFlags(fl, true)
 	if err := fl.Parse(args); err != nil {
 		return err
@@ -220,11 +220,11 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	if err := checkWorkingSetFlags(fl, *lazyFlag, *workingSet, *record, *recordFor, *recordFaults); err != nil {
 		return err
 	}
-	level := slog.LevelWarn
-	if *verbose {
-		level = slog.LevelDebug
+	log, closeLog, err := logFlags.Logger(stderr)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	defer closeLog()
 	if *netns != "" && *netns != ns.NetNew {
 		f, err := ns.OpenNet(*netns)
 		if err != nil {
