@@ -55,11 +55,32 @@ func sysvIPCRemove(t *testing.T, keys []int32, ids map[string]int) {
 	}
 }
 
+// probeMsgCopy reads a message of a queue of its own without taking it
+// (MSG_COPY), as the dump reads queues: kernels without
+// CONFIG_CHECKPOINT_RESTORE refuse it (ENOSYS), and such a dump is
+// refused.
+func probeMsgCopy() error {
+	q, _, e := unix.Syscall(unix.SYS_MSGGET, 0, unix.IPC_CREAT|0o600, 0)
+	if e != 0 {
+		return fmt.Errorf("msgget: %w", e)
+	}
+	defer unix.Syscall(unix.SYS_MSGCTL, q, unix.IPC_RMID, 0)
+	buf := []byte{1, 0, 0, 0, 0, 0, 0, 0, 'x'}
+	if _, _, e := unix.Syscall6(unix.SYS_MSGSND, q, uintptr(unsafe.Pointer(&buf[0])), 1, unix.IPC_NOWAIT, 0, 0); e != 0 {
+		return fmt.Errorf("msgsnd: %w", e)
+	}
+	if _, _, e := unix.Syscall6(unix.SYS_MSGRCV, q, uintptr(unsafe.Pointer(&buf[0])), 1, 0, unix.IPC_NOWAIT|0o40000, 0); e != 0 {
+		return fmt.Errorf("msgrcv(MSG_COPY): %w", e)
+	}
+	return nil
+}
+
 func TestRestoreSysVIPC(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePtrace(t)
 	testutil.RequireUserfaultfd(t)
 	testutil.RequireFUSE(t)
+	testutil.RequireKernel(t, "reading a message queue without taking its messages (MSG_COPY)", probeMsgCopy())
 	buildTool(t, "snapctl")
 	// What a process that was never dumped takes from its queues: the
 	// fixture's messages are the same on every run.

@@ -131,7 +131,7 @@ func lsOne(dir, name string) (r lsRow, ok bool, err error) {
 	}
 	if !slices.Contains(names, image.ManifestName) {
 		for _, n := range names {
-			if dumpFileName(n) {
+			if image.DumpFile(n) {
 				r.State = "incomplete: a dump that did not finish (rm -r " + dir + ")"
 				return r, true, nil
 			}
@@ -173,14 +173,4 @@ func dirNames(dir string) ([]string, error) {
 		return nil, fmt.Errorf("read %s: %w", dir, err)
 	}
 	return names, nil
-}
-
-// dumpFileName reports whether name is one of the files a dump writes.
-func dumpFileName(name string) bool {
-	for _, p := range []string{"pages-", "pagemap-", "pagecrc-", "process-", "digests-"} {
-		if strings.HasPrefix(name, p) {
-			return true
-		}
-	}
-	return name == image.KeysName || name == image.AuthName
 }

@@ -74,7 +74,7 @@ func rmSnapshot(dir string, force bool, removing []string, stdout io.Writer) err
 	}
 	left := 0
 	for _, n := range names {
-		if n != image.ManifestName && !dumpFileName(n) && !strings.HasPrefix(n, "workingset-") && !strings.HasPrefix(n, "."+image.ManifestName) {
+		if n != image.ManifestName && !image.DumpFile(n) && !strings.HasPrefix(n, "workingset-") && !strings.HasPrefix(n, "."+image.ManifestName) {
 			left++
 			continue
 		}

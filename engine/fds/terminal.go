@@ -81,7 +81,8 @@ func readTermios(pid, fd int) (*image.Termios, error) {
 	if err != nil {
 		return nil, fmt.Errorf("TCGETS: %w", err)
 	}
-	return &image.Termios{Iflag: t.Iflag, Oflag: t.Oflag, Cflag: t.Cflag, Lflag: t.Lflag, Line: t.Line, Cc: t.Cc, Ispeed: t.Ispeed, Ospeed: t.Ospeed}, nil
+	tio := termiosImage(t)
+	return &tio, nil
 }
 
 // SetTerminal gives the terminal fd (restore --shell-job's own) the
@@ -92,8 +93,7 @@ func SetTerminal(fd int, sts []*image.Process) error {
 	for _, st := range sts {
 		for _, f := range st.FDs {
 			if t := f.Termios; t != nil && f.External == TerminalKey {
-				tio := unix.Termios{Iflag: t.Iflag, Oflag: t.Oflag, Cflag: t.Cflag, Lflag: t.Lflag, Line: t.Line, Cc: t.Cc, Ispeed: t.Ispeed, Ospeed: t.Ospeed}
-				if err := unix.IoctlSetTermios(fd, unix.TCSETS, &tio); err != nil {
+				if err := unix.IoctlSetTermios(fd, unix.TCSETS, termiosOf(t)); err != nil {
 					return fmt.Errorf("set the terminal's settings (TCSETS): %w", err)
 				}
 				return nil

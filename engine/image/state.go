@@ -24,11 +24,8 @@ type Process struct {
 	// Dumpable is prctl(PR_GET_DUMPABLE); restore sets it back.
 	Dumpable int `json:"dumpable"`
 	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER).
-	ChildSubreaper bool `json:"child_subreaper,omitempty"`
-	// PdeathSig is prctl(PR_GET_PDEATHSIG): the signal the process gets
-	// when its parent dies.
-	PdeathSig    int    `json:"pdeath_sig,omitempty"`
-	TimerSlackNs uint64 `json:"timer_slack_ns,omitempty"`
+	ChildSubreaper bool   `json:"child_subreaper,omitempty"`
+	TimerSlackNs   uint64 `json:"timer_slack_ns,omitempty"`
 	// OOMScoreAdj is /proc/PID/oom_score_adj (-1000 to 1000); nil in a
 	// snapshot taken before it was recorded.
 	OOMScoreAdj *int     `json:"oom_score_adj,omitempty"`
@@ -117,7 +114,10 @@ type Thread struct {
 	// down, when Process.NSPID is set (OwnTID).
 	NSTID []int  `json:"ns_tid,omitempty"`
 	Comm  string `json:"comm"`
-	Regs  Regs   `json:"regs"`
+	// PdeathSig is prctl(PR_GET_PDEATHSIG), which the kernel keeps per
+	// thread: the signal it gets when the thread that made it dies.
+	PdeathSig int  `json:"pdeath_sig,omitempty"`
+	Regs      Regs `json:"regs"`
 	// XState is the NT_X86_XSTATE regset (FP, SSE, AVX... state).
 	XState []byte `json:"xstate"`
 	// FPRegs is the NT_PRFPREG regset, used when XState is empty.

@@ -269,7 +269,7 @@ func checkNewDir(f *os.File, created bool) error {
 		return fmt.Errorf("%w: %s (it has %s): remove it, or dump into a new or empty directory", ErrExists, f.Name(), ManifestName)
 	}
 	for _, n := range names {
-		if dumpFile(n) {
+		if DumpFile(n) {
 			return fmt.Errorf("%w: %s holds the files of a dump that did not finish (%s): remove them (rm -r %s), or dump into a new or empty directory",
 				ErrNotEmpty, f.Name(), n, f.Name())
 		}
@@ -284,8 +284,9 @@ func checkNewDir(f *os.File, created bool) error {
 // maxListed bounds the names a refusal of a directory reads.
 const maxListed = 64
 
-// dumpFile reports whether name is one of the files a dump writes.
-func dumpFile(name string) bool {
+// DumpFile reports whether name is one of the files a dump writes
+// besides the manifest (a dump that did not finish leaves them).
+func DumpFile(name string) bool {
 	for _, p := range []string{"pages-", "pagemap-", "pagecrc-", "process-", "digests-"} {
 		if strings.HasPrefix(name, p) {
 			return true

@@ -95,6 +95,9 @@ func (in *Injector) runBatch(off int, calls []BatchCall) error {
 type ThreadInfo struct {
 	TidAddress uint64 // prctl(PR_GET_TID_ADDRESS)
 	AltStack   AltStack
+	// PdeathSig is prctl(PR_GET_PDEATHSIG): the signal the thread gets
+	// when the thread that created it dies (0: none).
+	PdeathSig int
 }
 
 // ProcessInfo is the state of a process that only injected calls read,
@@ -107,10 +110,7 @@ type ProcessInfo struct {
 	// failure, if any (kernels without it).
 	ChildSubreaper bool
 	SubreaperErr   error
-	// PdeathSig is prctl(PR_GET_PDEATHSIG): the signal the process gets
-	// when its parent dies (0: none).
-	PdeathSig int
-	Thread    ThreadInfo
+	Thread         ThreadInfo
 }
 
 // Scratch layout of ReadProcess and ReadThread: the answers first, the
@@ -130,6 +130,7 @@ func (in *Injector) threadCalls(base uint64) []BatchCall {
 	return []BatchCall{
 		{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_TID_ADDRESS, base + infoTid}},
 		{Nr: unix.SYS_SIGALTSTACK, Args: [6]uint64{0, base + infoAltStack}},
+		{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_PDEATHSIG, base + infoPdeath}},
 	}
 }
 
@@ -142,6 +143,10 @@ func threadInfo(calls []BatchCall, b []byte) (ThreadInfo, error) {
 	if err := Errno(calls[1].Result); err != nil {
 		return t, fmt.Errorf("sigaltstack: %w", err)
 	}
+	if err := Errno(calls[2].Result); err != nil {
+		return t, fmt.Errorf("PR_GET_PDEATHSIG: %w", err)
+	}
+	t.PdeathSig = int(le32(b[infoPdeath:]))
 	t.TidAddress = le64(b[infoTid:])
 	copy(bytesOf(&t.AltStack), b[infoAltStack:infoAltStack+24])
 	return t, nil
@@ -193,8 +198,7 @@ func (in *Injector) ReadProcess() (ProcessInfo, error) {
 		calls = append(calls,
 			BatchCall{Nr: unix.SYS_BRK},
 			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_DUMPABLE}},
-			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_CHILD_SUBREAPER, s + infoSubreaper}},
-			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_PDEATHSIG, s + infoPdeath}})
+			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_CHILD_SUBREAPER, s + infoSubreaper}})
 		calls = append(calls, in.threadCalls(s)...)
 		if err := in.runBatch(infoTable, calls); err != nil {
 			return err
@@ -222,12 +226,8 @@ func (in *Injector) ReadProcess() (ProcessInfo, error) {
 		} else {
 			p.ChildSubreaper = le32(b[infoSubreaper:]) != 0
 		}
-		if err := Errno(c[3].Result); err != nil {
-			return fmt.Errorf("prctl(PR_GET_PDEATHSIG): %w", err)
-		}
-		p.PdeathSig = int(le32(b[infoPdeath:]))
 		var err error
-		p.Thread, err = threadInfo(c[4:], b)
+		p.Thread, err = threadInfo(c[3:], b)
 		return err
 	})
 	return p, err

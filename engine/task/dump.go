@@ -124,7 +124,6 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 	if info.SubreaperErr == nil {
 		st.ChildSubreaper = info.ChildSubreaper
 	}
-	st.PdeathSig = info.PdeathSig
 	scratch, n := in.Scratch()
 	for _, th := range threads {
 		ti, tinfo := in, info.Thread
@@ -176,6 +175,7 @@ func thread(pid int, th *ptrace.Thread, in *ptrace.Injector, info ptrace.ThreadI
 		t.Rseq = &image.Rseq{Addr: rs.Ptr, Len: rs.Size, Sig: rs.Signature, Flags: rs.Flags}
 	}
 	t.ClearChildTID = info.TidAddress
+	t.PdeathSig = info.PdeathSig
 	if t.RobustList, t.RobustListLen, err = ptrace.RobustList(th.Tid()); err != nil {
 		return t, err
 	}

@@ -72,7 +72,7 @@ func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, 
 				return fmt.Errorf("thread %d: %w", st.Threads[i].TID, err)
 			}
 			tr = &restorer{in: tin, st: st, log: log}
-			err = tr.threadCreds(false)
+			err = tr.threadCreds(&st.Threads[i])
 			if cerr := tin.Close(); err == nil {
 				err = cerr
 			}
@@ -81,25 +81,24 @@ func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, 
 			}
 			continue
 		}
-		if err := tr.threadCreds(true); err != nil {
+		if err := tr.threadCreds(&st.Threads[0]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// threadCreds sets the credentials of the thread r injects into, its
-// no_new_privs, and for the leader the parent-death signal (dumped for
-// the leader alone).
-func (r *restorer) threadCreds(leader bool) error {
+// threadCreds sets the credentials of thread t (the one r injects into),
+// its parent-death signal and no_new_privs.
+func (r *restorer) threadCreds(t *image.Thread) error {
 	st := r.st
 	if err := r.creds(); err != nil {
 		return err
 	}
-	if leader && st.PdeathSig != 0 {
+	if t.PdeathSig != 0 {
 		// After the credentials: changing them clears it.
-		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(st.PdeathSig)); err != nil {
-			return fmt.Errorf("prctl(PR_SET_PDEATHSIG, %d): %w", st.PdeathSig, err)
+		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(t.PdeathSig)); err != nil {
+			return fmt.Errorf("prctl(PR_SET_PDEATHSIG, %d): %w", t.PdeathSig, err)
 		}
 	}
 	if st.Creds.NoNewPrivs {

@@ -30,6 +30,7 @@ const (
 	CapPtrace      = "ptrace"
 	CapUserfaultfd = "userfaultfd"
 	CapCommand     = "command"
+	CapKernel      = "kernel"
 )
 
 // required reports whether a missing capability must fail rather than skip.
@@ -52,6 +53,15 @@ func missing(t testing.TB, capability, format string, args ...any) {
 		t.Fatalf("%s required (%s=%s) but unavailable: %s", capability, RequireEnv, os.Getenv(RequireEnv), reason)
 	}
 	t.Skipf("skipping: %s unavailable: %s (set %s=all to make this a failure)", capability, reason, RequireEnv)
+}
+
+// RequireKernel needs a kernel facility that a probe of the caller's found
+// missing when probeErr is not nil (what names it).
+func RequireKernel(t testing.TB, what string, probeErr error) {
+	t.Helper()
+	if probeErr != nil {
+		missing(t, CapKernel, "%s: %v", what, probeErr)
+	}
 }
 
 // RequireRoot needs an effective uid of 0.
