@@ -57,6 +57,48 @@ func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, 
 	return fd, nil
 }
 
+// Verified is one file of OpenVerifiedAll: OpenVerified's arguments.
+type Verified struct {
+	Path   string
+	Flags  int
+	ID     image.FileID
+	Strict bool
+}
+
+// OpenVerifiedAll is OpenVerified of many files, opened and checked in a
+// few resumes of the thread (ptrace.Injector.OpenAt2All). It returns
+// their descriptors in the process, in order; on error, the first file's
+// that failed, it closes every one it opened.
+func OpenVerifiedAll(in *ptrace.Injector, files []Verified) ([]int, error) {
+	reqs := make([]ptrace.OpenReq, len(files))
+	for i, f := range files {
+		reqs[i] = ptrace.OpenReq{Path: f.Path, Flags: f.Flags, Resolve: resolveNoLinks}
+	}
+	fds, sts, errs, err := in.OpenAt2All(reqs)
+	if err == nil {
+		for i, f := range files {
+			if err = errs[i]; err != nil {
+				if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+					err = fmt.Errorf("%w: %s: a symbolic link is now on its path (%w)", ErrFileChanged, f.Path, err)
+				}
+				break
+			}
+			if err = isDumped(f.Path, sts[i], f.ID, f.Strict); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		for _, fd := range fds {
+			if fd >= 0 {
+				in.CloseFD(fd)
+			}
+		}
+		return nil, err
+	}
+	return fds, nil
+}
+
 // isDumped compares what fstat says of an opened file with the dumped
 // identity.
 func isDumped(path string, st unix.Stat_t, id image.FileID, strict bool) error {

@@ -83,11 +83,15 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 			}
 		}
 	}()
-	// The files and shared objects are opened first, one call at a time;
-	// every mmap, mprotect and madvise then runs in one batch: a process
-	// with hundreds of mappings is mapped in one resume.
-	m.calls = t.In.NewCalls()
+	// The mapped files are opened first, in a few batches, and the shared
+	// objects one call at a time; every mmap, mprotect and madvise then
+	// runs in one batch: a process with hundreds of mappings is mapped in
+	// a few resumes.
 	vmas := t.State.VMAs
+	if err := m.openFiles(vmas); err != nil {
+		return nil, err
+	}
+	m.calls = t.In.NewCalls()
 	for i := 0; i < len(vmas); {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -107,7 +111,13 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 		}
 		i += n
 	}
-	if err := t.In.RunCalls(m.calls); err != nil {
+	// The files are closed in the same batch, once mapped.
+	for key, fd := range m.files {
+		m.calls.Add("close "+key, unix.SYS_CLOSE, uint64(fd))
+	}
+	err = t.In.RunCalls(m.calls)
+	m.files = nil // every call ran, whatever one returned
+	if err != nil {
 		return nil, err
 	}
 	for _, mm := range m.mmaps {
@@ -213,14 +223,7 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 	case image.VMAAnon:
 		flags |= unix.MAP_ANONYMOUS
 	case image.VMAFile, image.VMAFileShared:
-		// A shared mapping of a file open for writing may be made
-		// writable later ("mw", VM_MAYWRITE); the kernel grants that only
-		// to a mapping of a file opened read-write.
-		mode := unix.O_RDONLY
-		if v.Kind == image.VMAFileShared && (v.Prot&unix.PROT_WRITE != 0 || slices.Contains(v.VMFlags, "mw")) {
-			mode = unix.O_RDWR
-		}
-		key := fmt.Sprintf("%d:%s", mode, v.File.Path)
+		mode, key := fileMode(v)
 		f, ok := r.files[key]
 		if v.Ghost != nil {
 			var err error
@@ -258,6 +261,48 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 	r.calls.Add(what, unix.SYS_MMAP, v.Start, length, prot, flags, fd, off)
 	if reprotect {
 		r.calls.Add(what+": mprotect", unix.SYS_MPROTECT, v.Start, length, uint64(v.Prot))
+	}
+	return nil
+}
+
+// fileMode returns how file-backed VMA v's file is opened, and the key
+// of that open in mapper.files. A shared mapping of a file open for
+// writing may be made writable later ("mw", VM_MAYWRITE); the kernel
+// grants that only to a mapping of a file opened read-write.
+func fileMode(v *image.VMA) (mode int, key string) {
+	mode = unix.O_RDONLY
+	if v.Kind == image.VMAFileShared && (v.Prot&unix.PROT_WRITE != 0 || slices.Contains(v.VMFlags, "mw")) {
+		mode = unix.O_RDWR
+	}
+	return mode, fmt.Sprintf("%d:%s", mode, v.File.Path)
+}
+
+// openFiles opens, in the process, every file a VMA of vmas maps (but
+// the ghosts and what the process inherited), each checked to be the
+// dumped file (fds.OpenVerifiedAll), into r.files.
+func (r *mapper) openFiles(vmas []image.VMA) error {
+	var files []fds.Verified
+	var keys []string
+	seen := map[string]bool{}
+	for i := range vmas {
+		v := &vmas[i]
+		if v.Kind != image.VMAFile && v.Kind != image.VMAFileShared || v.Ghost != nil || r.inherited(v) {
+			continue
+		}
+		mode, key := fileMode(v)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		files = append(files, fds.Verified{Path: v.File.Path, Flags: mode | unix.O_CLOEXEC, ID: *v.File, Strict: true})
+		keys = append(keys, key)
+	}
+	got, err := fds.OpenVerifiedAll(r.In, files)
+	if err != nil {
+		return err
+	}
+	for i, fd := range got {
+		r.files[keys[i]] = fd
 	}
 	return nil
 }

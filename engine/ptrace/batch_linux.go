@@ -285,6 +285,20 @@ func (c *Calls) Result(i int) int64 { return c.calls[i].Result }
 // Every call runs, whatever the ones before it returned; the first that
 // failed is returned as an error naming it.
 func (in *Injector) RunCalls(c *Calls) error {
+	if err := in.execCalls(c); err != nil {
+		return err
+	}
+	for i := range c.calls {
+		if err := Errno(c.calls[i].Result); err != nil {
+			return fmt.Errorf("%s: %w", c.what[i], err)
+		}
+	}
+	return nil
+}
+
+// execCalls is RunCalls without the check of each call's result: the
+// error is a failure to run them.
+func (in *Injector) execCalls(c *Calls) error {
 	if len(c.calls) == 0 {
 		return nil
 	}
@@ -300,11 +314,6 @@ func (in *Injector) RunCalls(c *Calls) error {
 	for i := 0; i < len(c.calls); i += per {
 		if err := in.Batch(len(c.data), c.calls[i:min(i+per, len(c.calls))]); err != nil {
 			return err
-		}
-	}
-	for i := range c.calls {
-		if err := Errno(c.calls[i].Result); err != nil {
-			return fmt.Errorf("%s: %w", c.what[i], err)
 		}
 	}
 	return nil

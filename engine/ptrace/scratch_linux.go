@@ -103,3 +103,95 @@ func (in *Injector) Fstat(fd int) (unix.Stat_t, error) {
 	}
 	return st, in.Get(0, b)
 }
+
+// OpenReq is one file of OpenAt2All: OpenAt2's arguments.
+type OpenReq struct {
+	Path    string
+	Flags   int
+	Mode    uint32
+	Resolve uint64
+}
+
+// OpenAt2All is OpenAt2 of many files, and FstatAll of what it opened:
+// an openat2 of every file in one resume and an fstat of every
+// descriptor in another, as many files at a time as the scratch memory
+// holds. A process that maps hundreds of libraries (an interpreter with
+// PyTorch) opens them in a few resumes instead of two each. fds[i] is the
+// descriptor of reqs[i] and sts[i] what fstat says of it, or fds[i] is -1
+// and errs[i] says why; err is a failure to inject at all.
+func (in *Injector) OpenAt2All(reqs []OpenReq) (fds []int, sts []unix.Stat_t, errs []error, err error) {
+	fds = make([]int, len(reqs))
+	sts = make([]unix.Stat_t, len(reqs))
+	errs = make([]error, len(reqs))
+	for i := range fds {
+		fds[i] = -1
+	}
+	defer func() {
+		if err != nil {
+			for _, fd := range fds {
+				if fd >= 0 {
+					in.CloseFD(fd)
+				}
+			}
+		}
+	}()
+	how := make([]byte, unix.SizeofOpenHow)
+	statLen := len(bytesOf(&sts[0]))
+	for lo := 0; lo < len(reqs); {
+		// A chunk: each file's open_how, path and stat buffer, and
+		// its two table entries.
+		c := in.NewCalls()
+		hi, used := lo, 0
+		for hi < len(reqs) {
+			need := len(how) + (len(reqs[hi].Path)+8)&^7 + statLen + 2*batchEntry
+			if hi > lo && used+need > in.scratchLen {
+				break
+			}
+			used += need
+			hi++
+		}
+		for _, r := range reqs[lo:hi] {
+			binary.LittleEndian.PutUint64(how[0:], uint64(r.Flags))
+			binary.LittleEndian.PutUint64(how[8:], uint64(r.Mode))
+			binary.LittleEndian.PutUint64(how[16:], r.Resolve)
+			at := c.Data(how)
+			c.Add("open "+r.Path, unix.SYS_OPENAT2, AtFDCWD, c.String(r.Path), at, uint64(len(how)))
+		}
+		if err := in.execCalls(c); err != nil {
+			return fds, sts, errs, err
+		}
+		stat := in.NewCalls()
+		bufs := make([]uint64, hi-lo)
+		for i := lo; i < hi; i++ {
+			r := c.Result(i - lo)
+			if e := Errno(r); e != nil {
+				errs[i] = fmt.Errorf("open %s: %w", reqs[i].Path, e)
+				continue
+			}
+			fds[i] = int(r)
+			bufs[i-lo] = stat.Data(make([]byte, statLen))
+			stat.Add("fstat "+reqs[i].Path, unix.SYS_FSTAT, uint64(fds[i]), bufs[i-lo])
+		}
+		if err := in.execCalls(stat); err != nil {
+			return fds, sts, errs, err
+		}
+		out := make([]byte, len(stat.data))
+		if err := in.Get(0, out); err != nil {
+			return fds, sts, errs, err
+		}
+		k := 0
+		for i := lo; i < hi; i++ {
+			if fds[i] < 0 {
+				continue
+			}
+			if e := Errno(stat.Result(k)); e != nil {
+				errs[i] = fmt.Errorf("fstat %s: %w", reqs[i].Path, e)
+			} else {
+				copy(bytesOf(&sts[i]), out[bufs[i-lo]-in.scratch:])
+			}
+			k++
+		}
+		lo = hi
+	}
+	return fds, sts, errs, nil
+}
