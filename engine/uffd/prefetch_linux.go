@@ -19,8 +19,8 @@ func (s *server) plan(inflight int) (piece, bool) {
 		return c, true
 	}
 	c, ok := s.nextChunk(s.cursor)
-	if s.scan.on && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk) {
-		if d, ok := s.chunkBelow(s.scan.down); ok && d.end()+scanBelow >= s.scan.lo {
+	if s.scan.on && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk || c.cur >= s.scan.front+scanAhead) {
+		if d, ok := s.chunkBelow(s.scan.down); ok && d.end()+s.scan.below >= s.scan.lo {
 			s.scan.down = d.cur
 			return d, true
 		}
@@ -37,12 +37,25 @@ func (s *server) plan(inflight int) (piece, bool) {
 	return c, ok
 }
 
+// scanAhead is how far past a scan's front the prefetcher goes before it
+// turns to the memory below the scan's start: the rest of the array being
+// read (a layer's matrices are a few MiB), not the arrays above it, which
+// the thread has read or reads last (a model's token embedding, read
+// again by its output layer). The thread reads those megabytes in
+// milliseconds; the prefetcher places them first and the chunks below in
+// fewer. Once nothing is pending below within scanBelow, it streams on
+// past the front.
+const scanAhead = 8 << 20
+
 // scanBelow is how far below the start of a scan the prefetcher fetches
 // for it: the next array or two of a thread that reads arrays laid out at
 // descending addresses (one mmap each, as malloc makes them for large
 // arrays), each upwards, as a forward pass over a model's weights does.
 // Further down, the memory is fetched in address order as before.
 const scanBelow = 32 << 20
+
+// scanBelowMax bounds scan.below, which doubles from scanBelow.
+const scanBelowMax = 512 << 20
 
 // nextChunk returns the chunk to prefetch from addr up, past the chunks
 // workers have claimed. The caller holds setMu.

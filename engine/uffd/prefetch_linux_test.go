@@ -34,7 +34,7 @@ func TestPlanBelowScan(t *testing.T) {
 	s := planServer([]Extent{heap, {a3, 192 * P}}, 2)
 	s.pend.remove(a1, a1+64*P, nil) // a1 read and placed
 	s.cursor = a1 + 64*P
-	s.scan = scan{on: true, lo: a1, down: a1}
+	s.scan = scan{on: true, lo: a1, down: a1, below: scanBelow}
 
 	for i, want := range []piece{{a2 + 48*P, a2 + 48*P, 16 * P}, {a2 + 32*P, a2 + 32*P, 16 * P}} {
 		if c, ok := claimNext(s); !ok || c != want {
@@ -52,9 +52,44 @@ func TestPlanBelowScan(t *testing.T) {
 	s = planServer([]Extent{heap, {a3, 192 * P}}, 2)
 	s.pend.remove(a1, a1+64*P, nil)
 	s.cursor = a1 + 64*P
-	s.scan = scan{on: false, lo: a1, down: a1}
+	s.scan = scan{on: false, lo: a1, down: a1, below: scanBelow}
 	if c, ok := claimNext(s); !ok || c.cur != heap.Addr {
 		t.Fatalf("no scan: %+v, %v; want the heap (wrapped)", c, ok)
+	}
+}
+
+// TestScanWindow: the window below a scan doubles when the next scan
+// starts inside it or right below it (a thread going down a model's
+// arrays), up to scanBelowMax, and starts again from scanBelow when a
+// scan starts above or further down.
+func TestScanWindow(t *testing.T) {
+	var sc scan
+	at := uint64(1 << 40)
+	sc.start(at)
+	if sc.below != scanBelow {
+		t.Fatalf("first scan: window %d, want %d", sc.below, scanBelow)
+	}
+	want := uint64(scanBelow)
+	for range 6 {
+		at -= 9 << 20 // the next array below, inside the window
+		sc.start(at)
+		want = min(2*want, scanBelowMax)
+		if sc.below != want || sc.lo != at || sc.down != at {
+			t.Fatalf("scan at %#x: %+v, want the window %d", at, sc, want)
+		}
+	}
+	sc.start(at + 1<<20) // above: another pattern
+	if sc.below != scanBelow {
+		t.Fatalf("scan above: window %d, want %d", sc.below, scanBelow)
+	}
+	sc.start(at - scanBelow - scanBelow/2) // right below the window
+	if sc.below != 2*scanBelow {
+		t.Fatalf("scan right below the window: window %d, want %d", sc.below, 2*scanBelow)
+	}
+	at -= scanBelow + scanBelow/2
+	sc.start(at - 4*scanBelow) // beyond it
+	if sc.below != scanBelow {
+		t.Fatalf("scan beyond the window: window %d, want %d", sc.below, scanBelow)
 	}
 }
 

@@ -104,14 +104,15 @@ func (s *server) serveFault(f fault) error {
 		sequential = page+ahead >= s.cursor && page < s.cursor+s.opts.PrefetchChunk
 		s.setMu.Unlock()
 	}
-	// A scan that starts is followed below its start once nothing is
-	// pending after its front (see plan); a jump elsewhere ends it.
-	if sequential || !rest && !strided {
+	// A scan that starts is followed above its front and below its start
+	// (see plan) until another scan starts: a thread going through a
+	// model's arrays touches other memory between two of them.
+	if sequential {
 		s.setMu.Lock()
-		if sequential && (!s.scan.on || s.scan.lo != s.runStart) {
-			s.scan.lo, s.scan.down = s.runStart, s.runStart
+		if !s.scan.on || s.scan.lo != s.runStart {
+			s.scan.start(s.runStart)
 		}
-		s.scan.on = sequential
+		s.scan.front = hi
 		s.setMu.Unlock()
 	}
 	parts := append(s.faultParts[:0], piece{lo, src, hi - lo})
@@ -133,6 +134,7 @@ func (s *server) serveFault(f fault) error {
 		// about the longer of streaming and the reader's own work, not
 		// their sum.
 		s.cursor = parts[len(parts)-1].end()
+		s.scan.front = s.cursor
 		s.setMu.Unlock()
 	}
 	s.faultParts = parts

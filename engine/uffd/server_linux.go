@@ -99,12 +99,29 @@ type server struct {
 }
 
 // scan is a thread's run of faults through memory in order, as the
-// serving goroutine last saw it: where it started (lo) and how far below
-// that the prefetcher has gone for it (down). on: the last data fault
-// continued it (or was the rest of an access), not a jump elsewhere.
+// serving goroutine last saw it: where it started (lo), where its last
+// fault was served to (front) and how far below its start the prefetcher
+// has gone for it (down). on: a scan was seen; a fault elsewhere that
+// starts none (the interpreter between two arrays) leaves it on, the
+// next scan replaces it.
 type scan struct {
-	on       bool
-	lo, down uint64
+	on              bool
+	lo, front, down uint64
+	// below is how far below lo the prefetcher goes: scanBelow, doubled
+	// each time a scan starts in that window or right below it (a thread
+	// going down a model's arrays, faulting where the prefetcher has not
+	// been yet), as readahead grows its window on each hit.
+	below uint64
+}
+
+// start records a scan that starts at lo.
+func (sc *scan) start(lo uint64) {
+	if sc.on && lo < sc.lo && lo+sc.below+scanBelow >= sc.lo {
+		sc.below = min(2*sc.below, scanBelowMax)
+	} else {
+		sc.below = scanBelow
+	}
+	sc.on, sc.lo, sc.down = true, lo, lo
 }
 
 func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, child bool) *server {
