@@ -114,6 +114,11 @@ func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
 	for i, p := range ph.procs {
 		po := uffd.Options{Prefetch: true, PrefetchDelay: ph.opts.PrefetchDelay, Logger: ph.log,
 			Workers: max(1, lazyWorkers(ph.src.Waits())/n)}
+		if ph.src.Waits() {
+			// A thread waits on a fault: its block is decoded here rather
+			// than by the source's server, a round trip away.
+			po.FaultSrc = p.pages.Uncached()
+		}
 		if k := ph.keeperOf(); k != nil {
 			po.Holder = k // a forked child's userfaultfd too
 		}

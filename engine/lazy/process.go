@@ -206,6 +206,9 @@ func (p *Process) serve(ctx context.Context, po uffd.Options) error {
 	po.Unit = func(addr uint64) (uint64, uint64, bool) { return p.pages.Unit(addr, lazyFaultWindow) }
 	first, src := p.workingSetFirst(p.src) // p.src: Phase.OpenSources
 	po.First = first
+	if p.ws.Copy {
+		po.FaultSrc = nil // the working set's copy serves faults too
+	}
 	p.pager = uffd.New(p.fd, src, slices.Clip(p.extents), po)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -103,6 +103,11 @@ type Options struct {
 	// stride its next strides ahead of its faults (a recording of what
 	// the process touches must see every page fault).
 	NoStrideAhead bool
+	// FaultSrc, if set, is what a fault reads instead of the pager's
+	// source: a source whose reads wait on another process (a private
+	// mount decoding for the prefetch) costs a thread that waits on a
+	// fault that round trip, and a block decoded here costs it less.
+	FaultSrc io.ReaderAt
 	// HoldPrefetch keeps the prefetcher from starting until
 	// Pager.ReleasePrefetch (while a working set is recorded, every page
 	// the process needs must come by a fault).

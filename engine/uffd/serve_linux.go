@@ -151,7 +151,11 @@ func (s *server) serveFault(f fault) error {
 	for _, p := range parts {
 		buf := s.faultBuf[off : off+p.len]
 		off += p.len
-		if err := readFull(s.src, buf, p.src); err != nil {
+		src := s.src
+		if s.opts.FaultSrc != nil {
+			src = s.opts.FaultSrc
+		}
+		if err := readFull(src, buf, p.src); err != nil {
 			return &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
 		}
 		s.mu.Lock()
