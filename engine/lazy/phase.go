@@ -113,7 +113,7 @@ func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
 	var wg sync.WaitGroup
 	for i, p := range ph.procs {
 		po := uffd.Options{Prefetch: true, PrefetchDelay: ph.opts.PrefetchDelay, Logger: ph.log,
-			Workers: max(1, lazyWorkers(ph.src.Waits())/n)}
+			Workers: max(1, lazyWorkers(ph.waits())/n)}
 		if ph.src.Waits() {
 			// A thread waits on a fault: its block is decoded here rather
 			// than by the source's server, a round trip away.
@@ -179,6 +179,26 @@ func (ph *Phase) watch(parent, ctx context.Context, cancel context.CancelCauseFu
 	case <-keeperExited:
 		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, KeeperArg0, ph.keeper.Pid(), ph.keeper.ExitErr()))
 	}
+}
+
+// waits reports whether the pagers' reads wait on another process: the
+// source's server decodes for them (PageSource.Waits) and most of the
+// memory must be decoded. Blocks stored as they are (most of a model's
+// weights: LZ4 saves too little on them) are read from the pages file by
+// the pager itself (image.Reader.Mixed), and a second worker then only
+// takes a CPU from the restored process.
+func (ph *Phase) waits() bool {
+	if !ph.src.Waits() {
+		return false
+	}
+	var decoded, all uint64
+	for _, p := range ph.procs {
+		st := p.pages.Stats()
+		d := st.LZ4.Bytes + st.Shuffle.Bytes
+		decoded += d
+		all += d + st.Raw.Bytes
+	}
+	return 2*decoded >= all
 }
 
 // lazyWorkers is how many threads prefetch, each reading its chunk and
