@@ -64,9 +64,11 @@ func newFlags(name, synopsis, about string, exits []int, stdout, stderr io.Write
 	return cli.Command{Name: "snapctl " + name, Synopsis: []string{synopsis}, About: about, Exits: exits}.Flags(stdout, stderr)
 }
 
-// threadsFlag is --decompress-threads: 1 serial, 0 automatic, N a maximum.
+// threadsFlag is --decompress-threads: 0 automatic (the default: a
+// restore decodes a whole snapshot at once, and nothing else runs yet),
+// 1 serial, N a maximum.
 func threadsFlag(fs *cli.FlagSet) *int {
-	return fs.Int("decompress-threads", 1, "decode with up to `N` threads: 1 serial, 0 automatic from the CPU affinity mask and the work, N > 1 a maximum")
+	return fs.Int("decompress-threads", 0, "decode with up to `N` threads: 0 automatic from the CPU affinity mask and the work, 1 serial, N > 1 a maximum")
 }
 
 // trustFlag is --trust-snapshot (image.OpenOptions.Trust).
