@@ -141,3 +141,26 @@ func RequireCommand(t testing.TB, names ...string) string {
 	}
 	return first
 }
+
+var (
+	pyModMu  sync.Mutex
+	pyModErr = map[string]error{}
+)
+
+// RequirePythonModule needs python (an interpreter's path) to import
+// module: a Debian package such as python3-torch that .ci/setup installs.
+func RequirePythonModule(t testing.TB, python, module string) {
+	t.Helper()
+	pyModMu.Lock()
+	err, ok := pyModErr[python+" "+module]
+	if !ok {
+		if out, e := exec.Command(python, "-I", "-c", "import "+module).CombinedOutput(); e != nil {
+			err = fmt.Errorf("%s cannot import %s: %v: %s", python, module, e, strings.TrimSpace(string(out)))
+		}
+		pyModErr[python+" "+module] = err
+	}
+	pyModMu.Unlock()
+	if err != nil {
+		missing(t, CapCommand, "%v", err)
+	}
+}
