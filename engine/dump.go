@@ -497,7 +497,7 @@ func (d *dumper) killAll() error {
 	var errs []error
 	for i := len(d.procs) - 1; i >= 0; i-- {
 		p := d.procs[i]
-		if err := p.p.Kill(); err != nil {
+		if err := p.p.Doom(); err != nil {
 			errs = append(errs, fmt.Errorf("pid %d: %w", p.pid, err))
 		}
 	}

@@ -351,6 +351,24 @@ func requeue(tgid, tid int, si *SigInfo) error {
 // Kill returns nil, and the caller must kill it by pid if it has to.
 func (p *Process) Kill() error { return p.t.Do(p.kill) }
 
+// Doom kills the process with SIGKILL and lets it go without waiting for
+// its exit, as criu dump does: none of its code runs again, and the
+// memory it frees as it exits (50 ms for 600 MB on a small VM, seconds
+// for tens of GiB) need not hold up the caller. Its pid stays taken until
+// its parent reaps it (task.PIDInUse waits for a dying process).
+func (p *Process) Doom() error {
+	return p.t.Do(func() error {
+		if !p.attached {
+			return nil
+		}
+		if err := unix.Kill(p.pid, unix.SIGKILL); err != nil && err != unix.ESRCH {
+			return fmt.Errorf("kill %d: %w", p.pid, err)
+		}
+		p.forget()
+		return nil
+	})
+}
+
 func (p *Process) kill() error {
 	if !p.attached {
 		return nil

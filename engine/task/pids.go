@@ -21,6 +21,10 @@ var ErrPIDInUse = errors.New("pid in use")
 // (the dumped process, just killed) to be reaped by its parent.
 const zombieWait = 5 * time.Second
 
+// pfExiting is PF_EXITING of /proc/PID/stat's flags: the task is in
+// do_exit.
+const pfExiting = 0x4
+
 // PIDInUse reports whether a task with this id exists. A zombie is
 // waited for: a process killed by its dump keeps its pid until its parent
 // (often init, which can take a moment) reaps it.
@@ -34,7 +38,9 @@ func PIDInUse(id int) (bool, string) {
 		if err != nil {
 			return false, ""
 		}
-		if !st.Exited() {
+		// A process exiting (PF_EXITING: the dump killed it, and it is
+		// freeing its memory) is a zombie within moments.
+		if !st.Exited() && st.Flags&pfExiting == 0 {
 			return true, st.Comm
 		}
 		if time.Now().After(deadline) {
