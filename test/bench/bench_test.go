@@ -231,8 +231,21 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 		}
 		expect("| "+c.Label()+" | "+c.Cache()+" |", 9, dashes)
 	}
-	for _, th := range []string{"1 (default)", "2", "0 (automatic)"} {
+	for _, th := range []string{"0 (automatic) (default)", "1", "2"} {
 		expect("| "+th+" |", 8, 0)
+	}
+	if tr := s.Torch; tr != nil {
+		expect("| dump (process frozen) |", 3, map[bool]int{true: 0, false: 1}[tr.CRIUUsed])
+		for _, c := range torchCases(tr.CRIUUsed) {
+			dashes := 0 // lazy
+			switch {
+			case c.CRIU:
+				dashes = 3 // running after, all memory in, faults
+			case c.Label == "eager":
+				dashes = 2 // running after, faults
+			}
+			expect("| "+c.Label+" | "+coldName(c.Cold)+" |", 8, dashes)
+		}
 	}
 	for _, c := range weightCases() {
 		for _, advice := range weightAdvices {
@@ -349,6 +362,9 @@ func fakeReport(runs int, sizes ...uint64) *report {
 			}
 			s.Weights = append(s.Weights, w)
 		}
+		if size == sizes[0] {
+			s.Torch = fakeTorch(runs, ms)
+		}
 		rep.Sizes = append(rep.Sizes, s)
 	}
 	return rep
@@ -457,4 +473,25 @@ func TestChartSkipsMissingBars(t *testing.T) {
 	if n := bytes.Count(svg, []byte("<title>")); n != 1 {
 		t.Errorf("%d bars, want 1", n)
 	}
+}
+
+// fakeTorch is a plausible torch series, CRIU included.
+func fakeTorch(runs int, ms func(n, r int) time.Duration) *torchResult {
+	tr := &torchResult{Shape: "12 layers of width 768", Params: 124439808, Weights: 474 << 20, Memory: "589.2 MiB",
+		Image: 505 << 20, Maps: 1686, CRIU: "/usr/sbin/criu (Version: 4.2)", CRIUUsed: true, CRIUImage: 589 << 20,
+		Restores: torchCases(true)}
+	for r := range runs {
+		tr.Dump, tr.Freeze, tr.CRIUDump = append(tr.Dump, ms(400, r)), append(tr.Freeze, ms(390, r)), append(tr.CRIUDump, ms(330, r))
+		for _, c := range tr.Restores {
+			c.Ping, c.Token = append(c.Ping, ms(60, r)), append(c.Token, ms(450, r))
+			if c.CRIU {
+				continue
+			}
+			c.AllIn = append(c.AllIn, ms(300, r))
+			if c.Label != "eager" {
+				c.Running, c.Faults, c.Served = append(c.Running, ms(50, r)), append(c.Faults, 170), append(c.Served, "28 MiB")
+			}
+		}
+	}
+	return tr
 }

@@ -50,14 +50,14 @@ var codecFixtures = []codecFixture{
 // does the lazy one through the mount only.
 func codecCases(smoke bool) []restoreCase {
 	if smoke {
-		return []restoreCase{{Mode: lazyMount, Threads: 1}}
+		return []restoreCase{{Mode: lazyMount, Threads: defThreads}}
 	}
 	return []restoreCase{
-		{Mode: eager, Threads: 1},
-		{Mode: eager, Cold: true, Threads: 1},
-		{Mode: lazyMount, Threads: 1},
-		{Mode: lazyMount, Cold: true, Threads: 1},
-		{Mode: lazyDirect, Threads: 1},
+		{Mode: eager, Threads: defThreads},
+		{Mode: eager, Cold: true, Threads: defThreads},
+		{Mode: lazyMount, Threads: defThreads},
+		{Mode: lazyMount, Cold: true, Threads: defThreads},
+		{Mode: lazyDirect, Threads: defThreads},
 	}
 }
 

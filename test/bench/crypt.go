@@ -35,12 +35,12 @@ var cryptVariants = [2]string{"clear", "sealed"}
 // cryptCases are the restores of both snapshots.
 func cryptCases() []restoreCase {
 	return []restoreCase{
-		{Mode: eager, Threads: 1},
-		{Mode: eager, Cold: true, Threads: 1},
-		{Mode: lazyMount, Threads: 1},
-		{Mode: lazyMount, Cold: true, Threads: 1},
-		{Mode: lazyDirect, Threads: 1},
-		{Mode: lazyDirect, Cold: true, Threads: 1},
+		{Mode: eager, Threads: defThreads},
+		{Mode: eager, Cold: true, Threads: defThreads},
+		{Mode: lazyMount, Threads: defThreads},
+		{Mode: lazyMount, Cold: true, Threads: defThreads},
+		{Mode: lazyDirect, Threads: defThreads},
+		{Mode: lazyDirect, Cold: true, Threads: defThreads},
 	}
 }
 

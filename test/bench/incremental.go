@@ -161,7 +161,7 @@ func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
 	saved := h.expect
 	h.expect = want
 	defer func() { h.expect = saved }()
-	run, err := h.restoreOnce(ctx, &snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: 1})
+	run, err := h.restoreOnce(ctx, &snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: defThreads})
 	if err != nil {
 		return fmt.Errorf("restore of the incremental snapshot: %w", err)
 	}

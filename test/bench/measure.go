@@ -34,6 +34,8 @@ type harness struct {
 	// restoreArgs are appended to every restore's arguments (the s3
 	// series' --cache-dir).
 	restoreArgs []string
+	// torchDone: the torch series ran (for the first size only).
+	torchDone bool
 }
 
 // expectation is what the original server answered; every restored server

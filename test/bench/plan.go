@@ -124,27 +124,32 @@ func (c restoreCase) String() string {
 	return fmt.Sprintf("%s %s threads=%d", c.Label(), c.Cache(), c.Threads)
 }
 
+// defThreads is snapctl restore's --decompress-threads default (0:
+// automatic), which every series restores with unless it varies it.
+const defThreads = 0
+
 // restoreCases returns the restore measurements of a configuration: eager
 // and lazy through the mount, cold and warm, for every configuration (the
 // block-size series); for the default one also --source direct, idle lazy
-// restores, and --decompress-threads 2 and 0 (1 is the default).
+// restores, and --decompress-threads 1 and 2 (0, automatic, is the
+// default).
 func restoreCases(cfg dumpConfig) []restoreCase {
 	cs := []restoreCase{
-		{Mode: eager, Threads: 1},
-		{Mode: eager, Cold: true, Threads: 1},
-		{Mode: lazyMount, Threads: 1},
-		{Mode: lazyMount, Cold: true, Threads: 1},
+		{Mode: eager, Threads: defThreads},
+		{Mode: eager, Cold: true, Threads: defThreads},
+		{Mode: lazyMount, Threads: defThreads},
+		{Mode: lazyMount, Cold: true, Threads: defThreads},
 	}
 	if !cfg.Default {
 		return cs
 	}
 	cs = append(cs,
-		restoreCase{Mode: lazyDirect, Threads: 1},
-		restoreCase{Mode: lazyDirect, Cold: true, Threads: 1},
-		restoreCase{Mode: lazyMount, Idle: true, Threads: 1},
-		restoreCase{Mode: lazyDirect, Idle: true, Threads: 1},
+		restoreCase{Mode: lazyDirect, Threads: defThreads},
+		restoreCase{Mode: lazyDirect, Cold: true, Threads: defThreads},
+		restoreCase{Mode: lazyMount, Idle: true, Threads: defThreads},
+		restoreCase{Mode: lazyDirect, Idle: true, Threads: defThreads},
 	)
-	for _, n := range []int{2, 0} {
+	for _, n := range []int{1, 2} {
 		cs = append(cs,
 			restoreCase{Mode: eager, Threads: n},
 			restoreCase{Mode: lazyMount, Threads: n},

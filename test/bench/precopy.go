@@ -157,7 +157,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 		return nil
 	}
 	h.killLive()
-	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: 1}); err != nil {
+	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: defThreads}); err != nil {
 		return fmt.Errorf("restore of the pre-copy snapshot: %w", err)
 	}
 	res.Restored = true

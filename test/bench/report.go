@@ -251,8 +251,8 @@ func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
 	m.header("option", "eager, warm", "eager, cold", "first answer after eager, warm", "lazy: first answer, warm", "lazy: first answer, cold", "lazy: token, warm", "lazy: token, cold", "lazy: all memory in, warm")
 	for _, d := range s.Dumps {
 		c := d.Config.Short
-		ew, ec := s.find(c, restoreCase{Mode: eager, Threads: 1}), s.find(c, restoreCase{Mode: eager, Cold: true, Threads: 1})
-		lw, lc := s.find(c, restoreCase{Mode: lazyMount, Threads: 1}), s.find(c, restoreCase{Mode: lazyMount, Cold: true, Threads: 1})
+		ew, ec := s.find(c, restoreCase{Mode: eager, Threads: defThreads}), s.find(c, restoreCase{Mode: eager, Cold: true, Threads: defThreads})
+		lw, lc := s.find(c, restoreCase{Mode: lazyMount, Threads: defThreads}), s.find(c, restoreCase{Mode: lazyMount, Cold: true, Threads: defThreads})
 		m.row(d.Config.Label(), cell(ew, wallOf), cell(ec, wallOf), cell(ew, firstOf), cell(lw, firstOf), cell(lc, firstOf),
 			cell(lw, tokenOf), cell(lc, tokenOf), cell(lw, totalOf))
 	}
@@ -291,16 +291,16 @@ func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
 	m.p("Lazy columns: *first answer* is `touch 1`, times from the start of the command.")
 	m.p("")
 	m.header("threads", "eager restore", "mount: first answer", "mount: token", "mount: all in", "direct: first answer", "direct: token", "direct: all in")
-	for _, n := range []int{1, 2, 0} {
+	for _, n := range []int{0, 1, 2} {
 		e := s.find(def.Short, restoreCase{Mode: eager, Threads: n})
 		lm := s.find(def.Short, restoreCase{Mode: lazyMount, Threads: n})
 		ld := s.find(def.Short, restoreCase{Mode: lazyDirect, Threads: n})
 		label := fmt.Sprint(n)
-		switch n {
-		case 1:
-			label = "1 (default)"
-		case 0:
+		if n == 0 {
 			label = "0 (automatic)"
+		}
+		if n == defThreads {
+			label += " (default)"
 		}
 		m.row(label, cell(e, wallOf), cell(lm, firstOf), cell(lm, tokenOf), cell(lm, totalOf), cell(ld, firstOf), cell(ld, tokenOf), cell(ld, totalOf))
 	}
@@ -327,7 +327,7 @@ func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
 		}
 	}
 	m.p("")
-	if e, b := s.find(def.Short, restoreCase{Mode: eager, Threads: 1}), s.baseline(def.Short, lz4Decode); e != nil && b != nil {
+	if e, b := s.find(def.Short, restoreCase{Mode: eager, Threads: defThreads}), s.baseline(def.Short, lz4Decode); e != nil && b != nil {
 		ew, lw := e.dist(wallOf).Med, summarize(b.Warm).Med
 		m.p("Warm, `%s`: an eager restore takes %s, %.1f× what `lz4 -d` needs to decode the same memory (%s); reading its pages file takes %s.",
 			def.Name, e.dist(wallOf), ew.Seconds()/lw.Seconds(), summarize(b.Warm), summarize(s.baseline(def.Short, readPages).Warm))
@@ -435,14 +435,14 @@ func defaultConfig() dumpConfig {
 // latencyCases are the rows of the restore-latency table, in order.
 func latencyCases() []restoreCase {
 	return []restoreCase{
-		{Mode: eager, Threads: 1},
-		{Mode: eager, Cold: true, Threads: 1},
-		{Mode: lazyMount, Threads: 1},
-		{Mode: lazyMount, Cold: true, Threads: 1},
-		{Mode: lazyDirect, Threads: 1},
-		{Mode: lazyDirect, Cold: true, Threads: 1},
-		{Mode: lazyMount, Idle: true, Threads: 1},
-		{Mode: lazyDirect, Idle: true, Threads: 1},
+		{Mode: eager, Threads: defThreads},
+		{Mode: eager, Cold: true, Threads: defThreads},
+		{Mode: lazyMount, Threads: defThreads},
+		{Mode: lazyMount, Cold: true, Threads: defThreads},
+		{Mode: lazyDirect, Threads: defThreads},
+		{Mode: lazyDirect, Cold: true, Threads: defThreads},
+		{Mode: lazyMount, Idle: true, Threads: defThreads},
+		{Mode: lazyDirect, Idle: true, Threads: defThreads},
 	}
 }
 
@@ -508,10 +508,10 @@ func blockRestoreChart(s *sizeResult) chart {
 	for _, d := range s.Dumps {
 		k := d.Config.Short
 		c.Categories = append(c.Categories, k)
-		ew = append(ew, s.find(k, restoreCase{Mode: eager, Threads: 1}))
-		ec = append(ec, s.find(k, restoreCase{Mode: eager, Cold: true, Threads: 1}))
-		lw = append(lw, s.find(k, restoreCase{Mode: lazyMount, Threads: 1}))
-		lc = append(lc, s.find(k, restoreCase{Mode: lazyMount, Cold: true, Threads: 1}))
+		ew = append(ew, s.find(k, restoreCase{Mode: eager, Threads: defThreads}))
+		ec = append(ec, s.find(k, restoreCase{Mode: eager, Cold: true, Threads: defThreads}))
+		lw = append(lw, s.find(k, restoreCase{Mode: lazyMount, Threads: defThreads}))
+		lc = append(lc, s.find(k, restoreCase{Mode: lazyMount, Cold: true, Threads: defThreads}))
 	}
 	addSeries(&c, "eager, warm", ew, wallOf)
 	addSeries(&c, "eager, cold", ec, wallOf)

@@ -34,6 +34,8 @@ type sizeResult struct {
 
 	// WorkingSet is the working-set series (workingset.go).
 	WorkingSet []*wsResult `json:",omitempty"`
+	// Torch is the PyTorch server series (torch.go), in the first size's.
+	Torch *torchResult `json:",omitempty"`
 }
 
 // weightsResult is the weightserver series of one advice: its snapshot

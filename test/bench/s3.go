@@ -160,7 +160,7 @@ func measureS3(ctx context.Context, h *harness, sr *sizeResult) error {
 	def := defaultConfig()
 	res := &s3Result{DumpDisk: &dumpResult{Config: def}, DumpStore: &dumpResult{Config: def}}
 	for _, from := range s3Sources {
-		res.Restores = append(res.Restores, &s3Restore{From: from, restoreResult: restoreResult{Config: def, Case: restoreCase{Mode: lazyMount, Threads: 1}}})
+		res.Restores = append(res.Restores, &s3Restore{From: from, restoreResult: restoreResult{Config: def, Case: restoreCase{Mode: lazyMount, Threads: defThreads}}})
 	}
 	diskDir := filepath.Join(h.work, "snap-s3-disk")
 	defer os.RemoveAll(diskDir)

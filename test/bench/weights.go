@@ -20,14 +20,14 @@ var weightAdvices = []string{"hugepage", "none"}
 // weightCases are the restores of each weightserver snapshot.
 func weightCases() []restoreCase {
 	return []restoreCase{
-		{Mode: eager, Threads: 1},
-		{Mode: eager, Cold: true, Threads: 1},
-		{Mode: lazyMount, Threads: 1},
-		{Mode: lazyMount, Cold: true, Threads: 1},
-		{Mode: lazyDirect, Threads: 1},
-		{Mode: lazyDirect, Cold: true, Threads: 1},
-		{Mode: eager, Threads: 1, TokenFirst: true},
-		{Mode: lazyMount, Threads: 1, TokenFirst: true},
+		{Mode: eager, Threads: defThreads},
+		{Mode: eager, Cold: true, Threads: defThreads},
+		{Mode: lazyMount, Threads: defThreads},
+		{Mode: lazyMount, Cold: true, Threads: defThreads},
+		{Mode: lazyDirect, Threads: defThreads},
+		{Mode: lazyDirect, Cold: true, Threads: defThreads},
+		{Mode: eager, Threads: defThreads, TokenFirst: true},
+		{Mode: lazyMount, Threads: defThreads, TokenFirst: true},
 	}
 }
 
