@@ -10,8 +10,11 @@
 #                snapshot size, dump time, eager and lazy restore to first
 #                response of a 1 GiB modelserver, cold and warm, with the
 #                pages-file and lz4 baselines, and of a 1 GiB weightserver
-#                with and without MADV_HUGEPAGE; writes test/bench/BENCHMARKS.md
-#                and its SVG charts. BENCH_LARGE=1 adds 4 GiB (about 4x longer);
+#                with and without MADV_HUGEPAGE, and of a PyTorch server (with
+#                CRIU's figures beside them where criu works: $$CRIU or PATH);
+#                writes test/bench/BENCHMARKS.md and its SVG charts.
+#                BENCH_LARGE=1 adds 4 GiB (about 4x longer); BENCH_HUGE=1 a
+#                12 GiB weightserver dumped and restored once (~10 minutes);
 #                BENCH_FLAGS passes more flags (-size, -runs, -out, -work,
 #                -only SERIES to measure one series into another -out)
 #   make bench-smoke  the harness at 64 MiB, one run, into bin/bench-smoke
@@ -92,11 +95,12 @@ test: $(LAUNCH)
 	BIN=$(BIN) MAKE="$(MAKE)" bash test/stages.sh lint tidy race test-all
 
 BENCH_LARGE ?=
+BENCH_HUGE ?=
 BENCH_FLAGS ?=
 
 bench: build $(LAUNCH)
 	$(LAUNCH) $(GO) run ./test/bench -bin $(BIN) -out test/bench \
-		$(if $(filter 1,$(BENCH_LARGE)),-large) $(BENCH_FLAGS)
+		$(if $(filter 1,$(BENCH_LARGE)),-large) $(if $(filter 1,$(BENCH_HUGE)),-huge) $(BENCH_FLAGS)
 
 bench-smoke: build $(LAUNCH)
 	$(LAUNCH) $(GO) run ./test/bench -bin $(BIN) -smoke -out $(BIN)/bench-smoke $(BENCH_FLAGS)

@@ -235,7 +235,8 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 		expect("| "+th+" |", 8, 0)
 	}
 	if tr := s.Torch; tr != nil {
-		expect("| dump (process frozen) |", 3, map[bool]int{true: 0, false: 1}[tr.CRIUUsed])
+		expect("| dump |", 3, map[bool]int{true: 0, false: 1}[tr.CRIUUsed])
+		expect("| process frozen |", 3, 1)
 		for _, c := range torchCases(tr.CRIUUsed) {
 			dashes := 0 // lazy
 			switch {

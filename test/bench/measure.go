@@ -34,8 +34,11 @@ type harness struct {
 	// restoreArgs are appended to every restore's arguments (the s3
 	// series' --cache-dir).
 	restoreArgs []string
-	// torchDone: the torch series ran (for the first size only).
-	torchDone bool
+	// first: the first size measured (the torch and huge series run
+	// there only); huge: -huge.
+	first, huge bool
+	// weightsDump is what the last dumpWeights's snapctl dump reported.
+	weightsDump dumpReport
 }
 
 // expectation is what the original server answered; every restored server
@@ -64,8 +67,9 @@ func measure(ctx context.Context, o options) (*report, error) {
 	}
 	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Only: o.Only, Started: o.Now()}
 	rep.Machine = describeMachine(work, t)
-	for _, size := range o.Sizes {
-		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now(), smoke: o.Smoke}
+	for i, size := range o.Sizes {
+		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now(), smoke: o.Smoke,
+			first: i == 0, huge: o.Huge}
 		sr, err := h.measureSize(ctx, o.Now)
 		h.killLive()
 		if err != nil {

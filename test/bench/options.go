@@ -33,6 +33,7 @@ type options struct {
 	Smoke  bool      // the CI run
 	Render string    // re-render the report from this results file instead of measuring
 	Only   []string  // series to measure (-only); empty: all of them
+	Huge   bool      // -huge: the 12 GiB weightserver too
 	Log    io.Writer // progress, one line per run
 	Now    func() time.Time
 }
@@ -63,6 +64,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	runs := fl.Int("runs", defaultRuns, "runs per measurement; the report gives their median and min–max")
 	out := fl.String("out", "", "directory for BENCHMARKS.md and the SVG charts (default test/bench of the module)")
 	large := fl.Bool("large", os.Getenv(LargeEnv) == "1", "also measure a 4 GiB fixture (default from "+LargeEnv+"=1)")
+	huge := fl.Bool("huge", os.Getenv(HugeEnv) == "1", "also dump and restore a 12 GiB weightserver once (default from "+HugeEnv+"=1; needs ~13 GiB of free memory and ~13 GiB of disk)")
 	smoke := fl.Bool("smoke", false, "CI smoke run: 64 MiB and 1 run unless -size/-runs say otherwise")
 	bin := fl.String("bin", "", "directory holding snapctl and lazyfs built from this module (default: go build them)")
 	render := fl.String("render", "", "write the report and charts from a results `FILE` ("+ResultsName+") instead of measuring")
@@ -97,7 +99,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if size.v < 16<<20 || size.v > 8<<30 {
 		return options{}, fmt.Errorf("-size %s: want 16 MiB to 8 GiB", units.FormatSize(size.v))
 	}
-	o := options{Sizes: []uint64{size.v}, Runs: *runs, Out: *out, Bin: *bin, Work: *work, Smoke: *smoke, Render: *render, Only: onlyList, Log: stderr, Now: time.Now}
+	o := options{Sizes: []uint64{size.v}, Runs: *runs, Out: *out, Bin: *bin, Work: *work, Smoke: *smoke, Render: *render, Only: onlyList, Log: stderr, Now: time.Now, Huge: *huge}
 	if *large && size.v != largeSize {
 		o.Sizes = append(o.Sizes, largeSize)
 	}

@@ -36,6 +36,9 @@ type sizeResult struct {
 	WorkingSet []*wsResult `json:",omitempty"`
 	// Torch is the PyTorch server series (torch.go), in the first size's.
 	Torch *torchResult `json:",omitempty"`
+	// Huge is the 12 GiB weightserver (huge.go, -huge), in the first
+	// size's.
+	Huge *hugeResult `json:",omitempty"`
 }
 
 // weightsResult is the weightserver series of one advice: its snapshot

@@ -98,10 +98,9 @@ type torchSnap struct {
 }
 
 func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
-	if h.torchDone {
+	if !h.first {
 		return nil
 	}
-	h.torchDone = true
 	py := "/usr/bin/python3"
 	if out, err := exec.CommandContext(ctx, py, "-I", "-c", "import torch").CombinedOutput(); err != nil {
 		return fmt.Errorf("%s cannot import torch (Debian package python3-torch): %w: %s", py, err, bytes.TrimSpace(out))
@@ -473,7 +472,8 @@ func renderTorch(m *md, sr *sizeResult) {
 	}
 	m.p("")
 	m.header("", "lazyfs", "CRIU")
-	m.row("dump (process frozen)", fmt.Sprintf("%s (%s)", summarize(tr.Dump), summarize(tr.Freeze)), summarize(tr.CRIUDump).String())
+	m.row("dump", summarize(tr.Dump).String(), summarize(tr.CRIUDump).String())
+	m.row("process frozen", summarize(tr.Freeze).String(), "—")
 	m.p("")
 	m.header("restore", "cache", "ping", "token", "token / lazyfs eager", "running after", "all memory in", "faults (served on them)")
 	for _, c := range tr.Restores {

@@ -144,6 +144,7 @@ func (h *harness) dumpWeights(ctx context.Context, w *weightsResult, cfg dumpCon
 	if rep.PID != srv.PID {
 		return nil, expectation{}, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, ErrOutput)
 	}
+	h.weightsDump = rep
 	h.logf("dump weights %s: %d arrays, %d VMAs with hg, %d MiB in huge pages, init %s; %s",
 		w.Advice, w.Arrays, w.HugeVMAs, w.AnonHuge>>20, w.Init, strings.TrimSpace(out))
 	return &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}, exp, nil
