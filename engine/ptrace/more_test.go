@@ -363,6 +363,9 @@ func TestOpenAt2All(t *testing.T) {
 	reqs = append(reqs,
 		OpenReq{Path: dir + "/missing", Flags: unix.O_RDONLY, Resolve: unix.RESOLVE_NO_SYMLINKS},
 		OpenReq{Path: dir + "/link", Flags: unix.O_RDONLY, Resolve: unix.RESOLVE_NO_SYMLINKS})
+	if fds, _, _, err := in.OpenAt2All(nil); err != nil || len(fds) != 0 {
+		t.Fatalf("no files: %v, %v", fds, err)
+	}
 	r0 := Resumes()
 	fds, sts, errs, err := in.OpenAt2All(reqs)
 	if err != nil {

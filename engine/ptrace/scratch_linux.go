@@ -117,8 +117,10 @@ type OpenReq struct {
 // descriptor in another, as many files at a time as the scratch memory
 // holds. A process that maps hundreds of libraries (an interpreter with
 // PyTorch) opens them in a few resumes instead of two each. fds[i] is the
-// descriptor of reqs[i] and sts[i] what fstat says of it, or fds[i] is -1
-// and errs[i] says why; err is a failure to inject at all.
+// descriptor of reqs[i] and sts[i] what fstat says of it, or errs[i] says
+// why not (fds[i] is then -1, or the descriptor fstat failed on, for the
+// caller to close); err is a failure to inject at all, after which every
+// descriptor opened is closed.
 func (in *Injector) OpenAt2All(reqs []OpenReq) (fds []int, sts []unix.Stat_t, errs []error, err error) {
 	fds = make([]int, len(reqs))
 	sts = make([]unix.Stat_t, len(reqs))
@@ -136,7 +138,8 @@ func (in *Injector) OpenAt2All(reqs []OpenReq) (fds []int, sts []unix.Stat_t, er
 		}
 	}()
 	how := make([]byte, unix.SizeofOpenHow)
-	statLen := len(bytesOf(&sts[0]))
+	var st unix.Stat_t
+	statLen := len(bytesOf(&st))
 	for lo := 0; lo < len(reqs); {
 		// A chunk: each file's open_how, path and stat buffer, and
 		// its two table entries.
