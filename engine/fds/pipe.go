@@ -119,8 +119,7 @@ func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
 	if f.Flags&unix.O_ACCMODE == unix.O_RDONLY {
 		end = ends[0]
 	}
-	if err := fc.setFlags(end, f); err != nil {
-		return -1, err
-	}
+	// Its file status flags are set once it is at its number (placeOne:
+	// the same open file description).
 	return end, nil
 }

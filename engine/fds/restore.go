@@ -169,11 +169,18 @@ func (fc *fdCreator) placeOne(f *image.FD, placed map[int]bool) error {
 	if tmp == f.FD {
 		return nil // created in place, with its close-on-exec flag
 	}
-	if err := fc.dup3(tmp, f.FD, flags); err != nil {
-		return fmt.Errorf("fd %d: %w", f.FD, err)
+	// Moved to its number and the temporary closed in one resume; a pipe
+	// end gets its file status flags there too (pipe).
+	c := fc.in.NewCalls()
+	c.Add(fmt.Sprintf("dup3(%d, %d)", tmp, f.FD), unix.SYS_DUP3, uint64(tmp), uint64(f.FD), uint64(flags))
+	if f.Kind == image.FDPipe {
+		c.Add(fmt.Sprintf("fcntl(%d, F_SETFL, %#x)", f.FD, f.Flags&settableFlags), unix.SYS_FCNTL, uint64(f.FD), unix.F_SETFL, uint64(f.Flags&settableFlags))
 	}
 	if !fc.kept(tmp) {
-		fc.closeFD(tmp)
+		c.Add(fmt.Sprintf("close(%d)", tmp), unix.SYS_CLOSE, uint64(tmp))
+	}
+	if err := fc.in.RunCalls(c); err != nil {
+		return fmt.Errorf("fd %d: %w", f.FD, err)
 	}
 	return nil
 }
@@ -235,12 +242,37 @@ func (fc *fdCreator) kept(fd int) bool {
 // moveHigh moves fd of the process to the first free number from high
 // up (close-on-exec) and returns it.
 func (fc *fdCreator) moveHigh(fd int) (int, error) {
-	nfd, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
+	fds, err := fc.moveHighAll(fd)
 	if err != nil {
-		return -1, fmt.Errorf("fcntl(%d, F_DUPFD_CLOEXEC, %d): %w", fd, fc.high, err)
+		return -1, err
 	}
-	fc.closeFD(fd)
-	return int(nfd), nil
+	return fds[0], nil
+}
+
+// moveHighAll is moveHigh of every fd, in one resume of the process.
+func (fc *fdCreator) moveHighAll(fds ...int) ([]int, error) {
+	c := fc.in.NewCalls()
+	for _, fd := range fds {
+		c.Add(fmt.Sprintf("fcntl(%d, F_DUPFD_CLOEXEC, %d)", fd, fc.high), unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
+	}
+	for _, fd := range fds {
+		c.Add(fmt.Sprintf("close(%d)", fd), unix.SYS_CLOSE, uint64(fd))
+	}
+	if err := fc.in.RunCalls(c); err != nil {
+		// Those moved are closed; the originals, if a close failed,
+		// are left to the process's death.
+		for i := range fds {
+			if r := c.Result(i); r >= int64(fc.high) {
+				fc.closeFD(int(r))
+			}
+		}
+		return nil, err
+	}
+	out := make([]int, len(fds))
+	for i := range fds {
+		out[i] = int(c.Result(i))
+	}
+	return out, nil
 }
 
 // keepPair moves the two fds a pipe2 or socketpair wrote at scratch out
@@ -250,16 +282,12 @@ func (fc *fdCreator) keepPair(at uint64) ([2]int, error) {
 	if err := fc.in.Get(0, b[:]); err != nil {
 		return [2]int{}, err
 	}
-	var out [2]int
-	for i := range out {
-		fd, err := fc.moveHigh(int(binary.LittleEndian.Uint32(b[4*i:])))
-		if err != nil {
-			return [2]int{}, err
-		}
-		out[i] = fd
-		fc.keep = append(fc.keep, fd)
+	moved, err := fc.moveHighAll(int(binary.LittleEndian.Uint32(b[0:])), int(binary.LittleEndian.Uint32(b[4:])))
+	if err != nil {
+		return [2]int{}, err
 	}
-	return out, nil
+	fc.keep = append(fc.keep, moved...)
+	return [2]int{moved[0], moved[1]}, nil
 }
 
 func (fc *fdCreator) closeAll() {
@@ -335,9 +363,11 @@ func (fc *fdCreator) write(fd int, b []byte) error {
 
 // setFlags sets the file status flags that F_SETFL can change.
 func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
-	const settable = unix.O_NONBLOCK | unix.O_DIRECT | unix.O_APPEND | unix.O_NOATIME
-	if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settable)); err != nil {
-		return fmt.Errorf("fcntl(F_SETFL, %#x): %w", f.Flags&settable, err)
+	if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settableFlags)); err != nil {
+		return fmt.Errorf("fcntl(F_SETFL, %#x): %w", f.Flags&settableFlags, err)
 	}
 	return nil
 }
+
+// settableFlags are the file status flags F_SETFL sets.
+const settableFlags = unix.O_NONBLOCK | unix.O_DIRECT | unix.O_APPEND | unix.O_NOATIME

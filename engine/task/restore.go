@@ -89,24 +89,21 @@ func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, 
 }
 
 // threadCreds sets the credentials of thread t (the one r injects into),
-// its parent-death signal and no_new_privs.
+// its parent-death signal and no_new_privs, in one batch of calls: one
+// resume of the thread. Every call of a batch runs; if one fails, the
+// restore fails and the process is killed before it runs.
 func (r *restorer) threadCreds(t *image.Thread) error {
 	st := r.st
-	if err := r.creds(); err != nil {
-		return err
-	}
+	c := r.in.NewCalls()
+	r.creds(c)
 	if t.PdeathSig != 0 {
 		// After the credentials: changing them clears it.
-		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(t.PdeathSig)); err != nil {
-			return fmt.Errorf("prctl(PR_SET_PDEATHSIG, %d): %w", t.PdeathSig, err)
-		}
+		c.Add(fmt.Sprintf("prctl(PR_SET_PDEATHSIG, %d)", t.PdeathSig), unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(t.PdeathSig))
 	}
 	if st.Creds.NoNewPrivs {
-		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
-		}
+		c.Add("prctl(PR_SET_NO_NEW_PRIVS)", unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 	}
-	return nil
+	return r.in.RunCalls(c)
 }
 
 // sigActions adds to c the action of every signal: the dumped ones, and
@@ -128,37 +125,27 @@ func (r *restorer) sigActions(c *ptrace.Calls) {
 	}
 }
 
-// creds sets the capabilities, groups, gids and uids (as CRIU: the
-// bounding set is dropped to the dumped one while the process is still
-// privileged, its permitted capabilities kept across the change of uid
-// (PR_SET_KEEPCAPS), then set, and the ambient ones raised).
-func (r *restorer) creds() error {
-	c := r.st.Creds
-	if err := r.dropBounding(); err != nil {
-		return err
-	}
-	if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1); err != nil {
-		return fmt.Errorf("prctl(PR_SET_KEEPCAPS): %w", err)
-	}
-	if err := r.ids(); err != nil {
-		return err
-	}
-	return r.capabilities(c)
+// creds adds to c what sets the capabilities, groups, gids and uids (as
+// CRIU: the bounding set is dropped to the dumped one while the process
+// is still privileged, its permitted capabilities kept across the change
+// of uid (PR_SET_KEEPCAPS), then set, and the ambient ones raised).
+func (r *restorer) creds(c *ptrace.Calls) {
+	r.dropBounding(c)
+	c.Add("prctl(PR_SET_KEEPCAPS)", unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1)
+	r.ids(c)
+	r.capabilities(c, r.st.Creds)
 }
 
-// dropBounding drops from the bounding set the capabilities the process
-// did not have in it.
-func (r *restorer) dropBounding() error {
+// dropBounding adds to c the drop from the bounding set of the
+// capabilities the process did not have in it.
+func (r *restorer) dropBounding(c *ptrace.Calls) {
 	last := lastCap()
 	for cp := 0; cp <= last; cp++ {
 		if r.st.Creds.CapBnd&(1<<cp) != 0 {
 			continue
 		}
-		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uint64(cp)); err != nil {
-			return fmt.Errorf("prctl(PR_CAPBSET_DROP, %d): %w", cp, err)
-		}
+		c.Add(fmt.Sprintf("prctl(PR_CAPBSET_DROP, %d)", cp), unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uint64(cp))
 	}
-	return nil
 }
 
 // lastCap is the highest capability this kernel knows.
@@ -170,10 +157,10 @@ func lastCap() int {
 	return 40 // CAP_CHECKPOINT_RESTORE, the last of Linux 6.x
 }
 
-// capabilities sets the effective, permitted and inheritable sets
-// (capset), raises the ambient ones, and ends keeping the permitted ones
-// across uid changes, as a process does by default.
-func (r *restorer) capabilities(c image.Creds) error {
+// capabilities adds to c what sets the effective, permitted and
+// inheritable sets (capset), raises the ambient ones, and ends keeping
+// the permitted ones across uid changes, as a process does by default.
+func (r *restorer) capabilities(c *ptrace.Calls, cr image.Creds) {
 	// struct __user_cap_header_struct (version 3, this thread), then two
 	// struct __user_cap_data_struct: the low and high 32 bits.
 	var b [8 + 24]byte
@@ -181,63 +168,41 @@ func (r *restorer) capabilities(c image.Creds) error {
 	le.PutUint32(b[0:], unix.LINUX_CAPABILITY_VERSION_3)
 	for i, half := range []int{0, 32} {
 		d := b[8+12*i:]
-		le.PutUint32(d[0:], uint32(c.CapEff>>half))
-		le.PutUint32(d[4:], uint32(c.CapPrm>>half))
-		le.PutUint32(d[8:], uint32(c.CapInh>>half))
+		le.PutUint32(d[0:], uint32(cr.CapEff>>half))
+		le.PutUint32(d[4:], uint32(cr.CapPrm>>half))
+		le.PutUint32(d[8:], uint32(cr.CapInh>>half))
 	}
-	at, err := r.in.Put(0, b[:])
-	if err != nil {
-		return err
-	}
-	if _, err := r.in.Call(unix.SYS_CAPSET, at, at+8); err != nil {
-		return fmt.Errorf("capset(effective %#x, permitted %#x, inheritable %#x): %w", c.CapEff, c.CapPrm, c.CapInh, err)
-	}
+	at := c.Data(b[:])
+	c.Add(fmt.Sprintf("capset(effective %#x, permitted %#x, inheritable %#x)", cr.CapEff, cr.CapPrm, cr.CapInh), unix.SYS_CAPSET, at, at+8)
 	for cp := 0; cp < 64; cp++ {
-		if c.CapAmb&(1<<cp) == 0 {
+		if cr.CapAmb&(1<<cp) == 0 {
 			continue
 		}
-		if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, uint64(cp)); err != nil {
-			return fmt.Errorf("prctl(PR_CAP_AMBIENT_RAISE, %d): %w", cp, err)
-		}
+		c.Add(fmt.Sprintf("prctl(PR_CAP_AMBIENT_RAISE, %d)", cp), unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, uint64(cp))
 	}
-	if _, err := r.in.Call(unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 0); err != nil {
-		return fmt.Errorf("prctl(PR_SET_KEEPCAPS, 0): %w", err)
-	}
-	return nil
+	c.Add("prctl(PR_SET_KEEPCAPS, 0)", unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 0)
 }
 
-// ids sets groups, gids and uids where they differ from snapctl's.
-func (r *restorer) ids() error {
-	c := r.st.Creds
-	if c.UID == [4]uint32{} && c.GID == [4]uint32{} && len(c.Groups) <= 1 && unix.Geteuid() == 0 {
-		return nil
+// ids adds to c what sets groups, gids and uids where they differ from
+// snapctl's.
+func (r *restorer) ids(c *ptrace.Calls) {
+	cr := r.st.Creds
+	if cr.UID == [4]uint32{} && cr.GID == [4]uint32{} && len(cr.Groups) <= 1 && unix.Geteuid() == 0 {
+		return
 	}
-	buf := make([]byte, 4*len(c.Groups))
-	for i, g := range c.Groups {
+	buf := make([]byte, 4*len(cr.Groups))
+	for i, g := range cr.Groups {
 		binary.LittleEndian.PutUint32(buf[4*i:], g)
 	}
-	at, _ := r.in.Scratch()
+	at := uint64(0)
 	if len(buf) > 0 {
-		if _, err := r.in.Put(0, buf); err != nil {
-			return err
-		}
+		at = c.Data(buf)
 	}
-	if _, err := r.in.Call(unix.SYS_SETGROUPS, uint64(len(c.Groups)), at); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
-	}
-	if _, err := r.in.Call(unix.SYS_SETRESGID, uint64(c.GID[0]), uint64(c.GID[1]), uint64(c.GID[2])); err != nil {
-		return fmt.Errorf("setresgid: %w", err)
-	}
-	if _, err := r.in.Call(unix.SYS_SETFSGID, uint64(c.GID[3])); err != nil {
-		return fmt.Errorf("setfsgid: %w", err)
-	}
-	if _, err := r.in.Call(unix.SYS_SETRESUID, uint64(c.UID[0]), uint64(c.UID[1]), uint64(c.UID[2])); err != nil {
-		return fmt.Errorf("setresuid: %w", err)
-	}
-	if _, err := r.in.Call(unix.SYS_SETFSUID, uint64(c.UID[3])); err != nil {
-		return fmt.Errorf("setfsuid: %w", err)
-	}
-	return nil
+	c.Add("setgroups", unix.SYS_SETGROUPS, uint64(len(cr.Groups)), at)
+	c.Add("setresgid", unix.SYS_SETRESGID, uint64(cr.GID[0]), uint64(cr.GID[1]), uint64(cr.GID[2]))
+	c.Add("setfsgid", unix.SYS_SETFSGID, uint64(cr.GID[3]))
+	c.Add("setresuid", unix.SYS_SETRESUID, uint64(cr.UID[0]), uint64(cr.UID[1]), uint64(cr.UID[2]))
+	c.Add("setfsuid", unix.SYS_SETFSUID, uint64(cr.UID[3]))
 }
 
 // RestoreThread restores, through in (injecting into the thread), what
@@ -248,40 +213,24 @@ func RestoreThread(in *ptrace.Injector, t *image.Thread) error {
 	if len(name) > 15 {
 		name = name[:15]
 	}
-	scratch, err := in.PutString(0, name)
-	if err != nil {
-		return err
-	}
-	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_NAME, scratch); err != nil {
-		return fmt.Errorf("prctl(PR_SET_NAME): %w", err)
-	}
-	if _, err := in.Call(unix.SYS_SET_TID_ADDRESS, t.ClearChildTID); err != nil {
-		return fmt.Errorf("set_tid_address: %w", err)
-	}
+	// One batch: one resume of the thread.
+	c := in.NewCalls()
+	c.Add("prctl(PR_SET_NAME)", unix.SYS_PRCTL, unix.PR_SET_NAME, c.String(name))
+	c.Add("set_tid_address", unix.SYS_SET_TID_ADDRESS, t.ClearChildTID)
 	if t.RobustList != 0 {
-		if _, err := in.Call(unix.SYS_SET_ROBUST_LIST, t.RobustList, t.RobustListLen); err != nil {
-			return fmt.Errorf("set_robust_list: %w", err)
-		}
+		c.Add("set_robust_list", unix.SYS_SET_ROBUST_LIST, t.RobustList, t.RobustListLen)
 	}
 	if t.AltStack.Flags&ssDisable == 0 && t.AltStack.Size != 0 {
 		ss := make([]byte, 24) // stack_t: sp, flags (int + pad), size
 		binary.LittleEndian.PutUint64(ss[0:], t.AltStack.SP)
 		binary.LittleEndian.PutUint32(ss[8:], uint32(t.AltStack.Flags&^ssOnStack))
 		binary.LittleEndian.PutUint64(ss[16:], t.AltStack.Size)
-		at, err := in.Put(64, ss)
-		if err != nil {
-			return err
-		}
-		if _, err := in.Call(unix.SYS_SIGALTSTACK, at, 0); err != nil {
-			return fmt.Errorf("sigaltstack: %w", err)
-		}
+		c.Add("sigaltstack", unix.SYS_SIGALTSTACK, c.Data(ss), 0)
 	}
 	if t.Rseq != nil {
-		if _, err := in.Call(unix.SYS_RSEQ, t.Rseq.Addr, uint64(t.Rseq.Len), 0, uint64(t.Rseq.Sig)); err != nil {
-			return fmt.Errorf("rseq register at %#x: %w", t.Rseq.Addr, err)
-		}
+		c.Add(fmt.Sprintf("rseq register at %#x", t.Rseq.Addr), unix.SYS_RSEQ, t.Rseq.Addr, uint64(t.Rseq.Len), 0, uint64(t.Rseq.Sig))
 	}
-	return nil
+	return in.RunCalls(c)
 }
 
 // SetThreadRegs sets the thread's registers, FP state and signal mask:
