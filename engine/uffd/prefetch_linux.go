@@ -43,15 +43,16 @@ func (s *server) plan(inflight int) (piece, bool) {
 // the thread has read or reads last (a model's token embedding, read
 // again by its output layer). The thread reads those megabytes in
 // milliseconds; the prefetcher places them first and the chunks below in
-// fewer. Once nothing is pending below within scanBelow, it streams on
-// past the front.
+// fewer. Once nothing is pending below within the scan's window
+// (scan.below), it streams on past the front.
 const scanAhead = 8 << 20
 
-// scanBelow is how far below the start of a scan the prefetcher fetches
-// for it: the next array or two of a thread that reads arrays laid out at
-// descending addresses (one mmap each, as malloc makes them for large
-// arrays), each upwards, as a forward pass over a model's weights does.
-// Further down, the memory is fetched in address order as before.
+// scanBelow is how far below the start of a scan the prefetcher first
+// fetches for it: the next array or two of a thread that reads arrays
+// laid out at descending addresses (one mmap each, as malloc makes them
+// for large arrays), each upwards, as a forward pass over a model's
+// weights does. The window doubles while the thread's scans go on down
+// (scan.start); further down, the memory is fetched in address order.
 const scanBelow = 32 << 20
 
 // scanBelowMax bounds scan.below, which doubles from scanBelow.
