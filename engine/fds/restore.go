@@ -170,10 +170,11 @@ func (fc *fdCreator) placeOne(f *image.FD, placed map[int]bool) error {
 		return nil // created in place, with its close-on-exec flag
 	}
 	// Moved to its number and the temporary closed in one resume; a pipe
-	// end gets its file status flags there too (pipe).
+	// end made here gets its file status flags there too (pipe), not one
+	// from outside or from another process of the tree.
 	c := fc.in.NewCalls()
 	c.Add(fmt.Sprintf("dup3(%d, %d)", tmp, f.FD), unix.SYS_DUP3, uint64(tmp), uint64(f.FD), uint64(flags))
-	if f.Kind == image.FDPipe {
+	if f.Kind == image.FDPipe && f.Tree == nil && f.Pty == nil && f.External == "" {
 		c.Add(fmt.Sprintf("fcntl(%d, F_SETFL, %#x)", f.FD, f.Flags&settableFlags), unix.SYS_FCNTL, uint64(f.FD), unix.F_SETFL, uint64(f.Flags&settableFlags))
 	}
 	if !fc.kept(tmp) {
