@@ -65,10 +65,17 @@ def start():
     s.close()
     return p
 res = {}
+started = []
+def cleanup():
+    # A failed round must not leave its memcached behind.
+    for q in started:
+        if alive(q.pid):
+            os.kill(q.pid, signal.SIGKILL)
+import atexit; atexit.register(cleanup)
 for r in range(runs):
     for name, b in (list(bins.items()) if r % 2 == 0 else list(bins.items())[::-1]):
         for mode in ('eager', 'lazy'):
-            p = start()
+            p = start(); started.append(p)
             d = f'{work}/snap-{name}'; subprocess.run(['rm', '-rf', d]); os.makedirs(d)
             t0 = time.monotonic()
             if is_criu(b):
