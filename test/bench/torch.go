@@ -333,10 +333,14 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *t
 		// host); the restore finds it by its socket there. Timed from
 		// the daemon's start: both are the restore.
 		args = append(args, "--lazy-pages")
+		pidfile := filepath.Join(snap.dir, "lazy-pages.pid")
 		if out, err := exec.CommandContext(ctx, criu, "lazy-pages", "-D", snap.dir, "--daemon",
-			"--pidfile", filepath.Join(snap.dir, "lazy-pages.pid"), "-o", "lazy-pages.log").CombinedOutput(); err != nil {
+			"--pidfile", pidfile, "-o", "lazy-pages.log").CombinedOutput(); err != nil {
 			return fmt.Errorf("criu lazy-pages: %w: %s", err, out)
 		}
+		// The daemon outlives its process (criu 4.2): ended at the end of
+		// the run, whatever happens to it.
+		defer endPidfile(pidfile)
 	}
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, prog, args...)
@@ -386,28 +390,23 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *t
 		return err
 	}
 	h.live = 0
-	if c.Label == "CRIU lazy-pages" {
-		// The daemon ends once its process is gone.
-		return endPidfile(ctx, filepath.Join(snap.dir, "lazy-pages.pid"))
-	}
 	return nil
 }
 
-// endPidfile waits a few seconds for the process a pidfile names to end,
-// then kills it, and waits until it is gone.
-func endPidfile(ctx context.Context, path string) error {
+// endPidfile kills the process a pidfile names, if it runs, and waits
+// (at most 15 s) until it is gone.
+func endPidfile(path string) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	if err != nil || pid <= 0 {
+		return
 	}
-	for end := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(end); {
-		time.Sleep(pollEvery)
-	}
-	return killAndReap(ctx, pid)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	killAndReap(ctx, pid)
 }
 
 func validateTorch(runs int, sr *sizeResult, bad func(string, ...any)) {
