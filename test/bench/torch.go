@@ -141,8 +141,8 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 			h.logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, coldName(c.Cold), r+1, h.runs, ms(c.Ping[last]), ms(c.Token[last]))
 		}
 	}
-	// Each of CRIU's dumps is a server started and dumped again, after
-	// the restores (a dump kills the process): more runs of the figure.
+	// The dumps' other runs: a server for each tool started and dumped
+	// again after the restores (a dump kills the process).
 	for r := 1; r < h.runs; r++ {
 		for _, useCRIU := range []bool{false, true} {
 			if useCRIU && criu == "" {
