@@ -157,3 +157,17 @@ func TestVerifyCorrupt(t *testing.T) {
 		}
 	})
 }
+
+// TestDecompressThreadsDefault: restore and verify decode with as many
+// threads as the machine gives them (0, automatic) unless told.
+func TestDecompressThreadsDefault(t *testing.T) {
+	var out strings.Builder
+	fs := newFlags("restore", "-D DIR", "", nil, &out, &out)
+	threads := threadsFlag(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if *threads != 0 {
+		t.Errorf("--decompress-threads defaults to %d, want 0 (automatic)", *threads)
+	}
+}

@@ -191,9 +191,18 @@ func (ph *Phase) waits() bool {
 	if !ph.src.Waits() {
 		return false
 	}
+	sts := make([]image.Stats, len(ph.procs))
+	for i, p := range ph.procs {
+		sts[i] = p.pages.Stats()
+	}
+	return mostDecoded(sts)
+}
+
+// mostDecoded reports whether most of the stored memory of sts (zeros
+// aside) is in blocks that must be decoded.
+func mostDecoded(sts []image.Stats) bool {
 	var decoded, all uint64
-	for _, p := range ph.procs {
-		st := p.pages.Stats()
+	for _, st := range sts {
 		d := st.LZ4.Bytes + st.Shuffle.Bytes
 		decoded += d
 		all += d + st.Raw.Bytes

@@ -608,3 +608,22 @@ func TestPagerScanReleasesHold(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// TestPagerFaultSrc: with Options.FaultSrc, faults read from it and
+// nothing else reads the pager's source (no prefetch, no strides here).
+func TestPagerFaultSrc(t *testing.T) {
+	const size = 4 * mib
+	f, fd, base := startRegistered(t, uint64(size))
+	ext := cut(base, PageSize, size/PageSize)
+	src, faults := newPatternSrc(ext), newPatternSrc(ext)
+	m := newMem(base, size, ext, faults)
+	p := New(fd, src, ext, Options{FaultSrc: faults, NoStrideAhead: true, Logger: testLogger(t)})
+	errc := runPager(t, p, fd, base, size, time.Minute)
+	f.checkSum(m, "all", base, size)
+	if err := waitRun(t, errc, 30*time.Second); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n, k := src.reads.Load(), faults.reads.Load(); n != 0 || k == 0 {
+		t.Errorf("%d reads of the source and %d of FaultSrc; want none and some", n, k)
+	}
+}

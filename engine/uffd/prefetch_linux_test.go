@@ -125,3 +125,27 @@ func TestPlanSkipsClaimed(t *testing.T) {
 		t.Fatalf("read-ahead with a chunk in flight wrapped to %+v", c)
 	}
 }
+
+// TestPlanScanAhead: a scan whose front has pending memory above it far
+// past scanAhead (the arrays the thread read first lie above, the ones
+// it reads next below) is followed scanAhead past its front, then below
+// its start, not on up through everything above.
+func TestPlanScanAhead(t *testing.T) {
+	const P = PageSize
+	lo := uint64(0x100000 * P)
+	front := lo + 64*P
+	below, above := uint64(64*P), uint64(2*scanAhead)
+	s := planServer([]Extent{{lo - below, below + (front - lo) + above}}, 2)
+	s.pend.remove(lo, front, nil) // the scan read and placed this
+	s.cursor = front
+	s.scan = scan{on: true, lo: lo, front: front, down: lo, below: scanBelow}
+	chunk := s.opts.PrefetchChunk
+	for i := uint64(0); i < scanAhead/chunk; i++ {
+		if c, ok := claimNext(s); !ok || c.cur != front+i*chunk {
+			t.Fatalf("chunk %d: %+v, %v; want %#x, above the front", i, c, ok, front+i*chunk)
+		}
+	}
+	if c, ok := claimNext(s); !ok || c.cur != lo-chunk {
+		t.Fatalf("past scanAhead: %+v, %v; want %#x, right below the scan's start", c, ok, lo-chunk)
+	}
+}

@@ -234,6 +234,11 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 	for _, th := range []string{"0 (automatic) (default)", "1", "2"} {
 		expect("| "+th+" |", 8, 0)
 	}
+	if s.Huge != nil {
+		for i, c := range hugeCases() {
+			expect("| "+c.Label()+" |", 7, map[bool]int{true: 0, false: 1}[i == 0]) // the dump is the first row's
+		}
+	}
 	if tr := s.Torch; tr != nil {
 		expect("| dump |", 3, map[bool]int{true: 0, false: 1}[tr.CRIUUsed])
 		expect("| process frozen |", 3, 1)
@@ -365,6 +370,7 @@ func fakeReport(runs int, sizes ...uint64) *report {
 		}
 		if size == sizes[0] {
 			s.Torch = fakeTorch(runs, ms)
+			s.Huge = fakeHuge(ms)
 		}
 		rep.Sizes = append(rep.Sizes, s)
 	}
@@ -495,4 +501,17 @@ func fakeTorch(runs int, ms func(n, r int) time.Duration) *torchResult {
 		}
 	}
 	return tr
+}
+
+// fakeHuge is a plausible huge series.
+func fakeHuge(ms func(n, r int) time.Duration) *hugeResult {
+	hr := &hugeResult{Size: hugeSize, Arrays: 768, Init: 30 * time.Second, Image: hugeSize, Dump: ms(5600, 0), Freeze: ms(5590, 0)}
+	for i, c := range hugeCases() {
+		run := restoreRun{Running: ms(50, 0), Ping: ms(60, 0), Token: ms(9000, 0), Total: ms(8900, 0)}
+		if i == 0 {
+			run = restoreRun{Running: ms(16000, 0), Ping: ms(16010, 0), Token: ms(16600, 0), Total: ms(16000, 0)}
+		}
+		hr.Restores = append(hr.Restores, &restoreResult{Config: defaultConfig(), Case: c, Runs: []restoreRun{run}})
+	}
+	return hr
 }
