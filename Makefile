@@ -6,7 +6,7 @@
 #                tracer and the engine, then every other test (as root with LAZYFS_TEST_REQUIRE=all in CI:
 #                .ci/run); every stage runs even if one fails, and a
 #                summary of every failure ends it
-#   make bench   the benchmark harness (test/bench, root, under 15 minutes):
+#   make bench   the benchmark harness (test/bench, root, about 15 minutes):
 #                snapshot size, dump time, eager and lazy restore to first
 #                response of a 1 GiB modelserver, cold and warm, with the
 #                pages-file and lz4 baselines, and of a 1 GiB weightserver
@@ -14,7 +14,7 @@
 #                CRIU's figures beside them where criu works: $$CRIU or PATH);
 #                writes test/bench/BENCHMARKS.md and its SVG charts.
 #                BENCH_LARGE=1 adds 4 GiB (about 4x longer); BENCH_HUGE=1 a
-#                12 GiB weightserver dumped and restored once (~10 minutes);
+#                12 GiB weightserver dumped and restored once (1.5 minutes more here);
 #                BENCH_FLAGS passes more flags (-size, -runs, -out, -work,
 #                -only SERIES to measure one series into another -out)
 #   make bench-smoke  the harness at 64 MiB, one run, into bin/bench-smoke

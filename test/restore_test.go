@@ -47,6 +47,45 @@ func dumpForRestore(t *testing.T, ctx context.Context, p *fixture.Proc, flags ..
 	return dir, openImage(t, dir, p.PID)
 }
 
+// restoreEachWay restores the snapshot in dir of p's process three ways,
+// each a subtest: eagerly, lazily through the private mount and lazily
+// with --source direct. check runs during the lazy phase and once the
+// restore is over; restored, if not nil, after that, with the mode's
+// name ("eager", "lazy-mount", "lazy-direct"). The process is killed at
+// the end of each.
+func restoreEachWay(t *testing.T, ctx context.Context, p *fixture.Proc, dir string, check func(t *testing.T, when string), restored func(t *testing.T, mode string)) {
+	t.Helper()
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{
+		{"eager", nil},
+		{"lazy-mount", []string{"--source", "mount"}},
+		{"lazy-direct", []string{"--source", "direct"}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			if mode.name == "eager" {
+				restoreAndAdopt(t, p, dir)
+			} else {
+				l := startLazy(t, dir, mode.flags...)
+				l.waitRunning(t, ctx)
+				if err := p.Adopt(); err != nil {
+					t.Fatal(err)
+				}
+				check(t, "during the lazy phase")
+				l.mustFinish(t, ctx, p.PID)
+			}
+			check(t, "restored")
+			if restored != nil {
+				restored(t, mode.name)
+			}
+			if err := p.Kill(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // restoreAndAdopt runs snapctl restore -D dir, fails the test unless it
 // succeeds, and makes p control the restored process.
 func restoreAndAdopt(t *testing.T, p *fixture.Proc, dir string, flags ...string) cmdResult {

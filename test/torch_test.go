@@ -43,32 +43,7 @@ func TestRestoreTorchServer(t *testing.T) {
 			t.Errorf("%s: token answered %q, the original %q", when, got, want)
 		}
 	}
-	for _, mode := range []struct {
-		name  string
-		flags []string
-	}{
-		{"eager", nil},
-		{"lazy-mount", []string{"--source", "mount"}},
-		{"lazy-direct", []string{"--source", "direct"}},
-	} {
-		t.Run(mode.name, func(t *testing.T) {
-			if mode.name == "eager" {
-				restoreAndAdopt(t, p, dir)
-			} else {
-				l := startLazy(t, dir, mode.flags...)
-				l.waitRunning(t, ctx)
-				if err := p.Adopt(); err != nil {
-					t.Fatal(err)
-				}
-				check(t, "during the lazy phase")
-				l.mustFinish(t, ctx, p.PID)
-			}
-			check(t, "restored")
-			if err := p.Kill(ctx); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
+	restoreEachWay(t, ctx, p, dir, check, nil)
 }
 
 // torchAnswer is a token answer of the torchserver without its timing.

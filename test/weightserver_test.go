@@ -59,44 +59,20 @@ func TestRestoreWeightServer(t *testing.T) {
 					}
 				}
 			}
-			for _, mode := range []struct {
-				name  string
-				flags []string
-			}{
-				{"eager", nil},
-				{"lazy-mount", []string{"--source", "mount"}},
-				{"lazy-direct", []string{"--source", "direct"}},
-			} {
-				t.Run(mode.name, func(t *testing.T) {
-					if mode.name == "eager" {
-						restoreAndAdopt(t, p, dir)
-					} else {
-						l := startLazy(t, dir, mode.flags...)
-						l.waitRunning(t, ctx)
-						if err := p.Adopt(); err != nil {
-							t.Fatal(err)
-						}
-						check(t, "during the lazy phase")
-						l.mustFinish(t, ctx, p.PID)
-					}
-					check(t, "restored")
-					if got := hugePageVMAs(t, p.PID); !maps.Equal(got, hg) {
-						t.Errorf("VMAs with hg: %v after the restore, %v in the original", got, hg)
-					}
-					// Filled with UFFDIO_COPY, the arrays hold 4 KiB pages
-					// (khugepaged may collapse some meanwhile); written
-					// through the fault path they would be huge pages, as in
-					// the original.
-					got := anonHugeKiB(t, p.PID)
-					t.Logf("AnonHugePages %d kB, the original %d kB", got, huge)
-					if mode.name == "eager" && huge > 0 && got > huge/2 {
-						t.Errorf("AnonHugePages %d kB after the restore, the original %d kB: the fill went through the fault path", got, huge)
-					}
-					if err := p.Kill(ctx); err != nil {
-						t.Fatal(err)
-					}
-				})
-			}
+			restoreEachWay(t, ctx, p, dir, check, func(t *testing.T, mode string) {
+				if got := hugePageVMAs(t, p.PID); !maps.Equal(got, hg) {
+					t.Errorf("VMAs with hg: %v after the restore, %v in the original", got, hg)
+				}
+				// Filled with UFFDIO_COPY, the arrays hold 4 KiB pages
+				// (khugepaged may collapse some meanwhile); written
+				// through the fault path they would be huge pages, as in
+				// the original.
+				got := anonHugeKiB(t, p.PID)
+				t.Logf("AnonHugePages %d kB, the original %d kB", got, huge)
+				if mode == "eager" && huge > 0 && got > huge/2 {
+					t.Errorf("AnonHugePages %d kB after the restore, the original %d kB: the fill went through the fault path", got, huge)
+				}
+			})
 		})
 	}
 }

@@ -121,10 +121,11 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 			os.RemoveAll(s.dir)
 		}
 	}()
-	for _, useCRIU := range []bool{false, true} {
-		if useCRIU && criu == "" {
-			continue
-		}
+	tools := []bool{false} // useCRIU
+	if criu != "" {
+		tools = append(tools, true)
+	}
+	for _, useCRIU := range tools {
 		s, err := h.dumpTorch(ctx, tr, py, script, criu, useCRIU)
 		if err != nil {
 			return fmt.Errorf("dump (criu %v): %w", useCRIU, err)
@@ -144,10 +145,7 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 	// The dumps' other runs: a server for each tool started and dumped
 	// again after the restores (a dump kills the process).
 	for r := 1; r < h.runs; r++ {
-		for _, useCRIU := range []bool{false, true} {
-			if useCRIU && criu == "" {
-				continue
-			}
+		for _, useCRIU := range tools {
 			s, err := h.dumpTorch(ctx, tr, py, script, criu, useCRIU)
 			if err != nil {
 				return fmt.Errorf("dump (criu %v): %w", useCRIU, err)
