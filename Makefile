@@ -27,6 +27,10 @@
 #   make demo    set up what the demo needs (.ci/setup demo: Debian packages,
 #                no test servers), build, then the whole tool in a minute:
 #                dump, mount, lazy restore
+#   make install install snapctl and lazyfs into $(DESTDIR)$(PREFIX)/bin
+#                (PREFIX=/usr/local), their manual pages (section 8, made
+#                from their --help) and their bash, zsh and fish completion;
+#                make uninstall removes them
 #   make clean   remove build outputs and compiled test fixtures
 
 SHELL := /bin/bash
@@ -53,7 +57,16 @@ BENCH ?= .
 FUZZTIME ?= 30s
 FUZZ_PKGS ?= ./...
 
-.PHONY: all setup setup-demo build test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+TOOLS := snapctl lazyfs
+
+.PHONY: all setup setup-demo build install uninstall test vet race test-all bench bench-smoke gobench fuzz lint tidy demo clean
 
 # GNU make starts recipes with posix_spawn, which in glibc 2.36 leaves
 # signals 32 and 33 ignored in the child, and an ignored signal stays ignored
@@ -66,6 +79,31 @@ all: build
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# install: the manual pages and completion scripts are written by the
+# tools themselves from the definitions of their options (--manpages,
+# --completion), so they say what --help says.
+install: build
+	install -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(MANDIR)/man8" "$(DESTDIR)$(BASHCOMPDIR)" \
+		"$(DESTDIR)$(ZSHCOMPDIR)" "$(DESTDIR)$(FISHCOMPDIR)"
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	for t in $(TOOLS); do \
+		install -m 0755 "$(BIN)/$$t" "$(DESTDIR)$(BINDIR)/$$t"; \
+		"$(BIN)/$$t" --manpages "$$tmp/man"; \
+		"$(BIN)/$$t" --completion bash >"$$tmp/$$t.bash"; \
+		"$(BIN)/$$t" --completion zsh >"$$tmp/_$$t"; \
+		"$(BIN)/$$t" --completion fish >"$$tmp/$$t.fish"; \
+		install -m 0644 "$$tmp/$$t.bash" "$(DESTDIR)$(BASHCOMPDIR)/$$t"; \
+		install -m 0644 "$$tmp/_$$t" "$(DESTDIR)$(ZSHCOMPDIR)/_$$t"; \
+		install -m 0644 "$$tmp/$$t.fish" "$(DESTDIR)$(FISHCOMPDIR)/$$t.fish"; \
+	done && \
+	install -m 0644 "$$tmp"/man/*.8 "$(DESTDIR)$(MANDIR)/man8/"
+
+uninstall:
+	for t in $(TOOLS); do \
+		rm -f "$(DESTDIR)$(BINDIR)/$$t" "$(DESTDIR)$(MANDIR)/man8/$$t".8 "$(DESTDIR)$(MANDIR)/man8/$$t"-*.8 \
+			"$(DESTDIR)$(BASHCOMPDIR)/$$t" "$(DESTDIR)$(ZSHCOMPDIR)/_$$t" "$(DESTDIR)$(FISHCOMPDIR)/$$t.fish"; \
+	done
 
 $(LAUNCH): test/fixtures/launch.c test/fixtures/fixture.h
 	mkdir -p $(BIN)

@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
+	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/fs"
 )
@@ -22,6 +23,8 @@ type config struct {
 	debug                bool
 	logFile              string
 	version              bool
+	completion           string // --completion SHELL
+	manpages             string // --manpages DIR
 	trust                bool
 	remote               *cli.Remote
 	identity             func() (*image.Keyring, error)
@@ -91,7 +94,7 @@ Examples:
 // command is lazyfs's command line, for its help.
 var command = cli.Command{
 	Name:     "lazyfs",
-	Synopsis: []string{"[options] SNAPSHOT MOUNTPOINT", "-u [--force] MOUNTPOINT"},
+	Synopsis: []string{"[options] SNAPSHOT MOUNTPOINT", "-u [--force] MOUNTPOINT", "--completion bash|zsh|fish", "--manpages DIR"},
 	About:    about,
 	Footer:   examples,
 	Exits:    []int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege},
@@ -112,9 +115,24 @@ func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f.BoolVar(&c.trust, "trust-snapshot", false, "accept a snapshot that users other than you and root can change (its directory or a file writable by group or others, or owned by another user): a snapshot is memory and code a restore runs")
 	c.identity = f.Identity()
 	f.BoolVar(&c.version, "version", false, "print the version and exit")
+	f.StringVar(&c.completion, "completion", "", "print the completion script for `SHELL` (bash, zsh or fish) and exit; make install installs them")
+	f.StringVar(&c.manpages, "manpages", "", "write the manual page lazyfs(8), made from this help, into `DIR` and exit")
 	c.remote = cli.RemoteFlags(f, true)
 	f.BoolVar(&c.force, "force", false, "with -u: abort the mount's FUSE connection first (umount -f), so that it unmounts even with files open (they then fail with ENOTCONN) or with its server stuck or gone")
 	return f
+}
+
+// tool describes lazyfs for its manual page and completion scripts.
+func tool() cli.Tool {
+	d := &cli.Describer{}
+	newFlagSet(&config{}, d, io.Discard).Parse([]string{"--help"})
+	return cli.Tool{
+		Name:    "lazyfs",
+		Summary: "mount a lazyfs snapshot as files, decoded as they are read",
+		Version: "lazyfs " + engine.Version,
+		Top:     d.Set,
+		SeeAlso: []string{"snapctl(8)", "fusermount3(1)"},
+	}
 }
 
 // parseArgs parses the command line. Options may come before, between or
@@ -126,7 +144,7 @@ func parseArgs(args []string, stdout, stderr io.Writer) (*config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.version {
+	if c.version || c.completion != "" || c.manpages != "" {
 		return c, nil
 	}
 	if c.force && !c.unmount {

@@ -22,6 +22,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "lazyfs %s\n", engine.Version)
 		return nil
 	}
+	if c.completion != "" {
+		return tool().WriteCompletion(stdout, c.completion)
+	}
+	if c.manpages != "" {
+		_, err := tool().WriteManPages(c.manpages)
+		return err
+	}
 	if c.unmount && c.force {
 		return fs.ForceUnmount(c.mountpoint)
 	}

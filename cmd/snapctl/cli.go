@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
@@ -29,12 +31,63 @@ func commands() []command {
 	}
 }
 
+// about is what snapctl does, in a sentence.
+const about = "snapctl checkpoints a running Linux process into a compressed snapshot and restores it, eagerly or lazily with userfaultfd."
+
+// topOptions are snapctl's own options, before any command.
+type topOptions struct {
+	version    bool
+	completion string
+	manpages   string
+}
+
+func topFlags(o *topOptions, stdout, stderr io.Writer) *cli.FlagSet {
+	var exits []int
+	for _, s := range cli.Statuses {
+		if s.Code > cli.ExitUsage && s.Code != cli.ExitInterrupted {
+			exits = append(exits, s.Code)
+		}
+	}
+	f := cli.Command{
+		Name:     "snapctl",
+		Synopsis: []string{"COMMAND [options]", "--completion bash|zsh|fish", "--manpages DIR"},
+		About:    about,
+		Exits:    exits,
+	}.Flags(stdout, stderr)
+	f.BoolVar(&o.version, "version", false, "print the version and exit")
+	f.StringVar(&o.completion, "completion", "", "print the completion script for `SHELL` (bash, zsh or fish) and exit; make install installs them")
+	f.StringVar(&o.manpages, "manpages", "", "write the manual pages, snapctl(8) and one per command, made from this help, into `DIR` and exit")
+	return f
+}
+
 func mainUsage(w io.Writer) {
-	fmt.Fprintf(w, "usage: snapctl COMMAND [options]\n\nsnapctl %s checkpoints a running Linux process into a compressed snapshot\nand restores it, eagerly or lazily with userfaultfd.\n\nCommands:\n", engine.Version)
+	fmt.Fprintf(w, "usage: snapctl COMMAND [options]\n\n%s\n\nCommands:\n", about)
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "\nRun 'snapctl COMMAND --help' for the options of a command.\n\n%s", cli.StatusTable(nil))
+	fmt.Fprintf(w, "\nRun 'snapctl COMMAND --help' for the options of a command.\n\nOptions:\n")
+	topFlags(&topOptions{}, io.Discard, io.Discard).PrintOptions(w)
+	fmt.Fprintf(w, "\n%s", cli.StatusTable(nil))
+}
+
+// tool describes snapctl and its commands, for its manual pages and
+// completion scripts: each command's options are those its --help shows.
+func tool() (cli.Tool, error) {
+	t := cli.Tool{
+		Name:    "snapctl",
+		Summary: "checkpoint and restore Linux processes through compressed snapshots",
+		Version: "snapctl " + engine.Version,
+		Top:     topFlags(&topOptions{}, io.Discard, io.Discard),
+		SeeAlso: []string{"lazyfs(8)"},
+	}
+	for _, c := range commands() {
+		d := &cli.Describer{}
+		if err := c.run(context.Background(), []string{"--help"}, d, io.Discard); !errors.Is(err, cli.ErrHelp) || d.Set == nil {
+			return t, fmt.Errorf("describe %s: %v", c.name, err)
+		}
+		t.Subs = append(t.Subs, cli.Sub{Name: c.name, Summary: c.summary, Set: d.Set})
+	}
+	return t, nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -46,9 +99,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "-h", "-help", "--help", "help":
 		mainUsage(stdout)
 		return nil
-	case "--version", "version":
+	case "version":
 		fmt.Fprintf(stdout, "snapctl %s\n", engine.Version)
 		return nil
+	}
+	if strings.HasPrefix(args[0], "-") {
+		return runTop(args, stdout, stderr)
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -57,6 +113,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	mainUsage(stderr)
 	return cli.Usagef("unknown command %q", args[0])
+}
+
+// runTop runs snapctl's own options: --version, --completion, --manpages.
+func runTop(args []string, stdout, stderr io.Writer) error {
+	var o topOptions
+	f := topFlags(&o, stdout, stderr)
+	if err := f.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case o.version:
+		fmt.Fprintf(stdout, "snapctl %s\n", engine.Version)
+		return nil
+	case o.completion != "":
+		t, err := tool()
+		if err != nil {
+			return err
+		}
+		return t.WriteCompletion(stdout, o.completion)
+	case o.manpages != "":
+		t, err := tool()
+		if err != nil {
+			return err
+		}
+		_, err = t.WriteManPages(o.manpages)
+		return err
+	}
+	return f.Usagef("no command given")
 }
 
 // newFlags returns the flag set of the subcommand name.

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -169,5 +171,30 @@ func TestDecompressThreadsDefault(t *testing.T) {
 	}
 	if *threads != 0 {
 		t.Errorf("--decompress-threads defaults to %d, want 0 (automatic)", *threads)
+	}
+}
+
+// TestToolDescribesEveryCommand: the manual pages and completion scripts
+// see every command with the options its --help prints.
+func TestToolDescribesEveryCommand(t *testing.T) {
+	tl, err := tool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tl.Subs) != len(commands()) {
+		t.Fatalf("%d commands described, want %d", len(tl.Subs), len(commands()))
+	}
+	for _, s := range tl.Subs {
+		var help strings.Builder
+		for _, c := range commands() {
+			if c.name == s.Name {
+				c.run(context.Background(), []string{"--help"}, &help, io.Discard)
+			}
+		}
+		var opts strings.Builder
+		s.Set.PrintOptions(&opts)
+		if opts.Len() == 0 || !strings.Contains(help.String(), "Options:\n"+opts.String()) {
+			t.Errorf("%s: the described options differ from --help's:\n%s", s.Name, opts.String())
+		}
 	}
 }

@@ -136,10 +136,10 @@ refused, naming it and the flag (a program or library often needs
 	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
 	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
 	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
-	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see above)")
+	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see Description)")
 	encryptTo := fs.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
 	sign := fs.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
-	parent := fs.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see above)")
+	parent := fs.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see Description)")
 	fs.Alias("prev-images-dir", "parent")
 
 	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")

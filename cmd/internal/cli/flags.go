@@ -126,7 +126,11 @@ func (f *FlagSet) parse(args []string) error {
 	err := f.FlagSet.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		f.PrintHelp(f.stdout)
+		if d, ok := f.stdout.(*Describer); ok {
+			d.Set = f
+		} else {
+			f.PrintHelp(f.stdout)
+		}
 		return ErrHelp
 	case err != nil:
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
@@ -197,32 +201,79 @@ func (f *FlagSet) printSynopsis(w io.Writer) {
 	}
 }
 
-// PrintHelp prints the whole help on w.
+// PrintHelp prints the whole help on w: the synopsis and the options
+// first, for the reader who knows what the command does, then the
+// description, the footer and the exit statuses.
 func (f *FlagSet) PrintHelp(w io.Writer) {
 	f.printSynopsis(w)
-	fmt.Fprintf(w, "\n%s\n\nOptions:\n", strings.TrimSpace(f.cmd.About))
+	io.WriteString(w, "\nOptions:\n")
+	f.PrintOptions(w)
+	if about := strings.TrimSpace(f.cmd.About); about != "" {
+		fmt.Fprintf(w, "\nDescription:\n%s\n", about)
+	}
+	if foot := strings.TrimSpace(f.cmd.Footer); foot != "" {
+		fmt.Fprintf(w, "\n%s\n", foot)
+	}
+	fmt.Fprintf(w, "\n%s", StatusTable(f.exits()))
+}
+
+// PrintOptions prints the option table on w.
+func (f *FlagSet) PrintOptions(w io.Writer) {
+	for _, o := range f.options() {
+		fmt.Fprintf(w, "  %s\n", o.head())
+		io.WriteString(w, wrap(o.usage, "      ", "      ", lineWidth))
+	}
+}
+
+// exits lists the exit statuses the command documents.
+func (f *FlagSet) exits() []int {
+	codes := append([]int{ExitOK, ExitFailure, ExitUsage}, f.cmd.Exits...)
+	if !f.cmd.Server {
+		codes = append(codes, ExitInterrupted)
+	}
+	return codes
+}
+
+// option is one option as help shows it.
+type option struct {
+	names []string // dashed: the flag's name, then its aliases
+	arg   string   // the name of its argument: "" for a switch
+	usage string   // with its default, when that is not the zero value
+}
+
+// head is the option's first line in help: "-D DIR, --images-dir".
+func (o option) head() string {
+	h := o.names[0]
+	if o.arg != "" {
+		h += " " + o.arg
+	}
+	for _, a := range o.names[1:] {
+		h += ", " + a
+	}
+	return h
+}
+
+// options lists the flags in help's order (by name), aliases folded into
+// the flag they name.
+func (f *FlagSet) options() []option {
+	var opts []option
 	f.VisitAll(func(fl *flag.Flag) {
 		if strings.HasPrefix(fl.Usage, aliasPrefix) {
 			return
 		}
 		arg, usage := flag.UnquoteUsage(fl)
-		if arg != "" {
-			arg = " " + arg
-		}
 		if def := fl.DefValue; !isZero(fl) && !strings.Contains(usage, "default") {
 			usage += " (default " + def + ")"
 		}
-		fmt.Fprintf(w, "  %s%s%s\n", dashed(fl.Name), arg, f.aliases(fl.Name))
-		io.WriteString(w, wrap(usage, "      ", "      ", lineWidth))
+		o := option{names: []string{dashed(fl.Name)}, arg: arg, usage: usage}
+		f.VisitAll(func(g *flag.Flag) {
+			if g.Usage == aliasPrefix+fl.Name {
+				o.names = append(o.names, dashed(g.Name))
+			}
+		})
+		opts = append(opts, o)
 	})
-	if foot := strings.TrimSpace(f.cmd.Footer); foot != "" {
-		fmt.Fprintf(w, "\n%s\n", foot)
-	}
-	codes := append([]int{ExitOK, ExitFailure, ExitUsage}, f.cmd.Exits...)
-	if !f.cmd.Server {
-		codes = append(codes, ExitInterrupted)
-	}
-	fmt.Fprintf(w, "\n%s", StatusTable(codes))
+	return opts
 }
 
 // isZero reports whether a flag's default is its type's zero value, not
@@ -233,17 +284,6 @@ func isZero(fl *flag.Flag) bool {
 		return true
 	}
 	return false
-}
-
-// aliases lists the other names of the flag name.
-func (f *FlagSet) aliases(name string) string {
-	var out string
-	f.VisitAll(func(g *flag.Flag) {
-		if g.Usage == aliasPrefix+name {
-			out += ", " + dashed(g.Name)
-		}
-	})
-	return out
 }
 
 // dashed returns -x for a one-letter flag, --name for the others.

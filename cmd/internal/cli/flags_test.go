@@ -2,6 +2,9 @@ package cli
 
 import (
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -90,5 +93,86 @@ func TestWrap(t *testing.T) {
 	got := wrap("aaa bbb ccc ddd", "> ", "  ", 9)
 	if want := "> aaa bbb\n  ccc ddd\n"; got != want {
 		t.Errorf("wrap: %q, want %q", got, want)
+	}
+}
+
+// TestHelpOptionsFirst: the synopsis, then the options, then the prose.
+func TestHelpOptionsFirst(t *testing.T) {
+	f, stdout, _, _, _, _ := testFlags()
+	f.Parse([]string{"--help"})
+	out := stdout.String()
+	opts, about, examples := strings.Index(out, "\nOptions:\n"), strings.Index(out, "\nDescription:\nDoes a thing."), strings.Index(out, "Examples:")
+	if !(strings.HasPrefix(out, "usage: ") && opts > 0 && opts < about && about < examples) {
+		t.Errorf("want usage, Options, Description, Examples in that order:\n%s", out)
+	}
+}
+
+// TestDescriber: --help given a Describer records the flag set and
+// prints nothing.
+func TestDescriber(t *testing.T) {
+	d := &Describer{}
+	f := Command{Name: "tool"}.Flags(d, io.Discard)
+	f.Bool("lazy", false, "be lazy")
+	if err := f.Parse([]string{"--help"}); !errors.Is(err, ErrHelp) || d.Set != f {
+		t.Fatalf("Describer: %v, set %p, want ErrHelp and %p", err, d.Set, f)
+	}
+}
+
+// TestManPage: a page from testFlags' set has its sections, its options
+// with their aliases and arguments, escaped for roff, and a line that
+// starts with a dot kept from being read as a request.
+func TestManPage(t *testing.T) {
+	f, _, _, _, _, _ := testFlags()
+	f.cmd.About = "Does a thing.\n\n.dotfiles are kept; back\\slash.\n\nTable:\n  a   one\n  b   two"
+	dir := t.TempDir()
+	files, err := Tool{Name: "tool", Summary: "a tool", Version: "tool 1", Top: f, Subs: []Sub{{Name: "sub", Summary: "does a thing", Set: f}}}.WriteManPages(dir)
+	if err != nil || len(files) != 2 {
+		t.Fatalf("WriteManPages: %v, %v", files, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "tool-sub.8"))
+	page := string(b)
+	for _, want := range []string{
+		".TH TOOL\\-SUB 8 ",
+		".SH NAME\ntool\\-sub \\- does a thing\n",
+		".SH SYNOPSIS\n.B tool sub\n\\-D DIR [options]\n.br\n",
+		".TP\n\\fB\\-D\\fR \\fIDIR\\fR, \\fB\\-\\-images\\-dir\\fR\nthe snapshot directory DIR\n",
+		"(default 256 MiB)",
+		"\\&.dotfiles are kept; back\\eslash.\n",
+		".RS 2\n.nf\na   one\nb   two\n.fi\n.RE\n",
+		".SH EXAMPLES\n",
+		".SH \"EXIT STATUS\"\n.TP\n.B 0\nsuccess\n",
+		".BR tool (8)",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, "alias for") || strings.Count(page, ".B 7\n") != 1 {
+		t.Errorf("page shows an alias as an option, or status 7 other than once:\n%s", page)
+	}
+}
+
+// TestCompletionScripts: each shell's script names the subcommands and
+// the options of each; an unknown shell is a usage error.
+func TestCompletionScripts(t *testing.T) {
+	f, _, _, _, _, _ := testFlags()
+	tool := Tool{Name: "tool", Top: f, Subs: []Sub{{Name: "sub", Summary: "does a thing", Set: f}}}
+	for shell, wants := range map[string][]string{
+		"bash": {"sub)\n\t\topts='-D --images-dir --cache-size -u'\n\t\targs='-D --images-dir --cache-size -u'", "compgen -W 'sub'", "complete -o filenames -F _tool tool"},
+		"zsh":  {"#compdef tool", "'sub:does a thing'", "'--cache-size=[keep up to SIZE of blocks]:SIZE: '", "'-D=[the snapshot directory DIR]:DIR:_files'"},
+		"fish": {"complete -c tool -f -n 'not __fish_seen_subcommand_from sub' -a sub -d 'does a thing'", "-n '__fish_seen_subcommand_from sub' -s D -l images-dir -r -F"},
+	} {
+		var b strings.Builder
+		if err := tool.WriteCompletion(&b, shell); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range wants {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("%s script lacks %q:\n%s", shell, want, b.String())
+			}
+		}
+	}
+	if err := tool.WriteCompletion(io.Discard, "tcsh"); ExitCode(err) != ExitUsage {
+		t.Errorf("tcsh: %v, want a usage error", err)
 	}
 }

@@ -22,7 +22,7 @@ func NewLogFlags(fs *FlagSet) *LogFlags {
 	return &LogFlags{
 		verbose: fs.Bool("v", false, "log each step"),
 		file:    fs.String("log-file", "", "append the log to `FILE` instead of standard error (made 0600 if missing)"),
-		format:  fs.String("log-format", "text", "log records as `text` (key=value) or json (an object a line)"),
+		format:  fs.String("log-format", "text", "log records in `FORMAT`: text (key=value) or json (an object a line)"),
 	}
 }
 
