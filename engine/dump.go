@@ -101,6 +101,8 @@ type DumpResult struct {
 	NetLock string
 	// PreCopy are the figures of the rounds of a pre-copy dump.
 	PreCopy *PreCopyResult
+	// Phases are the steps of the dump, in order, with their durations.
+	Phases []Phase
 }
 
 // Dump freezes the process opts.PID and all its descendants, writes their
@@ -114,6 +116,7 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	start := time.Now()
 	d := &dumper{pid: opts.PID, opts: opts, log: logger(opts.Logger)}
 	defer d.cleanup(&err)
+	var phases []Phase
 	err = runSteps(ctx, d.log, "dump", []namedStep{
 		{"check", d.check},
 		{"create snapshot", d.create},
@@ -124,9 +127,9 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 		{"write state", d.writeState},
 		{"commit", d.commit},
 		{"finish", d.finish},
-	})
+	}, &phases)
 	if d.res != nil {
-		d.res.Total = time.Since(start)
+		d.res.Total, d.res.Phases = time.Since(start), phases
 	}
 	return d.res, err
 }

@@ -91,6 +91,13 @@ type RestoreResult struct {
 	// WorkingSets say what a lazy restore did with the working set of
 	// each process, in tree order.
 	WorkingSets []lazy.WorkingSetResult
+	// Phases are the steps of the restore, in order, with their
+	// durations: the lazy phase ("lazy memory") last.
+	Phases []Phase
+	// StoredBytes is what the snapshot's pages files hold (the parents'
+	// of an incremental snapshot not counted): what an eager restore
+	// reads.
+	StoredBytes uint64
 }
 
 // Restore rebuilds the processes of opts.Snapshot and lets them run. The
@@ -121,8 +128,9 @@ type RestoreResult struct {
 // page of every process is in.
 func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err error) {
 	start := time.Now()
-	tr, err := openTree(opts)
-	if err != nil {
+	var phases []Phase
+	var tr *tree
+	if err := timed(&phases, "open snapshot", func() (err error) { tr, err = openTree(opts); return err }); err != nil {
 		return nil, step("open snapshot", err)
 	}
 	done := false
@@ -132,7 +140,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 		tr.close()
 	}()
-	if err := tr.check(); err != nil {
+	if err := timed(&phases, "check", tr.check); err != nil {
 		return nil, step("check", err)
 	}
 	// Past its checks, the restore releases the network locks however it
@@ -141,11 +149,16 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	if tr.t, err = ptrace.New(); err != nil {
 		return nil, step("start tracer", err)
 	}
-	if err := runSteps(ctx, tr.log, "restore", tr.steps()); err != nil {
+	if err := runSteps(ctx, tr.log, "restore", tr.steps(), &phases); err != nil {
 		return nil, err
 	}
 	fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	res = tr.result(start)
+	defer func() {
+		if res != nil {
+			res.Phases = phases
+		}
+	}()
 	if opts.LeaveStopped {
 		for _, r := range tr.procs {
 			if err := task.WaitStopped(ctx, r.pid, len(r.st.Threads)); err != nil {
@@ -159,7 +172,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 	}
 	if tr.lazy != nil {
-		if res.Lazy, err = tr.lazy.Serve(ctx); err != nil {
+		if err := timed(&phases, "lazy memory", func() (err error) { res.Lazy, err = tr.lazy.Serve(ctx); return err }); err != nil {
 			return nil, step("lazy memory", err)
 		}
 		for _, r := range tr.procs {
@@ -360,6 +373,9 @@ func (tr *tree) result(start time.Time) *RestoreResult {
 	for _, r := range tr.procs {
 		res.Threads += len(r.st.Threads)
 		res.Filled += r.filled
+		if r.pages != nil {
+			res.StoredBytes += r.pages.Stats().Total.Stored
+		}
 	}
 	if tr.opts.Namespaces.PID {
 		res.OwnPID, res.InitPID = root.st.OwnPID(), root.initPID

@@ -37,22 +37,39 @@ type namedStep struct {
 	fn   func(context.Context) error
 }
 
+// Phase is a step of a dump or restore that ended, and how long it took.
+type Phase struct {
+	Name string
+	Took time.Duration
+}
+
 // runSteps runs steps in order until one fails or ctx ends, and returns
-// that error as a StepError naming the step. Each step is timed and logged
-// at debug level (snapctl -v): what names the operation ("dump",
-// "restore").
-func runSteps(ctx context.Context, log *slog.Logger, what string, steps []namedStep) error {
+// that error as a StepError naming the step. Each step is timed, logged
+// at debug level (snapctl -v) and appended to phases: what names the
+// operation ("dump", "restore").
+func runSteps(ctx context.Context, log *slog.Logger, what string, steps []namedStep, phases *[]Phase) error {
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
 			return step(s.name, err)
 		}
 		t0, n0 := time.Now(), ptrace.Resumes()
-		if err := s.fn(ctx); err != nil {
+		err := s.fn(ctx)
+		took := time.Since(t0)
+		*phases = append(*phases, Phase{s.name, took})
+		if err != nil {
 			return step(s.name, err)
 		}
-		log.Debug(what+" step", "step", s.name, "took", time.Since(t0), "resumes", ptrace.Resumes()-n0)
+		log.Debug(what+" step", "step", s.name, "took", took, "resumes", ptrace.Resumes()-n0)
 	}
 	return nil
+}
+
+// timed runs fn as the phase name.
+func timed(phases *[]Phase, name string, fn func() error) error {
+	t0 := time.Now()
+	err := fn()
+	*phases = append(*phases, Phase{name, time.Since(t0)})
+	return err
 }
 
 // logger is l, or a logger that discards.

@@ -155,6 +155,7 @@ refused, naming it and the flag (a program or library often needs
 	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
 	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
 	logFlags := cli.NewLogFlags(fs)
+	statsFile := statsFlag(fs, "dump")
 	remote := cli.RemoteFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -167,6 +168,9 @@ refused, naming it and the flag (a program or library often needs
 	}
 	if ghostLimit.V == 0 {
 		ghostLimit.V = -1 // none kept: a deleted open file is refused
+	}
+	if err := checkStats(*statsFile); err != nil {
+		return err
 	}
 	if err := requireDir(*dir); err != nil {
 		return err
@@ -275,6 +279,9 @@ refused, naming it and the flag (a program or library often needs
 			fmt.Fprintf(stdout, "pre-copy: %d rounds copied %s in %s (paused %s to set up); frozen copy %s\n",
 				len(p.Rounds), units.FormatSize(copied), p.Time.Round(time.Millisecond), p.Pause.Round(time.Millisecond), units.FormatSize(p.FrozenCopy))
 		}
+	}
+	if err == nil && *statsFile != "" {
+		err = writeStats(*statsFile, newDumpStats(*dir, res))
 	}
 	return err
 }

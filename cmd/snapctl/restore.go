@@ -179,8 +179,12 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
 	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
 	logFlags := cli.NewLogFlags(fl)
+	statsFile := statsFlag(fl, "restore")
 	remote := cli.RemoteFlags(fl, true)
 	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if err := checkStats(*statsFile); err != nil {
 		return err
 	}
 	if *leaveStopped && *lazyFlag {
@@ -305,6 +309,9 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	printRestored(stdout, res, *lazyFlag)
 	for _, ws := range res.WorkingSets {
 		printWorkingSet(stdout, ws)
+	}
+	if *statsFile != "" {
+		return writeStats(*statsFile, newRestoreStats(*dir, *lazyFlag, res))
 	}
 	return nil
 }

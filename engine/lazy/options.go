@@ -38,6 +38,9 @@ type Stats struct {
 	// they placed to serve them; PrefetchBytes what the prefetchers placed
 	// besides.
 	Faults, FaultBytes, PrefetchBytes uint64
+	// ReadBytes is what the pagers read from their source: decoded
+	// bytes, a page read twice counted twice.
+	ReadBytes uint64
 	// Exited: every process exited (its address space went away) during
 	// the lazy phase, the pages still pending dropped.
 	Exited bool
@@ -49,5 +52,6 @@ func (s *Stats) add(u uffd.Stats) {
 	s.Faults += u.Faults
 	s.FaultBytes += u.FaultBytes
 	s.PrefetchBytes += u.PrefetchBytes
+	s.ReadBytes += u.ReadBytes
 	s.Exited = s.Exited && u.Exited
 }
