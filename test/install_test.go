@@ -47,7 +47,7 @@ func TestInstall(t *testing.T) {
 		"lazyfs":  {filepath.Join(usr, "bin", "lazyfs"), "--help"},
 		"snapctl": {snapctl, "--help"},
 	}
-	for _, sub := range []string{"dump", "restore", "inspect", "verify", "check", "cleanup", "ls", "rm"} {
+	for _, sub := range []string{"dump", "restore", "inspect", "verify", "check", "cleanup", "ls", "rm", "export"} {
 		pages["snapctl-"+sub] = []string{snapctl, sub, "--help"}
 	}
 	optRE := regexp.MustCompile(`(?m)^  (-{1,2}[a-z0-9-]+)`)

@@ -44,8 +44,9 @@ func (c *config) options(ctx context.Context) fs.Options {
 }
 
 const about = `
-lazyfs mounts the snapshot directory SNAPSHOT (written by snapctl dump)
-read-only on MOUNTPOINT, and serves it until it is unmounted (lazyfs -u,
+lazyfs mounts the snapshot SNAPSHOT (a directory written by snapctl dump,
+s3://BUCKET/PREFIX, or an archive written by snapctl export) read-only on
+MOUNTPOINT, and serves it until it is unmounted (lazyfs -u,
 Ctrl-C, SIGTERM: each unmounts, and lazyfs exits 0). Memory is decoded
 block by block as it is read, through a cache shared by every file of the
 mount; the kernel keeps what it read in its page cache between opens.

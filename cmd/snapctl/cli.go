@@ -28,6 +28,7 @@ func commands() []command {
 		{"cleanup", "list and clear what a dump into an object store left when it died", runCleanup},
 		{"ls", "list the snapshots in a directory", runLs},
 		{"rm", "remove snapshots, or what a dump that did not finish left", runRm},
+		{"export", "write a snapshot into one file, an archive that restore and lazyfs read", runExport},
 	}
 }
 

@@ -36,7 +36,7 @@ it takes blocks from, each checked to be the one dumped against (exit
 status 9 if not, 7 if missing), and the blocks taken from its parent (kind
 "parent": no bytes stored in this snapshot).`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fs.String("D", "", "the snapshot directory `DIR`")
+	dir := fs.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
 	fs.Alias("images-dir", "D")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
 	trust := trustFlag(fs)

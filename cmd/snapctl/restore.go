@@ -152,7 +152,7 @@ PATH (as ip netns add makes, /run/netns/NAME). Reach it with nsenter -t
 PID -n, or ip netns exec NAME; a new one goes when the process does.
 --pidns and --netns need CAP_SYS_ADMIN.`,
 		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fl.String("D", "", "the snapshot directory `DIR`")
+	dir := fl.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
 	fl.Alias("images-dir", "D")
 	threads := threadsFlag(fl)
 	trust := trustFlag(fl)

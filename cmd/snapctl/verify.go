@@ -23,7 +23,7 @@ of snapshots it takes blocks from: each parent must be the one dumped
 against (exit status 9 if not, 7 if missing), and every block and pages
 file of the chain that the snapshot uses is checked.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fs.String("D", "", "the snapshot directory `DIR`")
+	dir := fs.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
 	fs.Alias("images-dir", "D")
 	threads := threadsFlag(fs)
 	trust := trustFlag(fs)

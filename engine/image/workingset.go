@@ -286,7 +286,7 @@ func ParseWorkingSet(b []byte) (*WorkingSet, error) {
 // error names the file. Without OpenOptions.Trust, a file that another
 // user can change is refused (ErrUntrusted), as the snapshot's own are.
 func (s *Snapshot) WorkingSet(pid int) (*WorkingSet, error) {
-	d, err := s.localDir()
+	d, err := s.workingSetDir(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +303,7 @@ func (s *Snapshot) WorkingSet(pid int) (*WorkingSet, error) {
 // snapctl never does: it renames a new file over the old): a read past
 // its end faults, and ReadData turns that into an error.
 func (s *Snapshot) MapWorkingSet(pid int) (*WorkingSet, error) {
-	d, err := s.localDir()
+	d, err := s.workingSetDir(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -341,6 +341,19 @@ func (s *Snapshot) localDir() (*os.File, error) {
 		return st.LocalDir()
 	}
 	return nil, fmt.Errorf("%s: %w: working sets are kept beside snapshots in directories only", s.Dir, ErrUnsupported)
+}
+
+// workingSetDir is localDir for reading the working set of pid: a store
+// without a local directory that holds no such file (an archive without
+// one) says it does not exist, not that it is unsupported.
+func (s *Snapshot) workingSetDir(pid int) (*os.File, error) {
+	d, err := s.localDir()
+	if errors.Is(err, ErrUnsupported) && !IsRemote(s.Dir) {
+		if _, serr := s.store.Stat(WorkingSetName(pid)); errors.Is(serr, os.ErrNotExist) {
+			return nil, serr
+		}
+	}
+	return d, err
 }
 
 // WorkingSetDir returns the directory where the working sets of the

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	// An archive (snapctl export) wherever a snapshot directory is accepted.
+	_ "github.com/lazyfs/lazyfs/engine/image/archive"
 	// s3://BUCKET/PREFIX wherever a snapshot directory is accepted.
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
 )
