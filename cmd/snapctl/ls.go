@@ -13,22 +13,28 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
 func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("ls", "[--json] [DIR...]", `
+	fs := newFlags("ls", "[--json] [DIR|s3://BUCKET[/PREFIX]...]", `
 List the snapshots in each DIR (the current directory by default): DIR
-itself if it is one, else the directories in it that are. For each: its
+itself if it is one, else the directories in it that are; in an object
+store, the prefix itself if it is one, else the prefixes right below it
+that are. For each: its
 processes, the memory dumped, the bytes it stores, when it was dumped, the
 snapshot it takes unchanged blocks from (an incremental one's parent),
 whether it is sealed or signed, and its state: complete, or the files of a
 dump that did not finish (a dump killed, or a machine that went down),
-which take room and which a new dump refuses (remove them with rm -r).
+which take room and which a new dump refuses (remove them with snapctl
+rm; in an object store, snapctl cleanup also aborts the dump's uploads).
 Nothing is opened but the manifests; nothing is checked (snapctl verify
 does that).`, nil, stdout, stderr)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	remote := cli.RemoteFlags(fs, false)
 	dirs, err := fs.ParseOperands(args)
 	if err != nil {
 		return err
@@ -36,9 +42,17 @@ does that).`, nil, stdout, stderr)
 	if len(dirs) == 0 {
 		dirs = []string{"."}
 	}
+	if err := checkRemoteOperands(remote, dirs); err != nil {
+		return err
+	}
 	var rows []lsRow
 	for _, d := range dirs {
-		r, err := listSnapshots(d)
+		var r []lsRow
+		if image.IsRemote(d) {
+			r, err = listRemote(ctx, d, remote.Options(ctx))
+		} else {
+			r, err = listSnapshots(d)
+		}
 		if err != nil {
 			return err
 		}
@@ -138,10 +152,16 @@ func lsOne(dir, name string) (r lsRow, ok bool, err error) {
 		}
 		return r, false, nil
 	}
-	m, err := image.PeekManifest(dir, image.RemoteOptions{})
+	describeManifest(&r, dir, image.RemoteOptions{})
+	return r, true, nil
+}
+
+// describeManifest fills r from the manifest of the snapshot at dir.
+func describeManifest(r *lsRow, dir string, o image.RemoteOptions) {
+	m, err := image.PeekManifest(dir, o)
 	if err != nil {
 		r.State = "damaged: " + err.Error()
-		return r, true, nil
+		return
 	}
 	r.Created, r.Processes, r.State = m.Created, len(m.Processes), "complete"
 	for _, p := range m.Processes {
@@ -158,7 +178,64 @@ func lsOne(dir, name string) (r lsRow, ok bool, err error) {
 		prot = append(prot, "signed")
 	}
 	r.Protected = strings.Join(prot, ", ")
-	return r, true, nil
+}
+
+// checkRemoteOperands refuses the object store's flags when no operand
+// is in one.
+func checkRemoteOperands(remote *cli.Remote, dirs []string) error {
+	for _, d := range dirs {
+		if image.IsRemote(d) {
+			return remote.Check(d)
+		}
+	}
+	return remote.Check(dirs[0])
+}
+
+// listRemote lists addr if it is a snapshot (or a dump's leftovers),
+// else the prefixes right below it that are.
+func listRemote(ctx context.Context, addr string, o image.RemoteOptions) ([]lsRow, error) {
+	p, err := s3store.ListPrefix(ctx, addr, o)
+	if err != nil {
+		return nil, err
+	}
+	if r, ok := lsRemoteOne(p, addr, o); ok {
+		return []lsRow{r}, nil
+	}
+	var out []lsRow
+	for _, child := range p.Children {
+		q, err := s3store.ListPrefix(ctx, child, o)
+		if err != nil {
+			return nil, err
+		}
+		if r, ok := lsRemoteOne(q, child, o); ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// lsRemoteOne describes the prefix p at addr if it is a snapshot or
+// holds what a dump left.
+func lsRemoteOne(p *s3store.Prefix, addr string, o image.RemoteOptions) (r lsRow, ok bool) {
+	r.Name = addr
+	for _, size := range p.Objects {
+		r.Stored += uint64(size)
+	}
+	if _, ok := p.Objects[image.ManifestName]; ok {
+		describeManifest(&r, addr, o)
+		if _, locked := p.Objects[s3store.LockName]; locked && r.State == "complete" {
+			r.State = "complete, locked: a dump died as it committed (snapctl cleanup -D " + addr + ")"
+		}
+		return r, true
+	}
+	_, locked := p.Objects[s3store.LockName]
+	for n := range p.Objects {
+		if locked || image.DumpFile(n) {
+			r.State = "incomplete: a dump that did not finish, or one running (snapctl cleanup -D " + addr + ")"
+			return r, true
+		}
+	}
+	return r, false
 }
 
 // dirNames lists the names in dir.
