@@ -13,10 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // checkMountpoint returns the absolute, symlink-free path of a usable
@@ -221,6 +223,10 @@ func Unmount(mountpoint string) error {
 	if err != nil {
 		return err
 	}
+	m, err := findMount(abs)
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", abs, err)
+	}
 	if os.Geteuid() == 0 {
 		err = unix.Unmount(abs, 0)
 	} else {
@@ -235,7 +241,87 @@ func Unmount(mountpoint string) error {
 		}
 		return fmt.Errorf("unmount %s: %w", abs, err)
 	}
-	return nil
+	return waitGone(abs, m.dev, unmountWait)
+}
+
+// unmountWait is how long Unmount waits for the file system to go once
+// unmounted here.
+const unmountWait = 5 * time.Second
+
+// waitGone waits until the file system of dev, just unmounted from abs,
+// is gone (its FUSE server then reads ENODEV and exits), or says what
+// still holds it: another mount namespace's copy of the mount (one a host
+// whose / is private never propagates the unmount to), or a detached
+// mount's open files.
+func waitGone(abs string, dev uint64, wait time.Duration) error {
+	conn := fmt.Sprintf("/sys/fs/fuse/connections/%d", unix.Major(dev)<<20|unix.Minor(dev))
+	_, fusectl := os.Stat("/sys/fs/fuse/connections")
+	deadline := time.Now().Add(wait)
+	for {
+		holders := mountHolders(dev)
+		_, err := os.Stat(conn)
+		gone := fusectl != nil || errors.Is(err, os.ErrNotExist)
+		if len(holders) == 0 && gone {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if len(holders) > 0 {
+				return fmt.Errorf("unmounted %s here, but %w: the mount namespace of %s holds a copy of it (unmount it there: nsenter -m -t PID umount %s), and its server serves that until then", abs, ErrBusy, strings.Join(holders, ", "), abs)
+			}
+			return fmt.Errorf("unmounted %s here, but %w: files opened on it before are still open, and its server serves them until they are closed", abs, ErrBusy)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// mountHolders names, for messages, a process of each mount namespace
+// (ours included) that has a mount of the file system dev: "pid 42
+// (redis-server)". Namespaces it may not read are skipped.
+func mountHolders(dev uint64) []string {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	want := fmt.Sprintf("%d:%d", unix.Major(dev), unix.Minor(dev))
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err != nil || seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		ms, err := proc.Mounts(pid)
+		if err != nil {
+			continue
+		}
+		for _, m := range ms {
+			if m.Dev == want {
+				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+				out = append(out, fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm))))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// detachLazyfs unmounts lazily (MNT_DETACH), in the mount namespace of
+// the thread tid, every lazyfs mount, the mounts on them first.
+func detachLazyfs(tid int) {
+	ms, err := proc.Mounts(tid)
+	if err != nil {
+		return
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i].FSType == FSType {
+			unix.Unmount(ms[i].Path, unix.MNT_DETACH)
+		}
+	}
 }
 
 // ForceUnmount aborts the FUSE connection of the lazyfs mount on

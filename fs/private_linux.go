@@ -380,6 +380,10 @@ func PrivateMain(args []string) int {
 		if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 			return fail(fmt.Errorf("private mount namespace: %w", err))
 		}
+		// The copies of the other lazyfs mounts go: an unmount outside
+		// never reaches this private copy, which would keep their file
+		// systems, and their servers, until this helper ends.
+		detachLazyfs(unix.Gettid())
 	} // else not root: the mount is in the shared namespace (see MountPrivate)
 	tmp, err := os.MkdirTemp("", "lazyfs-private-")
 	if err != nil {

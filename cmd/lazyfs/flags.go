@@ -112,7 +112,7 @@ func newFlagSet(c *config, stdout, stderr io.Writer) *cli.FlagSet {
 	f.BoolVar(&c.background, "background", false, "detach once the mount is ready and serving; exit non-zero with the error if it cannot be")
 	f.BoolVar(&c.debug, "debug", false, "log every FUSE request and reply (go-fuse debug log)")
 	f.StringVar(&c.logFile, "log", "", "append log records to `FILE` instead of standard error (with --background they are discarded otherwise)")
-	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit; refused while files on it are open")
+	f.BoolVar(&c.unmount, "u", false, "unmount the lazyfs mount on `MOUNTPOINT` (like fusermount3 -u) and exit once its file system is gone and its server exits; refused while files on it are open, and said if another mount namespace still holds it (which process's)")
 	f.BoolVar(&c.trust, "trust-snapshot", false, "accept a snapshot that users other than you and root can change (its directory or a file writable by group or others, or owned by another user): a snapshot is memory and code a restore runs")
 	c.identity = f.Identity()
 	f.BoolVar(&c.version, "version", false, "print the version and exit")

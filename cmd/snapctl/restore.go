@@ -247,7 +247,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	defer snap.Close()
 	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log, LeaveStopped: *leaveStopped,
-		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns},
+		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns, Detach: []string{fs.FSType}},
 		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback, ShellJob: *shellJob}
 	tty := isTerminal(stderr)
 	if tty {

@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
@@ -47,6 +49,13 @@ import (
 type Namespaces struct {
 	PID bool
 	Net string
+	// Detach are the file system types (as mountinfo names them:
+	// "fuse.lazyfs") whose mounts a new mount namespace drops from the
+	// copy of ours it starts with: on a host whose / is private, an
+	// unmount outside never reaches that copy, which would hold the file
+	// system, and a FUSE mount's server, for as long as the restored
+	// processes live.
+	Detach []string
 }
 
 // NetNew is the Namespaces.Net value for a new network namespace.
@@ -140,6 +149,9 @@ func (ns Namespaces) SetUpStub(in *ptrace.Injector, flags uintptr) error {
 		if _, err := in.Call(unix.SYS_MOUNT, 0, root, 0, unix.MS_REC|unix.MS_SLAVE, 0); err != nil {
 			return Error("make the new mount namespace a slave of ours", err)
 		}
+		if err := detachMounts(in, ns.Detach); err != nil {
+			return err
+		}
 	}
 	switch net := ns.Net; {
 	case flags&unix.CLONE_NEWNET != 0:
@@ -152,6 +164,33 @@ func (ns Namespaces) SetUpStub(in *ptrace.Injector, flags uintptr) error {
 		}
 		if err := in.CloseFD(netFD); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// detachMounts unmounts lazily (MNT_DETACH), in the mount namespace of
+// the stub in, every mount of the file system types fstypes, the mounts
+// on them first.
+func detachMounts(in *ptrace.Injector, fstypes []string) error {
+	if len(fstypes) == 0 {
+		return nil
+	}
+	ms, err := proc.Mounts(in.Thread().Tid())
+	if err != nil {
+		return err
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if !slices.Contains(fstypes, ms[i].FSType) {
+			continue
+		}
+		path, err := in.PutString(0, ms[i].Path)
+		if err != nil {
+			return err
+		}
+		// EINVAL: no longer a mount (one below it went first).
+		if _, err := in.Call(unix.SYS_UMOUNT2, path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return Error("drop the copy of "+ms[i].FSType+" mount "+ms[i].Path+" from the new mount namespace", err)
 		}
 	}
 	return nil
