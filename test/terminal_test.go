@@ -36,6 +36,24 @@ type pty struct {
 // master's lines in the background.
 func openPTY(t *testing.T) *pty {
 	t.Helper()
+	m, s := openPTYPair(t)
+	p := &pty{master: m, slave: s, lines: make(chan string, 256)}
+	go func() {
+		sc := bufio.NewScanner(m)
+		for sc.Scan() {
+			select {
+			case p.lines <- strings.TrimRight(sc.Text(), "\r"):
+			default:
+			}
+		}
+	}()
+	return p
+}
+
+// openPTYPair opens a pseudo-terminal pair, closed at cleanup: its
+// master and its slave.
+func openPTYPair(t *testing.T) (master, slave *os.File) {
+	t.Helper()
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -51,18 +69,8 @@ func openPTY(t *testing.T) *pty {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pty{master: m, slave: s, lines: make(chan string, 256)}
-	go func() {
-		sc := bufio.NewScanner(m)
-		for sc.Scan() {
-			select {
-			case p.lines <- strings.TrimRight(sc.Text(), "\r"):
-			default:
-			}
-		}
-	}()
 	t.Cleanup(func() { s.Close(); m.Close() })
-	return p
+	return m, s
 }
 
 // line waits for a line of the terminal that starts with prefix.
