@@ -13,7 +13,7 @@ import (
 )
 
 func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("cleanup", "-D s3://BUCKET/PREFIX [--dry-run] [--force]", `
+	fl := newFlags("cleanup", "-D s3://BUCKET/PREFIX [--dry-run] [--force]", `
 List and clear what a dump into an object store left when it died (killed,
 or its host lost): the lock object that keeps other dumps out of the
 prefix, the objects it wrote if it never committed the snapshot, and
@@ -26,13 +26,13 @@ this host is never cleared; one on another host (or with an older lock
 that says too little) only with --force, once you know it is gone.
 A directory needs no cleanup: its lock goes with the dump that held it.`,
 		[]int{cli.ExitLocked, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fs.String("D", "", "the snapshot's address `s3://BUCKET/PREFIX`")
-	fs.Alias("images-dir", "D")
-	dry := fs.Bool("dry-run", false, "list what would be cleared; change nothing")
-	fs.Alias("n", "dry-run")
-	force := fs.Bool("force", false, "clear a lock whose dump ran on another host: make sure that dump no longer runs")
-	remote := cli.RemoteFlags(fs, false)
-	if err := fs.Parse(args); err != nil {
+	dir := fl.String("D", "", "the snapshot's address `s3://BUCKET/PREFIX`")
+	fl.Alias("images-dir", "D")
+	dry := fl.Bool("dry-run", false, "list what would be cleared; change nothing")
+	fl.Alias("n", "dry-run")
+	force := fl.Bool("force", false, "clear a lock whose dump ran on another host: make sure that dump no longer runs")
+	remote := cli.RemoteFlags(fl, false)
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {

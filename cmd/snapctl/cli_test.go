@@ -164,9 +164,9 @@ func TestVerifyCorrupt(t *testing.T) {
 // threads as the machine gives them (0, automatic) unless told.
 func TestDecompressThreadsDefault(t *testing.T) {
 	var out strings.Builder
-	fs := newFlags("restore", "-D DIR", "", nil, &out, &out)
-	threads := threadsFlag(fs)
-	if err := fs.Parse(nil); err != nil {
+	fl := newFlags("restore", "-D DIR", "", nil, &out, &out)
+	threads := threadsFlag(fl)
+	if err := fl.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
 	if *threads != 0 {

@@ -21,7 +21,7 @@ import (
 )
 
 func runDump(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("dump", "-t PID -D DIR [options]", `
+	fl := newFlags("dump", "-t PID -D DIR [options]", `
 Freeze every thread of process PID and of all its descendants (the tree
 whose root PID is, as criu dump -t), write their snapshot into DIR, then kill
 them (or resume them with --leave-running). Every process is stopped before
@@ -128,36 +128,36 @@ directory the old one was in, and opens or maps it again. A larger one is
 refused, naming it and the flag (a program or library often needs
 --ghost-limit 64M).`,
 		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	pid := fs.Int("t", 0, "the `PID` of the process to dump")
-	fs.Alias("tree", "t")
-	dir := fs.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
-	fs.Alias("images-dir", "D")
-	leave := fs.Bool("leave-running", false, "resume the process after the dump instead of killing it")
-	compress := fs.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
-	block := fs.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
-	noCompress := fs.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
-	codecName := fs.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see Description)")
-	encryptTo := fs.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
-	sign := fs.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
-	parent := fs.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see Description)")
-	fs.Alias("prev-images-dir", "parent")
+	pid := fl.Int("t", 0, "the `PID` of the process to dump")
+	fl.Alias("tree", "t")
+	dir := fl.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
+	fl.Alias("images-dir", "D")
+	leave := fl.Bool("leave-running", false, "resume the process after the dump instead of killing it")
+	compress := fl.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
+	block := fl.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
+	noCompress := fl.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
+	codecName := fl.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see Description)")
+	encryptTo := fl.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
+	sign := fl.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
+	parent := fl.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see Description)")
+	fl.Alias("prev-images-dir", "parent")
 
-	preCopy := fs.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
-	preRounds := fs.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
-	preTime := fs.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
-	fs.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
-	tcpEstablished := fs.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
+	preCopy := fl.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
+	preRounds := fl.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
+	preTime := fl.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
+	fl.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
+	tcpEstablished := fl.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
 	var external []string
-	fs.Func("external", "record the descriptor leading outside the process (the tree) that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
+	fl.Func("external", "record the descriptor leading outside the process (the tree) that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
 		external = append(external, strings.Split(v, ",")...)
 		return nil
 	})
-	ghostLimit := fs.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
-	shellJob := fs.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
-	logFlags := cli.NewLogFlags(fs)
-	statsFile := statsFlag(fs, "dump")
-	remote := cli.RemoteFlags(fs, false)
-	if err := fs.Parse(args); err != nil {
+	ghostLimit := fl.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
+	shellJob := fl.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
+	logFlags := cli.NewLogFlags(fl)
+	statsFile := statsFlag(fl, "dump")
+	remote := cli.RemoteFlags(fl, false)
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if *pid <= 0 {
@@ -180,7 +180,7 @@ refused, naming it and the flag (a program or library often needs
 		return cli.Usagef("--codec: %v", err)
 	}
 	codecGiven := false
-	fs.Visit(func(f *flag.Flag) { codecGiven = codecGiven || f.Name == "codec" })
+	fl.Visit(func(f *flag.Flag) { codecGiven = codecGiven || f.Name == "codec" })
 	if *noCompress && codecGiven && mode != codec.NoCompress {
 		return cli.Usagef("--no-compress and --codec %s are exclusive", mode)
 	}
@@ -208,7 +208,7 @@ refused, naming it and the flag (a program or library often needs
 		opts.PreCopy = &engine.PreCopyOptions{MaxRounds: *preRounds, MaxTime: *preTime}
 	} else {
 		set := false
-		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
+		fl.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
 		if set {
 			return cli.Usagef("--pre-copy-rounds and --pre-copy-time need --pre-copy")
 		}

@@ -19,7 +19,7 @@ import (
 )
 
 func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("export", "-D DIR -o FILE|-", `
+	fl := newFlags("export", "-D DIR -o FILE|-", `
 Write the snapshot in DIR (a directory, s3://BUCKET/PREFIX, or another
 archive) into one file, FILE, or onto standard output with -o -: to move
 it between hosts, keep it, or upload it. The archive is a POSIX tar of a
@@ -39,13 +39,13 @@ An incremental snapshot (dump --parent) is refused: its parent's blocks
 would be missing. FILE is written whole or not at all (a temporary file
 renamed into place, mode 0600), and an existing FILE is refused.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted}, stdout, stderr)
-	dir := fs.String("D", "", "the snapshot `DIR`")
-	fs.Alias("images-dir", "D")
-	out := fs.String("o", "", "write the archive into `FILE`, or onto standard output if -")
-	fs.Alias("output", "o")
-	trust := trustFlag(fs)
-	remote := cli.RemoteFlags(fs, false)
-	if err := fs.Parse(args); err != nil {
+	dir := fl.String("D", "", "the snapshot `DIR`")
+	fl.Alias("images-dir", "D")
+	out := fl.String("o", "", "write the archive into `FILE`, or onto standard output if -")
+	fl.Alias("output", "o")
+	trust := trustFlag(fl)
+	remote := cli.RemoteFlags(fl, false)
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {

@@ -18,7 +18,7 @@ import (
 )
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("inspect", "-D DIR [--json]", `
+	fl := newFlags("inspect", "-D DIR [--json]", `
 Show what a snapshot holds: its processes, their memory regions, and the
 blocks by kind (zero, raw, lz4) with original and stored bytes; for the
 children of a tree, how much of their memory they still shared with their
@@ -36,13 +36,13 @@ it takes blocks from, each checked to be the one dumped against (exit
 status 9 if not, 7 if missing), and the blocks taken from its parent (kind
 "parent": no bytes stored in this snapshot).`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fs.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
-	fs.Alias("images-dir", "D")
-	asJSON := fs.Bool("json", false, "print JSON instead of text")
-	trust := trustFlag(fs)
-	remote := cli.RemoteFlags(fs, true)
-	identity := fs.Identity()
-	if err := fs.Parse(args); err != nil {
+	dir := fl.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
+	fl.Alias("images-dir", "D")
+	asJSON := fl.Bool("json", false, "print JSON instead of text")
+	trust := trustFlag(fl)
+	remote := cli.RemoteFlags(fl, true)
+	identity := fl.Identity()
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {

@@ -20,7 +20,7 @@ import (
 )
 
 func runLs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("ls", "[--json] [DIR|s3://BUCKET[/PREFIX]...]", `
+	fl := newFlags("ls", "[--json] [DIR|s3://BUCKET[/PREFIX]...]", `
 List the snapshots in each DIR (the current directory by default): DIR
 itself if it is one, else the directories in it that are; in an object
 store, the prefix itself if it is one, else the prefixes right below it
@@ -33,9 +33,9 @@ which take room and which a new dump refuses (remove them with snapctl
 rm; in an object store, snapctl cleanup also aborts the dump's uploads).
 Nothing is opened but the manifests; nothing is checked (snapctl verify
 does that).`, nil, stdout, stderr)
-	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	remote := cli.RemoteFlags(fs, false)
-	dirs, err := fs.ParseOperands(args)
+	asJSON := fl.Bool("json", false, "print JSON instead of a table")
+	remote := cli.RemoteFlags(fl, false)
+	dirs, err := fl.ParseOperands(args)
 	if err != nil {
 		return err
 	}

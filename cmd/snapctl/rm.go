@@ -20,7 +20,7 @@ import (
 )
 
 func runRm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("rm", "[--force] DIR|s3://BUCKET/PREFIX...", `
+	fl := newFlags("rm", "[--force] DIR|s3://BUCKET/PREFIX...", `
 Remove snapshots, or what a dump that did not finish left (snapctl ls
 shows both): the files a dump writes, its working sets, then the directory
 if nothing else is in it. The manifest goes first: a removal cut short
@@ -33,14 +33,14 @@ prefix a dump's lock holds (a dump running, or one that died: snapctl
 cleanup clears what it left). Nothing but those files is removed: a
 directory or prefix that holds others is left, and said.`,
 		[]int{cli.ExitLocked}, stdout, stderr)
-	force := fs.Bool("force", false, "remove a snapshot even if an incremental snapshot beside it takes blocks from it")
-	remote := cli.RemoteFlags(fs, false)
-	dirs, err := fs.ParseOperands(args)
+	force := fl.Bool("force", false, "remove a snapshot even if an incremental snapshot beside it takes blocks from it")
+	remote := cli.RemoteFlags(fl, false)
+	dirs, err := fl.ParseOperands(args)
 	if err != nil {
 		return err
 	}
 	if len(dirs) == 0 {
-		return fs.Usagef("want a snapshot DIR")
+		return fl.Usagef("want a snapshot DIR")
 	}
 	if err := checkRemoteOperands(remote, dirs); err != nil {
 		return err

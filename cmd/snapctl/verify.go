@@ -13,7 +13,7 @@ import (
 )
 
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("verify", "-D DIR [--decompress-threads N]", `
+	fl := newFlags("verify", "-D DIR [--decompress-threads N]", `
 Check a snapshot: the manifest, every file's size and checksum, and every
 block of memory against its CRC32C; for a sealed snapshot, opened with
 --identity, every block, file and the manifest are authenticated too. Exits
@@ -23,13 +23,13 @@ of snapshots it takes blocks from: each parent must be the one dumped
 against (exit status 9 if not, 7 if missing), and every block and pages
 file of the chain that the snapshot uses is checked.`,
 		[]int{cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fs.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
-	fs.Alias("images-dir", "D")
-	threads := threadsFlag(fs)
-	trust := trustFlag(fs)
-	remote := cli.RemoteFlags(fs, true)
-	identity := fs.Identity()
-	if err := fs.Parse(args); err != nil {
+	dir := fl.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
+	fl.Alias("images-dir", "D")
+	threads := threadsFlag(fl)
+	trust := trustFlag(fl)
+	remote := cli.RemoteFlags(fl, true)
+	identity := fl.Identity()
+	if err := fl.Parse(args); err != nil {
 		return err
 	}
 	if err := requireDir(*dir); err != nil {

@@ -150,19 +150,18 @@ func sameFile(pid, a, b int) bool {
 const kcmpFile = 0
 
 type fdDumper struct {
-	pid     int
-	maps    []proc.Mapping
-	log     *slog.Logger
-	pidfd   int
-	all     []proc.FD
-	pipes   map[uint64]*pipeEnds
-	sockets proc.Sockets
-	inet    map[uint64]proc.InetDiag
-	unixd   map[uint64]proc.UnixDiag
-	tree    *treeDumper // the other processes of the tree, or nil
-	tcp     *TCPRepair
-	ext     *External
-	used    map[string]bool // fd[N] and ino[INO] of the descriptors External matched
+	pid   int
+	maps  []proc.Mapping
+	log   *slog.Logger
+	pidfd int
+	all   []proc.FD
+	pipes map[uint64]*pipeEnds
+	inet  map[uint64]proc.InetDiag
+	unixd map[uint64]proc.UnixDiag
+	tree  *treeDumper // the other processes of the tree, or nil
+	tcp   *TCPRepair
+	ext   *External
+	used  map[string]bool // fd[N] and ino[INO] of the descriptors External matched
 	// shellJob: terminals are recorded as leading outside (terminal.go).
 	shellJob bool
 	// ghostLimit bounds a deleted file kept; ghosts maps one (device,

@@ -103,10 +103,15 @@ var (
 
 // RegisterScheme makes addresses "name://..." open with s, wherever a
 // snapshot directory is accepted. The package of a store calls it from an
-// init function.
+// init function; a second registration of a name panics, as
+// database/sql.Register does: two stores claiming one scheme is a bug of
+// the build, never something to settle silently.
 func RegisterScheme(name string, s Scheme) {
 	schemesMu.Lock()
 	defer schemesMu.Unlock()
+	if _, dup := schemes[name]; dup {
+		panic("image: RegisterScheme called twice for scheme " + name)
+	}
 	schemes[name] = s
 }
 
@@ -136,10 +141,14 @@ type FileStore func(f *os.File) (Store, error)
 var fileStore FileStore
 
 // RegisterFileStore makes a path to a regular file, wherever a snapshot
-// directory is accepted, open with open.
+// directory is accepted, open with open. A second registration panics,
+// as RegisterScheme's.
 func RegisterFileStore(open FileStore) {
 	schemesMu.Lock()
 	defer schemesMu.Unlock()
+	if fileStore != nil {
+		panic("image: RegisterFileStore called twice")
+	}
 	fileStore = open
 }
 

@@ -28,10 +28,10 @@
 //   - File descriptors: ReadFDs lists /proc/PID/fd with readlink targets,
 //     classifies each (FDKind), parses /proc/PID/fdinfo/N (ParseFDInfo) and
 //     stats the open file.
-//   - Sockets: ParseNetInet and ParseNetUnix for /proc/PID/net/{tcp,tcp6,
-//     udp,udp6,unix} (ReadSockets), and sock_diag netlink queries
-//     (QueryInet, QueryUnix; ParseInetDiag, ParseUnixDiag) for listen
-//     backlogs, pending connections and unix peers.
+//   - Sockets: sock_diag netlink queries (QueryInet, QueryUnix;
+//     ParseInetDiag, ParseUnixDiag) for states, listen backlogs, pending
+//     connections and unix peers.
+//   - Mounts: Mounts lists /proc/PID/mountinfo.
 //
 // # Consistency
 //

@@ -86,23 +86,6 @@ func FuzzParseFDInfo(f *testing.F) {
 	})
 }
 
-func FuzzParseNet(f *testing.F) {
-	addSamples(f, "*/net-*")
-	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-			ss, err := ParseNetInet(bytes.NewReader(b), fam, ProtoTCP)
-			checkParseErr(t, err)
-			for _, s := range ss {
-				if !s.Local.IsValid() || (fam == unix.AF_INET) != s.Local.Addr().Is4() {
-					t.Fatalf("bad address %v for family %d", s.Local, fam)
-				}
-			}
-		}
-		_, err := ParseNetUnix(bytes.NewReader(b))
-		checkParseErr(t, err)
-	})
-}
-
 func FuzzParseAuxv(f *testing.F) {
 	addSamples(f, "*/auxv")
 	f.Fuzz(func(t *testing.T, b []byte) {

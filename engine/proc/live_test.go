@@ -291,37 +291,17 @@ func TestLiveFDsAndSockets(t *testing.T) {
 		t.Errorf("pipe %d,%d not grouped: %+v", rd, wr, pipes)
 	}
 
-	socks, err := ReadSockets(f.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := socks[fd("tcp4l").Ino]
-	if l.Proto != ProtoTCP || !l.Listen || l.Local.Port() != uint16(f.int(t, "port")) || l.RxQueue != 1 {
-		t.Errorf("tcp listener %+v", l)
-	}
-	if u := socks[fd("unixl").Ino]; !u.Listen || u.Path != filepath.Join(f.dir, "fixture.sock") {
-		t.Errorf("unix listener %+v", u)
-	}
-	if u := socks[fd("unixabs").Ino]; u.Path != "@lazyfs-fixture-"+strconv.Itoa(f.pid) || u.Type != unix.SOCK_DGRAM {
-		t.Errorf("abstract socket %+v", u)
-	}
-	if f.int(t, "tcp6l") >= 0 {
-		if s := socks[fd("tcp6l").Ino]; s.Family != unix.AF_INET6 || !s.Listen {
-			t.Errorf("tcp6 listener %+v", s)
-		}
-	}
-
 	inet, err := QueryInet(f.pid, unix.AF_INET, unix.IPPROTO_TCP)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ld *InetDiag
 	for i := range inet {
-		if inet[i].Inode == l.Inode {
+		if inet[i].Inode == fd("tcp4l").Ino {
 			ld = &inet[i]
 		}
 	}
-	if ld == nil || ld.State != TCPListen || ld.RQueue != 1 || ld.WQueue != 7 || ld.Local != l.Local {
+	if ld == nil || ld.State != TCPListen || ld.RQueue != 1 || ld.WQueue != 7 || ld.Local.Port() != uint16(f.int(t, "port")) {
 		t.Errorf("inet_diag listener %+v, want backlog 1 of 7", ld)
 	}
 	us, err := QueryUnix(f.pid)
@@ -460,9 +440,6 @@ func TestLiveSelf(t *testing.T) {
 		t.Errorf("status %+v, %v", st, err)
 	}
 	if _, err := ReadFDs(pid); err != nil {
-		t.Error(err)
-	}
-	if _, err := ReadSockets(pid); err != nil {
 		t.Error(err)
 	}
 }

@@ -246,42 +246,6 @@ func TestParseLimitsMalformed(t *testing.T) {
 	}
 }
 
-func TestParseNetMalformed(t *testing.T) {
-	hdr := "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-	row := "   0: 0100007F:C74D 00000000:0000 0A 00000000:00000001 00:00000000 00000000     0        0 10534 1\n"
-	if ss, err := ParseNetInet(strings.NewReader(hdr+row), unix.AF_INET, ProtoTCP); err != nil || len(ss) != 1 || ss[0].Inode != 10534 {
-		t.Fatalf("good row: %+v, %v", ss, err)
-	}
-	cases := map[string]string{
-		"header":       "garbage\n" + row,
-		"address":      hdr + strings.Replace(row, "0100007F:C74D", "0100007F:C74DD", 1),
-		"port":         hdr + strings.Replace(row, "0100007F:C74D", "0100007F:XYZW", 1),
-		"queues":       hdr + strings.Replace(row, "00000000:00000001", "00000000", 1),
-		"few fields":   hdr + "   0: 0100007F:C74D 00000000:0000 0A\n",
-		"state":        hdr + strings.Replace(row, " 0A ", " 1FF ", 1),
-		"family mixup": hdr + row, // parsed as IPv6 below
-	}
-	for name, in := range cases {
-		fam := unix.AF_INET
-		if name == "family mixup" {
-			fam = unix.AF_INET6
-		}
-		if _, err := ParseNetInet(strings.NewReader(in), fam, ProtoTCP); !errors.Is(err, ErrMalformed) {
-			t.Errorf("%s: %v", name, err)
-		}
-	}
-	if _, err := ParseNetInet(strings.NewReader(hdr), unix.AF_UNIX, ProtoTCP); err == nil {
-		t.Errorf("AF_UNIX accepted as inet")
-	}
-	if _, err := ParseNetUnix(strings.NewReader("garbage\n")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("unix header accepted")
-	}
-	uhdr := "Num       RefCount Protocol Flags    Type St Inode Path\n"
-	if _, err := ParseNetUnix(strings.NewReader(uhdr + "0000000000000000 00000002 00000000 00010000 0001 01 5 /x\n")); !errors.Is(err, ErrMalformed) {
-		t.Errorf("unix row without colon accepted")
-	}
-}
-
 func TestParseCmdlineAndPids(t *testing.T) {
 	if a, err := ParseCmdline([]byte("redis-server 127.0.0.1:6379\x00\x00rest")); err != nil || !slicesEqual(a, []string{"redis-server 127.0.0.1:6379", "", "rest"}) {
 		t.Errorf("cmdline %q, %v", a, err)

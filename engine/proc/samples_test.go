@@ -3,7 +3,6 @@ package proc
 import (
 	"bufio"
 	"bytes"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -465,68 +464,5 @@ func TestGroupPipes(t *testing.T) {
 	}
 	if ino, ok := SocketInode("socket:[43]"); !ok || ino != 43 {
 		t.Errorf("SocketInode = %d, %v", ino, ok)
-	}
-}
-
-func TestNetSamples(t *testing.T) {
-	tcp, err := ParseNetInet(bytes.NewReader(readSample(t, "fixture/net-tcp")), unix.AF_INET, ProtoTCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	byIno := map[uint64]Socket{}
-	for _, s := range tcp {
-		byIno[s.Inode] = s
-	}
-	lo := netip.MustParseAddr("127.0.0.1")
-	l := byIno[10534]
-	if !l.Listen || l.State != TCPListen || l.Local != netip.AddrPortFrom(lo, 0xC74D) || l.RxQueue != 1 || l.Type != unix.SOCK_STREAM {
-		t.Errorf("listener %+v", l)
-	}
-	c := byIno[10535]
-	if c.Listen || c.State != TCPEstablished || c.Remote != netip.AddrPortFrom(lo, 0xC74D) || c.Local.Port() != 0xAD98 {
-		t.Errorf("client %+v", c)
-	}
-	// Row 5 is the connection waiting in the accept queue (no fd, no
-	// inode); row 8 is in TIME_WAIT.
-	if q := tcp[5]; q.Inode != 0 || q.State != TCPEstablished || q.Remote.Port() != 0xADA6 {
-		t.Errorf("accept-queue row %+v", q)
-	}
-	if tw := tcp[8]; tw.Inode != 0 || tw.State != TCPTimeWait {
-		t.Errorf("time-wait row %+v", tw)
-	}
-	tcp6, err := ParseNetInet(bytes.NewReader(readSample(t, "fixture/net-tcp6")), unix.AF_INET6, ProtoTCP)
-	if err != nil || len(tcp6) != 1 || tcp6[0].Local.Addr() != netip.IPv6Loopback() || !tcp6[0].Listen || tcp6[0].Inode != 10538 {
-		t.Errorf("tcp6 %+v, %v", tcp6, err)
-	}
-	udp, err := ParseNetInet(bytes.NewReader(readSample(t, "fixture/net-udp")), unix.AF_INET, ProtoUDP)
-	if err != nil || len(udp) != 1 || udp[0].Local.Addr() != lo || udp[0].State != TCPClose || udp[0].Listen || udp[0].Type != unix.SOCK_DGRAM {
-		t.Errorf("udp %+v, %v", udp, err)
-	}
-	us, err := ParseNetUnix(bytes.NewReader(readSample(t, "fixture/net-unix")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ub := map[uint64]Socket{}
-	for _, s := range us {
-		ub[s.Inode] = s
-	}
-	if s := ub[10540]; !s.Listen || s.Path != "/tmp/fx/fixture.sock" || s.Type != unix.SOCK_STREAM || s.State != UnixUnconnected {
-		t.Errorf("unix listener %+v", s)
-	}
-	if s := ub[10542]; s.Path != "@lazyfs-fixture-6192" || s.Type != unix.SOCK_DGRAM {
-		t.Errorf("abstract %+v", s)
-	}
-	if s := ub[10543]; s.Type != unix.SOCK_SEQPACKET || s.State != UnixConnected || s.Path != "" {
-		t.Errorf("socketpair %+v", s)
-	}
-	for _, srv := range []string{"redis", "memcached", "python"} {
-		for _, tab := range []string{"net-tcp", "net-udp"} {
-			if _, err := ParseNetInet(bytes.NewReader(readSample(t, srv+"/"+tab)), unix.AF_INET, ProtoTCP); err != nil {
-				t.Errorf("%s/%s: %v", srv, tab, err)
-			}
-		}
-		if _, err := ParseNetUnix(bytes.NewReader(readSample(t, srv+"/net-unix"))); err != nil {
-			t.Errorf("%s/net-unix: %v", srv, err)
-		}
 	}
 }
