@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/fs/fstest"
 )
@@ -91,9 +92,7 @@ func writePlain(path string, s *fstest.Snapshot, vmas []fstest.VMA) error {
 }
 
 func TestMain(m *testing.M) {
-	if filepath.Base(os.Args[0]) == PrivateArg0 {
-		os.Exit(PrivateMain(os.Args))
-	}
+	helper.Main() // the private mount's helper, this test binary executed again
 	if dir := os.Getenv(privateChildEnv); dir != "" {
 		os.Exit(privateChildMain(dir))
 	}

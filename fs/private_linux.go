@@ -8,31 +8,26 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // PrivateArg0 is the argv[0] of the helper process that serves a private
-// mount (MountPrivate): the running program, re-executed. A program that
-// calls MountPrivate must run PrivateMain before anything else when
-// os.Args[0] is PrivateArg0, in an init function:
-//
-//	func init() {
-//		if filepath.Base(os.Args[0]) == fs.PrivateArg0 {
-//			os.Exit(fs.PrivateMain(os.Args))
-//		}
-//	}
+// mount (MountPrivate): the running program, executed again. This package
+// registers PrivateMain under it with engine/helper, whose Main a program
+// that calls MountPrivate calls first.
 const PrivateArg0 = "lazyfs-private-mount"
+
+func init() { helper.Register(PrivateArg0, PrivateMain) }
 
 // privateSetupWait bounds how long MountPrivate waits for its helper to
 // mount; privateExitWait how long Close waits for it to unmount and exit.
@@ -61,14 +56,11 @@ type privateArgs struct {
 // of a mount that a helper process serves (see MountPrivate). It is an
 // io.ReaderAt of the process's memory at its addresses.
 type PrivateMount struct {
-	f       *os.File
-	pid     int              // the process of f
-	others  map[int]*os.File // MNT/PID/mem of the other processes (MountPrivateTree)
-	cmd     *exec.Cmd
-	sock    int
-	mnt     string        // the helper's mountpoint
-	exited  chan struct{} // closed when the helper has exited
-	exitErr error         // how, once exited is closed
+	f      *os.File
+	pid    int              // the process of f
+	others map[int]*os.File // MNT/PID/mem of the other processes (MountPrivateTree)
+	c      *helper.Child
+	mnt    string // the helper's mountpoint
 
 	once sync.Once
 	err  error
@@ -120,35 +112,13 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 	if err != nil {
 		return nil, fmt.Errorf("private mount: %w", err)
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	// Its log goes to our standard error as it is then, not as it was
+	// when the command started (a test that swaps os.Stderr).
+	c, err := helper.Start(exe, PrivateArg0, []string{string(args)}, stderrCopier{})
 	if err != nil {
-		return nil, fmt.Errorf("private mount: socketpair: %w", err)
+		return nil, fmt.Errorf("private mount: %w", err)
 	}
-	theirs := os.NewFile(uintptr(fds[1]), "private-mount-socket")
-	cmd := &exec.Cmd{
-		Path:       exe,
-		Args:       []string{PrivateArg0, strconv.Itoa(os.Getpid()), string(args)},
-		ExtraFiles: []*os.File{theirs}, // fd 3
-		// Its warnings and errors (a store that stalls, a read that
-		// failed and why) are ours: the reader of the mount sees only
-		// EIO. Through a pipe of our own, so that a helper that outlives
-		// us never holds our standard error open.
-		Stderr: stderrCopier{},
-		// A session of its own: a terminal's signals for our process
-		// group must not take the mount away before we are done with it.
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-	}
-	err = cmd.Start()
-	theirs.Close()
-	if err != nil {
-		unix.Close(fds[0])
-		return nil, fmt.Errorf("private mount: start helper: %w", err)
-	}
-	m := &PrivateMount{cmd: cmd, sock: fds[0], exited: make(chan struct{}), pid: pids[0], others: map[int]*os.File{}}
-	go func() {
-		m.exitErr = cmd.Wait()
-		close(m.exited)
-	}()
+	m := &PrivateMount{c: c, pid: pids[0], others: map[int]*os.File{}}
 	if err := m.setup(pids[1:]); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("private mount: %w", err)
@@ -159,50 +129,17 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 // setup waits for the helper's answer: "S" + mountpoint with the fds of
 // MNT/PID/mem and of each of others', or "E" + its error.
 func (m *PrivateMount) setup(others []int) error {
-	pfd := []unix.PollFd{{Fd: int32(m.sock), Events: unix.POLLIN}}
-	deadline := time.Now().Add(privateSetupWait)
-	for {
-		n, err := unix.Poll(pfd, int(time.Until(deadline).Milliseconds())+1)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return fmt.Errorf("the helper did not mount within %v", privateSetupWait)
-		}
-		break
-	}
-	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(4*(1+len(others))))
-	n, oobn, _, _, err := unix.Recvmsg(m.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	var fds []int
-	if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-		for _, cm := range cms {
-			if r, err := unix.ParseUnixRights(&cm); err == nil {
-				fds = append(fds, r...)
-			}
-		}
-	}
+	reply, fds, err := m.c.Setup(privateSetupWait, 1+len(others))
 	switch {
-	case n == 0:
-		err = fmt.Errorf("the helper exited (does %s run fs.PrivateMain as %s?)", filepath.Base(m.cmd.Path), PrivateArg0)
-	case buf[0] == 'E':
-		err = errors.New(string(buf[1:n]))
-	case buf[0] != 'S' || len(fds) != 1+len(others):
-		err = fmt.Errorf("the helper answered %q with %d fds", buf[:n], len(fds))
-	}
-	if err != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+	case errors.Is(err, helper.ErrExited):
+		return fmt.Errorf("the helper exited (does %s call helper.Main?)", filepath.Base(m.c.Path()))
+	case err != nil:
 		return err
+	case len(fds) != 1+len(others):
+		helper.CloseAll(fds)
+		return fmt.Errorf("the helper answered with %d fds, want %d", len(fds), 1+len(others))
 	}
-	m.mnt = string(buf[1:n])
+	m.mnt = string(reply)
 	m.f = os.NewFile(uintptr(fds[0]), filepath.Join(m.mnt, "mem"))
 	for i, pid := range others {
 		m.others[pid] = os.NewFile(uintptr(fds[1+i]), filepath.Join(m.mnt, strconv.Itoa(pid), "mem"))
@@ -227,16 +164,13 @@ func (m *PrivateMount) ReadAt(p []byte, off int64) (int, error) { return m.f.Rea
 
 // Exited is closed when the helper process has exited: before Close, that
 // means it died, and reads fail from then on.
-func (m *PrivateMount) Exited() <-chan struct{} { return m.exited }
+func (m *PrivateMount) Exited() <-chan struct{} { return m.c.Exited() }
 
 // ExitErr says how the helper exited, once Exited is closed.
-func (m *PrivateMount) ExitErr() error {
-	<-m.exited
-	return m.exitErr
-}
+func (m *PrivateMount) ExitErr() error { return m.c.ExitErr() }
 
 // HelperPID returns the process id of the helper that serves the mount.
-func (m *PrivateMount) HelperPID() int { return m.cmd.Process.Pid }
+func (m *PrivateMount) HelperPID() int { return m.c.Pid() }
 
 // Close closes the file, makes the helper unmount and exit, and waits
 // for it (killing it if it does not exit in time). It returns how the
@@ -253,21 +187,21 @@ func (m *PrivateMount) close() error {
 	for _, f := range m.others {
 		f.Close()
 	}
-	unix.Close(m.sock) // the helper reads EOF: unmount and exit
+	m.c.CloseSocket() // the helper reads EOF: unmount and exit
 	var err error
 	select {
-	case <-m.exited:
-		err = m.exitErr
+	case <-m.c.Exited():
+		err = m.c.ExitErr()
 	case <-time.After(privateExitWait):
 		// A helper killed while one of its threads waited on its own
 		// mount (while it set up) cannot exit until the FUSE
 		// connection is aborted.
 		m.abort()
-		m.cmd.Process.Kill()
+		m.c.Kill()
 		select {
-		case <-m.exited:
+		case <-m.c.Exited():
 		case <-time.After(privateExitWait):
-			return fmt.Errorf("private mount helper %d: killed, and still there", m.cmd.Process.Pid)
+			return fmt.Errorf("private mount helper %d: killed, and still there", m.c.Pid())
 		}
 		err = fmt.Errorf("did not exit within %v; killed", privateExitWait)
 	}
@@ -295,14 +229,14 @@ func (m *PrivateMount) close() error {
 // Close is still to be called.
 func (m *PrivateMount) Abort() {
 	m.abort()
-	m.cmd.Process.Kill()
+	m.c.Kill()
 }
 
 func (m *PrivateMount) abort() {
 	if m.mnt == "" {
 		return
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", m.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", m.c.Pid()))
 	if err != nil {
 		return
 	}
@@ -322,21 +256,15 @@ func (stderrCopier) Write(p []byte) (int, error) { return os.Stderr.Write(p) }
 // MNT/PID/mem, then serves until the starter closes its end or has
 // exited, and unmounts. It returns the exit code.
 func PrivateMain(args []string) int {
-	const sock = 3
-	if len(args) != 3 {
-		return 2
+	st, rest, code, ok := helper.Attach(args)
+	if !ok {
+		return code
 	}
-	parent, err := strconv.Atoi(args[1])
-	if err != nil || parent <= 0 {
+	if len(rest) != 1 {
 		return 2
-	}
-	unix.CloseOnExec(sock)
-	pidfd, err := unix.PidfdOpen(parent, 0)
-	if err != nil || os.Getppid() != parent {
-		return 0 // the starter is gone already: nobody to serve
 	}
 	fail := func(err error) int {
-		unix.Sendmsg(sock, append([]byte{'E'}, err.Error()...), nil, nil, unix.MSG_NOSIGNAL)
+		st.Fail(err)
 		return 1
 	}
 	// Setting up may wait long on the snapshot (an object store that
@@ -350,7 +278,7 @@ func PrivateMain(args []string) int {
 	defer cancel()
 	var tmpDir atomic.Pointer[string]
 	go func() {
-		waitStarter(sock, pidfd)
+		st.Wait()
 		select {
 		case <-setUp:
 		default:
@@ -367,7 +295,7 @@ func PrivateMain(args []string) int {
 		}
 	}()
 	var pa privateArgs
-	if err := json.Unmarshal([]byte(args[2]), &pa); err != nil {
+	if err := json.Unmarshal([]byte(rest[0]), &pa); err != nil {
 		return fail(fmt.Errorf("helper arguments: %w", err))
 	}
 	pa.Remote.Context = ctx
@@ -414,33 +342,9 @@ func PrivateMain(args []string) int {
 		fds = append(fds, int(f.Fd()))
 	}
 	close(setUp)
-	err = unix.Sendmsg(sock, append([]byte{'S'}, tmp...), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
-	if err != nil {
+	if err := st.Ready([]byte(tmp), fds); err != nil {
 		return 1
 	}
-	waitStarter(sock, pidfd)
+	st.Wait()
 	return 0
-}
-
-// waitStarter returns once sock reads EOF (the starter's Close, or its
-// exit) or pidfd is readable (the starter has exited).
-func waitStarter(sock, pidfd int) {
-	buf := make([]byte, 16)
-	for {
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}, {Fd: int32(sock), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return
-		}
-		if fds[0].Revents != 0 {
-			return
-		}
-		if fds[1].Revents != 0 {
-			if n, err := unix.Read(sock, buf); (err == nil && n == 0) || (err != nil && !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.EAGAIN)) {
-				return
-			}
-		}
-	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/lazy"
 	"github.com/lazyfs/lazyfs/engine/ns"
@@ -29,18 +30,11 @@ import (
 	"github.com/lazyfs/lazyfs/fs"
 )
 
-// init runs the helper processes of a lazy restore when snapctl was
-// re-executed as one: before anything else, and nothing else.
-func init() {
-	switch filepath.Base(os.Args[0]) {
-	case lazy.KeeperArg0:
-		os.Exit(lazy.KeeperMain(os.Args))
-	case ns.InitArg0:
-		os.Exit(ns.InitMain(os.Args))
-	case fs.PrivateArg0:
-		os.Exit(fs.PrivateMain(os.Args))
-	}
-}
+// init runs a helper process of a restore (the userfaultfd keeper, the
+// private mount's helper, the init of a new pid namespace: each registers
+// itself with engine/helper) when snapctl was executed again as one:
+// before anything else, and nothing else.
+func init() { helper.Main() }
 
 // runRestore is snapctl restore: flags to engine.RestoreOptions. Most of
 // its lines are its help text and its flags.

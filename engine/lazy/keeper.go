@@ -7,22 +7,6 @@ import (
 	"github.com/lazyfs/lazyfs/engine/uffd"
 )
 
-// KeeperArg0 is the argv[0] of the keeper process that a lazy restore
-// with Options.Keeper starts: the running program, re-executed. A program
-// that sets Keeper must run KeeperMain before anything else when
-// os.Args[0] is KeeperArg0, in an init function:
-//
-//	func init() {
-//		if filepath.Base(os.Args[0]) == lazy.KeeperArg0 {
-//			os.Exit(lazy.KeeperMain(os.Args))
-//		}
-//	}
-const KeeperArg0 = uffd.KeeperArg0
-
-// KeeperMain is the keeper process (args is its os.Args); it returns the
-// exit code.
-func KeeperMain(args []string) int { return uffd.KeeperMain(args, nil) }
-
 // startKeeper starts the keeper, or returns nil (with a warning) if it
 // cannot.
 func startKeeper(log *slog.Logger) *uffd.Keeper {

@@ -177,7 +177,7 @@ func (ph *Phase) watch(parent, ctx context.Context, cancel context.CancelCauseFu
 		}
 		cancel(fmt.Errorf("%w: %w", ErrHelperDied, err))
 	case <-keeperExited:
-		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, KeeperArg0, ph.keeper.Pid(), ph.keeper.ExitErr()))
+		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, uffd.KeeperArg0, ph.keeper.Pid(), ph.keeper.ExitErr()))
 	}
 }
 

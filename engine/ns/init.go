@@ -8,15 +8,18 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/helper"
 )
 
 // InitArg0 is the argv[0] of the init of the pid namespace that a
 // restore with Namespaces.PID makes: the running program, started as the
-// namespace's pid 1 (and the stub the processes are cloned out of). A
-// program that sets Namespaces.PID must run InitMain before anything
-// else when os.Args[0] is InitArg0, in an init function, as it does
-// lazy.KeeperMain.
+// namespace's pid 1 (and the stub the processes are cloned out of). This
+// package registers InitMain under it with engine/helper, whose Main a
+// program that sets Namespaces.PID calls first.
 const InitArg0 = "lazyfs-pidns-init"
+
+func init() { helper.Register(InitArg0, InitMain) }
 
 // initSignals are the signals the init passes on to the restored process:
 // those a supervisor sends to stop or reload a server.
