@@ -2,7 +2,7 @@
 // logic of its own: each kind of state has a package that both dumps and
 // restores it (memory engine/mem, descriptors engine/fds, process and
 // thread state engine/task, namespaces engine/ns, the lazy phase
-// engine/lazy; README.md, Layout), and the engine calls them in order.
+// engine/lazy; docs/architecture.md), and the engine calls them in order.
 //
 // Dump and Restore are tables of named steps (runSteps): each is timed and
 // logged at debug level (snapctl -v), and an error is a *StepError naming

@@ -10,9 +10,9 @@ import (
 	"testing"
 )
 
-// TestLayout holds the import rules README.md (Layout) states: what each
-// layer may depend on, directly or not (go list's Deps), or import itself
-// (its Imports).
+// TestLayout holds the import rules docs/architecture.md (Packages)
+// states: what each layer may depend on, directly or not (go list's Deps),
+// or import itself (its Imports).
 func TestLayout(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -94,10 +94,10 @@ func TestLayout(t *testing.T) {
 	}
 }
 
-// TestLayoutSeams holds two rules README.md (Layout) states that imports
-// alone do not show: a lazy restore's page source is built where its
-// knowledge lives (engine/image, fs), so the commands call none of the
-// readers and mounts a source is made of; and no package the commands may
+// TestLayoutSeams holds two rules docs/architecture.md (Packages) states
+// that imports alone do not show: a lazy restore's page source is built
+// where its knowledge lives (engine/image, fs), so the commands call none
+// of the readers and mounts a source is made of; and no package the commands may
 // import re-exports a type of engine/uffd under its own name (an alias
 // would let a command use the pager's types without importing it).
 func TestLayoutSeams(t *testing.T) {

@@ -22,7 +22,7 @@ const (
 	commandTimeout = 2 * time.Minute
 )
 
-// Exit statuses of snapctl and lazyfs (README.md, Exit status). The tests
+// Exit statuses of snapctl and lazyfs (docs/cli.md, Exit status). The tests
 // spell them out, as a script would, rather than import them: they are the
 // contract, and a failure's status is what the tests check first, its
 // message only for the pid, file or block it names.

@@ -14,7 +14,7 @@ import (
 
 // statsFlag is --stats FILE of dump and restore.
 func statsFlag(fl *cli.FlagSet, what string) *string {
-	return fl.String("stats", "", "write the figures of the "+what+" as JSON into `FILE` once it succeeds (phases with their durations, processes, threads, memory and bytes; the fields are listed in the manual)")
+	return fl.String("stats", "", "write the figures of the "+what+" as JSON into `FILE` once it succeeds (phases with their durations, processes, threads, memory and bytes; the fields are listed in docs/cli.md)")
 }
 
 // checkStats refuses, before a dump or restore starts, a --stats FILE

@@ -17,7 +17,7 @@ import (
 )
 
 // Exit statuses of snapctl and lazyfs. They are a contract with scripts,
-// documented in README.md (Exit status) and in every --help: a status is
+// documented in docs/cli.md (Exit status), summed up in README.md, and in every --help: a status is
 // never renumbered, and a new one takes a free number.
 const (
 	ExitOK      = 0
@@ -66,7 +66,7 @@ type Status struct {
 }
 
 // Statuses is the table of exit statuses, in the order of their codes:
-// README.md's Exit status section and every --help print it.
+// docs/cli.md's Exit status section and every --help print it.
 var Statuses = []Status{
 	{ExitOK, "success"},
 	{ExitFailure, "failure not listed below"},

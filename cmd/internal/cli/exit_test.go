@@ -119,29 +119,68 @@ type writerFunc func([]byte)
 
 func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
 
-// TestStatusesDocumented: README.md's exit status table lists every
-// status with its code, and no other.
+// TestStatusesDocumented: the exit status tables of the manual
+// (docs/cli.md, Exit status) and of README.md's summary (Exit status) list
+// every status with its code, and no other.
 func TestStatusesDocumented(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows := regexp.MustCompile("(?m)^\\| `?(\\d+)`? \\|").FindAllSubmatch(b, -1)
-	var got []int
-	for _, r := range rows {
-		n, _ := strconv.Atoi(string(r[1]))
-		got = append(got, n)
-	}
 	var want []int
 	for _, s := range Statuses {
 		want = append(want, s.Code)
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("README.md exit status rows %v, want %v", got, want)
+	root := filepath.Join("..", "..", "..")
+	for _, doc := range []struct{ file, heading string }{
+		{filepath.Join("docs", "cli.md"), "## Exit status"},
+		{"README.md", "## Exit status"},
+	} {
+		b, err := os.ReadFile(filepath.Join(root, doc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		section, ok := docSection(string(b), doc.heading)
+		if !ok {
+			t.Errorf("%s has no section %q", doc.file, doc.heading)
+			continue
+		}
+		rows := regexp.MustCompile("(?m)^\\| `?(\\d+)`? \\|").FindAllStringSubmatch(section, -1)
+		var got []int
+		for _, r := range rows {
+			n, _ := strconv.Atoi(r[1])
+			got = append(got, n)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s exit status rows %v, want %v", doc.file, got, want)
+		}
 	}
 	for i := 1; i < len(Statuses); i++ {
 		if Statuses[i].Code <= Statuses[i-1].Code {
 			t.Errorf("Statuses out of order at %d", Statuses[i].Code)
 		}
 	}
+}
+
+// docSection returns the lines of a Markdown document from the heading
+// line that is exactly heading to the next heading of the same level or
+// above (outside code blocks), and whether the heading was found once.
+func docSection(doc, heading string) (string, bool) {
+	level := len(heading) - len(strings.TrimLeft(heading, "#"))
+	var out []string
+	found, in, code := 0, false, false
+	for _, line := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(line, "```") {
+			code = !code
+		}
+		if !code && strings.HasPrefix(line, "#") {
+			n := len(line) - len(strings.TrimLeft(line, "#"))
+			if line == heading {
+				found++
+				in = true
+			} else if n <= level && strings.HasPrefix(line[n:], " ") {
+				in = false
+			}
+		}
+		if in {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n"), found == 1
 }
