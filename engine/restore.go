@@ -74,9 +74,9 @@ type RestoreOptions struct {
 type RestoreResult struct {
 	// PID is the root's pid in our pid namespace: the one to signal.
 	PID int
-	// OwnPID is its pid in its own pid namespace (the one it had), and
-	// InitPID our pid of that namespace's init, with Namespaces.PID
-	// (InitPID is PID when the root is the init); 0 otherwise.
+	// OwnPID is its pid in its own pid namespace (the one it had), with
+	// Namespaces.PID or Into; InitPID our pid of that namespace's init,
+	// with Namespaces.PID (PID when the root is the init); 0 otherwise.
 	OwnPID, InitPID int
 	// Processes and Threads are how many the tree has, all together.
 	Processes, Threads int
@@ -200,7 +200,7 @@ type tree struct {
 	ipc    *ipc.Made   // the semaphore sets and message queues made
 	lazy   *lazy.Phase // for a lazy restore
 	t      *ptrace.Tracer
-	netns  *os.File // the network namespace to join (Namespaces.Net)
+	join   *os.File // the network namespace to join (Namespaces.Net), or a pidfd of Namespaces.Into
 	// released are the network locks released (fds.ReleaseNetLocks).
 	released map[string]bool
 }
@@ -298,8 +298,8 @@ func (tr *tree) close() {
 		r.pages.Close()
 	}
 	tr.broker.Close()
-	if tr.netns != nil {
-		tr.netns.Close()
+	if tr.join != nil {
+		tr.join.Close()
 	}
 	if tr.t != nil {
 		tr.t.Close()
@@ -377,11 +377,14 @@ func (tr *tree) result(start time.Time) *RestoreResult {
 			res.StoredBytes += r.pages.Stats().Total.Stored
 		}
 	}
-	if tr.opts.Namespaces.PID {
+	switch {
+	case tr.opts.Namespaces.PID:
 		res.OwnPID, res.InitPID = root.st.OwnPID(), root.initPID
 		if root.initPID == 0 {
 			res.InitPID = root.pid
 		}
+	case tr.opts.Namespaces.Into != 0:
+		res.OwnPID = root.st.OwnPID()
 	}
 	return res
 }

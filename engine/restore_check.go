@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -70,9 +71,17 @@ func (tr *tree) check() error {
 			return fmt.Errorf("%w: %s: its process group %d has no leader in the tree", ErrUnsupported, name, st.PGID)
 		}
 	}
-	if net := tr.opts.Namespaces.Net; net != "" && net != ns.NetNew {
+	switch o := tr.opts.Namespaces; {
+	case o.Into != 0 && (o.PID || o.Net != ""):
+		return fmt.Errorf("%w: a restore into the namespaces of a process (--into) makes none of its own (--pidns, --netns)", ErrUnsupported)
+	case o.Into != 0:
 		var err error
-		if tr.netns, err = ns.OpenNet(net); err != nil {
+		if tr.join, err = o.OpenInto(); err != nil {
+			return err
+		}
+	case o.Net != "" && o.Net != ns.NetNew:
+		var err error
+		if tr.join, err = ns.OpenNet(o.Net); err != nil {
 			return err
 		}
 	}
@@ -93,24 +102,25 @@ func (r *restorer) check() error {
 	if err := task.CheckCapabilities(st); err != nil {
 		return err
 	}
+	root := r.tr.root()
 	if !mem.GhostOf(st.VMAs, st.Exe) {
-		if err := fds.CheckFile(st.Exe, "executable"); err != nil {
-			return err
+		if err := fds.CheckFile(root, st.Exe, "executable"); err != nil {
+			return r.containerHint(err)
 		}
 	}
 	for _, v := range st.VMAs {
 		if v.File != nil && v.Ghost == nil && (v.Kind == image.VMAFile || v.Kind == image.VMAFileShared) {
-			if err := fds.CheckFile(*v.File, fmt.Sprintf("mapping %x-%x", v.Start, v.End)); err != nil {
-				return err
+			if err := fds.CheckFile(root, *v.File, fmt.Sprintf("mapping %x-%x", v.Start, v.End)); err != nil {
+				return r.containerHint(err)
 			}
 		}
 	}
 	o := r.tr.opts
 	for _, f := range st.FDs {
-		if err := fds.Check(f); err != nil {
-			return fmt.Errorf("fd %d: %w", f.FD, err)
+		if err := fds.Check(root, f); err != nil {
+			return r.containerHint(fmt.Errorf("fd %d: %w", f.FD, err))
 		}
-		if s := f.Socket; s != nil && s.TCP != nil && o.TCPEstablished && o.Namespaces.Net != "" {
+		if s := f.Socket; s != nil && s.TCP != nil && o.TCPEstablished && (o.Namespaces.Net != "" || o.Namespaces.Into != 0) {
 			// The peer and the lock are in our namespace; a copy restored
 			// in another would be a second end of the same connection.
 			return fmt.Errorf("%w: fd %d is a TCP connection kept by the dump (%s-%s), which lives in snapctl's network namespace with its lock: restore it without --netns, or without --tcp-established (it then comes back closed)",
@@ -120,17 +130,48 @@ func (r *restorer) check() error {
 	return nil
 }
 
+// root is where the processes' paths resolve: in the root directory of
+// the process whose namespaces they join (Into), or ours ("").
+func (tr *tree) root() string {
+	if into := tr.opts.Namespaces.Into; into != 0 {
+		return fmt.Sprintf("/proc/%d/root", into)
+	}
+	return ""
+}
+
+// containerHint adds to a refusal of a file, for a process that lived in
+// a mount namespace not snapctl's (a container's) and is not restored
+// into one, that its paths were that namespace's.
+func (r *restorer) containerHint(err error) error {
+	if r.tr.opts.Namespaces.Into == 0 && slices.Contains(r.st.Namespaces, "mnt") {
+		return fmt.Errorf("%w (the process lived in a mount namespace of its own, a container's, whose paths these are: restore it into such a container with --into PID)", err)
+	}
+	return err
+}
+
 // checkPIDs refuses ids that are taken, where the process is to have
-// them: in our pid namespace. A new one is empty; the ids there are the
-// process's own view (image.Process.OwnPID), which a snapshot of a
-// process in a pid namespace below ours can only have in a new one.
+// them: in our pid namespace, or in the one it joins (Into). A new one is
+// empty; the ids there are the process's own view
+// (image.Process.OwnPID), which a snapshot of a process in a pid
+// namespace below ours can only have in one below ours too.
 func (r *restorer) checkPIDs() error {
 	st := r.st
+	if into := r.tr.opts.Namespaces.Into; into != 0 {
+		if busy, comm := task.PIDInUseIn(into, st.OwnPID()); busy {
+			return fmt.Errorf("%w: pid %d is taken by %q in the pid namespace of process %d: restore into a container where it is free", ErrPIDInUse, st.OwnPID(), comm, into)
+		}
+		for _, th := range st.Threads {
+			if busy, comm := task.PIDInUseIn(into, th.OwnTID()); busy {
+				return fmt.Errorf("%w: thread id %d is taken by %q in the pid namespace of process %d", ErrPIDInUse, th.OwnTID(), comm, into)
+			}
+		}
+		return nil
+	}
 	if r.tr.opts.Namespaces.PID {
 		return nil
 	}
 	if len(st.NSPID) > 0 {
-		return fmt.Errorf("%w: the process lived in a pid namespace (pid %d there, %d outside): it restores into a new one only (--pidns)",
+		return fmt.Errorf("%w: the process lived in a pid namespace (pid %d there, %d outside): it restores into a new one (--pidns) or into a container's (--into PID) only",
 			ErrUnsupported, st.OwnPID(), st.PID)
 	}
 	if busy, comm := task.PIDInUse(st.PID); busy {

@@ -89,7 +89,7 @@ func (tr *tree) joinGroups(context.Context) error {
 // it is still held (AwaitPIDReleased); in a new one (Namespaces.PID), its
 // own there.
 func (r *restorer) clone3(in *ptrace.Injector, args ptrace.CloneArgs) (*ptrace.Thread, error) {
-	own, pidns := r.st.OwnPID(), r.tr.opts.Namespaces.PID
+	own, pidns := r.st.OwnPID(), r.tr.opts.Namespaces.OwnPIDs()
 	th, err := in.Clone3(args)
 	if errors.Is(err, unix.EEXIST) && !pidns {
 		if err := task.AwaitPIDReleased(own); err != nil {
@@ -203,7 +203,7 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	flags, argv, files, stubIsInit := r.tr.opts.Namespaces.Stub(r.st.OwnPID(), r.tr.netns)
+	flags, argv, files, stubIsInit := r.tr.opts.Namespaces.Stub(r.st.OwnPID(), r.tr.join)
 	stub, err := r.tr.t.StartStopped(exe, argv, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL, Cloneflags: flags, Files: files})
 	if err != nil {
 		if flags != 0 {

@@ -10,7 +10,7 @@ import (
 
 // createThreads recreates every thread but the leader with its tid.
 func (r *restorer) createThreads(context.Context) error {
-	more, err := task.CreateThreads(r.in, r.st, r.tr.opts.Namespaces.PID)
+	more, err := task.CreateThreads(r.in, r.st, r.tr.opts.Namespaces.OwnPIDs())
 	r.threads = append(r.threads[:1:1], more...)
 	return err
 }

@@ -168,6 +168,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	fallback := fl.String("external-fallback", fds.ExternalRefuse, "what a descriptor leading outside without --inherit-fd becomes: `MODE` refuse (the restore) or null (/dev/null)")
 	pidns := fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
 	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
+	into := fl.Int("into", 0, "restore into the namespaces (mount, network, IPC, UTS, cgroup, pid) and cgroups of the running process `PID`, a container's placeholder: the processes keep the pids they had in their container, their files are looked up in its root")
 	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot, from its own copy of the memory), blocks (the same from the snapshot's blocks that hold it) or off")
 	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
 	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
@@ -183,6 +184,12 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	if *leaveStopped && *lazyFlag {
 		return cli.Usagef("--leave-stopped and --lazy are exclusive: a lazy restore keeps its processes traced until their memory is in")
+	}
+	if *into != 0 && (*pidns || *netns != "") {
+		return cli.Usagef("--into joins the namespaces of a process: it goes with neither --pidns nor --netns")
+	}
+	if *into < 0 {
+		return cli.Usagef("--into %d: want the pid of a running process", *into)
 	}
 	if *tcpEstablished && *tcpClose {
 		return cli.Usagef("--tcp-established and --tcp-close are exclusive")
@@ -241,7 +248,7 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 	}
 	defer snap.Close()
 	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log, LeaveStopped: *leaveStopped,
-		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns, Detach: []string{fs.FSType}},
+		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns, Into: *into, Detach: []string{fs.FSType}},
 		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback, ShellJob: *shellJob}
 	tty := isTerminal(stderr)
 	if tty {
@@ -382,8 +389,11 @@ func checkLazyFlags(fl *cli.FlagSet, lazy bool, source, mount string, prefetchDe
 // its pid namespace if it has a new one.
 func printRestored(w io.Writer, res *engine.RestoreResult, lazy bool) {
 	defer func() {
-		if res.InitPID != 0 {
+		switch {
+		case res.InitPID != 0:
 			fmt.Fprintf(w, "pid %d is pid %d in its pid namespace, whose init is pid %d\n", res.PID, res.OwnPID, res.InitPID)
+		case res.OwnPID != 0:
+			fmt.Fprintf(w, "pid %d is pid %d in the pid namespace it joined\n", res.PID, res.OwnPID)
 		}
 	}()
 	switch {

@@ -15,11 +15,35 @@ import (
 // was at the dump.
 var ErrFileChanged = errors.New("file changed since the dump")
 
+// StatIn returns the identity of path as a process whose root directory
+// is root sees it (root "" is ours; "/proc/PID/root" a container's): the
+// path resolved inside root (RESOLVE_IN_ROOT), absolute symbolic links
+// included, never outside it.
+func StatIn(root, path string) (proc.FileID, error) {
+	if root == "" {
+		return proc.StatFile(path)
+	}
+	d, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return proc.FileID{}, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(d)
+	fd, err := unix.Openat2(d, path, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return proc.FileID{}, &os.PathError{Op: "stat", Path: path + " (in " + root + ")", Err: err}
+	}
+	defer unix.Close(fd)
+	return proc.StatFile(fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
 // CheckFile refuses a file whose identity (device, inode, size, mtime)
-// differs from the dumped one; what names it in the error ("executable",
-// "mapping 7f..-7f..").
-func CheckFile(id image.FileID, what string) error {
-	cur, err := proc.StatFile(id.Path)
+// differs from the dumped one, its path resolved in root (StatIn); what
+// names it in the error ("executable", "mapping 7f..-7f..").
+func CheckFile(root string, id image.FileID, what string) error {
+	cur, err := StatIn(root, id.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%w: %s %s is not there any more (%v)", ErrFileChanged, what, id.Path, err)
+	}
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", what, id.Path, err)
 	}
@@ -31,8 +55,9 @@ func CheckFile(id image.FileID, what string) error {
 }
 
 // Check refuses, before the restore creates anything, a descriptor this
-// build cannot restore or whose file is not the one dumped.
-func Check(f image.FD) error {
+// build cannot restore or whose file is not the one dumped, its path
+// resolved in root (StatIn).
+func Check(root string, f image.FD) error {
 	if f.Tree != nil && f.Tree.PID != 0 {
 		return nil // another process's, checked there
 	}
@@ -47,7 +72,7 @@ func Check(f image.FD) error {
 		if f.File == nil {
 			return fmt.Errorf("%w: %s without file identity", image.ErrCorrupt, f.Kind)
 		}
-		cur, err := proc.StatFile(f.Path)
+		cur, err := StatIn(root, f.Path)
 		if err != nil {
 			return fmt.Errorf("%s: %w", f.Path, err)
 		}
@@ -60,7 +85,7 @@ func Check(f image.FD) error {
 			return fmt.Errorf("%w: %s is %d bytes, shorter than the saved offset %d", ErrFileChanged, f.Path, cur.Size, f.Pos)
 		}
 	case image.FDChr:
-		if _, err := os.Stat(f.Path); err != nil {
+		if _, err := StatIn(root, f.Path); err != nil {
 			return err
 		}
 	case image.FDMemfd, image.FDPipe, image.FDEventfd, image.FDEpoll, image.FDSocket, image.FDTimerfd, image.FDSignalfd:

@@ -5,7 +5,16 @@ package image
 // would restore it with the pid the dumper saw rather than its own.
 const FeaturePIDNS = "pidns"
 
-func init() { knownFeatures[FeaturePIDNS] = true }
+// FeatureNamespaces marks a snapshot of a process that lived in other
+// namespaces than the dumper's besides its pid one (Process.Namespaces
+// set): an older reader would look for its files in its own mount
+// namespace.
+const FeatureNamespaces = "namespaces"
+
+func init() {
+	knownFeatures[FeaturePIDNS] = true
+	knownFeatures[FeatureNamespaces] = true
+}
 
 // OwnPID is the process's pid as it saw it: the last of NSPID, or PID
 // when it lived in the dumper's pid namespace.

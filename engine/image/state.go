@@ -10,7 +10,16 @@ type Process struct {
 	// first, its own view last: OwnPID). PPID, PGID, SID and the threads'
 	// TID are the dumper's view. Such a snapshot has FeaturePIDNS and
 	// restores into a new pid namespace only.
-	NSPID       []int    `json:"ns_pid,omitempty"`
+	NSPID []int `json:"ns_pid,omitempty"`
+	// Namespaces names the namespaces besides the pid one in which the
+	// process lived that were not the dumper's: "cgroup", "ipc", "mnt",
+	// "net", "uts" (a container's). Such a snapshot has
+	// FeatureNamespaces: its paths are its mount namespace's, its
+	// sockets its network namespace's, and it restores into namespaces
+	// of its kind only (snapctl restore --into).
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Cgroups is /proc/PID/cgroup at the dump, as the dumper saw it.
+	Cgroups     []string `json:"cgroups,omitempty"`
 	PPID        int      `json:"ppid"`
 	PGID        int      `json:"pgid"`
 	SID         int      `json:"sid"`

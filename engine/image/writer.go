@@ -403,6 +403,9 @@ func (w *Writer) WriteState(p *Process) error {
 	if len(p.NSPID) > 0 {
 		w.addFeature(FeaturePIDNS)
 	}
+	if len(p.Namespaces) > 0 {
+		w.addFeature(FeatureNamespaces)
+	}
 	b = append(b, '\n')
 	if w.keys != nil {
 		b = w.keys.sealFile(roleState, p.PID, b, 0)

@@ -46,9 +46,17 @@ import (
 // with it.
 //
 // The UTS, IPC, user and cgroup namespaces stay snapctl's.
+//
+// With Into, the processes are restored into the namespaces (mount,
+// network, IPC, UTS, cgroup and pid) and the cgroups of the running
+// process Into: a container's, as its runtime made it (its placeholder,
+// say). Their paths are then its mount namespace's, their sockets its
+// network namespace's, and their pids and thread ids their own view of
+// them, in its pid namespace, where they must be free.
 type Namespaces struct {
-	PID bool
-	Net string
+	PID  bool
+	Net  string
+	Into int
 	// Detach are the file system types (as mountinfo names them:
 	// "fuse.lazyfs") whose mounts a new mount namespace drops from the
 	// copy of ours it starts with: on a host whose / is private, an
@@ -81,17 +89,26 @@ func OpenNet(path string) (*os.File, error) {
 	return f, nil
 }
 
-// netFD is the descriptor of the network namespace to join in the
-// stub, which starts with it there.
-const netFD = 3
+// joinFD is the descriptor the stub starts with: the network namespace
+// to join (Net a path), or a pidfd of the process whose namespaces it
+// joins (Into).
+const joinFD = 3
+
+// intoKinds are the namespaces Into joins, by one setns of a pidfd.
+const intoKinds = unix.CLONE_NEWNS | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS | unix.CLONE_NEWPID | unix.CLONE_NEWCGROUP
+
+// OwnPIDs says whether the processes get their own view of their pids
+// (image.Process.OwnPID) in a pid namespace below ours: a new one (PID)
+// or the one they join (Into).
+func (ns Namespaces) OwnPIDs() bool { return ns.PID || ns.Into != 0 }
 
 // Stub returns the CLONE_NEW* flags the stub of a restore starts with,
-// its argv, and the files it gets (net, the network namespace to join
-// that OpenNet opened, at netFD). own is the root's pid in its own pid
+// its argv, and the files it gets (join at joinFD: the network namespace
+// to join that OpenNet opened, or the pidfd of Into that OpenInto opened). own is the root's pid in its own pid
 // namespace; initPID says whether the stub is to be the new pid
 // namespace's init (InitMain), of which the root is a child, or the root
 // the init itself (it was pid 1 of its namespace).
-func (ns Namespaces) Stub(own int, net *os.File) (flags uintptr, argv []string, files []*os.File, initPID bool) {
+func (ns Namespaces) Stub(own int, join *os.File) (flags uintptr, argv []string, files []*os.File, initPID bool) {
 	argv = []string{"lazyfs-restore-stub"}
 	if ns.PID {
 		flags |= unix.CLONE_NEWNS
@@ -103,8 +120,8 @@ func (ns Namespaces) Stub(own int, net *os.File) (flags uintptr, argv []string, 
 	switch {
 	case ns.Net == NetNew:
 		flags |= unix.CLONE_NEWNET
-	case ns.Net != "":
-		files = []*os.File{nil, nil, nil, net}
+	case ns.Net != "" || ns.Into != 0:
+		files = []*os.File{nil, nil, nil, join}
 	}
 	return flags, argv, files, initPID
 }
@@ -159,14 +176,38 @@ func (ns Namespaces) SetUpStub(in *ptrace.Injector, flags uintptr) error {
 			return Error("bring up the new network namespace's loopback", err)
 		}
 	case net != "":
-		if _, err := in.Call(unix.SYS_SETNS, netFD, unix.CLONE_NEWNET); err != nil {
+		if _, err := in.Call(unix.SYS_SETNS, joinFD, unix.CLONE_NEWNET); err != nil {
 			return Error("join network namespace "+net, err)
 		}
-		if err := in.CloseFD(netFD); err != nil {
+		if err := in.CloseFD(joinFD); err != nil {
 			return err
 		}
 	}
+	if ns.Into != 0 {
+		return ns.joinInto(in)
+	}
 	return nil
+}
+
+// OpenInto opens a pidfd of Into, to hand the stub (Stub).
+func (ns Namespaces) OpenInto() (*os.File, error) {
+	fd, err := unix.PidfdOpen(ns.Into, 0)
+	if err != nil {
+		return nil, fmt.Errorf("process %d, to restore into: %w", ns.Into, err)
+	}
+	return os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", ns.Into)), nil
+}
+
+// joinInto puts the stub in the cgroups of Into, then in its namespaces:
+// the processes cloned from it inherit both.
+func (ns Namespaces) joinInto(in *ptrace.Injector) error {
+	if err := JoinCgroups(in.Thread().Tid(), ns.Into); err != nil {
+		return err
+	}
+	if _, err := in.Call(unix.SYS_SETNS, joinFD, intoKinds); err != nil {
+		return Error(fmt.Sprintf("join the namespaces of process %d", ns.Into), err)
+	}
+	return in.CloseFD(joinFD)
 }
 
 // detachMounts unmounts lazily (MNT_DETACH), in the mount namespace of

@@ -14,6 +14,9 @@ type Mount struct {
 	Dev    string // major:minor of the file system
 	Path   string // the mount point, unescaped
 	FSType string // "ext4", "fuse.lazyfs"...
+	// Super are the file system's own options ("rw,cpu,cpuacct" for a
+	// cgroup v1 hierarchy).
+	Super string
 }
 
 // Mounts lists the mounts of the mount namespace of pid (a thread id
@@ -58,7 +61,11 @@ func parseMountinfoLine(line string) (Mount, error) {
 	if err != nil {
 		return Mount{}, fmt.Errorf("%w: mountinfo line %q", ErrMalformed, line)
 	}
-	return Mount{ID: id, Dev: f[2], Path: unescapeOctal(f[4]), FSType: f[sep+1]}, nil
+	m := Mount{ID: id, Dev: f[2], Path: unescapeOctal(f[4]), FSType: f[sep+1]}
+	if sep+3 < len(f) {
+		m.Super = f[sep+3]
+	}
+	return m, nil
 }
 
 // unescapeOctal undoes the kernel's \ooo escapes of a path in

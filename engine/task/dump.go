@@ -41,6 +41,15 @@ func ReadProcess(pid int, st *image.Process) error {
 	case len(s.NSpid) > 1:
 		st.NSPID = s.NSpid
 	}
+	if st.Namespaces, err = proc.OtherNamespaces(pid); err != nil {
+		return err
+	}
+	if len(st.Namespaces) > 0 {
+		// A container's: where it ran matters to a restore into another.
+		if st.Cgroups, err = proc.Cgroups(pid); err != nil {
+			return err
+		}
+	}
 	st.SigPending = s.ShdPnd
 	if st.Comm, err = proc.ReadComm(pid); err != nil {
 		return err

@@ -150,3 +150,40 @@ func WaitStopped(ctx context.Context, pid, n int) error {
 		}
 	}
 }
+
+// PIDInUseIn reports whether id is taken in the pid namespace of process
+// of (by a task whose innermost pid there is id), and by what.
+func PIDInUseIn(of, id int) (bool, string) {
+	want, err := proc.Namespace(of, "pid")
+	if err != nil {
+		return false, ""
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false, ""
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ns, err := proc.Namespace(pid, "pid"); err != nil || ns != want {
+			continue
+		}
+		tasks, err := proc.Tasks(pid)
+		if err != nil {
+			continue
+		}
+		for _, tid := range tasks {
+			s, err := proc.ReadTaskStatus(pid, tid)
+			if err != nil {
+				continue
+			}
+			if n := len(s.NSpid); n > 0 && s.NSpid[n-1] == id {
+				comm, _ := proc.ReadComm(pid)
+				return true, comm
+			}
+		}
+	}
+	return false, ""
+}

@@ -1,0 +1,142 @@
+package e2e
+
+// Containers: redis in a runc container (its own pid, mount, network,
+// IPC and UTS namespaces and cgroups), filled, dumped, and restored into
+// fresh containers of the same root file system (each a placeholder
+// init, as a runtime makes it), eagerly and lazily: the data answered by
+// a client in the new container's network namespace, the process in the
+// new container's namespaces and cgroup with the pid it had in the old
+// one. A container whose root lacks a file the process needs is refused,
+// naming the file, and so is a restore outside any container.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/testutil"
+)
+
+// containerChild returns the host pid of the one process of c that is
+// not its init.
+func containerChild(t *testing.T, c *fixture.Container) int {
+	t.Helper()
+	pids, err := c.Pids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, p := range pids {
+		if p != c.InitPID {
+			out = append(out, p)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("container %s: processes %v besides its init %d, want one", c.ID, out, c.InitPID)
+	}
+	return out[0]
+}
+
+func TestContainerRedis(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	testutil.RequireCommand(t, "runc", "nsenter", "busybox")
+	redisServer := testutil.RequireCommand(t, "redis-server")
+	ctx := testContext(t)
+	rootfs := fixture.Rootfs(t, redisServer)
+
+	// The server a child of the container's init, as under an init
+	// shim: the init stays the namespace's pid 1, which a restore into
+	// another container cannot give. Its standard streams are the
+	// container's /dev/null, not the runtime's log outside.
+	serve := fmt.Sprintf("%s --port 6379 --bind 127.0.0.1 --save '' --appendonly no --dir /tmp </dev/null >/dev/null 2>&1 & exec /bin/sleep infinity", redisServer)
+	a := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
+	pingContainer(t, a)
+	const keys = 20_000
+	if err := a.InNetns(func() error { return redisLoad(ctx, 6379, keys) }); err != nil {
+		t.Fatal(err)
+	}
+	pid := containerChild(t, a)
+	st, err := proc.ReadStatus(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := st.NSpid[len(st.NSpid)-1]
+	dir := filepath.Join(t.TempDir(), "snap")
+	r := dumpPID(t, pid, dir)
+	t.Logf("%s", strings.TrimSpace(r.Stdout))
+	si := openImage(t, dir, pid)
+	if !slices.Equal(si.State.NSPID, st.NSpid) || !slices.Contains(si.State.Namespaces, "mnt") || !slices.Contains(si.State.Namespaces, "net") || len(si.State.Cgroups) == 0 {
+		t.Errorf("snapshot of a container's process: ns_pid %v (want %v), namespaces %v, cgroups %v", si.State.NSPID, st.NSpid, si.State.Namespaces, si.State.Cgroups)
+	}
+
+	// Outside a container: refused, saying where it belongs.
+	if r := runSnapctl(t, "restore", "-D", dir); r.Code == 0 || !strings.Contains(r.Stderr, "--into") {
+		t.Errorf("restore of a container's process outside any: want a refusal naming --into\n%s", r)
+	}
+
+	for _, c := range []struct {
+		name  string
+		flags []string
+	}{
+		{"eager", nil},
+		{"lazy", []string{"--lazy"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
+			r := mustSnapctl(t, append([]string{"restore", "-D", dir, "--into", strconv.Itoa(b.InitPID)}, c.flags...)...)
+			t.Logf("%s", strings.TrimSpace(r.Stdout))
+			got := containerChild(t, b)
+			if !strings.Contains(r.Stdout, fmt.Sprintf("pid %d is pid %d in the pid namespace it joined", got, own)) {
+				t.Errorf("restore output does not say pid %d is %d in the container:\n%s", got, own, r.Stdout)
+			}
+			for _, ns := range []string{"pid", "net", "mnt", "ipc", "uts", "cgroup"} {
+				if nsOf(t, got, ns) != nsOf(t, b.InitPID, ns) {
+					t.Errorf("restored pid %d is not in the container's %s namespace", got, ns)
+				}
+			}
+			if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", got)); !strings.Contains(string(cg), b.ID) {
+				t.Errorf("restored pid %d is not in the container's cgroups:\n%s", got, cg)
+			}
+			if s, err := proc.ReadStatus(got); err != nil || s.NSpid[len(s.NSpid)-1] != own {
+				t.Errorf("restored pid %d: NSpid %v, want %d inside", got, s.NSpid, own)
+			}
+			if err := b.InNetns(func() error { return redisSample(ctx, 6379, keys, 97) }); err != nil {
+				t.Errorf("the data in the new container: %v", err)
+			}
+			if err := b.InNetns(func() error {
+				v, err := fixture.Redis(ctx, 6379, "SET", "after", "restore")
+				if err == nil && v != "OK" {
+					err = fmt.Errorf("SET answered %q", v)
+				}
+				return err
+			}); err != nil {
+				t.Errorf("a write after the restore: %v", err)
+			}
+			stopContainer(t, b)
+		})
+	}
+
+	// A container whose root file system lacks the server: refused,
+	// naming it, before anything is made.
+	exe, err := filepath.EvalSymlinks(redisServer) // redis-server is a link to redis-check-rdb
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: fixture.Rootfs(t), Args: fixture.PlaceholderArgs()})
+	r = runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(bare.InitPID))
+	if r.Code != exitFileChanged || !strings.Contains(r.Stderr, exe) {
+		t.Errorf("restore into a container without %s: want exit %d naming it\n%s", exe, exitFileChanged, r)
+	}
+	if pids, _ := bare.Pids(); len(pids) != 1 {
+		t.Errorf("a refused restore left processes in the container: %v", pids)
+	}
+}
