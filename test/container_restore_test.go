@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/test/fixture"
@@ -138,5 +139,133 @@ func TestContainerRedis(t *testing.T) {
 	}
 	if pids, _ := bare.Pids(); len(pids) != 1 {
 		t.Errorf("a refused restore left processes in the container: %v", pids)
+	}
+}
+
+// containerNginxConf is nginx in a container: its master in the
+// foreground (a child of the container's init), two workers as nobody.
+const containerNginxConf = `daemon off;
+master_process on;
+worker_processes 2;
+user nobody nogroup;
+pid /srv/nginx.pid;
+error_log /srv/error.log;
+events { worker_connections 64; }
+http {
+	access_log /srv/access.log;
+	client_body_temp_path /srv/tmp;
+	proxy_temp_path /srv/tmp;
+	fastcgi_temp_path /srv/tmp;
+	uwsgi_temp_path /srv/tmp;
+	scgi_temp_path /srv/tmp;
+	server { listen 127.0.0.1:8080; root /srv/www; }
+}
+`
+
+// TestContainerNginx: nginx's tree (a master and two workers of another
+// uid) in a runc container, dumped and restored into fresh containers of
+// the same root file system, eagerly and lazily: the page served in the
+// new container, its tree whole there.
+func TestContainerNginx(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	testutil.RequireFUSE(t)
+	testutil.RequireCommand(t, "runc", "nsenter", "busybox")
+	nginx := testutil.RequireCommand(t, "nginx")
+	ctx := testContext(t)
+	rootfs := fixture.RootfsWith(t, fixture.RootfsOptions{Programs: []string{nginx},
+		Dirs: []string{"/srv", "/srv/www", "/srv/tmp", "/var/log/nginx", "/var/lib/nginx"}})
+	page := fmt.Sprintf("served by nginx in a container, %s\n", t.Name())
+	for name, b := range map[string]string{"/srv/nginx.conf": containerNginxConf, "/srv/www/index.html": page} {
+		if err := os.WriteFile(rootfs+name, []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(rootfs+"/srv/tmp", 0o777)
+	get := func(c *fixture.Container) error {
+		return c.InNetns(func() error {
+			body, err := httpGetHere(ctx, "http://127.0.0.1:8080/")
+			if err == nil && body != page {
+				err = fmt.Errorf("GET / answered %q", body)
+			}
+			return err
+		})
+	}
+	// tree returns the master (the process whose parent is not in the
+	// container: its init's child before the dump, the host's after a
+	// restore) and its workers (the master's children).
+	tree := func(c *fixture.Container) (master int, workers []int) {
+		t.Helper()
+		pids, err := c.Pids()
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent := map[int]int{}
+		for _, p := range pids {
+			if st, err := proc.ReadStat(p); err == nil && p != c.InitPID {
+				parent[p] = st.PPid
+			}
+		}
+		for p, pp := range parent {
+			if _, inside := parent[pp]; !inside {
+				master = p
+			}
+		}
+		for p, pp := range parent {
+			if pp == master {
+				workers = append(workers, p)
+			}
+		}
+		return master, workers
+	}
+	serve := fmt.Sprintf("%s -c /srv/nginx.conf -p /srv </dev/null >/dev/null 2>&1 & exec /bin/sleep infinity", nginx)
+	a := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
+	var master int
+	for deadline := time.Now().Add(containerWait); ; time.Sleep(20 * time.Millisecond) {
+		m, w := tree(a)
+		if m != 0 && len(w) == 2 && get(a) == nil {
+			master = m
+			break
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(rootfs + "/srv/error.log")
+			t.Fatalf("nginx in container %s: master %d, workers %v, GET: %v\n%s", a.ID, m, w, get(a), b)
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	r := dumpPID(t, master, dir)
+	t.Logf("%s", strings.TrimSpace(r.Stdout))
+
+	for _, c := range []struct {
+		name  string
+		flags []string
+	}{
+		{"eager", nil},
+		{"lazy", []string{"--lazy"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
+			r := mustSnapctl(t, append([]string{"restore", "-D", dir, "--into", strconv.Itoa(b.InitPID)}, c.flags...)...)
+			t.Logf("%s", strings.TrimSpace(r.Stdout))
+			m, w := tree(b)
+			if m == 0 || len(w) != 2 {
+				t.Fatalf("restored tree in container %s: master %d, workers %v; want a master and two workers", b.ID, m, w)
+			}
+			for _, p := range w {
+				if st, err := proc.ReadStatus(p); err != nil || st.Uid[0] == 0 {
+					t.Errorf("worker %d runs as uid %v (%v), want nobody's", p, st.Uid, err)
+				}
+				if nsOf(t, p, "pid") != nsOf(t, b.InitPID, "pid") || nsOf(t, p, "net") != nsOf(t, b.InitPID, "net") {
+					t.Errorf("worker %d is not in the container's namespaces", p)
+				}
+			}
+			for i := range 3 {
+				if err := get(b); err != nil {
+					t.Errorf("GET %d in the new container: %v", i, err)
+				}
+			}
+			stopContainer(t, b)
+		})
 	}
 }
