@@ -12,6 +12,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -267,5 +268,31 @@ func TestContainerNginx(t *testing.T) {
 			}
 			stopContainer(t, b)
 		})
+	}
+}
+
+// TestDumpUserNamespaceRefused: a process in a user namespace of its own
+// (a rootless container's) is refused at dump, saying why (exit 3).
+func TestDumpUserNamespaceRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	unshare := testutil.RequireCommand(t, "unshare", "sleep")
+	cmd := exec.Command(unshare, "--user", "--map-root-user", "sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// unshare execs sleep once the namespace is made.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)); strings.TrimSpace(string(comm)) == "sleep" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("unshare did not exec sleep")
+		}
+	}
+	r := runSnapctl(t, "dump", "-t", strconv.Itoa(cmd.Process.Pid), "-D", filepath.Join(t.TempDir(), "snap"), "--leave-running")
+	if r.Code != 3 || !strings.Contains(r.Stderr, "user namespace") {
+		t.Errorf("dump of a process in a user namespace: want exit 3 naming it\n%s", r)
 	}
 }

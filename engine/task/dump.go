@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"golang.org/x/sys/unix"
 
@@ -40,6 +41,17 @@ func ReadProcess(pid int, st *image.Process) error {
 		return fmt.Errorf("%w: pid %d is %d pid namespaces below ours (pids %v); restore makes one", image.ErrUnsupported, pid, len(s.NSpid)-1, s.NSpid)
 	case len(s.NSpid) > 1:
 		st.NSPID = s.NSpid
+	}
+	userNS, err := proc.Namespace(pid, "user")
+	if err != nil {
+		return err
+	}
+	mine, err := proc.Namespace(os.Getpid(), "user")
+	if err != nil {
+		return err
+	}
+	if userNS != mine {
+		return fmt.Errorf("%w: pid %d lives in a user namespace of its own (%s; a rootless container's): its ids map to others than the host's, which a restore would not set", image.ErrUnsupported, pid, userNS)
 	}
 	if st.Namespaces, err = proc.OtherNamespaces(pid); err != nil {
 		return err
