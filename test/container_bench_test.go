@@ -32,6 +32,8 @@ import (
 //     the same container, which makes the container too; criu is $CRIU,
 //     else criu on PATH, and runs only if `criu check` passes.
 //
+// Run it with:
+//
 //	go test -run '^$' -bench BenchmarkContainerFirstAnswer -benchtime 5x ./test/
 //
 // Each reports the median (median-ms) besides the mean (ns/op).
