@@ -201,6 +201,9 @@ type tree struct {
 	lazy   *lazy.Phase // for a lazy restore
 	t      *ptrace.Tracer
 	join   *os.File // the network namespace to join (Namespaces.Net), or a pidfd of Namespaces.Into
+	// intoPIDs are the ids taken in the pid namespace of Namespaces.Into,
+	// with their tasks' names.
+	intoPIDs map[int]string
 	// released are the network locks released (fds.ReleaseNetLocks).
 	released map[string]bool
 }

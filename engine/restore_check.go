@@ -41,6 +41,26 @@ func (tr *tree) check() error {
 	if rel := unix.ByteSliceToString(u.Release[:]); k.Release != rel || k.Machine != unix.ByteSliceToString(u.Machine[:]) {
 		return fmt.Errorf("%w: dumped on %s %s, this is %s: the vDSO would not match", ErrKernelMismatch, k.Release, k.Machine, rel)
 	}
+	switch o := tr.opts.Namespaces; {
+	case o.Into != 0 && (o.PID || o.Net != ""):
+		return fmt.Errorf("%w: a restore into the namespaces of a process (--into) makes none of its own (--pidns, --netns)", ErrUnsupported)
+	case o.Into != 0:
+		if err := o.CheckInto(); err != nil {
+			return fmt.Errorf("%w: %v", ErrUnsupported, err)
+		}
+		var err error
+		if tr.join, err = o.OpenInto(); err != nil {
+			return err
+		}
+		if tr.intoPIDs, err = task.PIDsIn(o.Into); err != nil {
+			return err
+		}
+	case o.Net != "" && o.Net != ns.NetNew:
+		var err error
+		if tr.join, err = ns.OpenNet(o.Net); err != nil {
+			return err
+		}
+	}
 	root := tr.procs[0]
 	for _, r := range tr.procs {
 		if err := r.check(); err != nil {
@@ -71,20 +91,6 @@ func (tr *tree) check() error {
 			return fmt.Errorf("%w: %s: its process group %d has no leader in the tree", ErrUnsupported, name, st.PGID)
 		}
 	}
-	switch o := tr.opts.Namespaces; {
-	case o.Into != 0 && (o.PID || o.Net != ""):
-		return fmt.Errorf("%w: a restore into the namespaces of a process (--into) makes none of its own (--pidns, --netns)", ErrUnsupported)
-	case o.Into != 0:
-		var err error
-		if tr.join, err = o.OpenInto(); err != nil {
-			return err
-		}
-	case o.Net != "" && o.Net != ns.NetNew:
-		var err error
-		if tr.join, err = ns.OpenNet(o.Net); err != nil {
-			return err
-		}
-	}
 	if tr.lazy != nil {
 		return tr.lazy.OpenSources()
 	}
@@ -103,6 +109,9 @@ func (r *restorer) check() error {
 		return err
 	}
 	root := r.tr.root()
+	if err := r.checkForeign(); err != nil {
+		return err
+	}
 	if !mem.GhostOf(st.VMAs, st.Exe) {
 		if err := fds.CheckFile(root, st.Exe, "executable"); err != nil {
 			return r.containerHint(err)
@@ -123,7 +132,7 @@ func (r *restorer) check() error {
 		if s := f.Socket; s != nil && s.TCP != nil && o.TCPEstablished && (o.Namespaces.Net != "" || o.Namespaces.Into != 0) {
 			// The peer and the lock are in our namespace; a copy restored
 			// in another would be a second end of the same connection.
-			return fmt.Errorf("%w: fd %d is a TCP connection kept by the dump (%s-%s), which lives in snapctl's network namespace with its lock: restore it without --netns, or without --tcp-established (it then comes back closed)",
+			return fmt.Errorf("%w: fd %d is a TCP connection kept by the dump (%s-%s), which lives in snapctl's network namespace with its lock: restore it without --netns or --into, or without --tcp-established (it then comes back closed)",
 				ErrUnsupported, f.FD, s.Local, s.Peer)
 		}
 	}
@@ -137,6 +146,35 @@ func (tr *tree) root() string {
 		return fmt.Sprintf("/proc/%d/root", into)
 	}
 	return ""
+}
+
+// checkForeign refuses, in a restore into a container's namespaces
+// (Into), what snapctl would make in its own mount namespace instead:
+// the deleted files it makes again, the pseudo-terminals it opens.
+func (r *restorer) checkForeign() error {
+	if r.tr.opts.Namespaces.Into == 0 {
+		return nil
+	}
+	why := func(what string) error {
+		return fmt.Errorf("%w: %s, which snapctl would make in its own mount namespace, not the container's: a restore with --into does not make them yet", ErrUnsupported, what)
+	}
+	if mem.GhostOf(r.st.VMAs, r.st.Exe) {
+		return why("its executable was deleted")
+	}
+	for _, v := range r.st.VMAs {
+		if v.Ghost != nil {
+			return why(fmt.Sprintf("mapping %x-%x is of a deleted file", v.Start, v.End))
+		}
+	}
+	for _, f := range r.st.FDs {
+		switch {
+		case f.Ghost != nil:
+			return why(fmt.Sprintf("fd %d is a deleted file", f.FD))
+		case f.Pty != nil:
+			return why(fmt.Sprintf("fd %d is a pseudo-terminal", f.FD))
+		}
+	}
+	return nil
 }
 
 // containerHint adds to a refusal of a file, for a process that lived in
@@ -157,11 +195,11 @@ func (r *restorer) containerHint(err error) error {
 func (r *restorer) checkPIDs() error {
 	st := r.st
 	if into := r.tr.opts.Namespaces.Into; into != 0 {
-		if busy, comm := task.PIDInUseIn(into, st.OwnPID()); busy {
+		if comm, busy := r.tr.intoPIDs[st.OwnPID()]; busy {
 			return fmt.Errorf("%w: pid %d is taken by %q in the pid namespace of process %d: restore into a container where it is free", ErrPIDInUse, st.OwnPID(), comm, into)
 		}
 		for _, th := range st.Threads {
-			if busy, comm := task.PIDInUseIn(into, th.OwnTID()); busy {
+			if comm, busy := r.tr.intoPIDs[th.OwnTID()]; busy {
 				return fmt.Errorf("%w: thread id %d is taken by %q in the pid namespace of process %d", ErrPIDInUse, th.OwnTID(), comm, into)
 			}
 		}
@@ -197,5 +235,5 @@ func (r *restorer) restoreFDs(ctx context.Context) error {
 func (r *restorer) fdOptions() fds.RestoreOptions {
 	o := r.tr.opts
 	return fds.RestoreOptions{Log: r.log, TCPEstablished: o.TCPEstablished, Inherit: o.Inherit, ExternalFallback: o.ExternalFallback,
-		ShellJob: o.ShellJob, Tree: r.tr.broker}
+		ShellJob: o.ShellJob, Tree: r.tr.broker, Foreign: o.Namespaces.Into != 0}
 }

@@ -114,6 +114,13 @@ func TestContainerRedis(t *testing.T) {
 			if err := b.InNetns(func() error { return redisSample(ctx, 6379, keys, 97) }); err != nil {
 				t.Errorf("the data in the new container: %v", err)
 			}
+			if c.name == "eager" {
+				// Once more into the same container: its pid is taken there.
+				r := runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(b.InitPID))
+				if want := fmt.Sprintf("pid %d is taken by", own); r.Code != 5 || !strings.Contains(r.Stderr, want) {
+					t.Errorf("a second restore into one container: want exit 5 saying %q\n%s", want, r)
+				}
+			}
 			if err := b.InNetns(func() error {
 				v, err := fixture.Redis(ctx, 6379, "SET", "after", "restore")
 				if err == nil && v != "OK" {
@@ -140,6 +147,19 @@ func TestContainerRedis(t *testing.T) {
 	}
 	if pids, _ := bare.Pids(); len(pids) != 1 {
 		t.Errorf("a refused restore left processes in the container: %v", pids)
+	}
+
+	// Into a process in a user namespace of its own: refused (its owner
+	// rules its mount namespace).
+	unshare := testutil.RequireCommand(t, "unshare")
+	u := exec.Command(unshare, "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "sleep", "600")
+	if err := u.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.Process.Kill(); u.Wait() })
+	r = runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(u.Process.Pid))
+	if r.Code != 3 || !strings.Contains(r.Stderr, "user namespace") {
+		t.Errorf("restore into a process in a user namespace: want exit 3 naming it\n%s", r)
 	}
 }
 

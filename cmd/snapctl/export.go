@@ -103,8 +103,11 @@ func writeWhole(path string, write func(io.Writer) error) (int64, error) {
 		err = f.Sync()
 	}
 	var n int64
-	if fi, serr := f.Stat(); err == nil {
-		n, err = fi.Size(), serr
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = f.Stat(); err == nil {
+			n = fi.Size()
+		}
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -117,6 +120,11 @@ func writeWhole(path string, write func(io.Writer) error) (int64, error) {
 			return 0, fmt.Errorf("%s exists: remove it, or give another name", path)
 		}
 		return 0, &os.PathError{Op: "rename", Path: path, Err: err}
+	}
+	// The rename itself made durable.
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		d.Sync()
+		d.Close()
 	}
 	return n, nil
 }

@@ -60,6 +60,12 @@ directory or prefix that holds others is left, and said.`,
 
 // rmRemote removes the snapshot at addr, an object store's prefix.
 func rmRemote(ctx context.Context, addr string, force bool, removing []string, o image.RemoteOptions, stdout io.Writer) error {
+	addr = strings.TrimRight(addr, "/")
+	var others []string // removing, spelled as the store lists them
+	for _, r := range removing {
+		others = append(others, strings.TrimRight(r, "/"))
+	}
+	removing = others
 	p, err := s3store.ListPrefix(ctx, addr, o)
 	if err != nil {
 		return err

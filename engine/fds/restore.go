@@ -34,6 +34,11 @@ type RestoreOptions struct {
 	// Tree, for a process of a tree, hands out the descriptors it shares
 	// with the other processes (DumpTree); nil for a single process.
 	Tree Tree
+	// Foreign says the process lives in a mount namespace not snapctl's
+	// (a container's, restore --into): snapctl leaves its files alone (a
+	// stale socket file at a path it binds is not removed here, where the
+	// path names another file).
+	Foreign bool
 }
 
 // Restore recreates every file descriptor of st in the process that in

@@ -289,8 +289,10 @@ func (fc *fdCreator) bind(fd int, s *image.Socket) error {
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(fc.st.Cwd, path)
 		}
-		if err := removeStaleSocket(path, s.Type, fc.st.Creds.UID[3]); err != nil {
-			return err
+		if !fc.opts.Foreign {
+			if err := removeStaleSocket(path, s.Type, fc.st.Creds.UID[3]); err != nil {
+				return err
+			}
 		}
 	}
 	at, n, err := fc.sockaddr(s.Family, s.Local)

@@ -111,7 +111,7 @@ func (c *Child) Setup(timeout time.Duration, maxFDs int) (reply []byte, fds []in
 	pfd := []unix.PollFd{{Fd: int32(c.sock), Events: unix.POLLIN}}
 	deadline := time.Now().Add(timeout)
 	for {
-		n, err := unix.Poll(pfd, int(time.Until(deadline).Milliseconds())+1)
+		n, err := unix.Poll(pfd, max(int(time.Until(deadline).Milliseconds())+1, 0))
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -126,6 +126,9 @@ func (c *Child) Setup(timeout time.Duration, maxFDs int) (reply []byte, fds []in
 	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(4*max(maxFDs, 1)))
 	n, oobn, _, _, err := unix.Recvmsg(c.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	for errors.Is(err, unix.EINTR) {
+		n, oobn, _, _, err = unix.Recvmsg(c.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -144,13 +147,15 @@ func (c *Child) Setup(timeout time.Duration, maxFDs int) (reply []byte, fds []in
 	return nil, nil, err
 }
 
-// Send sends msg, with fd as SCM_RIGHTS if fd >= 0.
+// Send sends msg, with fd as SCM_RIGHTS if fd >= 0. It never blocks: a
+// helper that stopped reading fails it (EAGAIN) rather than stall the
+// starter.
 func (c *Child) Send(msg []byte, fd int) error {
 	var oob []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
 	}
-	return unix.Sendmsg(c.sock, msg, oob, nil, unix.MSG_NOSIGNAL)
+	return unix.Sendmsg(c.sock, msg, oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 }
 
 // CloseSocket closes the starter's end: the helper reads EOF.

@@ -14,11 +14,13 @@ type Process struct {
 	// Namespaces names the namespaces besides the pid one in which the
 	// process lived that were not the dumper's: "cgroup", "ipc", "mnt",
 	// "net", "uts" (a container's). Such a snapshot has
-	// FeatureNamespaces: its paths are its mount namespace's, its
-	// sockets its network namespace's, and it restores into namespaces
-	// of its kind only (snapctl restore --into).
+	// FeatureNamespaces: its paths are its mount namespace's (a restore
+	// looks its files up in snapctl's unless told --into, and says so
+	// when they do not match), its sockets its network namespace's.
 	Namespaces []string `json:"namespaces,omitempty"`
-	// Cgroups is /proc/PID/cgroup at the dump, as the dumper saw it.
+	// Cgroups is /proc/PID/cgroup at the dump, as the dumper saw it: a
+	// record for people and tools (snapctl inspect); a restore joins the
+	// cgroups of the process it restores into, not these.
 	Cgroups     []string `json:"cgroups,omitempty"`
 	PPID        int      `json:"ppid"`
 	PGID        int      `json:"pgid"`

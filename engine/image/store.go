@@ -177,19 +177,25 @@ func openFileStore(path string, o OpenOptions) (Store, error) {
 	schemesMu.RLock()
 	open := fileStore
 	schemesMu.RUnlock()
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOCTTY, 0)
+	// O_PATH first: opening a FIFO would wait for a writer, a device
+	// would be told it was opened. Only a regular file is opened to read.
+	pfd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
+	defer unix.Close(pfd)
 	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
-		return nil, err
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || open == nil {
-		f.Close()
 		return nil, &os.PathError{Op: "open snapshot", Path: path, Err: errors.New("neither a directory nor a snapshot archive (snapctl export)")}
 	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
 	if !o.Trust {
 		if err := trustedStat(&st, "snapshot archive "+path); err != nil {
 			f.Close()

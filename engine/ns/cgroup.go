@@ -32,8 +32,19 @@ func JoinCgroups(pid, of int) error {
 		if mnt == "" {
 			continue
 		}
+		if !strings.HasPrefix(path, "/") || slices.Contains(strings.Split(path, "/"), "..") {
+			// Outside our cgroup namespace's root: not ours to reach.
+			return fmt.Errorf("join the cgroups of process %d: %q is outside snapctl's cgroup namespace", of, path)
+		}
 		file := filepath.Join(mnt, path, "cgroup.procs")
-		if err := os.WriteFile(file, []byte(strconv.Itoa(pid)), 0); err != nil {
+		f, err := os.OpenFile(file, os.O_WRONLY, 0)
+		if err == nil {
+			_, err = f.WriteString(strconv.Itoa(pid))
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("join the cgroup %s of process %d: %w", filepath.Join(mnt, path), of, err)
 		}
 	}

@@ -189,6 +189,25 @@ func (ns Namespaces) SetUpStub(in *ptrace.Injector, flags uintptr) error {
 	return nil
 }
 
+// CheckInto refuses a process Into in a user namespace not ours (a
+// rootless container's, or any user's unshare -U): its owner rules its
+// mount namespace, and could change the files a process restored as
+// root runs.
+func (ns Namespaces) CheckInto() error {
+	its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", ns.Into))
+	if err != nil {
+		return fmt.Errorf("process %d, to restore into: %w", ns.Into, err)
+	}
+	mine, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return err
+	}
+	if its != mine {
+		return fmt.Errorf("process %d lives in a user namespace of its own (%s): a restore into it could run the processes on files its owner changes", ns.Into, its)
+	}
+	return nil
+}
+
 // OpenInto opens a pidfd of Into, to hand the stub (Stub).
 func (ns Namespaces) OpenInto() (*os.File, error) {
 	fd, err := unix.PidfdOpen(ns.Into, 0)
@@ -205,6 +224,9 @@ func (ns Namespaces) joinInto(in *ptrace.Injector) error {
 		return err
 	}
 	if _, err := in.Call(unix.SYS_SETNS, joinFD, intoKinds); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("join the namespaces of process %d: %w (setns of a pidfd needs Linux 5.8)", ns.Into, err)
+		}
 		return Error(fmt.Sprintf("join the namespaces of process %d", ns.Into), err)
 	}
 	return in.CloseFD(joinFD)

@@ -151,39 +151,42 @@ func WaitStopped(ctx context.Context, pid, n int) error {
 	}
 }
 
-// PIDInUseIn reports whether id is taken in the pid namespace of process
-// of (by a task whose innermost pid there is id), and by what.
-func PIDInUseIn(of, id int) (bool, string) {
+// PIDsIn returns the ids taken in the pid namespace of process of, with
+// the names of the tasks holding them: every thread, zombies included,
+// of every process in that namespace (the ids of namespaces nested in it
+// are not looked at).
+func PIDsIn(of int) (map[int]string, error) {
 	want, err := proc.Namespace(of, "pid")
 	if err != nil {
-		return false, ""
+		return nil, err
 	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return false, ""
+		return nil, err
 	}
+	out := map[int]string{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
 		if ns, err := proc.Namespace(pid, "pid"); err != nil || ns != want {
-			continue
+			continue // gone meanwhile, or elsewhere
 		}
 		tasks, err := proc.Tasks(pid)
 		if err != nil {
-			continue
+			continue // gone meanwhile
 		}
+		comm, _ := proc.ReadComm(pid)
 		for _, tid := range tasks {
 			s, err := proc.ReadTaskStatus(pid, tid)
 			if err != nil {
 				continue
 			}
-			if n := len(s.NSpid); n > 0 && s.NSpid[n-1] == id {
-				comm, _ := proc.ReadComm(pid)
-				return true, comm
+			if n := len(s.NSpid); n > 0 {
+				out[s.NSpid[n-1]] = comm
 			}
 		}
 	}
-	return false, ""
+	return out, nil
 }

@@ -93,12 +93,13 @@ func (t Tool) bash(w io.Writer) {
 	}
 	io.WriteString(w, "\tesac\n")
 	// After an option that takes an argument: a file name.
-	io.WriteString(w, "\tif [[ -n $prev && \" $args \" == *\" $prev \"* ]]; then\n\t\tCOMPREPLY=($(compgen -f -- \"$cur\"))\n\t\treturn\n\tfi\n")
-	io.WriteString(w, "\tif [[ $cur == -* ]]; then\n\t\tCOMPREPLY=($(compgen -W \"$opts\" -- \"$cur\"))\n\t\treturn\n\tfi\n")
+	// mapfile: one reply per line, file names with spaces kept whole.
+	io.WriteString(w, "\tif [[ -n $prev && \" $args \" == *\" $prev \"* ]]; then\n\t\tmapfile -t COMPREPLY < <(compgen -f -- \"$cur\")\n\t\treturn\n\tfi\n")
+	io.WriteString(w, "\tif [[ $cur == -* ]]; then\n\t\tmapfile -t COMPREPLY < <(compgen -W \"$opts\" -- \"$cur\")\n\t\treturn\n\tfi\n")
 	if len(subs) > 0 {
-		fmt.Fprintf(w, "\tif [[ -z $cmd ]]; then\n\t\tCOMPREPLY=($(compgen -W '%s' -- \"$cur\"))\n\t\treturn\n\tfi\n", strings.Join(subs, " "))
+		fmt.Fprintf(w, "\tif [[ -z $cmd ]]; then\n\t\tmapfile -t COMPREPLY < <(compgen -W '%s' -- \"$cur\")\n\t\treturn\n\tfi\n", strings.Join(subs, " "))
 	}
-	io.WriteString(w, "\tCOMPREPLY=($(compgen -f -- \"$cur\"))\n}\n")
+	io.WriteString(w, "\tmapfile -t COMPREPLY < <(compgen -f -- \"$cur\")\n}\n")
 	fmt.Fprintf(w, "complete -o filenames -F %s %s\n", fn, t.Name)
 }
 

@@ -75,7 +75,7 @@ func (t Tool) writeMain(w io.Writer) {
 	if len(t.Subs) > 0 {
 		fmt.Fprintf(w, ".SH COMMANDS\n")
 		for _, s := range t.Subs {
-			fmt.Fprintf(w, ".TP\n.B %s\n%s; see \\fB%s\\-%s\\fR(%s).\n", roffText(s.Name), roffText(s.Summary), roffText(t.Name), roffText(s.Name), manSection)
+			fmt.Fprintf(w, ".TP\n.B %s\n%s", roffText(s.Name), roffLine(fmt.Sprintf("%s; see \\fB%s\\-%s\\fR(%s).", roffText(s.Summary), roffText(t.Name), roffText(s.Name), manSection)))
 		}
 	}
 	manOptions(w, f)
@@ -109,7 +109,7 @@ func manSynopsis(w io.Writer, name string, forms []string) {
 		if i > 0 {
 			io.WriteString(w, ".br\n")
 		}
-		fmt.Fprintf(w, ".B %s\n%s\n", roffText(name), roffText(s))
+		fmt.Fprintf(w, ".B %s\n%s", roffText(name), roffLine(roffText(s)))
 	}
 }
 

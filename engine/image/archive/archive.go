@@ -180,8 +180,9 @@ type store struct {
 	f     *os.File
 	files map[string]member
 
-	mu   sync.Mutex
-	refs int // the store and its files open; the descriptor closes at 0
+	mu     sync.Mutex
+	refs   int  // the store and its files open; the descriptor closes at 0
+	closed bool // the store's own reference let go
 }
 
 // Open indexes the archive f (image.RegisterFileStore: f is a regular
@@ -230,7 +231,14 @@ func Open(f *os.File) (image.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		if h.Size < 0 || off+h.Size > fi.Size() {
+		if len(h.PAXRecords) > 0 {
+			for k := range h.PAXRecords {
+				if strings.HasPrefix(k, "GNU.sparse.") {
+					return nil, bad("member %q is a sparse file", h.Name)
+				}
+			}
+		}
+		if h.Size < 0 || h.Size > fi.Size()-off {
 			return nil, bad("member %q: %d bytes at %d, past the end (%d bytes): a truncated archive", h.Name, h.Size, off, fi.Size())
 		}
 		s.files[name] = member{off: off, size: h.Size}
@@ -265,8 +273,18 @@ func (s *store) Open(name string) (image.File, error) {
 	return &file{SectionReader: io.NewSectionReader(s.f, m.off, m.size), s: s}, nil
 }
 
-// Close releases the store; its files stay readable until closed.
-func (s *store) Close() error { return s.release() }
+// Close releases the store; its files stay readable until closed. A
+// second Close does nothing.
+func (s *store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	return s.release()
+}
 
 func (s *store) release() error {
 	s.mu.Lock()

@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -172,13 +175,36 @@ func TestOpenRefuses(t *testing.T) {
 		"a device":        craft(tar.Header{Typeflag: tar.TypeChar, Name: "a/pages-1.img", Devmajor: 1, Devminor: 1}),
 		"a fifo in a dir": craft(tar.Header{Typeflag: tar.TypeDir, Name: "a/"}, tar.Header{Typeflag: tar.TypeFifo, Name: "a/p"}),
 	} {
-		_, err := image.OpenWith(write(t, b, 0o600), image.OpenOptions{})
-		if !errors.Is(err, image.ErrCorrupt) && !errors.Is(err, image.ErrIncomplete) {
-			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		f, err := os.Open(write(t, b, 0o600))
+		if err != nil {
+			t.Fatal(err)
 		}
+		if st, err := Open(f); !errors.Is(err, image.ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+			if st != nil {
+				st.Close()
+			}
+			continue
+		}
+		f.Close()
 	}
 	if _, err := image.OpenWith(write(t, good, 0o666), image.OpenOptions{}); !errors.Is(err, image.ErrUntrusted) {
 		t.Errorf("an archive others can write: %v, want ErrUntrusted", err)
+	}
+	// A FIFO where an archive is expected: refused at once, not waited on.
+	fifo := filepath.Join(t.TempDir(), "fifo.tar")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := image.OpenWith(fifo, image.OpenOptions{}); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "neither a directory nor a snapshot archive") {
+			t.Errorf("a FIFO: %v, want a refusal", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("opening a FIFO as a snapshot waits for a writer")
 	}
 	if snap, err := image.OpenWith(write(t, good, 0o666), image.OpenOptions{Trust: true}); err != nil {
 		t.Errorf("an archive others can write, trusted: %v", err)
