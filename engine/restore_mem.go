@@ -11,7 +11,8 @@ import (
 // The memory steps of a restore: engine/mem does the work.
 
 func (r *restorer) target() *mem.Target {
-	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv, Inherit: r.inherit, Ghosts: r.ghosts}
+	return &mem.Target{In: r.in, State: r.st, Log: r.log, Tree: r.tr.broker, SysV: r.tr.sysv, Inherit: r.inherit, Ghosts: r.ghosts,
+		Foreign: r.tr.opts.Namespaces.Into != 0}
 }
 
 // unmapStub closes every descriptor the stub inherited and removes every
@@ -57,7 +58,7 @@ func (r *restorer) lockMemory(ctx context.Context) error { return mem.Lock(ctx, 
 // setMM sets the mm fields, auxv and exe (task.SetMM), then closes the
 // deleted files mapMemory made again: their mappings hold them.
 func (r *restorer) setMM(context.Context) error {
-	err := task.SetMM(r.in, r.st, r.ghosts, r.log)
+	err := task.SetMM(r.in, r.st, r.ghosts, r.tr.opts.Namespaces.Into != 0, r.log)
 	for key, fd := range r.ghosts {
 		if cerr := r.in.CloseFD(fd); cerr != nil {
 			r.log.Warn("close in restored process", "fd", fd, "err", cerr)

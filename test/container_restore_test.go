@@ -149,6 +149,30 @@ func TestContainerRedis(t *testing.T) {
 		t.Errorf("a refused restore left processes in the container: %v", pids)
 	}
 
+	// A root made anew (copied, as another host's or an overlay would be:
+	// other devices and inodes, the same sizes and times): restored, the
+	// files matched by what the root keeps of them. Then one of them
+	// touched: refused, naming it.
+	copied := filepath.Join(t.TempDir(), "rootfs")
+	if out, err := exec.Command("cp", "-a", rootfs, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v %s", err, out)
+	}
+	fresh := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: copied, Args: fixture.PlaceholderArgs()})
+	r = mustSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(fresh.InitPID))
+	t.Logf("into a copied root: %s", strings.TrimSpace(r.Stdout))
+	if err := fresh.InNetns(func() error { return redisSample(ctx, 6379, keys, 101) }); err != nil {
+		t.Errorf("the data in a container of a copied root: %v", err)
+	}
+	stopContainer(t, fresh)
+	if err := os.Chtimes(copied+exe, time.Now(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	touched := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: copied, Args: fixture.PlaceholderArgs()})
+	r = runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(touched.InitPID))
+	if r.Code != exitFileChanged || !strings.Contains(r.Stderr, exe) {
+		t.Errorf("restore into a root whose %s changed: want exit %d naming it\n%s", exe, exitFileChanged, r)
+	}
+
 	// Into a process in a user namespace of its own: refused (its owner
 	// rules its mount namespace).
 	unshare := testutil.RequireCommand(t, "unshare")

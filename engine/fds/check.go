@@ -37,8 +37,10 @@ func StatIn(root, path string) (proc.FileID, error) {
 }
 
 // CheckFile refuses a file whose identity (device, inode, size, mtime)
-// differs from the dumped one, its path resolved in root (StatIn); what
-// names it in the error ("executable", "mapping 7f..-7f..").
+// differs from the dumped one, its path resolved in root (StatIn); in a
+// container's root (root not ""), which may be made anew, by its size and
+// mtime only (Match.Foreign). what names it in the error ("executable",
+// "mapping 7f..-7f..").
 func CheckFile(root string, id image.FileID, what string) error {
 	cur, err := StatIn(root, id.Path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -47,7 +49,7 @@ func CheckFile(root string, id image.FileID, what string) error {
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", what, id.Path, err)
 	}
-	if cur.Dev != id.Dev || cur.Ino != id.Ino || cur.Size != id.Size || cur.Mtime.UnixNano() != id.MtimeNs {
+	if (root == "" && (cur.Dev != id.Dev || cur.Ino != id.Ino)) || cur.Size != id.Size || cur.Mtime.UnixNano() != id.MtimeNs {
 		return fmt.Errorf("%w: %s %s: now device %d inode %d size %d mtime %d; dumped device %d inode %d size %d mtime %d",
 			ErrFileChanged, what, id.Path, cur.Dev, cur.Ino, cur.Size, cur.Mtime.UnixNano(), id.Dev, id.Ino, id.Size, id.MtimeNs)
 	}
@@ -78,7 +80,7 @@ func Check(root string, f image.FD) error {
 		}
 		// An open file may have grown since (a log): identity is the
 		// inode, and the offset must still be inside it.
-		if cur.Dev != f.File.Dev || cur.Ino != f.File.Ino {
+		if root == "" && (cur.Dev != f.File.Dev || cur.Ino != f.File.Ino) {
 			return fmt.Errorf("%w: %s is now another file (inode %d, was %d)", ErrFileChanged, f.Path, cur.Ino, f.File.Ino)
 		}
 		if f.Kind == image.FDFile && f.Flags&unix.O_APPEND == 0 && f.Pos > cur.Size {

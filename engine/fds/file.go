@@ -122,7 +122,7 @@ func (fc *fdCreator) open(f *image.FD, flags int) (int, error) {
 		if f.File == nil {
 			return -1, fmt.Errorf("%w: %s without file identity", image.ErrCorrupt, f.Kind)
 		}
-		return OpenVerified(fc.in, f.Path, flags, *f.File, false)
+		return OpenVerified(fc.in, f.Path, flags, *f.File, Match{Foreign: fc.opts.Foreign})
 	}
 	fd, err := fc.in.OpenAt2(f.Path, flags, 0, resolveNoLinks)
 	if err != nil {

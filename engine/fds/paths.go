@@ -32,13 +32,24 @@ var ErrUntrustedPath = image.Untrusted("untrusted path")
 // opens: no symbolic link (magic links of /proc included) on the way.
 const resolveNoLinks = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
 
+// Match says how a file opened at restore must match its dumped identity.
+type Match struct {
+	// Bytes: the same bytes (a mapped file, an executable), its size and
+	// modification time too; else it may have grown since, like a log.
+	Bytes bool
+	// Foreign: the file is in a container's root (restore --into), which
+	// may be made anew (a copied directory, an overlay mount, another
+	// host): its device and inode are that root's, not the dumped ones.
+	// The file must then match by what the root keeps of it: its size
+	// and modification time (for Bytes), or be there at all.
+	Foreign bool
+}
+
 // OpenVerified opens path in the process in injects into, with flags,
 // refusing a symbolic link anywhere in the path, and checks that the file
-// opened is the one dumped (id): its device and inode, and with strict
-// its size and modification time too (a mapped file must be the same
-// bytes; an open file may have grown since, like a log). On a mismatch
-// the descriptor is closed and the error wraps ErrFileChanged.
-func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, strict bool) (int, error) {
+// opened is the one dumped (id), as m says. On a mismatch the descriptor
+// is closed and the error wraps ErrFileChanged.
+func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, m Match) (int, error) {
 	fd, err := in.OpenAt2(path, flags, 0, resolveNoLinks)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
@@ -48,7 +59,7 @@ func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, 
 	}
 	st, err := in.Fstat(fd)
 	if err == nil {
-		err = isDumped(path, st, id, strict)
+		err = isDumped(path, st, id, m)
 	}
 	if err != nil {
 		in.CloseFD(fd)
@@ -59,10 +70,10 @@ func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, 
 
 // Verified is one file of OpenVerifiedAll: OpenVerified's arguments.
 type Verified struct {
-	Path   string
-	Flags  int
-	ID     image.FileID
-	Strict bool
+	Path  string
+	Flags int
+	ID    image.FileID
+	Match Match
 }
 
 // OpenVerifiedAll is OpenVerified of many files, opened and checked in a
@@ -83,7 +94,7 @@ func OpenVerifiedAll(in *ptrace.Injector, files []Verified) ([]int, error) {
 				}
 				break
 			}
-			if err = isDumped(f.Path, sts[i], f.ID, f.Strict); err != nil {
+			if err = isDumped(f.Path, sts[i], f.ID, f.Match); err != nil {
 				break
 			}
 		}
@@ -100,12 +111,12 @@ func OpenVerifiedAll(in *ptrace.Injector, files []Verified) ([]int, error) {
 }
 
 // isDumped compares what fstat says of an opened file with the dumped
-// identity.
-func isDumped(path string, st unix.Stat_t, id image.FileID, strict bool) error {
-	if st.Dev != id.Dev || st.Ino != id.Ino {
+// identity, as m says.
+func isDumped(path string, st unix.Stat_t, id image.FileID, m Match) error {
+	if !m.Foreign && (st.Dev != id.Dev || st.Ino != id.Ino) {
 		return fmt.Errorf("%w: %s is now another file (device %d inode %d, dumped device %d inode %d)", ErrFileChanged, path, st.Dev, st.Ino, id.Dev, id.Ino)
 	}
-	if strict && (st.Size != id.Size || st.Mtim.Nano() != id.MtimeNs) {
+	if m.Bytes && (st.Size != id.Size || st.Mtim.Nano() != id.MtimeNs) {
 		return fmt.Errorf("%w: %s changed (size %d mtime %d, dumped size %d mtime %d)", ErrFileChanged, path, st.Size, st.Mtim.Nano(), id.Size, id.MtimeNs)
 	}
 	return nil

@@ -47,6 +47,9 @@ type Target struct {
 	// descriptors in the process, which the caller closes (the
 	// program's, if it was deleted, is its exe: task.SetMM).
 	Ghosts map[[2]uint64]int
+	// Foreign: the files are in a container's root (restore --into),
+	// matched by size and mtime (fds.Match.Foreign).
+	Foreign bool
 }
 
 // inherited reports whether v is a VMA the process keeps from its parent.
@@ -234,7 +237,7 @@ func (r *mapper) mapVMA(v *image.VMA) error {
 		}
 		if !ok {
 			var err error
-			if f, err = fds.OpenVerified(r.In, v.File.Path, mode|unix.O_CLOEXEC, *v.File, true); err != nil {
+			if f, err = fds.OpenVerified(r.In, v.File.Path, mode|unix.O_CLOEXEC, *v.File, fds.Match{Bytes: true, Foreign: r.Foreign}); err != nil {
 				return err
 			}
 			r.files[key] = f
@@ -294,7 +297,7 @@ func (r *mapper) openFiles(vmas []image.VMA) error {
 			continue
 		}
 		seen[key] = true
-		files = append(files, fds.Verified{Path: v.File.Path, Flags: mode | unix.O_CLOEXEC, ID: *v.File, Strict: true})
+		files = append(files, fds.Verified{Path: v.File.Path, Flags: mode | unix.O_CLOEXEC, ID: *v.File, Match: fds.Match{Bytes: true, Foreign: r.Foreign}})
 		keys = append(keys, key)
 	}
 	got, err := fds.OpenVerifiedAll(r.In, files)

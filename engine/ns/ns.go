@@ -45,7 +45,8 @@ import (
 // to an address that namespace lacks fails to bind, and the restore
 // with it.
 //
-// The UTS, IPC, user and cgroup namespaces stay snapctl's.
+// With PID or Net, the UTS, IPC, user and cgroup namespaces stay
+// snapctl's.
 //
 // With Into, the processes are restored into the namespaces (mount,
 // network, IPC, UTS, cgroup and pid) and the cgroups of the running
@@ -104,8 +105,8 @@ func (ns Namespaces) OwnPIDs() bool { return ns.PID || ns.Into != 0 }
 
 // Stub returns the CLONE_NEW* flags the stub of a restore starts with,
 // its argv, and the files it gets (join at joinFD: the network namespace
-// to join that OpenNet opened, or the pidfd of Into that OpenInto opened). own is the root's pid in its own pid
-// namespace; initPID says whether the stub is to be the new pid
+// to join that OpenNet opened, or the pidfd of Into that OpenInto
+// opened). own is the root's pid in its own pid namespace; initPID says whether the stub is to be the new pid
 // namespace's init (InitMain), of which the root is a child, or the root
 // the init itself (it was pid 1 of its namespace).
 func (ns Namespaces) Stub(own int, join *os.File) (flags uintptr, argv []string, files []*os.File, initPID bool) {

@@ -260,7 +260,7 @@ func SetThreadRegs(th *ptrace.Thread, t *image.Thread) error {
 // with PR_SET_MM_MAP. The old exe (the stub's) must be unmapped already,
 // as the kernel requires. A program deleted while it ran is the file made
 // again for its mappings, among ghosts (mem.Target.Ghosts).
-func SetMM(in *ptrace.Injector, st *image.Process, ghosts map[[2]uint64]int, log *slog.Logger) error {
+func SetMM(in *ptrace.Injector, st *image.Process, ghosts map[[2]uint64]int, foreign bool, log *slog.Logger) error {
 	if strings.HasSuffix(st.Exe.Path, deletedSuffix) {
 		fd, ok := ghosts[[2]uint64{st.Exe.Dev, st.Exe.Ino}]
 		if !ok {
@@ -268,7 +268,7 @@ func SetMM(in *ptrace.Injector, st *image.Process, ghosts map[[2]uint64]int, log
 		}
 		return in.SetMM(ptrace.MM(st.MM), fd)
 	}
-	exeFD, err := fds.OpenVerified(in, st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, st.Exe, true)
+	exeFD, err := fds.OpenVerified(in, st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, st.Exe, fds.Match{Bytes: true, Foreign: foreign})
 	if err != nil {
 		return err
 	}
