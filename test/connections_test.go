@@ -201,38 +201,8 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 			cmd.Wait()
 		}
 	})
-	var st unix.Stat_t
-	if err := unix.Fstat(int(pw.Fd()), &st); err != nil {
-		t.Fatal(err)
-	}
-	key := fmt.Sprintf("pipe:[%d]", st.Ino)
-	lines := make(chan string, 1024)
-	go func() {
-		s := bufio.NewScanner(pr)
-		for s.Scan() {
-			lines <- s.Text()
-		}
-		close(lines)
-	}()
-	next := 0
-	expect := func(n int, within time.Duration) {
-		t.Helper()
-		deadline := time.After(within)
-		for range n {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("the pipe closed after %d lines", next)
-				}
-				if l != strconv.Itoa(next) {
-					t.Fatalf("read %q, want %d: a line lost or doubled", l, next)
-				}
-				next++
-			case <-deadline:
-				t.Fatalf("no line %d after %v", next, within)
-			}
-		}
-	}
+	lc := countLines(t, pr, pw)
+	key, expect := lc.key, lc.expect
 	expect(5, 60*time.Second)
 
 	dir := filepath.Join(t.TempDir(), "snap")
@@ -274,19 +244,75 @@ func TestInheritFDStdoutPipe(t *testing.T) {
 	unix.Kill(pid, unix.SIGKILL)
 	// Killed, the daemon closes the last write end: the starter reads
 	// the end of its output.
-	deadline := time.After(30 * time.Second)
+	lc.expectEnd(30 * time.Second)
+}
+
+// lineCounter reads the lines "0", "1", "2"... that processes write on
+// a pipe leading outside them, and fails the test on a line lost or
+// doubled across a dump and a restore.
+type lineCounter struct {
+	t     *testing.T
+	key   string // the pipe's key as a dump names it: pipe:[INO]
+	lines chan string
+	next  int
+}
+
+// countLines reads pr, the read end of the pipe whose write end pw the
+// processes hold.
+func countLines(t *testing.T, pr, pw *os.File) *lineCounter {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(pw.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	c := &lineCounter{t: t, key: fmt.Sprintf("pipe:[%d]", st.Ino), lines: make(chan string, 4096)}
+	go func() {
+		s := bufio.NewScanner(pr)
+		for s.Scan() {
+			c.lines <- s.Text()
+		}
+		close(c.lines)
+	}()
+	return c
+}
+
+// expect reads the next n lines, each within the time given.
+func (c *lineCounter) expect(n int, within time.Duration) {
+	c.t.Helper()
+	deadline := time.After(within)
+	for range n {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				c.t.Fatalf("the pipe closed after %d lines", c.next)
+			}
+			if l != strconv.Itoa(c.next) {
+				c.t.Fatalf("read %q, want %d: a line lost or doubled", l, c.next)
+			}
+			c.next++
+		case <-deadline:
+			c.t.Fatalf("no line %d after %v", c.next, within)
+		}
+	}
+}
+
+// expectEnd reads the lines left until the pipe closes, within the time
+// given.
+func (c *lineCounter) expectEnd(within time.Duration) {
+	c.t.Helper()
+	deadline := time.After(within)
 	for {
 		select {
-		case l, ok := <-lines:
+		case l, ok := <-c.lines:
 			if !ok {
 				return
 			}
-			if l != strconv.Itoa(next) {
-				t.Fatalf("read %q, want %d", l, next)
+			if l != strconv.Itoa(c.next) {
+				c.t.Fatalf("read %q, want %d", l, c.next)
 			}
-			next++
+			c.next++
 		case <-deadline:
-			t.Fatal("the pipe did not close after the restored daemon was killed")
+			c.t.Fatal("the pipe did not close after its last writer was killed")
 		}
 	}
 }
@@ -460,29 +486,7 @@ func TestTCPEstablishedDumpRefused(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePtrace(t)
 	testutil.RequireCommand(t, "nft")
-	py := testutil.RequireCommand(t, "python3")
-	ctx := testContext(t)
-	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	cmd := exec.Command(py, "-c", echoScript, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL); cmd.Wait() })
-	c, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(60 * time.Second))
-	rd := bufio.NewReader(c)
-	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("the echo process said %q %v", line, err)
-	}
+	pid, c, rd, _ := startTCPClient(t, echoScript, 60*time.Second)
 	dir := filepath.Join(t.TempDir(), "snap")
 	r := runSnapctl(t, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--tcp-established")
 	if r.Code != exitUnsupported || !strings.Contains(r.Stderr, "inotify") || !strings.Contains(r.Stderr, "pid "+strconv.Itoa(pid)) {
@@ -498,6 +502,38 @@ func TestTCPEstablishedDumpRefused(t *testing.T) {
 	if line, err := rd.ReadString('\n'); err != nil || line != "still there?\n" {
 		t.Errorf("after the refused dump the connection answered %q %v", line, err)
 	}
+}
+
+// startTCPClient starts python3 running script, a client that connects
+// to a listener of the test (its port as argv[1]) and says "ready", and
+// returns its pid, the test's end of the connection (its deadline
+// within from now), a reader of it past "ready", and the command, whose
+// process is killed at cleanup.
+func startTCPClient(t *testing.T, script string, within time.Duration) (int, net.Conn, *bufio.Reader, *exec.Cmd) {
+	t.Helper()
+	py := testutil.RequireCommand(t, "python3")
+	l, err := (&net.ListenConfig{}).Listen(testContext(t), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cmd := exec.Command(py, "-c", script, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL); cmd.Wait() })
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(within))
+	rd := bufio.NewReader(c)
+	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("the client said %q %v", line, err)
+	}
+	return pid, c, rd, cmd
 }
 
 // echoServerScript listens on 127.0.0.1:argv[1] without SO_REUSEADDR at

@@ -8,7 +8,6 @@ package e2e
 import (
 	"bufio"
 	"io"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -107,29 +106,7 @@ func TestTCPEstablishedRestoreNetns(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePtrace(t)
 	testutil.RequireCommand(t, "nft")
-	py := testutil.RequireCommand(t, "python3")
-	ctx := testContext(t)
-	l, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	cmd := exec.Command(py, "-c", keptScript, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { unix.Kill(pid, unix.SIGKILL) })
-	c, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(90 * time.Second))
-	rd := bufio.NewReader(c)
-	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("the client said %q %v", line, err)
-	}
+	pid, c, rd, cmd := startTCPClient(t, keptScript, 90*time.Second)
 	dir := filepath.Join(t.TempDir(), "snap")
 	r := dumpPID(t, pid, dir, "--tcp-established")
 	cmd.Wait()

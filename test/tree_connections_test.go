@@ -76,38 +76,8 @@ func TestTreeExternalStdout(t *testing.T) {
 		case <-time.After(cleanupWait):
 		}
 	})
-	var st unix.Stat_t
-	if err := unix.Fstat(int(pw.Fd()), &st); err != nil {
-		t.Fatal(err)
-	}
-	key := fmt.Sprintf("pipe:[%d]", st.Ino)
-	lines := make(chan string, 4096)
-	go func() {
-		s := bufio.NewScanner(pr)
-		for s.Scan() {
-			lines <- s.Text()
-		}
-		close(lines)
-	}()
-	next := 0
-	expect := func(n int, within time.Duration) {
-		t.Helper()
-		deadline := time.After(within)
-		for range n {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("the pipe closed after %d lines", next)
-				}
-				if l != strconv.Itoa(next) {
-					t.Fatalf("read %q, want %d: a line lost or doubled", l, next)
-				}
-				next++
-			case <-deadline:
-				t.Fatalf("no line %d after %v", next, within)
-			}
-		}
-	}
+	lc := countLines(t, pr, pw)
+	key, expect := lc.key, lc.expect
 	expect(5, 60*time.Second)
 	before := waitTree(t, ctx, sh, 3)
 
