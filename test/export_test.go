@@ -75,15 +75,19 @@ func TestExportArchive(t *testing.T) {
 	}
 	verifyDir(t, filepath.Join(unpacked, "model"))
 
-	// The archive's mount serves what the directory's does.
-	mntDir, mntTar := lazyMountLazyfs(t, dir), lazyMountLazyfs(t, remote)
-	regions, _ := filepath.Glob(filepath.Join(mntDir, strconv.Itoa(p.PID), "regions", "*"))
-	if len(regions) == 0 {
-		t.Fatal("no regions on the mount")
-	}
-	for _, reg := range regions {
-		if out, err := exec.CommandContext(ctx, "cmp", reg, filepath.Join(mntTar, strconv.Itoa(p.PID), "regions", filepath.Base(reg))).CombinedOutput(); err != nil {
-			t.Errorf("cmp: %v\n%s", err, out)
+	// Each archive's mount serves what its snapshot's does: the
+	// directory's and its archive's, the store's and its archive's (the
+	// two snapshots differ: the server ran between the dumps).
+	for _, pair := range [][2]string{{dir, local}, {addr, remote}} {
+		mntSnap, mntTar := lazyMountLazyfs(t, pair[0]), lazyMountLazyfs(t, pair[1])
+		regions, _ := filepath.Glob(filepath.Join(mntSnap, strconv.Itoa(p.PID), "regions", "*"))
+		if len(regions) == 0 {
+			t.Fatalf("no regions on the mount of %s", pair[0])
+		}
+		for _, reg := range regions {
+			if out, err := exec.CommandContext(ctx, "cmp", reg, filepath.Join(mntTar, strconv.Itoa(p.PID), "regions", filepath.Base(reg))).CombinedOutput(); err != nil {
+				t.Errorf("%s against %s: cmp: %v\n%s", pair[1], pair[0], err, out)
+			}
 		}
 	}
 
