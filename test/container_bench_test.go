@@ -40,6 +40,7 @@ import (
 func BenchmarkContainerFirstAnswer(b *testing.B) {
 	testutil.RequirePtrace(b)
 	testutil.RequireCommand(b, "runc", "nsenter", "busybox")
+	testutil.RequireKernel(b, "setns of a pidfd (restore --into)", probeSetnsPidfd())
 	redisServer := testutil.RequireCommand(b, "redis-server")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

@@ -14,16 +14,59 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
+
+// restoreIntoFresh restores the snapshot in dir into a fresh container
+// of rootfs (its init a placeholder), eagerly then lazily, each a subtest
+// that hands check the container and snapctl's result, then stops the
+// container and checks that nothing of it is left.
+func restoreIntoFresh(t *testing.T, rootfs, dir string, check func(t *testing.T, mode string, b *fixture.Container, r cmdResult)) {
+	t.Helper()
+	for _, c := range []struct {
+		name  string
+		flags []string
+	}{
+		{"eager", nil},
+		{"lazy", []string{"--lazy"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
+			r := mustSnapctl(t, append([]string{"restore", "-D", dir, "--into", strconv.Itoa(b.InitPID)}, c.flags...)...)
+			t.Logf("%s", strings.TrimSpace(r.Stdout))
+			check(t, c.name, b, r)
+			stopContainer(t, b)
+		})
+	}
+}
+
+// probeSetnsPidfd is what restore --into needs of the kernel: setns of a
+// pidfd (Linux 5.8), tried on our own network namespace on a thread
+// that ends with the probe.
+func probeSetnsPidfd() error {
+	fd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		done <- unix.Setns(fd, unix.CLONE_NEWNET)
+	}()
+	return <-done
+}
 
 // containerChild returns the host pid of the one process of c that is
 // not its init.
@@ -51,6 +94,7 @@ func TestContainerRedis(t *testing.T) {
 	testutil.RequireUserfaultfd(t)
 	testutil.RequireFUSE(t)
 	testutil.RequireCommand(t, "runc", "nsenter", "busybox")
+	testutil.RequireKernel(t, "setns of a pidfd (restore --into)", probeSetnsPidfd())
 	redisServer := testutil.RequireCommand(t, "redis-server")
 	ctx := testContext(t)
 	rootfs := fixture.Rootfs(t, redisServer)
@@ -85,54 +129,42 @@ func TestContainerRedis(t *testing.T) {
 		t.Errorf("restore of a container's process outside any: want a refusal naming --into\n%s", r)
 	}
 
-	for _, c := range []struct {
-		name  string
-		flags []string
-	}{
-		{"eager", nil},
-		{"lazy", []string{"--lazy"}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			b := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
-			r := mustSnapctl(t, append([]string{"restore", "-D", dir, "--into", strconv.Itoa(b.InitPID)}, c.flags...)...)
-			t.Logf("%s", strings.TrimSpace(r.Stdout))
-			got := containerChild(t, b)
-			if !strings.Contains(r.Stdout, fmt.Sprintf("pid %d is pid %d in the pid namespace it joined", got, own)) {
-				t.Errorf("restore output does not say pid %d is %d in the container:\n%s", got, own, r.Stdout)
+	restoreIntoFresh(t, rootfs, dir, func(t *testing.T, mode string, b *fixture.Container, r cmdResult) {
+		got := containerChild(t, b)
+		if !strings.Contains(r.Stdout, fmt.Sprintf("pid %d is pid %d in the pid namespace it joined", got, own)) {
+			t.Errorf("restore output does not say pid %d is %d in the container:\n%s", got, own, r.Stdout)
+		}
+		for _, ns := range []string{"pid", "net", "mnt", "ipc", "uts", "cgroup"} {
+			if nsOf(t, got, ns) != nsOf(t, b.InitPID, ns) {
+				t.Errorf("restored pid %d is not in the container's %s namespace", got, ns)
 			}
-			for _, ns := range []string{"pid", "net", "mnt", "ipc", "uts", "cgroup"} {
-				if nsOf(t, got, ns) != nsOf(t, b.InitPID, ns) {
-					t.Errorf("restored pid %d is not in the container's %s namespace", got, ns)
-				}
+		}
+		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", got)); !strings.Contains(string(cg), b.ID) {
+			t.Errorf("restored pid %d is not in the container's cgroups:\n%s", got, cg)
+		}
+		if s, err := proc.ReadStatus(got); err != nil || s.NSpid[len(s.NSpid)-1] != own {
+			t.Errorf("restored pid %d: NSpid %v, want %d inside", got, s.NSpid, own)
+		}
+		if err := b.InNetns(func() error { return redisSample(ctx, 6379, keys, 97) }); err != nil {
+			t.Errorf("the data in the new container: %v", err)
+		}
+		if mode == "eager" {
+			// Once more into the same container: its pid is taken there.
+			r := runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(b.InitPID))
+			if want := fmt.Sprintf("pid %d is taken by", own); r.Code != 5 || !strings.Contains(r.Stderr, want) {
+				t.Errorf("a second restore into one container: want exit 5 saying %q\n%s", want, r)
 			}
-			if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", got)); !strings.Contains(string(cg), b.ID) {
-				t.Errorf("restored pid %d is not in the container's cgroups:\n%s", got, cg)
+		}
+		if err := b.InNetns(func() error {
+			v, err := fixture.Redis(ctx, 6379, "SET", "after", "restore")
+			if err == nil && v != "OK" {
+				err = fmt.Errorf("SET answered %q", v)
 			}
-			if s, err := proc.ReadStatus(got); err != nil || s.NSpid[len(s.NSpid)-1] != own {
-				t.Errorf("restored pid %d: NSpid %v, want %d inside", got, s.NSpid, own)
-			}
-			if err := b.InNetns(func() error { return redisSample(ctx, 6379, keys, 97) }); err != nil {
-				t.Errorf("the data in the new container: %v", err)
-			}
-			if c.name == "eager" {
-				// Once more into the same container: its pid is taken there.
-				r := runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(b.InitPID))
-				if want := fmt.Sprintf("pid %d is taken by", own); r.Code != 5 || !strings.Contains(r.Stderr, want) {
-					t.Errorf("a second restore into one container: want exit 5 saying %q\n%s", want, r)
-				}
-			}
-			if err := b.InNetns(func() error {
-				v, err := fixture.Redis(ctx, 6379, "SET", "after", "restore")
-				if err == nil && v != "OK" {
-					err = fmt.Errorf("SET answered %q", v)
-				}
-				return err
-			}); err != nil {
-				t.Errorf("a write after the restore: %v", err)
-			}
-			stopContainer(t, b)
-		})
-	}
+			return err
+		}); err != nil {
+			t.Errorf("a write after the restore: %v", err)
+		}
+	})
 
 	// A container whose root file system lacks the server: refused,
 	// naming it, before anything is made.
@@ -217,6 +249,7 @@ func TestContainerNginx(t *testing.T) {
 	testutil.RequireUserfaultfd(t)
 	testutil.RequireFUSE(t)
 	testutil.RequireCommand(t, "runc", "nsenter", "busybox")
+	testutil.RequireKernel(t, "setns of a pidfd (restore --into)", probeSetnsPidfd())
 	nginx := testutil.RequireCommand(t, "nginx")
 	ctx := testContext(t)
 	rootfs := fixture.RootfsWith(t, fixture.RootfsOptions{Programs: []string{nginx},
@@ -282,37 +315,25 @@ func TestContainerNginx(t *testing.T) {
 	r := dumpPID(t, master, dir)
 	t.Logf("%s", strings.TrimSpace(r.Stdout))
 
-	for _, c := range []struct {
-		name  string
-		flags []string
-	}{
-		{"eager", nil},
-		{"lazy", []string{"--lazy"}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			b := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
-			r := mustSnapctl(t, append([]string{"restore", "-D", dir, "--into", strconv.Itoa(b.InitPID)}, c.flags...)...)
-			t.Logf("%s", strings.TrimSpace(r.Stdout))
-			m, w := tree(b)
-			if m == 0 || len(w) != 2 {
-				t.Fatalf("restored tree in container %s: master %d, workers %v; want a master and two workers", b.ID, m, w)
+	restoreIntoFresh(t, rootfs, dir, func(t *testing.T, mode string, b *fixture.Container, r cmdResult) {
+		m, w := tree(b)
+		if m == 0 || len(w) != 2 {
+			t.Fatalf("restored tree in container %s: master %d, workers %v; want a master and two workers", b.ID, m, w)
+		}
+		for _, p := range w {
+			if st, err := proc.ReadStatus(p); err != nil || st.Uid[0] == 0 {
+				t.Errorf("worker %d runs as uid %v (%v), want nobody's", p, st.Uid, err)
 			}
-			for _, p := range w {
-				if st, err := proc.ReadStatus(p); err != nil || st.Uid[0] == 0 {
-					t.Errorf("worker %d runs as uid %v (%v), want nobody's", p, st.Uid, err)
-				}
-				if nsOf(t, p, "pid") != nsOf(t, b.InitPID, "pid") || nsOf(t, p, "net") != nsOf(t, b.InitPID, "net") {
-					t.Errorf("worker %d is not in the container's namespaces", p)
-				}
+			if nsOf(t, p, "pid") != nsOf(t, b.InitPID, "pid") || nsOf(t, p, "net") != nsOf(t, b.InitPID, "net") {
+				t.Errorf("worker %d is not in the container's namespaces", p)
 			}
-			for i := range 3 {
-				if err := get(b); err != nil {
-					t.Errorf("GET %d in the new container: %v", i, err)
-				}
+		}
+		for i := range 3 {
+			if err := get(b); err != nil {
+				t.Errorf("GET %d in the new container: %v", i, err)
 			}
-			stopContainer(t, b)
-		})
-	}
+		}
+	})
 }
 
 // TestDumpUserNamespaceRefused: a process in a user namespace of its own
