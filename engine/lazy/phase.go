@@ -227,7 +227,8 @@ func lazyWorkers(sourceWaits bool) int {
 
 // treeProgress adds up the progress of the pagers of a tree.
 type treeProgress struct {
-	mu          sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	done, total []uint64
 	fn          func(done, total uint64)
 }
