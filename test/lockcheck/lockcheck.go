@@ -433,6 +433,24 @@ func (c *checker) stmt(s ast.Stmt, h held) (held, bool) {
 			return h, true
 		}
 		return h, false
+	case *ast.IfStmt, *ast.ForStmt, *ast.RangeStmt, *ast.SwitchStmt, *ast.TypeSwitchStmt, *ast.SelectStmt:
+		return c.control(s, h)
+	default:
+		// Assignments, declarations, sends, inc/dec: expressions only.
+		ast.Inspect(s, func(n ast.Node) bool {
+			if e, ok := n.(ast.Expr); ok {
+				c.expr(e, h)
+				return false
+			}
+			return true
+		})
+	}
+	return h, true
+}
+
+// control walks a statement that branches or loops.
+func (c *checker) control(s ast.Stmt, h held) (held, bool) {
+	switch s := s.(type) {
 	case *ast.IfStmt:
 		if s.Init != nil {
 			h, _ = c.stmt(s.Init, h)
@@ -474,15 +492,6 @@ func (c *checker) stmt(s ast.Stmt, h held) (held, bool) {
 		return c.clauses(s.Body, h)
 	case *ast.SelectStmt:
 		return c.clauses(s.Body, h)
-	default:
-		// Assignments, declarations, sends, inc/dec: expressions only.
-		ast.Inspect(s, func(n ast.Node) bool {
-			if e, ok := n.(ast.Expr); ok {
-				c.expr(e, h)
-				return false
-			}
-			return true
-		})
 	}
 	return h, true
 }
