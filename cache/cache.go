@@ -76,8 +76,10 @@ type Cache struct {
 	max  int64
 	pool pool
 
-	mu      sync.Mutex
-	lru     *simplelru.LRU[Key, *entry]
+	mu sync.Mutex
+	// +checklocks:mu
+	lru *simplelru.LRU[Key, *entry]
+	// +checklocks:mu
 	loading map[Key]*call
 
 	hits, misses, evictions, served atomic.Int64

@@ -48,10 +48,12 @@ func class(size int) (idx, capacity int) {
 // buffer took ~900 us to fill, a reused one ~20 us), and a sync.Pool loses
 // its buffers at every collection.
 type pool struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	classes [classCount][][]byte
-	bytes   int64 // free bytes held
-	limit   int64
+	// +checklocks:mu
+	bytes int64 // free bytes held
+	limit int64 // set before first use
 }
 
 // get returns a buffer of len size. Its contents are not cleared.

@@ -105,6 +105,46 @@ type DumpResult struct {
 	Phases []Phase
 }
 
+// dumper is one dump: what it learns of its frozen processes, and what it
+// has created and must undo if it fails.
+type dumper struct {
+	pid  int
+	opts DumpOptions
+	log  *slog.Logger
+
+	w *image.Writer
+	t *ptrace.Tracer
+	// procs are the processes of the tree, in tree order (treeOrder):
+	// the dumped process first.
+	procs      []*dumpProc
+	frozen     time.Time     // when the first thread stopped
+	stop       time.Duration // stopping every thread took
+	stats      image.Stats
+	committed  bool
+	resumed    bool // detached or killed
+	resumeErr  error
+	freezeTime time.Duration
+	res        *DumpResult
+	// tcp holds the connections of every process of the tree taken with
+	// TCP_REPAIR (--tcp-established), under one network lock, until the
+	// processes run again or die.
+	tcp *fds.TCPRepair
+	// pc and preRes, in a pre-copy dump: the copy made while the process
+	// ran, and the figures of its rounds.
+	pc     *mem.PreCopy
+	preRes *PreCopyResult
+	preP   *ptrace.Process // attached since the pre-copy
+}
+
+// dumpProc is one process of the dumped tree.
+type dumpProc struct {
+	pid, parent int
+	comm        string
+	p           *ptrace.Process
+	maps        []proc.Mapping
+	st          *image.Process
+}
+
 // Dump freezes the process opts.PID and all its descendants, writes their
 // snapshot into opts.Dir and then kills them once the snapshot is
 // committed, or, with LeaveRunning, resumes them as soon as their memory
@@ -118,7 +158,7 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	defer d.cleanup(&err)
 	var phases []Phase
 	err = runSteps(ctx, d.log, "dump", []namedStep{
-		{"check", d.check},
+		{"check", d.refuseUndumpable},
 		{"create snapshot", d.create},
 		{"pre-copy", d.preCopy},
 		{"freeze", d.freeze},
@@ -134,13 +174,14 @@ func Dump(ctx context.Context, opts DumpOptions) (res *DumpResult, err error) {
 	return d.res, err
 }
 
-// check refuses a process that cannot be dumped, before touching it.
-func (d *dumper) check(context.Context) error {
-	if err := precheck(d.pid); err != nil {
+// refuseUndumpable refuses a process that cannot be dumped, before
+// touching it.
+func (d *dumper) refuseUndumpable(context.Context) error {
+	if err := dumpable(d.pid); err != nil {
 		return err
 	}
 	if d.opts.PreCopy != nil {
-		return preCopyCheck(d.pid)
+		return preCopyable(d.pid)
 	}
 	return nil
 }
@@ -186,7 +227,7 @@ func (d *dumper) freeze(context.Context) error {
 			if d.leaveOut(p) {
 				continue
 			}
-			if err := precheckChild(p.pid, p.parent); err != nil {
+			if err := dumpableChild(p.pid, p.parent); err != nil {
 				if d.leaveOut(p) { // it exited meanwhile
 					continue
 				}
@@ -541,8 +582,8 @@ func (d *dumper) withResumeErr(err error) error {
 // pfKthread is PF_KTHREAD, the flag of a kernel thread in /proc/PID/stat.
 const pfKthread = 0x00200000
 
-// precheck refuses a process that cannot be dumped, before touching it.
-func precheck(pid int) error {
+// dumpable refuses a process that cannot be dumped, before touching it.
+func dumpable(pid int) error {
 	if pid <= 0 {
 		return fmt.Errorf("invalid pid %d", pid)
 	}

@@ -104,3 +104,6 @@ func (d *dumper) procErr(p *dumpProc, err error) error {
 	}
 	return err
 }
+
+// processState reads what /proc tells of the process (task.ReadProcess).
+func (d *dumper) processState(p *dumpProc) error { return task.ReadProcess(p.pid, p.st) }

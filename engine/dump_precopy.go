@@ -129,9 +129,9 @@ func (d *dumper) preCopy(ctx context.Context) (err error) {
 	return nil
 }
 
-// preCopyCheck refuses a pre-copy dump of a process with children:
+// preCopyable refuses a pre-copy dump of a process with children:
 // pre-copy tracks the writes of one process.
-func preCopyCheck(pid int) error {
+func preCopyable(pid int) error {
 	if kids, err := children(pid); err != nil {
 		return err
 	} else if len(kids) > 0 {
@@ -150,7 +150,7 @@ func (d *dumper) freezePreCopied() error {
 	d.frozen, d.stop = start, time.Since(start)
 	comm, _ := proc.ReadComm(d.pid)
 	d.procs = []*dumpProc{{pid: d.pid, comm: comm, p: d.preP}}
-	if err := preCopyCheck(d.pid); err != nil {
+	if err := preCopyable(d.pid); err != nil {
 		return err
 	}
 	d.log.Info("frozen", "pid", d.pid, "threads", len(d.preP.Threads()), "took", d.stop)

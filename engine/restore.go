@@ -140,7 +140,7 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 		}
 		tr.close()
 	}()
-	if err := timed(&phases, "check", tr.check); err != nil {
+	if err := timed(&phases, "check", tr.refuseUnrestorable); err != nil {
 		return nil, step("check", err)
 	}
 	// Past its checks, the restore releases the network locks however it
@@ -314,7 +314,7 @@ func (tr *tree) close() {
 func (tr *tree) steps() []namedStep {
 	steps := []namedStep{
 		{"create root", tr.createRoot},
-		{"shared descriptors", tr.shared},
+		{"shared descriptors", tr.makeSharedDescriptors},
 		{"System V IPC", tr.sysvIPC},
 	}
 	name := func(r *restorer, s namedStep) namedStep {

@@ -14,14 +14,14 @@ import (
 	"github.com/lazyfs/lazyfs/engine/task"
 )
 
-// check refuses, before anything is made, a tree this machine or build
+// refuseUnrestorable refuses, before anything is made, a tree this machine or build
 // cannot restore: each process as a whole, then the descriptors leading
 // outside the tree (and the keys of --inherit-fd) of all processes
 // together, then the links between processes. A session or a process
 // group can be recreated only if its leader is in the tree, or if it is
 // the root's own one outside it (which the restored tree gets from
 // snapctl). It opens the network namespace to join, if any.
-func (tr *tree) check() error {
+func (tr *tree) refuseUnrestorable() error {
 	if tr.opts.LeaveStopped && tr.opts.Source != nil {
 		return fmt.Errorf("%w: a lazy restore cannot leave the processes stopped", ErrUnsupported)
 	}
@@ -63,7 +63,7 @@ func (tr *tree) check() error {
 	}
 	root := tr.procs[0]
 	for _, r := range tr.procs {
-		if err := r.check(); err != nil {
+		if err := r.refuseUnrestorable(); err != nil {
 			return tr.name(r, err)
 		}
 	}
@@ -97,10 +97,10 @@ func (tr *tree) check() error {
 	return nil
 }
 
-// check refuses what this machine or build cannot restore of one
+// refuseUnrestorable refuses what this machine or build cannot restore of one
 // process: ids that are taken, files that changed, descriptors it cannot
 // make.
-func (r *restorer) check() error {
+func (r *restorer) refuseUnrestorable() error {
 	st := r.st
 	if err := r.checkPIDs(); err != nil {
 		return err

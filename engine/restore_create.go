@@ -182,9 +182,9 @@ func (r *restorer) controllingTerminal(context.Context) error {
 	return fds.SetCTTY(r.in, r.st, c, fg, r.tr.broker)
 }
 
-// shared makes, in snapctl, the pipes and socket pairs whose ends are in
+// makeSharedDescriptors makes, in snapctl, the pipes and socket pairs whose ends are in
 // several processes.
-func (tr *tree) shared(context.Context) error { return tr.broker.MakeShared(tr.sts) }
+func (tr *tree) makeSharedDescriptors(context.Context) error { return tr.broker.MakeShared(tr.sts) }
 
 // handOut hands out the open file descriptions of r that processes after
 // it inherited.

@@ -49,12 +49,12 @@ func treeOrder[T any](items []T, ids func(T) (pid, parent int)) []T {
 	return out
 }
 
-// precheckChild refuses a descendant that cannot be dumped, naming it
+// dumpableChild refuses a descendant that cannot be dumped, naming it
 // and its parent: a process traced or stopped by a debugger, a kernel
 // thread. (A child that has exited is left out: dumper.leaveOut.)
-func precheckChild(pid, parent int) error {
+func dumpableChild(pid, parent int) error {
 	comm, _ := proc.ReadComm(pid)
-	if err := precheck(pid); err != nil {
+	if err := dumpable(pid); err != nil {
 		return fmt.Errorf("pid %d (%s), child of %d: %w", pid, comm, parent, err)
 	}
 	return nil

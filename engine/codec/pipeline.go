@@ -78,11 +78,13 @@ type Pipeline struct {
 	order chan *slot // slots to emit, in submission order
 
 	submitMu sync.Mutex // orders Submit and Close
-	closed   bool
+	// +checklocks:submitMu
+	closed bool
 
 	errMu sync.Mutex
-	err   error
-	dead  chan struct{} // closed with the first error
+	// +checklocks:errMu
+	err  error
+	dead chan struct{} // closed with the first error
 
 	stopCtx func() bool
 	workers sync.WaitGroup

@@ -123,7 +123,7 @@ func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
 			po.Holder = k // a forked child's userfaultfd too
 		}
 		if progress != nil {
-			po.Progress = progress.of(i)
+			po.Progress = progress.pager(i)
 		}
 		wg.Add(1)
 		go func() {
@@ -227,7 +227,8 @@ func lazyWorkers(sourceWaits bool) int {
 
 // treeProgress adds up the progress of the pagers of a tree.
 type treeProgress struct {
-	mu          sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	done, total []uint64
 	fn          func(done, total uint64)
 }
@@ -239,8 +240,8 @@ func newTreeProgress(n int, fn func(done, total uint64)) *treeProgress {
 	return &treeProgress{done: make([]uint64, n), total: make([]uint64, n), fn: fn}
 }
 
-// of returns the progress function of the pager of process i.
-func (p *treeProgress) of(i int) func(done, total uint64) {
+// pager returns the progress function of the pager of process i.
+func (p *treeProgress) pager(i int) func(done, total uint64) {
 	return func(done, total uint64) {
 		p.mu.Lock()
 		p.done[i], p.total[i] = done, total
