@@ -118,73 +118,28 @@ const (
 	pnXNum = 0xffff
 )
 
+// load is a PT_LOAD of the core: size bytes of memory at addr, of which
+// filesz (0 or size) are in the file, served by seg.
+type load struct {
+	addr, size uint64
+	filesz     uint64
+	flags      elf.ProgFlag
+	seg        *coreSeg
+}
+
 // New lays out the core of the process whose state is st and whose pages
-// r reads, of a snapshot taken on kernel release. It lays the file out
-// from start to end, headers, notes, then each segment, in one function so
-// that every offset is computed where it is used. The core reads r as
-// long as it is used, and Close closes the mapped files it opened, not r.
+// r reads, of a snapshot taken on kernel release. It takes the PT_LOADs
+// of each VMA (appendLoads), then lays the file out from start to end,
+// headers, notes, then each segment, in one function so that every offset
+// is computed where it is used. The core reads r as long as it is used,
+// and Close closes the mapped files it opened, not r.
 func New(st *image.Process, r *image.Reader, release string) *File {
 	c := &File{st: st, r: r, files: map[string]*mappedFile{}}
-	type load struct {
-		addr, size uint64
-		filesz     uint64
-		flags      elf.ProgFlag
-		seg        *coreSeg
-	}
 	var loads []load
 	vmas := slices.Clone(st.VMAs)
 	slices.SortFunc(vmas, func(a, b image.VMA) int { return cmpU64(a.Start, b.Start) })
 	for _, v := range vmas {
-		if v.End <= v.Start {
-			continue
-		}
-		flags := progFlags(v.Prot)
-		whole := func(seg coreSeg) {
-			seg.addr, seg.size = v.Start, v.End-v.Start
-			loads = append(loads, load{addr: v.Start, size: seg.size, filesz: seg.size, flags: flags, seg: &seg})
-		}
-		empty := func(lo, hi uint64) { loads = append(loads, load{addr: lo, size: hi - lo, flags: flags}) }
-		switch {
-		case slices.Contains(v.VMFlags, "dd"):
-			empty(v.Start, v.End)
-		case v.Kind == image.VMAAnon && !v.Dumped:
-			// never touched (the kernel dumps an anonymous VMA only
-			// if it has an anon_vma): a reservation, a guard
-			empty(v.Start, v.End)
-		case v.Kind == image.VMAVDSO && vdsoFor(release, v.End-v.Start) != nil:
-			whole(coreSeg{bytes: vdsoFor(release, v.End-v.Start)})
-		case v.Kind == image.VMAAnon || v.Kind == image.VMAShmem:
-			src := v.Start
-			if v.Shmem != nil && v.Kind == image.VMAShmem {
-				src = v.Shmem.Source + v.Offset
-			}
-			whole(coreSeg{src: src})
-		case v.Kind == image.VMAFile && (v.Dumped || v.Prot&unix.PROT_WRITE != 0):
-			if mf := c.mappedFile(v); mf != nil {
-				whole(coreSeg{src: v.Start, file: mf, fileOff: v.Offset})
-				break
-			}
-			// The file is not there as it was dumped: the dumped runs
-			// have bytes, the rest none.
-			a := v.Start
-			for a < v.End {
-				d, ok := r.NextData(a)
-				if !ok || d >= v.End {
-					break
-				}
-				if d > a {
-					empty(a, d)
-				}
-				e := min(nextHole(r, d), v.End)
-				loads = append(loads, load{addr: d, size: e - d, filesz: e - d, flags: flags, seg: &coreSeg{addr: d, size: e - d, src: d}})
-				a = e
-			}
-			if a < v.End {
-				empty(a, v.End)
-			}
-		default:
-			empty(v.Start, v.End)
-		}
+		loads = c.appendLoads(loads, v, release)
 	}
 
 	notes := coreNotes(st, c.fileNote(vmas))
@@ -224,6 +179,63 @@ func New(st *image.Process, r *image.Reader, release string) *File {
 		c.used += d.end - d.off
 	}
 	return c
+}
+
+// appendLoads appends the PT_LOADs of v to loads: one, with or without
+// bytes, or, for a private file mapping whose file is not there as it
+// was dumped, one per dumped run and per range between them.
+func (c *File) appendLoads(loads []load, v image.VMA, release string) []load {
+	if v.End <= v.Start {
+		return loads
+	}
+	flags := progFlags(v.Prot)
+	whole := func(seg coreSeg) {
+		seg.addr, seg.size = v.Start, v.End-v.Start
+		loads = append(loads, load{addr: v.Start, size: seg.size, filesz: seg.size, flags: flags, seg: &seg})
+	}
+	empty := func(lo, hi uint64) { loads = append(loads, load{addr: lo, size: hi - lo, flags: flags}) }
+	switch {
+	case slices.Contains(v.VMFlags, "dd"):
+		empty(v.Start, v.End)
+	case v.Kind == image.VMAAnon && !v.Dumped:
+		// never touched (the kernel dumps an anonymous VMA only
+		// if it has an anon_vma): a reservation, a guard
+		empty(v.Start, v.End)
+	case v.Kind == image.VMAVDSO && vdsoFor(release, v.End-v.Start) != nil:
+		whole(coreSeg{bytes: vdsoFor(release, v.End-v.Start)})
+	case v.Kind == image.VMAAnon || v.Kind == image.VMAShmem:
+		src := v.Start
+		if v.Shmem != nil && v.Kind == image.VMAShmem {
+			src = v.Shmem.Source + v.Offset
+		}
+		whole(coreSeg{src: src})
+	case v.Kind == image.VMAFile && (v.Dumped || v.Prot&unix.PROT_WRITE != 0):
+		if mf := c.mappedFile(v); mf != nil {
+			whole(coreSeg{src: v.Start, file: mf, fileOff: v.Offset})
+			break
+		}
+		// The file is not there as it was dumped: the dumped runs
+		// have bytes, the rest none.
+		a := v.Start
+		for a < v.End {
+			d, ok := c.r.NextData(a)
+			if !ok || d >= v.End {
+				break
+			}
+			if d > a {
+				empty(a, d)
+			}
+			e := min(nextHole(c.r, d), v.End)
+			loads = append(loads, load{addr: d, size: e - d, filesz: e - d, flags: flags, seg: &coreSeg{addr: d, size: e - d, src: d}})
+			a = e
+		}
+		if a < v.End {
+			empty(a, v.End)
+		}
+	default:
+		empty(v.Start, v.End)
+	}
+	return loads
 }
 
 // segData adds the data extents of s: its dumped runs and, when a file
