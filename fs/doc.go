@@ -4,7 +4,7 @@
 //	MNT/snapshot.json                 the manifest, as stored
 //	MNT/PID/maps                      the dumped VMAs, in /proc/PID/maps format
 //	MNT/PID/mem                       sparse file: offset = virtual address
-//	MNT/PID/core                      ELF core file of the process (core.go)
+//	MNT/PID/core                      ELF core file of the process (fs/corefile)
 //	MNT/PID/regions/START-END-PERMS[-NAME]   one file per dumped VMA
 //	MNT/PID/process.json              the process state, as stored
 //	MNT/PID/stats                     blocks by kind, sizes, ratio, cache figures

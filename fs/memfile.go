@@ -125,8 +125,9 @@ const (
 	seekHole = 4 // SEEK_HOLE
 )
 
-// coreNode is MNT/PID/core: the process's ELF core file (core.go), a
-// sparse file whose holes are the dumped holes of its PT_LOADs.
+// coreNode is MNT/PID/core: the process's ELF core file (package
+// corefile), a sparse file whose holes are the dumped holes of its
+// PT_LOADs.
 type coreNode struct {
 	fusefs.Inode
 	own  *owner
@@ -144,7 +145,7 @@ var (
 
 func (c *coreNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	c.own.fill(&out.Attr, syscall.S_IFREG|fileMode)
-	setSize(&out.Attr, c.proc.core().size, c.proc.core().used)
+	setSize(&out.Attr, c.proc.core().Size(), c.proc.core().DataBytes())
 	return 0
 }
 
@@ -171,7 +172,7 @@ func (c *coreNode) Lseek(ctx context.Context, f fusefs.FileHandle, off uint64, w
 	default:
 		return 0, syscall.EINVAL
 	}
-	o, ok := c.proc.core().seek(off, whence == seekData)
+	o, ok := c.proc.core().Seek(off, whence == seekData)
 	if !ok {
 		return 0, syscall.ENXIO
 	}

@@ -65,8 +65,8 @@ type Server struct {
 // image.ErrIncomplete)) or one whose index is corrupt; a mountpoint that
 // is not a directory (syscall.ENOTDIR) or is already a mount point
 // (ErrBusy); and reports ErrNoFUSE when /dev/fuse or fusermount3 is
-// missing. It is long because it is the one place that turns Options into
-// the snapshot's readers, the node tree and go-fuse's options, in order.
+// missing. Options turn, in order, into the snapshot's readers and the
+// node tree (openTree), then go-fuse's options (fuseOptions).
 func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	logger := opts.Logger
 	if logger == nil {
@@ -79,6 +79,46 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 	if _, err := CheckFUSE(); err != nil {
 		return nil, err
 	}
+	s := &Server{mountpoint: mnt, log: logger, done: make(chan struct{})}
+	root, err := s.openTree(snapshotDir, opts)
+	if err != nil {
+		return nil, err
+	}
+	fopts := fuseOptions(snapshotDir, opts, logger)
+	srv, err := fuse.NewServer(fusefs.NewNodeFS(root, fopts), mnt, &fopts.MountOptions)
+	if err != nil {
+		s.closeReaders()
+		return nil, fmt.Errorf("mount %s: %w", mnt, mountError(err))
+	}
+	s.srv = srv
+	if opts.directMount {
+		// Whatever the mount opened, no program started later inherits.
+		if err := closeOnExecAll(); err != nil {
+			srv.Unmount()
+			s.closeReaders()
+			return nil, fmt.Errorf("mount %s: close_range: %w", mnt, err)
+		}
+	}
+	go func() {
+		srv.Serve()
+		s.closeReaders()
+		close(s.done)
+	}()
+	if err := srv.WaitMount(); err != nil {
+		s.Unmount()
+		return nil, fmt.Errorf("mount %s: %w", mnt, err)
+	}
+	if err := setReadahead(mnt, opts.ReadaheadKB); err != nil {
+		logger.Debug("raise read-ahead of the mount", "mountpoint", mnt, "err", err)
+	}
+	return s, nil
+}
+
+// openTree opens the snapshot in snapshotDir and the page readers of its
+// processes (into s.procs), and returns the root of the tree that serves
+// them. The snapshot is closed on return: the readers keep their own
+// files.
+func (s *Server) openTree(snapshotDir string, opts Options) (*rootNode, error) {
 	snap, err := image.OpenWith(snapshotDir, image.OpenOptions{Trust: opts.TrustSnapshot, Remote: opts.Remote, Keys: opts.Keys})
 	if errors.Is(err, image.ErrIncomplete) {
 		return nil, fmt.Errorf("%w (the dump did not finish: nothing to mount)", err)
@@ -87,20 +127,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 		return nil, err
 	}
 	defer snap.Close() // the readers keep their own files
-	c := opts.Cache
-	if c == nil {
-		size := opts.CacheSize
-		if size <= 0 {
-			size = DefaultCacheSize
-		}
-		c = cache.New(size)
-	}
-	// Readahead decodes up to two batches of 32 MiB ahead of a sequential
-	// reader; in a cache that cannot hold them with room to spare, the
-	// prefetched blocks would evict each other before they are read.
-	readahead := c.Stats().MaxBytes >= minReadaheadCache
-	ropts := image.ReaderOptions{Cache: c, Threads: opts.DecompressThreads, Readahead: readahead, Logger: logger}
-	s := &Server{mountpoint: mnt, log: logger, done: make(chan struct{})}
+	ropts := readerOptions(opts, s.log)
 	// MNT/PID/workingset reads the snapshot directory again later, from
 	// wherever the server's working directory is then.
 	absDir, err := filepath.Abs(snap.Dir)
@@ -122,13 +149,36 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 		openFlags = fuse.FOPEN_DIRECT_IO
 	}
 	openFlags |= noFlush
-	root := &rootNode{
+	return &rootNode{
 		dirNode:   dirNode{own: &owner{uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), mtime: snap.Manifest.Created}},
 		manifest:  snap.ManifestJSON(),
 		procs:     s.procs,
 		openFlags: openFlags,
 		stats:     statsText,
+	}, nil
+}
+
+// readerOptions returns the options of the page readers: the block cache
+// the mount shares (Options.Cache, or a new one of Options.CacheSize) and
+// whether they decode ahead of sequential readers.
+func readerOptions(opts Options, logger *slog.Logger) image.ReaderOptions {
+	c := opts.Cache
+	if c == nil {
+		size := opts.CacheSize
+		if size <= 0 {
+			size = DefaultCacheSize
+		}
+		c = cache.New(size)
 	}
+	// Readahead decodes up to two batches of 32 MiB ahead of a sequential
+	// reader; in a cache that cannot hold them with room to spare, the
+	// prefetched blocks would evict each other before they are read.
+	readahead := c.Stats().MaxBytes >= minReadaheadCache
+	return image.ReaderOptions{Cache: c, Threads: opts.DecompressThreads, Readahead: readahead, Logger: logger}
+}
+
+// fuseOptions returns go-fuse's options of the mount of snapshotDir.
+func fuseOptions(snapshotDir string, opts Options, logger *slog.Logger) *fusefs.Options {
 	to := timeout
 	fopts := &fusefs.Options{
 		EntryTimeout:    &to,
@@ -160,33 +210,7 @@ func Mount(snapshotDir, mountpoint string, opts Options) (*Server, error) {
 			return fuse.EIO
 		},
 	}
-	srv, err := fuse.NewServer(fusefs.NewNodeFS(root, fopts), mnt, &fopts.MountOptions)
-	if err != nil {
-		s.closeReaders()
-		return nil, fmt.Errorf("mount %s: %w", mnt, mountError(err))
-	}
-	s.srv = srv
-	if opts.directMount {
-		// Whatever the mount opened, no program started later inherits.
-		if err := closeOnExecAll(); err != nil {
-			srv.Unmount()
-			s.closeReaders()
-			return nil, fmt.Errorf("mount %s: close_range: %w", mnt, err)
-		}
-	}
-	go func() {
-		srv.Serve()
-		s.closeReaders()
-		close(s.done)
-	}()
-	if err := srv.WaitMount(); err != nil {
-		s.Unmount()
-		return nil, fmt.Errorf("mount %s: %w", mnt, err)
-	}
-	if err := setReadahead(mnt, opts.ReadaheadKB); err != nil {
-		logger.Debug("raise read-ahead of the mount", "mountpoint", mnt, "err", err)
-	}
-	return s, nil
+	return fopts
 }
 
 // snapshotName is the source column of the mount in /proc/mounts.

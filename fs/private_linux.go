@@ -277,23 +277,7 @@ func PrivateMain(args []string) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var tmpDir atomic.Pointer[string]
-	go func() {
-		st.Wait()
-		select {
-		case <-setUp:
-		default:
-			cancel()
-			select {
-			case <-setUp:
-			case <-time.After(privateExitWait):
-				if d := tmpDir.Load(); d != nil {
-					unix.Unmount(*d, unix.MNT_DETACH)
-					os.Remove(*d)
-				}
-				os.Exit(0)
-			}
-		}
-	}()
+	go endWithStarter(st, setUp, cancel, &tmpDir)
 	var pa privateArgs
 	if err := json.Unmarshal([]byte(rest[0]), &pa); err != nil {
 		return fail(fmt.Errorf("helper arguments: %w", err))
@@ -303,16 +287,9 @@ func PrivateMain(args []string) int {
 	// CLONE_NEWNS is per thread): mount, open, unmount all happen on it,
 	// and fusermount3 is started from it.
 	runtime.LockOSThread()
-	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err == nil {
-		// Without it the mount would propagate to the shared parent.
-		if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			return fail(fmt.Errorf("private mount namespace: %w", err))
-		}
-		// The copies of the other lazyfs mounts go: an unmount outside
-		// never reaches this private copy, which would keep their file
-		// systems, and their servers, until this helper ends.
-		detachLazyfs(unix.Gettid())
-	} // else not root: the mount is in the shared namespace (see MountPrivate)
+	if err := privateNamespace(); err != nil {
+		return fail(err)
+	}
 	tmp, err := os.MkdirTemp("", "lazyfs-private-")
 	if err != nil {
 		return fail(err)
@@ -347,4 +324,45 @@ func PrivateMain(args []string) int {
 	}
 	st.Wait()
 	return 0
+}
+
+// endWithStarter ends the helper if the starter ends (st.Wait returns)
+// before the helper has set up (setUp closed): it cancels the setup, and
+// if that does not return within privateExitWait, unmounts and removes
+// the mountpoint (tmpDir, once made) and exits.
+func endWithStarter(st *helper.Starter, setUp <-chan struct{}, cancel context.CancelFunc, tmpDir *atomic.Pointer[string]) {
+	st.Wait()
+	select {
+	case <-setUp:
+	default:
+		cancel()
+		select {
+		case <-setUp:
+		case <-time.After(privateExitWait):
+			if d := tmpDir.Load(); d != nil {
+				unix.Unmount(*d, unix.MNT_DETACH)
+				os.Remove(*d)
+			}
+			os.Exit(0)
+		}
+	}
+}
+
+// privateNamespace moves the calling thread, as root, into a mount
+// namespace of its own, private, without the other lazyfs mounts. Without
+// root it does nothing: the mount is in the shared namespace (see
+// MountPrivate).
+func privateNamespace() error {
+	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+		return nil // not root
+	}
+	// Without it the mount would propagate to the shared parent.
+	if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("private mount namespace: %w", err)
+	}
+	// The copies of the other lazyfs mounts go: an unmount outside
+	// never reaches this private copy, which would keep their file
+	// systems, and their servers, until this helper ends.
+	detachLazyfs(unix.Gettid())
+	return nil
 }

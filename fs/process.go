@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/fs/corefile"
 )
 
 // process is what the mount holds of one dumped process: its state and
@@ -20,10 +21,10 @@ type process struct {
 	r     *image.Reader
 	log   *slog.Logger
 
-	release  string    // the kernel the snapshot was taken on
-	coreOnce sync.Once // lays out coreFile on first use
-	coreFile *coreFile // MNT/PID/core
-	ws       wsSource  // MNT/PID/workingset
+	release  string         // the kernel the snapshot was taken on
+	coreOnce sync.Once      // lays out coreFile on first use
+	coreFile *corefile.File // MNT/PID/core
+	ws       wsSource       // MNT/PID/workingset
 }
 
 // openProcess reads the state of pid and opens its pages.
@@ -47,15 +48,15 @@ func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions) (*proces
 // mount nobody reads a core from, such as the private mount of a lazy
 // restore, never pays for it); its size and offsets are fixed from then
 // on.
-func (p *process) core() *coreFile {
-	p.coreOnce.Do(func() { p.coreFile = newCore(p, p.release) })
+func (p *process) core() *corefile.File {
+	p.coreOnce.Do(func() { p.coreFile = corefile.New(p.state, p.r, p.release) })
 	return p.coreFile
 }
 
 // close closes the pages and the files the core opened.
 func (p *process) close() error {
 	if p.coreFile != nil {
-		p.coreFile.close()
+		p.coreFile.Close()
 	}
 	return p.r.Close()
 }

@@ -56,6 +56,7 @@ func TestLayout(t *testing.T) {
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
 		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/image/s3store", "engine/image/archive", "cmd/"}, "fs serves snapshots through engine/image only", false},
+		{"fs/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/image/s3store", "engine/image/archive", "cmd/"}, "fs serves snapshots through engine/image only", false},
 		{"engine/", []string{"engine/image/s3store", "engine/image/archive"}, "a store is chosen by the commands (cmd/internal/cli registers it); the engine reads through engine/image", false},
 		{"engine/lazy", []string{"engine", "engine/task", "engine/ns", "fs", "cmd/"}, "the lazy phase reads memory through image.PageSource: it knows no mount and nothing of the restore around it", false},
 		{"engine/ns", []string{"engine", "engine/image", "engine/lazy", "fs", "cmd/"}, "namespaces know nothing of snapshots", false},

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -20,8 +21,236 @@ import (
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
+// runDump is snapctl dump: flags to engine.DumpOptions, in named steps:
+// the flags and their checks, the options, the dump run and reported.
 func runDump(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fl := newFlags("dump", "-t PID -D DIR [options]", `
+	fl, f := newDumpFlags(stdout, stderr)
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	mode, err := f.check(fl)
+	if err != nil {
+		return err
+	}
+	log, closeLog, err := f.log.Logger(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	opts, err := f.options(ctx, fl, mode, log)
+	if err != nil {
+		return err
+	}
+	if isTerminal(stderr) {
+		opts.Progress = progressPrinter(stderr, "dump", time.Second)
+	}
+	res, err := engine.Dump(ctx, opts)
+	if res != nil {
+		printDumped(stdout, res, *f.parent)
+	}
+	if err == nil && *f.statsFile != "" {
+		err = writeStats(*f.statsFile, newDumpStats(*f.dir, res))
+	}
+	return err
+}
+
+// dumpFlags are snapctl dump's flags.
+type dumpFlags struct {
+	pid            *int
+	dir            *string
+	leave          *bool
+	compress       *bool
+	block          *cli.Size
+	noCompress     *bool
+	codecName      *string
+	encryptTo      *[]string
+	sign           *string
+	parent         *string
+	preCopy        *bool
+	preRounds      *int
+	preTime        *time.Duration
+	tcpEstablished *bool
+	external       []string
+	ghostLimit     *cli.Size
+	shellJob       *bool
+	log            *cli.LogFlags
+	statsFile      *string
+	remote         *cli.Remote
+}
+
+// newDumpFlags defines snapctl dump's flags, its help and its exit
+// statuses.
+func newDumpFlags(stdout, stderr io.Writer) (*cli.FlagSet, *dumpFlags) {
+	fl := newFlags("dump", "-t PID -D DIR [options]", dumpHelp,
+		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
+	f := &dumpFlags{}
+	f.pid = fl.Int("t", 0, "the `PID` of the process to dump")
+	fl.Alias("tree", "t")
+	f.dir = fl.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
+	fl.Alias("images-dir", "D")
+	f.leave = fl.Bool("leave-running", false, "resume the process after the dump instead of killing it")
+	f.compress = fl.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
+	f.block = fl.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
+	f.noCompress = fl.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
+	f.codecName = fl.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see Description)")
+	f.encryptTo = fl.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
+	f.sign = fl.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
+	f.parent = fl.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see Description)")
+	fl.Alias("prev-images-dir", "parent")
+
+	f.preCopy = fl.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
+	f.preRounds = fl.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
+	f.preTime = fl.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
+	fl.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
+	f.tcpEstablished = fl.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
+	fl.Func("external", "record the descriptor leading outside the process (the tree) that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
+		f.external = append(f.external, strings.Split(v, ",")...)
+		return nil
+	})
+	f.ghostLimit = fl.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
+	f.shellJob = fl.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
+	f.log = cli.NewLogFlags(fl)
+	f.statsFile = statsFlag(fl, "dump")
+	f.remote = cli.RemoteFlags(fl, false)
+	return fl, f
+}
+
+// check refuses the flags that are missing or go against each other, as
+// far as it can before the logger is opened, and returns the codec.
+func (f *dumpFlags) check(fl *cli.FlagSet) (codec.Mode, error) {
+	if *f.pid <= 0 {
+		return 0, cli.Usagef("-t PID (--tree) is required")
+	}
+	if f.ghostLimit.V < 0 || f.ghostLimit.V > fds.MaxGhostLimit {
+		return 0, cli.Usagef("--ghost-limit %s: want at most %s", f.ghostLimit, units.FormatSize(fds.MaxGhostLimit))
+	}
+	if f.ghostLimit.V == 0 {
+		f.ghostLimit.V = -1 // none kept: a deleted open file is refused
+	}
+	if err := checkStats(*f.statsFile); err != nil {
+		return 0, err
+	}
+	if err := requireDir(*f.dir); err != nil {
+		return 0, err
+	}
+	mode, err := codec.ParseMode(*f.codecName)
+	if err != nil {
+		return 0, cli.Usagef("--codec: %v", err)
+	}
+	codecGiven := false
+	fl.Visit(func(f *flag.Flag) { codecGiven = codecGiven || f.Name == "codec" })
+	if *f.noCompress && codecGiven && mode != codec.NoCompress {
+		return 0, cli.Usagef("--no-compress and --codec %s are exclusive", mode)
+	}
+	if err := f.remote.Check(*f.dir); err != nil {
+		return 0, err
+	}
+	return mode, nil
+}
+
+// options returns the dump's options, refusing the flags that the checks
+// before the logger was opened left.
+func (f *dumpFlags) options(ctx context.Context, fl *cli.FlagSet, mode codec.Mode, log *slog.Logger) (engine.DumpOptions, error) {
+	opts := engine.DumpOptions{PID: *f.pid, Dir: *f.dir, LeaveRunning: *f.leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: f.remote.Options(ctx),
+		TCPEstablished: *f.tcpEstablished, ShellJob: *f.shellJob, GhostLimit: f.ghostLimit.V, Logger: log}
+	if len(f.external) > 0 {
+		ext, err := fds.ParseExternal(f.external)
+		if err != nil {
+			return opts, cli.Usagef("%v", err)
+		}
+		opts.External = ext
+	}
+	if *f.preCopy {
+		if *f.preRounds < 1 || *f.preTime <= 0 {
+			return opts, cli.Usagef("--pre-copy-rounds must be at least 1 and --pre-copy-time positive")
+		}
+		opts.PreCopy = &engine.PreCopyOptions{MaxRounds: *f.preRounds, MaxTime: *f.preTime}
+	} else {
+		set := false
+		fl.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
+		if set {
+			return opts, cli.Usagef("--pre-copy-rounds and --pre-copy-time need --pre-copy")
+		}
+	}
+	n := 0
+	for _, b := range []bool{*f.compress, f.block.Given, *f.noCompress} {
+		if b {
+			n++
+		}
+	}
+	if n > 1 {
+		return opts, cli.Usagef("--compress, --compress-block and --no-compress are exclusive")
+	}
+	if *f.parent != "" {
+		if len(*f.encryptTo) > 0 || *f.sign != "" {
+			return opts, cli.Usagef("--parent: an incremental snapshot cannot be sealed (--encrypt-to) or signed (--sign)")
+		}
+		opts.Parent = *f.parent
+		opts.BlockSize = 0 // the parent's, unless given below
+	}
+	switch {
+	case *f.compress:
+		opts.BlockSize = codec.PageSize
+	case f.block.Given:
+		if b := f.block.V; b < codec.PageSize || b > codec.MaxBlockSize || b&(b-1) != 0 {
+			return opts, cli.Usagef("--compress-block %s: must be a power of two from 4K to 4M", units.FormatSize(uint64(b)))
+		}
+		opts.BlockSize = int(f.block.V)
+	}
+	if *f.noCompress {
+		opts.Mode = codec.NoCompress
+	}
+	return opts, f.keys(&opts)
+}
+
+// keys sets the recipients that seal the snapshot (--encrypt-to) and the
+// key that signs it (--sign).
+func (f *dumpFlags) keys(opts *engine.DumpOptions) error {
+	if len(*f.encryptTo) > 0 {
+		so, err := image.ParseRecipients(*f.encryptTo)
+		if err != nil {
+			return cli.Usagef("--encrypt-to: %v", err)
+		}
+		opts.Seal = so
+	}
+	if *f.sign != "" {
+		k, err := image.ParseSigner(*f.sign)
+		if err != nil {
+			return cli.Usagef("--sign: %v", err)
+		}
+		opts.Sign = k
+	}
+	return nil
+}
+
+// printDumped prints the dump's summary: what it wrote, and what it took
+// from the parent (--parent), the connections it holds and its pre-copy
+// rounds, if any.
+func printDumped(w io.Writer, res *engine.DumpResult, parent string) {
+	s := res.Stats
+	fmt.Fprintf(w, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
+		res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
+		res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
+	if parent != "" {
+		fmt.Fprintf(w, "incremental: %s in %d blocks taken from parent %s; %s in %d blocks changed or new (%d of them all zeros)\n",
+			units.FormatSize(s.Parent.Bytes), s.Parent.Blocks, parent, units.FormatSize(s.Total.Bytes-s.Parent.Bytes), s.Total.Blocks-s.Parent.Blocks, s.Zero.Blocks)
+	}
+	if res.Conns > 0 {
+		fmt.Fprintf(w, "%d TCP connections held by nftables table inet %s until snapctl restore --tcp-established\n", res.Conns, res.NetLock)
+	}
+	if p := res.PreCopy; p != nil {
+		var copied uint64
+		for _, r := range p.Rounds {
+			copied += r.Copied
+		}
+		fmt.Fprintf(w, "pre-copy: %d rounds copied %s in %s (paused %s to set up); frozen copy %s\n",
+			len(p.Rounds), units.FormatSize(copied), p.Time.Round(time.Millisecond), p.Pause.Round(time.Millisecond), units.FormatSize(p.FrozenCopy))
+	}
+}
+
+// dumpHelp is snapctl dump's description, in its --help and its manual
+// page.
+const dumpHelp = `
 Freeze every thread of process PID and of all its descendants (the tree
 whose root PID is, as criu dump -t), write their snapshot into DIR, then kill
 them (or resume them with --leave-running). Every process is stopped before
@@ -126,165 +355,7 @@ in the snapshot, contents, owner and mode, up to --ghost-limit (1M by
 default); restore makes a new file of them, never linked, in the
 directory the old one was in, and opens or maps it again. A larger one is
 refused, naming it and the flag (a program or library often needs
---ghost-limit 64M).`,
-		[]int{cli.ExitUnsupported, cli.ExitNoProcess, cli.ExitBadSnapshot, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	pid := fl.Int("t", 0, "the `PID` of the process to dump")
-	fl.Alias("tree", "t")
-	dir := fl.String("D", "", "the snapshot directory `DIR` (created if missing; must not hold a snapshot)")
-	fl.Alias("images-dir", "D")
-	leave := fl.Bool("leave-running", false, "resume the process after the dump instead of killing it")
-	compress := fl.Bool("compress", false, "one page (4 KiB) per block: best ratio, most index")
-	block := fl.Size("compress-block", 0, "block `SIZE`: a power of two from 4K to 4M (default 256K)")
-	noCompress := fl.Bool("no-compress", false, "store every non-zero block raw (--codec none)")
-	codecName := fl.String("codec", codec.DefaultMode.String(), "block `CODEC`: lz4, shuffle-lz4, shuffle-huff or none (see Description)")
-	encryptTo := fl.Strings("encrypt-to", "seal the snapshot for `RECIPIENT`: an age public key (age1...), a file of them, or an age identity file (repeatable)")
-	sign := fl.String("sign", "", "sign the snapshot with the OpenSSH ed25519 private key in `KEY` (ssh-keygen -t ed25519)")
-	parent := fl.String("parent", "", "incremental: store only the blocks that differ from the snapshot in `DIR` (see Description)")
-	fl.Alias("prev-images-dir", "parent")
-
-	preCopy := fl.Bool("pre-copy", false, "copy memory while the process runs, then freeze it only to copy what it wrote since")
-	preRounds := fl.Int("pre-copy-rounds", engine.DefaultPreCopyRounds, "with --pre-copy: at most `N` copy rounds before the freeze")
-	preTime := fl.Duration("pre-copy-time", engine.DefaultPreCopyTime, "with --pre-copy: start no round after `DURATION`")
-	fl.Int("decompress-threads", 1, "`N` is accepted and ignored: a dump only encodes (restore and lazyfs decode)")
-	tcpEstablished := fl.Bool("tcp-established", false, "keep established TCP connections (TCP_REPAIR), held by an nftables lock until the restore")
-	var external []string
-	fl.Func("external", "record the descriptor leading outside the process (the tree) that `RES` names instead of refusing it: stdio (fds 0-2), fd[N], pipe[INO], unix[INO]; repeat or separate with commas", func(v string) error {
-		external = append(external, strings.Split(v, ",")...)
-		return nil
-	})
-	ghostLimit := fl.Size("ghost-limit", fds.DefaultGhostLimit, "keep in the snapshot the contents of the open or mapped files that were deleted, up to `SIZE` each (0: refuse them)")
-	shellJob := fl.Bool("shell-job", false, "record the descriptors on a terminal outside the tree, for restore --shell-job to give them its own")
-	logFlags := cli.NewLogFlags(fl)
-	statsFile := statsFlag(fl, "dump")
-	remote := cli.RemoteFlags(fl, false)
-	if err := fl.Parse(args); err != nil {
-		return err
-	}
-	if *pid <= 0 {
-		return cli.Usagef("-t PID (--tree) is required")
-	}
-	if ghostLimit.V < 0 || ghostLimit.V > fds.MaxGhostLimit {
-		return cli.Usagef("--ghost-limit %s: want at most %s", ghostLimit, units.FormatSize(fds.MaxGhostLimit))
-	}
-	if ghostLimit.V == 0 {
-		ghostLimit.V = -1 // none kept: a deleted open file is refused
-	}
-	if err := checkStats(*statsFile); err != nil {
-		return err
-	}
-	if err := requireDir(*dir); err != nil {
-		return err
-	}
-	mode, err := codec.ParseMode(*codecName)
-	if err != nil {
-		return cli.Usagef("--codec: %v", err)
-	}
-	codecGiven := false
-	fl.Visit(func(f *flag.Flag) { codecGiven = codecGiven || f.Name == "codec" })
-	if *noCompress && codecGiven && mode != codec.NoCompress {
-		return cli.Usagef("--no-compress and --codec %s are exclusive", mode)
-	}
-	if err := remote.Check(*dir); err != nil {
-		return err
-	}
-	log, closeLog, err := logFlags.Logger(stderr)
-	if err != nil {
-		return err
-	}
-	defer closeLog()
-	opts := engine.DumpOptions{PID: *pid, Dir: *dir, LeaveRunning: *leave, BlockSize: codec.DefaultBlockSize, Mode: mode, Remote: remote.Options(ctx),
-		TCPEstablished: *tcpEstablished, ShellJob: *shellJob, GhostLimit: ghostLimit.V, Logger: log}
-	if len(external) > 0 {
-		ext, err := fds.ParseExternal(external)
-		if err != nil {
-			return cli.Usagef("%v", err)
-		}
-		opts.External = ext
-	}
-	if *preCopy {
-		if *preRounds < 1 || *preTime <= 0 {
-			return cli.Usagef("--pre-copy-rounds must be at least 1 and --pre-copy-time positive")
-		}
-		opts.PreCopy = &engine.PreCopyOptions{MaxRounds: *preRounds, MaxTime: *preTime}
-	} else {
-		set := false
-		fl.Visit(func(f *flag.Flag) { set = set || f.Name == "pre-copy-rounds" || f.Name == "pre-copy-time" })
-		if set {
-			return cli.Usagef("--pre-copy-rounds and --pre-copy-time need --pre-copy")
-		}
-	}
-	n := 0
-	for _, b := range []bool{*compress, block.Given, *noCompress} {
-		if b {
-			n++
-		}
-	}
-	if n > 1 {
-		return cli.Usagef("--compress, --compress-block and --no-compress are exclusive")
-	}
-	if *parent != "" {
-		if len(*encryptTo) > 0 || *sign != "" {
-			return cli.Usagef("--parent: an incremental snapshot cannot be sealed (--encrypt-to) or signed (--sign)")
-		}
-		opts.Parent = *parent
-		opts.BlockSize = 0 // the parent's, unless given below
-	}
-	switch {
-	case *compress:
-		opts.BlockSize = codec.PageSize
-	case block.Given:
-		if block.V < codec.PageSize || block.V > codec.MaxBlockSize || block.V&(block.V-1) != 0 {
-			return cli.Usagef("--compress-block %s: must be a power of two from 4K to 4M", units.FormatSize(uint64(block.V)))
-		}
-		opts.BlockSize = int(block.V)
-	}
-	if *noCompress {
-		opts.Mode = codec.NoCompress
-	}
-	if len(*encryptTo) > 0 {
-		so, err := image.ParseRecipients(*encryptTo)
-		if err != nil {
-			return cli.Usagef("--encrypt-to: %v", err)
-		}
-		opts.Seal = so
-	}
-	if *sign != "" {
-		k, err := image.ParseSigner(*sign)
-		if err != nil {
-			return cli.Usagef("--sign: %v", err)
-		}
-		opts.Sign = k
-	}
-	if isTerminal(stderr) {
-		opts.Progress = progressPrinter(stderr, "dump", time.Second)
-	}
-	res, err := engine.Dump(ctx, opts)
-	if res != nil {
-		s := res.Stats
-		fmt.Fprintf(stdout, "dumped pid %d (%s): %s of memory into %s (ratio %.3f) in %s; frozen %s\n",
-			res.PID, processesThreads(res.Processes, res.Threads), units.FormatSize(s.Total.Bytes), units.FormatSize(s.FileSize), s.Ratio(),
-			res.Total.Round(time.Millisecond), res.Freeze.Round(time.Millisecond))
-		if *parent != "" {
-			fmt.Fprintf(stdout, "incremental: %s in %d blocks taken from parent %s; %s in %d blocks changed or new (%d of them all zeros)\n",
-				units.FormatSize(s.Parent.Bytes), s.Parent.Blocks, *parent, units.FormatSize(s.Total.Bytes-s.Parent.Bytes), s.Total.Blocks-s.Parent.Blocks, s.Zero.Blocks)
-		}
-		if res.Conns > 0 {
-			fmt.Fprintf(stdout, "%d TCP connections held by nftables table inet %s until snapctl restore --tcp-established\n", res.Conns, res.NetLock)
-		}
-		if p := res.PreCopy; p != nil {
-			var copied uint64
-			for _, r := range p.Rounds {
-				copied += r.Copied
-			}
-			fmt.Fprintf(stdout, "pre-copy: %d rounds copied %s in %s (paused %s to set up); frozen copy %s\n",
-				len(p.Rounds), units.FormatSize(copied), p.Time.Round(time.Millisecond), p.Pause.Round(time.Millisecond), units.FormatSize(p.FrozenCopy))
-		}
-	}
-	if err == nil && *statsFile != "" {
-		err = writeStats(*statsFile, newDumpStats(*dir, res))
-	}
-	return err
-}
+--ghost-limit 64M).`
 
 // processesThreads says how many threads, and processes if more than
 // one, a dump or restore had.

@@ -219,7 +219,18 @@ func inspect(dir string, o image.OpenOptions) (*inspectReport, error) {
 	return rep, nil
 }
 
+// printInspect prints the report in text: the snapshot, then each
+// process.
 func printInspect(w io.Writer, rep *inspectReport) {
+	printManifest(w, rep)
+	for _, p := range rep.Processes {
+		printProcess(w, rep.Dir, &p)
+	}
+}
+
+// printManifest prints what the manifest says of the snapshot: its
+// format, how it is sealed and signed, and its chain of parents.
+func printManifest(w io.Writer, rep *inspectReport) {
 	m := rep.Manifest
 	fmt.Fprintf(w, "snapshot %s\n  format %s v%d, %s, created %s\n  kernel %s %s, block size %s, compression %s\n",
 		rep.Dir, m.Format, m.Version, m.Tool, m.Created.Format("2006-01-02 15:04:05 MST"), m.Kernel.Release, m.Kernel.Machine,
@@ -256,57 +267,61 @@ func printInspect(w io.Writer, rep *inspectReport) {
 			fmt.Fprintf(w, "    %s\n", d)
 		}
 	}
-	for _, p := range rep.Processes {
-		fmt.Fprintf(w, "\nprocess %d (%s) %s\n  %d threads, %d file descriptors, %d memory regions\n\n", p.PID, p.Comm, p.Exe, p.Threads, p.FDs, len(p.Regions))
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  START\tEND\tPERMS\tKIND\tDUMPED\tNAME")
-		for _, r := range p.Regions {
-			d := "-"
-			if r.Dumped > 0 {
-				d = units.FormatSize(r.Dumped)
-			}
-			fmt.Fprintf(tw, "  %x\t%x\t%s\t%s\t%s\t%s\n", r.Start, r.End, r.Perms, r.Kind, d, r.Name)
+}
+
+// printProcess prints a process of the snapshot in dir: its regions, its
+// blocks by kind, what it shares with its parent, its descriptors leading
+// outside, how to debug it and its working set.
+func printProcess(w io.Writer, dir string, p *processReport) {
+	fmt.Fprintf(w, "\nprocess %d (%s) %s\n  %d threads, %d file descriptors, %d memory regions\n\n", p.PID, p.Comm, p.Exe, p.Threads, p.FDs, len(p.Regions))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  START\tEND\tPERMS\tKIND\tDUMPED\tNAME")
+	for _, r := range p.Regions {
+		d := "-"
+		if r.Dumped > 0 {
+			d = units.FormatSize(r.Dumped)
 		}
-		tw.Flush()
-		fmt.Fprintln(w)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "  BLOCKS\tCOUNT\tORIGINAL\tSTORED\t")
-		b := p.Blocks
-		for _, k := range []struct {
-			name string
-			s    image.KindStats
-		}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"parent", b.Parent}, {"forked", b.Forked}, {"total", b.Total}} {
-			if (k.name == "parent" || k.name == "forked") && k.s.Blocks == 0 {
-				continue
-			}
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))
+		fmt.Fprintf(tw, "  %x\t%x\t%s\t%s\t%s\t%s\n", r.Start, r.End, r.Perms, r.Kind, d, r.Name)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "  BLOCKS\tCOUNT\tORIGINAL\tSTORED\t")
+	b := p.Blocks
+	for _, k := range []struct {
+		name string
+		s    image.KindStats
+	}{{"zero", b.Zero}, {"raw", b.Raw}, {"lz4", b.LZ4}, {"shuffle", b.Shuffle}, {"parent", b.Parent}, {"forked", b.Forked}, {"total", b.Total}} {
+		if (k.name == "parent" || k.name == "forked") && k.s.Blocks == 0 {
+			continue
 		}
-		tw.Flush()
-		fmt.Fprintf(w, "  pages file %s for %s of memory: ratio %.3f (%s)\n", units.FormatSize(b.FileSize), units.FormatSize(b.Total.Bytes), p.Ratio, strings.TrimSpace(fmt.Sprintf("%.1f%% saved", 100*(1-p.Ratio))))
-		if p.Inherited > 0 {
-			fmt.Fprintf(w, "  %s of private memory shared copy-on-write with its parent %d: shared again at restore\n", units.FormatSize(p.Inherited), p.Parent)
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t\n", k.name, k.s.Blocks, units.FormatSize(k.s.Bytes), units.FormatSize(k.s.Stored))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "  pages file %s for %s of memory: ratio %.3f (%s)\n", units.FormatSize(b.FileSize), units.FormatSize(b.Total.Bytes), p.Ratio, strings.TrimSpace(fmt.Sprintf("%.1f%% saved", 100*(1-p.Ratio))))
+	if p.Inherited > 0 {
+		fmt.Fprintf(w, "  %s of private memory shared copy-on-write with its parent %d: shared again at restore\n", units.FormatSize(p.Inherited), p.Parent)
+	}
+	for _, o := range p.Outside {
+		if o.Key != "" {
+			fmt.Fprintf(w, "  fd %d leads outside: %s (restore --inherit-fd fd[N]:%s, or --external-fallback null)\n", o.FD, o.Key, o.Key)
+		} else {
+			fmt.Fprintf(w, "  fd %d TCP connection %s-%s kept, held by nftables table inet %s (restore --tcp-established)\n", o.FD, o.Local, o.Peer, o.Lock)
 		}
-		for _, o := range p.Outside {
-			if o.Key != "" {
-				fmt.Fprintf(w, "  fd %d leads outside: %s (restore --inherit-fd fd[N]:%s, or --external-fallback null)\n", o.FD, o.Key, o.Key)
-			} else {
-				fmt.Fprintf(w, "  fd %d TCP connection %s-%s kept, held by nftables table inet %s (restore --tcp-established)\n", o.FD, o.Local, o.Peer, o.Lock)
-			}
-		}
-		exe := p.Exe
-		if exe == "" {
-			exe = "EXE"
-		}
-		fmt.Fprintf(w, "  debug it: lazyfs %s MNT, then gdb %s MNT/%s (an ELF core file made as it is read)\n", shellQuote(rep.Dir), shellQuote(exe), p.Core)
-		switch ws := p.WorkingSet; {
-		case ws == nil:
-			fmt.Fprintf(w, "  working set: none\n")
-		case ws.Ignored != "":
-			fmt.Fprintf(w, "  working set: ignored: %s\n", ws.Ignored)
-		default:
-			fmt.Fprintf(w, "  working set: %s in %d ranges, %d blocks, touched over %s (stopped by %s): %s\n",
-				units.FormatSize(ws.Bytes), ws.Ranges, ws.Blocks, time.Duration(ws.Span*float64(time.Second)).Round(time.Millisecond), ws.Stop, ws.File)
-		}
+	}
+	exe := p.Exe
+	if exe == "" {
+		exe = "EXE"
+	}
+	fmt.Fprintf(w, "  debug it: lazyfs %s MNT, then gdb %s MNT/%s (an ELF core file made as it is read)\n", shellQuote(dir), shellQuote(exe), p.Core)
+	switch ws := p.WorkingSet; {
+	case ws == nil:
+		fmt.Fprintf(w, "  working set: none\n")
+	case ws.Ignored != "":
+		fmt.Fprintf(w, "  working set: ignored: %s\n", ws.Ignored)
+	default:
+		fmt.Fprintf(w, "  working set: %s in %d ranges, %d blocks, touched over %s (stopped by %s): %s\n",
+			units.FormatSize(ws.Bytes), ws.Ranges, ws.Blocks, time.Duration(ws.Span*float64(time.Second)).Round(time.Millisecond), ws.Stop, ws.File)
 	}
 }
 

@@ -36,10 +36,272 @@ import (
 // before anything else, and nothing else.
 func init() { helper.Main() }
 
-// runRestore is snapctl restore: flags to engine.RestoreOptions. Most of
-// its lines are its help text and its flags.
+// runRestore is snapctl restore: flags to engine.RestoreOptions, in named
+// steps: the flags and their checks, the snapshot opened, the options
+// built (those of a lazy restore apart), the restore run and reported.
 func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [--pidns] [--netns new|PATH] [options]", `
+	fl, f := newRestoreFlags(stdout, stderr)
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	inherited, tty, err := f.check()
+	if err != nil {
+		return err
+	}
+	if tty != nil {
+		defer tty.Close()
+	}
+	snap, log, closeAll, err := f.open(ctx, fl, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	opts := f.options(snap, inherited, log, stdout)
+	terminal := isTerminal(stderr)
+	if terminal {
+		opts.Progress = progressPrinter(stderr, "restore", time.Second)
+	}
+	var progress *lazyProgress
+	if *f.lazy {
+		var endLazy func()
+		if progress, endLazy, err = f.lazyOptions(&opts, snap, log, stderr, terminal); err != nil {
+			return err
+		}
+		// After Restore: by then every process is fully served or dead.
+		defer endLazy()
+	}
+	res, err := engine.Restore(ctx, opts)
+	if progress != nil {
+		progress.stop() // its last line before the summary
+	}
+	if err != nil {
+		return err
+	}
+	printRestored(stdout, res, *f.lazy)
+	for _, ws := range res.WorkingSets {
+		printWorkingSet(stdout, ws)
+	}
+	if *f.statsFile != "" {
+		return writeStats(*f.statsFile, newRestoreStats(*f.dir, *f.lazy, res))
+	}
+	return nil
+}
+
+// restoreFlags are snapctl restore's flags.
+type restoreFlags struct {
+	dir            *string
+	threads        *int
+	trust          *bool
+	identity       func() (*image.Keyring, error)
+	pidfile        *string
+	lazy           *bool
+	mount          *string
+	source         *string
+	prefetchDelay  *time.Duration
+	leaveStopped   *bool
+	tcpEstablished *bool
+	tcpClose       *bool
+	inherit        []string
+	shellJob       *bool
+	fallback       *string
+	pidns          *bool
+	netns          *string
+	into           *int
+	workingSet     *string
+	record         *bool
+	recordFor      *time.Duration
+	recordFaults   *int
+	log            *cli.LogFlags
+	statsFile      *string
+	remote         *cli.Remote
+}
+
+// newRestoreFlags defines snapctl restore's flags, its help and its exit
+// statuses.
+func newRestoreFlags(stdout, stderr io.Writer) (*cli.FlagSet, *restoreFlags) {
+	fl := newFlags("restore", "-D DIR [--lazy [--mount MNT] [--source mount|direct]] [--pidns] [--netns new|PATH] [options]", restoreHelp,
+		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
+	f := &restoreFlags{}
+	f.dir = fl.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
+	fl.Alias("images-dir", "D")
+	f.threads = threadsFlag(fl)
+	f.trust = trustFlag(fl)
+	f.identity = fl.Identity()
+	f.pidfile = fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
+	f.lazy = fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
+	f.mount = fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
+	f.source = fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
+	f.prefetchDelay = fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
+	f.leaveStopped = fl.Bool("leave-stopped", false, "leave every restored process stopped, as if SIGSTOP came before its first instruction: SIGCONT lets it run (not with --lazy)")
+	f.tcpEstablished = fl.Bool("tcp-established", false, "bring back connected the TCP connections the dump kept (dump --tcp-established)")
+	f.tcpClose = fl.Bool("tcp-close", false, "close established TCP connections (the default without --tcp-established)")
+	fl.Func("inherit-fd", "give snapctl's descriptor N for the descriptor leading outside of key KEY (`fd[N]:KEY`; KEY pipe:[INO], socket:[INO] or fd[M]); repeat for each", func(v string) error {
+		f.inherit = append(f.inherit, v)
+		return nil
+	})
+	f.shellJob = fl.Bool("shell-job", false, "give the descriptors on a terminal outside the tree (dump --shell-job) snapctl's own terminal")
+	f.fallback = fl.String("external-fallback", fds.ExternalRefuse, "what a descriptor leading outside without --inherit-fd becomes: `MODE` refuse (the restore) or null (/dev/null)")
+	f.pidns = fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
+	f.netns = fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
+	f.into = fl.Int("into", 0, "restore into the namespaces (mount, network, IPC, UTS, cgroup, pid) and cgroups of the running process `PID`, a container's placeholder: the processes keep the pids they had in their container, their files are looked up in its root")
+	f.workingSet = fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot, from its own copy of the memory), blocks (the same from the snapshot's blocks that hold it) or off")
+	f.record = fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
+	f.recordFor = fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
+	f.recordFaults = fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
+	f.log = cli.NewLogFlags(fl)
+	f.statsFile = statsFlag(fl, "restore")
+	f.remote = cli.RemoteFlags(fl, true)
+	return fl, f
+}
+
+// check refuses the flags that go against each other, and returns the
+// descriptors handed to the restore (--inherit-fd) with, for --shell-job,
+// snapctl's terminal among them, which the caller closes.
+func (f *restoreFlags) check() (inherited map[string]int, tty *os.File, err error) {
+	if err := checkStats(*f.statsFile); err != nil {
+		return nil, nil, err
+	}
+	if *f.leaveStopped && *f.lazy {
+		return nil, nil, cli.Usagef("--leave-stopped and --lazy are exclusive: a lazy restore keeps its processes traced until their memory is in")
+	}
+	if *f.into != 0 && (*f.pidns || *f.netns != "") {
+		return nil, nil, cli.Usagef("--into joins the namespaces of a process: it goes with neither --pidns nor --netns")
+	}
+	if *f.into < 0 {
+		return nil, nil, cli.Usagef("--into %d: want the pid of a running process", *f.into)
+	}
+	if *f.tcpEstablished && *f.tcpClose {
+		return nil, nil, cli.Usagef("--tcp-established and --tcp-close are exclusive")
+	}
+	if *f.fallback != fds.ExternalRefuse && *f.fallback != fds.ExternalNull {
+		return nil, nil, cli.Usagef("--external-fallback %q: want refuse or null", *f.fallback)
+	}
+	inherited, err = fds.ParseInherit(f.inherit)
+	if err != nil {
+		return nil, nil, cli.Usagef("%v", err)
+	}
+	if *f.shellJob {
+		if _, given := inherited[fds.TerminalKey]; given {
+			return nil, nil, cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", fds.TerminalKey)
+		}
+		tty, err = ownTerminal()
+		if err != nil {
+			return nil, nil, cli.Usagef("--shell-job: %v", err)
+		}
+		inherited[fds.TerminalKey] = int(tty.Fd())
+	}
+	return inherited, tty, nil
+}
+
+// open checks the flags that name the snapshot and the lazy restore's,
+// then opens the logger and the snapshot; closeAll closes both.
+func (f *restoreFlags) open(ctx context.Context, fl *cli.FlagSet, stderr io.Writer) (snap *image.Snapshot, log *slog.Logger, closeAll func(), err error) {
+	if err := requireDir(*f.dir); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := f.remote.Check(*f.dir); err != nil {
+		return nil, nil, nil, err
+	}
+	open := image.OpenOptions{Trust: *f.trust, Remote: f.remote.Options(ctx)}
+	if err := checkLazyFlags(fl, *f.lazy, *f.source, *f.mount, *f.prefetchDelay); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := checkWorkingSetFlags(fl, *f.lazy, *f.workingSet, *f.record, *f.recordFor, *f.recordFaults); err != nil {
+		return nil, nil, nil, err
+	}
+	log, closeLog, err := f.log.Logger(stderr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fail := func(err error) (*image.Snapshot, *slog.Logger, func(), error) {
+		closeLog()
+		return nil, nil, nil, err
+	}
+	if *f.netns != "" && *f.netns != ns.NetNew {
+		nf, err := ns.OpenNet(*f.netns)
+		if err != nil {
+			return fail(cli.Usagef("--netns: %v", err))
+		}
+		nf.Close()
+	}
+	keys, err := f.identity()
+	if err != nil {
+		return fail(err)
+	}
+	open.Keys = keys
+	snap, err = image.OpenWith(*f.dir, open)
+	if err != nil {
+		return fail(fmt.Errorf("open snapshot: %w", err))
+	}
+	return snap, log, func() { snap.Close(); closeLog() }, nil
+}
+
+// options returns the restore's options, but for those of a lazy restore
+// (lazyOptions).
+func (f *restoreFlags) options(snap *image.Snapshot, inherited map[string]int, log *slog.Logger, stdout io.Writer) engine.RestoreOptions {
+	opts := engine.RestoreOptions{Snapshot: snap, Threads: *f.threads, Logger: log, LeaveStopped: *f.leaveStopped,
+		Namespaces:     ns.Namespaces{PID: *f.pidns, Net: *f.netns, Into: *f.into, Detach: []string{fs.FSType}},
+		TCPEstablished: *f.tcpEstablished, Inherit: inherited, ExternalFallback: *f.fallback, ShellJob: *f.shellJob}
+	started := time.Now()
+	opts.Running = func(pid int) error {
+		if *f.lazy {
+			fmt.Fprintf(stdout, "pid %d running after %s; serving its memory\n", pid, time.Since(started).Round(time.Millisecond))
+		}
+		if *f.pidfile == "" {
+			return nil
+		}
+		return writePidfile(*f.pidfile, pid)
+	}
+	return opts
+}
+
+// lazyOptions sets the options of a lazy restore in opts: its page source,
+// working set, recording (stopped by SIGUSR1) and, on a terminal, the
+// progress of the fill, which it returns. end closes the page source and
+// stops the rest, once the restore has returned.
+func (f *restoreFlags) lazyOptions(opts *engine.RestoreOptions, snap *image.Snapshot, log *slog.Logger, stderr io.Writer, terminal bool) (progress *lazyProgress, end func(), err error) {
+	if opts.Source, err = pageSource(snap, *f.source, *f.mount, *f.threads, log); err != nil {
+		return nil, nil, err
+	}
+	ends := []func(){func() {
+		if err := opts.Source.Close(); err != nil {
+			log.Warn("lazy page source", "err", err)
+		}
+	}}
+	opts.Lazy = lazy.Options{PrefetchDelay: *f.prefetchDelay, Keeper: true}
+	switch *f.workingSet {
+	case "off":
+		opts.Lazy.WorkingSet = lazy.WorkingSetOff
+	case "blocks":
+		opts.Lazy.WorkingSet = lazy.WorkingSetBlocks
+	}
+	if *f.record {
+		stop := make(chan struct{})
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGUSR1)
+		ends = append(ends, func() { signal.Stop(sig) })
+		go func() {
+			if _, ok := <-sig; ok {
+				close(stop)
+			}
+		}()
+		opts.Lazy.Record = &lazy.RecordOptions{For: *f.recordFor, Faults: *f.recordFaults, Stop: stop}
+	}
+	if terminal {
+		progress = newLazyProgress(stderr)
+		ends = append(ends, progress.stop)
+		opts.Lazy.Progress = progress.update
+	}
+	return progress, func() {
+		for i := len(ends) - 1; i >= 0; i-- {
+			ends[i]()
+		}
+	}, nil
+}
+
+// restoreHelp is snapctl restore's description, in its --help and its
+// manual page.
+const restoreHelp = `
 Rebuild the process of the snapshot in DIR, with its pid, threads, memory,
 file descriptors and registers, and let it run (reparented to init, like
 criu restore -d). A snapshot of a process tree is rebuilt whole: each
@@ -144,178 +406,7 @@ With --netns, its sockets are recreated in another network namespace:
 new (an empty one with the loopback device up) or the namespace file
 PATH (as ip netns add makes, /run/netns/NAME). Reach it with nsenter -t
 PID -n, or ip netns exec NAME; a new one goes when the process does.
---pidns and --netns need CAP_SYS_ADMIN.`,
-		[]int{cli.ExitUnsupported, cli.ExitPIDInUse, cli.ExitOtherKernel, cli.ExitBadSnapshot, cli.ExitUntrusted, cli.ExitFileChanged, cli.ExitNoPrivilege}, stdout, stderr)
-	dir := fl.String("D", "", "the snapshot `DIR`: a directory, s3://BUCKET/PREFIX, or an archive file (snapctl export)")
-	fl.Alias("images-dir", "D")
-	threads := threadsFlag(fl)
-	trust := trustFlag(fl)
-	identity := fl.Identity()
-	pidfile := fl.String("pidfile", "", "write the restored pid to `FILE` once the process runs")
-	lazyFlag := fl.Bool("lazy", false, "serve anonymous memory on demand through userfaultfd")
-	mount := fl.String("mount", "", "with --lazy: read pages from this running lazyfs mount (`MNT`) of the same snapshot")
-	source := fl.String("source", "mount", "with --lazy: where pages are read, `SOURCE` mount (a FUSE mount of the snapshot) or direct (the snapshot files)")
-	prefetchDelay := fl.Duration("prefetch-delay", 0, "with --lazy: start streaming the pages not yet faulted in only after `DELAY` (e.g. 200ms)")
-	leaveStopped := fl.Bool("leave-stopped", false, "leave every restored process stopped, as if SIGSTOP came before its first instruction: SIGCONT lets it run (not with --lazy)")
-	tcpEstablished := fl.Bool("tcp-established", false, "bring back connected the TCP connections the dump kept (dump --tcp-established)")
-	tcpClose := fl.Bool("tcp-close", false, "close established TCP connections (the default without --tcp-established)")
-	var inherit []string
-	fl.Func("inherit-fd", "give snapctl's descriptor N for the descriptor leading outside of key KEY (`fd[N]:KEY`; KEY pipe:[INO], socket:[INO] or fd[M]); repeat for each", func(v string) error {
-		inherit = append(inherit, v)
-		return nil
-	})
-	shellJob := fl.Bool("shell-job", false, "give the descriptors on a terminal outside the tree (dump --shell-job) snapctl's own terminal")
-	fallback := fl.String("external-fallback", fds.ExternalRefuse, "what a descriptor leading outside without --inherit-fd becomes: `MODE` refuse (the restore) or null (/dev/null)")
-	pidns := fl.Bool("pidns", false, "restore into a new pid namespace (and mount namespace), with the original pid there")
-	netns := fl.String("netns", "", "recreate sockets in network namespace `NS`: new (empty, loopback up) or the path of a namespace file")
-	into := fl.Int("into", 0, "restore into the namespaces (mount, network, IPC, UTS, cgroup, pid) and cgroups of the running process `PID`, a container's placeholder: the processes keep the pids they had in their container, their files are looked up in its root")
-	workingSet := fl.String("working-set", "auto", "with --lazy: `MODE` auto (fetch DIR/workingset-PID.img first if it matches the snapshot, from its own copy of the memory), blocks (the same from the snapshot's blocks that hold it) or off")
-	record := fl.Bool("record-working-set", false, "with --lazy: record the memory the process touches first into DIR/workingset-PID.img (stops at SIGUSR1, --record-for or --record-faults)")
-	recordFor := fl.Duration("record-for", 10*time.Second, "with --record-working-set: stop recording after `DURATION`")
-	recordFaults := fl.Int("record-faults", 0, "with --record-working-set: stop recording after `N` faults (0: no limit)")
-	logFlags := cli.NewLogFlags(fl)
-	statsFile := statsFlag(fl, "restore")
-	remote := cli.RemoteFlags(fl, true)
-	if err := fl.Parse(args); err != nil {
-		return err
-	}
-	if err := checkStats(*statsFile); err != nil {
-		return err
-	}
-	if *leaveStopped && *lazyFlag {
-		return cli.Usagef("--leave-stopped and --lazy are exclusive: a lazy restore keeps its processes traced until their memory is in")
-	}
-	if *into != 0 && (*pidns || *netns != "") {
-		return cli.Usagef("--into joins the namespaces of a process: it goes with neither --pidns nor --netns")
-	}
-	if *into < 0 {
-		return cli.Usagef("--into %d: want the pid of a running process", *into)
-	}
-	if *tcpEstablished && *tcpClose {
-		return cli.Usagef("--tcp-established and --tcp-close are exclusive")
-	}
-	if *fallback != fds.ExternalRefuse && *fallback != fds.ExternalNull {
-		return cli.Usagef("--external-fallback %q: want refuse or null", *fallback)
-	}
-	inherited, err := fds.ParseInherit(inherit)
-	if err != nil {
-		return cli.Usagef("%v", err)
-	}
-	if *shellJob {
-		if _, given := inherited[fds.TerminalKey]; given {
-			return cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", fds.TerminalKey)
-		}
-		tty, err := ownTerminal()
-		if err != nil {
-			return cli.Usagef("--shell-job: %v", err)
-		}
-		defer tty.Close()
-		inherited[fds.TerminalKey] = int(tty.Fd())
-	}
-	if err := requireDir(*dir); err != nil {
-		return err
-	}
-	if err := remote.Check(*dir); err != nil {
-		return err
-	}
-	open := image.OpenOptions{Trust: *trust, Remote: remote.Options(ctx)}
-	if err := checkLazyFlags(fl, *lazyFlag, *source, *mount, *prefetchDelay); err != nil {
-		return err
-	}
-	if err := checkWorkingSetFlags(fl, *lazyFlag, *workingSet, *record, *recordFor, *recordFaults); err != nil {
-		return err
-	}
-	log, closeLog, err := logFlags.Logger(stderr)
-	if err != nil {
-		return err
-	}
-	defer closeLog()
-	if *netns != "" && *netns != ns.NetNew {
-		f, err := ns.OpenNet(*netns)
-		if err != nil {
-			return cli.Usagef("--netns: %v", err)
-		}
-		f.Close()
-	}
-	keys, err := identity()
-	if err != nil {
-		return err
-	}
-	open.Keys = keys
-	snap, err := image.OpenWith(*dir, open)
-	if err != nil {
-		return fmt.Errorf("open snapshot: %w", err)
-	}
-	defer snap.Close()
-	opts := engine.RestoreOptions{Snapshot: snap, Threads: *threads, Logger: log, LeaveStopped: *leaveStopped,
-		Namespaces:     ns.Namespaces{PID: *pidns, Net: *netns, Into: *into, Detach: []string{fs.FSType}},
-		TCPEstablished: *tcpEstablished, Inherit: inherited, ExternalFallback: *fallback, ShellJob: *shellJob}
-	tty := isTerminal(stderr)
-	if tty {
-		opts.Progress = progressPrinter(stderr, "restore", time.Second)
-	}
-	started := time.Now()
-	opts.Running = func(pid int) error {
-		if *lazyFlag {
-			fmt.Fprintf(stdout, "pid %d running after %s; serving its memory\n", pid, time.Since(started).Round(time.Millisecond))
-		}
-		if *pidfile == "" {
-			return nil
-		}
-		return writePidfile(*pidfile, pid)
-	}
-	var progress *lazyProgress
-	if *lazyFlag {
-		if opts.Source, err = pageSource(snap, *source, *mount, *threads, log); err != nil {
-			return err
-		}
-		// After Restore: by then every process is fully served or dead.
-		defer func() {
-			if err := opts.Source.Close(); err != nil {
-				log.Warn("lazy page source", "err", err)
-			}
-		}()
-		opts.Lazy = lazy.Options{PrefetchDelay: *prefetchDelay, Keeper: true}
-		switch *workingSet {
-		case "off":
-			opts.Lazy.WorkingSet = lazy.WorkingSetOff
-		case "blocks":
-			opts.Lazy.WorkingSet = lazy.WorkingSetBlocks
-		}
-		if *record {
-			stop := make(chan struct{})
-			sig := make(chan os.Signal, 1)
-			signal.Notify(sig, syscall.SIGUSR1)
-			defer signal.Stop(sig)
-			go func() {
-				if _, ok := <-sig; ok {
-					close(stop)
-				}
-			}()
-			opts.Lazy.Record = &lazy.RecordOptions{For: *recordFor, Faults: *recordFaults, Stop: stop}
-		}
-		if tty {
-			progress = newLazyProgress(stderr)
-			defer progress.stop()
-			opts.Lazy.Progress = progress.update
-		}
-	}
-	res, err := engine.Restore(ctx, opts)
-	if progress != nil {
-		progress.stop() // its last line before the summary
-	}
-	if err != nil {
-		return err
-	}
-	printRestored(stdout, res, *lazyFlag)
-	for _, ws := range res.WorkingSets {
-		printWorkingSet(stdout, ws)
-	}
-	if *statsFile != "" {
-		return writeStats(*statsFile, newRestoreStats(*dir, *lazyFlag, res))
-	}
-	return nil
-}
+--pidns and --netns need CAP_SYS_ADMIN.`
 
 // pageSource is where a lazy restore reads memory from: the snapshot's
 // files (--source direct), a running lazyfs mount of it (--mount), or a

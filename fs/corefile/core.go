@@ -1,4 +1,4 @@
-package fs
+package corefile
 
 import (
 	"context"
@@ -18,9 +18,10 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 )
 
-// MNT/PID/core is an ELF64 core file of the process at the instant of the
-// dump, as the kernel's fs/binfmt_elf.c would have written it, generated
-// from the snapshot when it is read (no conversion step):
+// File is the ELF64 core file of a process of a snapshot at the instant
+// of the dump, as the kernel's fs/binfmt_elf.c would have written it,
+// generated from the snapshot when it is read (no conversion step); a
+// lazyfs mount serves it as MNT/PID/core:
 //
 //	ELF header, program headers (PT_NOTE first, then one PT_LOAD per VMA)
 //	PT_NOTE   per thread, main thread first: NT_PRSTATUS, then NT_FPREGSET
@@ -30,13 +31,13 @@ import (
 //	padding   a hole up to coreDataAlign
 //	PT_LOADs  the bytes of each VMA that has any, in address order
 //
-// Its layout (sizes, offsets, notes) is computed when the snapshot is
-// mounted and never changes; the notes are built then and held in memory.
-// A read of the headers and notes touches no memory; a read of a PT_LOAD
-// reads exactly the addresses it covers through the process's
-// image.Reader, and so through the mount's block cache, like mem, but
-// without the reader's readahead (image.Reader.ReadRange): it decodes the
-// blocks the request touches and no others.
+// Its layout (sizes, offsets, notes) is computed by New and never
+// changes; the notes are built then and held in memory. A read of the
+// headers and notes touches no memory; a read of a PT_LOAD reads exactly
+// the addresses it covers through the process's image.Reader, and so, in
+// a mount, through the mount's block cache, like mem, but without the
+// reader's readahead (image.Reader.ReadRange): it decodes the blocks the
+// request touches and no others.
 //
 // Which VMAs have file bytes (p_filesz) follows the kernel's default
 // coredump_filter (0x33):
@@ -66,8 +67,9 @@ import (
 //     kernel writes them.
 //
 // The core is x86-64 only (core_amd64.go lays out the arch's structures).
-type coreFile struct {
-	proc *process
+type File struct {
+	st   *image.Process
+	r    *image.Reader
 	head []byte      // ELF header, program headers, notes
 	segs []coreSeg   // PT_LOADs with file bytes, by file offset
 	data []coreRange // data extents of the file (SEEK_DATA), merged
@@ -98,9 +100,10 @@ type coreRange struct{ off, end uint64 }
 
 // coreDataAlign aligns the first PT_LOAD in the file: the headers and
 // notes are read alone (readelf, the first request of gdb, the kernel's
-// read-ahead of them) without decoding any memory. A multiple of the page
-// size, as p_align requires; a hole, so it costs nothing.
-const coreDataAlign = MaxRequest
+// read-ahead of them) without decoding any memory. It is the largest read
+// request of a lazyfs mount (fs.MaxRequest), a multiple of the page size,
+// as p_align requires; a hole, so it costs nothing.
+const coreDataAlign = 1 << 20
 
 // corePageSize is p_align of the PT_LOADs and the unit of NT_FILE offsets.
 const corePageSize = image.PageSize
@@ -115,73 +118,28 @@ const (
 	pnXNum = 0xffff
 )
 
-// newCore lays out the core of p, a process of a snapshot taken on kernel
-// release. It lays the file out from start to end, headers, notes, then
-// each segment, in one function so that every offset is computed where it
-// is used.
-func newCore(p *process, release string) *coreFile {
-	c := &coreFile{proc: p, files: map[string]*mappedFile{}}
-	st := p.state
-	type load struct {
-		addr, size uint64
-		filesz     uint64
-		flags      elf.ProgFlag
-		seg        *coreSeg
-	}
+// load is a PT_LOAD of the core: size bytes of memory at addr, of which
+// filesz (0 or size) are in the file, served by seg.
+type load struct {
+	addr, size uint64
+	filesz     uint64
+	flags      elf.ProgFlag
+	seg        *coreSeg
+}
+
+// New lays out the core of the process whose state is st and whose pages
+// r reads, of a snapshot taken on kernel release. It takes the PT_LOADs
+// of each VMA (appendLoads), then lays the file out from start to end,
+// headers, notes, then each segment, in one function so that every offset
+// is computed where it is used. The core reads r as long as it is used,
+// and Close closes the mapped files it opened, not r.
+func New(st *image.Process, r *image.Reader, release string) *File {
+	c := &File{st: st, r: r, files: map[string]*mappedFile{}}
 	var loads []load
 	vmas := slices.Clone(st.VMAs)
 	slices.SortFunc(vmas, func(a, b image.VMA) int { return cmpU64(a.Start, b.Start) })
 	for _, v := range vmas {
-		if v.End <= v.Start {
-			continue
-		}
-		flags := progFlags(v.Prot)
-		whole := func(seg coreSeg) {
-			seg.addr, seg.size = v.Start, v.End-v.Start
-			loads = append(loads, load{addr: v.Start, size: seg.size, filesz: seg.size, flags: flags, seg: &seg})
-		}
-		empty := func(lo, hi uint64) { loads = append(loads, load{addr: lo, size: hi - lo, flags: flags}) }
-		switch {
-		case slices.Contains(v.VMFlags, "dd"):
-			empty(v.Start, v.End)
-		case v.Kind == image.VMAAnon && !v.Dumped:
-			// never touched (the kernel dumps an anonymous VMA only
-			// if it has an anon_vma): a reservation, a guard
-			empty(v.Start, v.End)
-		case v.Kind == image.VMAVDSO && vdsoFor(release, v.End-v.Start) != nil:
-			whole(coreSeg{bytes: vdsoFor(release, v.End-v.Start)})
-		case v.Kind == image.VMAAnon || v.Kind == image.VMAShmem:
-			src := v.Start
-			if v.Shmem != nil && v.Kind == image.VMAShmem {
-				src = v.Shmem.Source + v.Offset
-			}
-			whole(coreSeg{src: src})
-		case v.Kind == image.VMAFile && (v.Dumped || v.Prot&unix.PROT_WRITE != 0):
-			if mf := c.mappedFile(v); mf != nil {
-				whole(coreSeg{src: v.Start, file: mf, fileOff: v.Offset})
-				break
-			}
-			// The file is not there as it was dumped: the dumped runs
-			// have bytes, the rest none.
-			a := v.Start
-			for a < v.End {
-				d, ok := p.r.NextData(a)
-				if !ok || d >= v.End {
-					break
-				}
-				if d > a {
-					empty(a, d)
-				}
-				e := min(nextHole(p.r, d), v.End)
-				loads = append(loads, load{addr: d, size: e - d, filesz: e - d, flags: flags, seg: &coreSeg{addr: d, size: e - d, src: d}})
-				a = e
-			}
-			if a < v.End {
-				empty(a, v.End)
-			}
-		default:
-			empty(v.Start, v.End)
-		}
+		loads = c.appendLoads(loads, v, release)
 	}
 
 	notes := coreNotes(st, c.fileNote(vmas))
@@ -223,14 +181,71 @@ func newCore(p *process, release string) *coreFile {
 	return c
 }
 
+// appendLoads appends the PT_LOADs of v to loads: one, with or without
+// bytes, or, for a private file mapping whose file is not there as it
+// was dumped, one per dumped run and per range between them.
+func (c *File) appendLoads(loads []load, v image.VMA, release string) []load {
+	if v.End <= v.Start {
+		return loads
+	}
+	flags := progFlags(v.Prot)
+	whole := func(seg coreSeg) {
+		seg.addr, seg.size = v.Start, v.End-v.Start
+		loads = append(loads, load{addr: v.Start, size: seg.size, filesz: seg.size, flags: flags, seg: &seg})
+	}
+	empty := func(lo, hi uint64) { loads = append(loads, load{addr: lo, size: hi - lo, flags: flags}) }
+	switch {
+	case slices.Contains(v.VMFlags, "dd"):
+		empty(v.Start, v.End)
+	case v.Kind == image.VMAAnon && !v.Dumped:
+		// never touched (the kernel dumps an anonymous VMA only
+		// if it has an anon_vma): a reservation, a guard
+		empty(v.Start, v.End)
+	case v.Kind == image.VMAVDSO && vdsoFor(release, v.End-v.Start) != nil:
+		whole(coreSeg{bytes: vdsoFor(release, v.End-v.Start)})
+	case v.Kind == image.VMAAnon || v.Kind == image.VMAShmem:
+		src := v.Start
+		if v.Shmem != nil && v.Kind == image.VMAShmem {
+			src = v.Shmem.Source + v.Offset
+		}
+		whole(coreSeg{src: src})
+	case v.Kind == image.VMAFile && (v.Dumped || v.Prot&unix.PROT_WRITE != 0):
+		if mf := c.mappedFile(v); mf != nil {
+			whole(coreSeg{src: v.Start, file: mf, fileOff: v.Offset})
+			break
+		}
+		// The file is not there as it was dumped: the dumped runs
+		// have bytes, the rest none.
+		a := v.Start
+		for a < v.End {
+			d, ok := c.r.NextData(a)
+			if !ok || d >= v.End {
+				break
+			}
+			if d > a {
+				empty(a, d)
+			}
+			e := min(nextHole(c.r, d), v.End)
+			loads = append(loads, load{addr: d, size: e - d, filesz: e - d, flags: flags, seg: &coreSeg{addr: d, size: e - d, src: d}})
+			a = e
+		}
+		if a < v.End {
+			empty(a, v.End)
+		}
+	default:
+		empty(v.Start, v.End)
+	}
+	return loads
+}
+
 // segData adds the data extents of s: its dumped runs and, when a file
 // fills the rest, the pages that the file holds.
-func (c *coreFile) segData(s coreSeg) {
+func (c *File) segData(s coreSeg) {
 	if s.bytes != nil {
 		c.addData(s.off, s.off+s.size)
 		return
 	}
-	r := c.proc.r
+	r := c.r
 	end := s.src + s.size
 	fileEnd := s.src
 	if s.file != nil && uint64(s.file.id.Size) > s.fileOff {
@@ -250,7 +265,7 @@ func (c *coreFile) segData(s coreSeg) {
 
 // addData adds [off, end) to the data extents. Extents are added in
 // increasing order of off, possibly overlapping the last one.
-func (c *coreFile) addData(off, end uint64) {
+func (c *File) addData(off, end uint64) {
 	if end <= off {
 		return
 	}
@@ -262,7 +277,7 @@ func (c *coreFile) addData(off, end uint64) {
 }
 
 // fileNote returns the NT_FILE description: every VMA that maps a file.
-func (c *coreFile) fileNote(vmas []image.VMA) []byte {
+func (c *File) fileNote(vmas []image.VMA) []byte {
 	type entry struct {
 		start, end, pgoff uint64
 		name              string
@@ -445,7 +460,7 @@ func progFlags(prot int) elf.ProgFlag {
 
 // ReadAt reads the core at off into dst (which it may shorten at the end
 // of the file) and returns the bytes read.
-func (c *coreFile) ReadAt(ctx context.Context, dst []byte, off uint64) ([]byte, error) {
+func (c *File) ReadAt(ctx context.Context, dst []byte, off uint64) ([]byte, error) {
 	if off >= c.size {
 		return dst[:0], nil
 	}
@@ -468,12 +483,12 @@ func (c *coreFile) ReadAt(ctx context.Context, dst []byte, off uint64) ([]byte, 
 
 // readSeg reads the bytes at rel in segment s: the image's, and where a
 // file serves the pages that were not dumped, the file's there.
-func (c *coreFile) readSeg(ctx context.Context, s *coreSeg, dst []byte, rel uint64) error {
+func (c *File) readSeg(ctx context.Context, s *coreSeg, dst []byte, rel uint64) error {
 	if s.bytes != nil {
 		copy(dst, s.bytes[rel:])
 		return nil
 	}
-	r := c.proc.r
+	r := c.r
 	src := s.src + rel
 	if _, err := r.ReadRange(ctx, dst, int64(src)); err != nil {
 		return err
@@ -499,8 +514,16 @@ func (c *coreFile) readSeg(ctx context.Context, s *coreSeg, dst []byte, rel uint
 	return nil
 }
 
-// seek returns the next data (or hole) offset at or after off.
-func (c *coreFile) seek(off uint64, data bool) (uint64, bool) {
+// Size is the size of the core file.
+func (c *File) Size() uint64 { return c.size }
+
+// DataBytes is the number of bytes of the file that are not holes
+// (st_blocks).
+func (c *File) DataBytes() uint64 { return c.used }
+
+// Seek returns the next data (or, if data is false, hole) offset at or
+// after off, and false past the end of the file or of its last data.
+func (c *File) Seek(off uint64, data bool) (uint64, bool) {
 	if off >= c.size {
 		return 0, false
 	}
@@ -536,9 +559,9 @@ var errFileChanged = errors.New("mapped file changed since the dump")
 // mappedFile returns the file that v maps if it is there, a regular file,
 // and the one the dump recorded, or the contents the snapshot kept of it
 // if it was deleted (VMA.Ghost); nil otherwise.
-func (c *coreFile) mappedFile(v image.VMA) *mappedFile {
+func (c *File) mappedFile(v image.VMA) *mappedFile {
 	if v.Ghost != nil && v.File != nil {
-		for _, w := range c.proc.state.VMAs {
+		for _, w := range c.st.VMAs {
 			if w.Ghost != nil && w.File != nil && w.File.Dev == v.File.Dev && w.File.Ino == v.File.Ino && len(w.Ghost.Data) > 0 {
 				return &mappedFile{path: v.File.Path, id: *v.File, data: w.Ghost.Data}
 			}
@@ -549,7 +572,7 @@ func (c *coreFile) mappedFile(v image.VMA) *mappedFile {
 		return nil
 	}
 	path := v.File.Path
-	if root := c.proc.state.Root; root != "" && root != "/" {
+	if root := c.st.Root; root != "" && root != "/" {
 		path = filepath.Join(root, path)
 	}
 	if mf, ok := c.files[path]; ok {
@@ -610,12 +633,25 @@ func (m *mappedFile) readAt(dst []byte, off uint64) error {
 	return nil
 }
 
-// close closes the mapped files that were opened.
-func (c *coreFile) close() {
+// Close closes the mapped files that were opened.
+func (c *File) Close() {
 	for _, m := range c.files {
 		if m != nil && m.f != nil {
 			m.f.Close()
 		}
+	}
+}
+
+// nextHole returns the first address at or after addr that was not
+// dumped. Runs may touch (a VMA boundary ends a run), so the end of one
+// run is not necessarily a hole.
+func nextHole(r *image.Reader, addr uint64) uint64 {
+	for {
+		h := r.NextHole(addr)
+		if h == addr {
+			return h
+		}
+		addr = h
 	}
 }
 

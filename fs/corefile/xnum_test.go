@@ -1,4 +1,4 @@
-package fs
+package corefile
 
 import (
 	"debug/elf"
@@ -30,8 +30,7 @@ func TestCoreManyVMAs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := openTestProcess(t, s, pid)
-	c := p.core()
+	c := openTestCore(t, s, pid)
 	if got := binary.LittleEndian.Uint16(c.head[56:]); got != pnXNum {
 		t.Fatalf("e_phnum %#x, want PN_XNUM", got)
 	}

@@ -1,4 +1,4 @@
-package fs
+package corefile
 
 import (
 	"debug/elf"
