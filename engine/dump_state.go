@@ -6,7 +6,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/mem"
+	"github.com/lazyfs/lazyfs/engine/mem/precopy"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/task"
@@ -38,7 +38,7 @@ type dumper struct {
 	tcp *fds.TCPRepair
 	// pc and preRes, in a pre-copy dump: the copy made while the process
 	// ran, and the figures of its rounds.
-	pc     *mem.PreCopy
+	pc     *precopy.Copy
 	preRes *PreCopyResult
 	preP   *ptrace.Process // attached since the pre-copy
 }

@@ -4,6 +4,12 @@
 // (Lock). The lazy half of a restore, serving pages on demand, is
 // engine/uffd's; this package says which memory is lazy (Lazy).
 //
+// # Layers
+//
+// Pre-copy, the copying of a running process's memory before its dump,
+// is engine/mem/precopy, which builds on this package; Dump takes its
+// copy through the interface PreCopied and knows nothing more of it.
+//
 // # Dump
 //
 // Private anonymous memory keeps its present and swapped pages, a

@@ -477,7 +477,26 @@ func (f *filler) closeUffd() {
 // into (registrations apply to the address space of the process that
 // created it), and returns our copy of it; the process keeps none.
 func Userfaultfd(in *ptrace.Injector, pid int) (int, error) {
-	return userfaultfdIn(in, pid, 0)
+	return UserfaultfdWith(in, pid, 0)
+}
+
+// UserfaultfdWith is Userfaultfd with extra flags for userfaultfd(2).
+func UserfaultfdWith(in *ptrace.Injector, pid int, flags uint64) (int, error) {
+	tfd, err := in.Call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|flags)
+	if err != nil {
+		return -1, fmt.Errorf("userfaultfd in the process: %w", err)
+	}
+	defer in.CloseFD(int(tfd))
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(pidfd)
+	ours, err := unix.PidfdGetfd(pidfd, int(tfd), 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	return ours, nil
 }
 
 // progress counts n bytes written and reports the total.
