@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"runtime"
 	"sync"
@@ -85,7 +86,7 @@ type filler struct {
 // Fill writes the snapshot's pages into the process, but those o.Skip
 // leaves out, and returns the bytes written.
 func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
-	bs, err := sortBlocks(t.State.VMAs, o)
+	bs, err := sortBlocks(t.State.VMAs, o.Pages.Blocks(), o.Skip)
 	if err != nil {
 		return 0, err
 	}
@@ -154,15 +155,16 @@ type fillBlocks struct {
 	zero   []image.Block // zeros to write (private file mappings)
 }
 
-// sortBlocks sorts the blocks to write by how they are written.
-func sortBlocks(vmas []image.VMA, o FillOptions) (fillBlocks, error) {
+// sortBlocks sorts the blocks to write by how they are written, but
+// those skip (FillOptions.Skip) leaves out.
+func sortBlocks(vmas []image.VMA, blocks iter.Seq[image.Block], skip func(image.Block, *image.VMA) bool) (fillBlocks, error) {
 	var bs fillBlocks
-	for b := range o.Pages.Blocks() {
+	for b := range blocks {
 		v := VMAAt(vmas, b.Addr)
 		if v == nil {
 			return bs, fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, b.Addr)
 		}
-		if o.Skip != nil && o.Skip(b, v) {
+		if skip != nil && skip(b, v) {
 			continue
 		}
 		switch b.Kind {
@@ -431,12 +433,7 @@ func (f *filler) write(j *fillJob, data []byte) error {
 // advice: pages the snapshot does not hold fault in as huge pages once
 // the fill is over, and khugepaged may collapse the filled ones.
 func (f *filler) openUffd(blocks []image.Block) error {
-	want := map[*image.VMA]bool{}
-	for _, b := range blocks {
-		if v := VMAAt(f.t.State.VMAs, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 {
-			want[v] = true
-		}
-	}
+	want := uffdTargets(f.t.State.VMAs, blocks)
 	if len(want) == 0 {
 		return nil
 	}
@@ -456,6 +453,18 @@ func (f *filler) openUffd(blocks []image.Block) error {
 		f.uffdVMAs[v] = true
 	}
 	return nil
+}
+
+// uffdTargets returns the VMAs of vmas that openUffd registers: the
+// anonymous private ones that blocks will be written to.
+func uffdTargets(vmas []image.VMA, blocks []image.Block) map[*image.VMA]bool {
+	want := map[*image.VMA]bool{}
+	for _, b := range blocks {
+		if v := VMAAt(vmas, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 {
+			want[v] = true
+		}
+	}
+	return want
 }
 
 // closeUffd unregisters what openUffd registered and closes the
