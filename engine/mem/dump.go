@@ -339,16 +339,8 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 	}
 	read := d.readRange
 	if pc := opts.PreCopy; pc != nil {
-		spans := make([]units.Range, len(ranges))
-		for i, r := range ranges {
-			spans[i] = units.Range{Start: r.start, End: r.end}
-		}
-		n, err := pc.Capture(spans, func(i int, dst []byte, addr uint64) error { return d.readRange(ranges[i], dst, addr) })
-		if err != nil {
+		if read, err = d.capture(pc, ranges, opts.CaptureStats); err != nil {
 			return image.Stats{}, err
-		}
-		if opts.CaptureStats != nil {
-			opts.CaptureStats(n)
 		}
 		for _, f := range files {
 			f.Close()
@@ -359,7 +351,6 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 			captured = nil
 		}
 		pc.CloseTracking()
-		read = func(_ memRange, dst []byte, addr uint64) error { return pc.ReadMem(addr, dst) }
 	}
 	var total, done uint64
 	for _, r := range ranges {
@@ -406,6 +397,24 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 		progress(total, total)
 	}
 	return pw.Stats(), nil
+}
+
+// capture makes the pre-copy pc hold every range of ranges as the frozen
+// process has it, reports the bytes it read to stats (if set), and
+// returns how the dump reads a range from then on: from the copy.
+func (d *dumper) capture(pc PreCopied, ranges []memRange, stats func(read uint64)) (func(r memRange, dst []byte, addr uint64) error, error) {
+	spans := make([]units.Range, len(ranges))
+	for i, r := range ranges {
+		spans[i] = units.Range{Start: r.start, End: r.end}
+	}
+	n, err := pc.Capture(spans, func(i int, dst []byte, addr uint64) error { return d.readRange(ranges[i], dst, addr) })
+	if err != nil {
+		return nil, err
+	}
+	if stats != nil {
+		stats(n)
+	}
+	return func(_ memRange, dst []byte, addr uint64) error { return pc.ReadMem(addr, dst) }, nil
 }
 
 func readFull(f *os.File, b []byte, off int64) error {

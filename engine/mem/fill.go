@@ -15,7 +15,6 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 )
 
@@ -485,12 +484,12 @@ func (f *filler) closeUffd() {
 // Userfaultfd makes a userfaultfd inside process pid, which in injects
 // into (registrations apply to the address space of the process that
 // created it), and returns our copy of it; the process keeps none.
-func Userfaultfd(in *ptrace.Injector, pid int) (int, error) {
+func Userfaultfd(in Injector, pid int) (int, error) {
 	return UserfaultfdWith(in, pid, 0)
 }
 
 // UserfaultfdWith is Userfaultfd with extra flags for userfaultfd(2).
-func UserfaultfdWith(in *ptrace.Injector, pid int, flags uint64) (int, error) {
+func UserfaultfdWith(in Injector, pid int, flags uint64) (int, error) {
 	tfd, err := in.Call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|flags)
 	if err != nil {
 		return -1, fmt.Errorf("userfaultfd in the process: %w", err)

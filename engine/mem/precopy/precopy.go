@@ -12,7 +12,6 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -90,7 +89,7 @@ const preCopyFeatures = uffd.FeatureWPAsync | uffd.FeatureWPUnpopulated
 // src reads the process's memory while it runs. Mappings that cannot be
 // registered are left alone: the dump copies them while the process is
 // frozen. Close undoes everything, on any path.
-func Start(in *ptrace.Injector, pid int, src io.ReaderAt) (pc *Copy, err error) {
+func Start(in mem.Injector, pid int, src io.ReaderAt) (pc *Copy, err error) {
 	fd, err := mem.UserfaultfdWith(in, pid, 0)
 	if errors.Is(err, unix.EPERM) {
 		// vm.unprivileged_userfaultfd=0 and a process without
