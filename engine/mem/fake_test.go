@@ -75,10 +75,12 @@ func (f *fakeInjector) PutString(off int, s string) (uint64, error) {
 	return f.Put(off, append([]byte(s), 0))
 }
 
-// fakeBatch records the calls added to a batch; none has run.
+// fakeBatch records the calls added to a batch; results are what they
+// returned, as if run (0 if absent).
 type fakeBatch struct {
-	calls []call
-	what  []string
+	calls   []call
+	what    []string
+	results map[int]int64
 }
 
 func (b *fakeBatch) Add(what string, nr int, args ...uint64) {
@@ -88,7 +90,7 @@ func (b *fakeBatch) Add(what string, nr int, args ...uint64) {
 
 func (b *fakeBatch) Len() int             { return len(b.calls) }
 func (b *fakeBatch) What(i int) string    { return b.what[i] }
-func (b *fakeBatch) Result(i int) int64   { return 0 }
+func (b *fakeBatch) Result(i int) int64   { return b.results[i] }
 func (b *fakeBatch) strings() []string    { return callStrings(b.calls) }
 func (f *fakeInjector) strings() []string { return callStrings(f.calls) }
 

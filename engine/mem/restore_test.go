@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -105,6 +106,27 @@ func TestMapLayout(t *testing.T) {
 	}
 	if len(addrs) != 10 {
 		t.Errorf("%d mmaps checked, want 10: %#x", len(addrs), addrs)
+	}
+}
+
+// TestMapCheckAddrs: a mapping the kernel put elsewhere than asked
+// (a kernel that ignores MAP_FIXED_NOREPLACE) fails the restore, naming it.
+func TestMapCheckAddrs(t *testing.T) {
+	vmas := []image.VMA{
+		{Start: 0x60_0000, End: 0x60_2000, Kind: image.VMAAnon, Prot: rw, Flags: private},
+		{Start: 0x70_0000, End: 0x70_1000, Kind: image.VMAAnon, Prot: unix.PROT_READ, Flags: private, VMFlags: []string{"dd"}},
+	}
+	m, _, b := newMapper(&image.Process{VMAs: vmas}, map[string]int{})
+	if err := m.mapAll(context.Background(), vmas); err != nil {
+		t.Fatal(err)
+	}
+	b.results = map[int]int64{0: 0x60_0000, 1: 0x70_0000}
+	if err := m.checkAddrs(); err != nil {
+		t.Errorf("mapped where asked: %v", err)
+	}
+	b.results[1] = 0x7f00_0000_0000
+	if err := m.checkAddrs(); err == nil || !strings.Contains(err.Error(), "map 700000-701000 r--p") {
+		t.Errorf("mapped elsewhere: %v", err)
 	}
 }
 
