@@ -64,6 +64,7 @@ type FillOptions struct {
 // filler writes the snapshot's memory into the process.
 type filler struct {
 	t       *Target
+	pid     int // the process's, in our pid namespace
 	o       FillOptions
 	pages   io.ReaderAt // the payloads, for Raw blocks and the decoder
 	mem     *os.File    // /proc/PID/mem, for mappings without write permission
@@ -91,12 +92,13 @@ func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
 	}
 	raw, decode, vmas, zero := bs.raw, bs.decode, bs.vmas, bs.zero
 	pages := o.PagesFile
-	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", t.pid()), os.O_RDWR, 0)
+	pid := t.pid()
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
 	}
 	defer mem.Close()
-	f := &filler{t: t, o: o, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
+	f := &filler{t: t, pid: pid, o: o, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
 		writers: min(maxFillWriters, max(1, runtime.GOMAXPROCS(0))), uffd: -1,
 		noCRC: o.Pages.Authenticated() && pages == o.Pages.Payloads()}
 	if o.Userfaultfd {
@@ -407,7 +409,7 @@ func (f *filler) write(j *fillJob, data []byte) error {
 		local := []unix.Iovec{{Base: &data[0]}}
 		local[0].SetLen(len(data))
 		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
-		n, err = unix.ProcessVMWritev(f.t.pid(), local, remote, 0)
+		n, err = unix.ProcessVMWritev(f.pid, local, remote, 0)
 	} else {
 		n, err = f.mem.WriteAt(data, int64(addr))
 	}
@@ -436,7 +438,7 @@ func (f *filler) openUffd(blocks []image.Block) error {
 	if len(want) == 0 {
 		return nil
 	}
-	fd, err := Userfaultfd(f.t.In, f.t.pid())
+	fd, err := Userfaultfd(f.t.In, f.pid)
 	if err != nil {
 		return err
 	}

@@ -1,14 +1,18 @@
 package mem
 
 import (
+	"bytes"
 	"errors"
+	"os"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -132,5 +136,102 @@ func TestInherit(t *testing.T) {
 	}
 	if got := Inherit(child, nil, nil); got.VMAs != nil || got.Kept != nil {
 		t.Errorf("without a parent: %+v", got)
+	}
+}
+
+// ownPage maps a page of the test's own memory, filled with fill, with
+// protection prot.
+func ownPage(t *testing.T, fill byte, prot int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, image.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	for i := range b {
+		b[i] = fill
+	}
+	if err := unix.Mprotect(b, prot); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
+
+// TestFillWrite: the fill writes a writable mapping with
+// process_vm_writev and a read-only one through /proc/PID/mem (which
+// process_vm_writev cannot write); a Raw block is read from the pages
+// file and checked against its CRC32C on the way. The process is the
+// test's own.
+func TestFillWrite(t *testing.T) {
+	mem, err := os.OpenFile("/proc/self/mem", os.O_RDWR, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer mem.Close()
+	payload := bytes.Repeat([]byte{'p'}, image.PageSize)
+	f := &filler{pid: os.Getpid(), mem: mem, uffd: -1, pages: bytes.NewReader(append(make([]byte, 512), payload...))}
+
+	for _, tc := range []struct {
+		name string
+		prot int
+	}{{"writable", unix.PROT_READ | unix.PROT_WRITE}, {"read-only", unix.PROT_READ}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := ownPage(t, 'x', tc.prot)
+			v := &image.VMA{Start: addrOf(dst), End: addrOf(dst) + image.PageSize, Kind: image.VMAAnon, Prot: tc.prot, Flags: private}
+			j := &fillJob{vma: v, blocks: []image.Block{{Addr: v.Start, Len: image.PageSize, Kind: codec.Raw, StoredLen: image.PageSize, Off: 512, CRC: codec.Checksum(payload)}}}
+			var buf []byte
+			if err := f.do(j, &buf); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dst, payload) {
+				t.Errorf("page reads %q..., want the block", dst[:4])
+			}
+			if tc.prot&unix.PROT_WRITE == 0 {
+				local := []unix.Iovec{{Base: &payload[0]}}
+				local[0].SetLen(len(payload))
+				if _, err := unix.ProcessVMWritev(os.Getpid(), local, []unix.RemoteIovec{{Base: uintptr(v.Start), Len: len(payload)}}, 0); err == nil {
+					t.Error("process_vm_writev wrote a read-only page: the choice of /proc/PID/mem is moot")
+				}
+			}
+		})
+	}
+}
+
+// TestFillWriteUserfaultfd: anonymous private memory registered with a
+// userfaultfd is placed with UFFDIO_COPY, without a fault.
+func TestFillWriteUserfaultfd(t *testing.T) {
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if errno != 0 {
+		t.Skip("userfaultfd:", errno)
+	}
+	defer unix.Close(int(fd))
+	if _, _, err := uffd.API(int(fd), 0); err != nil {
+		t.Fatal(err)
+	}
+	dst := ownPage(t, 0, unix.PROT_READ|unix.PROT_WRITE)
+	unix.Madvise(dst, unix.MADV_DONTNEED) // not present: the copy places it
+	v := &image.VMA{Start: addrOf(dst), End: addrOf(dst) + image.PageSize, Kind: image.VMAAnon, Prot: rw, Flags: private}
+	if _, err := uffd.Register(int(fd), v.Start, image.PageSize, uffd.RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	f := &filler{pid: os.Getpid(), uffd: int(fd), uffdVMAs: map[*image.VMA]bool{v: true}}
+	data := bytes.Repeat([]byte{'u'}, image.PageSize)
+	if err := f.write(&fillJob{vma: v, blocks: []image.Block{{Addr: v.Start, Len: image.PageSize}}}, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := uffd.Unregister(int(fd), v.Start, image.PageSize); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, data) {
+		t.Errorf("page reads %q..., want the block", dst[:4])
+	}
+	// Placed already: a second copy finds it there.
+	if _, err := uffd.Register(int(fd), v.Start, image.PageSize, uffd.RegisterModeMissing); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.write(&fillJob{vma: v, blocks: []image.Block{{Addr: v.Start, Len: image.PageSize}}}, data); !errors.Is(err, uffd.ErrExist) {
+		t.Errorf("second copy: %v, want uffd.ErrExist", err)
 	}
 }
