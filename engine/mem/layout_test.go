@@ -2,6 +2,7 @@ package mem
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -126,4 +127,52 @@ func TestUnmapCalls(t *testing.T) {
 		munmap(0x7ffd_0001_0000, 0x2_0000),
 		call{unix.SYS_MADVISE, []uint64{0x62_1000, 0xf000, unix.MADV_DONTNEED}}.String(),
 	})
+}
+
+// TestDumpVMAs: the snapshot's VMAs say what /proc's mappings are:
+// protection and sharing from the permissions, MAP_GROWSDOWN from the
+// flags, the kernel's special mappings by name; a device mapping is
+// refused.
+func TestDumpVMAs(t *testing.T) {
+	flags := func(s string) proc.VMFlags {
+		f, err := proc.ParseVMFlags(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	maps := []proc.Mapping{
+		{Start: 0x60_0000, End: 0x60_2000, Perms: proc.PermRead | proc.PermWrite, HasSmaps: true, Flags: flags("rd wr mr mw me ac")},
+		{Start: 0x70_0000, End: 0x70_1000, Perms: proc.PermRead | proc.PermExec, Path: "[anon:jit]", HasSmaps: true, Flags: flags("rd ex")},
+		{Start: 0x7ffd_0000_0000, End: 0x7ffd_0002_0000, Perms: proc.PermRead | proc.PermWrite, Path: "[stack]", HasSmaps: true, Flags: flags("rd wr gd ac")},
+		{Start: 0x7ffd_0003_0000, End: 0x7ffd_0003_4000, Perms: proc.PermRead, Path: "[vvar]", HasSmaps: true, Flags: flags("rd pf io")},
+		{Start: 0x7ffd_0003_4000, End: 0x7ffd_0003_6000, Perms: proc.PermRead | proc.PermExec, Path: "[vdso]", HasSmaps: true, Flags: flags("rd ex")},
+	}
+	got, err := VMAs(1, maps, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []image.VMA{
+		{Start: 0x60_0000, End: 0x60_2000, Kind: image.VMAAnon, Prot: rw, Flags: private},
+		{Start: 0x70_0000, End: 0x70_1000, Kind: image.VMAAnon, Prot: unix.PROT_READ | unix.PROT_EXEC, Flags: private, Name: "[anon:jit]"},
+		{Start: 0x7ffd_0000_0000, End: 0x7ffd_0002_0000, Kind: image.VMAAnon, Prot: rw, Flags: private | unix.MAP_GROWSDOWN, Name: "[stack]"},
+		{Start: 0x7ffd_0003_0000, End: 0x7ffd_0003_4000, Kind: image.VMAVVar, Prot: unix.PROT_READ, Flags: private, Name: "[vvar]"},
+		{Start: 0x7ffd_0003_4000, End: 0x7ffd_0003_6000, Kind: image.VMAVDSO, Prot: unix.PROT_READ | unix.PROT_EXEC, Flags: private, Name: "[vdso]"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d VMAs, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Start != w.Start || g.End != w.End || g.Kind != w.Kind || g.Prot != w.Prot || g.Flags != w.Flags || g.Name != w.Name {
+			t.Errorf("VMA %d: %+v, want %+v", i, g, w)
+		}
+	}
+	if !slices.Equal(got[0].VMFlags, maps[0].Flags.Names()) {
+		t.Errorf("VMFlags %v, want smaps' %v", got[0].VMFlags, maps[0].Flags.Names())
+	}
+	dev := []proc.Mapping{{Start: 0x1000, End: 0x2000, Perms: proc.PermRead | proc.PermShared, Path: "/dev/fb0", Inode: 9, HasSmaps: true, Flags: flags("rd sh io pf")}}
+	if _, err := VMAs(1, dev, 0); !errors.Is(err, image.ErrUnsupported) {
+		t.Errorf("device mapping: %v, want ErrUnsupported", err)
+	}
 }
