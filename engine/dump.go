@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
+	"github.com/lazyfs/lazyfs/engine/mem/precopy"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -131,7 +132,7 @@ type dumper struct {
 	tcp *fds.TCPRepair
 	// pc and preRes, in a pre-copy dump: the copy made while the process
 	// ran, and the figures of its rounds.
-	pc     *mem.PreCopy
+	pc     *precopy.Copy
 	preRes *PreCopyResult
 	preP   *ptrace.Process // attached since the pre-copy
 }
@@ -293,7 +294,7 @@ func (d *dumper) memoryLayout(p *dumpProc) error {
 		// Write tracking is still registered: not the process's own.
 		for i := range p.st.VMAs {
 			v := &p.st.VMAs[i]
-			v.VMFlags = slices.DeleteFunc(v.VMFlags, func(f string) bool { return f == mem.TrackingFlag })
+			v.VMFlags = slices.DeleteFunc(v.VMFlags, func(f string) bool { return f == precopy.TrackingFlag })
 		}
 	}
 	return err

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/mem"
+	"github.com/lazyfs/lazyfs/engine/mem/precopy"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -34,7 +35,7 @@ type PreCopyResult struct {
 	// Pause is how long the process was stopped to set up write
 	// tracking, before the rounds.
 	Pause  time.Duration
-	Rounds []mem.RoundStats
+	Rounds []precopy.RoundStats
 	// Tracked is the size of the ranges whose writes were tracked.
 	Tracked uint64
 	// FrozenCopy is the memory read while the process was frozen.
@@ -48,7 +49,7 @@ type PreCopyResult struct {
 }
 
 // preCopy, for DumpOptions.PreCopy, stops the process just long enough
-// to set up write tracking (mem.PreCopy), lets it run, and copies its
+// to set up write tracking (precopy.Copy), lets it run, and copies its
 // memory in rounds. The process stays attached (not stopped) until the
 // freeze.
 func (d *dumper) preCopy(ctx context.Context) (err error) {
@@ -72,7 +73,7 @@ func (d *dumper) preCopy(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	d.pc, err = mem.StartPreCopy(in, d.pid, d.preP)
+	d.pc, err = precopy.Start(in, d.pid, d.preP)
 	if cerr := in.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("end injection: %w", cerr)
 	}
@@ -176,7 +177,10 @@ func (d *dumper) abandonPreCopy() {
 
 // memOptions are the options of mem.Dump for one process.
 func (d *dumper) memOptions(captured func(), tree mem.TreeObjects) mem.DumpOptions {
-	o := mem.DumpOptions{Progress: d.opts.Progress, Captured: captured, Tree: tree, PreCopy: d.pc}
+	o := mem.DumpOptions{Progress: d.opts.Progress, Captured: captured, Tree: tree}
+	if d.pc != nil {
+		o.PreCopy = d.pc
+	}
 	if d.preRes != nil {
 		o.CaptureStats = func(n uint64) { d.preRes.FrozenCopy = n }
 	}

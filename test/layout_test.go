@@ -60,6 +60,8 @@ func TestLayout(t *testing.T) {
 		{"engine/", []string{"engine/image/s3store", "engine/image/archive"}, "a store is chosen by the commands (cmd/internal/cli registers it); the engine reads through engine/image", false},
 		{"engine/lazy", []string{"engine", "engine/task", "engine/ns", "fs", "cmd/"}, "the lazy phase reads memory through image.PageSource: it knows no mount and nothing of the restore around it", false},
 		{"engine/ns", []string{"engine", "engine/image", "engine/lazy", "fs", "cmd/"}, "namespaces know nothing of snapshots", false},
+		{"engine/mem", []string{"engine/mem/precopy"}, "pre-copy builds on mem: mem.Dump takes its copy through mem.PreCopied", false},
+		{"engine/mem/precopy", []string{"engine", "engine/task", "engine/fds", "engine/lazy", "fs", "cmd/"}, "pre-copy only tracks and copies memory: it knows nothing of the dump around it", true},
 		{"engine/helper", []string{"engine", "engine/", "fs", "fs/", "cache", "cmd/"}, "the helper processes' protocol is a leaf: the keeper, the private mount and the pid namespace's init use it", false},
 	}
 	match := func(pattern, pkg string) bool {

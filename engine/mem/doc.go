@@ -4,6 +4,21 @@
 // (Lock). The lazy half of a restore, serving pages on demand, is
 // engine/uffd's; this package says which memory is lazy (Lazy).
 //
+// # Layers
+//
+// Pre-copy, the copying of a running process's memory before its dump,
+// is engine/mem/precopy, which builds on this package; Dump takes its
+// copy through the interface PreCopied and knows nothing more of it.
+//
+// What a restore asks of the process under restore goes through the
+// narrow interfaces this package defines: Injector (system calls injected
+// one at a time, data put in the process's scratch memory) and batch (the
+// calls run together in one resume), which a *ptrace.Injector and its
+// *ptrace.Calls satisfy. The package's tests put fakes in their place and
+// check every call a layout asks for: its flags, protection and order.
+// Mapped files and shared objects of a tree are opened through
+// engine/fds, with Target.In.
+//
 // # Dump
 //
 // Private anonymous memory keeps its present and swapped pages, a

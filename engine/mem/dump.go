@@ -283,10 +283,25 @@ type DumpOptions struct {
 	// PreCopy, if set, holds the memory copied while the process ran
 	// (stopped): Dump reads what it lacks from the frozen process, calls
 	// Captured, and only then encodes, from the copy.
-	PreCopy *PreCopy
+	PreCopy PreCopied
 	// CaptureStats, if set, receives the bytes a pre-copy dump had to
 	// read from the frozen process.
 	CaptureStats func(read uint64)
+}
+
+// PreCopied is memory copied while the process ran, which Dump completes
+// from the frozen process and encodes from (engine/mem/precopy's Copy,
+// once stopped).
+type PreCopied interface {
+	// Capture makes the copy hold every range of ranges as the frozen
+	// process has it, reading what it lacks with read (i: the index of
+	// the range in ranges); it returns the bytes read.
+	Capture(ranges []units.Range, read func(i int, dst []byte, addr uint64) error) (uint64, error)
+	// CloseTracking ends write tracking, once the process is no longer
+	// needed.
+	CloseTracking()
+	// ReadMem reads the copy of [addr, addr+len(b)).
+	ReadMem(addr uint64, b []byte) error
 }
 
 // Dump writes into w the pages of process st.PID worth keeping: present
@@ -324,12 +339,8 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 	}
 	read := d.readRange
 	if pc := opts.PreCopy; pc != nil {
-		n, err := pc.capture(ranges, d.readRange)
-		if err != nil {
+		if read, err = d.capture(pc, ranges, opts.CaptureStats); err != nil {
 			return image.Stats{}, err
-		}
-		if opts.CaptureStats != nil {
-			opts.CaptureStats(n)
 		}
 		for _, f := range files {
 			f.Close()
@@ -339,8 +350,7 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 			captured()
 			captured = nil
 		}
-		pc.closeTracking()
-		read = func(_ memRange, dst []byte, addr uint64) error { return pc.ReadMem(addr, dst) }
+		pc.CloseTracking()
 	}
 	var total, done uint64
 	for _, r := range ranges {
@@ -387,6 +397,24 @@ func (d *dumper) dump(ctx context.Context, w *image.Writer, st *image.Process, o
 		progress(total, total)
 	}
 	return pw.Stats(), nil
+}
+
+// capture makes the pre-copy pc hold every range of ranges as the frozen
+// process has it, reports the bytes it read to stats (if set), and
+// returns how the dump reads a range from then on: from the copy.
+func (d *dumper) capture(pc PreCopied, ranges []memRange, stats func(read uint64)) (func(r memRange, dst []byte, addr uint64) error, error) {
+	spans := make([]units.Range, len(ranges))
+	for i, r := range ranges {
+		spans[i] = units.Range{Start: r.start, End: r.end}
+	}
+	n, err := pc.Capture(spans, func(i int, dst []byte, addr uint64) error { return d.readRange(ranges[i], dst, addr) })
+	if err != nil {
+		return nil, err
+	}
+	if stats != nil {
+		stats(n)
+	}
+	return func(_ memRange, dst []byte, addr uint64) error { return pc.ReadMem(addr, dst) }, nil
 }
 
 func readFull(f *os.File, b []byte, off int64) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"runtime"
 	"sync"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 )
 
@@ -64,6 +64,7 @@ type FillOptions struct {
 // filler writes the snapshot's memory into the process.
 type filler struct {
 	t       *Target
+	pid     int // the process's, in our pid namespace
 	o       FillOptions
 	pages   io.ReaderAt // the payloads, for Raw blocks and the decoder
 	mem     *os.File    // /proc/PID/mem, for mappings without write permission
@@ -85,18 +86,19 @@ type filler struct {
 // Fill writes the snapshot's pages into the process, but those o.Skip
 // leaves out, and returns the bytes written.
 func Fill(ctx context.Context, t *Target, o FillOptions) (uint64, error) {
-	bs, err := sortBlocks(t.State.VMAs, o)
+	bs, err := sortBlocks(t.State.VMAs, o.Pages.Blocks(), o.Skip)
 	if err != nil {
 		return 0, err
 	}
 	raw, decode, vmas, zero := bs.raw, bs.decode, bs.vmas, bs.zero
 	pages := o.PagesFile
-	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", t.pid()), os.O_RDWR, 0)
+	pid := t.pid()
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
 	}
 	defer mem.Close()
-	f := &filler{t: t, o: o, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
+	f := &filler{t: t, pid: pid, o: o, pages: pages, mem: mem, jobs: make(chan *fillJob, 2*maxFillWriters),
 		writers: min(maxFillWriters, max(1, runtime.GOMAXPROCS(0))), uffd: -1,
 		noCRC: o.Pages.Authenticated() && pages == o.Pages.Payloads()}
 	if o.Userfaultfd {
@@ -154,15 +156,16 @@ type fillBlocks struct {
 	zero   []image.Block // zeros to write (private file mappings)
 }
 
-// sortBlocks sorts the blocks to write by how they are written.
-func sortBlocks(vmas []image.VMA, o FillOptions) (fillBlocks, error) {
+// sortBlocks sorts the blocks to write by how they are written, but
+// those skip (FillOptions.Skip) leaves out.
+func sortBlocks(vmas []image.VMA, blocks iter.Seq[image.Block], skip func(image.Block, *image.VMA) bool) (fillBlocks, error) {
 	var bs fillBlocks
-	for b := range o.Pages.Blocks() {
+	for b := range blocks {
 		v := VMAAt(vmas, b.Addr)
 		if v == nil {
 			return bs, fmt.Errorf("%w: block at %#x outside every VMA", image.ErrCorrupt, b.Addr)
 		}
-		if o.Skip != nil && o.Skip(b, v) {
+		if skip != nil && skip(b, v) {
 			continue
 		}
 		switch b.Kind {
@@ -406,7 +409,7 @@ func (f *filler) write(j *fillJob, data []byte) error {
 		local := []unix.Iovec{{Base: &data[0]}}
 		local[0].SetLen(len(data))
 		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
-		n, err = unix.ProcessVMWritev(f.t.pid(), local, remote, 0)
+		n, err = unix.ProcessVMWritev(f.pid, local, remote, 0)
 	} else {
 		n, err = f.mem.WriteAt(data, int64(addr))
 	}
@@ -431,16 +434,11 @@ func (f *filler) write(j *fillJob, data []byte) error {
 // advice: pages the snapshot does not hold fault in as huge pages once
 // the fill is over, and khugepaged may collapse the filled ones.
 func (f *filler) openUffd(blocks []image.Block) error {
-	want := map[*image.VMA]bool{}
-	for _, b := range blocks {
-		if v := VMAAt(f.t.State.VMAs, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 {
-			want[v] = true
-		}
-	}
+	want := uffdTargets(f.t.State.VMAs, blocks)
 	if len(want) == 0 {
 		return nil
 	}
-	fd, err := Userfaultfd(f.t.In, f.t.pid())
+	fd, err := Userfaultfd(f.t.In, f.pid)
 	if err != nil {
 		return err
 	}
@@ -456,6 +454,18 @@ func (f *filler) openUffd(blocks []image.Block) error {
 		f.uffdVMAs[v] = true
 	}
 	return nil
+}
+
+// uffdTargets returns the VMAs of vmas that openUffd registers: the
+// anonymous private ones that blocks will be written to.
+func uffdTargets(vmas []image.VMA, blocks []image.Block) map[*image.VMA]bool {
+	want := map[*image.VMA]bool{}
+	for _, b := range blocks {
+		if v := VMAAt(vmas, b.Addr); v.Kind == image.VMAAnon && v.Flags&unix.MAP_PRIVATE != 0 {
+			want[v] = true
+		}
+	}
+	return want
 }
 
 // closeUffd unregisters what openUffd registered and closes the
@@ -476,8 +486,27 @@ func (f *filler) closeUffd() {
 // Userfaultfd makes a userfaultfd inside process pid, which in injects
 // into (registrations apply to the address space of the process that
 // created it), and returns our copy of it; the process keeps none.
-func Userfaultfd(in *ptrace.Injector, pid int) (int, error) {
-	return userfaultfdIn(in, pid, 0)
+func Userfaultfd(in Injector, pid int) (int, error) {
+	return UserfaultfdWith(in, pid, 0)
+}
+
+// UserfaultfdWith is Userfaultfd with extra flags for userfaultfd(2).
+func UserfaultfdWith(in Injector, pid int, flags uint64) (int, error) {
+	tfd, err := in.Call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|flags)
+	if err != nil {
+		return -1, fmt.Errorf("userfaultfd in the process: %w", err)
+	}
+	defer in.CloseFD(int(tfd))
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(pidfd)
+	ours, err := unix.PidfdGetfd(pidfd, int(tfd), 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	return ours, nil
 }
 
 // progress counts n bytes written and reports the total.

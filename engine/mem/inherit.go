@@ -2,6 +2,7 @@ package mem
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -130,6 +131,14 @@ type Inheritance struct {
 // parent at fork: the VMAs whose pages it shared at the dump, where the
 // parent still has the same VMA (nil parent: none).
 func Inherit(st *image.Process, pages *image.Reader, parent *image.Process) Inheritance {
+	if parent == nil {
+		return Inheritance{}
+	}
+	return inherit(st, pages.Blocks(), parent)
+}
+
+// inherit is Inherit of the process whose blocks are blocks.
+func inherit(st *image.Process, blocks iter.Seq[image.Block], parent *image.Process) Inheritance {
 	var in Inheritance
 	if parent == nil {
 		return in
@@ -149,7 +158,7 @@ func Inherit(st *image.Process, pages *image.Reader, parent *image.Process) Inhe
 	}
 	var v *image.VMA
 	j := 0 // v.Inherited[j] is the first range not before the block
-	for b := range pages.Blocks() {
+	for b := range blocks {
 		if v == nil || b.Addr >= v.End {
 			if v = VMAAt(st.VMAs, b.Addr); v == nil || !ok[v.Start] {
 				v = nil

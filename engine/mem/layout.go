@@ -58,27 +58,32 @@ func Union(vmas []image.VMA) []image.VMA {
 // MoveVDSO) and the VMAs it inherits (Target.Inherit): in those it
 // clears every page but the kept ones, which are its parent's.
 func UnmapAllBut(ctx context.Context, t *Target, keep uint64) error {
-	r := t
-	maps, err := proc.ReadMaps(r.pid())
+	maps, err := proc.ReadMaps(t.pid())
 	if err != nil {
 		return err
 	}
-	c := r.In.NewCalls() // one resume for them all
+	c := t.In.NewCalls() // one resume for them all
+	unmapCalls(c, maps, keep, t.Inherit)
+	return t.In.RunCalls(c)
+}
+
+// unmapCalls adds to c the calls of UnmapAllBut, for a process whose
+// mappings are maps.
+func unmapCalls(c batch, maps []proc.Mapping, keep uint64, inherit Inheritance) {
 	c.Add("close_range", unix.SYS_CLOSE_RANGE, 0, ^uint64(0)>>32, 0)
 	for _, m := range maps {
 		if m.Start == keep || m.IsSpecial() {
 			continue
 		}
-		for _, g := range subtract(units.Range{Start: m.Start, End: m.End}, t.Inherit.VMAs) {
+		for _, g := range subtract(units.Range{Start: m.Start, End: m.End}, inherit.VMAs) {
 			c.Add("munmap "+g.String(), unix.SYS_MUNMAP, g.Start, g.Len())
 		}
 	}
-	for _, v := range t.Inherit.VMAs {
-		for _, g := range subtract(v, t.Inherit.Kept) {
+	for _, v := range inherit.VMAs {
+		for _, g := range subtract(v, inherit.Kept) {
 			c.Add("madvise "+g.String()+" dontneed", unix.SYS_MADVISE, g.Start, g.Len(), unix.MADV_DONTNEED)
 		}
 	}
-	return r.In.RunCalls(c)
 }
 
 // subtract returns the parts of r outside rs (sorted, not overlapping).
@@ -106,64 +111,48 @@ func subtract(r units.Range, rs []units.Range) []units.Range {
 // position; it refuses a kernel whose special mappings differ
 // (image.ErrKernelMismatch).
 func MoveVDSO(ctx context.Context, t *Target, slack uint64) error {
-	r := t
-	maps, err := proc.ReadMaps(r.pid())
+	maps, err := proc.ReadMaps(t.pid())
 	if err != nil {
 		return err
 	}
-	type move struct {
-		name     string
-		from, to uint64
-		len      uint64
-	}
-	var moves []move
-	for _, v := range r.State.VMAs {
-		if v.Kind != image.VMAVDSO && v.Kind != image.VMAVVar && v.Kind != image.VMAVVarVclock {
-			continue
-		}
-		found := false
-		for _, m := range maps {
-			if m.Path == v.Name {
-				if m.Len() != v.End-v.Start {
-					return fmt.Errorf("%w: %s is %d bytes here, %d in the snapshot", image.ErrKernelMismatch, v.Name, m.Len(), v.End-v.Start)
-				}
-				moves = append(moves, move{v.Name, m.Start, v.Start, m.Len()})
-				found = true
-			}
-		}
-		if !found {
-			return fmt.Errorf("%w: no %s mapping here", image.ErrKernelMismatch, v.Name)
-		}
+	return moveVDSO(t.In, t.State.VMAs, maps, slack)
+}
+
+// vdsoMove is the move of one special mapping.
+type vdsoMove struct {
+	name     string
+	from, to uint64
+	len      uint64
+}
+
+// moveVDSO is MoveVDSO through in, for a process whose mappings are
+// maps, to the layout of vmas.
+func moveVDSO(in Injector, vmas []image.VMA, maps []proc.Mapping, slack uint64) error {
+	moves, err := vdsoMoves(vmas, maps)
+	if err != nil {
+		return err
 	}
 	// Unmap specials the snapshot did not have.
 	for _, m := range maps {
-		if m.IsSpecial() && m.Path != "[vsyscall]" && !hasVMA(r.State.VMAs, m.Path) {
-			if _, err := r.call(unix.SYS_MUNMAP, m.Start, m.Len()); err != nil {
+		if m.IsSpecial() && m.Path != "[vsyscall]" && !hasVMA(vmas, m.Path) {
+			if _, err := in.Call(unix.SYS_MUNMAP, m.Start, m.Len()); err != nil {
 				return fmt.Errorf("munmap %s: %w", m.Path, err)
 			}
 		}
 	}
 	// If a target overlaps a current position, go through a free area.
-	overlap := false
-	for _, a := range moves {
-		for _, b := range moves {
-			if a.to < b.from+b.len && b.from < a.to+a.len && a.to != a.from {
-				overlap = true
-			}
-		}
-	}
-	if overlap {
+	if vdsoOverlap(moves) {
 		var total uint64
 		for _, m := range moves {
 			total += m.len
 		}
-		tmp := FreeAreas(r.State.VMAs, total+slack)
+		tmp := FreeAreas(vmas, total+slack)
 		if len(tmp) == 0 {
 			return errors.New("no room to move the vDSO through")
 		}
 		at := tmp[len(tmp)-1]
 		for i := range moves {
-			if err := r.mremap(moves[i].from, moves[i].len, at); err != nil {
+			if err := mremap(in, moves[i].from, moves[i].len, at); err != nil {
 				return fmt.Errorf("move %s: %w", moves[i].name, err)
 			}
 			moves[i].from = at
@@ -174,11 +163,49 @@ func MoveVDSO(ctx context.Context, t *Target, slack uint64) error {
 		if m.from == m.to {
 			continue
 		}
-		if err := r.mremap(m.from, m.len, m.to); err != nil {
+		if err := mremap(in, m.from, m.len, m.to); err != nil {
 			return fmt.Errorf("move %s to %#x: %w", m.name, m.to, err)
 		}
 	}
 	return nil
+}
+
+// vdsoMoves returns the moves that put the special mappings of maps
+// where vmas had them, refusing a kernel whose special mappings differ.
+func vdsoMoves(vmas []image.VMA, maps []proc.Mapping) ([]vdsoMove, error) {
+	var moves []vdsoMove
+	for _, v := range vmas {
+		if v.Kind != image.VMAVDSO && v.Kind != image.VMAVVar && v.Kind != image.VMAVVarVclock {
+			continue
+		}
+		found := false
+		for _, m := range maps {
+			if m.Path == v.Name {
+				if m.Len() != v.End-v.Start {
+					return nil, fmt.Errorf("%w: %s is %d bytes here, %d in the snapshot", image.ErrKernelMismatch, v.Name, m.Len(), v.End-v.Start)
+				}
+				moves = append(moves, vdsoMove{v.Name, m.Start, v.Start, m.Len()})
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("%w: no %s mapping here", image.ErrKernelMismatch, v.Name)
+		}
+	}
+	return moves, nil
+}
+
+// vdsoOverlap reports whether the target of a move overlaps the current
+// position of one.
+func vdsoOverlap(moves []vdsoMove) bool {
+	for _, a := range moves {
+		for _, b := range moves {
+			if a.to < b.from+b.len && b.from < a.to+a.len && a.to != a.from {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func hasVMA(vmas []image.VMA, name string) bool {
@@ -190,8 +217,9 @@ func hasVMA(vmas []image.VMA, name string) bool {
 	return false
 }
 
-func (r *Target) mremap(from, n, to uint64) error {
-	got, err := r.call(unix.SYS_MREMAP, from, n, n, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, to)
+// mremap moves the n bytes mapped at from to to, through in.
+func mremap(in Injector, from, n, to uint64) error {
+	got, err := in.Call(unix.SYS_MREMAP, from, n, n, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, to)
 	if err == nil && got != to {
 		err = fmt.Errorf("mremap moved to %#x", got)
 	}

@@ -27,6 +27,29 @@ var madvFlags = map[string]int{
 	"rr": unix.MADV_RANDOM,
 }
 
+// Injector is what the restore of memory asks of the process under
+// restore, through its injector (a *ptrace.Injector): system calls run
+// one at a time, and data put in its scratch memory for them.
+type Injector interface {
+	Call(nr int, args ...uint64) (uint64, error)
+	CloseFD(fd int) error
+	Put(off int, b []byte) (uint64, error)
+	PutString(off int, s string) (uint64, error)
+}
+
+// batch is a batch of system calls in the making, run in one resume of
+// the process once complete (a *ptrace.Calls).
+type batch interface {
+	// Add appends system call nr with args; what names it in an error.
+	Add(what string, nr int, args ...uint64)
+	// Len returns how many calls the batch holds.
+	Len() int
+	// What returns what call i is for.
+	What(i int) string
+	// Result returns the raw result of call i once it ran.
+	Result(i int) int64
+}
+
 // Target is the process under restore: injected calls reach it, and it
 // becomes the process of State.
 type Target struct {
@@ -57,8 +80,6 @@ func (t *Target) inherited(v *image.VMA) bool {
 	return Within(t.Inherit.VMAs, v.Start, v.End-v.Start)
 }
 
-func (t *Target) call(nr int, args ...uint64) (uint64, error) { return t.In.Call(nr, args...) }
-
 // pid is the process's pid in our pid namespace (not State.PID when it
 // was restored into another).
 func (t *Target) pid() int { return t.In.Thread().Process().Pid() }
@@ -75,7 +96,7 @@ func (t *Target) closeFD(fd int) {
 // caller closes them once the descriptors are restored (fds.Restore
 // does).
 func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
-	m := &mapper{Target: t, files: map[string]int{}, shmem: map[uint64]int{}}
+	m := &mapper{Target: t, in: t.In, files: map[string]int{}, shmem: map[uint64]int{}}
 	defer func() {
 		for _, fd := range m.files {
 			t.closeFD(fd)
@@ -94,41 +115,61 @@ func Map(ctx context.Context, t *Target) (shmem map[uint64]int, err error) {
 	if err := m.openFiles(vmas); err != nil {
 		return nil, err
 	}
-	m.calls = t.In.NewCalls()
-	for i := 0; i < len(vmas); {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if t.inherited(&vmas[i]) {
-			// In place since fork, its shared pages in it.
-			m.advise(&vmas[i])
-			i++
-			continue
-		}
-		n := anonRun(vmas[i:], t.inherited)
-		if err := m.mapRun(vmas[i : i+n]); err != nil {
-			return nil, err
-		}
-		for j := i; j < i+n; j++ {
-			m.advise(&vmas[j])
-		}
-		i += n
+	calls := t.In.NewCalls()
+	m.calls = calls
+	if err := m.mapAll(ctx, vmas); err != nil {
+		return nil, err
 	}
-	// The files are closed in the same batch, once mapped.
-	for key, fd := range m.files {
-		m.calls.Add("close "+key, unix.SYS_CLOSE, uint64(fd))
-	}
-	err = t.In.RunCalls(m.calls)
+	err = t.In.RunCalls(calls)
 	m.files = nil // every call ran, whatever one returned
 	if err != nil {
 		return nil, err
 	}
-	for _, mm := range m.mmaps {
-		if got := uint64(m.calls.Result(mm.call)); got != mm.addr {
-			return nil, fmt.Errorf("%s: mapped at %#x", m.calls.What(mm.call), got)
-		}
+	if err := m.checkAddrs(); err != nil {
+		return nil, err
 	}
 	return m.shmem, nil
+}
+
+// mapAll adds to the batch the mmap (or shmat) of every VMA of vmas but
+// the inherited ones, their mprotects and madvises, and the close of the
+// files opened to map; it makes the shared objects they need on the way.
+func (r *mapper) mapAll(ctx context.Context, vmas []image.VMA) error {
+	for i := 0; i < len(vmas); {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if r.inherited(&vmas[i]) {
+			// In place since fork, its shared pages in it.
+			r.advise(&vmas[i])
+			i++
+			continue
+		}
+		n := anonRun(vmas[i:], r.inherited)
+		if err := r.mapRun(vmas[i : i+n]); err != nil {
+			return err
+		}
+		for j := i; j < i+n; j++ {
+			r.advise(&vmas[j])
+		}
+		i += n
+	}
+	// The files are closed in the same batch, once mapped.
+	for key, fd := range r.files {
+		r.calls.Add("close "+key, unix.SYS_CLOSE, uint64(fd))
+	}
+	return nil
+}
+
+// checkAddrs checks, once the batch ran, that every mmap and shmat put
+// its mapping where it was asked to.
+func (r *mapper) checkAddrs() error {
+	for _, mm := range r.mmaps {
+		if got := uint64(r.calls.Result(mm.call)); got != mm.addr {
+			return fmt.Errorf("%s: mapped at %#x", r.calls.What(mm.call), got)
+		}
+	}
+	return nil
 }
 
 // anonRun returns how many VMAs from vmas[0] on one mmap can map: 1, or
@@ -183,9 +224,10 @@ func reprotected(v *image.VMA) bool {
 // mapper is one Map.
 type mapper struct {
 	*Target
+	in    Injector       // Target.In
 	files map[string]int // mode:path -> fd of a mapped file in the process
 	shmem map[uint64]int
-	calls *ptrace.Calls // the mmaps, mprotects and madvises, run at the end
+	calls batch // the mmaps, mprotects and madvises, run at the end
 	mmaps []mmapCall
 }
 
@@ -376,11 +418,11 @@ func (r *mapper) shmemFD(v *image.VMA) (int, error) {
 	if n, ok := strings.CutPrefix(v.Name, "/memfd:"); ok {
 		name = strings.TrimSuffix(n, " (deleted)")
 	}
-	a, err := r.In.PutString(0, name)
+	a, err := r.in.PutString(0, name)
 	if err != nil {
 		return -1, err
 	}
-	fd, err := r.call(unix.SYS_MEMFD_CREATE, a, unix.MFD_CLOEXEC)
+	fd, err := r.in.Call(unix.SYS_MEMFD_CREATE, a, unix.MFD_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("memfd_create: %w", err)
 	}
@@ -388,7 +430,7 @@ func (r *mapper) shmemFD(v *image.VMA) (int, error) {
 	if size == 0 {
 		size = v.Offset + v.End - v.Start
 	}
-	if _, err := r.call(unix.SYS_FTRUNCATE, fd, size); err != nil {
+	if _, err := r.in.Call(unix.SYS_FTRUNCATE, fd, size); err != nil {
 		return -1, fmt.Errorf("ftruncate shared object to %d: %w", size, err)
 	}
 	r.shmem[v.Shmem.ID] = int(fd)
@@ -414,14 +456,19 @@ func VMAAt(vmas []image.VMA, addr uint64) *image.VMA {
 // range, which before the fill would only fault in zero pages to
 // overwrite.
 func Lock(ctx context.Context, r *Target) error {
-	for _, v := range r.State.VMAs {
+	return lock(r.In, r.State.VMAs)
+}
+
+// lock is Lock of vmas, through in.
+func lock(in Injector, vmas []image.VMA) error {
+	for _, v := range vmas {
 		for _, f := range v.VMFlags {
 			var err error
 			switch f {
 			case "lo":
-				_, err = r.call(unix.SYS_MLOCK, v.Start, v.End-v.Start)
+				_, err = in.Call(unix.SYS_MLOCK, v.Start, v.End-v.Start)
 			case "lf":
-				_, err = r.call(unix.SYS_MLOCK2, v.Start, v.End-v.Start, unix.MLOCK_ONFAULT)
+				_, err = in.Call(unix.SYS_MLOCK2, v.Start, v.End-v.Start, unix.MLOCK_ONFAULT)
 			default:
 				continue
 			}

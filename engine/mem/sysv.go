@@ -103,11 +103,11 @@ func (r *mapper) makeSysV(v *image.VMA) (int, error) {
 	// forgets it; it refuses the id if it is taken (ENOSPC).
 	nextID := os.WriteFile(shmNextID, []byte(strconv.Itoa(s.ID)), 0) == nil
 	flags := unix.IPC_CREAT | unix.IPC_EXCL | uint64(s.Mode&0o777)
-	id, err := r.call(unix.SYS_SHMGET, key, v.Shmem.Size, flags)
+	id, err := r.in.Call(unix.SYS_SHMGET, key, v.Shmem.Size, flags)
 	if nextID && err != nil {
 		os.WriteFile(shmNextID, []byte("-1"), 0) // not taken: forget it
 		if errors.Is(err, unix.ENOSPC) {
-			id, err = r.call(unix.SYS_SHMGET, key, v.Shmem.Size, flags)
+			id, err = r.in.Call(unix.SYS_SHMGET, key, v.Shmem.Size, flags)
 		}
 	}
 	if errors.Is(err, unix.EEXIST) {
@@ -122,11 +122,11 @@ func (r *mapper) makeSysV(v *image.VMA) (int, error) {
 	binary.LittleEndian.PutUint32(ds[4:], s.UID)
 	binary.LittleEndian.PutUint32(ds[8:], s.GID)
 	binary.LittleEndian.PutUint32(ds[20:], s.Mode&0o777)
-	at, err := r.In.Put(0, ds[:])
+	at, err := r.in.Put(0, ds[:])
 	if err != nil {
 		return -1, err
 	}
-	if _, err := r.call(unix.SYS_SHMCTL, id, unix.IPC_SET, at); err != nil {
+	if _, err := r.in.Call(unix.SYS_SHMCTL, id, unix.IPC_SET, at); err != nil {
 		return -1, fmt.Errorf("shmctl(%d, IPC_SET, uid %d gid %d mode %o): %w", id, s.UID, s.GID, s.Mode&0o777, err)
 	}
 	r.SysV.made = append(r.SysV.made, int(id))
@@ -137,8 +137,8 @@ func (r *mapper) makeSysV(v *image.VMA) (int, error) {
 }
 
 // shmNextID sets the id of the next System V segment made in our IPC
-// namespace (root only).
-const shmNextID = "/proc/sys/kernel/shm_next_id"
+// namespace (root only); a variable for the tests, which must not set it.
+var shmNextID = "/proc/sys/kernel/shm_next_id"
 
 // takeOverSysV returns the id of the segment of v's key if nothing has it
 // attached and it has v's size (the dumped process's own, left behind).

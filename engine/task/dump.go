@@ -29,6 +29,33 @@ func ReadProcess(pid int, st *image.Process) error {
 	if err != nil {
 		return err
 	}
+	if err := setIDs(pid, st, s, stat); err != nil {
+		return err
+	}
+	if err := readNamespaces(pid, st); err != nil {
+		return err
+	}
+	if err := readFiles(pid, st); err != nil {
+		return err
+	}
+	if err := readLimits(pid, st); err != nil {
+		return err
+	}
+	auxv, err := proc.ReadAuxv(pid)
+	if err != nil {
+		return err
+	}
+	st.MM = image.MM{StartCode: stat.StartCode, EndCode: stat.EndCode, StartData: stat.StartData, EndData: stat.EndData,
+		StartBrk: stat.StartBrk, StartStack: stat.StartStack, ArgStart: stat.ArgStart, ArgEnd: stat.ArgEnd,
+		EnvStart: stat.EnvStart, EnvEnd: stat.EnvEnd, Auxv: auxv}
+	return nil
+}
+
+// setIDs fills st with the ids, credentials, umask and pending signals
+// of process pid that its status and stat tell, refusing a process
+// restore cannot rebuild: one under seccomp, or one more pid namespaces
+// below ours than restore makes.
+func setIDs(pid int, st *image.Process, s *proc.Status, stat *proc.Stat) error {
 	st.PPID, st.PGID, st.SID = stat.PPid, stat.Pgrp, stat.Session
 	st.Umask = s.Umask
 	st.Creds = image.Creds{UID: s.Uid, GID: s.Gid, Groups: s.Groups, CapInh: s.CapInh, CapPrm: s.CapPrm, CapEff: s.CapEff,
@@ -42,6 +69,14 @@ func ReadProcess(pid int, st *image.Process) error {
 	case len(s.NSpid) > 1:
 		st.NSPID = s.NSpid
 	}
+	st.SigPending = s.ShdPnd
+	return nil
+}
+
+// readNamespaces refuses a process in a user namespace other than ours,
+// and records the other namespaces process pid lives in and, if any
+// (a container's), its cgroups.
+func readNamespaces(pid int, st *image.Process) error {
 	userNS, err := proc.Namespace(pid, "user")
 	if err != nil {
 		return err
@@ -62,7 +97,13 @@ func ReadProcess(pid int, st *image.Process) error {
 			return err
 		}
 	}
-	st.SigPending = s.ShdPnd
+	return nil
+}
+
+// readFiles records the name, command line, program, working and root
+// directories of process pid.
+func readFiles(pid int, st *image.Process) error {
+	var err error
 	if st.Comm, err = proc.ReadComm(pid); err != nil {
 		return err
 	}
@@ -82,6 +123,12 @@ func ReadProcess(pid int, st *image.Process) error {
 	if st.Root, err = proc.Root(pid); err != nil {
 		return err
 	}
+	return nil
+}
+
+// readLimits records the personality, timer slack, OOM score adjustment
+// and resource limits of process pid.
+func readLimits(pid int, st *image.Process) error {
 	pers, err := proc.Personality(pid)
 	if err != nil {
 		return err
@@ -103,13 +150,6 @@ func ReadProcess(pid int, st *image.Process) error {
 	for i, l := range rl {
 		st.Rlimits = append(st.Rlimits, image.Rlimit{Resource: i, Cur: l.Cur, Max: l.Max})
 	}
-	auxv, err := proc.ReadAuxv(pid)
-	if err != nil {
-		return err
-	}
-	st.MM = image.MM{StartCode: stat.StartCode, EndCode: stat.EndCode, StartData: stat.StartData, EndData: stat.EndData,
-		StartBrk: stat.StartBrk, StartStack: stat.StartStack, ArgStart: stat.ArgStart, ArgEnd: stat.ArgEnd,
-		EnvStart: stat.EnvStart, EnvEnd: stat.EnvEnd, Auxv: auxv}
 	return nil
 }
 

@@ -21,6 +21,20 @@ const (
 	ssDisable = 2
 )
 
+// batch is what the restore of a process's state adds its system calls
+// to, to run in one resume of a thread: a *ptrace.Calls (the tests'
+// records them).
+type batch interface {
+	// Add appends system call nr with args; what names it in an error.
+	Add(what string, nr int, args ...uint64)
+	// Data puts b in the batch's scratch data and returns the address
+	// it will have in the thread.
+	Data(b []byte) uint64
+	// String puts s, NUL-terminated, in the scratch data and returns
+	// its address.
+	String(s string) uint64
+}
+
 // restorer is one RestoreProcess.
 type restorer struct {
 	in  *ptrace.Injector
@@ -41,20 +55,7 @@ func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, 
 	// Signal actions, umask, directories, personality and prctl settings
 	// go in one batch: one resume of the process rather than seventy.
 	c := in.NewCalls()
-	r.sigActions(c)
-	c.Add("umask", unix.SYS_UMASK, uint64(st.Umask))
-	if st.Root != "" && st.Root != "/" {
-		c.Add("chroot "+st.Root, unix.SYS_CHROOT, c.String(st.Root))
-	}
-	c.Add("chdir "+st.Cwd, unix.SYS_CHDIR, c.String(st.Cwd))
-	c.Add(fmt.Sprintf("personality %#x", st.Personality), unix.SYS_PERSONALITY, st.Personality)
-	c.Add(fmt.Sprintf("prctl(PR_SET_DUMPABLE, %d)", st.Dumpable), unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, uint64(st.Dumpable))
-	if st.ChildSubreaper {
-		c.Add("prctl(PR_SET_CHILD_SUBREAPER)", unix.SYS_PRCTL, unix.PR_SET_CHILD_SUBREAPER, 1)
-	}
-	if st.TimerSlackNs != 0 {
-		c.Add("prctl(PR_SET_TIMERSLACK)", unix.SYS_PRCTL, unix.PR_SET_TIMERSLACK, st.TimerSlackNs)
-	}
+	r.processCalls(c)
 	if err := in.RunCalls(c); err != nil {
 		return err
 	}
@@ -88,27 +89,51 @@ func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, 
 	return nil
 }
 
+// processCalls adds to c the per-process calls of RestoreProcess: signal
+// actions, umask, directories, personality and prctl settings.
+func (r *restorer) processCalls(c batch) {
+	st := r.st
+	r.sigActions(c)
+	c.Add("umask", unix.SYS_UMASK, uint64(st.Umask))
+	if st.Root != "" && st.Root != "/" {
+		c.Add("chroot "+st.Root, unix.SYS_CHROOT, c.String(st.Root))
+	}
+	c.Add("chdir "+st.Cwd, unix.SYS_CHDIR, c.String(st.Cwd))
+	c.Add(fmt.Sprintf("personality %#x", st.Personality), unix.SYS_PERSONALITY, st.Personality)
+	c.Add(fmt.Sprintf("prctl(PR_SET_DUMPABLE, %d)", st.Dumpable), unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, uint64(st.Dumpable))
+	if st.ChildSubreaper {
+		c.Add("prctl(PR_SET_CHILD_SUBREAPER)", unix.SYS_PRCTL, unix.PR_SET_CHILD_SUBREAPER, 1)
+	}
+	if st.TimerSlackNs != 0 {
+		c.Add("prctl(PR_SET_TIMERSLACK)", unix.SYS_PRCTL, unix.PR_SET_TIMERSLACK, st.TimerSlackNs)
+	}
+}
+
 // threadCreds sets the credentials of thread t (the one r injects into),
 // its parent-death signal and no_new_privs, in one batch of calls: one
 // resume of the thread. Every call of a batch runs; if one fails, the
 // restore fails and the process is killed before it runs.
 func (r *restorer) threadCreds(t *image.Thread) error {
-	st := r.st
 	c := r.in.NewCalls()
+	r.threadCredCalls(c, t)
+	return r.in.RunCalls(c)
+}
+
+// threadCredCalls adds to c the calls of threadCreds.
+func (r *restorer) threadCredCalls(c batch, t *image.Thread) {
 	r.creds(c)
 	if t.PdeathSig != 0 {
 		// After the credentials: changing them clears it.
 		c.Add(fmt.Sprintf("prctl(PR_SET_PDEATHSIG, %d)", t.PdeathSig), unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uint64(t.PdeathSig))
 	}
-	if st.Creds.NoNewPrivs {
+	if r.st.Creds.NoNewPrivs {
 		c.Add("prctl(PR_SET_NO_NEW_PRIVS)", unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 	}
-	return r.in.RunCalls(c)
 }
 
 // sigActions adds to c the action of every signal: the dumped ones, and
 // the default for the rest (the stub may have inherited ignored signals).
-func (r *restorer) sigActions(c *ptrace.Calls) {
+func (r *restorer) sigActions(c batch) {
 	acts := map[int][4]uint64{}
 	for _, a := range r.st.SigActions {
 		acts[a.Signal] = [4]uint64{a.Handler, a.Flags, a.Restorer, a.Mask}
@@ -129,7 +154,7 @@ func (r *restorer) sigActions(c *ptrace.Calls) {
 // CRIU: the bounding set is dropped to the dumped one while the process
 // is still privileged, its permitted capabilities kept across the change
 // of uid (PR_SET_KEEPCAPS), then set, and the ambient ones raised).
-func (r *restorer) creds(c *ptrace.Calls) {
+func (r *restorer) creds(c batch) {
 	r.dropBounding(c)
 	c.Add("prctl(PR_SET_KEEPCAPS)", unix.SYS_PRCTL, unix.PR_SET_KEEPCAPS, 1)
 	r.ids(c)
@@ -138,7 +163,7 @@ func (r *restorer) creds(c *ptrace.Calls) {
 
 // dropBounding adds to c the drop from the bounding set of the
 // capabilities the process did not have in it.
-func (r *restorer) dropBounding(c *ptrace.Calls) {
+func (r *restorer) dropBounding(c batch) {
 	last := lastCap()
 	for cp := 0; cp <= last; cp++ {
 		if r.st.Creds.CapBnd&(1<<cp) != 0 {
@@ -160,7 +185,7 @@ func lastCap() int {
 // capabilities adds to c what sets the effective, permitted and
 // inheritable sets (capset), raises the ambient ones, and ends keeping
 // the permitted ones across uid changes, as a process does by default.
-func (r *restorer) capabilities(c *ptrace.Calls, cr image.Creds) {
+func (r *restorer) capabilities(c batch, cr image.Creds) {
 	// struct __user_cap_header_struct (version 3, this thread), then two
 	// struct __user_cap_data_struct: the low and high 32 bits.
 	var b [8 + 24]byte
@@ -185,7 +210,7 @@ func (r *restorer) capabilities(c *ptrace.Calls, cr image.Creds) {
 
 // ids adds to c what sets groups, gids and uids where they differ from
 // snapctl's.
-func (r *restorer) ids(c *ptrace.Calls) {
+func (r *restorer) ids(c batch) {
 	cr := r.st.Creds
 	if cr.UID == [4]uint32{} && cr.GID == [4]uint32{} && len(cr.Groups) <= 1 && unix.Geteuid() == 0 {
 		return
@@ -209,12 +234,18 @@ func (r *restorer) ids(c *ptrace.Calls) {
 // the thread t registers with the kernel: its name, clear_child_tid,
 // robust list, alternate signal stack and rseq.
 func RestoreThread(in *ptrace.Injector, t *image.Thread) error {
+	// One batch: one resume of the thread.
+	c := in.NewCalls()
+	threadCalls(c, t)
+	return in.RunCalls(c)
+}
+
+// threadCalls adds to c the calls of RestoreThread.
+func threadCalls(c batch, t *image.Thread) {
 	name := t.Comm
 	if len(name) > 15 {
 		name = name[:15]
 	}
-	// One batch: one resume of the thread.
-	c := in.NewCalls()
 	c.Add("prctl(PR_SET_NAME)", unix.SYS_PRCTL, unix.PR_SET_NAME, c.String(name))
 	c.Add("set_tid_address", unix.SYS_SET_TID_ADDRESS, t.ClearChildTID)
 	if t.RobustList != 0 {
@@ -230,7 +261,6 @@ func RestoreThread(in *ptrace.Injector, t *image.Thread) error {
 	if t.Rseq != nil {
 		c.Add(fmt.Sprintf("rseq register at %#x", t.Rseq.Addr), unix.SYS_RSEQ, t.Rseq.Addr, uint64(t.Rseq.Len), 0, uint64(t.Rseq.Sig))
 	}
-	return in.RunCalls(c)
 }
 
 // SetThreadRegs sets the thread's registers, FP state and signal mask:

@@ -1,4 +1,4 @@
-package mem
+package precopy
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
-// PreCopy copies the memory of a process while it runs, so that the dump
+// Copy copies the memory of a process while it runs, so that the dump
 // that follows need stop it only to copy what it wrote since the last copy
 // (snapctl dump --pre-copy).
 //
@@ -31,7 +31,7 @@ import (
 // after the walk marks the page written for the next round, so no write
 // is lost between the walk and the copy. Stop, with the process frozen,
 // drops from the copy every page written since the last round or no
-// longer in a registered mapping, and removes the registration. Dump then
+// longer in a registered mapping, and removes the registration. mem.Dump then
 // copies what the copy lacks while the process is still frozen, and
 // encodes from the copy once it no longer needs the process.
 //
@@ -44,7 +44,7 @@ import (
 // process's page tables (a device's DMA into pages pinned before the
 // first round, io_uring's registered buffers) are not seen, as soft-dirty
 // tracking would not see them either.
-type PreCopy struct {
+type Copy struct {
 	pid  int
 	src  io.ReaderAt // the process's memory, read while it runs
 	uffd int
@@ -82,26 +82,26 @@ type RoundStats struct {
 // PAGEMAP_SCAN (PAGE_IS_WPALLOWED).
 const preCopyFeatures = uffd.FeatureWPAsync | uffd.FeatureWPUnpopulated
 
-// StartPreCopy starts tracking the writes of process pid, which must be
+// Start starts tracking the writes of process pid, which must be
 // stopped (in injects into one of its threads; it is not needed after
-// StartPreCopy returns): it makes the userfaultfd and registers every
+// Start returns): it makes the userfaultfd and registers every
 // writable private anonymous mapping of maps (as read after in closed).
 // src reads the process's memory while it runs. Mappings that cannot be
 // registered are left alone: the dump copies them while the process is
 // frozen. Close undoes everything, on any path.
-func StartPreCopy(in *ptrace.Injector, pid int, src io.ReaderAt) (pc *PreCopy, err error) {
-	fd, err := userfaultfdIn(in, pid, 0)
+func Start(in mem.Injector, pid int, src io.ReaderAt) (pc *Copy, err error) {
+	fd, err := mem.UserfaultfdWith(in, pid, 0)
 	if errors.Is(err, unix.EPERM) {
 		// vm.unprivileged_userfaultfd=0 and a process without
 		// CAP_SYS_PTRACE: a descriptor that handles faults from user mode
 		// only is allowed, and asynchronous write-protection does not
 		// involve its handler.
-		fd, err = userfaultfdIn(in, pid, uffdUserModeOnly)
+		fd, err = mem.UserfaultfdWith(in, pid, uffdUserModeOnly)
 	}
 	if err != nil {
 		return nil, err
 	}
-	pc = &PreCopy{pid: pid, src: src, uffd: fd}
+	pc = &Copy{pid: pid, src: src, uffd: fd}
 	defer func() {
 		if err != nil {
 			pc.Close()
@@ -127,29 +127,10 @@ func StartPreCopy(in *ptrace.Injector, pid int, src io.ReaderAt) (pc *PreCopy, e
 // uffdUserModeOnly is UFFD_USER_MODE_ONLY.
 const uffdUserModeOnly = 1
 
-// userfaultfdIn is Userfaultfd with extra flags for userfaultfd(2).
-func userfaultfdIn(in *ptrace.Injector, pid int, flags uint64) (int, error) {
-	tfd, err := in.Call(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|flags)
-	if err != nil {
-		return -1, fmt.Errorf("userfaultfd in the process: %w", err)
-	}
-	defer in.CloseFD(int(tfd))
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return -1, fmt.Errorf("pidfd_open: %w", err)
-	}
-	defer unix.Close(pidfd)
-	ours, err := unix.PidfdGetfd(pidfd, int(tfd), 0)
-	if err != nil {
-		return -1, fmt.Errorf("pidfd_getfd: %w", err)
-	}
-	return ours, nil
-}
-
 // Register registers the writable private anonymous mappings of maps
 // (the process's, read after the injector that made the userfaultfd was
 // closed, so that its scratch page is not among them).
-func (pc *PreCopy) Register(maps []proc.Mapping) error {
+func (pc *Copy) Register(maps []proc.Mapping) error {
 	for i := range maps {
 		m := &maps[i]
 		if m.Kind() != proc.KindAnon || m.Perms&proc.PermWrite == 0 || m.Shared() {
@@ -183,7 +164,7 @@ func stageMem(n uint64) ([]byte, error) {
 }
 
 // Tracked returns the bytes of the registered ranges.
-func (pc *PreCopy) Tracked() uint64 {
+func (pc *Copy) Tracked() uint64 {
 	var n uint64
 	for _, s := range pc.segs {
 		if s.tracked {
@@ -196,7 +177,7 @@ func (pc *PreCopy) Tracked() uint64 {
 // Round copies, while the process runs, the pages of the registered
 // ranges written since the previous round (every page that holds data,
 // the first time), write-protecting them again as they are found.
-func (pc *PreCopy) Round(ctx context.Context) (RoundStats, error) {
+func (pc *Copy) Round(ctx context.Context) (RoundStats, error) {
 	if pc.stopped {
 		return RoundStats{}, errors.New("pre-copy round after Stop")
 	}
@@ -248,7 +229,7 @@ const PageSizeMask = proc.PageSize - 1
 // The registrations stay until Dump no longer needs the process (they
 // cost a frozen process nothing, and removing them takes time): the
 // VMAs read meanwhile carry the flag "uw", which the dump must drop.
-func (pc *PreCopy) Stop() error {
+func (pc *Copy) Stop() error {
 	if pc.stopped {
 		return nil
 	}
@@ -302,9 +283,9 @@ func (pc *PreCopy) Stop() error {
 // tracking, which a snapshot must not record.
 const TrackingFlag = "uw"
 
-// closeTracking closes the userfaultfd: the kernel removes the
+// CloseTracking closes the userfaultfd: the kernel removes the
 // registrations and the write-protection.
-func (pc *PreCopy) closeTracking() {
+func (pc *Copy) CloseTracking() {
 	if pc.uffd >= 0 {
 		unix.Close(pc.uffd)
 		pc.uffd = -1
@@ -316,12 +297,12 @@ func (pc *PreCopy) closeTracking() {
 }
 
 // Close stops write tracking if Stop did not, and frees the copy.
-func (pc *PreCopy) Close() {
+func (pc *Copy) Close() {
 	if pc == nil {
 		return
 	}
 	pc.stopped = true
-	pc.closeTracking()
+	pc.CloseTracking()
 	for _, s := range pc.segs {
 		if s.data != nil {
 			unix.Munmap(s.data)
@@ -331,24 +312,24 @@ func (pc *PreCopy) Close() {
 	pc.segs = nil
 }
 
-// capture makes the copy hold every range of ranges as the frozen process
+// Capture makes the copy hold every range of ranges as the frozen process
 // has it: what the rounds copied and nobody wrote since is kept, the rest
-// is read now, with read (the dump's own way of reading a range: from
+// is read now, with read (the dump's own way of reading range i: from
 // the process or from a shared object). It returns the bytes read.
-func (pc *PreCopy) capture(ranges []memRange, read func(r memRange, dst []byte, addr uint64) error) (uint64, error) {
+func (pc *Copy) Capture(ranges []units.Range, read func(i int, dst []byte, addr uint64) error) (uint64, error) {
 	if !pc.stopped {
-		return 0, errors.New("pre-copy: capture before Stop")
+		return 0, errors.New("pre-copy: Capture before Stop")
 	}
 	var done uint64
 	var added []*segment
-	for _, r := range ranges {
-		for a := r.start; a < r.end; {
+	for i, r := range ranges {
+		for a := r.Start; a < r.End; {
 			s := pc.find(a)
 			if s == nil {
 				// Not staged: a new segment up to the next one.
-				end := r.end
-				if i := pc.after(a); i < len(pc.segs) {
-					end = min(end, pc.segs[i].start)
+				end := r.End
+				if j := pc.after(a); j < len(pc.segs) {
+					end = min(end, pc.segs[j].start)
 				}
 				for _, x := range added {
 					if x.start > a {
@@ -362,9 +343,9 @@ func (pc *PreCopy) capture(ranges []memRange, read func(r memRange, dst []byte, 
 				s = &segment{start: a, end: end, data: data}
 				added = append(added, s)
 			}
-			end := min(r.end, s.end)
+			end := min(r.End, s.end)
 			for _, gap := range s.valid.gaps(a, end) {
-				if err := read(r, s.data[gap.Start-s.start:gap.End-s.start], gap.Start); err != nil {
+				if err := read(i, s.data[gap.Start-s.start:gap.End-s.start], gap.Start); err != nil {
 					return done, err
 				}
 				done += gap.Len()
@@ -387,8 +368,8 @@ func (pc *PreCopy) capture(ranges []memRange, read func(r memRange, dst []byte, 
 }
 
 // find returns the staged segment holding addr, among those sorted so
-// far (capture adds its own after).
-func (pc *PreCopy) find(addr uint64) *segment {
+// far (Capture adds its own after).
+func (pc *Copy) find(addr uint64) *segment {
 	i := sort.Search(len(pc.segs), func(i int) bool { return pc.segs[i].end > addr })
 	if i < len(pc.segs) && pc.segs[i].start <= addr {
 		return pc.segs[i]
@@ -397,13 +378,13 @@ func (pc *PreCopy) find(addr uint64) *segment {
 }
 
 // after returns the index of the first segment that ends after addr.
-func (pc *PreCopy) after(addr uint64) int {
+func (pc *Copy) after(addr uint64) int {
 	return sort.Search(len(pc.segs), func(i int) bool { return pc.segs[i].end > addr })
 }
 
-// ReadMem reads the copy of [addr, addr+len(b)), which capture made
+// ReadMem reads the copy of [addr, addr+len(b)), which Capture made
 // whole.
-func (pc *PreCopy) ReadMem(addr uint64, b []byte) error {
+func (pc *Copy) ReadMem(addr uint64, b []byte) error {
 	for len(b) > 0 {
 		s := pc.find(addr)
 		if s == nil || !s.valid.covers(addr, addr+uint64(min(len(b), int(s.end-addr)))) {
