@@ -12,7 +12,7 @@
 // for what only a descriptor tells (buffered pipe bytes, queued socket
 // data, socket options), copies taken with pidfd_getfd. Restore injects
 // the system calls that recreate each object in the process under
-// restore, at its number, through a ptrace.Injector. Check and CheckFile
+// restore, at its number, through a ptrace.Injector. CheckRestorable and CheckFile
 // refuse, before a restore creates anything, what it could not restore or
 // what is no longer the file that was dumped.
 //

@@ -86,7 +86,7 @@ func (fx *fdDumper) close() { unix.Close(fx.pidfd) }
 func (fx *fdDumper) dump() ([]image.FD, error) {
 	fds := fx.all
 	var out []image.FD
-	shared := fx.sharedFiles()
+	dups := fx.sharedFiles()
 	for i := range fds {
 		if r := fx.tree.inherited(fds[i].Num); r != nil {
 			// Described in the process it is inherited from.
@@ -97,7 +97,7 @@ func (fx *fdDumper) dump() ([]image.FD, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pid %d fd %d (%s): %w", fx.pid, fds[i].Num, fds[i].Target, err)
 		}
-		if first, ok := shared[fds[i].Num]; ok {
+		if first, ok := dups[fds[i].Num]; ok {
 			f.SameAs = &first
 		}
 		out = append(out, f)
@@ -201,7 +201,7 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 		if f.Stat.Rdev == ptmxRdev && f.Info.TTYIndex >= 0 && fx.ptys[f.Info.TTYIndex] != nil {
 			return fx.pty(f, out, f.Info.TTYIndex, true)
 		}
-		if idx, ok := fx.ptys.of(f.Stat.Rdev); ok {
+		if idx, ok := fx.ptys.withSlave(f.Stat.Rdev); ok {
 			return fx.pty(f, out, idx, false)
 		}
 		if tty, master := isTerminal(f.Stat.Rdev); tty {

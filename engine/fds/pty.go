@@ -105,9 +105,9 @@ func slaveHolder(idx int, skip map[int]bool) (int, string) {
 	return 0, ""
 }
 
-// of returns the pair whose slave is device rdev, if the processes hold
-// its master: a controlling terminal that is one.
-func (p ptyPairs) of(rdev uint64) (int, bool) {
+// withSlave returns the pair whose slave is device rdev, if the processes
+// hold its master: a controlling terminal that is one.
+func (p ptyPairs) withSlave(rdev uint64) (int, bool) {
 	i, ok := ptySlaveIndex(rdev)
 	return i, ok && p[i] != nil
 }
