@@ -300,39 +300,79 @@ func (fc *fdCreator) tcpConn(f *image.FD, typ uint64) (int, error) {
 }
 
 // repairTCP puts socket cp in the place of connection c between local
-// and peer.
+// and peer: in repair mode, bound, its sequence numbers set, connected
+// without a handshake, the options of the handshake set, its queues
+// refilled and its window set; then out of repair mode, the bytes never
+// sent sent.
 func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) error {
-	set := func(what string, opt, v int) error {
-		if err := unix.SetsockoptInt(cp, unix.IPPROTO_TCP, opt, v); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	}
-	if err := set("TCP_REPAIR on", unix.TCP_REPAIR, unix.TCP_REPAIR_ON); err != nil {
+	if err := setTCP(cp, "TCP_REPAIR on", unix.TCP_REPAIR, unix.TCP_REPAIR_ON); err != nil {
 		return err
-	}
-	if err := unix.Bind(cp, inetSockaddr(family, local)); err != nil {
-		return fmt.Errorf("bind %s: %w", local, err)
 	}
 	sent := len(c.SendQueue) - c.Unsent
 	if sent < 0 || c.Unsent < 0 {
 		return fmt.Errorf("%w: %d unsent bytes of a send queue of %d", image.ErrCorrupt, c.Unsent, len(c.SendQueue))
+	}
+	if err := repairConnect(cp, family, local, peer, c); err != nil {
+		return err
+	}
+	if err := repairOptions(cp, c); err != nil {
+		return err
+	}
+	if err := refillQueues(cp, c, sent); err != nil {
+		return err
+	}
+	if err := repairWindow(cp, c.Window); err != nil {
+		return err
+	}
+	if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpNoQueue); err != nil {
+		return err
+	}
+	if err := setTCP(cp, "TCP_REPAIR off", unix.TCP_REPAIR, unix.TCP_REPAIR_OFF); err != nil {
+		return err
+	}
+	// The bytes never sent are sent as the program would have.
+	if err := sendAll(cp, c.SendQueue[sent:]); err != nil {
+		return fmt.Errorf("send %d unsent bytes: %w", c.Unsent, err)
+	}
+	return nil
+}
+
+// setTCP sets an int TCP option of cp; what names it in an error.
+func setTCP(cp int, what string, opt, v int) error {
+	if err := unix.SetsockoptInt(cp, unix.IPPROTO_TCP, opt, v); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// repairConnect binds cp, in repair mode, to local, sets the sequence
+// number each of its queues starts at, and connects it to peer, which in
+// repair mode sends nothing.
+func repairConnect(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) error {
+	if err := unix.Bind(cp, inetSockaddr(family, local)); err != nil {
+		return fmt.Errorf("bind %s: %w", local, err)
 	}
 	// The kernel moves each sequence number on as the queue is refilled.
 	for _, q := range []struct {
 		queue int
 		seq   uint32
 	}{{tcpRecvQueue, c.RecvSeq - uint32(len(c.RecvQueue))}, {tcpSendQueue, c.SendSeq - uint32(len(c.SendQueue))}} {
-		if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, q.queue); err != nil {
+		if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, q.queue); err != nil {
 			return err
 		}
-		if err := set("TCP_QUEUE_SEQ", unix.TCP_QUEUE_SEQ, int(int32(q.seq))); err != nil {
+		if err := setTCP(cp, "TCP_QUEUE_SEQ", unix.TCP_QUEUE_SEQ, int(int32(q.seq))); err != nil {
 			return err
 		}
 	}
 	if err := unix.Connect(cp, inetSockaddr(family, peer)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		return fmt.Errorf("connect in repair mode: %w", err)
 	}
+	return nil
+}
+
+// repairOptions sets the options the handshake negotiated: MSS, SACK,
+// window scaling, timestamps (and the timestamp itself).
+func repairOptions(cp int, c *image.TCPConn) error {
 	opts := []unix.TCPRepairOpt{{Code: unix.TCPOPT_MAXSEG, Val: c.MSS}}
 	if c.Options&tcpiOptSACK != 0 {
 		opts = append(opts, unix.TCPRepairOpt{Code: unix.TCPOPT_SACK_PERMITTED})
@@ -347,10 +387,16 @@ func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) err
 		return fmt.Errorf("TCP_REPAIR_OPTIONS: %w", err)
 	}
 	if c.Options&tcpiOptTimestamps != 0 {
-		if err := set("TCP_TIMESTAMP", unix.TCP_TIMESTAMP, int(int32(c.Timestamp))); err != nil {
+		if err := setTCP(cp, "TCP_TIMESTAMP", unix.TCP_TIMESTAMP, int(int32(c.Timestamp))); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// refillQueues makes room in cp's buffers and refills its receive queue
+// and the part of its send queue that was sent (sent bytes).
+func refillQueues(cp int, c *image.TCPConn, sent int) error {
 	if err := queueRoom(cp, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, len(c.SendQueue), c.SndBuf); err != nil {
 		return err
 	}
@@ -359,36 +405,32 @@ func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) err
 	}
 	// In repair mode what is sent goes into the queue chosen, as if it
 	// had been received from the peer, or sent and not yet acknowledged.
-	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpRecvQueue); err != nil {
+	if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpRecvQueue); err != nil {
 		return err
 	}
 	if err := sendAll(cp, c.RecvQueue); err != nil {
 		return fmt.Errorf("refill receive queue: %w", err)
 	}
-	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpSendQueue); err != nil {
+	if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpSendQueue); err != nil {
 		return err
 	}
 	if err := sendAll(cp, c.SendQueue[:sent]); err != nil {
 		return fmt.Errorf("refill send queue: %w", err)
 	}
-	if w := c.Window; w != nil {
-		b := binary.LittleEndian.AppendUint32(nil, w.SndWl1)
-		for _, v := range []uint32{w.SndWnd, w.MaxWindow, w.RcvWnd, w.RcvWup} {
-			b = binary.LittleEndian.AppendUint32(b, v)
-		}
-		if err := setsockopt(cp, unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW, b); err != nil {
-			return fmt.Errorf("TCP_REPAIR_WINDOW: %w", err)
-		}
+	return nil
+}
+
+// repairWindow sets the window of cp as it was, if the dump read it.
+func repairWindow(cp int, w *image.TCPWindow) error {
+	if w == nil {
+		return nil
 	}
-	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpNoQueue); err != nil {
-		return err
+	b := binary.LittleEndian.AppendUint32(nil, w.SndWl1)
+	for _, v := range []uint32{w.SndWnd, w.MaxWindow, w.RcvWnd, w.RcvWup} {
+		b = binary.LittleEndian.AppendUint32(b, v)
 	}
-	if err := set("TCP_REPAIR off", unix.TCP_REPAIR, unix.TCP_REPAIR_OFF); err != nil {
-		return err
-	}
-	// The bytes never sent are sent as the program would have.
-	if err := sendAll(cp, c.SendQueue[sent:]); err != nil {
-		return fmt.Errorf("send %d unsent bytes: %w", c.Unsent, err)
+	if err := setsockopt(cp, unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW, b); err != nil {
+		return fmt.Errorf("TCP_REPAIR_WINDOW: %w", err)
 	}
 	return nil
 }

@@ -111,17 +111,64 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		}
 	}
 	from := inheritedInTree(pids, all)
-	pipes := map[uint64]*treePipe{}
+	pipes := pipesInTree(pids, all, from)
 	sockets := map[uint64]bool{}
-	// Pipes whose own open file descriptions (not inherited ones) are in
-	// several processes.
+	for i := range all {
+		for j := range all[i] {
+			if f := &all[i][j]; f.Kind == proc.FDSocket {
+				sockets[f.Ino] = true
+			}
+		}
+	}
+	used := map[string]bool{}
+	ptys, err := ptyMasters(pids, all...)
+	if err != nil {
+		return nil, err
+	}
+	fxs := make([]*fdDumper, 0, len(pids))
+	defer func() {
+		for _, fx := range fxs {
+			fx.close()
+		}
+	}()
+	for i, pid := range pids {
+		td := &treeDumper{pipes: pipes, sockets: sockets, from: from[i]}
+		fx, err := newFDDumper(pid, maps[i], all[i], td, o, used)
+		if err != nil {
+			return nil, err
+		}
+		fx.ptys = ptys
+		fxs = append(fxs, fx)
+	}
+	if o.TCP != nil {
+		if err := lockConns(o.TCP, fxs); err != nil {
+			return nil, err
+		}
+	}
+	out := make([][]image.FD, len(pids))
+	for i, fx := range fxs {
+		fds, err := fx.dump()
+		if err != nil {
+			return nil, err
+		}
+		markTreeLinks(fds, out, pids, all[i], pipes)
+		out[i] = fds
+	}
+	if err := o.External.checkUsed(pids, used); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// pipesInTree finds the pipes whose own open file descriptions (not
+// inherited ones, from) are in several processes, with a read end and a
+// write end in the tree, and the read end whose bytes are dumped.
+func pipesInTree(pids []int, all [][]proc.FD, from []map[int]*image.FDTree) map[uint64]*treePipe {
+	pipes := map[uint64]*treePipe{}
 	holders := map[uint64]map[int]bool{}
 	for i := range pids {
 		for j := range all[i] {
 			f := &all[i][j]
-			if f.Kind == proc.FDSocket {
-				sockets[f.Ino] = true
-			}
 			if f.Kind != proc.FDPipe || from[i][f.Num] != nil {
 				continue
 			}
@@ -159,58 +206,30 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 			delete(pipes, ino)
 		}
 	}
-	used := map[string]bool{}
-	ptys, err := ptyMasters(pids, all...)
-	if err != nil {
-		return nil, err
-	}
-	fxs := make([]*fdDumper, 0, len(pids))
-	defer func() {
-		for _, fx := range fxs {
-			fx.close()
+	return pipes
+}
+
+// markTreeLinks marks the descriptors fds of one process (whose
+// descriptors in /proc are mine) that link it to others of the tree: one
+// inherited gets the kind of the descriptor it names (described before, in
+// out), a pipe or socket pair end shared with another process is marked
+// shared.
+func markTreeLinks(fds []image.FD, out [][]image.FD, pids []int, mine []proc.FD, pipes map[uint64]*treePipe) {
+	for k := range fds {
+		f := &fds[k]
+		if f.Tree != nil {
+			f.Kind = kindOf(out, pids, f.Tree)
+			continue
 		}
-	}()
-	for i, pid := range pids {
-		td := &treeDumper{pipes: pipes, sockets: sockets, from: from[i]}
-		fx, err := newFDDumper(pid, maps[i], all[i], td, o, used)
-		if err != nil {
-			return nil, err
+		if f.Kind == image.FDPipe && pipes[f.Pipe.ID] != nil {
+			f.Tree = &image.FDTree{Shared: true}
 		}
-		fx.ptys = ptys
-		fxs = append(fxs, fx)
-	}
-	if o.TCP != nil {
-		if err := lockConns(o.TCP, fxs); err != nil {
-			return nil, err
-		}
-	}
-	out := make([][]image.FD, len(pids))
-	for i, fx := range fxs {
-		fds, err := fx.dump()
-		if err != nil {
-			return nil, err
-		}
-		for k := range fds {
-			f := &fds[k]
-			if f.Tree != nil {
-				f.Kind = kindOf(out, pids, f.Tree)
-				continue
-			}
-			if f.Kind == image.FDPipe && pipes[f.Pipe.ID] != nil {
+		if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sockConnected {
+			if peer, ok := s.Options[peerInodeOption]; ok && !holds(mine, uint64(peer)) {
 				f.Tree = &image.FDTree{Shared: true}
 			}
-			if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sockConnected {
-				if peer, ok := s.Options[peerInodeOption]; ok && !holds(all[i], uint64(peer)) {
-					f.Tree = &image.FDTree{Shared: true}
-				}
-			}
 		}
-		out[i] = fds
 	}
-	if err := o.External.checkUsed(pids, used); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // kindOf is the kind of the descriptor r names, described before.
