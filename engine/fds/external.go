@@ -11,7 +11,6 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // Descriptors that lead outside the process: a pipe whose other end
@@ -257,7 +256,7 @@ func (fc *fdCreator) passFD(n int, cloexec bool) (int, error) {
 // a datagram socket pair, we send n (SCM_RIGHTS) into one end through a
 // copy of it, the process receives it from the other. It needs no pid of
 // ours that the process can see (it may be in a pid namespace of its own).
-func passFD(in *ptrace.Injector, pidfd, n int, cloexec bool) (int, error) {
+func passFD(in injector, pidfd, n int, cloexec bool) (int, error) {
 	at, _ := in.Scratch()
 	if _, err := in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0, at); err != nil {
 		return -1, fmt.Errorf("socketpair: %w", err)
@@ -325,10 +324,9 @@ func (fc *fdCreator) pidfd() (int, error) {
 	if fc.pfd >= 0 {
 		return fc.pfd, nil
 	}
-	pid := fc.in.Thread().Process().Pid() // ours: not st.PID in a new pid namespace
-	fd, err := unix.PidfdOpen(pid, 0)
+	fd, err := unix.PidfdOpen(fc.pid, 0)
 	if err != nil {
-		return -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
+		return -1, fmt.Errorf("pidfd_open %d: %w", fc.pid, err)
 	}
 	fc.pfd = fd
 	return fd, nil

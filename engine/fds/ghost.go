@@ -92,7 +92,7 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 // set-user-ID and set-group-ID bits, and handed to the process (pidfd) in
 // injects into, where it returns its descriptor (read-write,
 // close-on-exec).
-func makeGhost(in *ptrace.Injector, pidfd int, path string, g *image.Ghost) (int, error) {
+func makeGhost(in injector, pidfd int, path string, g *image.Ghost) (int, error) {
 	dir := filepath.Dir(path)
 	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {

@@ -45,11 +45,11 @@ type Match struct {
 	Foreign bool
 }
 
-// OpenVerified opens path in the process in injects into, with flags,
+// OpenVerified opens path in the process in opens files in, with flags,
 // refusing a symbolic link anywhere in the path, and checks that the file
 // opened is the one dumped (id), as m says. On a mismatch the descriptor
 // is closed and the error wraps ErrFileChanged.
-func OpenVerified(in *ptrace.Injector, path string, flags int, id image.FileID, m Match) (int, error) {
+func OpenVerified(in Opener, path string, flags int, id image.FileID, m Match) (int, error) {
 	fd, err := in.OpenAt2(path, flags, 0, resolveNoLinks)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {

@@ -305,11 +305,11 @@ func makePtys(sts []*image.Process, out map[string]int) error {
 // ptyFD puts end f of a pair into the process: the master made for it,
 // or a new open of the slave with f's flags.
 func (fc *fdCreator) ptyFD(f *image.FD) (int, error) {
-	if fc.tree == nil {
+	if fc.take == nil {
 		return -1, fmt.Errorf("%w: a pseudo-terminal pair restored without its broker", image.ErrCorrupt)
 	}
 	key := PtyKey(f.Pty.Index, f.Pty.Master)
-	fd, ok, err := fc.tree.Take(fc.in, key)
+	fd, ok, err := fc.take(key)
 	if err != nil {
 		return -1, err
 	}

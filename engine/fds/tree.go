@@ -417,7 +417,7 @@ func sendQueued(fd, typ int, msgs [][]byte) error {
 // treeFD returns the descriptor in the process of f, a descriptor linked
 // to other processes of the tree, taken from the tree.
 func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
-	if fc.tree == nil {
+	if fc.take == nil {
 		return -1, fmt.Errorf("%w: a descriptor shared with other processes of a tree, restored alone", image.ErrCorrupt)
 	}
 	var key string
@@ -431,7 +431,7 @@ func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
 	default:
 		return -1, fmt.Errorf("%w: %s descriptor shared in a tree", image.ErrCorrupt, f.Kind)
 	}
-	fd, ok, err := fc.tree.Take(fc.in, key)
+	fd, ok, err := fc.take(key)
 	if err != nil {
 		return -1, err
 	}
