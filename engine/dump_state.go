@@ -4,7 +4,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
@@ -35,7 +35,7 @@ type dumper struct {
 	// tcp holds the connections of every process of the tree taken with
 	// TCP_REPAIR (--tcp-established), under one network lock, until the
 	// processes run again or die.
-	tcp *fds.TCPRepair
+	tcp *sock.TCPRepair
 	// pc and preRes, in a pre-copy dump: the copy made while the process
 	// ran, and the figures of its rounds.
 	pc     *mem.PreCopy

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/lazy"
@@ -145,14 +146,14 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	// Past its checks, the restore releases the network locks however it
 	// ends: once the processes are made (or not), before a lazy phase.
-	defer fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
+	defer sock.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	if tr.t, err = ptrace.New(); err != nil {
 		return nil, step("start tracer", err)
 	}
 	if err := runSteps(ctx, tr.log, "restore", tr.steps(), &phases); err != nil {
 		return nil, err
 	}
-	fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
+	sock.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	res = tr.result(start)
 	defer func() {
 		if res != nil {
@@ -204,7 +205,7 @@ type tree struct {
 	// intoPIDs are the ids taken in the pid namespace of Namespaces.Into,
 	// with their tasks' names.
 	intoPIDs map[int]string
-	// released are the network locks released (fds.ReleaseNetLocks).
+	// released are the network locks released (sock.ReleaseNetLocks).
 	released map[string]bool
 }
 

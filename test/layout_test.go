@@ -60,6 +60,7 @@ func TestLayout(t *testing.T) {
 		{"engine/lazy", []string{"engine", "engine/task", "engine/ns", "fs", "cmd/"}, "the lazy phase reads memory through image.PageSource: it knows no mount and nothing of the restore around it", false},
 		{"engine/ns", []string{"engine", "engine/image", "engine/lazy", "fs", "cmd/"}, "namespaces know nothing of snapshots", false},
 		{"engine/helper", []string{"engine", "engine/", "fs", "fs/", "cache", "cmd/"}, "the helper processes' protocol is a leaf: the keeper, the private mount and the pid namespace's init use it", false},
+		{"engine/fds/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/uffd", "fs", "cmd/"}, "a kind of descriptor with a package of its own is called by engine/fds, never calling it back but through what fds hands it", false},
 	}
 	match := func(pattern, pkg string) bool {
 		if p, ok := strings.CutSuffix(pattern, "/"); ok {

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
@@ -16,7 +17,7 @@ type DumpOptions struct {
 	// TCP, if set, takes established TCP connections with TCP_REPAIR
 	// under its lock (--tcp-established); otherwise they are recorded to
 	// be closed at restore.
-	TCP *TCPRepair
+	TCP *sock.TCPRepair
 	// External names the pipes and unix sockets leading outside the
 	// process that are recorded rather than refused or closed.
 	External *External
@@ -45,7 +46,7 @@ func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 		return nil, err
 	}
 	if o.TCP != nil {
-		if err := lockConns(o.TCP, []*fdDumper{fx}); err != nil {
+		if err := sock.LockConns(o.TCP, []*sock.Dumper{&fx.sock}); err != nil {
 			return nil, err
 		}
 	}
@@ -73,7 +74,11 @@ func newFDDumper(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, o 
 		return nil, fmt.Errorf("pid %d: pidfd_open: %w", pid, err)
 	}
 	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td,
-		tcp: o.TCP, ext: o.External, used: used, shellJob: o.ShellJob, ghostLimit: o.GhostLimit}
+		ext: o.External, used: used, shellJob: o.ShellJob, ghostLimit: o.GhostLimit}
+	fx.sock = sock.Dumper{PID: pid, PIDFD: pidfd, Log: log, FDs: fds, TCP: o.TCP, Outside: fx.outsideIfNamed}
+	if td != nil {
+		fx.sock.TreeSockets = td.sockets
+	}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -156,10 +161,7 @@ type fdDumper struct {
 	pidfd int
 	all   []proc.FD
 	pipes map[uint64]*pipeEnds
-	inet  map[uint64]proc.InetDiag
-	unixd map[uint64]proc.UnixDiag
 	tree  *treeDumper // the other processes of the tree, or nil
-	tcp   *TCPRepair
 	ext   *External
 	used  map[string]bool // fd[N] and ino[INO] of the descriptors External matched
 	// shellJob: terminals are recorded as leading outside (terminal.go).
@@ -171,6 +173,8 @@ type fdDumper struct {
 	// ptys are the pseudo-terminal pairs whose master the process (or
 	// the tree) holds (pty.go).
 	ptys ptyPairs
+	// sock describes its sockets (engine/fds/sock).
+	sock sock.Dumper
 }
 
 // fd describes one descriptor: its number and flags, the file locks held
@@ -235,7 +239,7 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	case proc.FDSignalfd:
 		return dumpSignalfd(f, out)
 	case proc.FDSocket:
-		return fx.socket(f, out)
+		return fx.sock.Socket(f, out)
 	}
 	return out, fmt.Errorf("%w: %s file descriptors cannot be dumped yet", image.ErrUnsupported, f.Kind)
 }

@@ -103,6 +103,14 @@ func (e *External) checkUsed(pids []int, used map[string]bool) error {
 	return nil
 }
 
+// outsideIfNamed records f as a descriptor leading outside, by its key,
+// if --external names it.
+func (fx *fdDumper) outsideIfNamed(f *proc.FD, out *image.FD, key string) {
+	if fx.ext.matches(f) {
+		fx.external(f, out, key)
+	}
+}
+
 // external records f as a descriptor leading outside, by its key.
 func (fx *fdDumper) external(f *proc.FD, out *image.FD, key string) {
 	out.External = key
@@ -244,7 +252,7 @@ func (fc *fdCreator) external(f *image.FD) (int, error) {
 // passFD gives the process a descriptor of the same open file as our fd
 // n (passFD).
 func (fc *fdCreator) passFD(n int, cloexec bool) (int, error) {
-	pidfd, err := fc.pidfd()
+	pidfd, err := fc.Pidfd()
 	if err != nil {
 		return -1, err
 	}
@@ -319,8 +327,8 @@ func passFD(in injector, pidfd, n int, cloexec bool) (int, error) {
 	return got[0], nil
 }
 
-// pidfd returns a pidfd of the process under restore, opened once.
-func (fc *fdCreator) pidfd() (int, error) {
+// Pidfd returns a pidfd of the process under restore, opened once.
+func (fc *fdCreator) Pidfd() (int, error) {
 	if fc.pfd >= 0 {
 		return fc.pfd, nil
 	}

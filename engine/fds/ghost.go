@@ -73,7 +73,7 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 	if g.Of != nil {
 		return fc.reopen(*g.Of, flags, f)
 	}
-	pfd, err := fc.pidfd()
+	pfd, err := fc.Pidfd()
 	if err != nil {
 		return -1, err
 	}

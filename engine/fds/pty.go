@@ -317,7 +317,7 @@ func (fc *fdCreator) ptyFD(f *image.FD) (int, error) {
 		return -1, fmt.Errorf("%w: pseudo-terminal %d has no master in the snapshot", image.ErrCorrupt, f.Pty.Index)
 	}
 	if f.Pty.Master {
-		if err := fc.setFlags(fd, f); err != nil {
+		if err := fc.SetFlags(fd, f); err != nil {
 			return -1, err
 		}
 		return fd, nil

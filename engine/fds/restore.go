@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -69,8 +70,10 @@ func newFDCreator(in injector, pid int, st *image.Process, shmem map[uint64]int,
 		log = slog.New(slog.DiscardHandler)
 	}
 	_, scratchLen := in.Scratch()
-	return &fdCreator{in: in, pid: pid, st: st, shmem: shmem, log: log, opts: o, scratchLen: scratchLen,
-		pipes: map[uint64][2]int{}, pairs: map[uint64]int{}, pfd: -1}
+	fc := &fdCreator{in: in, pid: pid, st: st, shmem: shmem, log: log, opts: o, scratchLen: scratchLen,
+		pipes: map[uint64][2]int{}, pfd: -1}
+	fc.sock = sock.Restorer{In: in, Host: fc, Proc: st, Log: log, TCPEstablished: o.TCPEstablished, Foreign: o.Foreign}
+	return fc
 }
 
 // close closes the pidfd the restore opened, if it did.
@@ -107,7 +110,7 @@ func (fc *fdCreator) restore(ctx context.Context) error {
 		return err
 	}
 	fc.closeAll()
-	fc.connectUnix()
+	fc.sock.ConnectUnix()
 	for id, fd := range shmem {
 		fc.closeFD(fd)
 		delete(shmem, id)
@@ -253,12 +256,8 @@ type fdCreator struct {
 
 	high  int               // kept objects live at this number or above
 	pipes map[uint64][2]int // pipe id -> read, write end (kept)
-	pairs map[uint64]int    // socket inode -> its end of a socketpair (kept)
 	keep  []int             // kept fds, closed by closeAll
-	inCwd bool              // the process is in its dumped working directory
-	// connects are the unix datagram sockets to connect to their named
-	// peer once every descriptor is in place.
-	connects []*image.FD
+	sock  sock.Restorer     // the sockets' restore, which calls back for the above
 }
 
 // kept reports whether fd is a kept object, which stays open.
@@ -302,9 +301,9 @@ func (fc *fdCreator) moveHighAll(fds ...int) ([]int, error) {
 	return out, nil
 }
 
-// keepPair moves the two fds a pipe2 or socketpair wrote at scratch out
+// KeepPair moves the two fds a pipe2 or socketpair wrote at scratch out
 // of the way and keeps them.
-func (fc *fdCreator) keepPair(at uint64) ([2]int, error) {
+func (fc *fdCreator) KeepPair(at uint64) ([2]int, error) {
 	var b [8]byte
 	if err := fc.in.Get(0, b[:]); err != nil {
 		return [2]int{}, err
@@ -363,7 +362,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	case image.FDSignalfd:
 		return fc.signalfd(f, nonblock|cloexec)
 	case image.FDSocket:
-		return fc.socket(f, nonblock|cloexec)
+		return fc.sock.Socket(f, nonblock|cloexec)
 	}
 	return -1, fmt.Errorf("%w: %s descriptors", image.ErrUnsupported, f.Kind)
 }
@@ -388,8 +387,8 @@ func (fc *fdCreator) write(fd int, b []byte) error {
 	return nil
 }
 
-// setFlags sets the file status flags that F_SETFL can change.
-func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
+// SetFlags sets the file status flags that F_SETFL can change.
+func (fc *fdCreator) SetFlags(fd int, f *image.FD) error {
 	if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settableFlags)); err != nil {
 		return fmt.Errorf("fcntl(F_SETFL, %#x): %w", f.Flags&settableFlags, err)
 	}

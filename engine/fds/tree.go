@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -141,7 +142,11 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		fxs = append(fxs, fx)
 	}
 	if o.TCP != nil {
-		if err := lockConns(o.TCP, fxs); err != nil {
+		ds := make([]*sock.Dumper, len(fxs))
+		for i, fx := range fxs {
+			ds[i] = &fx.sock
+		}
+		if err := sock.LockConns(o.TCP, ds); err != nil {
 			return nil, err
 		}
 	}
@@ -224,8 +229,8 @@ func markTreeLinks(fds []image.FD, out [][]image.FD, pids []int, mine []proc.FD,
 		if f.Kind == image.FDPipe && pipes[f.Pipe.ID] != nil {
 			f.Tree = &image.FDTree{Shared: true}
 		}
-		if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sockConnected {
-			if peer, ok := s.Options[peerInodeOption]; ok && !holds(mine, uint64(peer)) {
+		if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sock.StateConnected {
+			if peer, ok := s.Options[sock.PeerInodeOption]; ok && !holds(mine, uint64(peer)) {
 				f.Tree = &image.FDTree{Shared: true}
 			}
 		}
@@ -339,7 +344,7 @@ func MakeShared(sts []*image.Process) (map[string]int, error) {
 				if _, ok := out[UnixKey(s.ID)]; ok {
 					continue
 				}
-				peer := uint64(s.Options[peerInodeOption])
+				peer := uint64(s.Options[sock.PeerInodeOption])
 				p, err := unix.Socketpair(unix.AF_UNIX, s.Type|unix.SOCK_CLOEXEC, 0)
 				if err != nil {
 					return fail(fmt.Errorf("socketpair: %w", err))
@@ -448,11 +453,11 @@ func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
 	if f.Tree.PID != 0 {
 		return fd, nil // one description: its flags came with it
 	}
-	if err := fc.setFlags(fd, f); err != nil {
+	if err := fc.SetFlags(fd, f); err != nil {
 		return -1, err
 	}
 	if f.Socket != nil {
-		if err := fc.sockOpts(fd, f.Socket); err != nil {
+		if err := fc.sock.SetOptions(fd, f.Socket); err != nil {
 			return -1, err
 		}
 	}

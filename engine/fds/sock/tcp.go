@@ -1,4 +1,4 @@
-package fds
+package sock
 
 import (
 	"encoding/binary"
@@ -93,33 +93,33 @@ func (r *TCPRepair) Keep() {
 	r.held = nil
 }
 
-// lockConns locks every established TCP connection of the processes
-// fxs (one, or every process of a tree) at once, with one nft batch,
+// LockConns locks every established TCP connection of the processes
+// ds (one, or every process of a tree) at once, with one nft batch,
 // before any is taken.
-func lockConns(r *TCPRepair, fxs []*fdDumper) error {
+func LockConns(r *TCPRepair, ds []*Dumper) error {
 	var conns [][2]netip.AddrPort
-	for _, fx := range fxs {
-		if err := fx.queryInet(); err != nil {
-			return fmt.Errorf("pid %d: %w", fx.pid, err)
+	for _, d := range ds {
+		if err := d.queryInet(); err != nil {
+			return fmt.Errorf("pid %d: %w", d.PID, err)
 		}
 		n := len(conns)
-		for _, f := range fx.all {
+		for _, f := range d.FDs {
 			if f.Kind != proc.FDSocket {
 				continue
 			}
-			if d, ok := fx.inet[f.Ino]; ok && d.Protocol == unix.IPPROTO_TCP && d.State == proc.TCPEstablished {
-				conns = append(conns, [2]netip.AddrPort{d.Local, d.Remote})
+			if x, ok := d.inet[f.Ino]; ok && x.Protocol == unix.IPPROTO_TCP && x.State == proc.TCPEstablished {
+				conns = append(conns, [2]netip.AddrPort{x.Local, x.Remote})
 			}
 		}
 		if len(conns) > n {
-			if err := sameNetns(fx.pid); err != nil {
+			if err := sameNetns(d.PID); err != nil {
 				return err
 			}
 		}
 	}
 	if err := r.Lock.HoldAll(conns); err != nil {
-		if len(fxs) == 1 {
-			return fmt.Errorf("pid %d: %w", fxs[0].pid, err)
+		if len(ds) == 1 {
+			return fmt.Errorf("pid %d: %w", ds[0].PID, err)
 		}
 		return err
 	}
@@ -147,8 +147,8 @@ func sameNetns(pid int) error {
 
 // tcpConn takes the state of the established connection sk (fd f) in
 // repair mode, under the lock.
-func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
-	r := fx.tcp
+func (d *Dumper) tcpConn(f *proc.FD, sk *image.Socket) error {
+	r := d.TCP
 	if c, ok := r.seen[sk.ID]; ok {
 		sk.TCP = c // a dup of a socket taken already
 		return nil
@@ -161,7 +161,7 @@ func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
 	if err := r.Lock.Hold(local, peer); err != nil {
 		return err
 	}
-	s, err := unix.PidfdGetfd(fx.pidfd, f.Num, 0)
+	s, err := unix.PidfdGetfd(d.PIDFD, f.Num, 0)
 	if err != nil {
 		return fmt.Errorf("pidfd_getfd: %w", err)
 	}
@@ -177,7 +177,7 @@ func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
 	c.Lock = r.Lock.Table()
 	sk.TCP = c
 	r.seen[sk.ID] = c
-	fx.log.Info("connection kept", "fd", f.Num, "local", local, "peer", peer, "send_queue", len(c.SendQueue), "recv_queue", len(c.RecvQueue))
+	d.Log.Info("connection kept", "fd", f.Num, "local", local, "peer", peer, "send_queue", len(c.SendQueue), "recv_queue", len(c.RecvQueue))
 	return nil
 }
 
@@ -269,18 +269,18 @@ func readTCPQueue(s, queue, n int) (uint32, []byte, error) {
 
 // tcpConn recreates the established connection of f in the process:
 // a socket made there, repaired from here through a copy.
-func (fc *fdCreator) tcpConn(f *image.FD, typ uint64) (int, error) {
+func (r *Restorer) tcpConn(f *image.FD, typ uint64) (int, error) {
 	s, c := f.Socket, f.Socket.TCP
 	local, err1 := netip.ParseAddrPort(s.Local)
 	peer, err2 := netip.ParseAddrPort(s.Peer)
 	if err1 != nil || err2 != nil {
 		return -1, fmt.Errorf("%w: connection %q-%q", image.ErrCorrupt, s.Local, s.Peer)
 	}
-	fd, err := fc.in.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
+	fd, err := r.In.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
 	if err != nil {
 		return -1, fmt.Errorf("socket(%d, %d, %d): %w", s.Family, s.Type, s.Protocol, err)
 	}
-	pidfd, err := fc.pidfd()
+	pidfd, err := r.Host.Pidfd()
 	if err != nil {
 		return -1, err
 	}
@@ -292,10 +292,10 @@ func (fc *fdCreator) tcpConn(f *image.FD, typ uint64) (int, error) {
 	if err := repairTCP(cp, s.Family, local, peer, c); err != nil {
 		return -1, fmt.Errorf("connection %s-%s: %w", local, peer, err)
 	}
-	if err := fc.sockOpts(int(fd), s); err != nil {
+	if err := r.SetOptions(int(fd), s); err != nil {
 		return -1, err
 	}
-	fc.log.Info("connection restored", "fd", f.FD, "local", local, "peer", peer)
+	r.Log.Info("connection restored", "fd", f.FD, "local", local, "peer", peer)
 	return int(fd), nil
 }
 
@@ -511,11 +511,11 @@ func setsockopt(s, level, opt int, b []byte) error {
 // closedConn logs a connection that the restore brings back closed:
 // with a warning, naming the flag that would have kept it, if the dump
 // kept it.
-func (fc *fdCreator) closedConn(f *image.FD) {
+func (r *Restorer) closedConn(f *image.FD) {
 	s := f.Socket
 	if s.TCP != nil {
-		fc.log.Warn("connection closed by restore: the snapshot holds it, restore --tcp-established brings it back", "pid", fc.st.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer)
+		r.Log.Warn("connection closed by restore: the snapshot holds it, restore --tcp-established brings it back", "pid", r.Proc.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer)
 		return
 	}
-	fc.log.Warn("connection closed by restore", "pid", fc.st.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
+	r.Log.Warn("connection closed by restore", "pid", r.Proc.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
 }
