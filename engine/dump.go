@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
@@ -387,7 +388,7 @@ func (d *dumper) controllingTerminals() error {
 		if err != nil {
 			return d.procErr(p, err)
 		}
-		if idx, ok := fds.CTTYOf(uint64(s.TTYNr), sts); ok {
+		if idx, ok := tty.CTTYOf(uint64(s.TTYNr), sts); ok {
 			p.st.CTTY = &image.CTTY{Pty: idx, Foreground: s.TPGid}
 		}
 	}

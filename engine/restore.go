@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/lazy"
@@ -67,7 +68,7 @@ type RestoreOptions struct {
 	// default, or fds.ExternalNull).
 	Inherit          map[string]int
 	ExternalFallback string
-	// ShellJob: Inherit[fds.TerminalKey] is the caller's terminal (--shell-job).
+	// ShellJob: Inherit[tty.TerminalKey] is the caller's terminal (--shell-job).
 	ShellJob bool
 }
 
@@ -397,8 +398,8 @@ func (tr *tree) result(start time.Time) *RestoreResult {
 // detach (or, for a lazy restore, resume, still traced). A shell job's
 // terminal gets the settings the job's had first.
 func (tr *tree) finish(ctx context.Context) error {
-	if fd, ok := tr.opts.Inherit[fds.TerminalKey]; ok && tr.opts.ShellJob {
-		if err := fds.SetTerminal(fd, tr.sts); err != nil {
+	if fd, ok := tr.opts.Inherit[tty.TerminalKey]; ok && tr.opts.ShellJob {
+		if err := tty.SetTerminal(fd, tr.sts); err != nil {
 			return err
 		}
 	}

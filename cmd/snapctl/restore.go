@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/lazy"
@@ -202,15 +203,15 @@ PID -n, or ip netns exec NAME; a new one goes when the process does.
 		return cli.Usagef("%v", err)
 	}
 	if *shellJob {
-		if _, given := inherited[fds.TerminalKey]; given {
-			return cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", fds.TerminalKey)
+		if _, given := inherited[tty.TerminalKey]; given {
+			return cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", tty.TerminalKey)
 		}
-		tty, err := ownTerminal()
+		term, err := ownTerminal()
 		if err != nil {
 			return cli.Usagef("--shell-job: %v", err)
 		}
-		defer tty.Close()
-		inherited[fds.TerminalKey] = int(tty.Fd())
+		defer term.Close()
+		inherited[tty.TerminalKey] = int(term.Fd())
 	}
 	if err := requireDir(*dir); err != nil {
 		return err

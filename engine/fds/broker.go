@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -31,7 +32,7 @@ func (b *Broker) MakeShared(sts []*image.Process) error {
 	if err != nil {
 		return err
 	}
-	return makePtys(sts, b.mine)
+	return tty.MakePairs(sts, b.mine)
 }
 
 // GiveInherited takes a copy of each open file description of process st

@@ -4,8 +4,9 @@
 // (pipe.go), eventfd, epoll, timerfd and signalfd (event.go),
 // descriptors leading outside the process (or the tree) that a restore
 // is handed (external.go), and what the processes of a tree share
-// (tree.go: DumpTree, MakeShared, Tree). Sockets, with the most state of
-// their own, are a package of their own: engine/fds/sock.
+// (tree.go: DumpTree, MakeShared, Tree). Kinds with much state of their
+// own are packages of their own: sockets (engine/fds/sock) and terminals
+// (engine/fds/tty).
 //
 // Dump reads a frozen process's descriptors from /proc, sock_diag and,
 // for what only a descriptor tells (buffered pipe bytes, queued socket
@@ -22,8 +23,8 @@
 // descriptors, a pidfd, a logger, the injector (which the subpackage
 // names by its own interface, a part of fds's), and callbacks for what
 // stays here (sock.Host: keeping both ends of a pair out of the way until
-// each is placed; sock.Dumper.Outside: recording a descriptor that
-// --external names).
+// each is placed; sock.Dumper.Outside and tty.Dumper.Outside: recording
+// a descriptor that leads outside, or refusing it).
 //
 // A descriptor the format cannot describe (an inotify instance, a pipe
 // whose other end is outside the process, or the tree, and that External does not

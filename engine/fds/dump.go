@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
@@ -22,7 +23,7 @@ type DumpOptions struct {
 	// process that are recorded rather than refused or closed.
 	External *External
 	// ShellJob records descriptors on a terminal outside the process as
-	// leading outside (TerminalKey); without it they are refused.
+	// leading outside (tty.TerminalKey); without it they are refused.
 	ShellJob bool
 	// GhostLimit is the largest open file that was deleted whose contents
 	// the dump keeps (ghost.go); 0 is DefaultGhostLimit, -1 none.
@@ -42,7 +43,7 @@ func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 		return nil, err
 	}
 	defer fx.close()
-	if fx.ptys, err = ptyMasters([]int{pid}, fds); err != nil {
+	if fx.tty.Pairs, err = tty.Masters([]int{pid}, fds); err != nil {
 		return nil, err
 	}
 	if o.TCP != nil {
@@ -79,6 +80,7 @@ func newFDDumper(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, o 
 	if td != nil {
 		fx.sock.TreeSockets = td.sockets
 	}
+	fx.tty = tty.Dumper{PID: pid, PIDFD: pidfd, Log: log, Outside: fx.terminalOutside}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -164,15 +166,15 @@ type fdDumper struct {
 	tree  *treeDumper // the other processes of the tree, or nil
 	ext   *External
 	used  map[string]bool // fd[N] and ino[INO] of the descriptors External matched
-	// shellJob: terminals are recorded as leading outside (terminal.go).
+	// shellJob: terminals are recorded as leading outside
+	// (terminalOutside).
 	shellJob bool
 	// ghostLimit bounds a deleted file kept; ghosts maps one (device,
 	// inode) to its first descriptor (ghost.go).
 	ghostLimit int64
 	ghosts     map[[2]uint64]int
-	// ptys are the pseudo-terminal pairs whose master the process (or
-	// the tree) holds (pty.go).
-	ptys ptyPairs
+	// tty describes its descriptors on terminals (engine/fds/tty).
+	tty tty.Dumper
 	// sock describes its sockets (engine/fds/sock).
 	sock sock.Dumper
 }
@@ -202,14 +204,8 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	out.Flags = flags &^ unix.O_CLOEXEC
 	switch f.Kind {
 	case proc.FDCharDev:
-		if f.Stat.Rdev == ptmxRdev && f.Info.TTYIndex >= 0 && fx.ptys[f.Info.TTYIndex] != nil {
-			return fx.pty(f, out, f.Info.TTYIndex, true)
-		}
-		if idx, ok := fx.ptys.withSlave(f.Stat.Rdev); ok {
-			return fx.pty(f, out, idx, false)
-		}
-		if tty, master := isTerminal(f.Stat.Rdev); tty {
-			return fx.terminal(f, out, master)
+		if t, ok, err := fx.tty.CharDev(f, out); ok {
+			return t, err
 		}
 		if !statelessDevices[f.Stat.Rdev] {
 			// A driver's state lives in its open file (a FUSE

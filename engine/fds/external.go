@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
@@ -111,6 +112,16 @@ func (fx *fdDumper) outsideIfNamed(f *proc.FD, out *image.FD, key string) {
 	}
 }
 
+// terminalOutside records f, a terminal outside the process, as leading
+// outside (tty.TerminalKey) with --shell-job, or refuses it.
+func (fx *fdDumper) terminalOutside(f *proc.FD, out *image.FD) error {
+	if !fx.shellJob {
+		return fmt.Errorf("%w: fd %d is the terminal %s, outside the process: dump with --shell-job, then restore with --shell-job, which gives it snapctl's terminal", ErrExternal, f.Num, f.Path)
+	}
+	fx.external(f, out, tty.TerminalKey)
+	return nil
+}
+
 // external records f as a descriptor leading outside, by its key.
 func (fx *fdDumper) external(f *proc.FD, out *image.FD, key string) {
 	out.External = key
@@ -149,7 +160,7 @@ func ParseInherit(vals []string) (map[string]int, error) {
 			return nil, fmt.Errorf("--inherit-fd %q: %w", v, err)
 		}
 		key := m[2]
-		if !strings.HasPrefix(key, "fd[") && !strings.HasPrefix(key, "pipe:[") && !strings.HasPrefix(key, "socket:[") && key != TerminalKey {
+		if !strings.HasPrefix(key, "fd[") && !strings.HasPrefix(key, "pipe:[") && !strings.HasPrefix(key, "socket:[") && key != tty.TerminalKey {
 			return nil, fmt.Errorf("--inherit-fd %q: KEY %q is not pipe:[INO], socket:[INO], tty or fd[M]", v, key)
 		}
 		if _, dup := out[key]; dup {
@@ -200,16 +211,16 @@ func CheckExternal(sts []*image.Process, o RestoreOptions) error {
 			if o.ExternalFallback == ExternalNull {
 				continue
 			}
-			if f.External == TerminalKey {
+			if f.External == tty.TerminalKey {
 				return fmt.Errorf("%w: fd %d of pid %d was the terminal %s, outside %s: restore with --shell-job to give it snapctl's terminal, or --inherit-fd fd[N]:%s, or --external-fallback null",
-					ErrExternal, f.FD, st.PID, f.Path, where, TerminalKey)
+					ErrExternal, f.FD, st.PID, f.Path, where, tty.TerminalKey)
 			}
 			return fmt.Errorf("%w: fd %d of pid %d is %s, whose other end was outside %s: give a descriptor for it with --inherit-fd fd[N]:%s (or fd[N]:fd[%d]), or --external-fallback null",
 				ErrExternal, f.FD, st.PID, f.External, where, f.External, f.FD)
 		}
 	}
 	for k := range o.Inherit {
-		if used[k] || k == TerminalKey && o.ShellJob {
+		if used[k] || k == tty.TerminalKey && o.ShellJob {
 			continue
 		}
 		if len(sts) == 1 {

@@ -28,7 +28,7 @@ type RestoreOptions struct {
 	// ExternalFallback is what a descriptor leading outside that Inherit
 	// does not give becomes: ExternalRefuse ("" too) or ExternalNull.
 	ExternalFallback string
-	// ShellJob says that Inherit[TerminalKey] is the caller's terminal,
+	// ShellJob says that Inherit[tty.TerminalKey] is the caller's terminal,
 	// given to the descriptors on a terminal outside the process if there
 	// are any (restore --shell-job), and not an error if there are none.
 	ShellJob bool

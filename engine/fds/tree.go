@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -122,7 +123,7 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		}
 	}
 	used := map[string]bool{}
-	ptys, err := ptyMasters(pids, all...)
+	ptys, err := tty.Masters(pids, all...)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +139,7 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		if err != nil {
 			return nil, err
 		}
-		fx.ptys = ptys
+		fx.tty.Pairs = ptys
 		fxs = append(fxs, fx)
 	}
 	if o.TCP != nil {
@@ -478,4 +479,34 @@ func (fx *fdDumper) treePipe(f *proc.FD, out image.FD) (image.FD, error) {
 		out.Pipe.Size, out.Pipe.Buffered = size, b
 	}
 	return out, nil
+}
+
+// ptyFD puts end f of a pair into the process: the master made for it,
+// or a new open of the slave with f's flags.
+func (fc *fdCreator) ptyFD(f *image.FD) (int, error) {
+	if fc.take == nil {
+		return -1, fmt.Errorf("%w: a pseudo-terminal pair restored without its broker", image.ErrCorrupt)
+	}
+	key := tty.PtyKey(f.Pty.Index, f.Pty.Master)
+	fd, ok, err := fc.take(key)
+	if err != nil {
+		return -1, err
+	}
+	if !ok {
+		return -1, fmt.Errorf("%w: pseudo-terminal %d has no master in the snapshot", image.ErrCorrupt, f.Pty.Index)
+	}
+	if f.Pty.Master {
+		if err := fc.SetFlags(fd, f); err != nil {
+			return -1, err
+		}
+		return fd, nil
+	}
+	defer fc.closeFD(fd)
+	// /proc/self/fd/N is a magic link: no RESOLVE_NO_MAGICLINKS here.
+	flags := f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC) | unix.O_NOCTTY | unix.O_CLOEXEC
+	nfd, err := fc.in.OpenAt2(fmt.Sprintf("/proc/self/fd/%d", fd), flags, 0, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open pseudo-terminal %d's slave: %w", f.Pty.Index, err)
+	}
+	return nfd, nil
 }
