@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -197,7 +197,7 @@ type tree struct {
 	procs  []*restorer
 	sts    []*image.Process  // the procs' states, in the same order
 	byPID  map[int]*restorer // by pid at the dump
-	broker *fds.Broker
+	broker *broker.Broker
 	sysv   *mem.SysVSegments
 	ipc    *ipc.Made   // the semaphore sets and message queues made
 	lazy   *lazy.Phase // for a lazy restore
@@ -253,7 +253,7 @@ func openTree(opts RestoreOptions) (*tree, error) {
 	if snap == nil {
 		return nil, fmt.Errorf("no snapshot")
 	}
-	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}, sysv: mem.NewSysVSegments()}
+	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: broker.New(), released: map[string]bool{}, sysv: mem.NewSysVSegments()}
 	if opts.Source != nil {
 		// Its keeper starts while the processes' state and pages are read.
 		tr.lazy = lazy.NewPhase(opts.Lazy, opts.Source, tr.log)

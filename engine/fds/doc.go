@@ -4,9 +4,10 @@
 // (pipe.go), eventfd, epoll, timerfd and signalfd (event.go),
 // descriptors leading outside the process (or the tree) that a restore
 // is handed (external.go), and what the processes of a tree share
-// (tree.go: DumpTree, MakeShared, Tree). Kinds with much state of their
-// own are packages of their own: sockets (engine/fds/sock) and terminals
-// (engine/fds/tty).
+// (tree.go: DumpTree, Tree). Kinds with much state of their own are
+// packages of their own: sockets (engine/fds/sock) and terminals
+// (engine/fds/tty); so is the broker that holds, during the restore of a
+// tree, what its processes share (engine/fds/broker).
 //
 // Dump reads a frozen process's descriptors from /proc, sock_diag and,
 // for what only a descriptor tells (buffered pipe bytes, queued socket
@@ -24,7 +25,9 @@
 // names by its own interface, a part of fds's), and callbacks for what
 // stays here (sock.Host: keeping both ends of a pair out of the way until
 // each is placed; sock.Dumper.Outside and tty.Dumper.Outside: recording
-// a descriptor that leads outside, or refusing it).
+// a descriptor that leads outside, or refusing it). They share nothing
+// else with fds but engine/image's types (a descriptor is an image.FD),
+// so no package of common types sits between them.
 //
 // A descriptor the format cannot describe (an inotify instance, a pipe
 // whose other end is outside the process, or the tree, and that External does not

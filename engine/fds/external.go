@@ -1,7 +1,6 @@
 package fds
 
 import (
-	"encoding/binary"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -9,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
@@ -261,81 +261,13 @@ func (fc *fdCreator) external(f *image.FD) (int, error) {
 }
 
 // passFD gives the process a descriptor of the same open file as our fd
-// n (passFD).
+// n (broker.PassFD).
 func (fc *fdCreator) passFD(n int, cloexec bool) (int, error) {
 	pidfd, err := fc.Pidfd()
 	if err != nil {
 		return -1, err
 	}
-	return passFD(fc.in, pidfd, n, cloexec)
-}
-
-// passFD gives the process that in injects into (of which pidfd is our
-// pidfd) a descriptor of the same open file as our fd n: the process makes
-// a datagram socket pair, we send n (SCM_RIGHTS) into one end through a
-// copy of it, the process receives it from the other. It needs no pid of
-// ours that the process can see (it may be in a pid namespace of its own).
-func passFD(in injector, pidfd, n int, cloexec bool) (int, error) {
-	at, _ := in.Scratch()
-	if _, err := in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0, at); err != nil {
-		return -1, fmt.Errorf("socketpair: %w", err)
-	}
-	var b [8]byte
-	if err := in.Get(0, b[:]); err != nil {
-		return -1, err
-	}
-	a, c := int(binary.LittleEndian.Uint32(b[:])), int(binary.LittleEndian.Uint32(b[4:]))
-	defer in.CloseFD(a) // errors of these closes change nothing for the process
-	defer in.CloseFD(c)
-	cp, err := unix.PidfdGetfd(pidfd, c, 0)
-	if err != nil {
-		return -1, fmt.Errorf("pidfd_getfd: %w", err)
-	}
-	err = unix.Sendmsg(cp, []byte{0}, unix.UnixRights(n), nil, unix.MSG_DONTWAIT)
-	unix.Close(cp)
-	if err != nil {
-		return -1, fmt.Errorf("sendmsg: %w", err)
-	}
-	// struct msghdr at 0, its iovec at 64, one byte of data at 96, the
-	// control buffer at 128.
-	const iovOff, dataOff, ctlOff = 64, 96, 128
-	ctlLen := unix.CmsgSpace(4)
-	le := binary.LittleEndian
-	hdr := make([]byte, 56)
-	le.PutUint64(hdr[16:], at+iovOff) // msg_iov
-	le.PutUint64(hdr[24:], 1)         // msg_iovlen
-	le.PutUint64(hdr[32:], at+ctlOff) // msg_control
-	le.PutUint64(hdr[40:], uint64(ctlLen))
-	iov := le.AppendUint64(le.AppendUint64(nil, at+dataOff), 1)
-	if _, err := in.Put(0, hdr); err != nil {
-		return -1, err
-	}
-	if _, err := in.Put(iovOff, iov); err != nil {
-		return -1, err
-	}
-	if _, err := in.Put(ctlOff, make([]byte, ctlLen)); err != nil {
-		return -1, err
-	}
-	flags := uint64(unix.MSG_DONTWAIT)
-	if cloexec {
-		flags |= unix.MSG_CMSG_CLOEXEC
-	}
-	if _, err := in.Call(unix.SYS_RECVMSG, uint64(a), at, flags); err != nil {
-		return -1, fmt.Errorf("recvmsg: %w", err)
-	}
-	ctl := make([]byte, ctlLen)
-	if err := in.Get(ctlOff, ctl); err != nil {
-		return -1, err
-	}
-	msgs, err := unix.ParseSocketControlMessage(ctl)
-	if err != nil || len(msgs) != 1 {
-		return -1, fmt.Errorf("no descriptor received (%v)", err)
-	}
-	got, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(got) != 1 {
-		return -1, fmt.Errorf("no descriptor received (%v)", err)
-	}
-	return got[0], nil
+	return broker.PassFD(fc.in, pidfd, n, cloexec)
 }
 
 // Pidfd returns a pidfd of the process under restore, opened once.

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -108,7 +109,7 @@ func makeGhost(in injector, pidfd int, path string, g *image.Ghost) (int, error)
 	if err := unix.Fchmod(tmp, g.Mode&^(unix.S_ISUID|unix.S_ISGID)); err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: chmod: %w", path, err)
 	}
-	held, err := passFD(in, pidfd, tmp, true)
+	held, err := broker.PassFD(in, pidfd, tmp, true)
 	if err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: %w", path, err)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -31,8 +32,8 @@ import (
 // open flags; kcmp(KCMP_FILE) tells whether two such are one.
 
 // Tree hands out the objects that the processes of a tree share, during
-// the restore of the tree. Keys name the objects: OFDKey, PipeKey,
-// UnixKey, ShmemKey.
+// the restore of the tree (a broker.Broker). Keys name the objects:
+// broker.OFDKey, PipeKey and UnixKey, ShmemKey.
 type Tree interface {
 	// Take puts into the process that in injects into a descriptor on
 	// the object key and returns its number there (close-on-exec); ok
@@ -41,21 +42,6 @@ type Tree interface {
 	// Give hands out the object fd of process pid holds, as key.
 	Give(pid int, key string, fd int) error
 }
-
-// OFDKey names the open file description of descriptor fd of process pid.
-func OFDKey(pid, fd int) string { return fmt.Sprintf("fd:%d:%d", pid, fd) }
-
-// PipeKey names one end of a pipe shared between processes.
-func PipeKey(id uint64, read bool) string {
-	if read {
-		return fmt.Sprintf("pipe:%d:r", id)
-	}
-	return fmt.Sprintf("pipe:%d:w", id)
-}
-
-// UnixKey names the end, socket inode ino, of a socket pair shared
-// between processes.
-func UnixKey(ino uint64) string { return fmt.Sprintf("unix:%d", ino) }
 
 // ShmemKey names a shared memory object mapped by several processes.
 func ShmemKey(id uint64) string { return fmt.Sprintf("shm:%d", id) }
@@ -310,116 +296,6 @@ func sameFileOf(pa, pb, a, b int) bool {
 	return errno == 0 && r == 0
 }
 
-// MakeShared creates, in this process, the pipes and socket pairs that
-// processes of the tree sts share (image.FDTree.Shared), with the bytes
-// that were in flight in them, and returns them by key (PipeKey,
-// UnixKey). The caller closes them.
-func MakeShared(sts []*image.Process) (map[string]int, error) {
-	out := map[string]int{}
-	fail := func(err error) (map[string]int, error) {
-		for _, fd := range out {
-			unix.Close(fd)
-		}
-		return nil, err
-	}
-	for _, st := range sts {
-		for _, f := range st.FDs {
-			if f.Tree == nil || !f.Tree.Shared {
-				continue
-			}
-			switch {
-			case f.Pipe != nil:
-				if _, ok := out[PipeKey(f.Pipe.ID, true)]; ok {
-					continue
-				}
-				var p [2]int
-				if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-					return fail(fmt.Errorf("pipe2: %w", err))
-				}
-				out[PipeKey(f.Pipe.ID, true)], out[PipeKey(f.Pipe.ID, false)] = p[0], p[1]
-				if err := fillPipe(p[1], sts, f.Pipe.ID); err != nil {
-					return fail(fmt.Errorf("pipe:[%d]: %w", f.Pipe.ID, err))
-				}
-			case f.Socket != nil:
-				s := f.Socket
-				if _, ok := out[UnixKey(s.ID)]; ok {
-					continue
-				}
-				peer := uint64(s.Options[sock.PeerInodeOption])
-				p, err := unix.Socketpair(unix.AF_UNIX, s.Type|unix.SOCK_CLOEXEC, 0)
-				if err != nil {
-					return fail(fmt.Errorf("socketpair: %w", err))
-				}
-				out[UnixKey(s.ID)], out[UnixKey(peer)] = p[0], p[1]
-				// What waits in one end was sent from the other.
-				if err := sendQueued(p[1], s.Type, queuedOf(sts, s.ID)); err != nil {
-					return fail(fmt.Errorf("socket:[%d]: %w", s.ID, err))
-				}
-				if err := sendQueued(p[0], s.Type, queuedOf(sts, peer)); err != nil {
-					return fail(fmt.Errorf("socket:[%d]: %w", peer, err))
-				}
-			}
-		}
-	}
-	return out, nil
-}
-
-// fillPipe sets the size of pipe id and writes the bytes that were in
-// flight into its write end w.
-func fillPipe(w int, sts []*image.Process, id uint64) error {
-	for _, st := range sts {
-		for _, g := range st.FDs {
-			if g.Pipe == nil || g.Pipe.ID != id || (g.Pipe.Size == 0 && len(g.Pipe.Buffered) == 0) {
-				continue
-			}
-			if g.Pipe.Size > 0 {
-				if _, err := unix.FcntlInt(uintptr(w), unix.F_SETPIPE_SZ, g.Pipe.Size); err != nil {
-					return fmt.Errorf("F_SETPIPE_SZ %d: %w", g.Pipe.Size, err)
-				}
-			}
-			for b := g.Pipe.Buffered; len(b) > 0; {
-				n, err := unix.Write(w, b)
-				if err != nil {
-					return fmt.Errorf("refill with %d bytes: %w", len(g.Pipe.Buffered), err)
-				}
-				b = b[n:]
-			}
-			return nil
-		}
-	}
-	return nil
-}
-
-// queuedOf is the data dumped as queued in socket ino.
-func queuedOf(sts []*image.Process, ino uint64) [][]byte {
-	for _, st := range sts {
-		for _, g := range st.FDs {
-			if g.Socket != nil && g.Socket.ID == ino && g.Tree != nil && g.Tree.Shared {
-				return g.Socket.Queued
-			}
-		}
-	}
-	return nil
-}
-
-// sendQueued sends msgs on fd, a socket of type typ, without blocking:
-// each a message of its own unless typ is a stream.
-func sendQueued(fd, typ int, msgs [][]byte) error {
-	for _, m := range msgs {
-		for len(m) > 0 || typ != unix.SOCK_STREAM {
-			n, err := unix.SendmsgN(fd, m, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-			if err != nil {
-				return fmt.Errorf("queue %d bytes again: %w", len(m), err)
-			}
-			if typ != unix.SOCK_STREAM {
-				break
-			}
-			m = m[n:]
-		}
-	}
-	return nil
-}
-
 // treeFD returns the descriptor in the process of f, a descriptor linked
 // to other processes of the tree, taken from the tree.
 func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
@@ -429,11 +305,11 @@ func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
 	var key string
 	switch {
 	case f.Tree.PID != 0:
-		key = OFDKey(f.Tree.PID, f.Tree.FD)
+		key = broker.OFDKey(f.Tree.PID, f.Tree.FD)
 	case f.Pipe != nil:
-		key = PipeKey(f.Pipe.ID, f.Flags&unix.O_ACCMODE == unix.O_RDONLY)
+		key = broker.PipeKey(f.Pipe.ID, f.Flags&unix.O_ACCMODE == unix.O_RDONLY)
 	case f.Socket != nil:
-		key = UnixKey(f.Socket.ID)
+		key = broker.UnixKey(f.Socket.ID)
 	default:
 		return -1, fmt.Errorf("%w: %s descriptor shared in a tree", image.ErrCorrupt, f.Kind)
 	}
