@@ -33,7 +33,7 @@ import (
 
 // Tree hands out the objects that the processes of a tree share, during
 // the restore of the tree (a broker.Broker). Keys name the objects:
-// broker.OFDKey, PipeKey and UnixKey, ShmemKey.
+// broker.OFDKey, broker.PipeKey, broker.UnixKey, tty.PtyKey, ShmemKey.
 type Tree interface {
 	// Take puts into the process that in injects into a descriptor on
 	// the object key and returns its number there (close-on-exec); ok
