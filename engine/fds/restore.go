@@ -252,12 +252,14 @@ type fdCreator struct {
 	log        *slog.Logger
 	opts       RestoreOptions
 	scratchLen int
-	pfd        int // a pidfd of the process, once opened (pidfd), or -1
+	pfd        int // a pidfd of the process, once opened (Pidfd), or -1
 
 	high  int               // kept objects live at this number or above
 	pipes map[uint64][2]int // pipe id -> read, write end (kept)
 	keep  []int             // kept fds, closed by closeAll
-	sock  sock.Restorer     // the sockets' restore, which calls back for the above
+	// sock restores the sockets; fc is its sock.Host, keeping the ends
+	// of a socket pair with the pipes' (KeepPair).
+	sock sock.Restorer
 }
 
 // kept reports whether fd is a kept object, which stays open.
