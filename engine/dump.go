@@ -14,6 +14,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
@@ -46,7 +48,7 @@ type DumpOptions struct {
 	// written so far and the total to write.
 	Progress func(done, total uint64)
 	// TCPEstablished takes established TCP connections with TCP_REPAIR
-	// under a network lock (fds.NetLock) that holds them until the
+	// under a network lock (sock.NetLock) that holds them until the
 	// restore (criu dump --tcp-established); without it they are
 	// recorded to be closed at restore.
 	TCPEstablished bool
@@ -129,7 +131,7 @@ type dumper struct {
 	// tcp holds the connections of every process of the tree taken with
 	// TCP_REPAIR (--tcp-established), under one network lock, until the
 	// processes run again or die.
-	tcp *fds.TCPRepair
+	tcp *sock.TCPRepair
 	// pc and preRes, in a pre-copy dump: the copy made while the process
 	// ran, and the figures of its rounds.
 	pc     *precopy.Copy
@@ -306,7 +308,7 @@ func (d *dumper) memoryLayout(p *dumpProc) error {
 func (d *dumper) fds(maps [][]proc.Mapping) error {
 	if d.opts.TCPEstablished {
 		// One lock, one set of repaired sockets for the whole tree.
-		d.tcp = fds.NewTCPRepair(d.pid)
+		d.tcp = sock.NewTCPRepair(d.pid)
 	}
 	o := fds.DumpOptions{Log: d.log, TCP: d.tcp, External: d.opts.External, ShellJob: d.opts.ShellJob, GhostLimit: d.opts.GhostLimit}
 	if len(d.procs) == 1 {
@@ -428,7 +430,7 @@ func (d *dumper) controllingTerminals() error {
 		if err != nil {
 			return d.procErr(p, err)
 		}
-		if idx, ok := fds.CTTYOf(uint64(s.TTYNr), sts); ok {
+		if idx, ok := tty.CTTYOf(uint64(s.TTYNr), sts); ok {
 			p.st.CTTY = &image.CTTY{Pty: idx, Foreground: s.TPGid}
 		}
 	}
@@ -493,7 +495,7 @@ func (d *dumper) finish(context.Context) error {
 			d.resume(d.detachAll)
 		} else {
 			for _, p := range d.procs {
-				fds.ResetConnections(p.st, d.log) // no TIME_WAIT left holding its ports
+				sock.ResetConnections(p.st, d.log) // no TIME_WAIT left holding its ports
 			}
 			d.resume(d.killAll)
 		}

@@ -10,7 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/lazy"
@@ -66,7 +68,7 @@ type RestoreOptions struct {
 	// default, or fds.ExternalNull).
 	Inherit          map[string]int
 	ExternalFallback string
-	// ShellJob: Inherit[fds.TerminalKey] is the caller's terminal (--shell-job).
+	// ShellJob: Inherit[tty.TerminalKey] is the caller's terminal (--shell-job).
 	ShellJob bool
 }
 
@@ -145,14 +147,14 @@ func Restore(ctx context.Context, opts RestoreOptions) (res *RestoreResult, err 
 	}
 	// Past its checks, the restore releases the network locks however it
 	// ends: once the processes are made (or not), before a lazy phase.
-	defer fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
+	defer sock.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	if tr.t, err = ptrace.New(); err != nil {
 		return nil, step("start tracer", err)
 	}
 	if err := runSteps(ctx, tr.log, "restore", tr.steps(), &phases); err != nil {
 		return nil, err
 	}
-	fds.ReleaseNetLocks(tr.sts, tr.released, tr.log)
+	sock.ReleaseNetLocks(tr.sts, tr.released, tr.log)
 	res = tr.result(start)
 	defer func() {
 		if res != nil {
@@ -195,7 +197,7 @@ type tree struct {
 	procs  []*restorer
 	sts    []*image.Process  // the procs' states, in the same order
 	byPID  map[int]*restorer // by pid at the dump
-	broker *fds.Broker
+	broker *broker.Broker
 	sysv   *mem.SysVSegments
 	ipc    *ipc.Made   // the semaphore sets and message queues made
 	lazy   *lazy.Phase // for a lazy restore
@@ -204,7 +206,7 @@ type tree struct {
 	// intoPIDs are the ids taken in the pid namespace of Namespaces.Into,
 	// with their tasks' names.
 	intoPIDs map[int]string
-	// released are the network locks released (fds.ReleaseNetLocks).
+	// released are the network locks released (sock.ReleaseNetLocks).
 	released map[string]bool
 }
 
@@ -251,7 +253,7 @@ func openTree(opts RestoreOptions) (*tree, error) {
 	if snap == nil {
 		return nil, fmt.Errorf("no snapshot")
 	}
-	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: fds.NewBroker(), released: map[string]bool{}, sysv: mem.NewSysVSegments()}
+	tr := &tree{opts: opts, snap: snap, log: logger(opts.Logger), byPID: map[int]*restorer{}, broker: broker.New(), released: map[string]bool{}, sysv: mem.NewSysVSegments()}
 	if opts.Source != nil {
 		// Its keeper starts while the processes' state and pages are read.
 		tr.lazy = lazy.NewPhase(opts.Lazy, opts.Source, tr.log)
@@ -396,8 +398,8 @@ func (tr *tree) result(start time.Time) *RestoreResult {
 // detach (or, for a lazy restore, resume, still traced). A shell job's
 // terminal gets the settings the job's had first.
 func (tr *tree) finish(ctx context.Context) error {
-	if fd, ok := tr.opts.Inherit[fds.TerminalKey]; ok && tr.opts.ShellJob {
-		if err := fds.SetTerminal(fd, tr.sts); err != nil {
+	if fd, ok := tr.opts.Inherit[tty.TerminalKey]; ok && tr.opts.ShellJob {
+		if err := tty.SetTerminal(fd, tr.sts); err != nil {
 			return err
 		}
 	}

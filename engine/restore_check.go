@@ -126,7 +126,7 @@ func (r *restorer) refuseUnrestorable() error {
 	}
 	o := r.tr.opts
 	for _, f := range st.FDs {
-		if err := fds.Check(root, f); err != nil {
+		if err := fds.CheckRestorable(root, f); err != nil {
 			return r.containerHint(fmt.Errorf("fd %d: %w", f.FD, err))
 		}
 		if s := f.Socket; s != nil && s.TCP != nil && o.TCPEstablished && (o.Namespaces.Net != "" || o.Namespaces.Into != 0) {

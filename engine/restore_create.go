@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
@@ -179,7 +179,7 @@ func (r *restorer) controllingTerminal(context.Context) error {
 	if l := r.tr.byPID[c.Foreground]; l != nil && l.st.SID == r.st.PID {
 		fg = l.st.OwnPID()
 	}
-	return fds.SetCTTY(r.in, r.st, c, fg, r.tr.broker)
+	return tty.SetCTTY(r.in, r.st, c, fg, r.tr.broker)
 }
 
 // makeSharedDescriptors makes, in snapctl, the pipes and socket pairs whose ends are in

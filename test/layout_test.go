@@ -63,6 +63,7 @@ func TestLayout(t *testing.T) {
 		{"engine/mem", []string{"engine/mem/precopy"}, "pre-copy builds on mem: mem.Dump takes its copy through mem.PreCopied", false},
 		{"engine/mem/precopy", []string{"engine", "engine/task", "engine/fds", "engine/lazy", "fs", "cmd/"}, "pre-copy only tracks and copies memory: it knows nothing of the dump around it", true},
 		{"engine/helper", []string{"engine", "engine/", "fs", "fs/", "cache", "cmd/"}, "the helper processes' protocol is a leaf: the keeper, the private mount and the pid namespace's init use it", false},
+		{"engine/fds/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/uffd", "fs", "cmd/"}, "a kind of descriptor with a package of its own is called by engine/fds, never calling it back but through what fds hands it", false},
 	}
 	match := func(pattern, pkg string) bool {
 		if p, ok := strings.CutSuffix(pattern, "/"); ok {

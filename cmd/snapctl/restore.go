@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/lazy"
@@ -44,12 +45,12 @@ func runRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
-	inherited, tty, err := f.check()
+	inherited, term, err := f.check()
 	if err != nil {
 		return err
 	}
-	if tty != nil {
-		defer tty.Close()
+	if term != nil {
+		defer term.Close()
 	}
 	snap, log, closeAll, err := f.open(ctx, fl, stderr)
 	if err != nil {
@@ -157,7 +158,7 @@ func newRestoreFlags(stdout, stderr io.Writer) (*cli.FlagSet, *restoreFlags) {
 // check refuses the flags that go against each other, and returns the
 // descriptors handed to the restore (--inherit-fd) with, for --shell-job,
 // snapctl's terminal among them, which the caller closes.
-func (f *restoreFlags) check() (inherited map[string]int, tty *os.File, err error) {
+func (f *restoreFlags) check() (inherited map[string]int, term *os.File, err error) {
 	if err := checkStats(*f.statsFile); err != nil {
 		return nil, nil, err
 	}
@@ -181,16 +182,16 @@ func (f *restoreFlags) check() (inherited map[string]int, tty *os.File, err erro
 		return nil, nil, cli.Usagef("%v", err)
 	}
 	if *f.shellJob {
-		if _, given := inherited[fds.TerminalKey]; given {
-			return nil, nil, cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", fds.TerminalKey)
+		if _, given := inherited[tty.TerminalKey]; given {
+			return nil, nil, cli.Usagef("--shell-job and --inherit-fd ...:%s are exclusive", tty.TerminalKey)
 		}
-		tty, err = ownTerminal()
+		term, err = ownTerminal()
 		if err != nil {
 			return nil, nil, cli.Usagef("--shell-job: %v", err)
 		}
-		inherited[fds.TerminalKey] = int(tty.Fd())
+		inherited[tty.TerminalKey] = int(term.Fd())
 	}
-	return inherited, tty, nil
+	return inherited, term, nil
 }
 
 // open checks the flags that name the snapshot and the lazy restore's,

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 )
 
 // neededTCP is what needs TCP_REPAIR and nft.
@@ -32,7 +32,7 @@ func tcpRepair(ctx context.Context) error {
 			return fmt.Errorf("setsockopt TCP_REPAIR %d: %w", v, err)
 		}
 	}
-	nft, err := fds.NftPath()
+	nft, err := sock.NftPath()
 	if err != nil {
 		return err
 	}

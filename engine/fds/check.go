@@ -56,10 +56,10 @@ func CheckFile(root string, id image.FileID, what string) error {
 	return nil
 }
 
-// Check refuses, before the restore creates anything, a descriptor this
-// build cannot restore or whose file is not the one dumped, its path
-// resolved in root (StatIn).
-func Check(root string, f image.FD) error {
+// CheckRestorable refuses, before the restore creates anything, a
+// descriptor this build cannot restore or whose file is not the one
+// dumped, its path resolved in root (StatIn).
+func CheckRestorable(root string, f image.FD) error {
 	if f.Tree != nil && f.Tree.PID != 0 {
 		return nil // another process's, checked there
 	}

@@ -6,6 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
@@ -16,12 +18,12 @@ type DumpOptions struct {
 	// TCP, if set, takes established TCP connections with TCP_REPAIR
 	// under its lock (--tcp-established); otherwise they are recorded to
 	// be closed at restore.
-	TCP *TCPRepair
+	TCP *sock.TCPRepair
 	// External names the pipes and unix sockets leading outside the
 	// process that are recorded rather than refused or closed.
 	External *External
 	// ShellJob records descriptors on a terminal outside the process as
-	// leading outside (TerminalKey); without it they are refused.
+	// leading outside (tty.TerminalKey); without it they are refused.
 	ShellJob bool
 	// GhostLimit is the largest open file that was deleted whose contents
 	// the dump keeps (ghost.go); 0 is DefaultGhostLimit, -1 none.
@@ -41,11 +43,11 @@ func Dump(pid int, maps []proc.Mapping, o DumpOptions) ([]image.FD, error) {
 		return nil, err
 	}
 	defer fx.close()
-	if fx.ptys, err = ptyMasters([]int{pid}, fds); err != nil {
+	if fx.tty.Pairs, err = tty.Masters([]int{pid}, fds); err != nil {
 		return nil, err
 	}
 	if o.TCP != nil {
-		if err := lockConns(o.TCP, []*fdDumper{fx}); err != nil {
+		if err := sock.LockConns(o.TCP, []*sock.Dumper{&fx.sock}); err != nil {
 			return nil, err
 		}
 	}
@@ -73,7 +75,12 @@ func newFDDumper(pid int, maps []proc.Mapping, fds []proc.FD, td *treeDumper, o 
 		return nil, fmt.Errorf("pid %d: pidfd_open: %w", pid, err)
 	}
 	fx := &fdDumper{pid: pid, maps: maps, log: log, pidfd: pidfd, all: fds, pipes: map[uint64]*pipeEnds{}, tree: td,
-		tcp: o.TCP, ext: o.External, used: used, shellJob: o.ShellJob, ghostLimit: o.GhostLimit}
+		ext: o.External, used: used, shellJob: o.ShellJob, ghostLimit: o.GhostLimit}
+	fx.sock = sock.Dumper{PID: pid, PIDFD: pidfd, Log: log, FDs: fds, TCP: o.TCP, Outside: fx.outsideIfNamed}
+	if td != nil {
+		fx.sock.TreeSockets = td.sockets
+	}
+	fx.tty = tty.Dumper{PID: pid, PIDFD: pidfd, Log: log, Outside: fx.terminalOutside}
 	for _, p := range proc.GroupPipes(fds) {
 		fx.pipes[p.Ino] = &pipeEnds{readers: p.Readers, writers: p.Writers}
 	}
@@ -86,7 +93,7 @@ func (fx *fdDumper) close() { unix.Close(fx.pidfd) }
 func (fx *fdDumper) dump() ([]image.FD, error) {
 	fds := fx.all
 	var out []image.FD
-	shared := fx.sharedFiles()
+	dups := fx.sharedFiles()
 	for i := range fds {
 		if r := fx.tree.inherited(fds[i].Num); r != nil {
 			// Described in the process it is inherited from.
@@ -97,7 +104,7 @@ func (fx *fdDumper) dump() ([]image.FD, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pid %d fd %d (%s): %w", fx.pid, fds[i].Num, fds[i].Target, err)
 		}
-		if first, ok := shared[fds[i].Num]; ok {
+		if first, ok := dups[fds[i].Num]; ok {
 			f.SameAs = &first
 		}
 		out = append(out, f)
@@ -156,21 +163,20 @@ type fdDumper struct {
 	pidfd int
 	all   []proc.FD
 	pipes map[uint64]*pipeEnds
-	inet  map[uint64]proc.InetDiag
-	unixd map[uint64]proc.UnixDiag
 	tree  *treeDumper // the other processes of the tree, or nil
-	tcp   *TCPRepair
 	ext   *External
 	used  map[string]bool // fd[N] and ino[INO] of the descriptors External matched
-	// shellJob: terminals are recorded as leading outside (terminal.go).
+	// shellJob: terminals are recorded as leading outside
+	// (terminalOutside).
 	shellJob bool
 	// ghostLimit bounds a deleted file kept; ghosts maps one (device,
 	// inode) to its first descriptor (ghost.go).
 	ghostLimit int64
 	ghosts     map[[2]uint64]int
-	// ptys are the pseudo-terminal pairs whose master the process (or
-	// the tree) holds (pty.go).
-	ptys ptyPairs
+	// tty describes its descriptors on terminals (engine/fds/tty).
+	tty tty.Dumper
+	// sock describes its sockets (engine/fds/sock).
+	sock sock.Dumper
 }
 
 // fd describes one descriptor: its number and flags, the file locks held
@@ -198,14 +204,8 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	out.Flags = flags &^ unix.O_CLOEXEC
 	switch f.Kind {
 	case proc.FDCharDev:
-		if f.Stat.Rdev == ptmxRdev && f.Info.TTYIndex >= 0 && fx.ptys[f.Info.TTYIndex] != nil {
-			return fx.pty(f, out, f.Info.TTYIndex, true)
-		}
-		if idx, ok := fx.ptys.of(f.Stat.Rdev); ok {
-			return fx.pty(f, out, idx, false)
-		}
-		if tty, master := isTerminal(f.Stat.Rdev); tty {
-			return fx.terminal(f, out, master)
+		if t, ok, err := fx.tty.CharDev(f, out); ok {
+			return t, err
 		}
 		if !statelessDevices[f.Stat.Rdev] {
 			// A driver's state lives in its open file (a FUSE
@@ -235,7 +235,7 @@ func (fx *fdDumper) fdKind(f *proc.FD) (image.FD, error) {
 	case proc.FDSignalfd:
 		return dumpSignalfd(f, out)
 	case proc.FDSocket:
-		return fx.socket(f, out)
+		return fx.sock.Socket(f, out)
 	}
 	return out, fmt.Errorf("%w: %s file descriptors cannot be dumped yet", image.ErrUnsupported, f.Kind)
 }

@@ -155,7 +155,7 @@ func (fc *fdCreator) epoll(f *image.FD, nonblock, cloexec uint64) (int, error) {
 		return -1, fmt.Errorf("epoll_create1: %w", err)
 	}
 	if nonblock != 0 {
-		if err := fc.setFlags(int(fd), f); err != nil {
+		if err := fc.SetFlags(int(fd), f); err != nil {
 			return -1, err
 		}
 	}

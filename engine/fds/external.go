@@ -1,7 +1,6 @@
 package fds
 
 import (
-	"encoding/binary"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -9,9 +8,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // Descriptors that lead outside the process: a pipe whose other end
@@ -104,6 +104,24 @@ func (e *External) checkUsed(pids []int, used map[string]bool) error {
 	return nil
 }
 
+// outsideIfNamed records f as a descriptor leading outside, by its key,
+// if --external names it.
+func (fx *fdDumper) outsideIfNamed(f *proc.FD, out *image.FD, key string) {
+	if fx.ext.matches(f) {
+		fx.external(f, out, key)
+	}
+}
+
+// terminalOutside records f, a terminal outside the process, as leading
+// outside (tty.TerminalKey) with --shell-job, or refuses it.
+func (fx *fdDumper) terminalOutside(f *proc.FD, out *image.FD) error {
+	if !fx.shellJob {
+		return fmt.Errorf("%w: fd %d is the terminal %s, outside the process: dump with --shell-job, then restore with --shell-job, which gives it snapctl's terminal", ErrExternal, f.Num, f.Path)
+	}
+	fx.external(f, out, tty.TerminalKey)
+	return nil
+}
+
 // external records f as a descriptor leading outside, by its key.
 func (fx *fdDumper) external(f *proc.FD, out *image.FD, key string) {
 	out.External = key
@@ -142,7 +160,7 @@ func ParseInherit(vals []string) (map[string]int, error) {
 			return nil, fmt.Errorf("--inherit-fd %q: %w", v, err)
 		}
 		key := m[2]
-		if !strings.HasPrefix(key, "fd[") && !strings.HasPrefix(key, "pipe:[") && !strings.HasPrefix(key, "socket:[") && key != TerminalKey {
+		if !strings.HasPrefix(key, "fd[") && !strings.HasPrefix(key, "pipe:[") && !strings.HasPrefix(key, "socket:[") && key != tty.TerminalKey {
 			return nil, fmt.Errorf("--inherit-fd %q: KEY %q is not pipe:[INO], socket:[INO], tty or fd[M]", v, key)
 		}
 		if _, dup := out[key]; dup {
@@ -193,16 +211,16 @@ func CheckExternal(sts []*image.Process, o RestoreOptions) error {
 			if o.ExternalFallback == ExternalNull {
 				continue
 			}
-			if f.External == TerminalKey {
+			if f.External == tty.TerminalKey {
 				return fmt.Errorf("%w: fd %d of pid %d was the terminal %s, outside %s: restore with --shell-job to give it snapctl's terminal, or --inherit-fd fd[N]:%s, or --external-fallback null",
-					ErrExternal, f.FD, st.PID, f.Path, where, TerminalKey)
+					ErrExternal, f.FD, st.PID, f.Path, where, tty.TerminalKey)
 			}
 			return fmt.Errorf("%w: fd %d of pid %d is %s, whose other end was outside %s: give a descriptor for it with --inherit-fd fd[N]:%s (or fd[N]:fd[%d]), or --external-fallback null",
 				ErrExternal, f.FD, st.PID, f.External, where, f.External, f.FD)
 		}
 	}
 	for k := range o.Inherit {
-		if used[k] || k == TerminalKey && o.ShellJob {
+		if used[k] || k == tty.TerminalKey && o.ShellJob {
 			continue
 		}
 		if len(sts) == 1 {
@@ -243,92 +261,23 @@ func (fc *fdCreator) external(f *image.FD) (int, error) {
 }
 
 // passFD gives the process a descriptor of the same open file as our fd
-// n (passFD).
+// n (broker.PassFD).
 func (fc *fdCreator) passFD(n int, cloexec bool) (int, error) {
-	pidfd, err := fc.pidfd()
+	pidfd, err := fc.Pidfd()
 	if err != nil {
 		return -1, err
 	}
-	return passFD(fc.in, pidfd, n, cloexec)
+	return broker.PassFD(fc.in, pidfd, n, cloexec)
 }
 
-// passFD gives the process that in injects into (of which pidfd is our
-// pidfd) a descriptor of the same open file as our fd n: the process makes
-// a datagram socket pair, we send n (SCM_RIGHTS) into one end through a
-// copy of it, the process receives it from the other. It needs no pid of
-// ours that the process can see (it may be in a pid namespace of its own).
-func passFD(in *ptrace.Injector, pidfd, n int, cloexec bool) (int, error) {
-	at, _ := in.Scratch()
-	if _, err := in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0, at); err != nil {
-		return -1, fmt.Errorf("socketpair: %w", err)
-	}
-	var b [8]byte
-	if err := in.Get(0, b[:]); err != nil {
-		return -1, err
-	}
-	a, c := int(binary.LittleEndian.Uint32(b[:])), int(binary.LittleEndian.Uint32(b[4:]))
-	defer in.CloseFD(a) // errors of these closes change nothing for the process
-	defer in.CloseFD(c)
-	cp, err := unix.PidfdGetfd(pidfd, c, 0)
-	if err != nil {
-		return -1, fmt.Errorf("pidfd_getfd: %w", err)
-	}
-	err = unix.Sendmsg(cp, []byte{0}, unix.UnixRights(n), nil, unix.MSG_DONTWAIT)
-	unix.Close(cp)
-	if err != nil {
-		return -1, fmt.Errorf("sendmsg: %w", err)
-	}
-	// struct msghdr at 0, its iovec at 64, one byte of data at 96, the
-	// control buffer at 128.
-	const iovOff, dataOff, ctlOff = 64, 96, 128
-	ctlLen := unix.CmsgSpace(4)
-	le := binary.LittleEndian
-	hdr := make([]byte, 56)
-	le.PutUint64(hdr[16:], at+iovOff) // msg_iov
-	le.PutUint64(hdr[24:], 1)         // msg_iovlen
-	le.PutUint64(hdr[32:], at+ctlOff) // msg_control
-	le.PutUint64(hdr[40:], uint64(ctlLen))
-	iov := le.AppendUint64(le.AppendUint64(nil, at+dataOff), 1)
-	if _, err := in.Put(0, hdr); err != nil {
-		return -1, err
-	}
-	if _, err := in.Put(iovOff, iov); err != nil {
-		return -1, err
-	}
-	if _, err := in.Put(ctlOff, make([]byte, ctlLen)); err != nil {
-		return -1, err
-	}
-	flags := uint64(unix.MSG_DONTWAIT)
-	if cloexec {
-		flags |= unix.MSG_CMSG_CLOEXEC
-	}
-	if _, err := in.Call(unix.SYS_RECVMSG, uint64(a), at, flags); err != nil {
-		return -1, fmt.Errorf("recvmsg: %w", err)
-	}
-	ctl := make([]byte, ctlLen)
-	if err := in.Get(ctlOff, ctl); err != nil {
-		return -1, err
-	}
-	msgs, err := unix.ParseSocketControlMessage(ctl)
-	if err != nil || len(msgs) != 1 {
-		return -1, fmt.Errorf("no descriptor received (%v)", err)
-	}
-	got, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(got) != 1 {
-		return -1, fmt.Errorf("no descriptor received (%v)", err)
-	}
-	return got[0], nil
-}
-
-// pidfd returns a pidfd of the process under restore, opened once.
-func (fc *fdCreator) pidfd() (int, error) {
+// Pidfd returns a pidfd of the process under restore, opened once.
+func (fc *fdCreator) Pidfd() (int, error) {
 	if fc.pfd >= 0 {
 		return fc.pfd, nil
 	}
-	pid := fc.in.Thread().Process().Pid() // ours: not st.PID in a new pid namespace
-	fd, err := unix.PidfdOpen(pid, 0)
+	fd, err := unix.PidfdOpen(fc.pid, 0)
 	if err != nil {
-		return -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
+		return -1, fmt.Errorf("pidfd_open %d: %w", fc.pid, err)
 	}
 	fc.pfd = fd
 	return fd, nil

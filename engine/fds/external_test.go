@@ -111,11 +111,3 @@ func TestCheckExternal(t *testing.T) {
 		t.Errorf("a tree with an --inherit-fd for no descriptor: %v", err)
 	}
 }
-
-func TestDeleteNetLockName(t *testing.T) {
-	for _, bad := range []string{"filter", "lazyfs_1", "lazyfs_1_ABCDEF01", "lazyfs_1_abcdef01; delete table inet filter", "nat"} {
-		if err := DeleteNetLock(bad); err == nil || !strings.Contains(err.Error(), "not a table of lazyfs") {
-			t.Errorf("DeleteNetLock(%q): %v", bad, err)
-		}
-	}
-}

@@ -138,3 +138,12 @@ func (fc *fdCreator) open(f *image.FD, flags int) (int, error) {
 	}
 	return fd, nil
 }
+
+// statelessDevices are the character devices other than terminals that a
+// reopen restores whole, all of major 1: /dev/null, zero, full, random
+// and urandom. (/dev/kmsg, 1:11, keeps a read position per open file: a
+// reopen would replay the log; /dev/mem and /dev/port, positions in
+// memory.)
+var statelessDevices = map[uint64]bool{
+	unix.Mkdev(1, 3): true, unix.Mkdev(1, 5): true, unix.Mkdev(1, 7): true, unix.Mkdev(1, 8): true, unix.Mkdev(1, 9): true,
+}

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -73,7 +74,7 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 	if g.Of != nil {
 		return fc.reopen(*g.Of, flags, f)
 	}
-	pfd, err := fc.pidfd()
+	pfd, err := fc.Pidfd()
 	if err != nil {
 		return -1, err
 	}
@@ -92,7 +93,7 @@ func (fc *fdCreator) ghost(f *image.FD, cloexec int) (int, error) {
 // set-user-ID and set-group-ID bits, and handed to the process (pidfd) in
 // injects into, where it returns its descriptor (read-write,
 // close-on-exec).
-func makeGhost(in *ptrace.Injector, pidfd int, path string, g *image.Ghost) (int, error) {
+func makeGhost(in injector, pidfd int, path string, g *image.Ghost) (int, error) {
 	dir := filepath.Dir(path)
 	tmp, err := unix.Open(dir, unix.O_TMPFILE|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -108,7 +109,7 @@ func makeGhost(in *ptrace.Injector, pidfd int, path string, g *image.Ghost) (int
 	if err := unix.Fchmod(tmp, g.Mode&^(unix.S_ISUID|unix.S_ISGID)); err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: chmod: %w", path, err)
 	}
-	held, err := passFD(in, pidfd, tmp, true)
+	held, err := broker.PassFD(in, pidfd, tmp, true)
 	if err != nil {
 		return -1, fmt.Errorf("recreate deleted file %s: %w", path, err)
 	}

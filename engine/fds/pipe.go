@@ -96,7 +96,7 @@ func (fc *fdCreator) pipe(f *image.FD, nonblock uint64) (int, error) {
 			return -1, fmt.Errorf("pipe2: %w", err)
 		}
 		var err error
-		if ends, err = fc.keepPair(at); err != nil {
+		if ends, err = fc.KeepPair(at); err != nil {
 			return -1, err
 		}
 		fc.pipes[f.Pipe.ID] = ends

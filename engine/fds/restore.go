@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
@@ -27,7 +28,7 @@ type RestoreOptions struct {
 	// ExternalFallback is what a descriptor leading outside that Inherit
 	// does not give becomes: ExternalRefuse ("" too) or ExternalNull.
 	ExternalFallback string
-	// ShellJob says that Inherit[TerminalKey] is the caller's terminal,
+	// ShellJob says that Inherit[tty.TerminalKey] is the caller's terminal,
 	// given to the descriptors on a terminal outside the process if there
 	// are any (restore --shell-job), and not an error if there are none.
 	ShellJob bool
@@ -52,32 +53,52 @@ type RestoreOptions struct {
 // until all are placed. Epoll registrations are made last: their targets
 // must be in place.
 func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, o RestoreOptions) error {
-	fds := st.FDs
+	fc := newFDCreator(in, in.Thread().Process().Pid(), st, shmem, o)
+	if o.Tree != nil {
+		fc.take = func(key string) (int, bool, error) { return o.Tree.Take(in, key) }
+	}
+	defer fc.close()
+	return fc.restore(ctx)
+}
+
+// newFDCreator prepares the restore of the descriptors of st in the
+// process that in injects into, pid in our pid namespace; shmem and o are
+// Restore's. The caller closes it.
+func newFDCreator(in injector, pid int, st *image.Process, shmem map[uint64]int, o RestoreOptions) *fdCreator {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	_, scratchLen := in.Scratch()
+	fc := &fdCreator{in: in, pid: pid, st: st, shmem: shmem, log: log, opts: o, scratchLen: scratchLen,
+		pipes: map[uint64][2]int{}, pfd: -1}
+	fc.sock = sock.Restorer{In: in, Host: fc, Proc: st, Log: log, TCPEstablished: o.TCPEstablished, Foreign: o.Foreign}
+	return fc
+}
+
+// close closes the pidfd the restore opened, if it did.
+func (fc *fdCreator) close() {
+	if fc.pfd >= 0 {
+		unix.Close(fc.pfd)
+	}
+}
+
+// restore is Restore's work, once its fdCreator is made.
+func (fc *fdCreator) restore(ctx context.Context) error {
+	fds, shmem := fc.st.FDs, fc.shmem
 	maxFD := 2
 	for _, f := range fds {
 		maxFD = max(maxFD, f.FD)
 	}
 	// The descriptor table must reach the highest number, and the kept
 	// objects (two ends per descriptor at most) above it.
-	high := maxFD + 1
-	need := uint64(high + 2*len(fds) + len(shmem) + 8)
-	if err := setNoFile(in, st, func(l image.Rlimit) unix.Rlimit {
+	fc.high = maxFD + 1
+	need := uint64(fc.high + 2*len(fds) + len(shmem) + 8)
+	if err := fc.setNoFile(func(l image.Rlimit) unix.Rlimit {
 		return unix.Rlimit{Cur: max(l.Cur, need), Max: max(l.Max, need)}
 	}); err != nil {
 		return fmt.Errorf("raise RLIMIT_NOFILE for %d descriptors: %w", need, err)
 	}
-	_, scratchLen := in.Scratch()
-	fc := &fdCreator{in: in, st: st, shmem: shmem, tree: o.Tree, log: log, opts: o, scratchLen: scratchLen,
-		high: high, pipes: map[uint64][2]int{}, pairs: map[uint64]int{}, pfd: -1}
-	defer func() {
-		if fc.pfd >= 0 {
-			unix.Close(fc.pfd)
-		}
-	}()
 	for id, fd := range shmem {
 		nfd, err := fc.moveHigh(fd)
 		if err != nil {
@@ -89,7 +110,7 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 		return err
 	}
 	fc.closeAll()
-	fc.connectUnix()
+	fc.sock.ConnectUnix()
 	for id, fd := range shmem {
 		fc.closeFD(fd)
 		delete(shmem, id)
@@ -101,7 +122,7 @@ func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem 
 		return err
 	}
 	// Restore the dumped limit (raised above for the move).
-	if err := setNoFile(in, st, func(l image.Rlimit) unix.Rlimit { return unix.Rlimit{Cur: l.Cur, Max: l.Max} }); err != nil {
+	if err := fc.setNoFile(func(l image.Rlimit) unix.Rlimit { return unix.Rlimit{Cur: l.Cur, Max: l.Max} }); err != nil {
 		return fmt.Errorf("restore RLIMIT_NOFILE: %w", err)
 	}
 	return nil
@@ -177,27 +198,27 @@ func (fc *fdCreator) placeOne(f *image.FD, placed map[int]bool) error {
 	// Moved to its number and the temporary closed in one resume; a pipe
 	// end made here gets its file status flags there too (pipe), not one
 	// from outside or from another process of the tree.
-	c := fc.in.NewCalls()
-	c.Add(fmt.Sprintf("dup3(%d, %d)", tmp, f.FD), unix.SYS_DUP3, uint64(tmp), uint64(f.FD), uint64(flags))
+	var c calls
+	c.add(fmt.Sprintf("dup3(%d, %d)", tmp, f.FD), unix.SYS_DUP3, uint64(tmp), uint64(f.FD), uint64(flags))
 	if f.Kind == image.FDPipe && f.Tree == nil && f.Pty == nil && f.External == "" {
-		c.Add(fmt.Sprintf("fcntl(%d, F_SETFL, %#x)", f.FD, f.Flags&settableFlags), unix.SYS_FCNTL, uint64(f.FD), unix.F_SETFL, uint64(f.Flags&settableFlags))
+		c.add(fmt.Sprintf("fcntl(%d, F_SETFL, %#x)", f.FD, f.Flags&settableFlags), unix.SYS_FCNTL, uint64(f.FD), unix.F_SETFL, uint64(f.Flags&settableFlags))
 	}
 	if !fc.kept(tmp) {
-		c.Add(fmt.Sprintf("close(%d)", tmp), unix.SYS_CLOSE, uint64(tmp))
+		c.add(fmt.Sprintf("close(%d)", tmp), unix.SYS_CLOSE, uint64(tmp))
 	}
-	if err := fc.in.RunCalls(c); err != nil {
+	if err := fc.run(&c); err != nil {
 		return fmt.Errorf("fd %d: %w", f.FD, err)
 	}
 	return nil
 }
 
-// setNoFile sets the process's (in's) RLIMIT_NOFILE, if the snapshot has one, to
+// setNoFile sets the process's RLIMIT_NOFILE, if the snapshot has one, to
 // what limit makes of the dumped one.
-func setNoFile(in *ptrace.Injector, st *image.Process, limit func(image.Rlimit) unix.Rlimit) error {
-	for _, l := range st.Rlimits {
+func (fc *fdCreator) setNoFile(limit func(image.Rlimit) unix.Rlimit) error {
+	for _, l := range fc.st.Rlimits {
 		if l.Resource == unix.RLIMIT_NOFILE {
 			lim := limit(l)
-			return unix.Prlimit(in.Thread().Process().Pid(), unix.RLIMIT_NOFILE, &lim, nil)
+			return unix.Prlimit(fc.pid, unix.RLIMIT_NOFILE, &lim, nil)
 		}
 	}
 	return nil
@@ -221,23 +242,24 @@ func (fc *fdCreator) closeFD(fd int) {
 // by several descriptors (pipe ends, socket pairs) are created once and
 // kept at numbers from high up until every descriptor is placed.
 type fdCreator struct {
-	in         *ptrace.Injector
-	st         *image.Process
-	shmem      map[uint64]int // shared object id -> its fd in the process
-	tree       Tree           // the other processes of the tree, or nil
+	in    injector
+	pid   int // of the process, in our pid namespace (not st.PID in a new one)
+	st    *image.Process
+	shmem map[uint64]int // shared object id -> its fd in the process
+	// take takes from the other processes of the tree (RestoreOptions.Tree)
+	// the object of a key, into the process; nil for a single process.
+	take       func(key string) (fd int, ok bool, err error)
 	log        *slog.Logger
 	opts       RestoreOptions
 	scratchLen int
-	pfd        int // a pidfd of the process, once opened (pidfd), or -1
+	pfd        int // a pidfd of the process, once opened (Pidfd), or -1
 
 	high  int               // kept objects live at this number or above
 	pipes map[uint64][2]int // pipe id -> read, write end (kept)
-	pairs map[uint64]int    // socket inode -> its end of a socketpair (kept)
 	keep  []int             // kept fds, closed by closeAll
-	inCwd bool              // the process is in its dumped working directory
-	// connects are the unix datagram sockets to connect to their named
-	// peer once every descriptor is in place.
-	connects []*image.FD
+	// sock restores the sockets; fc is its sock.Host, keeping the ends
+	// of a socket pair with the pipes' (KeepPair).
+	sock sock.Restorer
 }
 
 // kept reports whether fd is a kept object, which stays open.
@@ -257,18 +279,18 @@ func (fc *fdCreator) moveHigh(fd int) (int, error) {
 
 // moveHighAll is moveHigh of every fd, in one resume of the process.
 func (fc *fdCreator) moveHighAll(fds ...int) ([]int, error) {
-	c := fc.in.NewCalls()
+	var c calls
 	for _, fd := range fds {
-		c.Add(fmt.Sprintf("fcntl(%d, F_DUPFD_CLOEXEC, %d)", fd, fc.high), unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
+		c.add(fmt.Sprintf("fcntl(%d, F_DUPFD_CLOEXEC, %d)", fd, fc.high), unix.SYS_FCNTL, uint64(fd), unix.F_DUPFD_CLOEXEC, uint64(fc.high))
 	}
 	for _, fd := range fds {
-		c.Add(fmt.Sprintf("close(%d)", fd), unix.SYS_CLOSE, uint64(fd))
+		c.add(fmt.Sprintf("close(%d)", fd), unix.SYS_CLOSE, uint64(fd))
 	}
-	if err := fc.in.RunCalls(c); err != nil {
+	if err := fc.run(&c); err != nil {
 		// Those moved are closed; the originals, if a close failed,
 		// are left to the process's death.
 		for i := range fds {
-			if r := c.Result(i); r >= int64(fc.high) {
+			if r := c.result(i); r >= int64(fc.high) {
 				fc.closeFD(int(r))
 			}
 		}
@@ -276,14 +298,14 @@ func (fc *fdCreator) moveHighAll(fds ...int) ([]int, error) {
 	}
 	out := make([]int, len(fds))
 	for i := range fds {
-		out[i] = int(c.Result(i))
+		out[i] = int(c.result(i))
 	}
 	return out, nil
 }
 
-// keepPair moves the two fds a pipe2 or socketpair wrote at scratch out
+// KeepPair moves the two fds a pipe2 or socketpair wrote at scratch out
 // of the way and keeps them.
-func (fc *fdCreator) keepPair(at uint64) ([2]int, error) {
+func (fc *fdCreator) KeepPair(at uint64) ([2]int, error) {
 	var b [8]byte
 	if err := fc.in.Get(0, b[:]); err != nil {
 		return [2]int{}, err
@@ -342,7 +364,7 @@ func (fc *fdCreator) create(f *image.FD) (int, error) {
 	case image.FDSignalfd:
 		return fc.signalfd(f, nonblock|cloexec)
 	case image.FDSocket:
-		return fc.socket(f, nonblock|cloexec)
+		return fc.sock.Socket(f, nonblock|cloexec)
 	}
 	return -1, fmt.Errorf("%w: %s descriptors", image.ErrUnsupported, f.Kind)
 }
@@ -367,8 +389,8 @@ func (fc *fdCreator) write(fd int, b []byte) error {
 	return nil
 }
 
-// setFlags sets the file status flags that F_SETFL can change.
-func (fc *fdCreator) setFlags(fd int, f *image.FD) error {
+// SetFlags sets the file status flags that F_SETFL can change.
+func (fc *fdCreator) SetFlags(fd int, f *image.FD) error {
 	if _, err := fc.in.Call(unix.SYS_FCNTL, uint64(fd), unix.F_SETFL, uint64(f.Flags&settableFlags)); err != nil {
 		return fmt.Errorf("fcntl(F_SETFL, %#x): %w", f.Flags&settableFlags, err)
 	}

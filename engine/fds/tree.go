@@ -5,6 +5,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/fds/broker"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
+	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -29,8 +32,8 @@ import (
 // open flags; kcmp(KCMP_FILE) tells whether two such are one.
 
 // Tree hands out the objects that the processes of a tree share, during
-// the restore of the tree. Keys name the objects: OFDKey, PipeKey,
-// UnixKey, ShmemKey.
+// the restore of the tree (a broker.Broker). Keys name the objects:
+// broker.OFDKey, broker.PipeKey, broker.UnixKey, tty.PtyKey, ShmemKey.
 type Tree interface {
 	// Take puts into the process that in injects into a descriptor on
 	// the object key and returns its number there (close-on-exec); ok
@@ -39,21 +42,6 @@ type Tree interface {
 	// Give hands out the object fd of process pid holds, as key.
 	Give(pid int, key string, fd int) error
 }
-
-// OFDKey names the open file description of descriptor fd of process pid.
-func OFDKey(pid, fd int) string { return fmt.Sprintf("fd:%d:%d", pid, fd) }
-
-// PipeKey names one end of a pipe shared between processes.
-func PipeKey(id uint64, read bool) string {
-	if read {
-		return fmt.Sprintf("pipe:%d:r", id)
-	}
-	return fmt.Sprintf("pipe:%d:w", id)
-}
-
-// UnixKey names the end, socket inode ino, of a socket pair shared
-// between processes.
-func UnixKey(ino uint64) string { return fmt.Sprintf("unix:%d", ino) }
 
 // ShmemKey names a shared memory object mapped by several processes.
 func ShmemKey(id uint64) string { return fmt.Sprintf("shm:%d", id) }
@@ -111,17 +99,68 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 		}
 	}
 	from := inheritedInTree(pids, all)
-	pipes := map[uint64]*treePipe{}
+	pipes := pipesInTree(pids, all, from)
 	sockets := map[uint64]bool{}
-	// Pipes whose own open file descriptions (not inherited ones) are in
-	// several processes.
+	for i := range all {
+		for j := range all[i] {
+			if f := &all[i][j]; f.Kind == proc.FDSocket {
+				sockets[f.Ino] = true
+			}
+		}
+	}
+	used := map[string]bool{}
+	ptys, err := tty.Masters(pids, all...)
+	if err != nil {
+		return nil, err
+	}
+	fxs := make([]*fdDumper, 0, len(pids))
+	defer func() {
+		for _, fx := range fxs {
+			fx.close()
+		}
+	}()
+	for i, pid := range pids {
+		td := &treeDumper{pipes: pipes, sockets: sockets, from: from[i]}
+		fx, err := newFDDumper(pid, maps[i], all[i], td, o, used)
+		if err != nil {
+			return nil, err
+		}
+		fx.tty.Pairs = ptys
+		fxs = append(fxs, fx)
+	}
+	if o.TCP != nil {
+		ds := make([]*sock.Dumper, len(fxs))
+		for i, fx := range fxs {
+			ds[i] = &fx.sock
+		}
+		if err := sock.LockConns(o.TCP, ds); err != nil {
+			return nil, err
+		}
+	}
+	out := make([][]image.FD, len(pids))
+	for i, fx := range fxs {
+		fds, err := fx.dump()
+		if err != nil {
+			return nil, err
+		}
+		markTreeLinks(fds, out, pids, all[i], pipes)
+		out[i] = fds
+	}
+	if err := o.External.checkUsed(pids, used); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// pipesInTree finds the pipes whose own open file descriptions (not
+// inherited ones, from) are in several processes, with a read end and a
+// write end in the tree, and the read end whose bytes are dumped.
+func pipesInTree(pids []int, all [][]proc.FD, from []map[int]*image.FDTree) map[uint64]*treePipe {
+	pipes := map[uint64]*treePipe{}
 	holders := map[uint64]map[int]bool{}
 	for i := range pids {
 		for j := range all[i] {
 			f := &all[i][j]
-			if f.Kind == proc.FDSocket {
-				sockets[f.Ino] = true
-			}
 			if f.Kind != proc.FDPipe || from[i][f.Num] != nil {
 				continue
 			}
@@ -159,58 +198,30 @@ func DumpTree(pids []int, maps [][]proc.Mapping, o DumpOptions) ([][]image.FD, e
 			delete(pipes, ino)
 		}
 	}
-	used := map[string]bool{}
-	ptys, err := ptyMasters(pids, all...)
-	if err != nil {
-		return nil, err
-	}
-	fxs := make([]*fdDumper, 0, len(pids))
-	defer func() {
-		for _, fx := range fxs {
-			fx.close()
+	return pipes
+}
+
+// markTreeLinks marks the descriptors fds of one process (whose
+// descriptors in /proc are mine) that link it to others of the tree: one
+// inherited gets the kind of the descriptor it names (described before, in
+// out), a pipe or socket pair end shared with another process is marked
+// shared.
+func markTreeLinks(fds []image.FD, out [][]image.FD, pids []int, mine []proc.FD, pipes map[uint64]*treePipe) {
+	for k := range fds {
+		f := &fds[k]
+		if f.Tree != nil {
+			f.Kind = kindOf(out, pids, f.Tree)
+			continue
 		}
-	}()
-	for i, pid := range pids {
-		td := &treeDumper{pipes: pipes, sockets: sockets, from: from[i]}
-		fx, err := newFDDumper(pid, maps[i], all[i], td, o, used)
-		if err != nil {
-			return nil, err
+		if f.Kind == image.FDPipe && pipes[f.Pipe.ID] != nil {
+			f.Tree = &image.FDTree{Shared: true}
 		}
-		fx.ptys = ptys
-		fxs = append(fxs, fx)
-	}
-	if o.TCP != nil {
-		if err := lockConns(o.TCP, fxs); err != nil {
-			return nil, err
-		}
-	}
-	out := make([][]image.FD, len(pids))
-	for i, fx := range fxs {
-		fds, err := fx.dump()
-		if err != nil {
-			return nil, err
-		}
-		for k := range fds {
-			f := &fds[k]
-			if f.Tree != nil {
-				f.Kind = kindOf(out, pids, f.Tree)
-				continue
-			}
-			if f.Kind == image.FDPipe && pipes[f.Pipe.ID] != nil {
+		if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sock.StateConnected {
+			if peer, ok := s.Options[sock.PeerInodeOption]; ok && !holds(mine, uint64(peer)) {
 				f.Tree = &image.FDTree{Shared: true}
 			}
-			if s := f.Socket; s != nil && s.Family == unix.AF_UNIX && s.State == sockConnected {
-				if peer, ok := s.Options[peerInodeOption]; ok && !holds(all[i], uint64(peer)) {
-					f.Tree = &image.FDTree{Shared: true}
-				}
-			}
 		}
-		out[i] = fds
 	}
-	if err := o.External.checkUsed(pids, used); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // kindOf is the kind of the descriptor r names, described before.
@@ -285,134 +296,24 @@ func sameFileOf(pa, pb, a, b int) bool {
 	return errno == 0 && r == 0
 }
 
-// MakeShared creates, in this process, the pipes and socket pairs that
-// processes of the tree sts share (image.FDTree.Shared), with the bytes
-// that were in flight in them, and returns them by key (PipeKey,
-// UnixKey). The caller closes them.
-func MakeShared(sts []*image.Process) (map[string]int, error) {
-	out := map[string]int{}
-	fail := func(err error) (map[string]int, error) {
-		for _, fd := range out {
-			unix.Close(fd)
-		}
-		return nil, err
-	}
-	for _, st := range sts {
-		for _, f := range st.FDs {
-			if f.Tree == nil || !f.Tree.Shared {
-				continue
-			}
-			switch {
-			case f.Pipe != nil:
-				if _, ok := out[PipeKey(f.Pipe.ID, true)]; ok {
-					continue
-				}
-				var p [2]int
-				if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-					return fail(fmt.Errorf("pipe2: %w", err))
-				}
-				out[PipeKey(f.Pipe.ID, true)], out[PipeKey(f.Pipe.ID, false)] = p[0], p[1]
-				if err := fillPipe(p[1], sts, f.Pipe.ID); err != nil {
-					return fail(fmt.Errorf("pipe:[%d]: %w", f.Pipe.ID, err))
-				}
-			case f.Socket != nil:
-				s := f.Socket
-				if _, ok := out[UnixKey(s.ID)]; ok {
-					continue
-				}
-				peer := uint64(s.Options[peerInodeOption])
-				p, err := unix.Socketpair(unix.AF_UNIX, s.Type|unix.SOCK_CLOEXEC, 0)
-				if err != nil {
-					return fail(fmt.Errorf("socketpair: %w", err))
-				}
-				out[UnixKey(s.ID)], out[UnixKey(peer)] = p[0], p[1]
-				// What waits in one end was sent from the other.
-				if err := sendQueued(p[1], s.Type, queuedOf(sts, s.ID)); err != nil {
-					return fail(fmt.Errorf("socket:[%d]: %w", s.ID, err))
-				}
-				if err := sendQueued(p[0], s.Type, queuedOf(sts, peer)); err != nil {
-					return fail(fmt.Errorf("socket:[%d]: %w", peer, err))
-				}
-			}
-		}
-	}
-	return out, nil
-}
-
-// fillPipe sets the size of pipe id and writes the bytes that were in
-// flight into its write end w.
-func fillPipe(w int, sts []*image.Process, id uint64) error {
-	for _, st := range sts {
-		for _, g := range st.FDs {
-			if g.Pipe == nil || g.Pipe.ID != id || (g.Pipe.Size == 0 && len(g.Pipe.Buffered) == 0) {
-				continue
-			}
-			if g.Pipe.Size > 0 {
-				if _, err := unix.FcntlInt(uintptr(w), unix.F_SETPIPE_SZ, g.Pipe.Size); err != nil {
-					return fmt.Errorf("F_SETPIPE_SZ %d: %w", g.Pipe.Size, err)
-				}
-			}
-			for b := g.Pipe.Buffered; len(b) > 0; {
-				n, err := unix.Write(w, b)
-				if err != nil {
-					return fmt.Errorf("refill with %d bytes: %w", len(g.Pipe.Buffered), err)
-				}
-				b = b[n:]
-			}
-			return nil
-		}
-	}
-	return nil
-}
-
-// queuedOf is the data dumped as queued in socket ino.
-func queuedOf(sts []*image.Process, ino uint64) [][]byte {
-	for _, st := range sts {
-		for _, g := range st.FDs {
-			if g.Socket != nil && g.Socket.ID == ino && g.Tree != nil && g.Tree.Shared {
-				return g.Socket.Queued
-			}
-		}
-	}
-	return nil
-}
-
-// sendQueued sends msgs on fd, a socket of type typ, without blocking:
-// each a message of its own unless typ is a stream.
-func sendQueued(fd, typ int, msgs [][]byte) error {
-	for _, m := range msgs {
-		for len(m) > 0 || typ != unix.SOCK_STREAM {
-			n, err := unix.SendmsgN(fd, m, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-			if err != nil {
-				return fmt.Errorf("queue %d bytes again: %w", len(m), err)
-			}
-			if typ != unix.SOCK_STREAM {
-				break
-			}
-			m = m[n:]
-		}
-	}
-	return nil
-}
-
 // treeFD returns the descriptor in the process of f, a descriptor linked
 // to other processes of the tree, taken from the tree.
 func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
-	if fc.tree == nil {
+	if fc.take == nil {
 		return -1, fmt.Errorf("%w: a descriptor shared with other processes of a tree, restored alone", image.ErrCorrupt)
 	}
 	var key string
 	switch {
 	case f.Tree.PID != 0:
-		key = OFDKey(f.Tree.PID, f.Tree.FD)
+		key = broker.OFDKey(f.Tree.PID, f.Tree.FD)
 	case f.Pipe != nil:
-		key = PipeKey(f.Pipe.ID, f.Flags&unix.O_ACCMODE == unix.O_RDONLY)
+		key = broker.PipeKey(f.Pipe.ID, f.Flags&unix.O_ACCMODE == unix.O_RDONLY)
 	case f.Socket != nil:
-		key = UnixKey(f.Socket.ID)
+		key = broker.UnixKey(f.Socket.ID)
 	default:
 		return -1, fmt.Errorf("%w: %s descriptor shared in a tree", image.ErrCorrupt, f.Kind)
 	}
-	fd, ok, err := fc.tree.Take(fc.in, key)
+	fd, ok, err := fc.take(key)
 	if err != nil {
 		return -1, err
 	}
@@ -429,11 +330,11 @@ func (fc *fdCreator) treeFD(f *image.FD) (int, error) {
 	if f.Tree.PID != 0 {
 		return fd, nil // one description: its flags came with it
 	}
-	if err := fc.setFlags(fd, f); err != nil {
+	if err := fc.SetFlags(fd, f); err != nil {
 		return -1, err
 	}
 	if f.Socket != nil {
-		if err := fc.sockOpts(fd, f.Socket); err != nil {
+		if err := fc.sock.SetOptions(fd, f.Socket); err != nil {
 			return -1, err
 		}
 	}
@@ -454,4 +355,34 @@ func (fx *fdDumper) treePipe(f *proc.FD, out image.FD) (image.FD, error) {
 		out.Pipe.Size, out.Pipe.Buffered = size, b
 	}
 	return out, nil
+}
+
+// ptyFD puts end f of a pair into the process: the master made for it,
+// or a new open of the slave with f's flags.
+func (fc *fdCreator) ptyFD(f *image.FD) (int, error) {
+	if fc.take == nil {
+		return -1, fmt.Errorf("%w: a pseudo-terminal pair restored without its broker", image.ErrCorrupt)
+	}
+	key := tty.PtyKey(f.Pty.Index, f.Pty.Master)
+	fd, ok, err := fc.take(key)
+	if err != nil {
+		return -1, err
+	}
+	if !ok {
+		return -1, fmt.Errorf("%w: pseudo-terminal %d has no master in the snapshot", image.ErrCorrupt, f.Pty.Index)
+	}
+	if f.Pty.Master {
+		if err := fc.SetFlags(fd, f); err != nil {
+			return -1, err
+		}
+		return fd, nil
+	}
+	defer fc.closeFD(fd)
+	// /proc/self/fd/N is a magic link: no RESOLVE_NO_MAGICLINKS here.
+	flags := f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC) | unix.O_NOCTTY | unix.O_CLOEXEC
+	nfd, err := fc.in.OpenAt2(fmt.Sprintf("/proc/self/fd/%d", fd), flags, 0, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open pseudo-terminal %d's slave: %w", f.Pty.Index, err)
+	}
+	return nfd, nil
 }

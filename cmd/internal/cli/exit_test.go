@@ -14,7 +14,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
-	"github.com/lazyfs/lazyfs/engine/fds"
+	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -60,7 +60,7 @@ func TestExitCode(t *testing.T) {
 		{"format version", fmt.Errorf("%w: manifest version 2", image.ErrVersion), 7},
 		{"untrusted snapshot", fmt.Errorf("%w: /x is writable by others", image.ErrUntrusted), 8},
 		{"unsafe dump directory", step("create snapshot", fmt.Errorf("%w: /x belongs to uid 1000", image.ErrUnsafeDir)), 8},
-		{"untrusted socket path", step("file descriptors", fmt.Errorf("fd 3: %w", fds.ErrUntrustedPath)), 8},
+		{"untrusted socket path", step("file descriptors", fmt.Errorf("fd 3: %w", sock.ErrUntrustedPath)), 8},
 		{"dump directory locked", fmt.Errorf("/x: %w", image.ErrLocked), 11},
 		{"cleanup of a live lock", fmt.Errorf("s3://b/p: %w", s3store.ErrLockHeld), 11},
 		{"block checksum", block(fmt.Errorf("%w: crc32c 1, want 2", codec.ErrChecksum)), 7},

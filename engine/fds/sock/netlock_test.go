@@ -1,4 +1,4 @@
-package fds
+package sock
 
 import (
 	"net/netip"
@@ -66,5 +66,13 @@ func TestNetLock(t *testing.T) {
 	}
 	if err := DeleteNetLock(l.Table()); err != nil {
 		t.Errorf("deleting a lock already gone: %v", err)
+	}
+}
+
+func TestDeleteNetLockName(t *testing.T) {
+	for _, bad := range []string{"filter", "lazyfs_1", "lazyfs_1_ABCDEF01", "lazyfs_1_abcdef01; delete table inet filter", "nat"} {
+		if err := DeleteNetLock(bad); err == nil || !strings.Contains(err.Error(), "not a table of lazyfs") {
+			t.Errorf("DeleteNetLock(%q): %v", bad, err)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package fds
+package tty
 
 import (
 	"errors"
@@ -44,16 +44,16 @@ func ptySlaveIndex(rdev uint64) (int, bool) {
 	return int(major-136)<<8 | int(minor), true
 }
 
-// ptyPairs are the pairs whose master a process holds, by index; each
+// Pairs are the pairs whose master a process holds, by index; each
 // records whether its state was read.
-type ptyPairs map[int]*bool
+type Pairs map[int]*bool
 
-// ptyMasters finds the pairs whose master one of the descriptors all of
+// Masters finds the pairs whose master one of the descriptors all of
 // the processes pids holds. A pair whose slave a process outside holds
 // too is refused: that process would keep the old pair, the restored ones
 // a new one.
-func ptyMasters(pids []int, all ...[]proc.FD) (ptyPairs, error) {
-	out := ptyPairs{}
+func Masters(pids []int, all ...[]proc.FD) (Pairs, error) {
+	out := Pairs{}
 	for _, fds := range all {
 		for _, f := range fds {
 			if f.Kind == proc.FDCharDev && f.Stat.Rdev == ptmxRdev && f.Info != nil && f.Info.TTYIndex >= 0 {
@@ -105,27 +105,27 @@ func slaveHolder(idx int, skip map[int]bool) (int, string) {
 	return 0, ""
 }
 
-// of returns the pair whose slave is device rdev, if the processes hold
-// its master: a controlling terminal that is one.
-func (p ptyPairs) of(rdev uint64) (int, bool) {
+// withSlave returns the pair whose slave is device rdev, if the processes
+// hold its master: a controlling terminal that is one.
+func (p Pairs) withSlave(rdev uint64) (int, bool) {
 	i, ok := ptySlaveIndex(rdev)
 	return i, ok && p[i] != nil
 }
 
 // pty records f, an end of pair idx, whose master the processes hold;
 // the first master descriptor of the pair gets its state.
-func (fx *fdDumper) pty(f *proc.FD, out image.FD, idx int, master bool) (image.FD, error) {
+func (d *Dumper) pty(f *proc.FD, out image.FD, idx int, master bool) (image.FD, error) {
 	out.Kind = image.FDChr
 	out.Path = f.Path
 	out.Rdev = f.Stat.Rdev
 	out.Pty = &image.Pty{Index: idx, Master: master}
-	if read := fx.ptys[idx]; master && !*read {
-		st, err := readPty(fx.pidfd, f.Num)
+	if read := d.Pairs[idx]; master && !*read {
+		st, err := readPty(d.PIDFD, f.Num)
 		if err != nil {
 			return out, fmt.Errorf("pseudo-terminal %d (fd %d): %w", idx, f.Num, err)
 		}
 		out.Pty.State, *read = st, true
-		fx.log.Info("pseudo-terminal pair kept", "pid", fx.pid, "fd", f.Num, "pty", idx, "input", len(st.Input), "output", len(st.Output))
+		d.Log.Info("pseudo-terminal pair kept", "pid", d.PID, "fd", f.Num, "pty", idx, "input", len(st.Input), "output", len(st.Output))
 	}
 	return out, nil
 }
@@ -256,6 +256,15 @@ func termiosOf(t *image.Termios) *unix.Termios {
 	return &unix.Termios{Iflag: t.Iflag, Oflag: t.Oflag, Cflag: t.Cflag, Lflag: t.Lflag, Line: t.Line, Cc: t.Cc, Ispeed: t.Ispeed, Ospeed: t.Ospeed}
 }
 
+// Taker hands out, during the restore of a tree, the objects its
+// processes share (fds.Tree, whose method this is).
+type Taker interface {
+	// Take puts into the process that in injects into a descriptor on
+	// the object key and returns its number there (close-on-exec); ok
+	// is false if no process has handed the object out yet.
+	Take(in *ptrace.Injector, key string) (fd int, ok bool, err error)
+}
+
 // PtyKey names an end of pseudo-terminal pair index.
 func PtyKey(index int, master bool) string {
 	if master {
@@ -264,9 +273,9 @@ func PtyKey(index int, master bool) string {
 	return fmt.Sprintf("pty:%d:s", index)
 }
 
-// makePtys makes, in snapctl, a new pair for each pair of the processes
+// MakePairs makes, in snapctl, a new pair for each pair of the processes
 // sts, with its state, and returns both ends of each by PtyKey.
-func makePtys(sts []*image.Process, out map[string]int) error {
+func MakePairs(sts []*image.Process, out map[string]int) error {
 	for _, st := range sts {
 		for _, f := range st.FDs {
 			pt := f.Pty
@@ -302,41 +311,11 @@ func makePtys(sts []*image.Process, out map[string]int) error {
 	return nil
 }
 
-// ptyFD puts end f of a pair into the process: the master made for it,
-// or a new open of the slave with f's flags.
-func (fc *fdCreator) ptyFD(f *image.FD) (int, error) {
-	if fc.tree == nil {
-		return -1, fmt.Errorf("%w: a pseudo-terminal pair restored without its broker", image.ErrCorrupt)
-	}
-	key := PtyKey(f.Pty.Index, f.Pty.Master)
-	fd, ok, err := fc.tree.Take(fc.in, key)
-	if err != nil {
-		return -1, err
-	}
-	if !ok {
-		return -1, fmt.Errorf("%w: pseudo-terminal %d has no master in the snapshot", image.ErrCorrupt, f.Pty.Index)
-	}
-	if f.Pty.Master {
-		if err := fc.setFlags(fd, f); err != nil {
-			return -1, err
-		}
-		return fd, nil
-	}
-	defer fc.closeFD(fd)
-	// /proc/self/fd/N is a magic link: no RESOLVE_NO_MAGICLINKS here.
-	flags := f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC) | unix.O_NOCTTY | unix.O_CLOEXEC
-	nfd, err := fc.in.OpenAt2(fmt.Sprintf("/proc/self/fd/%d", fd), flags, 0, 0)
-	if err != nil {
-		return -1, fmt.Errorf("open pseudo-terminal %d's slave: %w", f.Pty.Index, err)
-	}
-	return nfd, nil
-}
-
 // SetCTTY makes the slave of pair c the controlling terminal of the
 // session leader in injects into (st), with fg (a process group of the
 // session, in its pid namespace) in the foreground. The leader holds a
 // descriptor on it, or gets one from t for the time of the call.
-func SetCTTY(in *ptrace.Injector, st *image.Process, c *image.CTTY, fg int, t Tree) error {
+func SetCTTY(in *ptrace.Injector, st *image.Process, c *image.CTTY, fg int, t Taker) error {
 	fd := -1
 	for _, f := range st.FDs {
 		if f.Pty != nil && !f.Pty.Master && f.Pty.Index == c.Pty {

@@ -1,9 +1,10 @@
-package fds
+package sock
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -14,11 +15,94 @@ import (
 	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
-// socket records a socket: family, type, protocol, state, addresses,
+// Dumper describes the sockets of one process (of a tree, or alone).
+type Dumper struct {
+	PID   int
+	PIDFD int // a pidfd of the process: copies of its sockets are taken through it
+	Log   *slog.Logger
+	FDs   []proc.FD // every descriptor of the process
+	// TreeSockets are the socket inodes held in the process's tree; nil
+	// for a single process.
+	TreeSockets map[uint64]bool
+	// TCP, if set, takes established TCP connections with TCP_REPAIR
+	// under its lock; otherwise they are recorded to be closed at
+	// restore.
+	TCP *TCPRepair
+	// Outside records f, a unix stream socket connected outside, as
+	// leading outside by key if --external names it (out.External set).
+	Outside func(f *proc.FD, out *image.FD, key string)
+
+	inet  map[uint64]proc.InetDiag // from sock_diag, once asked
+	unixd map[uint64]proc.UnixDiag
+}
+
+// Injector runs system calls in the process under restore and passes
+// their arguments through its scratch memory: what a socket's restore
+// asks of a *ptrace.Injector.
+type Injector interface {
+	Call(nr int, args ...uint64) (uint64, error)
+	Syscall(nr int, args ...uint64) (int64, error)
+	Put(off int, b []byte) (uint64, error)
+	PutString(off int, s string) (uint64, error)
+	Get(off int, b []byte) error
+	Scratch() (addr uint64, n int)
+	CloseFD(fd int) error
+}
+
+// Host is what a socket's restore asks of the restore of every
+// descriptor around it (engine/fds).
+type Host interface {
+	// KeepPair moves the two descriptors a socketpair wrote at scratch
+	// address at out of the way, keeps them until every descriptor is
+	// in place, and returns them.
+	KeepPair(at uint64) ([2]int, error)
+	// SetFlags sets on fd the file status flags of f that F_SETFL sets.
+	SetFlags(fd int, f *image.FD) error
+	// Pidfd returns a pidfd of the process, opened once.
+	Pidfd() (int, error)
+}
+
+// Restorer recreates the sockets of one process, each at the number the
+// restore of descriptors asks (Socket), and connects its unix datagram
+// sockets once every descriptor is in place (ConnectUnix). Its zero value
+// with the fields set is ready.
+type Restorer struct {
+	In   Injector
+	Host Host
+	Proc *image.Process
+	Log  *slog.Logger
+	// TCPEstablished brings the connections the dump took with
+	// TCP_REPAIR back connected; without it they come back closed.
+	TCPEstablished bool
+	// Foreign: the process lives in a mount namespace not snapctl's: a
+	// stale socket file at a path it binds is not removed here.
+	Foreign bool
+
+	pairs map[uint64]int // socket inode -> its end of a socketpair (kept)
+	inCwd bool           // the process is in its dumped working directory
+	// connects are the unix datagram sockets to connect to their named
+	// peer once every descriptor is in place.
+	connects []*image.FD
+}
+
+// scratchLen is the size of the process's scratch memory.
+func (r *Restorer) scratchLen() int {
+	_, n := r.In.Scratch()
+	return n
+}
+
+// closeFD closes fd in the process; a failure is only logged.
+func (r *Restorer) closeFD(fd int) {
+	if err := r.In.CloseFD(fd); err != nil {
+		r.Log.Warn("close in restored process", "fd", fd, "err", err)
+	}
+}
+
+// Socket records the socket f: family, type, protocol, state, addresses,
 // backlog and the options restore sets.
-func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
+func (d *Dumper) Socket(f *proc.FD, out image.FD) (image.FD, error) {
 	out.Kind = image.FDSocket
-	s, err := unix.PidfdGetfd(fx.pidfd, f.Num, 0)
+	s, err := unix.PidfdGetfd(d.PIDFD, f.Num, 0)
 	if err != nil {
 		return out, fmt.Errorf("pidfd_getfd: %w", err)
 	}
@@ -50,23 +134,23 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 		if sk.Type != unix.SOCK_STREAM && sk.Type != unix.SOCK_DGRAM {
 			return out, fmt.Errorf("%w: inet socket of type %d", image.ErrUnsupported, sk.Type)
 		}
-		if err := fx.inetState(sk, accepting != 0); err != nil {
+		if err := d.inetState(sk, accepting != 0); err != nil {
 			return out, err
 		}
 	case unix.AF_UNIX:
-		if err := fx.unixState(f, s, sk, accepting != 0); err != nil {
+		if err := d.unixState(f, s, sk, accepting != 0); err != nil {
 			return out, err
 		}
 	default:
 		return out, fmt.Errorf("%w: %s socket", image.ErrUnsupported, familyName(sk.Family))
 	}
-	if fx.tcp != nil && sk.State == sockEstablished && sk.Type == unix.SOCK_STREAM && sk.Family != unix.AF_UNIX {
-		if err := fx.tcpConn(f, sk); err != nil {
+	if d.TCP != nil && sk.State == sockEstablished && sk.Type == unix.SOCK_STREAM && sk.Family != unix.AF_UNIX {
+		if err := d.tcpConn(f, sk); err != nil {
 			return out, err
 		}
 	}
-	if sk.Family == unix.AF_UNIX && sk.State == sockEstablished && fx.ext.matches(f) {
-		fx.external(f, &out, fmt.Sprintf("socket:[%d]", f.Ino))
+	if sk.Family == unix.AF_UNIX && sk.State == sockEstablished && d.Outside != nil {
+		d.Outside(f, &out, fmt.Sprintf("socket:[%d]", f.Ino))
 	}
 	if isConnection(sk.State) && sk.TCP == nil && out.External == "" {
 		how := "only established connections can be kept"
@@ -76,11 +160,11 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 		case sk.State == sockEstablished:
 			how = "--tcp-established keeps it"
 		}
-		fx.log.Warn("connection will be closed at restore: "+how, "pid", fx.pid, "fd", f.Num, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
+		d.Log.Warn("connection will be closed at restore: "+how, "pid", d.PID, "fd", f.Num, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
 	}
 	if sk.State != sockListen && sk.Queued == nil && sk.TCP == nil && out.External == "" {
 		if n, err := unix.IoctlGetInt(s, unix.SIOCINQ); err == nil && n > 0 {
-			fx.log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
+			d.Log.Warn("data queued in a socket is not kept", "fd", f.Num, "bytes", n, "local", sk.Local, "peer", sk.Peer, "state", sk.State)
 		}
 	}
 	out.Socket = sk
@@ -91,12 +175,13 @@ func (fx *fdDumper) socket(f *proc.FD, out image.FD) (image.FD, error) {
 const (
 	sockListen      = "listen"
 	sockEstablished = "established" // a connection: closed at restore
-	sockConnected   = "connected"   // connected again (or re-paired) at restore
-	sockBound       = "bound"
-	sockUnbound     = "unbound"
-	// peerInodeOption, in image.Socket.Options, is the inode of the other
-	// end of a unix socket pair held by the process.
-	peerInodeOption = "peer_inode"
+	// StateConnected: connected again (or re-paired) at restore.
+	StateConnected = "connected"
+	sockBound      = "bound"
+	sockUnbound    = "unbound"
+	// PeerInodeOption, in image.Socket.Options, is the inode of the other
+	// end of a unix socket pair held by the process (or the tree).
+	PeerInodeOption = "peer_inode"
 )
 
 type sockOpt struct{ level, opt int }
@@ -146,7 +231,7 @@ func sockaddrString(sa unix.Sockaddr) string {
 	return ""
 }
 
-// socket recreates a socket in its state: listening and bound sockets are
+// Socket recreates the socket of f in its state: listening and bound sockets are
 // bound (and listen) again at their address with their options, socket
 // pairs are paired again with the data that was queued in them, a
 // datagram socket connected to an address is connected again. A
@@ -156,25 +241,25 @@ func sockaddrString(sa unix.Sockaddr) string {
 // dumped process went away), unless the dump kept it: an established TCP
 // connection taken with TCP_REPAIR comes back connected with
 // --tcp-established (tcp.go), a descriptor leading outside is replaced
-// (external.go).
+// (engine/fds, external.go).
 //
 // flags are O_NONBLOCK and O_CLOEXEC, the same bits as SOCK_NONBLOCK and
 // SOCK_CLOEXEC.
-func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
+func (r *Restorer) Socket(f *image.FD, flags uint64) (int, error) {
 	s := f.Socket
 	typ := uint64(s.Type) | flags&(unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-	if s.TCP != nil && fc.opts.TCPEstablished {
-		return fc.tcpConn(f, typ)
+	if s.TCP != nil && r.TCPEstablished {
+		return r.tcpConn(f, typ)
 	}
 	if s.Family == unix.AF_UNIX {
-		if _, paired := s.Options[peerInodeOption]; paired && s.State == sockConnected {
-			return fc.socketPair(f, typ)
+		if _, paired := s.Options[PeerInodeOption]; paired && s.State == StateConnected {
+			return r.socketPair(f, typ)
 		}
 		if isConnection(s.State) {
-			return fc.closedUnix(f, typ)
+			return r.closedUnix(f, typ)
 		}
 	}
-	fd, err := fc.in.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
+	fd, err := r.In.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
 	if err != nil {
 		return -1, fmt.Errorf("socket(%d, %d, %d): %w", s.Family, s.Type, s.Protocol, err)
 	}
@@ -184,26 +269,26 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		// EPOLLIN|EPOLLRDHUP|EPOLLHUP. (shutdown sets the flag even as
 		// it returns ENOTCONN for the unconnected socket.) Its options
 		// are not set: the program is about to close it.
-		fc.in.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
-		fc.closedConn(f)
+		r.In.Syscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_RD)
+		r.closedConn(f)
 		return int(fd), nil
 	}
-	if err := fc.sockOpts(int(fd), s); err != nil {
+	if err := r.SetOptions(int(fd), s); err != nil {
 		return -1, err
 	}
 	switch s.State {
 	case sockListen, sockBound:
 		if s.Local != "" {
-			if err := fc.bind(int(fd), s); err != nil {
+			if err := r.bind(int(fd), s); err != nil {
 				return -1, err
 			}
 		}
-	case sockConnected:
+	case StateConnected:
 		// The local address of a connected datagram socket is most often
 		// an ephemeral port: connect picks another if it is taken.
 		if s.Local != "" && !(s.Family == unix.AF_UNIX && s.Local == "@") {
-			if err := fc.bind(int(fd), s); err != nil {
-				fc.log.Warn("connected socket not bound to its address again", "fd", f.FD, "local", s.Local, "err", err)
+			if err := r.bind(int(fd), s); err != nil {
+				r.Log.Warn("connected socket not bound to its address again", "fd", f.FD, "local", s.Local, "err", err)
 			}
 		}
 	}
@@ -213,18 +298,18 @@ func (fc *fdCreator) socket(f *image.FD, flags uint64) (int, error) {
 		if backlog <= 0 {
 			backlog = unix.SOMAXCONN
 		}
-		if _, err := fc.in.Call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
+		if _, err := r.In.Call(unix.SYS_LISTEN, fd, uint64(backlog)); err != nil {
 			return -1, fmt.Errorf("listen(%s, %d): %w", s.Local, backlog, err)
 		}
-	case s.State == sockConnected && s.Peer != "" && s.Family == unix.AF_UNIX:
+	case s.State == StateConnected && s.Peer != "" && s.Family == unix.AF_UNIX:
 		// Its peer may be a socket of the process not bound yet.
-		fc.connects = append(fc.connects, f)
-	case s.State == sockConnected && s.Peer != "":
-		at, n, err := fc.sockaddr(s.Family, s.Peer)
+		r.connects = append(r.connects, f)
+	case s.State == StateConnected && s.Peer != "":
+		at, n, err := r.sockaddr(s.Family, s.Peer)
 		if err != nil {
 			return -1, err
 		}
-		if _, err := fc.in.Call(unix.SYS_CONNECT, fd, at, n); err != nil {
+		if _, err := r.In.Call(unix.SYS_CONNECT, fd, at, n); err != nil {
 			return -1, fmt.Errorf("connect %s: %w", s.Peer, err)
 		}
 	}
@@ -237,8 +322,8 @@ func isConnection(state string) bool {
 	return state == sockEstablished || strings.HasPrefix(state, "tcp-state-")
 }
 
-// sockOpts sets the recorded options.
-func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
+// SetOptions sets the recorded options of s on fd.
+func (r *Restorer) SetOptions(fd int, s *image.Socket) error {
 	opts := sockOptions(s.Family, s.Type)
 	for name, v := range s.Options {
 		o, ok := opts[name]
@@ -251,7 +336,7 @@ func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
 		if v == 0 && name != "IPV6_V6ONLY" {
 			continue // the default
 		}
-		if err := fc.setInt(fd, o.level, o.opt, v); err != nil {
+		if err := r.setInt(fd, o.level, o.opt, v); err != nil {
 			return fmt.Errorf("setsockopt %s=%d: %w", name, v, err)
 		}
 	}
@@ -259,12 +344,12 @@ func (fc *fdCreator) sockOpts(fd int, s *image.Socket) error {
 }
 
 // setInt sets an int socket option of fd in the process.
-func (fc *fdCreator) setInt(fd, level, opt, v int) error {
-	at, err := fc.in.Put(0, binary.LittleEndian.AppendUint32(nil, uint32(v)))
+func (r *Restorer) setInt(fd, level, opt, v int) error {
+	at, err := r.In.Put(0, binary.LittleEndian.AppendUint32(nil, uint32(v)))
 	if err != nil {
 		return err
 	}
-	_, err = fc.in.Call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(level), uint64(opt), at, 4)
+	_, err = r.In.Call(unix.SYS_SETSOCKOPT, uint64(fd), uint64(level), uint64(opt), at, 4)
 	return err
 }
 
@@ -272,34 +357,34 @@ func (fc *fdCreator) setInt(fd, level, opt, v int) error {
 // file is removed first, as a server starting up would, if it is a socket
 // in a directory nobody else can change (removeStaleSocket). A relative
 // unix path is taken from the process's working directory.
-func (fc *fdCreator) bind(fd int, s *image.Socket) error {
+func (r *Restorer) bind(fd int, s *image.Socket) error {
 	if s.Family == unix.AF_UNIX && !strings.HasPrefix(s.Local, "@") {
-		if !strings.HasPrefix(s.Local, "/") && !fc.inCwd {
+		if !strings.HasPrefix(s.Local, "/") && !r.inCwd {
 			// The process state step sets the directory again later.
-			a, err := fc.in.PutString(0, fc.st.Cwd)
+			a, err := r.In.PutString(0, r.Proc.Cwd)
 			if err != nil {
 				return err
 			}
-			if _, err := fc.in.Call(unix.SYS_CHDIR, a); err != nil {
-				return fmt.Errorf("chdir %s to bind %s: %w", fc.st.Cwd, s.Local, err)
+			if _, err := r.In.Call(unix.SYS_CHDIR, a); err != nil {
+				return fmt.Errorf("chdir %s to bind %s: %w", r.Proc.Cwd, s.Local, err)
 			}
-			fc.inCwd = true
+			r.inCwd = true
 		}
 		path := s.Local
 		if !filepath.IsAbs(path) {
-			path = filepath.Join(fc.st.Cwd, path)
+			path = filepath.Join(r.Proc.Cwd, path)
 		}
-		if !fc.opts.Foreign {
-			if err := removeStaleSocket(path, s.Type, fc.st.Creds.UID[3]); err != nil {
+		if !r.Foreign {
+			if err := removeStaleSocket(path, s.Type, r.Proc.Creds.UID[3]); err != nil {
 				return err
 			}
 		}
 	}
-	at, n, err := fc.sockaddr(s.Family, s.Local)
+	at, n, err := r.sockaddr(s.Family, s.Local)
 	if err != nil {
 		return err
 	}
-	if _, err := fc.in.Call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
+	if _, err := r.In.Call(unix.SYS_BIND, uint64(fd), at, n); err != nil {
 		if errors.Is(err, unix.EADDRINUSE) && s.Family != unix.AF_UNIX {
 			hint := ""
 			if s.Type == unix.SOCK_STREAM && s.Options["SO_REUSEADDR"] == 0 {
@@ -318,7 +403,7 @@ const sockaddrOff = 1024
 
 // sockaddr writes a sockaddr into scratch and returns its address and
 // length.
-func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
+func (r *Restorer) sockaddr(family int, addr string) (uint64, uint64, error) {
 	var b []byte
 	le := binary.LittleEndian
 	switch family {
@@ -357,7 +442,7 @@ func (fc *fdCreator) sockaddr(family int, addr string) (uint64, uint64, error) {
 	default:
 		return 0, 0, fmt.Errorf("%w: address family %d", image.ErrUnsupported, family)
 	}
-	at, err := fc.in.Put(sockaddrOff, b)
+	at, err := r.In.Put(sockaddrOff, b)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -1,4 +1,4 @@
-package fds
+package sock
 
 import (
 	"encoding/binary"
@@ -16,35 +16,35 @@ import (
 // a datagram socket connected to a named peer, in the process or outside
 // (connected again at restore), or a stream connection to a peer outside
 // (closed at restore, like an established TCP connection).
-func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
-	if fx.unixd == nil {
-		ds, err := proc.QueryUnix(fx.pid)
+func (d *Dumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
+	if d.unixd == nil {
+		ds, err := proc.QueryUnix(d.PID)
 		if err != nil {
 			return fmt.Errorf("sock_diag: %w", err)
 		}
-		fx.unixd = map[uint64]proc.UnixDiag{}
+		d.unixd = map[uint64]proc.UnixDiag{}
 		for _, x := range ds {
-			fx.unixd[x.Inode] = x
+			d.unixd[x.Inode] = x
 		}
 	}
-	diag := fx.unixd[sk.ID]
+	diag := d.unixd[sk.ID]
 	switch {
 	case listening:
 		sk.State = sockListen
 		sk.Backlog = int(diag.WQueue)
-	case diag.Peer != 0 && fx.hasSocket(diag.Peer) && fx.unixd[diag.Peer].Peer == sk.ID &&
-		diag.Path == "" && fx.unixd[diag.Peer].Path == "":
+	case diag.Peer != 0 && d.hasSocket(diag.Peer) && d.unixd[diag.Peer].Peer == sk.ID &&
+		diag.Path == "" && d.unixd[diag.Peer].Path == "":
 		// Two unnamed sockets connected to each other: a socket pair
 		// (or an accepted connection, the same to restore).
-		sk.State = sockConnected
-		sk.Options[peerInodeOption] = int(diag.Peer)
+		sk.State = StateConnected
+		sk.Options[PeerInodeOption] = int(diag.Peer)
 		q, err := peekQueue(s, sk.Type)
 		if err != nil {
 			return fmt.Errorf("read queued data: %w", err)
 		}
 		sk.Queued = q
 	case diag.Peer != 0 && sk.Type != unix.SOCK_STREAM && sk.Type != unix.SOCK_SEQPACKET && sk.Peer != "" && sk.Peer != "@":
-		sk.State = sockConnected
+		sk.State = StateConnected
 	case diag.Peer != 0 || sk.Peer != "":
 		sk.State = sockEstablished
 	case sk.Local != "" && sk.Local != "@":
@@ -55,11 +55,11 @@ func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening boo
 	return nil
 }
 
-func (fx *fdDumper) hasSocket(ino uint64) bool {
-	if fx.tree != nil && fx.tree.sockets[ino] {
+func (d *Dumper) hasSocket(ino uint64) bool {
+	if d.TreeSockets[ino] {
 		return true
 	}
-	for _, f := range fx.all {
+	for _, f := range d.FDs {
 		if f.Kind == proc.FDSocket && f.Ino == ino {
 			return true
 		}
@@ -163,17 +163,17 @@ func refuseRights(oob []byte) error {
 	return nil
 }
 
-// connectUnix connects each unix datagram socket to its named peer. A
+// ConnectUnix connects each unix datagram socket to its named peer. A
 // peer that is gone leaves it unconnected: the program sees its sends
 // fail, as it would have.
-func (fc *fdCreator) connectUnix() {
-	for _, f := range fc.connects {
-		at, n, err := fc.sockaddr(f.Socket.Family, f.Socket.Peer)
+func (r *Restorer) ConnectUnix() {
+	for _, f := range r.connects {
+		at, n, err := r.sockaddr(f.Socket.Family, f.Socket.Peer)
 		if err == nil {
-			_, err = fc.in.Call(unix.SYS_CONNECT, uint64(f.FD), at, n)
+			_, err = r.In.Call(unix.SYS_CONNECT, uint64(f.FD), at, n)
 		}
 		if err != nil {
-			fc.log.Warn("unix socket not connected again", "fd", f.FD, "peer", f.Socket.Peer, "err", err)
+			r.Log.Warn("unix socket not connected again", "fd", f.FD, "peer", f.Socket.Peer, "err", err)
 		}
 	}
 }
@@ -181,63 +181,66 @@ func (fc *fdCreator) connectUnix() {
 // closedUnix returns one end of a new unix socket pair whose other end is
 // closed: it stands for a connection to a process outside, which the
 // program sees closed by its peer.
-func (fc *fdCreator) closedUnix(f *image.FD, typ uint64) (int, error) {
-	at, _ := fc.in.Scratch()
-	if _, err := fc.in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
+func (r *Restorer) closedUnix(f *image.FD, typ uint64) (int, error) {
+	at, _ := r.In.Scratch()
+	if _, err := r.In.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
 		return -1, fmt.Errorf("socketpair: %w", err)
 	}
 	var b [8]byte
-	if err := fc.in.Get(0, b[:]); err != nil {
+	if err := r.In.Get(0, b[:]); err != nil {
 		return -1, err
 	}
-	fc.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
+	r.closeFD(int(binary.LittleEndian.Uint32(b[4:])))
 	fd := int(binary.LittleEndian.Uint32(b[0:]))
-	fc.closedConn(f)
+	r.closedConn(f)
 	return fd, nil
 }
 
 // socketPair returns this end of a unix socket pair whose both ends are
 // in the process, creating the pair, with the data queued in each end,
 // the first time one of its ends is met.
-func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
+func (r *Restorer) socketPair(f *image.FD, typ uint64) (int, error) {
 	s := f.Socket
-	if end, ok := fc.pairs[s.ID]; ok {
-		if err := fc.setFlags(end, f); err != nil {
+	if end, ok := r.pairs[s.ID]; ok {
+		if err := r.Host.SetFlags(end, f); err != nil {
 			return -1, err
 		}
-		if err := fc.sockOpts(end, s); err != nil {
+		if err := r.SetOptions(end, s); err != nil {
 			return -1, err
 		}
 		return end, nil
 	}
-	at, _ := fc.in.Scratch()
-	if _, err := fc.in.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
+	at, _ := r.In.Scratch()
+	if _, err := r.In.Call(unix.SYS_SOCKETPAIR, unix.AF_UNIX, typ, 0, at); err != nil {
 		return -1, fmt.Errorf("socketpair: %w", err)
 	}
-	ends, err := fc.keepPair(at)
+	ends, err := r.Host.KeepPair(at)
 	if err != nil {
 		return -1, err
 	}
 	a, c := ends[0], ends[1]
-	peer := uint64(s.Options[peerInodeOption])
-	fc.pairs[s.ID] = a
-	fc.pairs[peer] = c
-	if err := fc.sockOpts(a, s); err != nil {
+	peer := uint64(s.Options[PeerInodeOption])
+	if r.pairs == nil {
+		r.pairs = map[uint64]int{}
+	}
+	r.pairs[s.ID] = a
+	r.pairs[peer] = c
+	if err := r.SetOptions(a, s); err != nil {
 		return -1, err
 	}
 	// What waits in one end was sent from the other.
-	if err := fc.send(c, s.Type, s.Queued); err != nil {
+	if err := r.send(c, s.Type, s.Queued); err != nil {
 		return -1, fmt.Errorf("queue %d messages again: %w", len(s.Queued), err)
 	}
-	for _, g := range fc.st.FDs {
+	for _, g := range r.Proc.FDs {
 		if g.Socket != nil && g.Socket.ID == peer && g.SameAs == nil {
-			if err := fc.send(a, s.Type, g.Socket.Queued); err != nil {
+			if err := r.send(a, s.Type, g.Socket.Queued); err != nil {
 				return -1, fmt.Errorf("queue %d messages again in the peer: %w", len(g.Socket.Queued), err)
 			}
 			break
 		}
 	}
-	if err := fc.setFlags(a, f); err != nil {
+	if err := r.Host.SetFlags(a, f); err != nil {
 		return -1, err
 	}
 	return a, nil
@@ -245,18 +248,18 @@ func (fc *fdCreator) socketPair(f *image.FD, typ uint64) (int, error) {
 
 // send sends msgs on a socket of the process without blocking: a stream
 // in pieces, each datagram whole.
-func (fc *fdCreator) send(fd, typ int, msgs [][]byte) error {
+func (r *Restorer) send(fd, typ int, msgs [][]byte) error {
 	for _, m := range msgs {
-		if typ != unix.SOCK_STREAM && len(m) > fc.scratchLen {
-			return fmt.Errorf("%w: a queued message of %d bytes (at most %d)", image.ErrUnsupported, len(m), fc.scratchLen)
+		if typ != unix.SOCK_STREAM && len(m) > r.scratchLen() {
+			return fmt.Errorf("%w: a queued message of %d bytes (at most %d)", image.ErrUnsupported, len(m), r.scratchLen())
 		}
 		for len(m) > 0 || typ != unix.SOCK_STREAM {
-			n := min(len(m), fc.scratchLen)
-			at, err := fc.in.Put(0, m[:n])
+			n := min(len(m), r.scratchLen())
+			at, err := r.In.Put(0, m[:n])
 			if err != nil {
 				return err
 			}
-			w, err := fc.in.Call(unix.SYS_SENDTO, uint64(fd), at, uint64(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+			w, err := r.In.Call(unix.SYS_SENDTO, uint64(fd), at, uint64(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 			if err != nil {
 				return fmt.Errorf("send %d bytes: %w", n, err)
 			}

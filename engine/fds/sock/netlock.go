@@ -1,4 +1,4 @@
-package fds
+package sock
 
 import (
 	"bytes"

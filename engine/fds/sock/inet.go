@@ -1,4 +1,4 @@
-package fds
+package sock
 
 import (
 	"fmt"
@@ -14,11 +14,11 @@ import (
 // inetState fills the state and backlog of a TCP or UDP socket. A TCP
 // socket in any connection state (established, or on its way in or out)
 // is a connection: restore brings it back closed.
-func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
-	if err := fx.queryInet(); err != nil {
+func (d *Dumper) inetState(sk *image.Socket, listening bool) error {
+	if err := d.queryInet(); err != nil {
 		return err
 	}
-	diag, ok := fx.inet[sk.ID]
+	diag, ok := d.inet[sk.ID]
 	switch {
 	case listening:
 		sk.State = sockListen
@@ -33,7 +33,7 @@ func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 	case sk.Type == unix.SOCK_STREAM && sk.Peer != "":
 		sk.State = sockEstablished
 	case sk.Peer != "":
-		sk.State = sockConnected
+		sk.State = StateConnected
 	case sk.Local != "" && !isUnspecifiedPortZero(sk.Local):
 		sk.State = sockBound
 	default:
@@ -44,14 +44,14 @@ func (fx *fdDumper) inetState(sk *image.Socket, listening bool) error {
 
 // queryInet asks sock_diag, once, for the TCP and UDP sockets of the
 // process's network namespace.
-func (fx *fdDumper) queryInet() error {
-	if fx.inet != nil {
+func (d *Dumper) queryInet() error {
+	if d.inet != nil {
 		return nil
 	}
 	inet := map[uint64]proc.InetDiag{}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-			ds, err := proc.QueryInet(fx.pid, fam, pr)
+			ds, err := proc.QueryInet(d.PID, fam, pr)
 			if err != nil {
 				return fmt.Errorf("sock_diag: %w", err)
 			}
@@ -60,7 +60,7 @@ func (fx *fdDumper) queryInet() error {
 			}
 		}
 	}
-	fx.inet = inet
+	d.inet = inet
 	return nil
 }
 

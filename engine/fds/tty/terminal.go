@@ -1,7 +1,8 @@
-package fds
+package tty
 
 import (
 	"fmt"
+	"log/slog"
 
 	"golang.org/x/sys/unix"
 
@@ -14,7 +15,7 @@ import (
 // or be another session's by then, whose user would see the process
 // write there. As CRIU's --shell-job: the dump records it as leading
 // outside (TerminalKey) only when asked (--shell-job), and the restore
-// gives it the caller's own terminal (RestoreOptions.ShellJob, the
+// gives it the caller's own terminal (fds.RestoreOptions.ShellJob, the
 // terminal in Inherit[TerminalKey]: restore --shell-job), set as the
 // job's was (SetTerminal), or --inherit-fd's descriptor for tty, or
 // /dev/null. A terminal whose pseudo-terminal master the processes hold
@@ -24,13 +25,37 @@ import (
 // outside the process.
 const TerminalKey = "tty"
 
-// statelessDevices are the character devices other than terminals that a
-// reopen restores whole, all of major 1: /dev/null, zero, full, random
-// and urandom. (/dev/kmsg, 1:11, keeps a read position per open file: a
-// reopen would replay the log; /dev/mem and /dev/port, positions in
-// memory.)
-var statelessDevices = map[uint64]bool{
-	unix.Mkdev(1, 3): true, unix.Mkdev(1, 5): true, unix.Mkdev(1, 7): true, unix.Mkdev(1, 8): true, unix.Mkdev(1, 9): true,
+// Dumper describes the descriptors of one process (of a tree, or alone)
+// on terminals.
+type Dumper struct {
+	PID   int
+	PIDFD int // a pidfd of the process: copies of its descriptors are taken through it
+	Log   *slog.Logger
+	// Pairs are the pairs whose master the process, or its tree, holds
+	// (Masters).
+	Pairs Pairs
+	// Outside records f, a terminal outside the processes, as leading
+	// outside (TerminalKey: dump --shell-job), or refuses it.
+	Outside func(f *proc.FD, out *image.FD) error
+}
+
+// CharDev describes f, a character device, if it is a terminal: an end
+// of a pair whose master the processes hold, or a terminal outside them;
+// ok is false for any other device.
+func (d *Dumper) CharDev(f *proc.FD, out image.FD) (_ image.FD, ok bool, err error) {
+	if f.Stat.Rdev == ptmxRdev && f.Info.TTYIndex >= 0 && d.Pairs[f.Info.TTYIndex] != nil {
+		out, err = d.pty(f, out, f.Info.TTYIndex, true)
+		return out, true, err
+	}
+	if idx, ok := d.Pairs.withSlave(f.Stat.Rdev); ok {
+		out, err = d.pty(f, out, idx, false)
+		return out, true, err
+	}
+	if tty, master := isTerminal(f.Stat.Rdev); tty {
+		out, err = d.terminal(f, out, master)
+		return out, true, err
+	}
+	return out, false, nil
 }
 
 // isTerminal reports whether a character device is a terminal: a virtual
@@ -50,19 +75,18 @@ func isTerminal(rdev uint64) (terminal, master bool) {
 
 // terminal records descriptor f, on a terminal, as leading outside, or
 // refuses it.
-func (fx *fdDumper) terminal(f *proc.FD, out image.FD, master bool) (image.FD, error) {
+func (d *Dumper) terminal(f *proc.FD, out image.FD, master bool) (image.FD, error) {
 	if master {
 		return out, fmt.Errorf("%w: fd %d is a pseudo-terminal master (%s) of a kind restore cannot rebuild (a legacy BSD pty, or a kernel that does not show its pair's number)", image.ErrUnsupported, f.Num, f.Path)
 	}
-	if !fx.shellJob {
-		return out, fmt.Errorf("%w: fd %d is the terminal %s, outside the process: dump with --shell-job, then restore with --shell-job, which gives it snapctl's terminal", ErrExternal, f.Num, f.Path)
+	if err := d.Outside(f, &out); err != nil {
+		return out, err
 	}
 	out.Kind = image.FDChr
 	out.Path = f.Path
 	out.Rdev = f.Stat.Rdev
-	fx.external(f, &out, TerminalKey)
-	if tio, err := readTermios(fx.pid, f.Num); err != nil {
-		fx.log.Warn("terminal settings not read: restore --shell-job leaves its terminal's as they are", "pid", fx.pid, "fd", f.Num, "err", err)
+	if tio, err := readTermios(d.PID, f.Num); err != nil {
+		d.Log.Warn("terminal settings not read: restore --shell-job leaves its terminal's as they are", "pid", d.PID, "fd", f.Num, "err", err)
 	} else {
 		out.Termios = tio
 	}

@@ -1,4 +1,4 @@
-package fds
+package sock
 
 import (
 	"encoding/binary"
@@ -93,33 +93,33 @@ func (r *TCPRepair) Keep() {
 	r.held = nil
 }
 
-// lockConns locks every established TCP connection of the processes
-// fxs (one, or every process of a tree) at once, with one nft batch,
+// LockConns locks every established TCP connection of the processes
+// ds (one, or every process of a tree) at once, with one nft batch,
 // before any is taken.
-func lockConns(r *TCPRepair, fxs []*fdDumper) error {
+func LockConns(r *TCPRepair, ds []*Dumper) error {
 	var conns [][2]netip.AddrPort
-	for _, fx := range fxs {
-		if err := fx.queryInet(); err != nil {
-			return fmt.Errorf("pid %d: %w", fx.pid, err)
+	for _, d := range ds {
+		if err := d.queryInet(); err != nil {
+			return fmt.Errorf("pid %d: %w", d.PID, err)
 		}
 		n := len(conns)
-		for _, f := range fx.all {
+		for _, f := range d.FDs {
 			if f.Kind != proc.FDSocket {
 				continue
 			}
-			if d, ok := fx.inet[f.Ino]; ok && d.Protocol == unix.IPPROTO_TCP && d.State == proc.TCPEstablished {
-				conns = append(conns, [2]netip.AddrPort{d.Local, d.Remote})
+			if x, ok := d.inet[f.Ino]; ok && x.Protocol == unix.IPPROTO_TCP && x.State == proc.TCPEstablished {
+				conns = append(conns, [2]netip.AddrPort{x.Local, x.Remote})
 			}
 		}
 		if len(conns) > n {
-			if err := sameNetns(fx.pid); err != nil {
+			if err := sameNetns(d.PID); err != nil {
 				return err
 			}
 		}
 	}
 	if err := r.Lock.HoldAll(conns); err != nil {
-		if len(fxs) == 1 {
-			return fmt.Errorf("pid %d: %w", fxs[0].pid, err)
+		if len(ds) == 1 {
+			return fmt.Errorf("pid %d: %w", ds[0].PID, err)
 		}
 		return err
 	}
@@ -147,8 +147,8 @@ func sameNetns(pid int) error {
 
 // tcpConn takes the state of the established connection sk (fd f) in
 // repair mode, under the lock.
-func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
-	r := fx.tcp
+func (d *Dumper) tcpConn(f *proc.FD, sk *image.Socket) error {
+	r := d.TCP
 	if c, ok := r.seen[sk.ID]; ok {
 		sk.TCP = c // a dup of a socket taken already
 		return nil
@@ -161,7 +161,7 @@ func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
 	if err := r.Lock.Hold(local, peer); err != nil {
 		return err
 	}
-	s, err := unix.PidfdGetfd(fx.pidfd, f.Num, 0)
+	s, err := unix.PidfdGetfd(d.PIDFD, f.Num, 0)
 	if err != nil {
 		return fmt.Errorf("pidfd_getfd: %w", err)
 	}
@@ -177,7 +177,7 @@ func (fx *fdDumper) tcpConn(f *proc.FD, sk *image.Socket) error {
 	c.Lock = r.Lock.Table()
 	sk.TCP = c
 	r.seen[sk.ID] = c
-	fx.log.Info("connection kept", "fd", f.Num, "local", local, "peer", peer, "send_queue", len(c.SendQueue), "recv_queue", len(c.RecvQueue))
+	d.Log.Info("connection kept", "fd", f.Num, "local", local, "peer", peer, "send_queue", len(c.SendQueue), "recv_queue", len(c.RecvQueue))
 	return nil
 }
 
@@ -269,18 +269,18 @@ func readTCPQueue(s, queue, n int) (uint32, []byte, error) {
 
 // tcpConn recreates the established connection of f in the process:
 // a socket made there, repaired from here through a copy.
-func (fc *fdCreator) tcpConn(f *image.FD, typ uint64) (int, error) {
+func (r *Restorer) tcpConn(f *image.FD, typ uint64) (int, error) {
 	s, c := f.Socket, f.Socket.TCP
 	local, err1 := netip.ParseAddrPort(s.Local)
 	peer, err2 := netip.ParseAddrPort(s.Peer)
 	if err1 != nil || err2 != nil {
 		return -1, fmt.Errorf("%w: connection %q-%q", image.ErrCorrupt, s.Local, s.Peer)
 	}
-	fd, err := fc.in.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
+	fd, err := r.In.Call(unix.SYS_SOCKET, uint64(s.Family), typ, uint64(s.Protocol))
 	if err != nil {
 		return -1, fmt.Errorf("socket(%d, %d, %d): %w", s.Family, s.Type, s.Protocol, err)
 	}
-	pidfd, err := fc.pidfd()
+	pidfd, err := r.Host.Pidfd()
 	if err != nil {
 		return -1, err
 	}
@@ -292,47 +292,87 @@ func (fc *fdCreator) tcpConn(f *image.FD, typ uint64) (int, error) {
 	if err := repairTCP(cp, s.Family, local, peer, c); err != nil {
 		return -1, fmt.Errorf("connection %s-%s: %w", local, peer, err)
 	}
-	if err := fc.sockOpts(int(fd), s); err != nil {
+	if err := r.SetOptions(int(fd), s); err != nil {
 		return -1, err
 	}
-	fc.log.Info("connection restored", "fd", f.FD, "local", local, "peer", peer)
+	r.Log.Info("connection restored", "fd", f.FD, "local", local, "peer", peer)
 	return int(fd), nil
 }
 
 // repairTCP puts socket cp in the place of connection c between local
-// and peer.
+// and peer: in repair mode, bound, its sequence numbers set, connected
+// without a handshake, the options of the handshake set, its queues
+// refilled and its window set; then out of repair mode, the bytes never
+// sent sent.
 func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) error {
-	set := func(what string, opt, v int) error {
-		if err := unix.SetsockoptInt(cp, unix.IPPROTO_TCP, opt, v); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		return nil
-	}
-	if err := set("TCP_REPAIR on", unix.TCP_REPAIR, unix.TCP_REPAIR_ON); err != nil {
+	if err := setTCP(cp, "TCP_REPAIR on", unix.TCP_REPAIR, unix.TCP_REPAIR_ON); err != nil {
 		return err
-	}
-	if err := unix.Bind(cp, inetSockaddr(family, local)); err != nil {
-		return fmt.Errorf("bind %s: %w", local, err)
 	}
 	sent := len(c.SendQueue) - c.Unsent
 	if sent < 0 || c.Unsent < 0 {
 		return fmt.Errorf("%w: %d unsent bytes of a send queue of %d", image.ErrCorrupt, c.Unsent, len(c.SendQueue))
+	}
+	if err := repairConnect(cp, family, local, peer, c); err != nil {
+		return err
+	}
+	if err := repairOptions(cp, c); err != nil {
+		return err
+	}
+	if err := refillQueues(cp, c, sent); err != nil {
+		return err
+	}
+	if err := repairWindow(cp, c.Window); err != nil {
+		return err
+	}
+	if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpNoQueue); err != nil {
+		return err
+	}
+	if err := setTCP(cp, "TCP_REPAIR off", unix.TCP_REPAIR, unix.TCP_REPAIR_OFF); err != nil {
+		return err
+	}
+	// The bytes never sent are sent as the program would have.
+	if err := sendAll(cp, c.SendQueue[sent:]); err != nil {
+		return fmt.Errorf("send %d unsent bytes: %w", c.Unsent, err)
+	}
+	return nil
+}
+
+// setTCP sets an int TCP option of cp; what names it in an error.
+func setTCP(cp int, what string, opt, v int) error {
+	if err := unix.SetsockoptInt(cp, unix.IPPROTO_TCP, opt, v); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// repairConnect binds cp, in repair mode, to local, sets the sequence
+// number each of its queues starts at, and connects it to peer, which in
+// repair mode sends nothing.
+func repairConnect(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) error {
+	if err := unix.Bind(cp, inetSockaddr(family, local)); err != nil {
+		return fmt.Errorf("bind %s: %w", local, err)
 	}
 	// The kernel moves each sequence number on as the queue is refilled.
 	for _, q := range []struct {
 		queue int
 		seq   uint32
 	}{{tcpRecvQueue, c.RecvSeq - uint32(len(c.RecvQueue))}, {tcpSendQueue, c.SendSeq - uint32(len(c.SendQueue))}} {
-		if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, q.queue); err != nil {
+		if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, q.queue); err != nil {
 			return err
 		}
-		if err := set("TCP_QUEUE_SEQ", unix.TCP_QUEUE_SEQ, int(int32(q.seq))); err != nil {
+		if err := setTCP(cp, "TCP_QUEUE_SEQ", unix.TCP_QUEUE_SEQ, int(int32(q.seq))); err != nil {
 			return err
 		}
 	}
 	if err := unix.Connect(cp, inetSockaddr(family, peer)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
 		return fmt.Errorf("connect in repair mode: %w", err)
 	}
+	return nil
+}
+
+// repairOptions sets the options the handshake negotiated: MSS, SACK,
+// window scaling, timestamps (and the timestamp itself).
+func repairOptions(cp int, c *image.TCPConn) error {
 	opts := []unix.TCPRepairOpt{{Code: unix.TCPOPT_MAXSEG, Val: c.MSS}}
 	if c.Options&tcpiOptSACK != 0 {
 		opts = append(opts, unix.TCPRepairOpt{Code: unix.TCPOPT_SACK_PERMITTED})
@@ -347,10 +387,16 @@ func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) err
 		return fmt.Errorf("TCP_REPAIR_OPTIONS: %w", err)
 	}
 	if c.Options&tcpiOptTimestamps != 0 {
-		if err := set("TCP_TIMESTAMP", unix.TCP_TIMESTAMP, int(int32(c.Timestamp))); err != nil {
+		if err := setTCP(cp, "TCP_TIMESTAMP", unix.TCP_TIMESTAMP, int(int32(c.Timestamp))); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// refillQueues makes room in cp's buffers and refills its receive queue
+// and the part of its send queue that was sent (sent bytes).
+func refillQueues(cp int, c *image.TCPConn, sent int) error {
 	if err := queueRoom(cp, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, len(c.SendQueue), c.SndBuf); err != nil {
 		return err
 	}
@@ -359,36 +405,32 @@ func repairTCP(cp, family int, local, peer netip.AddrPort, c *image.TCPConn) err
 	}
 	// In repair mode what is sent goes into the queue chosen, as if it
 	// had been received from the peer, or sent and not yet acknowledged.
-	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpRecvQueue); err != nil {
+	if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpRecvQueue); err != nil {
 		return err
 	}
 	if err := sendAll(cp, c.RecvQueue); err != nil {
 		return fmt.Errorf("refill receive queue: %w", err)
 	}
-	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpSendQueue); err != nil {
+	if err := setTCP(cp, "TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpSendQueue); err != nil {
 		return err
 	}
 	if err := sendAll(cp, c.SendQueue[:sent]); err != nil {
 		return fmt.Errorf("refill send queue: %w", err)
 	}
-	if w := c.Window; w != nil {
-		b := binary.LittleEndian.AppendUint32(nil, w.SndWl1)
-		for _, v := range []uint32{w.SndWnd, w.MaxWindow, w.RcvWnd, w.RcvWup} {
-			b = binary.LittleEndian.AppendUint32(b, v)
-		}
-		if err := setsockopt(cp, unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW, b); err != nil {
-			return fmt.Errorf("TCP_REPAIR_WINDOW: %w", err)
-		}
+	return nil
+}
+
+// repairWindow sets the window of cp as it was, if the dump read it.
+func repairWindow(cp int, w *image.TCPWindow) error {
+	if w == nil {
+		return nil
 	}
-	if err := set("TCP_REPAIR_QUEUE", unix.TCP_REPAIR_QUEUE, tcpNoQueue); err != nil {
-		return err
+	b := binary.LittleEndian.AppendUint32(nil, w.SndWl1)
+	for _, v := range []uint32{w.SndWnd, w.MaxWindow, w.RcvWnd, w.RcvWup} {
+		b = binary.LittleEndian.AppendUint32(b, v)
 	}
-	if err := set("TCP_REPAIR off", unix.TCP_REPAIR, unix.TCP_REPAIR_OFF); err != nil {
-		return err
-	}
-	// The bytes never sent are sent as the program would have.
-	if err := sendAll(cp, c.SendQueue[sent:]); err != nil {
-		return fmt.Errorf("send %d unsent bytes: %w", c.Unsent, err)
+	if err := setsockopt(cp, unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW, b); err != nil {
+		return fmt.Errorf("TCP_REPAIR_WINDOW: %w", err)
 	}
 	return nil
 }
@@ -469,11 +511,11 @@ func setsockopt(s, level, opt int, b []byte) error {
 // closedConn logs a connection that the restore brings back closed:
 // with a warning, naming the flag that would have kept it, if the dump
 // kept it.
-func (fc *fdCreator) closedConn(f *image.FD) {
+func (r *Restorer) closedConn(f *image.FD) {
 	s := f.Socket
 	if s.TCP != nil {
-		fc.log.Warn("connection closed by restore: the snapshot holds it, restore --tcp-established brings it back", "pid", fc.st.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer)
+		r.Log.Warn("connection closed by restore: the snapshot holds it, restore --tcp-established brings it back", "pid", r.Proc.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer)
 		return
 	}
-	fc.log.Warn("connection closed by restore", "pid", fc.st.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
+	r.Log.Warn("connection closed by restore", "pid", r.Proc.PID, "fd", f.FD, "local", s.Local, "peer", s.Peer, "state", s.State)
 }
