@@ -19,8 +19,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -276,7 +276,7 @@ func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err 
 	read = time.Since(start)
 	name := filepath.Base(disk.Pages)
 	start = time.Now()
-	w, err := s3store.Create(addr, image.RemoteOptions{})
+	w, err := s3store.Create(addr, store.Options{})
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -295,7 +295,7 @@ func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err 
 		return 0, 0, 0, err
 	}
 	start = time.Now()
-	s, err := s3store.Open(addr, image.RemoteOptions{})
+	s, err := s3store.Open(addr, store.Options{})
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 	// An archive (snapctl export) wherever a snapshot directory is accepted.
 	_ "github.com/lazyfs/lazyfs/engine/image/archive"
 	// s3://BUCKET/PREFIX wherever a snapshot directory is accepted.
@@ -32,10 +32,10 @@ func RemoteFlags(f *FlagSet, cache bool) *Remote {
 	return r
 }
 
-// Options returns the flags as image.RemoteOptions; ctx (the command's)
+// Options returns the flags as store.Options; ctx (the command's)
 // ends every read of the store when it is done.
-func (r *Remote) Options(ctx context.Context) image.RemoteOptions {
-	o := image.RemoteOptions{Endpoint: *r.endpoint, ReadTimeout: *r.readTimeout, Context: ctx}
+func (r *Remote) Options(ctx context.Context) store.Options {
+	o := store.Options{Endpoint: *r.endpoint, ReadTimeout: *r.readTimeout, Context: ctx}
 	if r.cacheDir != nil {
 		o.CacheDir, o.CacheSize = *r.cacheDir, r.cacheSize.V
 	}
@@ -44,7 +44,7 @@ func (r *Remote) Options(ctx context.Context) image.RemoteOptions {
 
 // Check refuses the flags with a snapshot that is a directory.
 func (r *Remote) Check(dir string) error {
-	if image.IsRemote(dir) {
+	if store.IsRemote(dir) {
 		return nil
 	}
 	if *r.endpoint != "" {

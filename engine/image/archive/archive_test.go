@@ -221,7 +221,7 @@ func TestOpenRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := st.(*store).files["pages-4242.img"]
+	m := st.(*archiveStore).files["pages-4242.img"]
 	st.Close()
 	bad := bytes.Clone(good)
 	bad[m.off+m.size/2] ^= 0x40

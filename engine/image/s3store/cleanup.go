@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // ErrLockHeld: cleanup refused a prefix whose lock is of a dump that runs,
@@ -71,7 +72,7 @@ func (l *Leftovers) Empty() bool {
 }
 
 // FindLeftovers lists what a dump that did not finish left at addr.
-func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Leftovers, error) {
+func FindLeftovers(ctx context.Context, addr string, o store.Options) (*Leftovers, error) {
 	a, err := ParseAddress(addr)
 	if err != nil {
 		return nil, err

@@ -47,7 +47,7 @@ type chunkKey struct {
 	idx  int64
 }
 
-// file is one object opened for ranged reads: an image.File.
+// file is one object opened for ranged reads: a store.File.
 type file struct {
 	s         *Store
 	closeOnce sync.Once // lets go of disk

@@ -1,6 +1,6 @@
 // Package s3store keeps snapshots in an S3-compatible object store (AWS
-// S3, MinIO, Ceph RGW, R2): the image.Store and image.StoreWriter of the
-// addresses s3://BUCKET/PREFIX, registered with image.RegisterScheme by
+// S3, MinIO, Ceph RGW, R2): the store.Store and store.StoreWriter of the
+// addresses s3://BUCKET/PREFIX, registered with store.RegisterScheme by
 // importing this package. A snapshot is the objects PREFIX/snapshot.json,
 // PREFIX/pages-PID.img... named as the files of a snapshot directory.
 //
@@ -10,7 +10,7 @@
 // them (the AWS SDK for Go v2's default chain): AWS_ACCESS_KEY_ID,
 // AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_PROFILE,
 // AWS_ENDPOINT_URL(_S3), ~/.aws/credentials and ~/.aws/config, then the
-// instance's role. image.RemoteOptions.Endpoint (--s3-endpoint) overrides
+// instance's role. store.Options.Endpoint (--s3-endpoint) overrides
 // the endpoint; any endpoint but AWS's is addressed path-style
 // (ENDPOINT/BUCKET/KEY), as MinIO and most S3-compatible stores want. A
 // store without a region is asked as us-east-1.
@@ -80,16 +80,16 @@ import (
 	"github.com/aws/smithy-go"
 	lru "github.com/hashicorp/golang-lru/v2"
 
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Scheme is the address scheme of this store: s3://BUCKET/PREFIX.
 const Scheme = "s3"
 
 func init() {
-	image.RegisterScheme(Scheme, image.Scheme{
-		Open:   func(addr string, o image.RemoteOptions) (image.Store, error) { return Open(addr, o) },
-		Create: func(addr string, o image.RemoteOptions) (image.StoreWriter, error) { return Create(addr, o) },
+	store.RegisterScheme(Scheme, store.Scheme{
+		Open:   func(addr string, o store.Options) (store.Store, error) { return Open(addr, o) },
+		Create: func(addr string, o store.Options) (store.StoreWriter, error) { return Create(addr, o) },
 	})
 }
 
@@ -164,7 +164,7 @@ type client struct {
 }
 
 // newClient makes the client for addr from the environment and o.
-func newClient(ctx context.Context, addr Address, o image.RemoteOptions) (*client, error) {
+func newClient(ctx context.Context, addr Address, o store.Options) (*client, error) {
 	// The SDK's own client, so that AWS_CA_BUNDLE and the like still
 	// apply to it.
 	hc := awshttp.NewBuildableClient().WithDialerOptions(func(d *net.Dialer) {
@@ -276,7 +276,7 @@ func (c *client) listWith(ctx context.Context, limit int, raw *error) (map[strin
 }
 
 // Store is a snapshot in an object store, opened for reading: an
-// image.Store.
+// store.Store.
 type Store struct {
 	c       *client
 	objects map[string]object // listed once, by Open
@@ -285,7 +285,7 @@ type Store struct {
 	// closeOnce lets go of disk once, however often Close is called.
 	closeOnce sync.Once
 	sem       chan struct{}
-	// ctx ends every read when it is done (RemoteOptions.Context: the
+	// ctx ends every read when it is done (store.Options.Context: the
 	// command's, cancelled by SIGINT and SIGTERM).
 	ctx         context.Context
 	readTimeout time.Duration
@@ -307,7 +307,7 @@ const memChunks = 64
 // listing of its objects. A missing bucket fails here, as do credentials
 // the store refuses; a missing manifest fails image.OpenWith
 // (image.ErrIncomplete), as for a directory.
-func Open(addr string, o image.RemoteOptions) (*Store, error) {
+func Open(addr string, o store.Options) (*Store, error) {
 	a, err := ParseAddress(addr)
 	if err != nil {
 		return nil, err
@@ -383,7 +383,7 @@ func (s *Store) Stat(name string) (int64, error) {
 }
 
 // Open opens the object of name for ranged reads.
-func (s *Store) Open(name string) (image.File, error) {
+func (s *Store) Open(name string) (store.File, error) {
 	o, ok := s.objects[name]
 	if !ok {
 		return nil, &os.PathError{Op: "open", Path: s.c.addr.String() + "/" + name, Err: os.ErrNotExist}

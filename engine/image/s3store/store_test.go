@@ -12,12 +12,13 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // setup starts MinIO with a bucket and points the AWS_* variables and the
 // request log at it.
-func setup(t *testing.T) (*fixture.MinIO, image.RemoteOptions, string) {
+func setup(t *testing.T) (*fixture.MinIO, store.Options, string) {
 	t.Helper()
 	m := fixture.StartMinIO(t)
 	m.MakeBucket("snaps")
@@ -27,7 +28,7 @@ func setup(t *testing.T) (*fixture.MinIO, image.RemoteOptions, string) {
 	}
 	trace := filepath.Join(t.TempDir(), "trace.log")
 	t.Setenv("LAZYFS_S3_TRACE", trace)
-	return m, image.RemoteOptions{Endpoint: m.Endpoint}, trace
+	return m, store.Options{Endpoint: m.Endpoint}, trace
 }
 
 // gets counts the ranged GETs of name in the request log.
@@ -49,7 +50,7 @@ func gets(t *testing.T, trace, name string) int {
 	return n
 }
 
-func write(t *testing.T, addr string, o image.RemoteOptions, files map[string][]byte) {
+func write(t *testing.T, addr string, o store.Options, files map[string][]byte) {
 	t.Helper()
 	w, err := s3store.Create(addr, o)
 	if err != nil {
