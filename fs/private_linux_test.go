@@ -18,7 +18,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image/store"
 	// s3:// addresses for the private mount's helper (this test binary).
-	_ "github.com/lazyfs/lazyfs/engine/image/s3store"
+	_ "github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 

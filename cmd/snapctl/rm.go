@@ -16,8 +16,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 )
 
 func runRm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -67,11 +67,11 @@ func rmRemote(ctx context.Context, addr string, force bool, removing []string, o
 		others = append(others, strings.TrimRight(r, "/"))
 	}
 	removing = others
-	p, err := s3store.ListPrefix(ctx, addr, o)
+	p, err := s3.ListPrefix(ctx, addr, o)
 	if err != nil {
 		return err
 	}
-	if _, locked := p.Objects[s3store.LockName]; locked {
+	if _, locked := p.Objects[s3.LockName]; locked {
 		return fmt.Errorf("%s: %w: a dump's lock is there (a dump running, or one that died: snapctl cleanup -D %s says which, and clears it)", addr, image.ErrLocked, addr)
 	}
 	r, ok := lsRemoteOne(p, addr, o)
@@ -132,7 +132,7 @@ func remoteChildOf(ctx context.Context, addr string, removing []string, o store.
 	if !strings.Contains(rest, "/") {
 		return "", nil // a bucket: nothing beside it
 	}
-	p, err := s3store.ListPrefix(ctx, up, o)
+	p, err := s3.ListPrefix(ctx, up, o)
 	if err != nil {
 		return "", err
 	}

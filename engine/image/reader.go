@@ -937,7 +937,7 @@ func (r *Reader) sequential(addr, end, last uint64) {
 // batchFrom returns the blocks to decode from addr on, up to max bytes of
 // memory, and the address after them: the blocks that take decoding.
 // Zero blocks need none, and a Raw block is its stored bytes: the kernel
-// (or an object store's file, s3store) reads the pages file ahead of the
+// (or an object store's file, store/s3) reads the pages file ahead of the
 // reads that load them already, and a reader that takes Raw blocks from
 // the pages file itself (Reader.Mixed) would never read them here.
 func (r *Reader) batchFrom(addr uint64, maxBytes uint64) ([]Block, uint64) {

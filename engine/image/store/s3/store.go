@@ -1,4 +1,4 @@
-// Package s3store keeps snapshots in an S3-compatible object store (AWS
+// Package s3 keeps snapshots in an S3-compatible object store (AWS
 // S3, MinIO, Ceph RGW, R2): the store.Store and store.StoreWriter of the
 // addresses s3://BUCKET/PREFIX, registered with store.RegisterScheme by
 // importing this package. A snapshot is the objects PREFIX/snapshot.json,
@@ -57,7 +57,7 @@
 // path, range, status), for tests and for whoever wonders what a restore
 // fetched; processes started by the one that has it set (the private
 // mount's helper) inherit it.
-package s3store
+package s3
 
 import (
 	"context"

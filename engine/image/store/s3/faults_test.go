@@ -1,4 +1,4 @@
-package s3store_test
+package s3_test
 
 import (
 	"bytes"
@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -30,7 +30,7 @@ func faultCase(t *testing.T, o store.Options) (*fixture.FaultProxy, store.File, 
 	write(t, addr, direct, map[string][]byte{"pages-1.img": data})
 	p := fixture.StartFaultProxy(t, m.Endpoint)
 	o.Endpoint = p.URL
-	s, err := s3store.Open(addr, o)
+	s, err := s3.Open(addr, o)
 	if err != nil {
 		t.Fatal(err)
 	}
