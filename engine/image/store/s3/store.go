@@ -23,7 +23,7 @@
 // maxInFlight per store; a read that continues the previous one fetches
 // the chunks after it ahead of time. Chunks are kept in memory (an LRU,
 // memChunks per store), and, with a cache directory, on disk across runs
-// with a CRC32C each, checked whenever a chunk is reused (diskCache). The
+// with a CRC32C each, checked whenever a chunk is reused (cache.Dir). The
 // listing and the manifest are kept there too: a Store opened while the
 // store cannot be reached works from the cache directory alone.
 // Every GET names the object's ETag as the store listed it (If-Match), so
@@ -79,6 +79,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
 	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/lazyfs/lazyfs/engine/image/store/cache"
+	"github.com/lazyfs/lazyfs/engine/image/store/trace"
 
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
@@ -202,7 +205,7 @@ func newClient(ctx context.Context, addr Address, o store.Options) (*client, err
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		so.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 		if path := os.Getenv("LAZYFS_S3_TRACE"); path != "" {
-			so.HTTPClient = &tracer{next: so.HTTPClient, path: path}
+			so.HTTPClient = &trace.Client{Next: so.HTTPClient, Path: path}
 		}
 	})
 	if c.endpoint == "" {
@@ -281,7 +284,7 @@ type Store struct {
 	c       *client
 	objects map[string]object // listed once, by Open
 	mem     *lru.Cache[chunkKey, []byte]
-	disk    *diskCache // nil without a cache directory
+	disk    *cache.Dir // nil without a cache directory
 	// closeOnce lets go of disk once, however often Close is called.
 	closeOnce sync.Once
 	sem       chan struct{}
@@ -326,7 +329,7 @@ func Open(addr string, o store.Options) (*Store, error) {
 		s.readTimeout = DefaultReadTimeout
 	}
 	if o.CacheDir != "" {
-		if s.disk, err = openDiskCache(o.CacheDir, o.CacheSize, o.Trust); err != nil {
+		if s.disk, err = cache.Open(o.CacheDir, o.CacheSize, o.Trust); err != nil {
 			return nil, err
 		}
 	}
@@ -335,13 +338,13 @@ func Open(addr string, o store.Options) (*Store, error) {
 	case err == nil:
 		s.objects = objs
 		if s.disk != nil {
-			s.disk.putListing(c, objs)
+			putListing(s.disk, c, objs)
 		}
 	case s.disk != nil && unreachable(raw):
 		// Offline: the listing kept with the chunks, if there is one.
 		// Every chunk read from the cache is still checked, and the
 		// manifest (kept too) says what every other byte must be.
-		kept, at, ok := s.disk.listing(c)
+		kept, at, ok := listing(s.disk, c)
 		if !ok {
 			s.Close()
 			return nil, err
@@ -400,7 +403,7 @@ func (s *Store) Close() error {
 			s.side.Close()
 		}
 		if s.disk != nil {
-			s.disk.unref()
+			s.disk.Unref()
 		}
 	})
 	return nil
