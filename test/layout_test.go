@@ -48,9 +48,9 @@ func TestLayout(t *testing.T) {
 		direct    bool // imports only: the packages it names in its import blocks
 	}{
 		{"engine/", []string{"fs", "fs/", "cmd/"}, "the engine knows nothing of mounts or of the commands", false},
-		{"engine", []string{"fs", "cmd/", "engine/image/store/s3", "engine/image/archive"}, "the engine knows nothing of mounts or of the commands, nor which stores they registered", false},
+		{"engine", []string{"fs", "cmd/", "engine/image/store/s3", "engine/image/store/archive"}, "the engine knows nothing of mounts or of the commands, nor which stores they registered", false},
 		{"cmd/", []string{"engine/uffd"}, "commands wire flags to options; the pager is the engine's", true},
-		{"engine/image", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/check", "engine/image/store/s3", "engine/image/archive", "fs", "cmd/"}, "the format is a leaf: it reads and writes bytes, and knows stores only by their interface", false},
+		{"engine/image", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/check", "engine/image/store/s3", "engine/image/store/archive", "fs", "cmd/"}, "the format is a leaf: it reads and writes bytes, and knows stores only by their interface", false},
 		{"engine/image/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "fs", "cmd/"}, "the format is a leaf", false},
 		{"engine/image/store", []string{"engine", "engine/image", "fs", "cmd/"}, "the Store interface knows nothing of the format, which reaches stores through it", false},
 		{"engine/image/store/cache", []string{"engine/image", "engine/image/store/s3"}, "the cache directory serves any store: it knows neither the format nor the S3 store", false},
@@ -58,8 +58,8 @@ func TestLayout(t *testing.T) {
 		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
-		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/image/store/s3", "engine/image/archive", "cmd/"}, "fs serves snapshots through engine/image only", false},
-		{"engine/", []string{"engine/image/store/s3", "engine/image/archive"}, "a store is chosen by the commands (cmd/internal/cli registers it); the engine reads through engine/image", false},
+		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/image/store/s3", "engine/image/store/archive", "cmd/"}, "fs serves snapshots through engine/image only", false},
+		{"engine/", []string{"engine/image/store/s3", "engine/image/store/archive"}, "a store is chosen by the commands (cmd/internal/cli registers it); the engine reads through engine/image", false},
 		{"engine/lazy", []string{"engine", "engine/task", "engine/ns", "fs", "cmd/"}, "the lazy phase reads memory through image.PageSource: it knows no mount and nothing of the restore around it", false},
 		{"engine/ns", []string{"engine", "engine/image", "engine/lazy", "fs", "cmd/"}, "namespaces know nothing of snapshots", false},
 		{"engine/helper", []string{"engine", "engine/", "fs", "fs/", "cache", "cmd/"}, "the helper processes' protocol is a leaf: the keeper, the private mount and the pid namespace's init use it", false},

@@ -7,7 +7,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/engine/image/store/cache"
 	// An archive (snapctl export) wherever a snapshot directory is accepted.
-	_ "github.com/lazyfs/lazyfs/engine/image/archive"
+	_ "github.com/lazyfs/lazyfs/engine/image/store/archive"
 	// s3://BUCKET/PREFIX wherever a snapshot directory is accepted.
 	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/archive"
+	"github.com/lazyfs/lazyfs/engine/image/store/archive"
 	"github.com/lazyfs/lazyfs/fs/fstest"
 )
 
