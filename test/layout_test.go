@@ -55,6 +55,7 @@ func TestLayout(t *testing.T) {
 		{"engine/image/store", []string{"engine", "engine/image", "fs", "cmd/"}, "the Store interface knows nothing of the format, which reaches stores through it", false},
 		{"engine/image/store/cache", []string{"engine/image", "engine/image/store/s3"}, "the cache directory serves any store: it knows neither the format nor the S3 store", false},
 		{"engine/image/store/trace", []string{"engine/image", "engine/image/store/s3"}, "the request log serves any store that speaks HTTP", false},
+		{"engine/image/store/storetest", []string{"engine/image", "engine/image/store/s3", "engine/image/store/archive"}, "the conformance suite knows stores only by their interface", false},
 		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
