@@ -1,11 +1,11 @@
-// Package fstest builds synthetic snapshots, with memory generated from a
+// Package imagetest builds synthetic snapshots, with memory generated from a
 // seed so that tests know every byte a mount must serve without holding
 // it: the tests of package fs and of its users (snapctl restore --lazy, the
 // end-to-end tests) mount them and compare.
 //
 // Content is generated page by page from (seed, page address, kind), so
 // Fill reproduces any range, at any offset, without reading the snapshot.
-package fstest
+package imagetest
 
 import (
 	"context"
