@@ -264,6 +264,37 @@ func (c *Dir) dropHeld(name string) bool {
 	return true
 }
 
+// ReadThrough returns chunks [lo, hi) of the file id, chunk i being
+// size(i) bytes: from the directory if read is set and it holds them all,
+// each passing its check (cached true), else from fetch, whose chunks it
+// keeps. A chunk that fails its check is fetched again with the others.
+// With read unset the directory is only filled: a store reads from it
+// only what it cannot read better from itself (an object store's
+// manifest, while the store can be reached).
+func (c *Dir) ReadThrough(id string, lo, hi int64, size func(i int64) int64, read bool, fetch func() ([][]byte, error)) (chunks [][]byte, cached bool, err error) {
+	if read {
+		data := make([][]byte, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			b, ok := c.Get(id, i, size(i))
+			if !ok {
+				break
+			}
+			data = append(data, b)
+		}
+		if len(data) == int(hi-lo) {
+			return data, true, nil
+		}
+	}
+	chunks, err = fetch()
+	if err != nil {
+		return nil, false, err
+	}
+	for i, b := range chunks {
+		c.Put(id, lo+int64(i), b)
+	}
+	return chunks, false, nil
+}
+
 // Put stores chunk i of the file id. Errors are not the reader's: a
 // chunk not cached is fetched again next time.
 func (c *Dir) Put(id string, i int64, b []byte) {

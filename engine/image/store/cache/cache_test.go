@@ -237,3 +237,43 @@ func TestCacheTransientOpenError(t *testing.T) {
 		t.Error("the chunk was dropped for EMFILE")
 	}
 }
+
+// TestCacheReadThrough: chunks the directory holds whole are read from
+// it; a run with one missing is fetched, and kept; with read unset the
+// directory is only filled.
+func TestCacheReadThrough(t *testing.T) {
+	cc := newCacheCase(t)
+	chunk := func(i int64) []byte { return bytes.Repeat([]byte{byte(i)}, 4096) }
+	size := func(int64) int64 { return 4096 }
+	fetches := 0
+	fetch := func(lo, hi int64) func() ([][]byte, error) {
+		return func() ([][]byte, error) {
+			fetches++
+			var out [][]byte
+			for i := lo; i < hi; i++ {
+				out = append(out, chunk(i))
+			}
+			return out, nil
+		}
+	}
+	if _, cached, err := cc.c.ReadThrough(cc.id, 0, 2, size, false, fetch(0, 2)); err != nil || cached || fetches != 1 {
+		t.Fatalf("fill: cached %v, %v, %d fetches", cached, err, fetches)
+	}
+	if _, cached, _ := cc.c.ReadThrough(cc.id, 0, 2, size, false, fetch(0, 2)); cached || fetches != 2 {
+		t.Errorf("read unset: cached %v, %d fetches, want the store asked", cached, fetches)
+	}
+	got, cached, err := cc.c.ReadThrough(cc.id, 0, 2, size, true, fetch(0, 2))
+	if err != nil || !cached || fetches != 2 || !bytes.Equal(got[1], chunk(1)) {
+		t.Errorf("held whole: cached %v, %v, %d fetches", cached, err, fetches)
+	}
+	if _, cached, _ := cc.c.ReadThrough(cc.id, 1, 3, size, true, fetch(1, 3)); cached || fetches != 3 {
+		t.Errorf("one missing: cached %v, %d fetches, want the run fetched", cached, fetches)
+	}
+	if b, ok := cc.c.Get(cc.id, 2, 4096); !ok || !bytes.Equal(b, chunk(2)) {
+		t.Error("a chunk fetched through was not kept")
+	}
+	fail := errors.New("no answer")
+	if _, _, err := cc.c.ReadThrough(cc.id, 5, 6, size, true, func() ([][]byte, error) { return nil, fail }); err != fail {
+		t.Errorf("a failed fetch: %v, want its error", err)
+	}
+}

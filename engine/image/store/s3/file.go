@@ -283,38 +283,24 @@ func (f *file) get(ctx context.Context, c *fetch) {
 		return
 	}
 	defer func() { <-f.s.sem }()
-	if f.diskRead {
-		// From the disk cache if it holds them all; a chunk that fails
-		// its check there is fetched again with the others.
-		data := make([][]byte, 0, c.hi-c.lo)
-		for i := c.lo; i < c.hi; i++ {
-			b, ok := f.disk.Get(f.id, i, f.chunkLen(i))
-			if !ok {
-				break
-			}
-			data = append(data, b)
-		}
-		if len(data) == int(c.hi-c.lo) {
-			c.data = data
-			if f.current(c) {
-				for i, b := range data {
-					f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
-				}
-			}
-			return
-		}
+	fromDisk := false
+	if f.disk != nil {
+		c.data, fromDisk, c.err = f.disk.ReadThrough(f.id, c.lo, c.hi, f.chunkLen, f.diskRead, func() ([][]byte, error) {
+			return f.getChunks(ctx, c.lo, c.hi)
+		})
+	} else {
+		c.data, c.err = f.getChunks(ctx, c.lo, c.hi)
 	}
-	c.data, c.err = f.getChunks(ctx, c.lo, c.hi)
 	if c.err != nil {
 		return
 	}
-	for i := c.lo; i < c.hi; i++ {
-		b := c.data[i-c.lo]
-		// From the store: good even if a Forget came meanwhile.
-		f.s.mem.Add(chunkKey{f.name, i}, b)
-		if f.disk != nil {
-			f.disk.Put(f.id, i, b)
-		}
+	// Chunks from the store are good even if a Forget came meanwhile;
+	// chunks from the disk cache are kept in memory only if none did.
+	if fromDisk && !f.current(c) {
+		return
+	}
+	for i, b := range c.data {
+		f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
 	}
 }
 
