@@ -1,7 +1,8 @@
 // Package imagetest builds synthetic snapshots, with memory generated from a
 // seed so that tests know every byte a mount must serve without holding
 // it: the tests of package fs and of its users (snapctl restore --lazy, the
-// end-to-end tests) mount them and compare.
+// end-to-end tests) mount them and compare, and the stores' tests (an
+// archive) read them back.
 //
 // Content is generated page by page from (seed, page address, kind), so
 // Fill reproduces any range, at any offset, without reading the snapshot.
