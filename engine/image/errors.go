@@ -11,7 +11,8 @@ import (
 // ErrCorrupt, so that one errors.Is answers "is the snapshot corrupt?";
 // the narrower sentinels say how. ErrIncomplete (a dump that did not
 // finish) and ErrVersion (a snapshot of another format version) are not
-// corruption and match only themselves.
+// corruption and match only themselves. ErrCorrupt, ErrExists and
+// ErrUntrusted are package store's, which its stores return too.
 var (
 	// ErrCorrupt: the snapshot is damaged: a structure is inconsistent
 	// (overlapping runs, bad lengths, counts past their bounds), or one of

@@ -10,6 +10,6 @@
 // manifest's sizes and CRC32C, every block's CRC32C) are engine/image's,
 // the same whatever holds the bytes. Its subpackages are the stores
 // themselves (s3, archive), the disk cache of fetched chunks any store
-// may keep (cache), and the conformance suite every store passes
-// (storetest).
+// may keep (cache), the log of the requests of a store that speaks HTTP
+// (trace), and the conformance suite every store passes (storetest).
 package store
