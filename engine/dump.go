@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/engine/ipc"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/mem/precopy"
@@ -42,7 +43,7 @@ type DumpOptions struct {
 	Workers   int
 	// Remote configures the store when Dir is an address
 	// (s3://BUCKET/PREFIX).
-	Remote image.RemoteOptions
+	Remote store.Options
 	Logger *slog.Logger
 	// Progress, if set, is called from time to time with the memory bytes
 	// written so far and the total to write.

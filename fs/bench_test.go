@@ -20,7 +20,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 // The benchmarks read a ~1 GiB snapshot of model-server-like memory
@@ -37,9 +37,9 @@ const benchPID = 1000
 type benchSnapshot struct {
 	once  sync.Once
 	dir   string
-	snap  *fstest.Snapshot
+	snap  *imagetest.Snapshot
 	plain string // the dumped memory, decoded, as a regular file
-	vmas  []fstest.VMA
+	vmas  []imagetest.VMA
 	err   error
 }
 
@@ -57,8 +57,8 @@ func (bs *benchSnapshot) get(b *testing.B) *benchSnapshot {
 			return
 		}
 		bs.vmas = bigLayout(8, uint64(mb)<<20/8)
-		bs.snap, bs.err = fstest.Write(filepath.Join(bs.dir, "snap"), image.Options{BlockSize: 256 << 10, Mode: codec.Compress},
-			fstest.Process{PID: benchPID, Seed: 11, VMAs: bs.vmas})
+		bs.snap, bs.err = imagetest.Write(filepath.Join(bs.dir, "snap"), image.Options{BlockSize: 256 << 10, Mode: codec.Compress},
+			imagetest.Process{PID: benchPID, Seed: 11, VMAs: bs.vmas})
 		if bs.err != nil {
 			return
 		}
@@ -72,7 +72,7 @@ func (bs *benchSnapshot) get(b *testing.B) *benchSnapshot {
 }
 
 // writePlain writes the memory of the benchmark's VMAs back to back.
-func writePlain(path string, s *fstest.Snapshot, vmas []fstest.VMA) error {
+func writePlain(path string, s *imagetest.Snapshot, vmas []imagetest.VMA) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err

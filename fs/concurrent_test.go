@@ -18,17 +18,17 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
 // bigLayout returns n VMAs of size bytes of mixed model-server memory
 // (1/4 zero, 1/4 random, 1/2 bf16-like), each with a hole.
-func bigLayout(n int, size uint64) []fstest.VMA {
-	var v []fstest.VMA
+func bigLayout(n int, size uint64) []imagetest.VMA {
+	var v []imagetest.VMA
 	a := uint64(0x7f1000000000)
 	for i := 0; i < n; i++ {
-		v = append(v, fstest.VMA{Start: a, End: a + size, Prot: protRW, Content: fstest.Mixed, Name: fmt.Sprintf("[anon:shard%d]", i),
+		v = append(v, imagetest.VMA{Start: a, End: a + size, Prot: protRW, Content: imagetest.Mixed, Name: fmt.Sprintf("[anon:shard%d]", i),
 			Holes: [][2]uint64{{size / 2, size/2 + pages(16)}}})
 		a += size + pages(1)
 	}
@@ -46,8 +46,8 @@ func TestConcurrentReaders(t *testing.T) {
 		total = 64 << 20
 	}
 	const nvma = 8
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 256 << 10, Mode: codec.Compress},
-		fstest.Process{PID: pid, Seed: 3, VMAs: bigLayout(nvma, total/nvma)})
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 256 << 10, Mode: codec.Compress},
+		imagetest.Process{PID: pid, Seed: 3, VMAs: bigLayout(nvma, total/nvma)})
 	if err != nil {
 		t.Fatal(err)
 	}

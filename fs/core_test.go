@@ -20,8 +20,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 	"github.com/lazyfs/lazyfs/fs/corefile"
-	"github.com/lazyfs/lazyfs/fs/fstest"
 )
 
 // mappedTestFile writes a file of n bytes of content generated from seed
@@ -61,13 +61,13 @@ func TestCoreMounted(t *testing.T) {
 	dir := t.TempDir()
 	id, fileBytes := mappedTestFile(t, dir, 5, int(pages(8)))
 	const pid = 321
-	proc := fstest.Process{PID: pid, Seed: 9, VMAs: []fstest.VMA{
+	proc := imagetest.Process{PID: pid, Seed: 9, VMAs: []imagetest.VMA{
 		{Start: 0x400000, End: 0x400000 + pages(8), Prot: protRW, Kind: image.VMAFile, File: &id, Name: id.Path,
-			Content: fstest.Random, Holes: [][2]uint64{{0, pages(3)}, {pages(5), pages(8)}}},
-		{Start: 0x7f0000000000, End: 0x7f0000000000 + pages(4096), Prot: protRW, Content: fstest.Mixed,
+			Content: imagetest.Random, Holes: [][2]uint64{{0, pages(3)}, {pages(5), pages(8)}}},
+		{Start: 0x7f0000000000, End: 0x7f0000000000 + pages(4096), Prot: protRW, Content: imagetest.Mixed,
 			Holes: [][2]uint64{{pages(100), pages(300)}}},
 	}, Threads: []image.Thread{{TID: pid}}}
-	s, err := fstest.Write(filepath.Join(dir, "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress}, proc)
+	s, err := imagetest.Write(filepath.Join(dir, "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress}, proc)
 	if err != nil {
 		t.Fatal(err)
 	}

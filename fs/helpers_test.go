@@ -13,7 +13,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -22,7 +22,7 @@ const (
 	pidB = 77
 	// base is where the synthetic address spaces start: not block aligned,
 	// high as a real mmap area is.
-	base = 0x7f0000000000 + 5*fstest.PageSize
+	base = 0x7f0000000000 + 5*imagetest.PageSize
 )
 
 const (
@@ -33,48 +33,48 @@ const (
 )
 
 // pages returns n pages in bytes.
-func pages(n uint64) uint64 { return n * fstest.PageSize }
+func pages(n uint64) uint64 { return n * imagetest.PageSize }
 
 // layout returns the VMAs of a synthetic process: every content kind,
 // holes inside VMAs, touching VMAs, a VMA that is not dumped, and names
 // that need sanitizing.
-func layout() []fstest.VMA {
+func layout() []imagetest.VMA {
 	a := uint64(base)
 	next := func(n uint64, gap uint64) (uint64, uint64) {
 		s := a
 		a += pages(n) + pages(gap)
 		return s, s + pages(n)
 	}
-	var v []fstest.VMA
-	add := func(n, gap uint64, vma fstest.VMA) {
+	var v []imagetest.VMA
+	add := func(n, gap uint64, vma imagetest.VMA) {
 		vma.Start, vma.End = next(n, gap)
 		v = append(v, vma)
 	}
-	add(3, 0, fstest.VMA{Prot: protR, Kind: image.VMAFile, Name: "/usr/lib/x86_64-linux-gnu/libfoo.so.1", Content: fstest.Text})
-	add(200, 7, fstest.VMA{Prot: protRW, Name: "[heap]", Content: fstest.Patchwork, Holes: [][2]uint64{{pages(10), pages(13)}, {pages(100), pages(150)}}})
-	add(64, 0, fstest.VMA{Prot: protRX, Kind: image.VMAFile, Name: "/opt/app/bin/server (deleted)", NotDumped: true})
-	add(300, 0, fstest.VMA{Prot: protRW, Content: fstest.Random})
-	add(257, 3, fstest.VMA{Prot: protRW, Name: "[anon:weights arena]", Content: fstest.BF16})
-	add(90, 1, fstest.VMA{Prot: protRW, Content: fstest.Zero})
-	add(33, 11, fstest.VMA{Prot: protRW, Shared: true, Kind: image.VMAShmem, Name: "/memfd:cache (deleted)", Content: fstest.Text})
-	add(129, 0, fstest.VMA{Prot: protRW, Name: "[stack]", Content: fstest.Patchwork, Holes: [][2]uint64{{0, pages(100)}}})
+	add(3, 0, imagetest.VMA{Prot: protR, Kind: image.VMAFile, Name: "/usr/lib/x86_64-linux-gnu/libfoo.so.1", Content: imagetest.Text})
+	add(200, 7, imagetest.VMA{Prot: protRW, Name: "[heap]", Content: imagetest.Patchwork, Holes: [][2]uint64{{pages(10), pages(13)}, {pages(100), pages(150)}}})
+	add(64, 0, imagetest.VMA{Prot: protRX, Kind: image.VMAFile, Name: "/opt/app/bin/server (deleted)", NotDumped: true})
+	add(300, 0, imagetest.VMA{Prot: protRW, Content: imagetest.Random})
+	add(257, 3, imagetest.VMA{Prot: protRW, Name: "[anon:weights arena]", Content: imagetest.BF16})
+	add(90, 1, imagetest.VMA{Prot: protRW, Content: imagetest.Zero})
+	add(33, 11, imagetest.VMA{Prot: protRW, Shared: true, Kind: image.VMAShmem, Name: "/memfd:cache (deleted)", Content: imagetest.Text})
+	add(129, 0, imagetest.VMA{Prot: protRW, Name: "[stack]", Content: imagetest.Patchwork, Holes: [][2]uint64{{0, pages(100)}}})
 	return v
 }
 
 // smallLayout is a second process, to check processes are kept apart.
-func smallLayout() []fstest.VMA {
-	return []fstest.VMA{
-		{Start: 0x400000, End: 0x400000 + pages(8), Prot: protRX, Content: fstest.Text, Name: "/bin/small"},
-		{Start: 0x600000, End: 0x600000 + pages(16), Prot: protRW, Content: fstest.Patchwork, Name: "[heap]"},
+func smallLayout() []imagetest.VMA {
+	return []imagetest.VMA{
+		{Start: 0x400000, End: 0x400000 + pages(8), Prot: protRX, Content: imagetest.Text, Name: "/bin/small"},
+		{Start: 0x600000, End: 0x600000 + pages(16), Prot: protRW, Content: imagetest.Patchwork, Name: "[heap]"},
 	}
 }
 
 // writeSnapshot writes the standard two-process test snapshot.
-func writeSnapshot(t testing.TB, blockSize int) *fstest.Snapshot {
+func writeSnapshot(t testing.TB, blockSize int) *imagetest.Snapshot {
 	t.Helper()
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: blockSize, Mode: codec.Compress},
-		fstest.Process{PID: pidA, Seed: 1, VMAs: layout()},
-		fstest.Process{PID: pidB, Seed: 2, VMAs: smallLayout()})
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: blockSize, Mode: codec.Compress},
+		imagetest.Process{PID: pidA, Seed: 1, VMAs: layout()},
+		imagetest.Process{PID: pidB, Seed: 2, VMAs: smallLayout()})
 	if err != nil {
 		t.Fatal(err)
 	}

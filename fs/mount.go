@@ -19,6 +19,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // FSType is the file system type of a lazyfs mount in /proc/mounts
@@ -215,7 +216,7 @@ func fuseOptions(snapshotDir string, opts Options, logger *slog.Logger) *fusefs.
 
 // snapshotName is the source column of the mount in /proc/mounts.
 func snapshotName(dir string) string {
-	if image.IsRemote(dir) {
+	if store.IsRemote(dir) {
 		return dir
 	}
 	if abs, err := filepath.Abs(dir); err == nil {

@@ -19,13 +19,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
 // dumpedVMAs returns the dumped VMAs of the test layout.
-func dumpedVMAs(vmas []fstest.VMA) []fstest.VMA {
-	return slices.DeleteFunc(slices.Clone(vmas), func(v fstest.VMA) bool { return v.NotDumped })
+func dumpedVMAs(vmas []imagetest.VMA) []imagetest.VMA {
+	return slices.DeleteFunc(slices.Clone(vmas), func(v imagetest.VMA) bool { return v.NotDumped })
 }
 
 func TestMountTree(t *testing.T) {
@@ -127,8 +127,8 @@ func TestMountTree(t *testing.T) {
 	}
 }
 
-// imageVMA returns the state record fstest writes for v.
-func imageVMA(v fstest.VMA) image.VMA {
+// imageVMA returns the state record imagetest writes for v.
+func imageVMA(v imagetest.VMA) image.VMA {
 	flags := unix.MAP_PRIVATE
 	if v.Shared {
 		flags = unix.MAP_SHARED
@@ -191,7 +191,7 @@ func TestMountTools(t *testing.T) {
 		}
 		out := testutil.Output(t, "strings", regs...)
 		var n int
-		marker := fmt.Sprintf("%s pid=%d addr=", fstest.Marker, pidA)
+		marker := fmt.Sprintf("%s pid=%d addr=", imagetest.Marker, pidA)
 		for _, l := range strings.Split(string(out), "\n") {
 			if strings.Contains(l, marker) {
 				n++
@@ -200,8 +200,8 @@ func TestMountTools(t *testing.T) {
 		// every page of a text VMA starts with a marker; patchwork VMAs hold more
 		var text int
 		for _, v := range vmas {
-			if v.Content == fstest.Text {
-				text += int((v.End - v.Start) / fstest.PageSize)
+			if v.Content == imagetest.Text {
+				text += int((v.End - v.Start) / imagetest.PageSize)
 			}
 		}
 		if n < text {

@@ -13,12 +13,12 @@ import (
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 // Node tests call the FUSE node methods directly, without a mount.
 
-func openTestProcess(t testing.TB, s *fstest.Snapshot, pid int) *process {
+func openTestProcess(t testing.TB, s *imagetest.Snapshot, pid int) *process {
 	t.Helper()
 	snap, err := image.Open(s.Dir)
 	if err != nil {

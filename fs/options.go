@@ -5,6 +5,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // DefaultCacheSize is the size of the decoded-block cache of a mount when
@@ -46,7 +47,7 @@ type Options struct {
 	TrustSnapshot bool
 	// Remote configures the store of a snapshot given by address
 	// (s3://BUCKET/PREFIX): its endpoint and local block cache.
-	Remote image.RemoteOptions
+	Remote store.Options
 	// Keys open a sealed snapshot (image.OpenOptions.Keys): its memory is
 	// decrypted as it is read, into the cache, never onto a disk. A
 	// private mount's helper reads the same identity files again.

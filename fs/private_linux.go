@@ -19,6 +19,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // PrivateArg0 is the argv[0] of the helper process that serves a private
@@ -46,7 +47,7 @@ type privateArgs struct {
 	DirectIO          bool
 	ReadaheadKB       int
 	TrustSnapshot     bool
-	Remote            image.RemoteOptions
+	Remote            store.Options
 	// Identities are the identity files of opts.Keys (paths: no key
 	// crosses the command line).
 	Identities []string
@@ -96,7 +97,7 @@ func MountPrivateTree(dir string, pids []int, opts Options) (*PrivateMount, erro
 		return nil, errors.New("private mount: no process")
 	}
 	abs := dir
-	if !image.IsRemote(dir) {
+	if !store.IsRemote(dir) {
 		var err error
 		if abs, err = filepath.Abs(dir); err != nil {
 			return nil, err

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 	// s3:// addresses for the private mount's helper (this test binary).
-	_ "github.com/lazyfs/lazyfs/engine/image/s3store"
+	_ "github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -32,7 +32,7 @@ const privateChildEnv = "LAZYFS_FS_TEST_PRIVATE_CHILD"
 const privateEndpointEnv = "LAZYFS_FS_TEST_PRIVATE_ENDPOINT"
 
 func privateChildMain(dir string) int {
-	m, err := MountPrivate(dir, pidA, Options{DirectIO: true, Remote: image.RemoteOptions{Endpoint: os.Getenv(privateEndpointEnv)}})
+	m, err := MountPrivate(dir, pidA, Options{DirectIO: true, Remote: store.Options{Endpoint: os.Getenv(privateEndpointEnv)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

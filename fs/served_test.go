@@ -14,7 +14,7 @@ import (
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 // TestServedBlocksLeaveCache: through a real mount, a block that the
@@ -25,9 +25,9 @@ import (
 func TestServedBlocksLeaveCache(t *testing.T) {
 	const pid, blk = 31, 64 << 10
 	start := uint64(0x100000)
-	vma := fstest.VMA{Start: start, End: start + 64*blk, Prot: protRW, Content: fstest.Text} // LZ4 blocks
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: blk, Mode: codec.Compress},
-		fstest.Process{PID: pid, Seed: 9, VMAs: []fstest.VMA{vma}})
+	vma := imagetest.VMA{Start: start, End: start + 64*blk, Prot: protRW, Content: imagetest.Text} // LZ4 blocks
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: blk, Mode: codec.Compress},
+		imagetest.Process{PID: pid, Seed: 9, VMAs: []imagetest.VMA{vma}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func resident(t *testing.T, f *os.File, addr uint64, n int) int {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(m)
-	vec := make([]byte, n/fstest.PageSize)
+	vec := make([]byte, n/imagetest.PageSize)
 	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(n), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
 		t.Fatal(e)
 	}
@@ -158,10 +158,10 @@ func resident(t *testing.T, f *os.File, addr uint64, n int) int {
 
 // alignedBuf returns n bytes aligned to a page, for O_DIRECT.
 func alignedBuf(n int) []byte {
-	b := make([]byte, n+fstest.PageSize)
-	off := int(uintptr(unsafe.Pointer(&b[0])) & (fstest.PageSize - 1))
+	b := make([]byte, n+imagetest.PageSize)
+	off := int(uintptr(unsafe.Pointer(&b[0])) & (imagetest.PageSize - 1))
 	if off != 0 {
-		off = fstest.PageSize - off
+		off = imagetest.PageSize - off
 	}
 	return b[off : off+n]
 }

@@ -25,7 +25,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -526,7 +527,7 @@ func TestSealedS3(t *testing.T) {
 	if _, ok := si.Snap.Manifest.Files[image.KeysName]; !ok {
 		t.Errorf("the manifest lists no %s", image.KeysName)
 	}
-	st, err := s3store.Open(addr, image.RemoteOptions{})
+	st, err := s3.Open(addr, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

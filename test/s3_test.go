@@ -24,7 +24,7 @@ import (
 
 	// s3:// addresses for image.Open in this test binary.
 	"github.com/lazyfs/lazyfs/engine/codec"
-	_ "github.com/lazyfs/lazyfs/engine/image/s3store"
+	_ "github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )

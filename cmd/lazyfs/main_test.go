@@ -18,7 +18,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -36,11 +36,11 @@ func TestMain(m *testing.M) {
 const pid = 31
 
 // snapshot writes a small snapshot and returns its directory.
-func snapshot(t *testing.T) *fstest.Snapshot {
+func snapshot(t *testing.T) *imagetest.Snapshot {
 	t.Helper()
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
-		fstest.Process{PID: pid, Seed: 4, VMAs: []fstest.VMA{
-			{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: fstest.Patchwork, Name: "[heap]"},
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
+		imagetest.Process{PID: pid, Seed: 4, VMAs: []imagetest.VMA{
+			{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: imagetest.Patchwork, Name: "[heap]"},
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +144,7 @@ func TestBackgroundAndUnmount(t *testing.T) {
 		t.Fatalf("lazyfs --background: %v\n%s", err, out)
 	}
 	// returned only once ready: no waiting needed
-	want := fstestMemory(s)
+	want := imagetestMemory(s)
 	got, err := os.ReadFile(filepath.Join(mnt, "31", "regions", "7f0000000000-7f0000040000-rw-p-heap"))
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read the region right after --background returned: %v", err)
@@ -236,7 +236,7 @@ func TestForceUnmount(t *testing.T) {
 	}
 }
 
-func fstestMemory(s *fstest.Snapshot) []byte {
+func imagetestMemory(s *imagetest.Snapshot) []byte {
 	return s.Memory(pid, 0x7f0000000000, 64<<12)
 }
 

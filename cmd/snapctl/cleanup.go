@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
-	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -38,10 +38,10 @@ A directory needs no cleanup: its lock goes with the dump that held it.`,
 	if err := requireDir(*dir); err != nil {
 		return err
 	}
-	if !image.IsRemote(*dir) {
+	if !store.IsRemote(*dir) {
 		return cli.Usagef("cleanup is for a snapshot in an object store (s3://BUCKET/PREFIX); %s is a directory, whose lock goes with the dump that held it", *dir)
 	}
-	l, err := s3store.FindLeftovers(ctx, *dir, remote.Options(ctx))
+	l, err := s3.FindLeftovers(ctx, *dir, remote.Options(ctx))
 	if err != nil {
 		return err
 	}

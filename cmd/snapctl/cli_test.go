@@ -15,7 +15,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 // snapctl runs the command line args in process and returns its exit
@@ -109,9 +109,9 @@ func TestSnapshotErrors(t *testing.T) {
 func TestVerifyCorrupt(t *testing.T) {
 	const pid = 31
 	write := func(t *testing.T) string {
-		s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.NoCompress},
-			fstest.Process{PID: pid, Seed: 4, VMAs: []fstest.VMA{
-				{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: fstest.Patchwork, Name: "[heap]"},
+		s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.NoCompress},
+			imagetest.Process{PID: pid, Seed: 4, VMAs: []imagetest.VMA{
+				{Start: 0x7f0000000000, End: 0x7f0000000000 + 64<<12, Prot: unix.PROT_READ | unix.PROT_WRITE, Content: imagetest.Patchwork, Name: "[heap]"},
 			}})
 		if err != nil {
 			t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/archive"
+	"github.com/lazyfs/lazyfs/engine/image/store/archive"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 

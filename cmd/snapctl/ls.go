@@ -15,7 +15,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -48,7 +49,7 @@ does that).`, nil, stdout, stderr)
 	var rows []lsRow
 	for _, d := range dirs {
 		var r []lsRow
-		if image.IsRemote(d) {
+		if store.IsRemote(d) {
 			r, err = listRemote(ctx, d, remote.Options(ctx))
 		} else {
 			r, err = listSnapshots(d)
@@ -152,12 +153,12 @@ func lsOne(dir, name string) (r lsRow, ok bool, err error) {
 		}
 		return r, false, nil
 	}
-	describeManifest(&r, dir, image.RemoteOptions{})
+	describeManifest(&r, dir, store.Options{})
 	return r, true, nil
 }
 
 // describeManifest fills r from the manifest of the snapshot at dir.
-func describeManifest(r *lsRow, dir string, o image.RemoteOptions) {
+func describeManifest(r *lsRow, dir string, o store.Options) {
 	m, err := image.PeekManifest(dir, o)
 	if err != nil {
 		r.State = "damaged: " + err.Error()
@@ -184,7 +185,7 @@ func describeManifest(r *lsRow, dir string, o image.RemoteOptions) {
 // is in one.
 func checkRemoteOperands(remote *cli.Remote, dirs []string) error {
 	for _, d := range dirs {
-		if image.IsRemote(d) {
+		if store.IsRemote(d) {
 			return remote.Check(d)
 		}
 	}
@@ -193,8 +194,8 @@ func checkRemoteOperands(remote *cli.Remote, dirs []string) error {
 
 // listRemote lists addr if it is a snapshot (or a dump's leftovers),
 // else the prefixes right below it that are.
-func listRemote(ctx context.Context, addr string, o image.RemoteOptions) ([]lsRow, error) {
-	p, err := s3store.ListPrefix(ctx, addr, o)
+func listRemote(ctx context.Context, addr string, o store.Options) ([]lsRow, error) {
+	p, err := s3.ListPrefix(ctx, addr, o)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +204,7 @@ func listRemote(ctx context.Context, addr string, o image.RemoteOptions) ([]lsRo
 	}
 	var out []lsRow
 	for _, child := range p.Children {
-		q, err := s3store.ListPrefix(ctx, child, o)
+		q, err := s3.ListPrefix(ctx, child, o)
 		if err != nil {
 			return nil, err
 		}
@@ -216,19 +217,19 @@ func listRemote(ctx context.Context, addr string, o image.RemoteOptions) ([]lsRo
 
 // lsRemoteOne describes the prefix p at addr if it is a snapshot or
 // holds what a dump left.
-func lsRemoteOne(p *s3store.Prefix, addr string, o image.RemoteOptions) (r lsRow, ok bool) {
+func lsRemoteOne(p *s3.Prefix, addr string, o store.Options) (r lsRow, ok bool) {
 	r.Name = addr
 	for _, size := range p.Objects {
 		r.Stored += uint64(size)
 	}
 	if _, ok := p.Objects[image.ManifestName]; ok {
 		describeManifest(&r, addr, o)
-		if _, locked := p.Objects[s3store.LockName]; locked && r.State == "complete" {
+		if _, locked := p.Objects[s3.LockName]; locked && r.State == "complete" {
 			r.State = "complete, locked: a dump died as it committed (snapctl cleanup -D " + addr + ")"
 		}
 		return r, true
 	}
-	_, locked := p.Objects[s3store.LockName]
+	_, locked := p.Objects[s3.LockName]
 	for n := range p.Objects {
 		if locked || image.DumpFile(n) {
 			r.State = "incomplete: a dump that did not finish, or one running (snapctl cleanup -D " + addr + ")"

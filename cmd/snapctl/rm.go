@@ -16,7 +16,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 )
 
 func runRm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -46,7 +47,7 @@ directory or prefix that holds others is left, and said.`,
 		return err
 	}
 	for _, d := range dirs {
-		if image.IsRemote(d) {
+		if store.IsRemote(d) {
 			err = rmRemote(ctx, d, *force, dirs, remote.Options(ctx), stdout)
 		} else {
 			err = rmSnapshot(d, *force, dirs, stdout)
@@ -59,18 +60,18 @@ directory or prefix that holds others is left, and said.`,
 }
 
 // rmRemote removes the snapshot at addr, an object store's prefix.
-func rmRemote(ctx context.Context, addr string, force bool, removing []string, o image.RemoteOptions, stdout io.Writer) error {
+func rmRemote(ctx context.Context, addr string, force bool, removing []string, o store.Options, stdout io.Writer) error {
 	addr = strings.TrimRight(addr, "/")
 	var others []string // removing, spelled as the store lists them
 	for _, r := range removing {
 		others = append(others, strings.TrimRight(r, "/"))
 	}
 	removing = others
-	p, err := s3store.ListPrefix(ctx, addr, o)
+	p, err := s3.ListPrefix(ctx, addr, o)
 	if err != nil {
 		return err
 	}
-	if _, locked := p.Objects[s3store.LockName]; locked {
+	if _, locked := p.Objects[s3.LockName]; locked {
 		return fmt.Errorf("%s: %w: a dump's lock is there (a dump running, or one that died: snapctl cleanup -D %s says which, and clears it)", addr, image.ErrLocked, addr)
 	}
 	r, ok := lsRemoteOne(p, addr, o)
@@ -125,13 +126,13 @@ func snapshotFile(name string) bool {
 
 // remoteChildOf returns a snapshot beside addr (under the same prefix),
 // not among removing, whose parent is addr; "" if none.
-func remoteChildOf(ctx context.Context, addr string, removing []string, o image.RemoteOptions) (string, error) {
+func remoteChildOf(ctx context.Context, addr string, removing []string, o store.Options) (string, error) {
 	scheme, rest, _ := strings.Cut(strings.TrimRight(addr, "/"), "://")
 	up := scheme + "://" + path.Dir(rest)
 	if !strings.Contains(rest, "/") {
 		return "", nil // a bucket: nothing beside it
 	}
-	p, err := s3store.ListPrefix(ctx, up, o)
+	p, err := s3.ListPrefix(ctx, up, o)
 	if err != nil {
 		return "", err
 	}
@@ -231,8 +232,8 @@ func childOf(dir string, removing []string) string {
 		if !e.IsDir() || c == abs || skip[c] {
 			continue
 		}
-		m, err := image.PeekManifest(c, image.RemoteOptions{})
-		if err != nil || m.Parent == nil || image.IsRemote(m.Parent.Path) {
+		m, err := image.PeekManifest(c, store.Options{})
+		if err != nil || m.Parent == nil || store.IsRemote(m.Parent.Path) {
 			continue
 		}
 		p := m.Parent.Path

@@ -4,18 +4,20 @@ import (
 	"errors"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Sentinel errors. Every way a snapshot's bytes can be damaged matches
 // ErrCorrupt, so that one errors.Is answers "is the snapshot corrupt?";
 // the narrower sentinels say how. ErrIncomplete (a dump that did not
 // finish) and ErrVersion (a snapshot of another format version) are not
-// corruption and match only themselves.
+// corruption and match only themselves. ErrCorrupt, ErrExists and
+// ErrUntrusted are package store's, which its stores return too.
 var (
 	// ErrCorrupt: the snapshot is damaged: a structure is inconsistent
 	// (overlapping runs, bad lengths, counts past their bounds), or one of
 	// the errors below that wrap it.
-	ErrCorrupt = errors.New("corrupt snapshot")
+	ErrCorrupt = store.ErrCorrupt
 	// ErrBadMagic: a file is not what its name says. It matches ErrCorrupt.
 	ErrBadMagic error = &corruption{"bad magic"}
 	// ErrHeaderChecksum: a header or table fails its CRC. It matches
@@ -35,7 +37,7 @@ var (
 	// ErrIncomplete: the directory has no manifest (a dump did not finish).
 	ErrIncomplete = errors.New("incomplete snapshot: no " + ManifestName)
 	// ErrExists: a snapshot is already there.
-	ErrExists = errors.New("directory already holds a snapshot")
+	ErrExists = store.ErrExists
 	// ErrNotEmpty: a dump's directory holds other files (a dump's that
 	// did not finish, or files no dump wrote).
 	ErrNotEmpty = errors.New("directory is not empty")
@@ -57,7 +59,7 @@ var (
 	// ErrUntrusted: a snapshot, or a path a dump or restore would act on,
 	// can be changed by a user other than the caller and root; the error
 	// wrapping it names the file or directory and its owner or mode.
-	ErrUntrusted = errors.New("untrusted")
+	ErrUntrusted = store.ErrUntrusted
 	// ErrUnsafeDir: the snapshot directory of a dump exists but is not
 	// the caller's own (another owner, or writable by group or others), or
 	// is a symbolic link. It matches ErrUntrusted.

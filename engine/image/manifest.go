@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Manifest file name and format identity.
@@ -99,7 +101,7 @@ var safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // readManifest reads and validates DIR/snapshot.json.
 func readManifest(dir string) (*Manifest, error) {
-	st, err := openStore(dir, OpenOptions{Trust: true})
+	st, err := OpenStore(dir, OpenOptions{Trust: true})
 	if err != nil {
 		return nil, err
 	}
@@ -116,8 +118,8 @@ func readManifest(dir string) (*Manifest, error) {
 }
 
 // readManifestBytes reads snapshot.json of the snapshot in st, checked as
-// every file is (Store.Stat).
-func readManifestBytes(st Store) ([]byte, error) {
+// every file is (store.Store.Stat).
+func readManifestBytes(st store.Store) ([]byte, error) {
 	size, err := st.Stat(ManifestName)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Incremental snapshots (feature "parent").
@@ -106,10 +107,10 @@ func checkParentRef(m *Manifest) error {
 // parentLocation returns where the parent that ref names is, for a child
 // at dir.
 func parentLocation(dir string, ref *ParentRef) (string, error) {
-	if IsRemote(ref.Path) || filepath.IsAbs(ref.Path) {
+	if store.IsRemote(ref.Path) || filepath.IsAbs(ref.Path) {
 		return ref.Path, nil
 	}
-	if IsRemote(dir) {
+	if store.IsRemote(dir) {
 		return "", fmt.Errorf("%s: %w: parent path %q is relative, the snapshot is at an address", joinName(dir, ManifestName), ErrCorrupt, ref.Path)
 	}
 	return filepath.Join(dir, ref.Path), nil
@@ -120,10 +121,10 @@ func parentLocation(dir string, ref *ParentRef) (string, error) {
 // child: relative to the child when parent is a relative path, as given
 // otherwise.
 func ParentPath(child, parent string) (string, error) {
-	if IsRemote(parent) || filepath.IsAbs(parent) {
+	if store.IsRemote(parent) || filepath.IsAbs(parent) {
 		return parent, nil
 	}
-	if IsRemote(child) {
+	if store.IsRemote(child) {
 		return "", fmt.Errorf("parent %s: a snapshot at an address needs its parent's absolute path or address", parent)
 	}
 	ac, err := filepath.Abs(child)

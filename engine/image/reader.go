@@ -11,7 +11,6 @@ import (
 	"iter"
 	"log/slog"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,10 +18,10 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // BlockError reports a block that cannot be read or fails its checksum. It
@@ -41,14 +40,14 @@ func (e *BlockError) Error() string {
 func (e *BlockError) Unwrap() error { return e.Err }
 
 // Snapshot is an opened, complete snapshot: a directory, or an address
-// in an object store (see Store). A directory is opened once, by Open:
+// in an object store (see store.Store). A directory is opened once, by Open:
 // every file is then opened through it, never following a link, so that
 // nothing done to the path afterwards changes what is read.
 type Snapshot struct {
 	Dir      string
 	Manifest *Manifest
 	manifest []byte // snapshot.json as read
-	store    Store
+	store    store.Store
 	trust    bool      // OpenOptions.Trust
 	keys     *sealKeys // of a sealed snapshot, opened
 	signed   bool      // its signature verified
@@ -66,7 +65,7 @@ type OpenOptions struct {
 	Trust bool
 	// Remote configures the store of a snapshot given by address
 	// (s3://BUCKET/PREFIX).
-	Remote RemoteOptions
+	Remote store.Options
 	// Keys are the identities that open sealed snapshots. With Keys, a
 	// snapshot that is not sealed is refused (ErrNoIdentity): whoever
 	// gives a key expects what it authenticates. Without, a sealed
@@ -84,13 +83,13 @@ type OpenOptions struct {
 func Open(dir string) (*Snapshot, error) { return OpenWith(dir, OpenOptions{}) }
 
 // OpenWith opens the snapshot in dir, a directory or the address of a
-// snapshot in an object store whose scheme is registered (RegisterScheme).
+// snapshot in an object store whose scheme is registered (store.RegisterScheme).
 // It refuses a snapshot without a manifest (ErrIncomplete), a directory
 // that another user can change (ErrUntrusted, unless o.Trust), and checks
 // that every file the manifest lists is there, a regular file (not a
 // link) of its size.
 func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
-	st, err := openStore(dir, o)
+	st, err := OpenStore(dir, o)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +112,7 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 	return s, nil
 }
 
-func openSnapshot(st Store, keyring *Keyring) (*Snapshot, error) {
+func openSnapshot(st store.Store, keyring *Keyring) (*Snapshot, error) {
 	raw, err := readManifestBytes(st)
 	if err != nil {
 		return nil, err
@@ -152,7 +151,7 @@ func openSnapshot(st Store, keyring *Keyring) (*Snapshot, error) {
 // joinName names the file name of the snapshot at dir (a directory or an
 // address).
 func joinName(dir, name string) string {
-	if IsRemote(dir) {
+	if store.IsRemote(dir) {
 		return strings.TrimSuffix(dir, "/") + "/" + name
 	}
 	return filepath.Join(dir, name)
@@ -168,52 +167,7 @@ func (s *Snapshot) Close() error {
 
 // OpenFile opens one file of the snapshot for reading, through its
 // directory (never following a link) or its store.
-func (s *Snapshot) OpenFile(name string) (File, error) { return s.store.Open(name) }
-
-// openDir opens a snapshot directory (following a link the caller named
-// as the directory itself).
-func openDir(dir string) (*os.File, error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
-	}
-	return os.NewFile(uintptr(fd), dir), nil
-}
-
-// openAt opens the file name of the directory d for reading, refusing a
-// link.
-func openAt(d *os.File, name string) (*os.File, error) {
-	fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			err = fmt.Errorf("%w: a symbolic link", ErrCorrupt)
-		}
-		return nil, &os.PathError{Op: "open", Path: filepath.Join(d.Name(), name), Err: err}
-	}
-	return os.NewFile(uintptr(fd), filepath.Join(d.Name(), name)), nil
-}
-
-// trusted checks that the open file f (what names it) is one that only
-// the caller and root can change.
-func trusted(f *os.File, what string) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return err
-	}
-	return trustedStat(&st, what)
-}
-
-// trustedStat checks a file's owner and mode: owned by the caller or
-// root, writable by neither group nor others (OpenSSH's StrictModes).
-func trustedStat(st *unix.Stat_t, what string) error {
-	if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
-		return fmt.Errorf("%w: %s belongs to uid %d, neither the caller (uid %d) nor root (--trust-snapshot accepts it)", ErrUntrusted, what, st.Uid, euid)
-	}
-	if st.Mode&0o022 != 0 {
-		return fmt.Errorf("%w: %s is writable by group or others (mode %04o; --trust-snapshot accepts it)", ErrUntrusted, what, st.Mode&0o7777)
-	}
-	return nil
-}
+func (s *Snapshot) OpenFile(name string) (store.File, error) { return s.store.Open(name) }
 
 // ManifestJSON returns snapshot.json as Open read it (and checked it),
 // byte for byte. The slice must not be modified.
@@ -326,7 +280,7 @@ const readaheadBatch = 32 << 20
 type Reader struct {
 	name    string // pages file name, for errors
 	pid     int    // the process whose memory it reads
-	f       File
+	f       store.File
 	src     io.ReaderAt // payloads: f, or f decrypted (sealedPages)
 	auth    bool        // src authenticates every block (Authenticated)
 	window  uint64      // Raw blocks larger than it are sealed in windows (Seal.Window)
@@ -442,7 +396,7 @@ func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, e
 	return r, nil
 }
 
-func newReader(name string, f File, ix *Index, opts ReaderOptions) (*Reader, error) {
+func newReader(name string, f store.File, ix *Index, opts ReaderOptions) (*Reader, error) {
 	lay, err := newLayout(ix)
 	if err != nil {
 		return nil, err
@@ -626,7 +580,7 @@ func Refetchable(err error) bool {
 	return errors.Is(err, codec.ErrChecksum) || errors.Is(err, codec.ErrUndecodable) || errors.Is(err, ErrAuth)
 }
 
-// Forgetter is a pages file (an image.File) whose bytes may come from a
+// Forgetter is a pages file (a store.File) whose bytes may come from a
 // cache of its own, such as an object store's chunks kept on disk.
 type Forgetter interface {
 	// Forget drops what the cache holds of [off, off+n), so that the next
@@ -983,7 +937,7 @@ func (r *Reader) sequential(addr, end, last uint64) {
 // batchFrom returns the blocks to decode from addr on, up to max bytes of
 // memory, and the address after them: the blocks that take decoding.
 // Zero blocks need none, and a Raw block is its stored bytes: the kernel
-// (or an object store's file, s3store) reads the pages file ahead of the
+// (or an object store's file, store/s3) reads the pages file ahead of the
 // reads that load them already, and a reader that takes Raw blocks from
 // the pages file itself (Reader.Mixed) would never read them here.
 func (r *Reader) batchFrom(addr uint64, maxBytes uint64) ([]Block, uint64) {

@@ -20,6 +20,8 @@ import (
 
 	"filippo.io/age"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Sealed snapshots (the "sealed" format feature): encrypted and
@@ -466,8 +468,8 @@ func (s *Snapshot) Sealed() bool { return s.keys != nil }
 // address whose store o configures) without checking anything else, nor
 // authenticating it: for snapctl inspect to say how a snapshot it cannot
 // open is sealed, and for whom.
-func PeekManifest(dir string, o RemoteOptions) (*Manifest, error) {
-	st, err := openStore(dir, OpenOptions{Trust: true, Remote: o})
+func PeekManifest(dir string, o store.Options) (*Manifest, error) {
+	st, err := OpenStore(dir, OpenOptions{Trust: true, Remote: o})
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"filippo.io/age"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // sealed writes a sealed snapshot of layoutRanges for a new identity and
@@ -157,7 +158,7 @@ func TestSealedRefusals(t *testing.T) {
 	if _, err := OpenWith(plain, OpenOptions{Keys: k}); !errors.Is(err, ErrNoIdentity) {
 		t.Fatalf("unsealed with identity: %v", err)
 	}
-	if m, err := PeekManifest(dir, RemoteOptions{}); err != nil || m.Seal == nil || len(m.Seal.Recipients) != 1 {
+	if m, err := PeekManifest(dir, store.Options{}); err != nil || m.Seal == nil || len(m.Seal.Recipients) != 1 {
 		t.Fatalf("peek: %+v %v", m, err)
 	}
 }

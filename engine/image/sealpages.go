@@ -12,6 +12,7 @@ import (
 	"sort"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // blockAD is the associated data of a block: its identity, so that a
@@ -46,7 +47,7 @@ func blockNonce(n *[nonceSize]byte, index uint64) []byte {
 // before it authenticates. Safe for concurrent use.
 type sealedPages struct {
 	name    string
-	f       File
+	f       store.File
 	aead    cipher.AEAD // nil: a signed snapshot in clear, blocks checked by SHA-256
 	id      [idSize]byte
 	pid     uint64
@@ -62,7 +63,7 @@ type sealedPages struct {
 // the keys of a sealed snapshot, its Raw blocks sealed in windows of
 // window bytes (0: all whole), tags being the blocks' GCM tags; or, k
 // nil, of a signed snapshot in clear, tags being the blocks' SHA-256.
-func newSealedPages(name string, f File, lay *layout, k *sealKeys, window uint64, pid int, tags []byte) (*sealedPages, error) {
+func newSealedPages(name string, f store.File, lay *layout, k *sealKeys, window uint64, pid int, tags []byte) (*sealedPages, error) {
 	s := &sealedPages{name: name, f: f, pid: uint64(pid), tags: tags, tagLen: digestSize,
 		scratch: make(chan []byte, sealedScratch)}
 	if k != nil {

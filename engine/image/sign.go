@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Signed snapshots (the "signed" format feature): integrity and origin
@@ -223,9 +225,9 @@ func (w *Writer) writeAuth(b []byte) error {
 // signed, by one of them. It returns the opened keys (nil if the keyring
 // has no age identity) and whether a signature was verified. Its own
 // files (snapshot.auth, keys.age) are checked as every file of st is
-// (Store.Stat: a plain file, not a link, that only the caller and root
+// (store.Store.Stat: a plain file, not a link, that only the caller and root
 // can change unless trusted).
-func authenticate(st Store, raw []byte, k *Keyring) (*sealKeys, bool, error) {
+func authenticate(st store.Store, raw []byte, k *Keyring) (*sealKeys, bool, error) {
 	read := func(name string, limit int64, absent string) ([]byte, error) {
 		size, err := st.Stat(name)
 		if err != nil {

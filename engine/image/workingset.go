@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // A working set is the memory a lazily restored process touched first, in
@@ -320,11 +321,12 @@ func ReadData(p []byte, e WorkingSetEntry, off uint64) (int, error) {
 	return n, nil
 }
 
-// LocalDirStore is a Store that keeps the files written beside a
+// LocalDirStore is a store.Store that keeps the files written beside a
 // snapshot after its dump (working sets) in a local directory of its own:
-// an object store's, in its cache directory.
+// a snapshot directory is its own, an object store's is in its cache
+// directory.
 type LocalDirStore interface {
-	Store
+	store.Store
 	// LocalDir returns that directory, the Store's to close; an error
 	// matching ErrUnsupported if the store has none.
 	LocalDir() (*os.File, error)
@@ -334,10 +336,7 @@ type LocalDirStore interface {
 // are: the snapshot's own directory, or its store's local directory
 // (LocalDirStore); ErrUnsupported for a store that has none.
 func (s *Snapshot) localDir() (*os.File, error) {
-	switch st := s.store.(type) {
-	case *dirStore:
-		return st.d, nil
-	case LocalDirStore:
+	if st, ok := s.store.(LocalDirStore); ok {
 		return st.LocalDir()
 	}
 	return nil, fmt.Errorf("%s: %w: working sets are kept beside snapshots in directories only", s.Dir, ErrUnsupported)
@@ -348,7 +347,7 @@ func (s *Snapshot) localDir() (*os.File, error) {
 // one) says it does not exist, not that it is unsupported.
 func (s *Snapshot) workingSetDir(pid int) (*os.File, error) {
 	d, err := s.localDir()
-	if errors.Is(err, ErrUnsupported) && !IsRemote(s.Dir) {
+	if errors.Is(err, ErrUnsupported) && !store.IsRemote(s.Dir) {
 		if _, serr := s.store.Stat(WorkingSetName(pid)); errors.Is(serr, os.ErrNotExist) {
 			return nil, serr
 		}
@@ -372,7 +371,7 @@ func (s *Snapshot) WorkingSetDir() (string, error) {
 // when the snapshot was opened: Snapshot.ID), with the checks of
 // Snapshot.WorkingSet. For a reader that keeps no snapshot open (a mount).
 func ReadWorkingSet(dir string, pid int, id SnapshotID, trust bool) (*WorkingSet, error) {
-	d, err := openDir(dir)
+	d, err := store.OpenDir(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -383,7 +382,7 @@ func ReadWorkingSet(dir string, pid int, id SnapshotID, trust bool) (*WorkingSet
 func readWorkingSet(d *os.File, pid int, id SnapshotID, trust, mapped bool) (*WorkingSet, error) {
 	name := WorkingSetName(pid)
 	path := filepath.Join(d.Name(), name)
-	f, err := openAt(d, name)
+	f, err := store.OpenAt(d, name)
 	if err != nil {
 		return nil, err
 	}
@@ -396,7 +395,7 @@ func readWorkingSet(d *os.File, pid int, id SnapshotID, trust, mapped bool) (*Wo
 		return nil, fmt.Errorf("%s: %w: not a regular file", path, ErrCorrupt)
 	}
 	if !trust {
-		if err := trusted(f, path); err != nil {
+		if err := store.Trusted(f, path); err != nil {
 			return nil, err
 		}
 	}
@@ -489,7 +488,7 @@ func (s *Snapshot) WriteWorkingSet(w *WorkingSet) error {
 // WriteWorkingSet writes w into the snapshot directory dir, as
 // Snapshot.WriteWorkingSet does.
 func WriteWorkingSet(dir string, w *WorkingSet) error {
-	d, err := openDir(dir)
+	d, err := store.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("write working set: %w", err)
 	}

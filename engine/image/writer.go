@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Options are the encoding settings of a new snapshot.
@@ -40,7 +41,7 @@ type Options struct {
 	Kernel Kernel
 	// Remote configures the store of a snapshot created at an address
 	// (s3://BUCKET/PREFIX) rather than in a directory.
-	Remote RemoteOptions
+	Remote store.Options
 	// Seal, if set, makes a sealed snapshot (feature "sealed"):
 	// encrypted and authenticated for its recipients.
 	Seal *SealOptions
@@ -71,8 +72,8 @@ type Writer struct {
 	dir string
 	// created: Create made the directory, which Abort removes.
 	created bool
-	dfd     *os.File    // the directory, locked
-	remote  StoreWriter // or the store, for an address
+	dfd     *os.File          // the directory, locked
+	remote  store.StoreWriter // or the store, for an address
 	opts    Options
 	m       Manifest
 	files   []string // written so far, for Abort
@@ -127,14 +128,11 @@ func create(dir string, opts Options) (*Writer, error) {
 		opts.Workers = runtime.GOMAXPROCS(0)
 	}
 	var dfd *os.File
-	var remote StoreWriter
+	var remote store.StoreWriter
 	created := false
-	if IsRemote(dir) {
-		sch, err := scheme(dir)
-		if err != nil {
-			return nil, err
-		}
-		if remote, err = sch.Create(dir, opts.Remote); err != nil {
+	if store.IsRemote(dir) {
+		var err error
+		if remote, err = store.Create(dir, opts.Remote); err != nil {
 			return nil, err
 		}
 	} else {
@@ -881,7 +879,7 @@ type pagesSink interface {
 
 // uploadSink writes the pages to an Upload, which buffers and sends them
 // as the dump goes on.
-type uploadSink struct{ up Upload }
+type uploadSink struct{ up store.Upload }
 
 func (u uploadSink) Write(b []byte) (int, error) { return u.up.Write(b) }
 func (u uploadSink) Flush() error                { return u.up.Close() }

@@ -21,7 +21,7 @@ import (
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 // coreReader reads a process's core through File.ReadAt, as the FUSE
@@ -63,16 +63,16 @@ func mappedTestFile(t testing.TB, dir string, seed uint64, n int) (image.FileID,
 // VMA kind, holes, VMAs not dumped, private file mappings whose file is
 // there (and whose undumped pages the core serves from it) or missing,
 // MADV_DONTDUMP, threads with random registers and FP state.
-func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]byte) {
+func randomCoreProcess(t testing.TB, seed uint64) (imagetest.Process, map[string][]byte) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	dir := t.TempDir()
 	files := map[string][]byte{}
-	p := fstest.Process{PID: 1000 + int(seed%50000), Seed: seed}
-	a := uint64(0x400000) + rng.Uint64N(64)*fstest.PageSize
+	p := imagetest.Process{PID: 1000 + int(seed%50000), Seed: seed}
+	a := uint64(0x400000) + rng.Uint64N(64)*imagetest.PageSize
 	for range 1 + rng.IntN(14) {
 		n := 1 + rng.Uint64N(96)
-		v := fstest.VMA{Start: a, End: a + pages(n), Prot: []int{protR, protRW, protRX, 0}[rng.IntN(4)],
-			Content: []fstest.Content{fstest.Zero, fstest.Random, fstest.BF16, fstest.Text, fstest.Patchwork}[rng.IntN(5)]}
+		v := imagetest.VMA{Start: a, End: a + pages(n), Prot: []int{protR, protRW, protRX, 0}[rng.IntN(4)],
+			Content: []imagetest.Content{imagetest.Zero, imagetest.Random, imagetest.BF16, imagetest.Text, imagetest.Patchwork}[rng.IntN(5)]}
 		a = v.End + pages(rng.Uint64N(3)) // touching or not
 		switch rng.IntN(8) {
 		case 0, 1, 2: // anonymous, sometimes never touched
@@ -82,7 +82,7 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 		case 4, 5: // private file mapping, file there or not
 			v.Kind, v.Name = image.VMAFile, "/nonexistent/lib.so"
 			if rng.IntN(3) > 0 {
-				off := rng.Uint64N(4) * fstest.PageSize
+				off := rng.Uint64N(4) * imagetest.PageSize
 				// the file may end before the mapping does
 				size := int(off + pages(n) - rng.Uint64N(pages(n)/2+1))
 				id, b := mappedTestFile(t, dir, seed*100+uint64(len(p.VMAs)), size)
@@ -99,7 +99,7 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 			v.Kind, v.NotDumped, v.Name, v.Prot = image.VMAVDSO, true, "[vdso]", protRX
 			if vdso, _ := hostVDSO(); vdso != nil && rng.IntN(2) == 0 {
 				v.End = v.Start + uint64(len(vdso)) // as large as the mount's
-				n = uint64(len(vdso)) / fstest.PageSize
+				n = uint64(len(vdso)) / imagetest.PageSize
 				a = v.End + pages(rng.Uint64N(3))
 			}
 		}
@@ -140,7 +140,7 @@ func randomCoreProcess(t testing.TB, seed uint64) (fstest.Process, map[string][]
 // wantCoreBytes returns what the core must hold at addr of VMA v: the
 // memory the snapshot holds there, and, in a private file mapping whose
 // file is there, the file's bytes where nothing was dumped.
-func wantCoreBytes(s *fstest.Snapshot, pid int, v *fstest.VMA, files map[string][]byte, addr, n uint64) []byte {
+func wantCoreBytes(s *imagetest.Snapshot, pid int, v *imagetest.VMA, files map[string][]byte, addr, n uint64) []byte {
 	if v.Kind == image.VMAVDSO {
 		vdso, _ := hostVDSO()
 		return vdso[addr-v.Start : addr-v.Start+n]
@@ -184,7 +184,7 @@ func holesOf(dumped [][2]uint64, lo, hi uint64) [][2]uint64 {
 func checkCore(t *testing.T, seed uint64) {
 	bs := []int{4 << 10, 64 << 10, 256 << 10}[seed%3]
 	proc, files := randomCoreProcess(t, seed)
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: bs, Mode: codec.Compress}, proc)
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: bs, Mode: codec.Compress}, proc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func checkCore(t *testing.T, seed uint64) {
 			if l.Type != elf.PT_LOAD || l.Vaddr != a || l.Vaddr+l.Memsz > v.End || l.Memsz == 0 || l.Filesz > l.Memsz {
 				t.Fatalf("seed %d: PT_LOAD %d %#x+%#x (filesz %#x) in VMA %#x-%#x at %#x", seed, li, l.Vaddr, l.Memsz, l.Filesz, v.Start, v.End, a)
 			}
-			if l.Off%fstest.PageSize != 0 || l.Off < coreDataAlign || l.Flags != progFlags(v.Prot) {
+			if l.Off%imagetest.PageSize != 0 || l.Off < coreDataAlign || l.Flags != progFlags(v.Prot) {
 				t.Fatalf("seed %d: PT_LOAD %#x: offset %#x, flags %v", seed, l.Vaddr, l.Off, l.Flags)
 			}
 			if l.Filesz > 0 {
@@ -268,7 +268,7 @@ func checkCore(t *testing.T, seed uint64) {
 }
 
 // checkNotes checks the notes of the core of proc.
-func checkNotes(t *testing.T, seed uint64, pt *elf.Prog, proc *fstest.Process) {
+func checkNotes(t *testing.T, seed uint64, pt *elf.Prog, proc *imagetest.Process) {
 	b := make([]byte, pt.Filesz)
 	if _, err := pt.ReadAt(b, 0); err != nil {
 		t.Fatal(err)
@@ -384,13 +384,13 @@ func FuzzCore(f *testing.F) {
 // blocks, whose pages are checked one by one, they decode no block at all.
 func TestCoreReadsDecodeOnlyTheirBlocks(t *testing.T) {
 	for _, tc := range []struct {
-		content fstest.Content
+		content imagetest.Content
 		want    int64
-	}{{fstest.Text, 2}, {fstest.Random, 0}} {
+	}{{imagetest.Text, 2}, {imagetest.Random, 0}} {
 		const pid = 55
-		vma := fstest.VMA{Start: 0x10000000, End: 0x10000000 + pages(4096), Prot: protRW, Content: tc.content}
-		s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
-			fstest.Process{PID: pid, Seed: 3, VMAs: []fstest.VMA{vma}})
+		vma := imagetest.VMA{Start: 0x10000000, End: 0x10000000 + pages(4096), Prot: protRW, Content: tc.content}
+		s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
+			imagetest.Process{PID: pid, Seed: 3, VMAs: []imagetest.VMA{vma}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -420,11 +420,11 @@ const (
 )
 
 // pages returns n pages in bytes.
-func pages(n uint64) uint64 { return n * fstest.PageSize }
+func pages(n uint64) uint64 { return n * imagetest.PageSize }
 
 // openTestCore lays out the core of process pid of s, read through a
 // reader with readahead, as a mount's.
-func openTestCore(t testing.TB, s *fstest.Snapshot, pid int) *File {
+func openTestCore(t testing.TB, s *imagetest.Snapshot, pid int) *File {
 	t.Helper()
 	snap, err := image.Open(s.Dir)
 	if err != nil {

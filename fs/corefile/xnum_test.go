@@ -8,7 +8,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 // TestCoreManyVMAs: with 65535 program headers or more, e_phnum is
@@ -19,14 +19,14 @@ func TestCoreManyVMAs(t *testing.T) {
 		t.Skip("70000 VMAs")
 	}
 	const pid, n = 66, 70000
-	var vmas []fstest.VMA
+	var vmas []imagetest.VMA
 	for i := range uint64(n) {
-		a := 0x10000000 + 2*i*fstest.PageSize
-		vmas = append(vmas, fstest.VMA{Start: a, End: a + fstest.PageSize, Prot: protR, Kind: image.VMAFile, NotDumped: true})
+		a := 0x10000000 + 2*i*imagetest.PageSize
+		vmas = append(vmas, imagetest.VMA{Start: a, End: a + imagetest.PageSize, Prot: protR, Kind: image.VMAFile, NotDumped: true})
 	}
-	vmas[n-1].NotDumped, vmas[n-1].Kind, vmas[n-1].Content = false, image.VMAAnon, fstest.Text
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 4 << 10, Mode: codec.Compress},
-		fstest.Process{PID: pid, Seed: 1, VMAs: vmas})
+	vmas[n-1].NotDumped, vmas[n-1].Kind, vmas[n-1].Content = false, image.VMAAnon, imagetest.Text
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 4 << 10, Mode: codec.Compress},
+		imagetest.Process{PID: pid, Seed: 1, VMAs: vmas})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestCoreManyVMAs(t *testing.T) {
 	}
 	off, filesz := le.Uint64(ph[8:]), le.Uint64(ph[32:])
 	b := make([]byte, filesz)
-	if _, err := (coreReader{c}).ReadAt(b, int64(off)); err != nil || string(b[:len(fstest.Marker)]) != fstest.Marker {
+	if _, err := (coreReader{c}).ReadAt(b, int64(off)); err != nil || string(b[:len(imagetest.Marker)]) != imagetest.Marker {
 		t.Fatalf("last PT_LOAD: %q, %v", b[:32], err)
 	}
 }

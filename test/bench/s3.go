@@ -17,10 +17,10 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -99,10 +99,10 @@ func startMinIO(ctx context.Context, dir, logPath string) (*minioServer, error) 
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				c := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(m.endpoint), UsePathStyle: true,
+				c := awss3.New(awss3.Options{Region: "us-east-1", BaseEndpoint: aws.String(m.endpoint), UsePathStyle: true,
 					Credentials: credentials.NewStaticCredentialsProvider("lazyfs-bench", "lazyfs-bench-secret", "")})
 				// Ready may still mean XMinioServerNotInitialized.
-				if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(s3Bucket)}); err == nil {
+				if _, err := c.CreateBucket(ctx, &awss3.CreateBucketInput{Bucket: aws.String(s3Bucket)}); err == nil {
 					return m, nil
 				} else if !strings.Contains(err.Error(), "NotInitialized") {
 					m.stop()
@@ -265,7 +265,7 @@ func (h *harness) dumpStore(ctx context.Context, addr string, cfg dumpConfig, dr
 }
 
 // pagesAlone uploads the pages file of disk to addr as a dump does
-// (s3store, parallel parts), reads it back as a restore's sequential
+// (store/s3, parallel parts), reads it back as a restore's sequential
 // reader does, and reads it from the disk (warm), timing each.
 func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err error) {
 	start := time.Now()
@@ -276,7 +276,7 @@ func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err 
 	read = time.Since(start)
 	name := filepath.Base(disk.Pages)
 	start = time.Now()
-	w, err := s3store.Create(addr, image.RemoteOptions{})
+	w, err := s3.Create(addr, store.Options{})
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -295,7 +295,7 @@ func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err 
 		return 0, 0, 0, err
 	}
 	start = time.Now()
-	s, err := s3store.Open(addr, image.RemoteOptions{})
+	s, err := s3.Open(addr, store.Options{})
 	if err != nil {
 		return 0, 0, 0, err
 	}

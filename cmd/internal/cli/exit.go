@@ -11,7 +11,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine"
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/fs"
 )
@@ -114,7 +114,7 @@ func ExitCode(err error) int {
 		return ExitNoProcess
 	case errors.Is(err, fs.ErrNoFUSE), errors.Is(err, errors.ErrUnsupported), errors.Is(err, os.ErrPermission):
 		return ExitNoPrivilege
-	case errors.Is(err, image.ErrLocked), errors.Is(err, s3store.ErrLockHeld):
+	case errors.Is(err, image.ErrLocked), errors.Is(err, s3.ErrLockHeld):
 		return ExitLocked
 	}
 	return ExitFailure

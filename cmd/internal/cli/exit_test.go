@@ -16,7 +16,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/fs"
 )
@@ -62,7 +62,7 @@ func TestExitCode(t *testing.T) {
 		{"unsafe dump directory", step("create snapshot", fmt.Errorf("%w: /x belongs to uid 1000", image.ErrUnsafeDir)), 8},
 		{"untrusted socket path", step("file descriptors", fmt.Errorf("fd 3: %w", sock.ErrUntrustedPath)), 8},
 		{"dump directory locked", fmt.Errorf("/x: %w", image.ErrLocked), 11},
-		{"cleanup of a live lock", fmt.Errorf("s3://b/p: %w", s3store.ErrLockHeld), 11},
+		{"cleanup of a live lock", fmt.Errorf("s3://b/p: %w", s3.ErrLockHeld), 11},
 		{"block checksum", block(fmt.Errorf("%w: crc32c 1, want 2", codec.ErrChecksum)), 7},
 		{"block undecodable", block(fmt.Errorf("%w: lz4", codec.ErrUndecodable)), 7},
 		{"codec error alone", fmt.Errorf("verify: %w", &codec.BlockError{Index: 1, Err: codec.ErrChecksum}), 7},

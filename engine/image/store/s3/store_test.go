@@ -1,4 +1,4 @@
-package s3store_test
+package s3_test
 
 import (
 	"bytes"
@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
 // setup starts MinIO with a bucket and points the AWS_* variables and the
 // request log at it.
-func setup(t *testing.T) (*fixture.MinIO, image.RemoteOptions, string) {
+func setup(t *testing.T) (*fixture.MinIO, store.Options, string) {
 	t.Helper()
 	m := fixture.StartMinIO(t)
 	m.MakeBucket("snaps")
@@ -27,7 +28,7 @@ func setup(t *testing.T) (*fixture.MinIO, image.RemoteOptions, string) {
 	}
 	trace := filepath.Join(t.TempDir(), "trace.log")
 	t.Setenv("LAZYFS_S3_TRACE", trace)
-	return m, image.RemoteOptions{Endpoint: m.Endpoint}, trace
+	return m, store.Options{Endpoint: m.Endpoint}, trace
 }
 
 // gets counts the ranged GETs of name in the request log.
@@ -49,9 +50,9 @@ func gets(t *testing.T, trace, name string) int {
 	return n
 }
 
-func write(t *testing.T, addr string, o image.RemoteOptions, files map[string][]byte) {
+func write(t *testing.T, addr string, o store.Options, files map[string][]byte) {
 	t.Helper()
-	w, err := s3store.Create(addr, o)
+	w, err := s3.Create(addr, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,10 +92,10 @@ func TestRoundTrip(t *testing.T) {
 	big, small := random(40<<20+12345, 1), []byte("small file\n")
 	addr := "s3://snaps/host1/snap"
 	write(t, addr, o, map[string][]byte{"pages-1.img": big, "state.json": small})
-	if _, err := s3store.Create(addr, o); !errors.Is(err, image.ErrExists) {
+	if _, err := s3.Create(addr, o); !errors.Is(err, image.ErrExists) {
 		t.Fatalf("second dump into %s: %v, want ErrExists", addr, err)
 	}
-	s, err := s3store.Open(addr, o)
+	s, err := s3.Open(addr, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestCacheDir(t *testing.T) {
 	o.CacheDir = filepath.Join(t.TempDir(), "cache")
 	readAll := func() {
 		t.Helper()
-		s, err := s3store.Open(addr, o)
+		s, err := s3.Open(addr, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +188,7 @@ func TestCacheDir(t *testing.T) {
 	}
 	// A cache directory another user could write is refused.
 	os.Chmod(o.CacheDir, 0o777)
-	if _, err := s3store.Open(addr, o); !errors.Is(err, image.ErrUntrusted) {
+	if _, err := s3.Open(addr, o); !errors.Is(err, image.ErrUntrusted) {
 		t.Fatalf("cache directory writable by others: %v", err)
 	}
 }
@@ -200,7 +201,7 @@ func TestStoreGone(t *testing.T) {
 	addr := "s3://snaps/gone"
 	write(t, addr, o, map[string][]byte{"pages-1.img": data})
 	o.ReadTimeout = 5 * time.Second
-	s, err := s3store.Open(addr, o)
+	s, err := s3.Open(addr, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,20 +225,20 @@ func TestStoreGone(t *testing.T) {
 // error each, matching os.ErrNotExist and os.ErrPermission.
 func TestErrors(t *testing.T) {
 	_, o, _ := setup(t)
-	if _, err := s3store.Open("s3://nobucket/x", o); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "nobucket") {
+	if _, err := s3.Open("s3://nobucket/x", o); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "nobucket") {
 		t.Errorf("missing bucket: %v", err)
 	}
-	if _, err := s3store.Create("s3://nobucket/x", o); !errors.Is(err, os.ErrNotExist) {
+	if _, err := s3.Create("s3://nobucket/x", o); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("dump to a missing bucket: %v", err)
 	}
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
-	if _, err := s3store.Open("s3://snaps/x", o); !errors.Is(err, os.ErrPermission) {
+	if _, err := s3.Open("s3://snaps/x", o); !errors.Is(err, os.ErrPermission) {
 		t.Errorf("wrong credentials: %v", err)
 	} else {
 		t.Log(err)
 	}
 	for _, bad := range []string{"s3://", "s3:///x", "s3://b/../x", "s3://b/a//c"} {
-		if _, err := s3store.ParseAddress(bad); !errors.Is(err, s3store.ErrAddress) {
+		if _, err := s3.ParseAddress(bad); !errors.Is(err, s3.ErrAddress) {
 			t.Errorf("%q: %v", bad, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package s3store
+package s3
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // ErrLockHeld: cleanup refused a prefix whose lock is of a dump that runs,
@@ -71,7 +72,7 @@ func (l *Leftovers) Empty() bool {
 }
 
 // FindLeftovers lists what a dump that did not finish left at addr.
-func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Leftovers, error) {
+func FindLeftovers(ctx context.Context, addr string, o store.Options) (*Leftovers, error) {
 	a, err := ParseAddress(addr)
 	if err != nil {
 		return nil, err
@@ -101,30 +102,8 @@ func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Le
 		switch {
 		case name == lockName:
 		case strings.HasPrefix(name, uploadMarker):
-			// A dump's own, whatever else the prefix holds. Its upload
-			// is looked up by its exact key, which every store lists:
-			// a marker whose upload is gone (completed, its marker's
-			// delete failed) is stale, removed with nothing to abort.
-			l.Markers = append(l.Markers, name)
-			id, _, err := c.readSmall(ctx, name)
-			if err != nil {
+			if err := l.addMarker(ctx, name, ids); err != nil {
 				return nil, err
-			}
-			file := strings.TrimPrefix(name, uploadMarker)
-			of, err := c.pendingUploadsOf(ctx, c.addr.key(file))
-			if err != nil {
-				return nil, err
-			}
-			found := false
-			for _, u := range of {
-				if u.ID == strings.TrimSpace(id) && !ids[u.ID] {
-					ids[u.ID] = true
-					l.Uploads = append(l.Uploads, u)
-					found = true
-				}
-			}
-			if !found {
-				l.Stale = append(l.Stale, name)
 			}
 		case l.Complete:
 		case l.Lock != nil:
@@ -152,6 +131,36 @@ func FindLeftovers(ctx context.Context, addr string, o image.RemoteOptions) (*Le
 		}
 	}
 	return l, nil
+}
+
+// addMarker adds the upload marker name to l: a dump's own, whatever
+// else the prefix holds. Its upload is looked up by its exact key, which
+// every store lists: a marker whose upload is gone (completed, its
+// marker's delete failed) is stale, removed with nothing to abort. ids
+// are the uploads found so far.
+func (l *Leftovers) addMarker(ctx context.Context, name string, ids map[string]bool) error {
+	l.Markers = append(l.Markers, name)
+	id, _, err := l.c.readSmall(ctx, name)
+	if err != nil {
+		return err
+	}
+	file := strings.TrimPrefix(name, uploadMarker)
+	of, err := l.c.pendingUploadsOf(ctx, l.c.addr.key(file))
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, u := range of {
+		if u.ID == strings.TrimSpace(id) && !ids[u.ID] {
+			ids[u.ID] = true
+			l.Uploads = append(l.Uploads, u)
+			found = true
+		}
+	}
+	if !found {
+		l.Stale = append(l.Stale, name)
+	}
+	return nil
 }
 
 // pendingUploadsOf lists the multipart uploads of the object key.

@@ -1,11 +1,12 @@
-// Package fstest builds synthetic snapshots, with memory generated from a
+// Package imagetest builds synthetic snapshots, with memory generated from a
 // seed so that tests know every byte a mount must serve without holding
 // it: the tests of package fs and of its users (snapctl restore --lazy, the
-// end-to-end tests) mount them and compare.
+// end-to-end tests) mount them and compare, and the stores' tests (an
+// archive) read them back.
 //
 // Content is generated page by page from (seed, page address, kind), so
 // Fill reproduces any range, at any offset, without reading the snapshot.
-package fstest
+package imagetest
 
 import (
 	"context"
@@ -207,7 +208,7 @@ func (s *Snapshot) proc(pid int) *Process {
 			return &s.Procs[i]
 		}
 	}
-	panic(fmt.Sprintf("fstest: no process %d", pid))
+	panic(fmt.Sprintf("imagetest: no process %d", pid))
 }
 
 // Fill writes into dst the memory the snapshot holds for pid at addr:
@@ -282,7 +283,7 @@ func genPage(p *Process, c Content, pa uint64, page []byte) {
 	case Text:
 		genText(p.PID, pa, x, page)
 	default:
-		panic(fmt.Sprintf("fstest: content %d", c))
+		panic(fmt.Sprintf("imagetest: content %d", c))
 	}
 }
 

@@ -1,4 +1,4 @@
-package s3store_test
+package s3_test
 
 import (
 	"bytes"
@@ -9,10 +9,10 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
@@ -27,7 +27,7 @@ func TestLeftoversOfOtherHosts(t *testing.T) {
 	put := func(key, body string) { putObject(t, m, key, body) }
 	keys := func(prefix string) []string {
 		t.Helper()
-		out, err := m.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String(prefix)})
+		out, err := m.Client().ListObjectsV2(ctx, &awss3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String(prefix)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,13 +48,13 @@ func TestLeftoversOfOtherHosts(t *testing.T) {
 			put(prefix+".lazyfs-dump.lock", tc.lock)
 			put(prefix+"pages-4242.img", "partial")
 
-			_, err := s3store.Create(addr, o)
+			_, err := s3.Create(addr, o)
 			if !errors.Is(err, image.ErrLocked) || !strings.Contains(err.Error(), tc.says) ||
 				!strings.Contains(err.Error(), "snapctl cleanup --force -D "+addr) {
 				t.Errorf("dump into the prefix: %v; want locked, naming %q and cleanup --force", err, tc.says)
 			}
 
-			l, err := s3store.FindLeftovers(ctx, addr, o)
+			l, err := s3.FindLeftovers(ctx, addr, o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,7 +65,7 @@ func TestLeftoversOfOtherHosts(t *testing.T) {
 				t.Errorf("lock described as %q", s)
 			}
 			err = l.Clear(ctx, false, func(string) {})
-			if !errors.Is(err, s3store.ErrLockHeld) || !strings.Contains(err.Error(), "--force") {
+			if !errors.Is(err, s3.ErrLockHeld) || !strings.Contains(err.Error(), "--force") {
 				t.Errorf("clear without force: %v, want ErrLockHeld naming --force", err)
 			}
 			if got := keys(prefix); len(got) != 2 {
@@ -83,7 +83,7 @@ func TestLeftoversOfOtherHosts(t *testing.T) {
 
 	t.Run("not a dump's", func(t *testing.T) {
 		put("other/notes.txt", "mine")
-		l, err := s3store.FindLeftovers(ctx, "s3://snaps/other", o)
+		l, err := s3.FindLeftovers(ctx, "s3://snaps/other", o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,22 +111,22 @@ func TestLeftoversChangedOrStale(t *testing.T) {
 	other := "lazyfs dump lock\nhost: elsewhere\nboot_id: 0\npid_ns: pid:[1]\npid: 1\nstart_ticks: 1\nstarted: 2026-01-02T03:04:05Z\n"
 
 	put("changed/.lazyfs-dump.lock", other)
-	l, err := s3store.FindLeftovers(ctx, "s3://snaps/changed", o)
+	l, err := s3.FindLeftovers(ctx, "s3://snaps/changed", o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	put("changed/.lazyfs-dump.lock", strings.Replace(other, "pid: 1\n", "pid: 2\n", 1))
-	if err := l.Clear(ctx, true, func(string) {}); !errors.Is(err, s3store.ErrLockHeld) || !strings.Contains(err.Error(), "since it was listed") {
+	if err := l.Clear(ctx, true, func(string) {}); !errors.Is(err, s3.ErrLockHeld) || !strings.Contains(err.Error(), "since it was listed") {
 		t.Errorf("clear after the lock changed: %v, want ErrLockHeld", err)
 	}
 
 	put("stale/"+image.ManifestName, "{}")
 	put("stale/.lazyfs-upload.pages-1.img", "no-such-upload-id\n")
-	up, err := m.Client().CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("snaps"), Key: aws.String("stale/notes.bin")})
+	up, err := m.Client().CreateMultipartUpload(ctx, &awss3.CreateMultipartUploadInput{Bucket: aws.String("snaps"), Key: aws.String("stale/notes.bin")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err = s3store.FindLeftovers(ctx, "s3://snaps/stale", o)
+	l, err = s3.FindLeftovers(ctx, "s3://snaps/stale", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,14 +140,14 @@ func TestLeftoversChangedOrStale(t *testing.T) {
 	if len(did) != 0 {
 		t.Errorf("clearing a stale marker reported %q", did)
 	}
-	out, err := m.Client().ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String("stale/")})
+	out, err := m.Client().ListObjectsV2(ctx, &awss3.ListObjectsV2Input{Bucket: aws.String("snaps"), Prefix: aws.String("stale/")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(out.Contents) != 1 || aws.ToString(out.Contents[0].Key) != "stale/"+image.ManifestName {
 		t.Errorf("after clear: %d objects, want the manifest alone", len(out.Contents))
 	}
-	ups, err := m.Client().ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String("snaps"), Prefix: aws.String("stale/notes.bin")})
+	ups, err := m.Client().ListMultipartUploads(ctx, &awss3.ListMultipartUploadsInput{Bucket: aws.String("snaps"), Prefix: aws.String("stale/notes.bin")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,23 +160,23 @@ func TestLeftoversChangedOrStale(t *testing.T) {
 // time, is in the caller's own pid namespace of the same boot of the same
 // host; another pid namespace (a container on the host) cannot tell.
 func TestLockState(t *testing.T) {
-	me := s3store.OurLockForTest()
-	if st := me.State(); st != s3store.LockRunning {
+	me := s3.OurLockForTest()
+	if st := me.State(); st != s3.LockRunning {
 		t.Errorf("our own lock: %v, want running", st)
 	}
 	ns := me
 	ns.PIDNS = "pid:[1]"
-	if st := ns.State(); st != s3store.LockUnknown {
+	if st := ns.State(); st != s3.LockUnknown {
 		t.Errorf("a lock of another pid namespace: %v, want unknown", st)
 	}
 	gone := me
 	gone.Start++
-	if st := gone.State(); st != s3store.LockGone {
+	if st := gone.State(); st != s3.LockGone {
 		t.Errorf("a lock whose pid has another start time: %v, want gone", st)
 	}
 	reboot := me
 	reboot.BootID = "another-boot"
-	if st := reboot.State(); st != s3store.LockGone {
+	if st := reboot.State(); st != s3.LockGone {
 		t.Errorf("a lock of another boot: %v, want gone", st)
 	}
 }
@@ -185,7 +185,7 @@ func TestLockState(t *testing.T) {
 // would.
 func putObject(t *testing.T, m *fixture.MinIO, key, body string) {
 	t.Helper()
-	if _, err := m.Client().PutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String("snaps"), Key: aws.String(key), Body: bytes.NewReader([]byte(body))}); err != nil {
+	if _, err := m.Client().PutObject(context.Background(), &awss3.PutObjectInput{Bucket: aws.String("snaps"), Key: aws.String(key), Body: bytes.NewReader([]byte(body))}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,4 +1,4 @@
-package s3store
+package s3
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 const (
@@ -45,7 +46,7 @@ const (
 var unsignedPayload = s3.WithAPIOptions(v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
 
 // Writer is a snapshot being written to an object store: an
-// image.StoreWriter.
+// store.StoreWriter.
 type Writer struct {
 	c       *client
 	ctx     context.Context
@@ -62,7 +63,7 @@ type Writer struct {
 // object already (image.ErrExists), then marks the prefix with a lock
 // object created only if absent (image.ErrLocked if another dump got
 // there first).
-func Create(addr string, o image.RemoteOptions) (*Writer, error) {
+func Create(addr string, o store.Options) (*Writer, error) {
 	a, err := ParseAddress(addr)
 	if err != nil {
 		return nil, err
@@ -165,7 +166,7 @@ func (w *Writer) putIfAbsent(name string, b []byte) error { return w.put(name, b
 
 // Create starts the file name: an upload that sends its bytes as it
 // gets them.
-func (w *Writer) Create(name string) (image.Upload, error) {
+func (w *Writer) Create(name string) (store.Upload, error) {
 	u := &upload{w: w, name: name, key: w.c.addr.key(name), sem: make(chan struct{}, maxPartsInFlight)}
 	u.buf = make([]byte, 0, partSize)
 	w.mu.Lock()

@@ -1,4 +1,4 @@
-package s3store
+package s3
 
 // OurLockForTest is the lock a dump by this process would write.
 func OurLockForTest() Lock { return ourLock() }

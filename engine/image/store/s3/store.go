@@ -1,6 +1,6 @@
-// Package s3store keeps snapshots in an S3-compatible object store (AWS
-// S3, MinIO, Ceph RGW, R2): the image.Store and image.StoreWriter of the
-// addresses s3://BUCKET/PREFIX, registered with image.RegisterScheme by
+// Package s3 keeps snapshots in an S3-compatible object store (AWS
+// S3, MinIO, Ceph RGW, R2): the store.Store and store.StoreWriter of the
+// addresses s3://BUCKET/PREFIX, registered with store.RegisterScheme by
 // importing this package. A snapshot is the objects PREFIX/snapshot.json,
 // PREFIX/pages-PID.img... named as the files of a snapshot directory.
 //
@@ -10,7 +10,7 @@
 // them (the AWS SDK for Go v2's default chain): AWS_ACCESS_KEY_ID,
 // AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_PROFILE,
 // AWS_ENDPOINT_URL(_S3), ~/.aws/credentials and ~/.aws/config, then the
-// instance's role. image.RemoteOptions.Endpoint (--s3-endpoint) overrides
+// instance's role. store.Options.Endpoint (--s3-endpoint) overrides
 // the endpoint; any endpoint but AWS's is addressed path-style
 // (ENDPOINT/BUCKET/KEY), as MinIO and most S3-compatible stores want. A
 // store without a region is asked as us-east-1.
@@ -23,7 +23,7 @@
 // maxInFlight per store; a read that continues the previous one fetches
 // the chunks after it ahead of time. Chunks are kept in memory (an LRU,
 // memChunks per store), and, with a cache directory, on disk across runs
-// with a CRC32C each, checked whenever a chunk is reused (diskCache). The
+// with a CRC32C each, checked whenever a chunk is reused (cache.Dir). The
 // listing and the manifest are kept there too: a Store opened while the
 // store cannot be reached works from the cache directory alone.
 // Every GET names the object's ETag as the store listed it (If-Match), so
@@ -57,7 +57,7 @@
 // path, range, status), for tests and for whoever wonders what a restore
 // fetched; processes started by the one that has it set (the private
 // mount's helper) inherit it.
-package s3store
+package s3
 
 import (
 	"context"
@@ -80,16 +80,19 @@ import (
 	"github.com/aws/smithy-go"
 	lru "github.com/hashicorp/golang-lru/v2"
 
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store/cache"
+	"github.com/lazyfs/lazyfs/engine/image/store/trace"
+
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // Scheme is the address scheme of this store: s3://BUCKET/PREFIX.
 const Scheme = "s3"
 
 func init() {
-	image.RegisterScheme(Scheme, image.Scheme{
-		Open:   func(addr string, o image.RemoteOptions) (image.Store, error) { return Open(addr, o) },
-		Create: func(addr string, o image.RemoteOptions) (image.StoreWriter, error) { return Create(addr, o) },
+	store.RegisterScheme(Scheme, store.Scheme{
+		Open:   func(addr string, o store.Options) (store.Store, error) { return Open(addr, o) },
+		Create: func(addr string, o store.Options) (store.StoreWriter, error) { return Create(addr, o) },
 	})
 }
 
@@ -164,7 +167,7 @@ type client struct {
 }
 
 // newClient makes the client for addr from the environment and o.
-func newClient(ctx context.Context, addr Address, o image.RemoteOptions) (*client, error) {
+func newClient(ctx context.Context, addr Address, o store.Options) (*client, error) {
 	// The SDK's own client, so that AWS_CA_BUNDLE and the like still
 	// apply to it.
 	hc := awshttp.NewBuildableClient().WithDialerOptions(func(d *net.Dialer) {
@@ -202,7 +205,7 @@ func newClient(ctx context.Context, addr Address, o image.RemoteOptions) (*clien
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		so.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 		if path := os.Getenv("LAZYFS_S3_TRACE"); path != "" {
-			so.HTTPClient = &tracer{next: so.HTTPClient, path: path}
+			so.HTTPClient = &trace.Client{Next: so.HTTPClient, Path: path}
 		}
 	})
 	if c.endpoint == "" {
@@ -276,16 +279,16 @@ func (c *client) listWith(ctx context.Context, limit int, raw *error) (map[strin
 }
 
 // Store is a snapshot in an object store, opened for reading: an
-// image.Store.
+// store.Store.
 type Store struct {
 	c       *client
 	objects map[string]object // listed once, by Open
 	mem     *lru.Cache[chunkKey, []byte]
-	disk    *diskCache // nil without a cache directory
+	disk    *cache.Dir // nil without a cache directory
 	// closeOnce lets go of disk once, however often Close is called.
 	closeOnce sync.Once
 	sem       chan struct{}
-	// ctx ends every read when it is done (RemoteOptions.Context: the
+	// ctx ends every read when it is done (store.Options.Context: the
 	// command's, cancelled by SIGINT and SIGTERM).
 	ctx         context.Context
 	readTimeout time.Duration
@@ -307,7 +310,7 @@ const memChunks = 64
 // listing of its objects. A missing bucket fails here, as do credentials
 // the store refuses; a missing manifest fails image.OpenWith
 // (image.ErrIncomplete), as for a directory.
-func Open(addr string, o image.RemoteOptions) (*Store, error) {
+func Open(addr string, o store.Options) (*Store, error) {
 	a, err := ParseAddress(addr)
 	if err != nil {
 		return nil, err
@@ -326,7 +329,7 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 		s.readTimeout = DefaultReadTimeout
 	}
 	if o.CacheDir != "" {
-		if s.disk, err = openDiskCache(o.CacheDir, o.CacheSize, o.Trust); err != nil {
+		if s.disk, err = cache.Open(o.CacheDir, o.CacheSize, o.Trust); err != nil {
 			return nil, err
 		}
 	}
@@ -335,13 +338,13 @@ func Open(addr string, o image.RemoteOptions) (*Store, error) {
 	case err == nil:
 		s.objects = objs
 		if s.disk != nil {
-			s.disk.putListing(c, objs)
+			putListing(s.disk, c, objs)
 		}
 	case s.disk != nil && unreachable(raw):
 		// Offline: the listing kept with the chunks, if there is one.
 		// Every chunk read from the cache is still checked, and the
 		// manifest (kept too) says what every other byte must be.
-		kept, at, ok := s.disk.listing(c)
+		kept, at, ok := listing(s.disk, c)
 		if !ok {
 			s.Close()
 			return nil, err
@@ -383,7 +386,7 @@ func (s *Store) Stat(name string) (int64, error) {
 }
 
 // Open opens the object of name for ranged reads.
-func (s *Store) Open(name string) (image.File, error) {
+func (s *Store) Open(name string) (store.File, error) {
 	o, ok := s.objects[name]
 	if !ok {
 		return nil, &os.PathError{Op: "open", Path: s.c.addr.String() + "/" + name, Err: os.ErrNotExist}
@@ -400,7 +403,7 @@ func (s *Store) Close() error {
 			s.side.Close()
 		}
 		if s.disk != nil {
-			s.disk.unref()
+			s.disk.Unref()
 		}
 	})
 	return nil

@@ -1,4 +1,4 @@
-package s3store
+package s3
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store/cache"
 )
 
 const (
@@ -47,17 +48,18 @@ type chunkKey struct {
 	idx  int64
 }
 
-// file is one object opened for ranged reads: an image.File.
+// file is one object opened for ranged reads: a store.File.
 type file struct {
 	s         *Store
 	closeOnce sync.Once // lets go of disk
 	name      string
 	key       string
+	id        string // the object's in the cache directory (client.objectID)
 	obj       object
 	// disk is the store's disk cache, or nil; diskRead says whether
 	// chunks are read from it (the manifest's only offline), not only
 	// put there.
-	disk     *diskCache
+	disk     *cache.Dir
 	diskRead bool
 
 	mu       sync.Mutex
@@ -86,8 +88,9 @@ type fetch struct {
 
 func newFile(s *Store, name string, o object) *file {
 	ctx, cancel := context.WithCancel(s.ctx)
-	f := &file{s: s, name: name, key: s.c.addr.key(name), obj: o, inFlight: map[int64]*fetch{}, last: -1, ctx: ctx, cancel: cancel}
-	if s.disk != nil && s.disk.retain() {
+	key := s.c.addr.key(name)
+	f := &file{s: s, name: name, key: key, id: s.c.objectID(key, o), obj: o, inFlight: map[int64]*fetch{}, last: -1, ctx: ctx, cancel: cancel}
+	if s.disk != nil && s.disk.Retain() {
 		f.disk = s.disk
 	}
 	// The manifest is read from the store whenever it can be reached:
@@ -103,7 +106,7 @@ func (f *file) Close() error {
 	f.wg.Wait()
 	f.closeOnce.Do(func() {
 		if f.disk != nil {
-			f.disk.unref()
+			f.disk.Unref()
 		}
 	})
 	return nil
@@ -182,7 +185,7 @@ func (f *file) Forget(off, n int64) bool {
 	for i := off / readChunk; i < (end-1)/readChunk+1; i++ {
 		held = f.s.mem.Remove(chunkKey{f.name, i}) || held
 		if f.disk != nil {
-			held = f.disk.drop(f.disk.file(f.s.c, f.key, f.obj, i)) || held
+			held = f.disk.Drop(f.id, i) || held
 		}
 	}
 	return held
@@ -280,38 +283,24 @@ func (f *file) get(ctx context.Context, c *fetch) {
 		return
 	}
 	defer func() { <-f.s.sem }()
-	if f.diskRead {
-		// From the disk cache if it holds them all; a chunk that fails
-		// its check there is fetched again with the others.
-		data := make([][]byte, 0, c.hi-c.lo)
-		for i := c.lo; i < c.hi; i++ {
-			b, ok := f.disk.get(f.s.c, f.key, f.obj, i, f.chunkLen(i))
-			if !ok {
-				break
-			}
-			data = append(data, b)
-		}
-		if len(data) == int(c.hi-c.lo) {
-			c.data = data
-			if f.current(c) {
-				for i, b := range data {
-					f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
-				}
-			}
-			return
-		}
+	fromDisk := false
+	if f.disk != nil {
+		c.data, fromDisk, c.err = f.disk.ReadThrough(f.id, c.lo, c.hi, f.chunkLen, f.diskRead, func() ([][]byte, error) {
+			return f.getChunks(ctx, c.lo, c.hi)
+		})
+	} else {
+		c.data, c.err = f.getChunks(ctx, c.lo, c.hi)
 	}
-	c.data, c.err = f.getChunks(ctx, c.lo, c.hi)
 	if c.err != nil {
 		return
 	}
-	for i := c.lo; i < c.hi; i++ {
-		b := c.data[i-c.lo]
-		// From the store: good even if a Forget came meanwhile.
-		f.s.mem.Add(chunkKey{f.name, i}, b)
-		if f.disk != nil {
-			f.disk.put(f.s.c, f.key, f.obj, i, b)
-		}
+	// Chunks from the store are good even if a Forget came meanwhile;
+	// chunks from the disk cache are kept in memory only if none did.
+	if fromDisk && !f.current(c) {
+		return
+	}
+	for i, b := range c.data {
+		f.s.mem.Add(chunkKey{f.name, c.lo + int64(i)}, b)
 	}
 }
 

@@ -1,4 +1,4 @@
-package s3store_test
+package s3_test
 
 import (
 	"bytes"
@@ -10,15 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
 // faultCase writes an object through MinIO and opens the store through a
 // fault proxy, with o's read options.
-func faultCase(t *testing.T, o image.RemoteOptions) (*fixture.FaultProxy, image.File, []byte) {
+func faultCase(t *testing.T, o store.Options) (*fixture.FaultProxy, store.File, []byte) {
 	t.Helper()
 	m, direct, _ := setup(t)
 	data := make([]byte, 3<<20)
@@ -30,7 +30,7 @@ func faultCase(t *testing.T, o image.RemoteOptions) (*fixture.FaultProxy, image.
 	write(t, addr, direct, map[string][]byte{"pages-1.img": data})
 	p := fixture.StartFaultProxy(t, m.Endpoint)
 	o.Endpoint = p.URL
-	s, err := s3store.Open(addr, o)
+	s, err := s3.Open(addr, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func warnings(t *testing.T) *testutil.Buffer {
 // Three seconds of 503 SlowDown (what many replicas starting at once
 // provoke) are waited out: the read succeeds, with the right bytes.
 func TestReadRetriesSlowDown(t *testing.T) {
-	p, f, data := faultCase(t, image.RemoteOptions{})
+	p, f, data := faultCase(t, store.Options{})
 	p.Set("503", 3*time.Second)
 	start := time.Now()
 	b := make([]byte, 64<<10)
@@ -78,7 +78,7 @@ func TestReadRetriesSlowDown(t *testing.T) {
 func TestReadStallBounded(t *testing.T) {
 	logs := warnings(t)
 	const timeout = 7 * time.Second
-	p, f, _ := faultCase(t, image.RemoteOptions{ReadTimeout: timeout})
+	p, f, _ := faultCase(t, store.Options{ReadTimeout: timeout})
 	p.Set("stall", 0)
 	start := time.Now()
 	_, err := f.ReadAt(make([]byte, 4096), 0)
@@ -101,7 +101,7 @@ func TestReadStallBounded(t *testing.T) {
 func TestReadStallCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	p, f, _ := faultCase(t, image.RemoteOptions{Context: ctx})
+	p, f, _ := faultCase(t, store.Options{Context: ctx})
 	p.Set("stall", 0)
 	done := make(chan error, 1)
 	go func() {
@@ -127,7 +127,7 @@ func TestReadStallCancelled(t *testing.T) {
 // A store that ignores Range (200 with the whole object) is named as
 // such, at once, not taken for a corrupt snapshot.
 func TestReadRangeIgnored(t *testing.T) {
-	p, f, _ := faultCase(t, image.RemoteOptions{})
+	p, f, _ := faultCase(t, store.Options{})
 	p.Set("norange", 0)
 	start := time.Now()
 	_, err := f.ReadAt(make([]byte, 4096), 1<<20)

@@ -1,4 +1,4 @@
-package s3store
+package s3
 
 import (
 	"bufio"

@@ -22,9 +22,10 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
-func init() { image.RegisterFileStore(Open) }
+func init() { store.RegisterFileStore(Open) }
 
 // ErrIncremental: an incremental snapshot takes blocks from its parent,
 // which an archive of it would not hold.
@@ -41,7 +42,7 @@ const copyBuf = 4 << 20
 // Files lists the files of the snapshot st holds, in archive order: the
 // files the manifest lists (sorted), the working sets recorded since the
 // dump, the manifest's authenticator, the manifest.
-func Files(st image.Store, m *image.Manifest) ([]string, error) {
+func Files(st store.Store, m *image.Manifest) ([]string, error) {
 	names := make([]string, 0, len(m.Files)+3)
 	for name := range m.Files {
 		names = append(names, name)
@@ -70,7 +71,7 @@ func Files(st image.Store, m *image.Manifest) ([]string, error) {
 // its size and CRC32C as it is copied: a snapshot that does not match
 // its manifest is not exported (image.ErrCorrupt). progress, if set, is
 // called with the bytes written so far and the total.
-func Write(ctx context.Context, st image.Store, top string, w io.Writer, progress func(done, total uint64)) error {
+func Write(ctx context.Context, st store.Store, top string, w io.Writer, progress func(done, total uint64)) error {
 	if !validName(top) {
 		return fmt.Errorf("archive directory name %q: want a plain name", top)
 	}
@@ -137,7 +138,7 @@ func Write(ctx context.Context, st image.Store, top string, w io.Writer, progres
 
 // copyFile copies the file name of st, of size bytes, into w and returns
 // its CRC32C.
-func copyFile(ctx context.Context, w io.Writer, st image.Store, name string, size int64, buf []byte, wrote func(int)) (uint32, error) {
+func copyFile(ctx context.Context, w io.Writer, st store.Store, name string, size int64, buf []byte, wrote func(int)) (uint32, error) {
 	f, err := st.Open(name)
 	if err != nil {
 		return 0, err
@@ -175,8 +176,8 @@ func validName(name string) bool {
 // member is a file of an archive: where its bytes are in the archive.
 type member struct{ off, size int64 }
 
-// store is an archive opened as a image.Store.
-type store struct {
+// archiveStore is an archive opened as a store.Store.
+type archiveStore struct {
 	f     *os.File
 	files map[string]member
 
@@ -185,10 +186,10 @@ type store struct {
 	closed bool // the store's own reference let go
 }
 
-// Open indexes the archive f (image.RegisterFileStore: f is a regular
+// Open indexes the archive f (store.RegisterFileStore: f is a regular
 // file, checked): one directory, holding regular files of plain names,
 // each once, within the file. The store owns f.
-func Open(f *os.File) (image.Store, error) {
+func Open(f *os.File) (store.Store, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
@@ -196,7 +197,7 @@ func Open(f *os.File) (image.Store, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("snapshot archive %s: %w: %s", f.Name(), image.ErrCorrupt, fmt.Sprintf(format, args...))
 	}
-	s := &store{f: f, files: map[string]member{}, refs: 1}
+	s := &archiveStore{f: f, files: map[string]member{}, refs: 1}
 	tr := tar.NewReader(f) // f seeks: the members' bytes are skipped, not read
 	top := ""
 	for {
@@ -249,9 +250,9 @@ func Open(f *os.File) (image.Store, error) {
 	return s, nil
 }
 
-func (s *store) String() string { return s.f.Name() }
+func (s *archiveStore) String() string { return s.f.Name() }
 
-func (s *store) Stat(name string) (int64, error) {
+func (s *archiveStore) Stat(name string) (int64, error) {
 	m, ok := s.files[name]
 	if !ok {
 		return 0, &os.PathError{Op: "stat", Path: s.f.Name() + ":" + name, Err: os.ErrNotExist}
@@ -259,7 +260,7 @@ func (s *store) Stat(name string) (int64, error) {
 	return m.size, nil
 }
 
-func (s *store) Open(name string) (image.File, error) {
+func (s *archiveStore) Open(name string) (store.File, error) {
 	m, ok := s.files[name]
 	if !ok {
 		return nil, &os.PathError{Op: "open", Path: s.f.Name() + ":" + name, Err: os.ErrNotExist}
@@ -275,7 +276,7 @@ func (s *store) Open(name string) (image.File, error) {
 
 // Close releases the store; its files stay readable until closed. A
 // second Close does nothing.
-func (s *store) Close() error {
+func (s *archiveStore) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -286,7 +287,7 @@ func (s *store) Close() error {
 	return s.release()
 }
 
-func (s *store) release() error {
+func (s *archiveStore) release() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.refs == 0 {
@@ -301,7 +302,7 @@ func (s *store) release() error {
 // file is a member of an archive, opened.
 type file struct {
 	*io.SectionReader
-	s    *store
+	s    *archiveStore
 	once sync.Once
 }
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/image/archive"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
+	"github.com/lazyfs/lazyfs/engine/image/store/archive"
 )
 
 // A snapshot written into one file, then opened from that file as any
@@ -19,8 +19,8 @@ func ExampleWrite() {
 	tmp, _ := os.MkdirTemp("", "archive-example-")
 	defer os.RemoveAll(tmp)
 	// A snapshot of one synthetic process (snapctl dump writes real ones).
-	snap, err := fstest.Write(filepath.Join(tmp, "model"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
-		fstest.Process{PID: 42, Seed: 1, VMAs: []fstest.VMA{{Start: 0x10000000, End: 0x10100000, Prot: 3, Content: fstest.Text}}})
+	snap, err := imagetest.Write(filepath.Join(tmp, "model"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
+		imagetest.Process{PID: 42, Seed: 1, VMAs: []imagetest.VMA{{Start: 0x10000000, End: 0x10100000, Prot: 3, Content: imagetest.Text}}})
 	if err != nil {
 		fmt.Println(err)
 		return

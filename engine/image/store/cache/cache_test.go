@@ -1,4 +1,4 @@
-package s3store
+package cache
 
 import (
 	"bytes"
@@ -13,35 +13,32 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
-// cacheCase is a disk cache in a fresh directory and a chunk's identity.
+// cacheCase is a cache in a fresh directory and a file's identity.
 type cacheCase struct {
 	dir string
-	c   *diskCache
-	cl  *client
-	key string
-	obj object
+	c   *Dir
+	id  string
 }
 
 func newCacheCase(t *testing.T) *cacheCase {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "cache")
-	c, err := openDiskCache(dir, 0, false)
+	c, err := Open(dir, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.close)
-	return &cacheCase{dir: dir, c: c, cl: &client{addr: Address{Bucket: "snaps"}, endpoint: "http://127.0.0.1:9"},
-		key: "snap/pages-1.img", obj: object{size: 1 << 20, etag: `"e1"`}}
+	return &cacheCase{dir: dir, c: c, id: "http://127.0.0.1:9\x00snaps\x00snap/pages-1.img\x00\"e1\"\x001048576"}
 }
 
 // plant writes a chunk file as a cache would, CRC32C included, into dir.
 func (cc *cacheCase) plant(t *testing.T, dir string, i int64, b []byte) string {
 	t.Helper()
-	p := filepath.Join(dir, cc.c.file(cc.cl, cc.key, cc.obj, i))
+	p := filepath.Join(dir, chunkName(cc.id, i))
 	sum := binary.LittleEndian.AppendUint32(nil, codec.Checksum(b))
 	if err := os.WriteFile(p, append(bytes.Clone(b), sum...), 0o600); err != nil {
 		t.Fatal(err)
@@ -50,7 +47,7 @@ func (cc *cacheCase) plant(t *testing.T, dir string, i int64, b []byte) string {
 }
 
 // A cache directory given as a symbolic link is refused, naming it.
-func TestDiskCacheSymlinkRefused(t *testing.T) {
+func TestCacheSymlinkRefused(t *testing.T) {
 	real := filepath.Join(t.TempDir(), "real")
 	if err := os.Mkdir(real, 0o700); err != nil {
 		t.Fatal(err)
@@ -59,8 +56,8 @@ func TestDiskCacheSymlinkRefused(t *testing.T) {
 	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
 	}
-	_, err := openDiskCache(link, 0, false)
-	if !errors.Is(err, image.ErrUntrusted) || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), link) {
+	_, err := Open(link, 0, false)
+	if !errors.Is(err, store.ErrUntrusted) || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), link) {
 		t.Errorf("cache directory through a symlink: %v, want untrusted naming the link", err)
 	}
 }
@@ -69,10 +66,10 @@ func TestDiskCacheSymlinkRefused(t *testing.T) {
 // it checked: a symbolic link renamed over its path afterwards, to a
 // directory holding a planted chunk with a right CRC32C, redirects
 // nothing.
-func TestDiskCacheSwappedAfterCheck(t *testing.T) {
+func TestCacheSwappedAfterCheck(t *testing.T) {
 	cc := newCacheCase(t)
 	good := bytes.Repeat([]byte("good"), 1024)
-	cc.c.put(cc.cl, cc.key, cc.obj, 0, good)
+	cc.c.Put(cc.id, 0, good)
 
 	evil := filepath.Join(t.TempDir(), "evil")
 	if err := os.Mkdir(evil, 0o700); err != nil {
@@ -87,14 +84,14 @@ func TestDiskCacheSwappedAfterCheck(t *testing.T) {
 	if err := os.Symlink(evil, cc.dir); err != nil {
 		t.Fatal(err)
 	}
-	if b, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(good))); !ok || !bytes.Equal(b, good) {
+	if b, ok := cc.c.Get(cc.id, 0, int64(len(good))); !ok || !bytes.Equal(b, good) {
 		t.Errorf("chunk 0 after the swap: %q... (%v), want the chunk put before it", b[:min(8, len(b))], ok)
 	}
-	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 1, int64(len(bad))); ok {
+	if _, ok := cc.c.Get(cc.id, 1, int64(len(bad))); ok {
 		t.Error("chunk 1 read from the directory swapped in")
 	}
-	cc.c.put(cc.cl, cc.key, cc.obj, 2, good)
-	if _, err := os.Stat(filepath.Join(cc.dir+".moved", cc.c.file(cc.cl, cc.key, cc.obj, 2))); err != nil {
+	cc.c.Put(cc.id, 2, good)
+	if _, err := os.Stat(filepath.Join(cc.dir+".moved", chunkName(cc.id, 2))); err != nil {
 		t.Errorf("a chunk put after the swap is not in the directory checked: %v", err)
 	}
 	if ents, _ := os.ReadDir(evil); len(ents) != 2 {
@@ -104,7 +101,7 @@ func TestDiskCacheSwappedAfterCheck(t *testing.T) {
 
 // A chunk file that is not a regular file of the caller's is a miss,
 // removed; a FIFO does not block the read.
-func TestDiskCacheForeignChunks(t *testing.T) {
+func TestCacheForeignChunks(t *testing.T) {
 	testutil.RequireRoot(t)
 	cc := newCacheCase(t)
 	data := bytes.Repeat([]byte{7}, 4096)
@@ -113,20 +110,20 @@ func TestDiskCacheForeignChunks(t *testing.T) {
 	if err := os.Chown(p, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(data))); ok {
+	if _, ok := cc.c.Get(cc.id, 0, int64(len(data))); ok {
 		t.Error("a chunk owned by another user was used")
 	}
 	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the foreign chunk is still there: %v", err)
 	}
 
-	fifo := filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, 1))
+	fifo := filepath.Join(cc.dir, chunkName(cc.id, 1))
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan bool, 1)
 	go func() {
-		_, ok := cc.c.get(cc.cl, cc.key, cc.obj, 1, int64(len(data)))
+		_, ok := cc.c.Get(cc.id, 1, int64(len(data)))
 		done <- ok
 	}()
 	select {
@@ -139,11 +136,11 @@ func TestDiskCacheForeignChunks(t *testing.T) {
 	}
 
 	target := cc.plant(t, t.TempDir(), 2, data)
-	link := filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, 2))
+	link := filepath.Join(cc.dir, chunkName(cc.id, 2))
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 2, int64(len(data))); ok {
+	if _, ok := cc.c.Get(cc.id, 2, int64(len(data))); ok {
 		t.Error("a chunk read through a symbolic link")
 	}
 	if _, err := os.Stat(target); err != nil {
@@ -151,63 +148,63 @@ func TestDiskCacheForeignChunks(t *testing.T) {
 	}
 	// And one of ours, right, is used.
 	cc.plant(t, cc.dir, 3, data)
-	if b, ok := cc.c.get(cc.cl, cc.key, cc.obj, 3, int64(len(data))); !ok || !bytes.Equal(b, data) {
+	if b, ok := cc.c.Get(cc.id, 3, int64(len(data))); !ok || !bytes.Equal(b, data) {
 		t.Error("a good chunk of ours was not used")
 	}
 }
 
 // Eviction goes through the directory's descriptor too, oldest first.
-func TestDiskCacheEvicts(t *testing.T) {
+func TestCacheEvicts(t *testing.T) {
 	cc := newCacheCase(t)
 	cc.c.limit = 40 << 10
 	chunk := bytes.Repeat([]byte{1}, 10<<10)
 	for i := range int64(6) {
-		cc.c.put(cc.cl, cc.key, cc.obj, i, chunk)
+		cc.c.Put(cc.id, i, chunk)
 		// mtimes a second apart at most: make them distinct
 		old := time.Now().Add(time.Duration(i-10) * time.Minute)
-		os.Chtimes(filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, i)), old, old)
+		os.Chtimes(filepath.Join(cc.dir, chunkName(cc.id, i)), old, old)
 	}
 	if used := cc.c.used.Load(); used > cc.c.limit {
 		t.Errorf("%d bytes used, limit %d", used, cc.c.limit)
 	}
-	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(chunk))); ok {
+	if _, ok := cc.c.Get(cc.id, 0, int64(len(chunk))); ok {
 		t.Error("the oldest chunk survived eviction")
 	}
-	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 5, int64(len(chunk))); !ok {
+	if _, ok := cc.c.Get(cc.id, 5, int64(len(chunk))); !ok {
 		t.Error("the newest chunk was evicted")
 	}
 }
 
-// TestDiskCacheClosed: once closed, the cache is a miss for every chunk
+// TestCacheClosed: once closed, the cache is a miss for every chunk
 // and stores none, never using its descriptor (whose number may name
 // another file by then); a close under way waits for the uses in flight.
-func TestDiskCacheClosed(t *testing.T) {
+func TestCacheClosed(t *testing.T) {
 	cc := newCacheCase(t)
 	b := bytes.Repeat([]byte{7}, 4096)
-	cc.c.put(cc.cl, cc.key, cc.obj, 0, b)
-	if got, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b))); !ok || !bytes.Equal(got, b) {
+	cc.c.Put(cc.id, 0, b)
+	if got, ok := cc.c.Get(cc.id, 0, int64(len(b))); !ok || !bytes.Equal(got, b) {
 		t.Fatal("a chunk put is not got back")
 	}
 	cc.c.close()
 	cc.c.close() // twice is fine
-	if _, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b))); ok {
+	if _, ok := cc.c.Get(cc.id, 0, int64(len(b))); ok {
 		t.Error("a closed cache gave a chunk")
 	}
-	cc.c.put(cc.cl, cc.key, cc.obj, 1, b)
-	if cc.c.drop(cc.c.file(cc.cl, cc.key, cc.obj, 0)) {
+	cc.c.Put(cc.id, 1, b)
+	if cc.c.Drop(cc.id, 0) {
 		t.Error("a closed cache dropped a chunk")
 	}
-	if _, err := os.Stat(filepath.Join(cc.dir, cc.c.file(cc.cl, cc.key, cc.obj, 1))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(cc.dir, chunkName(cc.id, 1))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a closed cache stored a chunk: %v", err)
 	}
 }
 
-// TestDiskCacheTransientOpenError: a chunk whose open fails for a reason
+// TestCacheTransientOpenError: a chunk whose open fails for a reason
 // of the moment (too many open files) is a miss, and stays for next time.
-func TestDiskCacheTransientOpenError(t *testing.T) {
+func TestCacheTransientOpenError(t *testing.T) {
 	cc := newCacheCase(t)
 	b := bytes.Repeat([]byte{9}, 4096)
-	cc.c.put(cc.cl, cc.key, cc.obj, 0, b)
+	cc.c.Put(cc.id, 0, b)
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
@@ -228,7 +225,7 @@ func TestDiskCacheTransientOpenError(t *testing.T) {
 			}
 			held = append(held, fd)
 		}
-		_, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b)))
+		_, ok := cc.c.Get(cc.id, 0, int64(len(b)))
 		for _, fd := range held {
 			unix.Close(fd)
 		}
@@ -236,7 +233,47 @@ func TestDiskCacheTransientOpenError(t *testing.T) {
 			t.Error("got a chunk with no descriptor free")
 		}
 	}()
-	if got, ok := cc.c.get(cc.cl, cc.key, cc.obj, 0, int64(len(b))); !ok || !bytes.Equal(got, b) {
+	if got, ok := cc.c.Get(cc.id, 0, int64(len(b))); !ok || !bytes.Equal(got, b) {
 		t.Error("the chunk was dropped for EMFILE")
+	}
+}
+
+// TestCacheReadThrough: chunks the directory holds whole are read from
+// it; a run with one missing is fetched, and kept; with read unset the
+// directory is only filled.
+func TestCacheReadThrough(t *testing.T) {
+	cc := newCacheCase(t)
+	chunk := func(i int64) []byte { return bytes.Repeat([]byte{byte(i)}, 4096) }
+	size := func(int64) int64 { return 4096 }
+	fetches := 0
+	fetch := func(lo, hi int64) func() ([][]byte, error) {
+		return func() ([][]byte, error) {
+			fetches++
+			var out [][]byte
+			for i := lo; i < hi; i++ {
+				out = append(out, chunk(i))
+			}
+			return out, nil
+		}
+	}
+	if _, cached, err := cc.c.ReadThrough(cc.id, 0, 2, size, false, fetch(0, 2)); err != nil || cached || fetches != 1 {
+		t.Fatalf("fill: cached %v, %v, %d fetches", cached, err, fetches)
+	}
+	if _, cached, _ := cc.c.ReadThrough(cc.id, 0, 2, size, false, fetch(0, 2)); cached || fetches != 2 {
+		t.Errorf("read unset: cached %v, %d fetches, want the store asked", cached, fetches)
+	}
+	got, cached, err := cc.c.ReadThrough(cc.id, 0, 2, size, true, fetch(0, 2))
+	if err != nil || !cached || fetches != 2 || !bytes.Equal(got[1], chunk(1)) {
+		t.Errorf("held whole: cached %v, %v, %d fetches", cached, err, fetches)
+	}
+	if _, cached, _ := cc.c.ReadThrough(cc.id, 1, 3, size, true, fetch(1, 3)); cached || fetches != 3 {
+		t.Errorf("one missing: cached %v, %d fetches, want the run fetched", cached, fetches)
+	}
+	if b, ok := cc.c.Get(cc.id, 2, 4096); !ok || !bytes.Equal(b, chunk(2)) {
+		t.Error("a chunk fetched through was not kept")
+	}
+	fail := errors.New("no answer")
+	if _, _, err := cc.c.ReadThrough(cc.id, 5, 6, size, true, func() ([][]byte, error) { return nil, fail }); err != fail {
+		t.Errorf("a failed fetch: %v, want its error", err)
 	}
 }

@@ -1,4 +1,4 @@
-package s3store
+package s3
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // LockName is the object a dump holds while it writes a prefix (and a
@@ -28,7 +28,7 @@ type Prefix struct {
 
 // ListPrefix lists addr: one listing of its objects and of the prefixes
 // below it.
-func ListPrefix(ctx context.Context, addr string, o image.RemoteOptions) (*Prefix, error) {
+func ListPrefix(ctx context.Context, addr string, o store.Options) (*Prefix, error) {
 	a, err := ParseAddress(addr)
 	if err != nil {
 		return nil, err

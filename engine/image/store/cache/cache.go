@@ -1,10 +1,15 @@
-package s3store
+// Package cache keeps the chunks a store fetched in a local directory
+// across runs (--cache-dir), checked whenever they are used, so that a
+// second restore on a host fetches nothing, and a snapshot's listing and
+// local files beside them. It knows nothing of what a store is: a chunk
+// is named by the identity its store gives the file (for S3: endpoint,
+// bucket, key, ETag and size) and its index.
+package cache
 
 import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,17 +24,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
-// DefaultCacheSize bounds a cache directory when no size is given.
-const DefaultCacheSize = 8 << 30
+// DefaultSize bounds a cache directory when no size is given.
+const DefaultSize = 8 << 30
 
-// diskCache is a directory of chunks fetched from object stores, kept
-// across runs (--cache-dir) so that a second restore on a host fetches
-// nothing: one file per chunk, named by the object (endpoint, bucket,
-// key, ETag, size) and the chunk's index, holding the chunk then its
-// CRC32C. A chunk is checked against its CRC32C whenever it is read, and
+// Dir is a directory of chunks fetched from stores, kept across runs
+// (--cache-dir) so that a second restore on a host fetches nothing: one
+// file per chunk, named by the file's identity (for an object: endpoint,
+// bucket, key, ETag, size) and the chunk's index, holding the chunk then
+// its CRC32C. A chunk is checked against its CRC32C whenever it is read, and
 // one that fails is removed and fetched again. The directory is bounded
 // in bytes: past its size, the chunks used least recently (by mtime,
 // touched on use) go first. Several processes may share it: a chunk is
@@ -44,7 +49,7 @@ const DefaultCacheSize = 8 << 30
 // file must be a regular file of the caller's: anything else (a file
 // planted by another user, a FIFO, a symbolic link) is a miss, removed
 // and fetched again.
-type diskCache struct {
+type Dir struct {
 	name  string   // the directory as given, for messages
 	dir   *os.File // the directory, opened once
 	trust bool     // --trust-snapshot: chunks of other owners accepted
@@ -57,13 +62,13 @@ type diskCache struct {
 	// (its number may name another file by then).
 	life   sync.RWMutex
 	closed bool
-	// refs counts the Store and its open files: files outlive the Store,
+	// refs counts the store and its open files: files outlive the store,
 	// and the directory is closed when the last of them is.
 	refs atomic.Int64
 }
 
-// retain counts one more user of the directory; false if it is closed.
-func (c *diskCache) retain() bool {
+// Retain counts one more user of the directory; false if it is closed.
+func (c *Dir) Retain() bool {
 	for {
 		n := c.refs.Load()
 		if n <= 0 {
@@ -75,15 +80,15 @@ func (c *diskCache) retain() bool {
 	}
 }
 
-// unref ends a use; the last closes the directory.
-func (c *diskCache) unref() {
+// Unref ends a use (Open's, or Retain's); the last closes the directory.
+func (c *Dir) Unref() {
 	if c.refs.Add(-1) == 0 {
 		c.close()
 	}
 }
 
 // hold keeps the directory open until release; false if it is closed.
-func (c *diskCache) hold() bool {
+func (c *Dir) hold() bool {
 	c.life.RLock()
 	if c.closed {
 		c.life.RUnlock()
@@ -92,10 +97,10 @@ func (c *diskCache) hold() bool {
 	return true
 }
 
-func (c *diskCache) release() { c.life.RUnlock() }
+func (c *Dir) release() { c.life.RUnlock() }
 
 // close closes the directory, once every use under way has ended.
-func (c *diskCache) close() {
+func (c *Dir) close() {
 	c.life.Lock()
 	defer c.life.Unlock()
 	if !c.closed {
@@ -107,9 +112,13 @@ func (c *diskCache) close() {
 // cacheExt names chunk files; temporary ones start with ".tmp".
 const cacheExt = ".chunk"
 
-func openDiskCache(dir string, limit int64, trust bool) (*diskCache, error) {
+// Open opens the cache directory dir, made if missing, bounded to limit
+// bytes (DefaultSize if 0). Unless trust, a directory another user can
+// change is refused (store.ErrUntrusted), as is one given by a symbolic
+// link. The caller holds one use of it (Unref).
+func Open(dir string, limit int64, trust bool) (*Dir, error) {
 	if limit <= 0 {
-		limit = DefaultCacheSize
+		limit = DefaultSize
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cache directory: %w", err)
@@ -117,7 +126,7 @@ func openDiskCache(dir string, limit int64, trust bool) (*diskCache, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if fi, lerr := os.Lstat(dir); err != nil && lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
 		// ELOOP, or ENOTDIR with O_DIRECTORY
-		return nil, fmt.Errorf("%w: cache directory %s is a symbolic link: give the directory it points to", image.ErrUntrusted, dir)
+		return nil, fmt.Errorf("%w: cache directory %s is a symbolic link: give the directory it points to", store.ErrUntrusted, dir)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cache directory: %w", &os.PathError{Op: "open", Path: dir, Err: err})
@@ -131,15 +140,15 @@ func openDiskCache(dir string, limit int64, trust bool) (*diskCache, error) {
 	if !trust {
 		if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
 			d.Close()
-			return nil, fmt.Errorf("%w: cache directory %s belongs to uid %d, neither the caller (uid %d) nor root (--trust-snapshot accepts it)", image.ErrUntrusted, dir, st.Uid, euid)
+			return nil, fmt.Errorf("%w: cache directory %s belongs to uid %d, neither the caller (uid %d) nor root (--trust-snapshot accepts it)", store.ErrUntrusted, dir, st.Uid, euid)
 		}
 		if st.Mode&0o022 != 0 {
 			d.Close()
-			return nil, fmt.Errorf("%w: cache directory %s is writable by group or others (mode %04o; --trust-snapshot accepts it)", image.ErrUntrusted, dir, st.Mode&0o7777)
+			return nil, fmt.Errorf("%w: cache directory %s is writable by group or others (mode %04o; --trust-snapshot accepts it)", store.ErrUntrusted, dir, st.Mode&0o7777)
 		}
 	}
-	c := &diskCache{name: dir, dir: d, trust: trust, limit: limit}
-	c.refs.Store(1) // the Store's
+	c := &Dir{name: dir, dir: d, trust: trust, limit: limit}
+	c.refs.Store(1) // the opener's
 	var used int64
 	for _, e := range c.list() {
 		used += e.size
@@ -149,11 +158,12 @@ func openDiskCache(dir string, limit int64, trust bool) (*diskCache, error) {
 }
 
 // fd is the directory's descriptor.
-func (c *diskCache) fd() int { return int(c.dir.Fd()) }
+func (c *Dir) fd() int { return int(c.dir.Fd()) }
 
-// file returns the name of chunk i of the object in the directory.
-func (c *diskCache) file(cl *client, key string, o object, i int64) string {
-	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%s\x00%s\x00%d", cl.endpoint, cl.addr.Bucket, key, o.etag, o.size))
+// chunkName returns the name of chunk i of the file whose identity is id
+// in the directory.
+func chunkName(id string, i int64) string {
+	h := sha256.Sum256([]byte(id))
 	return fmt.Sprintf("%s-%d%s", hex.EncodeToString(h[:16]), i, cacheExt)
 }
 
@@ -161,7 +171,7 @@ func (c *diskCache) file(cl *client, key string, o object, i int64) string {
 // it and through no symbolic link (openat2 where the kernel has it; the
 // name has no slash, so openat with O_NOFOLLOW is the same on older ones),
 // without blocking on a FIFO.
-func (c *diskCache) openChunk(name string) (*os.File, error) {
+func (c *Dir) openChunk(name string) (*os.File, error) {
 	flags := uint64(unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY)
 	fd, err := unix.Openat2(c.fd(), name, &unix.OpenHow{
 		Flags:   flags,
@@ -180,7 +190,7 @@ func (c *diskCache) openChunk(name string) (*os.File, error) {
 
 // usable reports whether an opened chunk file may be read: a regular file
 // of the caller's (of anyone's with --trust-snapshot).
-func (c *diskCache) usable(f *os.File) (int64, bool) {
+func (c *Dir) usable(f *os.File) (int64, bool) {
 	var st unix.Stat_t
 	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return 0, false
@@ -191,14 +201,14 @@ func (c *diskCache) usable(f *os.File) (int64, bool) {
 	return st.Size, true
 }
 
-// get returns chunk i of the object, of n bytes, if the cache holds it
+// Get returns chunk i of the file id, of n bytes, if the cache holds it
 // whole and it passes its CRC32C.
-func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, bool) {
+func (c *Dir) Get(id string, i, n int64) ([]byte, bool) {
 	if !c.hold() {
 		return nil, false
 	}
 	defer c.release()
-	name := c.file(cl, key, o, i)
+	name := chunkName(id, i)
 	f, err := c.openChunk(name)
 	if err != nil {
 		// A symbolic link (or a file behind a mount) is not a chunk; an
@@ -229,18 +239,18 @@ func (c *diskCache) get(cl *client, key string, o object, i, n int64) ([]byte, b
 	return b[:n], true
 }
 
-// drop removes a chunk file of the directory that failed its check; it
-// reports whether there was one.
-func (c *diskCache) drop(name string) bool {
+// Drop removes chunk i of the file id, which failed a check of its
+// reader; it reports whether there was one.
+func (c *Dir) Drop(id string, i int64) bool {
 	if !c.hold() {
 		return false
 	}
 	defer c.release()
-	return c.dropHeld(name)
+	return c.dropHeld(chunkName(id, i))
 }
 
 // dropHeld is drop, the directory held.
-func (c *diskCache) dropHeld(name string) bool {
+func (c *Dir) dropHeld(name string) bool {
 	var st unix.Stat_t
 	if unix.Fstatat(c.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 		return false
@@ -254,14 +264,45 @@ func (c *diskCache) dropHeld(name string) bool {
 	return true
 }
 
-// put stores chunk i of the object. Errors are not the reader's: a chunk
-// not cached is fetched again next time.
-func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
+// ReadThrough returns chunks [lo, hi) of the file id, chunk i being
+// size(i) bytes: from the directory if read is set and it holds them all,
+// each passing its check (cached true), else from fetch, whose chunks it
+// keeps. A chunk that fails its check is fetched again with the others.
+// With read unset the directory is only filled: a store reads from it
+// only what it cannot read better from itself (an object store's
+// manifest, while the store can be reached).
+func (c *Dir) ReadThrough(id string, lo, hi int64, size func(i int64) int64, read bool, fetch func() ([][]byte, error)) (chunks [][]byte, cached bool, err error) {
+	if read {
+		data := make([][]byte, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			b, ok := c.Get(id, i, size(i))
+			if !ok {
+				break
+			}
+			data = append(data, b)
+		}
+		if len(data) == int(hi-lo) {
+			return data, true, nil
+		}
+	}
+	chunks, err = fetch()
+	if err != nil {
+		return nil, false, err
+	}
+	for i, b := range chunks {
+		c.Put(id, lo+int64(i), b)
+	}
+	return chunks, false, nil
+}
+
+// Put stores chunk i of the file id. Errors are not the reader's: a
+// chunk not cached is fetched again next time.
+func (c *Dir) Put(id string, i int64, b []byte) {
 	if !c.hold() {
 		return
 	}
 	defer c.release()
-	name := c.file(cl, key, o, i)
+	name := chunkName(id, i)
 	size := int64(len(b) + 4)
 	if size > c.limit {
 		return
@@ -276,7 +317,7 @@ func (c *diskCache) put(cl *client, key string, o object, i int64, b []byte) {
 
 // write stores b then its CRC32C as the file name of the directory: a
 // temporary file renamed into place.
-func (c *diskCache) write(name string, b []byte) bool {
+func (c *Dir) write(name string, b []byte) bool {
 	var tmp string
 	var fd int
 	for range 10 {
@@ -323,7 +364,7 @@ type cacheEntry struct {
 
 // list returns the chunk files of the directory (regular files only),
 // read through its descriptor.
-func (c *diskCache) list() []cacheEntry {
+func (c *Dir) list() []cacheEntry {
 	fd, err := unix.Openat(c.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil
@@ -347,7 +388,7 @@ func (c *diskCache) list() []cacheEntry {
 
 // evict removes the chunks used least recently until need more bytes fit
 // with a tenth of the limit to spare.
-func (c *diskCache) evict(need int64) {
+func (c *Dir) evict(need int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.used.Load()+need <= c.limit {
@@ -374,74 +415,88 @@ func (c *diskCache) evict(need int64) {
 	c.used.Add(total - before)
 }
 
-// A listing kept in the cache directory: the objects of one snapshot, by
-// name, with their size and ETag, as the store listed them, so that a
-// restore whose chunks are all cached works with the store unreachable.
-// One file per snapshot address, named like a chunk's object, holding
-// JSON then its CRC32C.
-type keptListing struct {
-	Listed  time.Time
-	Objects map[string]keptObject
-}
-
-type keptObject struct {
-	Size int64
-	ETag string
-}
+// A listing kept in the cache directory: what a store listed of one
+// snapshot (for an object store, the objects by name with their size and
+// ETag), so that a restore whose chunks are all cached works with the
+// store unreachable. One file per snapshot, named by the snapshot's
+// identity, holding the listing as its store encodes it then its CRC32C.
 
 // listingExt names kept listings.
 const listingExt = ".listing"
 
-func (c *diskCache) listingFile(cl *client) string {
-	h := sha256.Sum256(fmt.Appendf(nil, "listing\x00%s\x00%s\x00%s", cl.endpoint, cl.addr.Bucket, cl.addr.listPrefix()))
+func listingName(id string) string {
+	h := sha256.Sum256([]byte("listing\x00" + id))
 	return hex.EncodeToString(h[:16]) + listingExt
 }
 
-// putListing keeps the listing of the snapshot cl addresses.
-func (c *diskCache) putListing(cl *client, objs map[string]object) {
+// PutListing keeps b, the listing of the snapshot id.
+func (c *Dir) PutListing(id string, b []byte) {
 	if !c.hold() {
 		return
 	}
 	defer c.release()
-	k := keptListing{Listed: time.Now().UTC(), Objects: map[string]keptObject{}}
-	for name, o := range objs {
-		k.Objects[name] = keptObject{o.size, o.etag}
-	}
-	b, err := json.Marshal(k)
-	if err != nil {
-		return
-	}
-	c.write(c.listingFile(cl), b)
+	c.write(listingName(id), b)
 }
 
-// listing returns the kept listing of the snapshot cl addresses, checked
-// as a chunk is (a regular file of the caller's, its CRC32C right).
-func (c *diskCache) listing(cl *client) (map[string]object, time.Time, bool) {
+// Listing returns the kept listing of the snapshot id, checked as a
+// chunk is (a regular file of the caller's, its CRC32C right).
+func (c *Dir) Listing(id string) ([]byte, bool) {
 	if !c.hold() {
-		return nil, time.Time{}, false
+		return nil, false
 	}
 	defer c.release()
-	name := c.listingFile(cl)
-	f, err := c.openChunk(name)
+	f, err := c.openChunk(listingName(id))
 	if err != nil {
-		return nil, time.Time{}, false
+		return nil, false
 	}
 	defer f.Close()
 	size, ok := c.usable(f)
 	if !ok || size < 4 || size > 16<<20 {
-		return nil, time.Time{}, false
+		return nil, false
 	}
 	b := make([]byte, size)
 	if n, _ := f.ReadAt(b, 0); int64(n) != size || codec.Checksum(b[:size-4]) != binary.LittleEndian.Uint32(b[size-4:]) {
-		return nil, time.Time{}, false
+		return nil, false
 	}
-	var k keptListing
-	if json.Unmarshal(b[:size-4], &k) != nil || k.Objects == nil {
-		return nil, time.Time{}, false
+	return b[:size-4], true
+}
+
+// SideDir returns the directory of the files a store keeps beside the
+// snapshot id (the working sets that lazy restores record, which an
+// object store does not hold): a directory of the cache directory named
+// by the snapshot, made on first use, and held to the cache directory's
+// rules: opened beneath it, never through a symbolic link, the caller's
+// or root's and writable by nobody else (unless trusted). The caller
+// closes it.
+func (c *Dir) SideDir(id string) (*os.File, error) {
+	if !c.hold() {
+		return nil, errors.New("cache directory closed")
 	}
-	out := map[string]object{}
-	for name, o := range k.Objects {
-		out[name] = object{size: o.Size, etag: o.ETag}
+	defer c.release()
+	h := sha256.Sum256([]byte("side\x00" + id))
+	name := "snapshot-" + hex.EncodeToString(h[:16])
+	if err := unix.Mkdirat(c.fd(), name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("cache directory %s: %w", c.name, &os.PathError{Op: "mkdir", Path: name, Err: err})
 	}
-	return out, k.Listed, true
+	fd, err := unix.Openat(c.fd(), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cache directory %s: %w", c.name, &os.PathError{Op: "open", Path: name, Err: err})
+	}
+	d := os.NewFile(uintptr(fd), c.name+"/"+name)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("%s: %w", d.Name(), err)
+	}
+	if !c.trust {
+		if euid := uint32(os.Geteuid()); st.Uid != 0 && st.Uid != euid {
+			d.Close()
+			return nil, fmt.Errorf("%w: %s belongs to uid %d, neither the caller (uid %d) nor root", store.ErrUntrusted, d.Name(), st.Uid, euid)
+		}
+		if st.Mode&0o022 != 0 {
+			d.Close()
+			return nil, fmt.Errorf("%w: %s is writable by group or others (mode %04o)", store.ErrUntrusted, d.Name(), st.Mode&0o7777)
+		}
+	}
+	return d, nil
 }

@@ -15,19 +15,19 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/fs/fstest"
+	"github.com/lazyfs/lazyfs/engine/image/imagetest"
 )
 
 const pid = 4242
 
 // snapshot writes a synthetic snapshot of one process whose blocks are of
 // every kind, and returns it.
-func snapshot(t *testing.T) *fstest.Snapshot {
+func snapshot(t *testing.T) *imagetest.Snapshot {
 	t.Helper()
-	s, err := fstest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
-		fstest.Process{PID: pid, Seed: 7, VMAs: []fstest.VMA{
-			{Start: 0x10000000, End: 0x10400000, Prot: 3, Content: fstest.Patchwork},
-			{Start: 0x20000000, End: 0x20100000, Prot: 3, Content: fstest.Text, Holes: [][2]uint64{{0x1000, 0x3000}}},
+	s, err := imagetest.Write(filepath.Join(t.TempDir(), "snap"), image.Options{BlockSize: 64 << 10, Mode: codec.Compress},
+		imagetest.Process{PID: pid, Seed: 7, VMAs: []imagetest.VMA{
+			{Start: 0x10000000, End: 0x10400000, Prot: 3, Content: imagetest.Patchwork},
+			{Start: 0x20000000, End: 0x20100000, Prot: 3, Content: imagetest.Text, Holes: [][2]uint64{{0x1000, 0x3000}}},
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestOpenRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := st.(*store).files["pages-4242.img"]
+	m := st.(*archiveStore).files["pages-4242.img"]
 	st.Close()
 	bad := bytes.Clone(good)
 	bad[m.off+m.size/2] ^= 0x40
