@@ -3,19 +3,16 @@
 //
 // # Two layers
 //
-// The low layer is a thin, tested wrapper over the userfaultfd ioctls (API,
-// Register, Unregister, Copy, ZeroPage, Wake) and the decoding of the
-// 32-byte uffd_msg (Msg). The errors a caller must tell apart are sentinels:
-// ErrExist (the first page of the range is already present), ErrAgain (the
-// address space is changing under a non-cooperative event: read the pending
-// events, then retry), ErrShort (the kernel stopped part way: retry the
-// rest to learn why), ErrNoVMA (no registered VMA holds the whole range) and
-// ErrGone (the process's address space is gone).
+// The low layer is engine/uffd/uffdio: the userfaultfd ioctls (API,
+// Register, Unregister, Copy, ZeroPage, Wake), the decoding of the 32-byte
+// uffd_msg (Msg) and the sentinel errors a caller must tell apart
+// (ErrExist, ErrAgain, ErrShort, ErrNoVMA, ErrGone). It knows nothing of
+// the pager; engine/mem and engine/check use it alone.
 //
 // The high layer is the Pager. The restore code creates a userfaultfd inside
-// the target (an injected syscall), takes it with pidfd_getfd, calls API
-// with Features and registers the lazily restored anonymous private VMAs
-// with RegisterModeMissing. New then takes the fd, an io.ReaderAt that
+// the target (an injected syscall), takes it with pidfd_getfd, calls
+// uffdio.API with uffdio.Features and registers the lazily restored
+// anonymous private VMAs with uffdio.RegisterModeMissing. New then takes the fd, an io.ReaderAt that
 // returns the snapshot's bytes at their virtual address (the lazyfs mount's
 // MNT/<pid>/mem file, or an image reader), and the extents to serve (sorted,
 // non-overlapping, page aligned; normally one image block clipped to its

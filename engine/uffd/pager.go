@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -333,3 +334,6 @@ func (t *tree) all() []*server {
 }
 
 func (t *tree) wait() { t.wg.Wait() }
+
+// PageSize is the page size of the ranges the pager serves (uffdio's).
+const PageSize = uffdio.PageSize

@@ -8,6 +8,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 const (
@@ -219,10 +221,10 @@ func TestPagerChurn(t *testing.T) {
 		st := p.Stats()
 		t.Logf("stats: %+v", st)
 		// Unregister the moved ranges as well before reading their holes.
-		if err := Unregister(fd, spare1, mib); err != nil {
+		if err := uffdio.Unregister(fd, spare1, mib); err != nil {
 			t.Fatal(err)
 		}
-		if err := Unregister(fd, spare2, 2*mib); err != nil {
+		if err := uffdio.Unregister(fd, spare2, 2*mib); err != nil {
 			t.Fatal(err)
 		}
 		f.checkSum(m, "start", base, mib)
@@ -340,7 +342,7 @@ func TestPagerReadError(t *testing.T) {
 		t.Fatalf("Run: %v, want a read ServeError covering %#x", err, bad)
 	}
 	// the page is still missing: the process is blocked, not fed zeros
-	if _, err := Copy(fd, bad+PageSize, make([]byte, PageSize), CopyModeDontWake); err != nil {
+	if _, err := uffdio.Copy(fd, bad+PageSize, make([]byte, PageSize), uffdio.CopyModeDontWake); err != nil {
 		t.Fatalf("extent placed in part despite the read error: %v", err)
 	}
 	f.p.ExpectQuiet(t, 50*time.Millisecond) // the sum is not answered

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // Why bytes were placed, for the stats.
@@ -39,7 +41,7 @@ func (s *server) serveFaults() (again bool, err error) {
 }
 
 func (s *server) serveFault(f fault) error {
-	if f.m.Flags&(PagefaultFlagWP|PagefaultFlagMinor) != 0 {
+	if f.m.Flags&(uffdio.PagefaultFlagWP|uffdio.PagefaultFlagMinor) != 0 {
 		return &ServeError{Op: "fault", Addr: f.m.Addr, Len: PageSize, Err: fmt.Errorf("%v: %w", f.m, ErrUnexpected)}
 	}
 	page := f.m.Addr &^ (PageSize - 1)
@@ -47,7 +49,7 @@ func (s *server) serveFault(f fault) error {
 	p, ok := s.pend.find(page)
 	s.setMu.Unlock()
 	if !ok {
-		zeroed, err := s.serveZero(page, f.m.Flags&PagefaultFlagWrite != 0)
+		zeroed, err := s.serveZero(page, f.m.Flags&uffdio.PagefaultFlagWrite != 0)
 		if err != nil {
 			return err
 		}
@@ -504,29 +506,29 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 			if uint64(len(s.zeros)) < end-page {
 				s.zeros = make([]byte, s.opts.ZeroChunk)
 			}
-			n, err = Copy(s.fd, page, s.zeros[:end-page], 0)
+			n, err = uffdio.Copy(s.fd, page, s.zeros[:end-page], 0)
 		} else {
-			n, err = ZeroPage(s.fd, page, end-page, 0)
+			n, err = uffdio.ZeroPage(s.fd, page, end-page, 0)
 		}
 		switch {
-		case err == nil, errors.Is(err, ErrShort):
+		case err == nil, errors.Is(err, uffdio.ErrShort):
 			if !write {
 				s.lastZero = piece{cur: page, len: uint64(n)}
 			}
 			return uint64(n), nil
-		case errors.Is(err, ErrExist):
+		case errors.Is(err, uffdio.ErrExist):
 			return 0, s.wakePage(page)
-		case errors.Is(err, ErrNoVMA):
+		case errors.Is(err, uffdio.ErrNoVMA):
 			// The range crosses the end of the VMA: halve it.
 			if end-page > PageSize {
 				end = page + max(PageSize, (end-page)/2&^(PageSize-1))
 				continue
 			}
 			return 0, s.wakePage(page)
-		case errors.Is(err, ErrAgain):
+		case errors.Is(err, uffdio.ErrAgain):
 			s.retried()
 			return 0, errAgain
-		case errors.Is(err, ErrGone):
+		case errors.Is(err, uffdio.ErrGone):
 			return 0, errGone
 		}
 		op := "zeropage"
@@ -541,7 +543,7 @@ func (s *server) wakePage(page uint64) error {
 	s.mu.Lock()
 	s.st.Wakes++
 	s.mu.Unlock()
-	if err := Wake(s.fd, page, PageSize); err != nil {
+	if err := uffdio.Wake(s.fd, page, PageSize); err != nil {
 		return &ServeError{Op: "wake", Addr: page, Len: PageSize, Err: err}
 	}
 	return nil
@@ -628,15 +630,15 @@ func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err err
 // VMAs.
 func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err error) {
 	for len(buf) > 0 {
-		n, err := Copy(s.fd, dst, buf, 0)
+		n, err := uffdio.Copy(s.fd, dst, buf, 0)
 		if n > 0 {
 			s.placed(dst, uint64(n), why)
 			dst, src, buf = dst+uint64(n), src+uint64(n), buf[n:]
 		}
 		switch {
-		case err == nil, errors.Is(err, ErrShort):
+		case err == nil, errors.Is(err, uffdio.ErrShort):
 			continue
-		case errors.Is(err, ErrExist):
+		case errors.Is(err, uffdio.ErrExist):
 			s.setMu.Lock()
 			s.pend.remove(dst, dst+PageSize, nil)
 			s.setMu.Unlock()
@@ -646,7 +648,7 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 			skipped = true
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
-		case errors.Is(err, ErrNoVMA):
+		case errors.Is(err, uffdio.ErrNoVMA):
 			if len(buf) > PageSize {
 				h := len(buf) / PageSize / 2 * PageSize
 				sk, err := s.place(dst, src, buf[:h], why)
@@ -668,10 +670,10 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 			s.mu.Unlock()
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
-		case errors.Is(err, ErrAgain):
+		case errors.Is(err, uffdio.ErrAgain):
 			s.retried()
 			return skipped, errAgain
-		case errors.Is(err, ErrGone):
+		case errors.Is(err, uffdio.ErrGone):
 			return skipped, errGone
 		}
 		return skipped, &ServeError{Op: "copy", Addr: dst, Len: uint64(len(buf)), Src: src, Err: err}

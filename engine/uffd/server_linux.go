@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // Internal outcomes of a placement that are not errors of Run.
@@ -21,7 +23,7 @@ var (
 
 // fault is a page-fault message waiting for service.
 type fault struct {
-	m  Msg
+	m  uffdio.Msg
 	at time.Time // when it was read
 }
 
@@ -201,7 +203,7 @@ func (s *server) run(ctx context.Context) error {
 	}()
 	s.probed = time.Now()
 
-	s.msgBuf = make([]byte, 64*MsgSize)
+	s.msgBuf = make([]byte, 64*uffdio.MsgSize)
 	start := time.Now()
 	s.prefetchAt = start.Add(s.opts.PrefetchDelay)
 	switch {
@@ -347,11 +349,11 @@ func (s *server) probe() error {
 		}
 		s.probeSrc = b
 	}
-	_, err := Copy(s.fd, p.cur, s.probeSrc, CopyModeDontWake)
+	_, err := uffdio.Copy(s.fd, p.cur, s.probeSrc, uffdio.CopyModeDontWake)
 	switch {
-	case errors.Is(err, ErrGone):
+	case errors.Is(err, uffdio.ErrGone):
 		s.exited()
-	case err == nil, errors.Is(err, ErrShort):
+	case err == nil, errors.Is(err, uffdio.ErrShort):
 		// Cannot happen (the source is PROT_NONE); never let it pass.
 		return &ServeError{Op: "probe", Addr: p.cur, Len: PageSize, Err: errors.New("probe copy from an inaccessible page succeeded")}
 	}
@@ -404,7 +406,7 @@ func (s *server) pump() error {
 	s.evMu.Lock()
 	defer s.evMu.Unlock()
 	for {
-		n, err := ReadMsgs(s.fd, s.msgBuf)
+		n, err := uffdio.ReadMsgs(s.fd, s.msgBuf)
 		if err != nil {
 			return err
 		}
@@ -415,7 +417,7 @@ func (s *server) pump() error {
 		events := false
 		s.setMu.Lock()
 		for i := range n {
-			m, err := DecodeMsg(s.msgBuf[i*MsgSize:])
+			m, err := uffdio.DecodeMsg(s.msgBuf[i*uffdio.MsgSize:])
 			if err != nil {
 				s.setMu.Unlock()
 				return &ServeError{Op: "event", Err: err}
@@ -428,7 +430,7 @@ func (s *server) pump() error {
 		}
 		s.setMu.Unlock()
 		s.report()
-		if n < len(s.msgBuf)/MsgSize {
+		if n < len(s.msgBuf)/uffdio.MsgSize {
 			return nil
 		}
 	}
@@ -436,30 +438,30 @@ func (s *server) pump() error {
 
 // apply queues a fault or applies an event (reported true); the caller
 // holds setMu.
-func (s *server) apply(m Msg, now time.Time) bool {
+func (s *server) apply(m uffdio.Msg, now time.Time) bool {
 	switch m.Event {
-	case EventPagefault:
+	case uffdio.EventPagefault:
 		s.faults = append(s.faults, fault{m, now})
 		return false
-	case EventRemove:
+	case uffdio.EventRemove:
 		n := s.pend.remove(m.Start, m.End, nil)
 		s.mu.Lock()
 		s.st.Removes++
 		s.st.RemovedBytes += n
 		s.mu.Unlock()
-	case EventUnmap:
+	case uffdio.EventUnmap:
 		n := s.pend.remove(m.Start, m.End, nil)
 		s.mu.Lock()
 		s.st.Unmaps++
 		s.st.UnmappedBytes += n
 		s.mu.Unlock()
-	case EventRemap:
+	case uffdio.EventRemap:
 		n := s.pend.remap(m.From, m.To, m.Len)
 		s.mu.Lock()
 		s.st.Remaps++
 		s.st.RemappedBytes += n
 		s.mu.Unlock()
-	case EventFork:
+	case uffdio.EventFork:
 		s.fork(m.UFD)
 		s.mu.Lock()
 		s.st.Forks++

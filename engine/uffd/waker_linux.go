@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // waker is an eventfd that wakes a serving thread blocked in ppoll: the
@@ -69,8 +70,8 @@ func checkFeatures(fd int) error {
 	if fi.Uffd == nil {
 		return fmt.Errorf("check userfaultfd %d: no userfaultfd API line in fdinfo: %w", fd, ErrFeatures)
 	}
-	if feat := fi.Uffd.Features; feat&RequiredFeatures != RequiredFeatures {
-		return fmt.Errorf("check userfaultfd %d: features %#x, need %#x: %w", fd, feat, uint64(RequiredFeatures), ErrFeatures)
+	if feat := fi.Uffd.Features; feat&uffdio.RequiredFeatures != uffdio.RequiredFeatures {
+		return fmt.Errorf("check userfaultfd %d: features %#x, need %#x: %w", fd, feat, uint64(uffdio.RequiredFeatures), ErrFeatures)
 	}
 	return nil
 }
