@@ -9,6 +9,13 @@
 // (ErrExist, ErrAgain, ErrShort, ErrNoVMA, ErrGone). It knows nothing of
 // the pager; engine/mem and engine/check use it alone.
 //
+// The policy is engine/uffd/policy: what a fault is served besides its own
+// page (the rules under Serving below: its unit, a scan, the rest of an
+// access, a stride, the zeros of a hole) is a pure function of the faults
+// seen so far, a Planner the serving goroutine asks and then carries out;
+// it has no descriptor, lock or clock, and is tested without
+// userfaultfd.
+//
 // The high layer is the Pager. The restore code creates a userfaultfd inside
 // the target (an injected syscall), takes it with pidfd_getfd, calls
 // uffdio.API with uffdio.Features and registers the lazily restored

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
@@ -469,7 +470,7 @@ func TestPagerStrideSpan(t *testing.T) {
 		t.Errorf("%d faults for %d accesses at a stride: nothing read ahead of it", st.DataFaults, touched)
 	}
 	// The strides read ahead of the last access are read too.
-	if st.FaultBytes > (touched+strideMaxAhead)*2*unit {
+	if st.FaultBytes > (touched+policy.StrideMaxAhead)*2*unit {
 		t.Errorf("%d bytes brought in for %d accesses: more than their two units each", st.FaultBytes, touched)
 	}
 	f.checkSum(m, "all", base, size)
@@ -563,7 +564,7 @@ func TestPagerStrideArrays(t *testing.T) {
 	// Each touched page's unit, and one window of strides ahead past
 	// the first array's end (the pages at the stride of the memory above
 	// it are pending too: nobody can tell).
-	if max := (touched + strideMaxAhead) * unit; st.FaultBytes > max {
+	if max := (touched + policy.StrideMaxAhead) * unit; st.FaultBytes > max {
 		t.Errorf("%d bytes brought in for %d pages touched, more than %d: the strides are read ahead into the array walked before", st.FaultBytes, touched, max)
 	}
 	f.checkSum(m, "all", base, size)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
 // plan returns the next chunk to prefetch, wrapping to the lowest address
@@ -13,15 +15,15 @@ import (
 // the cursor by mremap are found that way). Serving a thread that reads
 // through memory in order, it takes the memory that follows the thread's
 // front, and once there is none, the memory right below where the thread's
-// scan started (see scan). The caller holds setMu.
+// scan started (see policy.Scan). The caller holds setMu.
 func (s *server) plan(inflight int) (piece, bool) {
 	if c, ok := s.planFirst(); ok {
 		return c, true
 	}
 	c, ok := s.nextChunk(s.cursor)
-	if s.scan.on && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk || c.cur >= s.scan.front+scanAhead) {
-		if d, ok := s.chunkBelow(s.scan.down); ok && d.end()+s.scan.below >= s.scan.lo {
-			s.scan.down = d.cur
+	if s.scan.On && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk || c.cur >= s.scan.Front+policy.ScanAhead) {
+		if d, ok := s.chunkBelow(s.scan.Down); ok && d.end()+s.scan.Below >= s.scan.Lo {
+			s.scan.Down = d.cur
 			return d, true
 		}
 	}
@@ -36,27 +38,6 @@ func (s *server) plan(inflight int) (piece, bool) {
 	}
 	return c, ok
 }
-
-// scanAhead is how far past a scan's front the prefetcher goes before it
-// turns to the memory below the scan's start: the rest of the array being
-// read (a layer's matrices are a few MiB), not the arrays above it, which
-// the thread has read or reads last (a model's token embedding, read
-// again by its output layer). The thread reads those megabytes in
-// milliseconds; the prefetcher places them first and the chunks below in
-// fewer. Once nothing is pending below within the scan's window
-// (scan.below), it streams on past the front.
-const scanAhead = 8 << 20
-
-// scanBelow is how far below the start of a scan the prefetcher first
-// fetches for it: the next array or two of a thread that reads arrays
-// laid out at descending addresses (one mmap each, as malloc makes them
-// for large arrays), each upwards, as a forward pass over a model's
-// weights does. The window doubles while the thread's scans go on down
-// (scan.start); further down, the memory is fetched in address order.
-const scanBelow = 32 << 20
-
-// scanBelowMax bounds scan.below, which doubles from scanBelow.
-const scanBelowMax = 512 << 20
 
 // nextChunk returns the chunk to prefetch from addr up, past the chunks
 // workers have claimed. The caller holds setMu.
@@ -266,7 +247,7 @@ func (s *server) work(ctx context.Context, id int) error {
 // claim waits for the next chunk to prefetch and takes it (counted in
 // inflight), or returns false when there is nothing left or the pager
 // stops. Every worker but the first holds back while the process waits
-// on the latency of faults (see latencyBound).
+// on the latency of faults (see policy.LatencyHold).
 func (s *server) claim(ctx context.Context, id int) (piece, bool) {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()

@@ -1,6 +1,10 @@
 package uffd
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
+)
 
 // planServer returns a server with ext pending, for plan's tests (no
 // userfaultfd: plan only looks at the pending set and the cursor).
@@ -25,7 +29,7 @@ func claimNext(s *server) (piece, bool) {
 // (arrays at descending addresses) gets the memory right below that start
 // next, downwards chunk by chunk, while nothing is pending after its
 // front; not the lowest memory of the process, where the cursor would
-// wrap to. Further than scanBelow down, address order again.
+// wrap to. Further than policy.ScanBelow down, address order again.
 func TestPlanBelowScan(t *testing.T) {
 	const P = PageSize
 	heap := Extent{0x10 * P, 32 * P}
@@ -34,7 +38,7 @@ func TestPlanBelowScan(t *testing.T) {
 	s := planServer([]Extent{heap, {a3, 192 * P}}, 2)
 	s.pend.remove(a1, a1+64*P, nil) // a1 read and placed
 	s.cursor = a1 + 64*P
-	s.scan = scan{on: true, lo: a1, down: a1, below: scanBelow}
+	s.scan = policy.Scan{On: true, Lo: a1, Down: a1, Below: policy.ScanBelow}
 
 	for i, want := range []piece{{a2 + 48*P, a2 + 48*P, 16 * P}, {a2 + 32*P, a2 + 32*P, 16 * P}} {
 		if c, ok := claimNext(s); !ok || c != want {
@@ -52,44 +56,9 @@ func TestPlanBelowScan(t *testing.T) {
 	s = planServer([]Extent{heap, {a3, 192 * P}}, 2)
 	s.pend.remove(a1, a1+64*P, nil)
 	s.cursor = a1 + 64*P
-	s.scan = scan{on: false, lo: a1, down: a1, below: scanBelow}
+	s.scan = policy.Scan{On: false, Lo: a1, Down: a1, Below: policy.ScanBelow}
 	if c, ok := claimNext(s); !ok || c.cur != heap.Addr {
 		t.Fatalf("no scan: %+v, %v; want the heap (wrapped)", c, ok)
-	}
-}
-
-// TestScanWindow: the window below a scan doubles when the next scan
-// starts inside it or right below it (a thread going down a model's
-// arrays), up to scanBelowMax, and starts again from scanBelow when a
-// scan starts above or further down.
-func TestScanWindow(t *testing.T) {
-	var sc scan
-	at := uint64(1 << 40)
-	sc.start(at)
-	if sc.below != scanBelow {
-		t.Fatalf("first scan: window %d, want %d", sc.below, scanBelow)
-	}
-	want := uint64(scanBelow)
-	for range 6 {
-		at -= 9 << 20 // the next array below, inside the window
-		sc.start(at)
-		want = min(2*want, scanBelowMax)
-		if sc.below != want || sc.lo != at || sc.down != at {
-			t.Fatalf("scan at %#x: %+v, want the window %d", at, sc, want)
-		}
-	}
-	sc.start(at + 1<<20) // above: another pattern
-	if sc.below != scanBelow {
-		t.Fatalf("scan above: window %d, want %d", sc.below, scanBelow)
-	}
-	sc.start(at - scanBelow - scanBelow/2) // right below the window
-	if sc.below != 2*scanBelow {
-		t.Fatalf("scan right below the window: window %d, want %d", sc.below, 2*scanBelow)
-	}
-	at -= scanBelow + scanBelow/2
-	sc.start(at - 4*scanBelow) // beyond it
-	if sc.below != scanBelow {
-		t.Fatalf("scan beyond the window: window %d, want %d", sc.below, scanBelow)
 	}
 }
 
@@ -127,25 +96,25 @@ func TestPlanSkipsClaimed(t *testing.T) {
 }
 
 // TestPlanScanAhead: a scan whose front has pending memory above it far
-// past scanAhead (the arrays the thread read first lie above, the ones
+// past policy.ScanAhead (the arrays the thread read first lie above, the ones
 // it reads next below) is followed scanAhead past its front, then below
 // its start, not on up through everything above.
 func TestPlanScanAhead(t *testing.T) {
 	const P = PageSize
 	lo := uint64(0x100000 * P)
 	front := lo + 64*P
-	below, above := uint64(64*P), uint64(2*scanAhead)
+	below, above := uint64(64*P), uint64(2*policy.ScanAhead)
 	s := planServer([]Extent{{lo - below, below + (front - lo) + above}}, 2)
 	s.pend.remove(lo, front, nil) // the scan read and placed this
 	s.cursor = front
-	s.scan = scan{on: true, lo: lo, front: front, down: lo, below: scanBelow}
+	s.scan = policy.Scan{On: true, Lo: lo, Front: front, Down: lo, Below: policy.ScanBelow}
 	chunk := s.opts.PrefetchChunk
-	for i := uint64(0); i < scanAhead/chunk; i++ {
+	for i := uint64(0); i < policy.ScanAhead/chunk; i++ {
 		if c, ok := claimNext(s); !ok || c.cur != front+i*chunk {
 			t.Fatalf("chunk %d: %+v, %v; want %#x, above the front", i, c, ok, front+i*chunk)
 		}
 	}
 	if c, ok := claimNext(s); !ok || c.cur != lo-chunk {
-		t.Fatalf("past scanAhead: %+v, %v; want %#x, right below the scan's start", c, ok, lo-chunk)
+		t.Fatalf("past policy.ScanAhead: %+v, %v; want %#x, right below the scan's start", c, ok, lo-chunk)
 	}
 }

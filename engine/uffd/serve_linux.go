@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
@@ -40,6 +41,10 @@ func (s *server) serveFaults() (again bool, err error) {
 	return false, nil
 }
 
+// serveFault serves one fault: outside every pending extent with zeros;
+// inside one, in four steps: classify (the planner's pure decision of
+// what comes with it), read, place, record; then what its plan brings in
+// ahead of the thread.
 func (s *server) serveFault(f fault) error {
 	if f.m.Flags&(uffdio.PagefaultFlagWP|uffdio.PagefaultFlagMinor) != 0 {
 		return &ServeError{Op: "fault", Addr: f.m.Addr, Len: PageSize, Err: fmt.Errorf("%v: %w", f.m, ErrUnexpected)}
@@ -47,125 +52,94 @@ func (s *server) serveFault(f fault) error {
 	page := f.m.Addr &^ (PageSize - 1)
 	s.setMu.Lock()
 	p, ok := s.pend.find(page)
+	seen := s.faultSeen(page)
 	s.setMu.Unlock()
 	if !ok {
-		zeroed, err := s.serveZero(page, f.m.Flags&uffdio.PagefaultFlagWrite != 0)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.st.Faults++
-		s.st.ZeroFaults++
-		s.st.ZeroBytes += zeroed
-		s.h.add(time.Since(f.at))
-		s.mu.Unlock()
-		return nil
+		return s.serveZeroFault(f, page)
 	}
-	lo, hi := s.faultRange(p, page)
+	lo, hi := s.pl.Range(p.cur, p.end(), p.src, page)
 	src := p.src + (lo - p.cur)
-	// A fault on the page right after what the previous one was served
-	// is the rest of the access that faulted there (an access that
-	// crosses a page boundary faults on both pages: a reader of an array
-	// that starts 16 bytes into its mapping) or the start of a scan. The
-	// second such fault in a row is a scan, and so is a fault at the
-	// prefetcher's front (a thread reading on through memory the
-	// prefetcher placed, faster than it): a scan is served the pending
-	// memory that follows too, up to FaultAhead, one fault per FaultAhead
-	// bytes instead of one per block. The test is on the faulting page,
-	// not on the start of its extent: a thread touching one page every
-	// few blocks faults in the extent after the previous one too, and
-	// reading ahead for it would bring in all of memory at fault speed
-	// (a 1 GiB "touch 1" took as long as reading everything).
-	// A fault past memory already in place that follows the last one's
-	// counts as on the page after it: a thread reading on through what
-	// the prefetcher or a stride placed.
-	end := s.lastFault.end()
-	adjacent := page >= end && page <= end+PageSize
-	onward := adjacent
-	if !adjacent && page > end && s.lastFault.len > 0 {
-		s.setMu.Lock()
-		n, _, ok := s.pend.next(end)
-		s.setMu.Unlock()
-		onward = ok && max(n.cur, end)+PageSize >= page
+	plan := s.pl.Classify(seen)
+	parts := s.faultRange(plan, page, lo, hi, src)
+	if err := s.readPlace(f, page, parts); err != nil {
+		return err
 	}
-	if onward {
-		s.adjacent++
-	} else {
-		s.adjacent = 0
-		s.runStart = page
+	s.recordFault(f, plan)
+	return s.serveAhead(page, src+(page-lo), plan)
+}
+
+// faultSeen returns what the planner is told of a data fault on page: the
+// prefetcher's cursor and the pending memory after the last fault's.
+//
+// +checklocks:s.setMu
+func (s *server) faultSeen(page uint64) policy.Fault {
+	f := policy.Fault{Page: page, Cursor: s.cursor}
+	if end, ok := s.pl.LastEnd(); ok && page > end+PageSize {
+		n, _, has := s.pend.next(end)
+		f.Onward, f.OnwardOK = n.cur, has
 	}
-	sequential := s.adjacent >= 2
-	// The rest of an access whose first page was placed ahead of a
-	// stride: it says how far each access reaches (see strideAhead).
-	strided := s.stride.continues(page)
-	start, rest := s.restOf(page, adjacent && s.adjacent == 1)
-	rest = rest && !strided
-	if !sequential && !rest && !strided && s.opts.Prefetch {
-		ahead := uint64(max(1, s.opts.Workers)) * s.opts.PrefetchChunk
-		s.setMu.Lock()
-		sequential = page+ahead >= s.cursor && page < s.cursor+s.opts.PrefetchChunk
-		s.setMu.Unlock()
-	}
-	// A scan that starts is followed above its front and below its start
-	// (see plan) until another scan starts: a thread going through a
-	// model's arrays touches other memory between two of them.
-	if sequential {
-		s.setMu.Lock()
-		if !s.scan.on || s.scan.lo != s.runStart {
-			s.scan.start(s.runStart)
-		}
-		s.scan.front = hi
-		s.setMu.Unlock()
-	}
+	return f
+}
+
+// faultRange returns the parts a data fault on page, served [lo, hi)
+// (snapshot bytes at src), brings in: that range, and for a scan the
+// pending memory up to FaultAhead on, past memory already in place too
+// (a scan after a stride finds a window in place every stride, and would
+// otherwise fault past each). The prefetcher follows a scan: it streams
+// on from where the fault's memory ends, ahead of the reader, rather than
+// wherever its cursor was, so that a full read costs about the longer of
+// streaming and the reader's own work, not their sum.
+func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []piece {
 	parts := append(s.faultParts[:0], piece{lo, src, hi - lo})
-	if s.opts.FaultAhead > hi-lo && sequential {
-		// The pending memory up to FaultAhead on, past memory already in
-		// place too: a scan after a stride finds a window in place every
-		// stride, and would otherwise fault past each.
+	if plan.Scan {
 		s.setMu.Lock()
-		s.pend.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
-			last := &parts[len(parts)-1]
-			if last.end() == p.cur && last.src+last.len == p.src {
-				last.len += p.len
-				return
-			}
-			parts = append(parts, p)
-		})
-		// The prefetcher streams on from there, ahead of the reader,
-		// rather than wherever its cursor was: a full read then costs
-		// about the longer of streaming and the reader's own work, not
-		// their sum.
-		s.cursor = parts[len(parts)-1].end()
-		s.scan.front = s.cursor
+		s.scan.Follow(plan.RunStart, hi)
+		if s.opts.FaultAhead > hi-lo {
+			s.pend.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
+				last := &parts[len(parts)-1]
+				if last.end() == p.cur && last.src+last.len == p.src {
+					last.len += p.len
+					return
+				}
+				parts = append(parts, p)
+			})
+			s.cursor = parts[len(parts)-1].end()
+			s.scan.Front = s.cursor
+		}
 		s.setMu.Unlock()
 	}
 	s.faultParts = parts
+	s.pl.Served(page, lo, parts[len(parts)-1].end())
+	return parts
+}
+
+// readPlace reads a data fault's parts from the source (Options.FaultSrc
+// if set) and places them. A prefetch worker may have placed some of
+// them meanwhile (the fault then finds the page present: it is woken),
+// never an event: events are applied by this goroutine only.
+func (s *server) readPlace(f fault, page uint64, parts []piece) error {
 	var total uint64
 	for _, p := range parts {
 		total += p.len
 	}
-	s.lastFault = piece{cur: lo, len: parts[len(parts)-1].end() - lo}
 	if uint64(cap(s.faultBuf)) < total {
 		s.faultBuf = make([]byte, total)
+	}
+	src := s.src
+	if s.opts.FaultSrc != nil {
+		src = s.opts.FaultSrc
 	}
 	var skipped bool
 	off := uint64(0)
 	for _, p := range parts {
 		buf := s.faultBuf[off : off+p.len]
 		off += p.len
-		src := s.src
-		if s.opts.FaultSrc != nil {
-			src = s.opts.FaultSrc
-		}
 		if err := readFull(src, buf, p.src); err != nil {
 			return &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
 		}
 		s.mu.Lock()
 		s.st.ReadBytes += p.len
 		s.mu.Unlock()
-		// A prefetch worker may have placed some of it meanwhile (the
-		// fault then finds the page present: it is woken), never an
-		// event: events are applied by this goroutine only.
 		sk, err := s.placeRange(p, buf, whyFault)
 		if err != nil {
 			return err
@@ -176,17 +150,21 @@ func (s *server) serveFault(f fault) error {
 		}
 	}
 	if skipped {
-		if err := s.wakePage(page); err != nil {
-			return err
-		}
+		return s.wakePage(page)
 	}
+	return nil
+}
+
+// recordFault counts a data fault served and holds the prefetch workers
+// back after one that is not part of a scan (policy.LatencyHold).
+func (s *server) recordFault(f fault, plan policy.Plan) {
 	s.mu.Lock()
 	s.st.Faults++
 	s.st.DataFaults++
 	s.h.add(time.Since(f.at))
 	s.mu.Unlock()
-	if !sequential {
-		s.latencyUntil.Store(time.Now().Add(latencyBound).UnixNano())
+	if plan.Hold() {
+		s.latencyUntil.Store(time.Now().Add(policy.LatencyHold).UnixNano())
 	} else if s.latencyUntil.Swap(0) > time.Now().UnixNano() {
 		// The thread reads on in order: it waits on streaming now, which
 		// every worker speeds up (the first fault of each array it goes
@@ -195,16 +173,19 @@ func (s *server) serveFault(f fault) error {
 		s.setCond.Broadcast()
 		s.setMu.Unlock()
 	}
-	s.lastPage = page
-	// In the working set still to fetch: what follows it in the recorded
-	// order comes with it (it is what the thread touches next, better
-	// known than any stride).
+}
+
+// serveAhead brings in what a data fault on page (snapshot address at)
+// is followed by: in the working set still to fetch, what follows it in
+// the recorded order (it is what the thread touches next, better known
+// than any stride); else, for a thread at a stride, its next strides.
+func (s *server) serveAhead(page, at uint64, plan policy.Plan) error {
 	if len(s.opts.First) > 0 {
 		s.setMu.Lock()
 		pendingFirst := s.first.i < len(s.opts.First)
 		s.setMu.Unlock()
 		if pendingFirst {
-			ahead, err := s.firstAhead(src + (page - lo))
+			ahead, err := s.firstAhead(at)
 			if err != nil {
 				return err
 			}
@@ -214,10 +195,7 @@ func (s *server) serveFault(f fault) error {
 			}
 		}
 	}
-	if rest {
-		// Not a stride of its own: the access at start reaches here.
-		s.stride.reach(start, page)
-	} else if n := s.stride.next(page, sequential); n > 0 && !s.opts.NoStrideAhead {
+	if n := s.pl.Strides(page, plan); n > 0 && !s.opts.NoStrideAhead {
 		if err := s.strideAhead(page, n); err != nil {
 			return err
 		}
@@ -226,249 +204,21 @@ func (s *server) serveFault(f fault) error {
 	return nil
 }
 
-// zeroReadMax bounds what a read fault zero-fills as it doubles (see
-// serveZero): 64 MiB of zero pages is 16,384 page table entries.
-const zeroReadMax = 64 << 20
-
-// latencyBound is how long after a fault that does not continue the one
-// before (a thread touching pages here and there, or at a stride) every
-// prefetch worker but one holds back. Such a thread waits on each fault's
-// latency, and with a worker per CPU its faults waited for a CPU (the
-// figures: test/bench/BENCHMARKS.md, First answer after restore --lazy).
-// A thread reading in order waits on streaming instead, which every
-// worker speeds up.
-const latencyBound = 10 * time.Millisecond
-
-// faultRange returns the range a fault on page, inside pending piece p,
-// is served: p clipped to the MaxFaultBytes window around the page and
-// to the source's unit (Options.Unit).
-func (s *server) faultRange(p piece, page uint64) (lo, hi uint64) {
-	lo, hi = p.cur, p.end()
-	if w := s.opts.MaxFaultBytes; hi-lo > w {
-		lo = max(lo, page-page%w)
-		hi = min(hi, lo+w)
+// serveZeroFault serves a fault outside every pending extent (serveZero)
+// and counts it.
+func (s *server) serveZeroFault(f fault, page uint64) error {
+	zeroed, err := s.serveZero(page, f.m.Flags&uffdio.PagefaultFlagWrite != 0)
+	if err != nil {
+		return err
 	}
-	if s.opts.Unit != nil {
-		// The source reads at the snapshot's addresses: ask it there.
-		at := p.src + (page - p.cur)
-		if ulo, uhi, ok := s.opts.Unit(at); ok && ulo <= at && at < uhi {
-			lo = max(lo, page-(at-ulo))
-			hi = min(hi, page+(uhi-at))
-		}
-	}
-	return lo, hi
+	s.mu.Lock()
+	s.st.Faults++
+	s.st.ZeroFaults++
+	s.st.ZeroBytes += zeroed
+	s.h.add(time.Since(f.at))
+	s.mu.Unlock()
+	return nil
 }
-
-// stride tells a thread that touches memory at a constant stride (a page
-// every 400 KiB, a column of a matrix) from the other faults: after
-// strideMin distances in a row alike (three faults), the next are
-// predicted.
-type stride struct {
-	prev uint64 // page of the last data fault
-	seen bool   // prev is set
-	d    int64  // distance between the last two
-	run  int    // distances d in a row
-	// span is how far (bytes from its first page) one access of the
-	// thread reaches: PageSize, or more for an access that crosses into
-	// the next page (see restOf). 0 counts as PageSize.
-	span  uint64
-	start uint64 // the page the run at d started from
-	// The stride seen before the last jump, kept: a thread that reads
-	// array after array at one stride (every 100th page of each of many
-	// weight arrays) jumps to the next array and goes on there at the
-	// same stride, at the same pace. kept is 0 when there is none; the
-	// run, span and the memory walked (from, to: page addresses, up to
-	// the last stride read ahead) are those it had.
-	kept           int64
-	keptRun        int
-	keptSpan       uint64
-	walkLo, walkHi uint64
-}
-
-// strideMaxSpan bounds stride.span.
-const strideMaxSpan = 16 * PageSize
-
-// continues reports whether a fault on page continues the stride seen.
-func (st *stride) continues(page uint64) bool {
-	return st.seen && st.run >= strideMin && int64(page-st.prev) == st.d
-}
-
-// reach records that the access that faulted on start reached page.
-func (st *stride) reach(start, page uint64) {
-	if page >= start {
-		st.span = max(st.span, min(page-start+PageSize, strideMaxSpan))
-	}
-}
-
-// walked reports whether page lies in the memory the stride kept from
-// before the last jump walked: a run resumed after a jump that runs into
-// it has reached the end of its own array (arrays laid out at descending
-// addresses, each read upwards, as mmap places them), and the pages at
-// its stride there are not what the thread reads next.
-func (st *stride) walked(page uint64) bool {
-	return st.walkHi > st.walkLo && page >= st.walkLo && page <= st.walkHi
-}
-
-// restOf tells whether a fault on page is the rest of an access whose
-// first page faulted just before (adjacent, and the fault before was not
-// itself the continuation of another) or was placed ahead of a stride
-// (page follows one of the last strideAhead's reads), and where that
-// access started.
-func (s *server) restOf(page uint64, adjacent bool) (start uint64, ok bool) {
-	if adjacent {
-		return s.lastPage, true
-	}
-	for _, r := range s.strideReads {
-		if page == r.lo+r.n {
-			return r.at, true
-		}
-	}
-	return 0, false
-}
-
-// strideMin is how many equal distances in a row make a stride;
-// strideMaxAhead the most pages a fault on it brings in ahead.
-const (
-	strideMin      = 2
-	strideMaxAhead = 64
-)
-
-// next records a data fault on page and returns how many strides ahead to
-// serve: 0 unless the fault continues a stride, then doubling with each
-// fault that does, as readahead grows its window. A sequential reader is
-// FaultAhead's, not a stride. A fault at the stride kept from before a
-// jump, one fault after it, resumes that stride where it was, with its
-// window: the thread goes on at the same pace in the memory it jumped to.
-func (st *stride) next(page uint64, sequential bool) int {
-	prev := st.prev
-	d := int64(page - prev)
-	seen := st.seen
-	st.prev, st.seen = page, true
-	if !seen || sequential || d == 0 {
-		st.run = 0
-		return 0
-	}
-	if d != st.d {
-		if st.kept != 0 && d == st.kept && st.run == 1 {
-			// prev was the jump's target: the run goes on from there.
-			st.d, st.run, st.span, st.start = d, st.keptRun, st.keptSpan, prev
-			st.kept = 0
-		} else {
-			if st.run >= strideMin {
-				st.kept, st.keptRun, st.keptSpan = st.d, st.run, st.span
-				st.walkLo, st.walkHi = min(st.start, prev), max(st.start, prev)
-			}
-			st.d, st.run, st.span, st.start = d, 1, 0, prev
-			return 0
-		}
-	}
-	st.run++
-	if st.run < strideMin {
-		return 0
-	}
-	return min(strideMaxAhead, 4<<min(st.run-strideMin, 4))
-}
-
-// strideAhead places the pages at n strides after page that are still
-// pending, each as a fault on it would be served, while the thread that
-// faulted works on page: it then finds them present instead of faulting
-// on each. Everything pending is placed sooner or later, so a wrong guess
-// costs only the order. Strides that are not pending (served, or a hole)
-// are skipped. The reads go to the source at once, up to strideReaders at
-// a time (through a mount each is a round trip to its server, which
-// serves them in parallel), and are placed in order as they come.
-func (s *server) strideAhead(page uint64, n int) error {
-	d := s.stride.d
-	reads := s.strideReads[:0]
-	var total uint64
-	last := page // the last stride looked at
-	s.setMu.Lock()
-	for i := 1; i <= n && total < strideMaxBytes; i++ {
-		at := page + uint64(int64(i)*d)
-		if s.stride.walked(at) && !s.stride.walked(page) {
-			break
-		}
-		last = at
-		p, ok := s.pend.find(at)
-		if !ok {
-			continue
-		}
-		lo, hi := s.faultRange(p, at)
-		reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
-		total += hi - lo
-		// The pages the access at at reaches, past the window.
-		for q := hi; q < at+s.stride.span; {
-			p, ok := s.pend.find(q)
-			if !ok {
-				break
-			}
-			lo, hi := s.faultRange(p, q)
-			if hi <= q {
-				break
-			}
-			reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
-			total += hi - lo
-			q = hi
-		}
-	}
-	s.setMu.Unlock()
-	s.strideReads = reads
-	if len(reads) == 0 {
-		s.stride.prev = last
-		return nil
-	}
-	if uint64(cap(s.strideBuf)) < total {
-		s.strideBuf = make([]byte, total)
-	}
-	done := make([]chan error, len(reads))
-	for i := range done {
-		done[i] = make(chan error, 1)
-	}
-	workers := min(len(reads), strideReaders)
-	for w := range workers {
-		go func() {
-			for i := w; i < len(reads); i += workers {
-				r := reads[i]
-				done[i] <- readFull(s.src, s.strideBuf[r.off:r.off+r.n], r.src)
-			}
-		}()
-	}
-	var firstErr error
-	for i, r := range reads {
-		err := <-done[i]
-		if firstErr != nil {
-			continue // drain: the readers write into strideBuf
-		}
-		if err != nil {
-			firstErr = &ServeError{Op: "read", Addr: r.lo, Len: r.n, Src: r.src, Err: err}
-			continue
-		}
-		s.mu.Lock()
-		s.st.ReadBytes += r.n
-		s.st.StrideBytes += r.n
-		s.mu.Unlock()
-		if _, err := s.placeRange(piece{r.lo, r.src, r.n}, s.strideBuf[r.off:r.off+r.n], whyFault); err != nil {
-			firstErr = err
-		}
-	}
-	if firstErr == nil {
-		s.stride.prev = last // the thread's next fault continues the stride from there
-	}
-	return firstErr
-}
-
-// strideRead is one read of strideAhead: n bytes at src for lo, into
-// strideBuf at off, for the access at the page at.
-type strideRead struct {
-	at, lo, src, n, off uint64
-}
-
-// strideReaders is how many reads strideAhead has at the source at once;
-// strideMaxBytes the most it reads for one fault.
-const (
-	strideReaders  = 8
-	strideMaxBytes = 4 << 20
-)
 
 // serveZero serves a fault outside every pending extent with zeros, from
 // the faulting page up to ZeroReadChunk (a read: the zero page) or
@@ -483,16 +233,7 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 	defer s.evMu.RUnlock()
 	end := page + s.opts.ZeroChunk
 	if !write {
-		// A read fault within a chunk past the last read fault's zeros
-		// (a thread reading on through zero memory, or at a stride) is
-		// served twice as much, up to zeroReadMax: zero pages cost only
-		// their page table entries, and each fault a round trip.
-		chunk := s.opts.ZeroReadChunk
-		if z := s.lastZero; z.len > 0 && page >= z.end() && page < z.end()+s.zeroChunk {
-			chunk = max(chunk, min(2*s.zeroChunk, zeroReadMax))
-		}
-		s.zeroChunk = chunk
-		end = page + chunk
+		end = page + s.pl.ZeroRead(page)
 	}
 	s.setMu.Lock()
 	if q, _, ok := s.pend.next(page); ok && q.cur < end {
@@ -513,7 +254,7 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 		switch {
 		case err == nil, errors.Is(err, uffdio.ErrShort):
 			if !write {
-				s.lastZero = piece{cur: page, len: uint64(n)}
+				s.pl.Zeroed(page, uint64(n))
 			}
 			return uint64(n), nil
 		case errors.Is(err, uffdio.ErrExist):

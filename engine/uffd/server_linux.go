@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
@@ -47,9 +48,9 @@ type server struct {
 	faultParts []piece // what the last data fault read
 	zeros      []byte
 	parts      []piece
-	cursor     uint64 // prefetch: next address to plan; under setMu
-	scan       scan   // the scan faults last served; under setMu
-	runStart   uint64 // the first page of the current run of data faults
+	cursor     uint64      // prefetch: next address to plan; under setMu
+	scan       policy.Scan // the scan faults last served; under setMu
+	pl         policy.Planner
 	ra         *readAhead
 	syncBuf    []byte // prefetch without read-ahead
 	wk         *waker
@@ -58,14 +59,8 @@ type server struct {
 	spinUntil  time.Time
 	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
 	probed     time.Time
-	lastFault  piece  // the range the last data fault was served
-	lastPage   uint64 // the page of the last data fault
-	lastZero   piece  // what the last read fault outside every extent zero-filled
-	zeroChunk  uint64 // the chunk it asked for
-	adjacent   int    // data faults in a row on the page after the one before
-	stride     stride
 	// latencyUntil (unix ns): until then, the process waits on the
-	// latency of its faults, not on streaming (see latencyBound).
+	// latency of its faults, not on streaming (see policy.LatencyHold).
 	latencyUntil atomic.Int64
 	strideReads  []strideRead
 	strideBuf    []byte
@@ -100,32 +95,6 @@ type server struct {
 	h  hist
 }
 
-// scan is a thread's run of faults through memory in order, as the
-// serving goroutine last saw it: where it started (lo), where its last
-// fault was served to (front) and how far below its start the prefetcher
-// has gone for it (down). on: a scan was seen; a fault elsewhere that
-// starts none (the interpreter between two arrays) leaves it on, the
-// next scan replaces it.
-type scan struct {
-	on              bool
-	lo, front, down uint64
-	// below is how far below lo the prefetcher goes: scanBelow, doubled
-	// each time a scan starts in that window or right below it (a thread
-	// going down a model's arrays, faulting where the prefetcher has not
-	// been yet), as readahead grows its window on each hit.
-	below uint64
-}
-
-// start records a scan that starts at lo.
-func (sc *scan) start(lo uint64) {
-	if sc.on && lo < sc.lo && lo+sc.below+scanBelow >= sc.lo {
-		sc.below = min(2*sc.below, scanBelowMax)
-	} else {
-		sc.below = scanBelow
-	}
-	sc.on, sc.lo, sc.down = true, lo, lo
-}
-
 func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, child bool) *server {
 	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, pend: pend, total: pend.bytes}
 	s.setCond = sync.NewCond(&s.setMu)
@@ -135,6 +104,8 @@ func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, c
 		s.opts.Workers = 0
 		s.log = s.log.With("child_uffd", fd)
 	}
+	s.pl.Config = policy.Config{Prefetch: s.opts.Prefetch, Workers: s.opts.Workers, PrefetchChunk: s.opts.PrefetchChunk,
+		MaxFaultBytes: s.opts.MaxFaultBytes, Unit: s.opts.Unit, ZeroReadChunk: s.opts.ZeroReadChunk}
 	s.st.Total, s.st.Pending = pend.bytes, pend.bytes
 	return s
 }

@@ -3,6 +3,8 @@ package uffd
 import (
 	"sync"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
 // Working sets: what a lazily restored process touched first, recorded on
@@ -49,13 +51,7 @@ func (s *server) planFirst() (piece, bool) {
 func (s *server) firstAhead(at uint64) (bool, error) {
 	s.setMu.Lock()
 	q := &s.first
-	j := -1
-	for k := q.i; k < len(s.opts.First) && k < q.i+firstSearch; k++ {
-		if r := s.opts.First[k]; r.Start <= at && at < r.End {
-			j = k
-			break
-		}
-	}
+	j := policy.First(s.opts.First, q.i, at)
 	if j < 0 {
 		s.setMu.Unlock()
 		return false, nil
@@ -109,13 +105,10 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 	return true, nil
 }
 
-// firstSearch is how far past the prefetcher's position in the working
-// set a fault is looked for; firstAheadMax the most a fault on it brings
-// in ahead (placing 1 MiB of 4 KiB pieces takes about a millisecond).
-const (
-	firstSearch   = 1024
-	firstAheadMax = 1 << 20
-)
+// firstAheadMax is the most a fault on the working set still to fetch
+// brings in ahead (placing 1 MiB of 4 KiB pieces takes about a
+// millisecond).
+const firstAheadMax = 1 << 20
 
 // ReleasePrefetch lets the prefetcher start (Options.HoldPrefetch), in the
 // process and in every child it forked. Safe at any time, more than once.
