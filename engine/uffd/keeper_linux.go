@@ -42,8 +42,10 @@ func init() { helper.Register(KeeperArg0, KeeperMain) }
 // the fd as SCM_RIGHTS (hold), 'R' + id (release), 'D' (done: drop
 // everything and exit).
 type Keeper struct {
-	mu   sync.Mutex
-	c    *helper.Child
+	c *helper.Child
+
+	mu sync.Mutex
+	// +checklocks:mu
 	done bool
 }
 

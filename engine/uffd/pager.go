@@ -190,9 +190,11 @@ type Pager struct {
 	root *server
 	err  error // from New: reported by Run
 
-	mu   sync.Mutex
-	ran  bool
 	tree *tree
+
+	mu sync.Mutex
+	// +checklocks:mu
+	ran bool
 }
 
 // New returns a pager for fd: an O_NONBLOCK-capable userfaultfd on which
@@ -287,9 +289,12 @@ type tree struct {
 	// root and every child.
 	prefetchHeld atomic.Bool
 
-	mu       sync.Mutex
-	active   int
-	err      error
+	mu sync.Mutex
+	// +checklocks:mu
+	active int
+	// +checklocks:mu
+	err error
+	// +checklocks:mu
 	children []*server
 }
 

@@ -15,35 +15,39 @@ import (
 // the cursor by mremap are found that way). Serving a thread that reads
 // through memory in order, it takes the memory that follows the thread's
 // front, and once there is none, the memory right below where the thread's
-// scan started (see policy.Scan). The caller holds setMu.
+// scan started (see policy.Scan).
+//
+// +checklocks:s.pend.mu
 func (s *server) plan(inflight int) (piece, bool) {
 	if c, ok := s.planFirst(); ok {
 		return c, true
 	}
-	c, ok := s.nextChunk(s.cursor)
-	if s.scan.On && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk || c.cur >= s.scan.Front+policy.ScanAhead) {
-		if d, ok := s.chunkBelow(s.scan.Down); ok && d.end()+s.scan.Below >= s.scan.Lo {
-			s.scan.Down = d.cur
+	c, ok := s.nextChunk(s.pend.cursor)
+	if s.pend.scan.On && (!ok || c.cur >= s.pend.cursor+s.opts.PrefetchChunk || c.cur >= s.pend.scan.Front+policy.ScanAhead) {
+		if d, ok := s.chunkBelow(s.pend.scan.Down); ok && d.end()+s.pend.scan.Below >= s.pend.scan.Lo {
+			s.pend.scan.Down = d.cur
 			return d, true
 		}
 	}
 	// Workers skip each other's chunks (claimed); the serving
 	// goroutine's read-ahead wraps only once it has none in flight.
-	if !ok && s.cursor != 0 && (inflight == 0 || s.opts.Workers > 0) {
-		s.cursor = 0
+	if !ok && s.pend.cursor != 0 && (inflight == 0 || s.opts.Workers > 0) {
+		s.pend.cursor = 0
 		c, ok = s.nextChunk(0)
 	}
 	if ok {
-		s.cursor = c.end()
+		s.pend.cursor = c.end()
 	}
 	return c, ok
 }
 
 // nextChunk returns the chunk to prefetch from addr up, past the chunks
-// workers have claimed. The caller holds setMu.
+// workers have claimed.
+//
+// +checklocks:s.pend.mu
 func (s *server) nextChunk(addr uint64) (piece, bool) {
 	for {
-		c, ok := s.pend.chunk(addr, s.opts.PrefetchChunk)
+		c, ok := s.pend.set.chunk(addr, s.opts.PrefetchChunk)
 		if !ok {
 			return c, false
 		}
@@ -60,10 +64,12 @@ func (s *server) nextChunk(addr uint64) (piece, bool) {
 }
 
 // chunkBelow returns the chunk to prefetch right below addr, past the
-// chunks workers have claimed. The caller holds setMu.
+// chunks workers have claimed.
+//
+// +checklocks:s.pend.mu
 func (s *server) chunkBelow(addr uint64) (piece, bool) {
 	for {
-		d, ok := s.pend.chunkBelow(addr, s.opts.PrefetchChunk)
+		d, ok := s.pend.set.chunkBelow(addr, s.opts.PrefetchChunk)
 		if !ok {
 			return d, false
 		}
@@ -79,9 +85,11 @@ func (s *server) chunkBelow(addr uint64) (piece, bool) {
 }
 
 // claimedIn returns a chunk claimed by a worker that overlaps c (pending
-// until the worker has placed it). The caller holds setMu.
+// until the worker has placed it).
+//
+// +checklocks:s.pend.mu
 func (s *server) claimedIn(c piece) (piece, bool) {
-	for _, cl := range s.claimed {
+	for _, cl := range s.pend.claimed {
 		if cl.cur < c.end() && c.cur < cl.end() {
 			return cl, true
 		}
@@ -93,36 +101,36 @@ func (s *server) claimedIn(c piece) (piece, bool) {
 // 0). progressed reports that it did work (the loop then checks for
 // faults again before the next chunk).
 func (s *server) prefetch() (progressed, again bool, err error) {
-	if s.ra == nil {
-		s.setMu.Lock()
+	if s.own.ra == nil {
+		s.pend.mu.Lock()
 		c, ok := s.plan(0)
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		if !ok {
 			return false, false, nil
 		}
-		if uint64(cap(s.syncBuf)) < c.len {
-			s.syncBuf = make([]byte, s.opts.PrefetchChunk)
+		if uint64(cap(s.own.syncBuf)) < c.len {
+			s.own.syncBuf = make([]byte, s.opts.PrefetchChunk)
 		}
-		r := &raReq{c: c, buf: s.syncBuf[:c.len]}
+		r := &raReq{c: c, buf: s.own.syncBuf[:c.len]}
 		r.err = readFull(s.src, r.buf, c.src)
 		again, err = s.placeChunk(r)
 		if again {
-			s.setMu.Lock()
-			s.cursor = c.cur // replan it after the events
-			s.setMu.Unlock()
+			s.pend.mu.Lock()
+			s.pend.cursor = c.cur // replan it after the events
+			s.pend.mu.Unlock()
 		}
 		return true, again, err
 	}
-	for !s.ra.full() {
-		s.setMu.Lock()
-		c, ok := s.plan(len(s.ra.inflight))
-		s.setMu.Unlock()
+	for !s.own.ra.full() {
+		s.pend.mu.Lock()
+		c, ok := s.plan(len(s.own.ra.inflight))
+		s.pend.mu.Unlock()
 		if !ok {
 			break
 		}
-		s.ra.issue(c)
+		s.own.ra.issue(c)
 	}
-	r := s.ra.ready()
+	r := s.own.ra.ready()
 	if r == nil {
 		return false, false, nil
 	}
@@ -130,7 +138,7 @@ func (s *server) prefetch() (progressed, again bool, err error) {
 	if again || err != nil {
 		return true, again, err // keep the chunk: retried after the events
 	}
-	s.ra.pop()
+	s.own.ra.pop()
 	return true, false, nil
 }
 
@@ -143,13 +151,13 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 		// Only an error if something of it is still wanted.
 		var first piece
 		var any bool
-		s.setMu.Lock()
-		s.pend.overlapping(c.cur, c.end(), func(p piece) {
+		s.pend.mu.Lock()
+		s.pend.set.overlapping(c.cur, c.end(), func(p piece) {
 			if !any && p.src == c.src+(p.cur-c.cur) {
 				first, any = p, true
 			}
 		})
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		if !any {
 			return false, nil
 		}
@@ -157,9 +165,7 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 	}
 	if !r.counted {
 		r.counted = true
-		s.mu.Lock()
-		s.st.ReadBytes += c.len
-		s.mu.Unlock()
+		s.stat.add(func(st *Stats) { st.ReadBytes += c.len })
 	}
 	_, err = s.placeRange(c, r.buf, whyPrefetch)
 	switch {
@@ -198,11 +204,11 @@ func (s *server) startWorkers(ctx context.Context, n int) {
 			defer s.workers.Done()
 			lockThread()
 			if err := s.work(ctx, id); err != nil {
-				s.setMu.Lock()
-				if s.werr == nil {
-					s.werr = err
+				s.pend.mu.Lock()
+				if s.pend.werr == nil {
+					s.pend.werr = err
 				}
-				s.setMu.Unlock()
+				s.pend.mu.Unlock()
 			}
 			s.wake()
 		}()
@@ -211,10 +217,10 @@ func (s *server) startWorkers(ctx context.Context, n int) {
 
 // stopWorkers makes the workers return and waits for them.
 func (s *server) stopWorkers() {
-	s.setMu.Lock()
-	s.stop = true
-	s.setCond.Broadcast()
-	s.setMu.Unlock()
+	s.pend.mu.Lock()
+	s.pend.stop = true
+	s.pend.cond.Broadcast()
+	s.pend.mu.Unlock()
 	s.workers.Wait()
 }
 
@@ -229,12 +235,12 @@ func (s *server) work(ctx context.Context, id int) error {
 		r := &raReq{c: c, buf: buf[:c.len]}
 		r.err = readFull(s.src, r.buf, c.src)
 		err := s.placeClaimed(ctx, r)
-		s.setMu.Lock()
-		s.inflight--
-		s.claimed = slices.DeleteFunc(s.claimed, func(cl piece) bool { return cl == c })
-		empty := s.pend.empty() && s.inflight == 0
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.inflight--
+		s.pend.claimed = slices.DeleteFunc(s.pend.claimed, func(cl piece) bool { return cl == c })
+		empty := s.pend.set.empty() && s.pend.inflight == 0
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 		if empty {
 			s.wake() // the serving goroutine decides whether Run is done
 		}
@@ -249,36 +255,36 @@ func (s *server) work(ctx context.Context, id int) error {
 // stops. Every worker but the first holds back while the process waits
 // on the latency of faults (see policy.LatencyHold).
 func (s *server) claim(ctx context.Context, id int) (piece, bool) {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
+	s.pend.mu.Lock()
+	defer s.pend.mu.Unlock()
 	for {
-		if s.stop || s.gone.Load() || s.werr != nil || ctx.Err() != nil || s.pend.empty() {
+		if s.pend.stop || s.gone.Load() || s.pend.werr != nil || ctx.Err() != nil || s.pend.set.empty() {
 			return piece{}, false
 		}
 		if s.tree.prefetchHeld.Load() {
-			s.setCond.Wait() // ReleasePrefetch broadcasts
+			s.pend.cond.Wait() // ReleasePrefetch broadcasts
 			continue
 		}
 		if d := time.Until(s.prefetchAt); d > 0 {
 			s.wakeIn(d)
-			s.setCond.Wait()
+			s.pend.cond.Wait()
 			continue
 		}
 		// A working set (Options.First) is fetched by every worker: it is
 		// what the process is about to touch.
-		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 && s.first.i >= len(s.opts.First) {
+		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 && s.pend.first.i >= len(s.opts.First) {
 			s.wakeIn(d)
-			s.setCond.Wait()
+			s.pend.cond.Wait()
 			continue
 		}
-		if c, ok := s.plan(s.inflight); ok {
-			s.inflight++
-			s.claimed = append(s.claimed, c)
+		if c, ok := s.plan(s.pend.inflight); ok {
+			s.pend.inflight++
+			s.pend.claimed = append(s.pend.claimed, c)
 			return c, true
 		}
 		// Everything left is in other workers' hands (or moved behind
 		// the cursor while they have chunks in flight).
-		s.setCond.Wait()
+		s.pend.cond.Wait()
 	}
 }
 
@@ -298,9 +304,7 @@ func (s *server) placeClaimed(ctx context.Context, r *raReq) error {
 			return err
 		}
 	}
-	s.mu.Lock()
-	s.st.ReadBytes += r.c.len
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.ReadBytes += r.c.len })
 	return nil
 }
 
@@ -321,14 +325,14 @@ func (s *server) placeStep(ctx context.Context, r *raReq) error {
 		// The events may never come: a failed mremap lowers the kernel's
 		// flag without a message. Retry after a growing timeout too.
 		deadline := time.Now().Add(backoff)
-		s.setMu.Lock()
-		gen := s.evGen
+		s.pend.mu.Lock()
+		gen := s.pend.evGen
 		s.wakeIn(backoff)
-		for s.evGen == gen && !s.stop && !s.gone.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
-			s.setCond.Wait()
+		for s.pend.evGen == gen && !s.pend.stop && !s.gone.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
+			s.pend.cond.Wait()
 		}
-		stop := s.stop || s.gone.Load() || ctx.Err() != nil
-		s.setMu.Unlock()
+		stop := s.pend.stop || s.gone.Load() || ctx.Err() != nil
+		s.pend.mu.Unlock()
 		if stop {
 			return ctx.Err()
 		}
@@ -336,11 +340,11 @@ func (s *server) placeStep(ctx context.Context, r *raReq) error {
 	}
 }
 
-// wakeIn broadcasts setCond after d.
+// wakeIn broadcasts pend.cond after d.
 func (s *server) wakeIn(d time.Duration) {
 	time.AfterFunc(d, func() {
-		s.setMu.Lock()
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 	})
 }

@@ -13,14 +13,14 @@ func planServer(ext []Extent, workers int) *server {
 	return newServer(-1, nil, newPieceSet(ext), o, &tree{}, false)
 }
 
-// claimNext plans as a worker claims (under setMu, counted in flight).
+// claimNext plans as a worker claims (under pend.mu, counted in flight).
 func claimNext(s *server) (piece, bool) {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
-	c, ok := s.plan(s.inflight)
+	s.pend.mu.Lock()
+	defer s.pend.mu.Unlock()
+	c, ok := s.plan(s.pend.inflight)
 	if ok {
-		s.inflight++
-		s.claimed = append(s.claimed, c)
+		s.pend.inflight++
+		s.pend.claimed = append(s.pend.claimed, c)
 	}
 	return c, ok
 }
@@ -36,9 +36,9 @@ func TestPlanBelowScan(t *testing.T) {
 	lo := uint64(0x100000 * P)          // far above the heap
 	a3, a2, a1 := lo, lo+64*P, lo+128*P // three arrays of 64 pages, a1 on top
 	s := planServer([]Extent{heap, {a3, 192 * P}}, 2)
-	s.pend.remove(a1, a1+64*P, nil) // a1 read and placed
-	s.cursor = a1 + 64*P
-	s.scan = policy.Scan{On: true, Lo: a1, Down: a1, Below: policy.ScanBelow}
+	s.pend.set.remove(a1, a1+64*P, nil) // a1 read and placed
+	s.pend.cursor = a1 + 64*P
+	s.pend.scan = policy.Scan{On: true, Lo: a1, Down: a1, Below: policy.ScanBelow}
 
 	for i, want := range []piece{{a2 + 48*P, a2 + 48*P, 16 * P}, {a2 + 32*P, a2 + 32*P, 16 * P}} {
 		if c, ok := claimNext(s); !ok || c != want {
@@ -47,16 +47,16 @@ func TestPlanBelowScan(t *testing.T) {
 	}
 	// Everything below the scan within reach placed: the heap's turn, in
 	// address order, with the two chunks above still in flight.
-	s.pend.remove(a3, a2+64*P, nil)
+	s.pend.set.remove(a3, a2+64*P, nil)
 	if c, ok := claimNext(s); !ok || c != (piece{heap.Addr, heap.Addr, 16 * P}) {
 		t.Fatalf("after the arrays: %+v, %v; want the heap's first chunk", c, ok)
 	}
 
 	// A scan that ended (a jump elsewhere): address order.
 	s = planServer([]Extent{heap, {a3, 192 * P}}, 2)
-	s.pend.remove(a1, a1+64*P, nil)
-	s.cursor = a1 + 64*P
-	s.scan = policy.Scan{On: false, Lo: a1, Down: a1, Below: policy.ScanBelow}
+	s.pend.set.remove(a1, a1+64*P, nil)
+	s.pend.cursor = a1 + 64*P
+	s.pend.scan = policy.Scan{On: false, Lo: a1, Down: a1, Below: policy.ScanBelow}
 	if c, ok := claimNext(s); !ok || c.cur != heap.Addr {
 		t.Fatalf("no scan: %+v, %v; want the heap (wrapped)", c, ok)
 	}
@@ -70,14 +70,14 @@ func TestPlanSkipsClaimed(t *testing.T) {
 	const P = PageSize
 	ext := []Extent{{0x10 * P, 32 * P}, {0x100 * P, 16 * P}}
 	s := planServer(ext, 2)
-	s.cursor = 0x100 * P
+	s.pend.cursor = 0x100 * P
 	first, ok := claimNext(s)
 	if !ok || first.cur != 0x100*P {
 		t.Fatalf("first chunk %+v, %v", first, ok)
 	}
-	s.pend.remove(0x10*P, 0x10*P+4*P, nil) // placed by a fault
-	s.claimed = append(s.claimed, piece{0x14 * P, 0x14 * P, 16 * P})
-	s.inflight++
+	s.pend.set.remove(0x10*P, 0x10*P+4*P, nil) // placed by a fault
+	s.pend.claimed = append(s.pend.claimed, piece{0x14 * P, 0x14 * P, 16 * P})
+	s.pend.inflight++
 	if c, ok := claimNext(s); !ok || c != (piece{0x24 * P, 0x24 * P, 12 * P}) {
 		t.Fatalf("with chunks in flight: %+v, %v; want the memory past the claimed chunk", c, ok)
 	}
@@ -86,10 +86,10 @@ func TestPlanSkipsClaimed(t *testing.T) {
 	}
 
 	r := planServer(ext, 0)
-	r.cursor = 0x200 * P
-	r.setMu.Lock()
+	r.pend.cursor = 0x200 * P
+	r.pend.mu.Lock()
 	c, ok := r.plan(1)
-	r.setMu.Unlock()
+	r.pend.mu.Unlock()
 	if ok {
 		t.Fatalf("read-ahead with a chunk in flight wrapped to %+v", c)
 	}
@@ -105,9 +105,9 @@ func TestPlanScanAhead(t *testing.T) {
 	front := lo + 64*P
 	below, above := uint64(64*P), uint64(2*policy.ScanAhead)
 	s := planServer([]Extent{{lo - below, below + (front - lo) + above}}, 2)
-	s.pend.remove(lo, front, nil) // the scan read and placed this
-	s.cursor = front
-	s.scan = policy.Scan{On: true, Lo: lo, Front: front, Down: lo, Below: policy.ScanBelow}
+	s.pend.set.remove(lo, front, nil) // the scan read and placed this
+	s.pend.cursor = front
+	s.pend.scan = policy.Scan{On: true, Lo: lo, Front: front, Down: lo, Below: policy.ScanBelow}
 	chunk := s.opts.PrefetchChunk
 	for i := uint64(0); i < policy.ScanAhead/chunk; i++ {
 		if c, ok := claimNext(s); !ok || c.cur != front+i*chunk {

@@ -18,8 +18,8 @@ const (
 // serveFaults serves the queued faults in order. again reports that a copy
 // was refused until the pending events are read (the rest stay queued).
 func (s *server) serveFaults() (again bool, err error) {
-	for len(s.faults) > 0 {
-		f := s.faults[0]
+	for len(s.own.faults) > 0 {
+		f := s.own.faults[0]
 		err := s.serveFault(f)
 		switch {
 		case errors.Is(err, errAgain):
@@ -30,12 +30,12 @@ func (s *server) serveFaults() (again bool, err error) {
 		case err != nil:
 			return false, err
 		}
-		s.faults = s.faults[1:]
-		if len(s.faults) == 0 {
-			s.faults = s.faults[:0:0]
+		s.own.faults = s.own.faults[1:]
+		if len(s.own.faults) == 0 {
+			s.own.faults = s.own.faults[:0:0]
 		}
 		if s.opts.Spin > 0 {
-			s.spinUntil = time.Now().Add(s.opts.Spin)
+			s.own.spinUntil = time.Now().Add(s.opts.Spin)
 		}
 	}
 	return false, nil
@@ -50,16 +50,16 @@ func (s *server) serveFault(f fault) error {
 		return &ServeError{Op: "fault", Addr: f.m.Addr, Len: PageSize, Err: fmt.Errorf("%v: %w", f.m, ErrUnexpected)}
 	}
 	page := f.m.Addr &^ (PageSize - 1)
-	s.setMu.Lock()
-	p, ok := s.pend.find(page)
+	s.pend.mu.Lock()
+	p, ok := s.pend.set.find(page)
 	seen := s.faultSeen(page)
-	s.setMu.Unlock()
+	s.pend.mu.Unlock()
 	if !ok {
 		return s.serveZeroFault(f, page)
 	}
-	lo, hi := s.pl.Range(p.cur, p.end(), p.src, page)
+	lo, hi := s.own.pl.Range(p.cur, p.end(), p.src, page)
 	src := p.src + (lo - p.cur)
-	plan := s.pl.Classify(seen)
+	plan := s.own.pl.Classify(seen)
 	parts := s.faultRange(plan, page, lo, hi, src)
 	if err := s.readPlace(f, page, parts); err != nil {
 		return err
@@ -71,11 +71,11 @@ func (s *server) serveFault(f fault) error {
 // faultSeen returns what the planner is told of a data fault on page: the
 // prefetcher's cursor and the pending memory after the last fault's.
 //
-// +checklocks:s.setMu
+// +checklocks:s.pend.mu
 func (s *server) faultSeen(page uint64) policy.Fault {
-	f := policy.Fault{Page: page, Cursor: s.cursor}
-	if end, ok := s.pl.LastEnd(); ok && page > end+PageSize {
-		n, _, has := s.pend.next(end)
+	f := policy.Fault{Page: page, Cursor: s.pend.cursor}
+	if end, ok := s.own.pl.LastEnd(); ok && page > end+PageSize {
+		n, _, has := s.pend.set.next(end)
 		f.Onward, f.OnwardOK = n.cur, has
 	}
 	return f
@@ -90,12 +90,12 @@ func (s *server) faultSeen(page uint64) policy.Fault {
 // wherever its cursor was, so that a full read costs about the longer of
 // streaming and the reader's own work, not their sum.
 func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []piece {
-	parts := append(s.faultParts[:0], piece{lo, src, hi - lo})
+	parts := append(s.own.faultParts[:0], piece{lo, src, hi - lo})
 	if plan.Scan {
-		s.setMu.Lock()
-		s.scan.Follow(plan.RunStart, hi)
+		s.pend.mu.Lock()
+		s.pend.scan.Follow(plan.RunStart, hi)
 		if s.opts.FaultAhead > hi-lo {
-			s.pend.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
+			s.pend.set.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
 				last := &parts[len(parts)-1]
 				if last.end() == p.cur && last.src+last.len == p.src {
 					last.len += p.len
@@ -103,13 +103,13 @@ func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []piece 
 				}
 				parts = append(parts, p)
 			})
-			s.cursor = parts[len(parts)-1].end()
-			s.scan.Front = s.cursor
+			s.pend.cursor = parts[len(parts)-1].end()
+			s.pend.scan.Front = s.pend.cursor
 		}
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 	}
-	s.faultParts = parts
-	s.pl.Served(page, lo, parts[len(parts)-1].end())
+	s.own.faultParts = parts
+	s.own.pl.Served(page, lo, parts[len(parts)-1].end())
 	return parts
 }
 
@@ -122,8 +122,8 @@ func (s *server) readPlace(f fault, page uint64, parts []piece) error {
 	for _, p := range parts {
 		total += p.len
 	}
-	if uint64(cap(s.faultBuf)) < total {
-		s.faultBuf = make([]byte, total)
+	if uint64(cap(s.own.faultBuf)) < total {
+		s.own.faultBuf = make([]byte, total)
 	}
 	src := s.src
 	if s.opts.FaultSrc != nil {
@@ -132,14 +132,12 @@ func (s *server) readPlace(f fault, page uint64, parts []piece) error {
 	var skipped bool
 	off := uint64(0)
 	for _, p := range parts {
-		buf := s.faultBuf[off : off+p.len]
+		buf := s.own.faultBuf[off : off+p.len]
 		off += p.len
 		if err := readFull(src, buf, p.src); err != nil {
 			return &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
 		}
-		s.mu.Lock()
-		s.st.ReadBytes += p.len
-		s.mu.Unlock()
+		s.stat.add(func(st *Stats) { st.ReadBytes += p.len })
 		sk, err := s.placeRange(p, buf, whyFault)
 		if err != nil {
 			return err
@@ -158,20 +156,20 @@ func (s *server) readPlace(f fault, page uint64, parts []piece) error {
 // recordFault counts a data fault served and holds the prefetch workers
 // back after one that is not part of a scan (policy.LatencyHold).
 func (s *server) recordFault(f fault, plan policy.Plan) {
-	s.mu.Lock()
-	s.st.Faults++
-	s.st.DataFaults++
-	s.h.add(time.Since(f.at))
-	s.mu.Unlock()
+	s.stat.mu.Lock()
+	s.stat.st.Faults++
+	s.stat.st.DataFaults++
+	s.stat.h.add(time.Since(f.at))
+	s.stat.mu.Unlock()
 	if plan.Hold() {
 		s.latencyUntil.Store(time.Now().Add(policy.LatencyHold).UnixNano())
 	} else if s.latencyUntil.Swap(0) > time.Now().UnixNano() {
 		// The thread reads on in order: it waits on streaming now, which
 		// every worker speeds up (the first fault of each array it goes
 		// on to is not yet known as part of a scan).
-		s.setMu.Lock()
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 	}
 }
 
@@ -181,9 +179,9 @@ func (s *server) recordFault(f fault, plan policy.Plan) {
 // than any stride); else, for a thread at a stride, its next strides.
 func (s *server) serveAhead(page, at uint64, plan policy.Plan) error {
 	if len(s.opts.First) > 0 {
-		s.setMu.Lock()
-		pendingFirst := s.first.i < len(s.opts.First)
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		pendingFirst := s.pend.first.i < len(s.opts.First)
+		s.pend.mu.Unlock()
 		if pendingFirst {
 			ahead, err := s.firstAhead(at)
 			if err != nil {
@@ -195,7 +193,7 @@ func (s *server) serveAhead(page, at uint64, plan policy.Plan) error {
 			}
 		}
 	}
-	if n := s.pl.Strides(page, plan); n > 0 && !s.opts.NoStrideAhead {
+	if n := s.own.pl.Strides(page, plan); n > 0 && !s.opts.NoStrideAhead {
 		if err := s.strideAhead(page, n); err != nil {
 			return err
 		}
@@ -211,12 +209,12 @@ func (s *server) serveZeroFault(f fault, page uint64) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.st.Faults++
-	s.st.ZeroFaults++
-	s.st.ZeroBytes += zeroed
-	s.h.add(time.Since(f.at))
-	s.mu.Unlock()
+	s.stat.mu.Lock()
+	s.stat.st.Faults++
+	s.stat.st.ZeroFaults++
+	s.stat.st.ZeroBytes += zeroed
+	s.stat.h.add(time.Since(f.at))
+	s.stat.mu.Unlock()
 	return nil
 }
 
@@ -233,28 +231,28 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 	defer s.evMu.RUnlock()
 	end := page + s.opts.ZeroChunk
 	if !write {
-		end = page + s.pl.ZeroRead(page)
+		end = page + s.own.pl.ZeroRead(page)
 	}
-	s.setMu.Lock()
-	if q, _, ok := s.pend.next(page); ok && q.cur < end {
+	s.pend.mu.Lock()
+	if q, _, ok := s.pend.set.next(page); ok && q.cur < end {
 		end = q.cur
 	}
-	s.setMu.Unlock()
+	s.pend.mu.Unlock()
 	for {
 		var n int64
 		var err error
 		if write {
-			if uint64(len(s.zeros)) < end-page {
-				s.zeros = make([]byte, s.opts.ZeroChunk)
+			if uint64(len(s.own.zeros)) < end-page {
+				s.own.zeros = make([]byte, s.opts.ZeroChunk)
 			}
-			n, err = uffdio.Copy(s.fd, page, s.zeros[:end-page], 0)
+			n, err = uffdio.Copy(s.fd, page, s.own.zeros[:end-page], 0)
 		} else {
 			n, err = uffdio.ZeroPage(s.fd, page, end-page, 0)
 		}
 		switch {
 		case err == nil, errors.Is(err, uffdio.ErrShort):
 			if !write {
-				s.pl.Zeroed(page, uint64(n))
+				s.own.pl.Zeroed(page, uint64(n))
 			}
 			return uint64(n), nil
 		case errors.Is(err, uffdio.ErrExist):
@@ -281,9 +279,7 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 }
 
 func (s *server) wakePage(page uint64) error {
-	s.mu.Lock()
-	s.st.Wakes++
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.Wakes++ })
 	if err := uffdio.Wake(s.fd, page, PageSize); err != nil {
 		return &ServeError{Op: "wake", Addr: page, Len: PageSize, Err: err}
 	}
@@ -291,33 +287,29 @@ func (s *server) wakePage(page uint64) error {
 }
 
 func (s *server) retried() {
-	s.mu.Lock()
-	s.st.Retries++
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.Retries++ })
 }
 
 // exited drops everything pending: the address space is gone. Serving
 // goroutine only (it owns the fault queue).
 func (s *server) exited() {
 	s.markGone()
-	s.faults = nil
+	s.own.faults = nil
 }
 
 // markGone records that the address space is gone and drops the pending
 // set.
 func (s *server) markGone() {
-	s.setMu.Lock()
+	s.pend.mu.Lock()
 	if s.gone.Load() {
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		return
 	}
 	s.gone.Store(true)
-	s.pend = newPieceSet(nil)
-	s.setCond.Broadcast()
-	s.setMu.Unlock()
-	s.mu.Lock()
-	s.st.Exited = true
-	s.mu.Unlock()
+	s.pend.set = newPieceSet(nil)
+	s.pend.cond.Broadcast()
+	s.pend.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.Exited = true })
 	s.report()
 	s.wake()
 	s.log.Debug("uffd: process address space gone")
@@ -333,12 +325,12 @@ func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err err
 	s.evMu.RLock()
 	defer s.evMu.RUnlock()
 	var parts []piece
-	s.setMu.Lock()
+	s.pend.mu.Lock()
 	if s.gone.Load() {
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		return false, errGone
 	}
-	s.pend.overlapping(c.cur, c.end(), func(p piece) {
+	s.pend.set.overlapping(c.cur, c.end(), func(p piece) {
 		if p.src != c.src+(p.cur-c.cur) {
 			return
 		}
@@ -350,7 +342,7 @@ func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err err
 		}
 		parts = append(parts, p)
 	})
-	s.setMu.Unlock()
+	s.pend.mu.Unlock()
 	for _, p := range parts {
 		off := p.cur - c.cur
 		sk, err := s.place(p.cur, p.src, buf[off:off+p.len], why)
@@ -369,6 +361,8 @@ func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err err
 // no VMA at all is dropped in a forked child (MADV_DONTFORK memory) and an
 // error in the root, where events keep the pending set inside registered
 // VMAs.
+//
+// +checklocks:s.evMu
 func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err error) {
 	for len(buf) > 0 {
 		n, err := uffdio.Copy(s.fd, dst, buf, 0)
@@ -380,12 +374,10 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 		case err == nil, errors.Is(err, uffdio.ErrShort):
 			continue
 		case errors.Is(err, uffdio.ErrExist):
-			s.setMu.Lock()
-			s.pend.remove(dst, dst+PageSize, nil)
-			s.setMu.Unlock()
-			s.mu.Lock()
-			s.st.ExistingBytes += PageSize
-			s.mu.Unlock()
+			s.pend.mu.Lock()
+			s.pend.set.remove(dst, dst+PageSize, nil)
+			s.pend.mu.Unlock()
+			s.stat.add(func(st *Stats) { st.ExistingBytes += PageSize })
 			skipped = true
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
@@ -403,12 +395,10 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 			if !s.child {
 				return skipped, &ServeError{Op: "copy", Addr: dst, Len: PageSize, Src: src, Err: err}
 			}
-			s.setMu.Lock()
-			s.pend.remove(dst, dst+PageSize, nil)
-			s.setMu.Unlock()
-			s.mu.Lock()
-			s.st.DroppedBytes += PageSize
-			s.mu.Unlock()
+			s.pend.mu.Lock()
+			s.pend.set.remove(dst, dst+PageSize, nil)
+			s.pend.mu.Unlock()
+			s.stat.add(func(st *Stats) { st.DroppedBytes += PageSize })
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
 		case errors.Is(err, uffdio.ErrAgain):
@@ -423,14 +413,14 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 }
 
 func (s *server) placed(dst, n uint64, why int) {
-	s.setMu.Lock()
-	s.pend.remove(dst, dst+n, nil)
-	s.setMu.Unlock()
-	s.mu.Lock()
+	s.pend.mu.Lock()
+	s.pend.set.remove(dst, dst+n, nil)
+	s.pend.mu.Unlock()
+	s.stat.mu.Lock()
 	if why == whyFault {
-		s.st.FaultBytes += n
+		s.stat.st.FaultBytes += n
 	} else {
-		s.st.PrefetchBytes += n
+		s.stat.st.PrefetchBytes += n
 	}
-	s.mu.Unlock()
+	s.stat.mu.Unlock()
 }

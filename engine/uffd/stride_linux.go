@@ -9,21 +9,21 @@ package uffd
 // a time (through a mount each is a round trip to its server, which
 // serves them in parallel), and are placed in order as they come.
 func (s *server) strideAhead(page uint64, n int) error {
-	s.setMu.Lock()
+	s.pend.mu.Lock()
 	reads, total, last := s.planStrides(page, n)
-	s.setMu.Unlock()
-	s.strideReads = reads
+	s.pend.mu.Unlock()
+	s.own.strideReads = reads
 	if len(reads) == 0 {
-		s.pl.StrideFrom(last)
+		s.own.pl.StrideFrom(last)
 		return nil
 	}
-	if uint64(cap(s.strideBuf)) < total {
-		s.strideBuf = make([]byte, total)
+	if uint64(cap(s.own.strideBuf)) < total {
+		s.own.strideBuf = make([]byte, total)
 	}
 	if err := s.readStrides(reads); err != nil {
 		return err
 	}
-	s.pl.StrideFrom(last) // the thread's next fault continues the stride from there
+	s.own.pl.StrideFrom(last) // the thread's next fault continues the stride from there
 	return nil
 }
 
@@ -31,30 +31,30 @@ func (s *server) strideAhead(page uint64, n int) error {
 // stride looked at; the planner learns how far each access they serve
 // reaches.
 //
-// +checklocks:s.setMu
+// +checklocks:s.pend.mu
 func (s *server) planStrides(page uint64, n int) (reads []strideRead, total, last uint64) {
-	reads = s.strideReads[:0]
+	reads = s.own.strideReads[:0]
 	last = page
-	s.pl.StrideReads()
+	s.own.pl.StrideReads()
 	for i := 1; i <= n && total < strideMaxBytes; i++ {
-		at, ok := s.pl.StrideAt(page, i)
+		at, ok := s.own.pl.StrideAt(page, i)
 		if !ok {
 			break
 		}
 		last = at
 		// The window at the stride, then the pages the access at at
 		// reaches past it.
-		for q := at; q == at || q < at+s.pl.StrideSpan(); {
-			p, ok := s.pend.find(q)
+		for q := at; q == at || q < at+s.own.pl.StrideSpan(); {
+			p, ok := s.pend.set.find(q)
 			if !ok {
 				break
 			}
-			lo, hi := s.pl.Range(p.cur, p.end(), p.src, q)
+			lo, hi := s.own.pl.Range(p.cur, p.end(), p.src, q)
 			if hi <= q {
 				break
 			}
 			reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
-			s.pl.Reached(at, hi)
+			s.own.pl.Reached(at, hi)
 			total += hi - lo
 			q = hi
 		}
@@ -74,7 +74,7 @@ func (s *server) readStrides(reads []strideRead) error {
 		go func() {
 			for i := w; i < len(reads); i += workers {
 				r := reads[i]
-				done[i] <- readFull(s.src, s.strideBuf[r.off:r.off+r.n], r.src)
+				done[i] <- readFull(s.src, s.own.strideBuf[r.off:r.off+r.n], r.src)
 			}
 		}()
 	}
@@ -88,11 +88,11 @@ func (s *server) readStrides(reads []strideRead) error {
 			firstErr = &ServeError{Op: "read", Addr: r.lo, Len: r.n, Src: r.src, Err: err}
 			continue
 		}
-		s.mu.Lock()
-		s.st.ReadBytes += r.n
-		s.st.StrideBytes += r.n
-		s.mu.Unlock()
-		if _, err := s.placeRange(piece{r.lo, r.src, r.n}, s.strideBuf[r.off:r.off+r.n], whyFault); err != nil {
+		s.stat.add(func(st *Stats) {
+			st.ReadBytes += r.n
+			st.StrideBytes += r.n
+		})
+		if _, err := s.placeRange(piece{r.lo, r.src, r.n}, s.own.strideBuf[r.off:r.off+r.n], whyFault); err != nil {
 			firstErr = err
 		}
 	}

@@ -17,8 +17,10 @@ import (
 // to it. Writes after close are dropped, so the fd number is never reused
 // under a late writer.
 type waker struct {
-	mu     sync.Mutex
-	fd     int
+	fd int
+
+	mu sync.Mutex
+	// +checklocks:mu
 	closed bool
 }
 

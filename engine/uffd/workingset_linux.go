@@ -21,15 +21,16 @@ type firstQueue struct {
 
 // planFirst returns the next chunk of Options.First still pending: at
 // most PrefetchChunk bytes, inside one range, the ranges in their order.
-// Pages of a range that faults or events have taken are skipped. The
-// caller holds setMu.
+// Pages of a range that faults or events have taken are skipped.
+//
+// +checklocks:s.pend.mu
 func (s *server) planFirst() (piece, bool) {
-	q := &s.first
+	q := &s.pend.first
 	for q.i < len(s.opts.First) {
 		r := s.opts.First[q.i]
 		at := max(q.next, r.Start)
 		if at < r.End {
-			if c, ok := s.pend.chunk(at, min(s.opts.PrefetchChunk, r.End-at)); ok && c.cur < r.End {
+			if c, ok := s.pend.set.chunk(at, min(s.opts.PrefetchChunk, r.End-at)); ok && c.cur < r.End {
 				c.len = min(c.len, r.End-c.cur)
 				q.next = c.end()
 				return c, true
@@ -49,11 +50,11 @@ func (s *server) planFirst() (piece, bool) {
 // the prefetcher's queue moves past them. It reports whether it placed
 // anything (the fault's own range is placed already).
 func (s *server) firstAhead(at uint64) (bool, error) {
-	s.setMu.Lock()
-	q := &s.first
+	s.pend.mu.Lock()
+	q := &s.pend.first
 	j := policy.First(s.opts.First, q.i, at)
 	if j < 0 {
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		return false, nil
 	}
 	// From the faulting page on, in the recorded order, up to
@@ -61,14 +62,14 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 	// blocks of a scan, merged); the prefetcher's queue goes on from where
 	// this stops. The ranges before j, recorded before the page the
 	// thread is at, are left to the prefetcher's ordinary order.
-	parts := s.firstParts[:0]
+	parts := s.own.firstParts[:0]
 	var total uint64
 	k, next := j, at&^(PageSize-1)
 	for k < len(s.opts.First) && total < firstAheadMax {
 		r := s.opts.First[k]
 		lo := max(r.Start, next)
 		end := min(r.End, lo+(firstAheadMax-total))
-		s.pend.overlapping(lo, end, func(p piece) {
+		s.pend.set.overlapping(lo, end, func(p piece) {
 			parts = append(parts, p)
 			total += p.len
 		})
@@ -79,17 +80,17 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 		k, next = k+1, 0
 	}
 	q.i, q.next = k, next
-	s.setMu.Unlock()
-	s.firstParts = parts
+	s.pend.mu.Unlock()
+	s.own.firstParts = parts
 	if total == 0 {
 		return false, nil
 	}
-	if uint64(cap(s.firstBuf)) < total {
-		s.firstBuf = make([]byte, total)
+	if uint64(cap(s.own.firstBuf)) < total {
+		s.own.firstBuf = make([]byte, total)
 	}
 	off := uint64(0)
 	for _, p := range parts {
-		buf := s.firstBuf[off : off+p.len]
+		buf := s.own.firstBuf[off : off+p.len]
 		off += p.len
 		if err := readFull(s.src, buf, p.src); err != nil {
 			return true, &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
@@ -98,10 +99,10 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 			return true, err
 		}
 	}
-	s.mu.Lock()
-	s.st.ReadBytes += total
-	s.st.FirstAheadBytes += total
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) {
+		st.ReadBytes += total
+		st.FirstAheadBytes += total
+	})
 	return true, nil
 }
 
@@ -117,9 +118,9 @@ func (p *Pager) ReleasePrefetch() {
 		return
 	}
 	for _, s := range append([]*server{p.root}, p.tree.all()...) {
-		s.setMu.Lock()
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 		s.wake()
 	}
 }
@@ -138,12 +139,17 @@ type Recorder struct {
 	start time.Time
 	max   int
 
-	mu      sync.Mutex
+	done chan struct{} // closed under mu
+
+	mu sync.Mutex
+	// +checklocks:mu
 	touches []Touch
-	seen    map[uint64]bool // addresses recorded (a forked child faults the same pages)
-	reason  string
-	span    time.Duration
-	done    chan struct{}
+	// +checklocks:mu
+	seen map[uint64]bool // addresses recorded (a forked child faults the same pages)
+	// +checklocks:mu
+	reason string
+	// +checklocks:mu
+	span time.Duration
 }
 
 // NewRecorder returns a recorder started at start that stops by itself
@@ -173,6 +179,9 @@ func (r *Recorder) Stop(reason string) {
 	r.stopLocked(reason)
 }
 
+// stopLocked is Stop, with r.mu held.
+//
+// +checklocks:r.mu
 func (r *Recorder) stopLocked(reason string) {
 	if r.reason != "" {
 		return
