@@ -150,8 +150,12 @@
 // zeros. Without Prefetch, Run ends only when every extent has faulted in
 // (or the context ends).
 //
-// Its size is one responsibility: the fault-serving thread, the prefetch
-// workers and the keeper all act on the same userfaultfd registrations and
-// the same set of pages still missing, which must change under one lock
-// and one set of rules.
+// The fault-serving thread and the prefetch workers act on the same
+// userfaultfd registrations and the same set of pages still missing,
+// which must change under one lock and one set of rules: that is why they
+// are one package. A server's state is grouped by what guards it (the
+// serving goroutine's own, the pending set under pend.mu, the stats under
+// stat.mu), and checklocks annotations (+checklocks) on the fields and
+// on the functions that need a lock held say which, for a tool to check.
+// The keeper that holds copies of the userfaultfds is engine/uffd/keeper.
 package uffd

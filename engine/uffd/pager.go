@@ -115,7 +115,7 @@ type Options struct {
 	HoldPrefetch bool
 }
 
-// Holder keeps copies of userfaultfds in another process (see Keeper), so
+// Holder keeps copies of userfaultfds in another process (engine/uffd/keeper), so
 // that they outlive this one.
 type Holder interface {
 	// Hold takes a copy of fd. It must not block.
