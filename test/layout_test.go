@@ -53,6 +53,7 @@ func TestLayout(t *testing.T) {
 		{"cmd/", []string{"engine/uffd/"}, "commands wire flags to options; the userfaultfd calls, the pager's policy and its keeper are the engine's", true},
 		{"engine/uffd/uffdio", []string{"engine", "engine/", "fs", "cmd/"}, "the kernel interface is a leaf: it knows nothing of the pager that uses it", false},
 		{"engine/uffd/keeper", []string{"engine", "engine/uffd", "engine/lazy", "fs", "cmd/"}, "the keeper only holds descriptors: it knows nothing of the pager", false},
+		{"engine/uffd/pending", []string{"engine", "engine/", "fs", "cmd/"}, "the pending set is a plain data structure", false},
 		{"engine/uffd/policy", []string{"engine", "engine/uffd", "engine/lazy", "engine/mem", "engine/proc", "engine/helper", "fs", "cmd/"}, "the pager's policy is pure: it sees faults, not processes, descriptors or files", false},
 		{"engine/image", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/uffd/", "engine/check", "engine/image/s3store", "engine/image/archive", "fs", "cmd/"}, "the format is a leaf: it reads and writes bytes, and knows stores only by their interface", false},
 		{"engine/image/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/uffd/", "fs", "cmd/"}, "the format is a leaf", false},

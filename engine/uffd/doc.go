@@ -157,5 +157,6 @@
 // serving goroutine's own, the pending set under pend.mu, the stats under
 // stat.mu), and checklocks annotations (+checklocks) on the fields and
 // on the functions that need a lock held say which, for a tool to check.
-// The keeper that holds copies of the userfaultfds is engine/uffd/keeper.
+// The pending set itself, a plain data structure, is engine/uffd/pending;
+// the keeper that holds copies of the userfaultfds, engine/uffd/keeper.
 package uffd

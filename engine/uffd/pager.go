@@ -212,7 +212,7 @@ func New(fd int, src io.ReaderAt, extents []Extent, opts Options) *Pager {
 		p.err = fmt.Errorf("new pager: %w", ErrExtents)
 		extents = nil
 	}
-	p.root = newServer(fd, src, newPieceSet(extents), opts, p.tree, false)
+	p.root = newServer(fd, src, newPending(extents), opts, p.tree, false)
 	return p
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
 	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
@@ -18,14 +19,14 @@ import (
 // scan started (see policy.Scan).
 //
 // +checklocks:s.pend.mu
-func (s *server) plan(inflight int) (piece, bool) {
+func (s *server) plan(inflight int) (pending.Piece, bool) {
 	if c, ok := s.planFirst(); ok {
 		return c, true
 	}
 	c, ok := s.nextChunk(s.pend.cursor)
-	if s.pend.scan.On && (!ok || c.cur >= s.pend.cursor+s.opts.PrefetchChunk || c.cur >= s.pend.scan.Front+policy.ScanAhead) {
-		if d, ok := s.chunkBelow(s.pend.scan.Down); ok && d.end()+s.pend.scan.Below >= s.pend.scan.Lo {
-			s.pend.scan.Down = d.cur
+	if s.pend.scan.On && (!ok || c.Cur >= s.pend.cursor+s.opts.PrefetchChunk || c.Cur >= s.pend.scan.Front+policy.ScanAhead) {
+		if d, ok := s.chunkBelow(s.pend.scan.Down); ok && d.End()+s.pend.scan.Below >= s.pend.scan.Lo {
+			s.pend.scan.Down = d.Cur
 			return d, true
 		}
 	}
@@ -36,7 +37,7 @@ func (s *server) plan(inflight int) (piece, bool) {
 		c, ok = s.nextChunk(0)
 	}
 	if ok {
-		s.pend.cursor = c.end()
+		s.pend.cursor = c.End()
 	}
 	return c, ok
 }
@@ -45,9 +46,9 @@ func (s *server) plan(inflight int) (piece, bool) {
 // workers have claimed.
 //
 // +checklocks:s.pend.mu
-func (s *server) nextChunk(addr uint64) (piece, bool) {
+func (s *server) nextChunk(addr uint64) (pending.Piece, bool) {
 	for {
-		c, ok := s.pend.set.chunk(addr, s.opts.PrefetchChunk)
+		c, ok := s.pend.set.Chunk(addr, s.opts.PrefetchChunk)
 		if !ok {
 			return c, false
 		}
@@ -55,11 +56,11 @@ func (s *server) nextChunk(addr uint64) (piece, bool) {
 		if !hit {
 			return c, true
 		}
-		if cl.cur > c.cur {
-			c.len = cl.cur - c.cur
+		if cl.Cur > c.Cur {
+			c.Len = cl.Cur - c.Cur
 			return c, true
 		}
-		addr = cl.end()
+		addr = cl.End()
 	}
 }
 
@@ -67,9 +68,9 @@ func (s *server) nextChunk(addr uint64) (piece, bool) {
 // chunks workers have claimed.
 //
 // +checklocks:s.pend.mu
-func (s *server) chunkBelow(addr uint64) (piece, bool) {
+func (s *server) chunkBelow(addr uint64) (pending.Piece, bool) {
 	for {
-		d, ok := s.pend.set.chunkBelow(addr, s.opts.PrefetchChunk)
+		d, ok := s.pend.set.ChunkBelow(addr, s.opts.PrefetchChunk)
 		if !ok {
 			return d, false
 		}
@@ -77,10 +78,10 @@ func (s *server) chunkBelow(addr uint64) (piece, bool) {
 		if !hit {
 			return d, true
 		}
-		if cl.end() < d.end() {
-			return piece{cl.end(), d.src + (cl.end() - d.cur), d.end() - cl.end()}, true
+		if cl.End() < d.End() {
+			return pending.Piece{Cur: cl.End(), Src: d.Src + (cl.End() - d.Cur), Len: d.End() - cl.End()}, true
 		}
-		addr = cl.cur
+		addr = cl.Cur
 	}
 }
 
@@ -88,13 +89,13 @@ func (s *server) chunkBelow(addr uint64) (piece, bool) {
 // until the worker has placed it).
 //
 // +checklocks:s.pend.mu
-func (s *server) claimedIn(c piece) (piece, bool) {
+func (s *server) claimedIn(c pending.Piece) (pending.Piece, bool) {
 	for _, cl := range s.pend.claimed {
-		if cl.cur < c.end() && c.cur < cl.end() {
+		if cl.Cur < c.End() && c.Cur < cl.End() {
 			return cl, true
 		}
 	}
-	return piece{}, false
+	return pending.Piece{}, false
 }
 
 // prefetch places at most one chunk, on the serving goroutine (Workers
@@ -108,15 +109,15 @@ func (s *server) prefetch() (progressed, again bool, err error) {
 		if !ok {
 			return false, false, nil
 		}
-		if uint64(cap(s.own.syncBuf)) < c.len {
+		if uint64(cap(s.own.syncBuf)) < c.Len {
 			s.own.syncBuf = make([]byte, s.opts.PrefetchChunk)
 		}
-		r := &raReq{c: c, buf: s.own.syncBuf[:c.len]}
-		r.err = readFull(s.src, r.buf, c.src)
+		r := &raReq{c: c, buf: s.own.syncBuf[:c.Len]}
+		r.err = readFull(s.src, r.buf, c.Src)
 		again, err = s.placeChunk(r)
 		if again {
 			s.pend.mu.Lock()
-			s.pend.cursor = c.cur // replan it after the events
+			s.pend.cursor = c.Cur // replan it after the events
 			s.pend.mu.Unlock()
 		}
 		return true, again, err
@@ -149,11 +150,11 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 	c := r.c
 	if r.err != nil {
 		// Only an error if something of it is still wanted.
-		var first piece
+		var first pending.Piece
 		var any bool
 		s.pend.mu.Lock()
-		s.pend.set.overlapping(c.cur, c.end(), func(p piece) {
-			if !any && p.src == c.src+(p.cur-c.cur) {
+		s.pend.set.Overlapping(c.Cur, c.End(), func(p pending.Piece) {
+			if !any && p.Src == c.Src+(p.Cur-c.Cur) {
 				first, any = p, true
 			}
 		})
@@ -161,11 +162,11 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 		if !any {
 			return false, nil
 		}
-		return false, &ServeError{Op: "read", Addr: c.cur, Len: c.len, Src: c.src, Err: fmt.Errorf("prefetch (first pending page %#x): %w", first.cur, r.err)}
+		return false, &ServeError{Op: "read", Addr: c.Cur, Len: c.Len, Src: c.Src, Err: fmt.Errorf("prefetch (first pending page %#x): %w", first.Cur, r.err)}
 	}
 	if !r.counted {
 		r.counted = true
-		s.stat.add(func(st *Stats) { st.ReadBytes += c.len })
+		s.stat.add(func(st *Stats) { st.ReadBytes += c.Len })
 	}
 	_, err = s.placeRange(c, r.buf, whyPrefetch)
 	switch {
@@ -232,13 +233,13 @@ func (s *server) work(ctx context.Context, id int) error {
 		if !ok {
 			return nil
 		}
-		r := &raReq{c: c, buf: buf[:c.len]}
-		r.err = readFull(s.src, r.buf, c.src)
+		r := &raReq{c: c, buf: buf[:c.Len]}
+		r.err = readFull(s.src, r.buf, c.Src)
 		err := s.placeClaimed(ctx, r)
 		s.pend.mu.Lock()
 		s.pend.inflight--
-		s.pend.claimed = slices.DeleteFunc(s.pend.claimed, func(cl piece) bool { return cl == c })
-		empty := s.pend.set.empty() && s.pend.inflight == 0
+		s.pend.claimed = slices.DeleteFunc(s.pend.claimed, func(cl pending.Piece) bool { return cl == c })
+		empty := s.pend.set.Empty() && s.pend.inflight == 0
 		s.pend.cond.Broadcast()
 		s.pend.mu.Unlock()
 		if empty {
@@ -254,12 +255,12 @@ func (s *server) work(ctx context.Context, id int) error {
 // inflight), or returns false when there is nothing left or the pager
 // stops. Every worker but the first holds back while the process waits
 // on the latency of faults (see policy.LatencyHold).
-func (s *server) claim(ctx context.Context, id int) (piece, bool) {
+func (s *server) claim(ctx context.Context, id int) (pending.Piece, bool) {
 	s.pend.mu.Lock()
 	defer s.pend.mu.Unlock()
 	for {
-		if s.pend.stop || s.gone.Load() || s.pend.werr != nil || ctx.Err() != nil || s.pend.set.empty() {
-			return piece{}, false
+		if s.pend.stop || s.gone.Load() || s.pend.werr != nil || ctx.Err() != nil || s.pend.set.Empty() {
+			return pending.Piece{}, false
 		}
 		if s.tree.prefetchHeld.Load() {
 			s.pend.cond.Wait() // ReleasePrefetch broadcasts
@@ -297,14 +298,14 @@ func (s *server) placeClaimed(ctx context.Context, r *raReq) error {
 	}
 	// In steps of at most workerStep: the serving goroutine waits for the
 	// copy in progress before it reads a fault.
-	for off := uint64(0); off < r.c.len; off += workerStep {
-		n := min(workerStep, r.c.len-off)
-		step := &raReq{c: piece{r.c.cur + off, r.c.src + off, n}, buf: r.buf[off : off+n], counted: true}
+	for off := uint64(0); off < r.c.Len; off += workerStep {
+		n := min(workerStep, r.c.Len-off)
+		step := &raReq{c: pending.Piece{Cur: r.c.Cur + off, Src: r.c.Src + off, Len: n}, buf: r.buf[off : off+n], counted: true}
 		if err := s.placeStep(ctx, step); err != nil {
 			return err
 		}
 	}
-	s.stat.add(func(st *Stats) { st.ReadBytes += r.c.len })
+	s.stat.add(func(st *Stats) { st.ReadBytes += r.c.Len })
 	return nil
 }
 

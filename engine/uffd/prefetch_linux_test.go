@@ -3,6 +3,7 @@ package uffd
 import (
 	"testing"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
 	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
@@ -10,11 +11,11 @@ import (
 // userfaultfd: plan only looks at the pending set and the cursor).
 func planServer(ext []Extent, workers int) *server {
 	o := Options{Prefetch: true, PrefetchChunk: 16 * PageSize, Workers: workers}.normalized()
-	return newServer(-1, nil, newPieceSet(ext), o, &tree{}, false)
+	return newServer(-1, nil, newPending(ext), o, &tree{}, false)
 }
 
 // claimNext plans as a worker claims (under pend.mu, counted in flight).
-func claimNext(s *server) (piece, bool) {
+func claimNext(s *server) (pending.Piece, bool) {
 	s.pend.mu.Lock()
 	defer s.pend.mu.Unlock()
 	c, ok := s.plan(s.pend.inflight)
@@ -36,28 +37,28 @@ func TestPlanBelowScan(t *testing.T) {
 	lo := uint64(0x100000 * P)          // far above the heap
 	a3, a2, a1 := lo, lo+64*P, lo+128*P // three arrays of 64 pages, a1 on top
 	s := planServer([]Extent{heap, {a3, 192 * P}}, 2)
-	s.pend.set.remove(a1, a1+64*P, nil) // a1 read and placed
+	s.pend.set.Remove(a1, a1+64*P, nil) // a1 read and placed
 	s.pend.cursor = a1 + 64*P
 	s.pend.scan = policy.Scan{On: true, Lo: a1, Down: a1, Below: policy.ScanBelow}
 
-	for i, want := range []piece{{a2 + 48*P, a2 + 48*P, 16 * P}, {a2 + 32*P, a2 + 32*P, 16 * P}} {
+	for i, want := range []pending.Piece{{Cur: a2 + 48*P, Src: a2 + 48*P, Len: 16 * P}, {Cur: a2 + 32*P, Src: a2 + 32*P, Len: 16 * P}} {
 		if c, ok := claimNext(s); !ok || c != want {
 			t.Fatalf("chunk %d: %+v, %v; want %+v below the scan's start", i, c, ok, want)
 		}
 	}
 	// Everything below the scan within reach placed: the heap's turn, in
 	// address order, with the two chunks above still in flight.
-	s.pend.set.remove(a3, a2+64*P, nil)
-	if c, ok := claimNext(s); !ok || c != (piece{heap.Addr, heap.Addr, 16 * P}) {
+	s.pend.set.Remove(a3, a2+64*P, nil)
+	if c, ok := claimNext(s); !ok || c != (pending.Piece{Cur: heap.Addr, Src: heap.Addr, Len: 16 * P}) {
 		t.Fatalf("after the arrays: %+v, %v; want the heap's first chunk", c, ok)
 	}
 
 	// A scan that ended (a jump elsewhere): address order.
 	s = planServer([]Extent{heap, {a3, 192 * P}}, 2)
-	s.pend.set.remove(a1, a1+64*P, nil)
+	s.pend.set.Remove(a1, a1+64*P, nil)
 	s.pend.cursor = a1 + 64*P
 	s.pend.scan = policy.Scan{On: false, Lo: a1, Down: a1, Below: policy.ScanBelow}
-	if c, ok := claimNext(s); !ok || c.cur != heap.Addr {
+	if c, ok := claimNext(s); !ok || c.Cur != heap.Addr {
 		t.Fatalf("no scan: %+v, %v; want the heap (wrapped)", c, ok)
 	}
 }
@@ -72,13 +73,13 @@ func TestPlanSkipsClaimed(t *testing.T) {
 	s := planServer(ext, 2)
 	s.pend.cursor = 0x100 * P
 	first, ok := claimNext(s)
-	if !ok || first.cur != 0x100*P {
+	if !ok || first.Cur != 0x100*P {
 		t.Fatalf("first chunk %+v, %v", first, ok)
 	}
-	s.pend.set.remove(0x10*P, 0x10*P+4*P, nil) // placed by a fault
-	s.pend.claimed = append(s.pend.claimed, piece{0x14 * P, 0x14 * P, 16 * P})
+	s.pend.set.Remove(0x10*P, 0x10*P+4*P, nil) // placed by a fault
+	s.pend.claimed = append(s.pend.claimed, pending.Piece{Cur: 0x14 * P, Src: 0x14 * P, Len: 16 * P})
 	s.pend.inflight++
-	if c, ok := claimNext(s); !ok || c != (piece{0x24 * P, 0x24 * P, 12 * P}) {
+	if c, ok := claimNext(s); !ok || c != (pending.Piece{Cur: 0x24 * P, Src: 0x24 * P, Len: 12 * P}) {
 		t.Fatalf("with chunks in flight: %+v, %v; want the memory past the claimed chunk", c, ok)
 	}
 	if c, ok := claimNext(s); ok {
@@ -105,16 +106,16 @@ func TestPlanScanAhead(t *testing.T) {
 	front := lo + 64*P
 	below, above := uint64(64*P), uint64(2*policy.ScanAhead)
 	s := planServer([]Extent{{lo - below, below + (front - lo) + above}}, 2)
-	s.pend.set.remove(lo, front, nil) // the scan read and placed this
+	s.pend.set.Remove(lo, front, nil) // the scan read and placed this
 	s.pend.cursor = front
 	s.pend.scan = policy.Scan{On: true, Lo: lo, Front: front, Down: lo, Below: policy.ScanBelow}
 	chunk := s.opts.PrefetchChunk
 	for i := uint64(0); i < policy.ScanAhead/chunk; i++ {
-		if c, ok := claimNext(s); !ok || c.cur != front+i*chunk {
+		if c, ok := claimNext(s); !ok || c.Cur != front+i*chunk {
 			t.Fatalf("chunk %d: %+v, %v; want %#x, above the front", i, c, ok, front+i*chunk)
 		}
 	}
-	if c, ok := claimNext(s); !ok || c.cur != lo-chunk {
+	if c, ok := claimNext(s); !ok || c.Cur != lo-chunk {
 		t.Fatalf("past policy.ScanAhead: %+v, %v; want %#x, right below the scan's start", c, ok, lo-chunk)
 	}
 }

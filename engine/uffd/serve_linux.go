@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
 	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
@@ -51,14 +52,14 @@ func (s *server) serveFault(f fault) error {
 	}
 	page := f.m.Addr &^ (PageSize - 1)
 	s.pend.mu.Lock()
-	p, ok := s.pend.set.find(page)
+	p, ok := s.pend.set.Find(page)
 	seen := s.faultSeen(page)
 	s.pend.mu.Unlock()
 	if !ok {
 		return s.serveZeroFault(f, page)
 	}
-	lo, hi := s.own.pl.Range(p.cur, p.end(), p.src, page)
-	src := p.src + (lo - p.cur)
+	lo, hi := s.own.pl.Range(p.Cur, p.End(), p.Src, page)
+	src := p.Src + (lo - p.Cur)
 	plan := s.own.pl.Classify(seen)
 	parts := s.faultRange(plan, page, lo, hi, src)
 	if err := s.readPlace(f, page, parts); err != nil {
@@ -75,8 +76,8 @@ func (s *server) serveFault(f fault) error {
 func (s *server) faultSeen(page uint64) policy.Fault {
 	f := policy.Fault{Page: page, Cursor: s.pend.cursor}
 	if end, ok := s.own.pl.LastEnd(); ok && page > end+PageSize {
-		n, _, has := s.pend.set.next(end)
-		f.Onward, f.OnwardOK = n.cur, has
+		n, has := s.pend.set.Next(end)
+		f.Onward, f.OnwardOK = n.Cur, has
 	}
 	return f
 }
@@ -89,27 +90,27 @@ func (s *server) faultSeen(page uint64) policy.Fault {
 // on from where the fault's memory ends, ahead of the reader, rather than
 // wherever its cursor was, so that a full read costs about the longer of
 // streaming and the reader's own work, not their sum.
-func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []piece {
-	parts := append(s.own.faultParts[:0], piece{lo, src, hi - lo})
+func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []pending.Piece {
+	parts := append(s.own.faultParts[:0], pending.Piece{Cur: lo, Src: src, Len: hi - lo})
 	if plan.Scan {
 		s.pend.mu.Lock()
 		s.pend.scan.Follow(plan.RunStart, hi)
 		if s.opts.FaultAhead > hi-lo {
-			s.pend.set.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
+			s.pend.set.Overlapping(hi, lo+s.opts.FaultAhead, func(p pending.Piece) {
 				last := &parts[len(parts)-1]
-				if last.end() == p.cur && last.src+last.len == p.src {
-					last.len += p.len
+				if last.End() == p.Cur && last.Src+last.Len == p.Src {
+					last.Len += p.Len
 					return
 				}
 				parts = append(parts, p)
 			})
-			s.pend.cursor = parts[len(parts)-1].end()
+			s.pend.cursor = parts[len(parts)-1].End()
 			s.pend.scan.Front = s.pend.cursor
 		}
 		s.pend.mu.Unlock()
 	}
 	s.own.faultParts = parts
-	s.own.pl.Served(page, lo, parts[len(parts)-1].end())
+	s.own.pl.Served(page, lo, parts[len(parts)-1].End())
 	return parts
 }
 
@@ -117,10 +118,10 @@ func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []piece 
 // if set) and places them. A prefetch worker may have placed some of
 // them meanwhile (the fault then finds the page present: it is woken),
 // never an event: events are applied by this goroutine only.
-func (s *server) readPlace(f fault, page uint64, parts []piece) error {
+func (s *server) readPlace(f fault, page uint64, parts []pending.Piece) error {
 	var total uint64
 	for _, p := range parts {
-		total += p.len
+		total += p.Len
 	}
 	if uint64(cap(s.own.faultBuf)) < total {
 		s.own.faultBuf = make([]byte, total)
@@ -132,19 +133,19 @@ func (s *server) readPlace(f fault, page uint64, parts []piece) error {
 	var skipped bool
 	off := uint64(0)
 	for _, p := range parts {
-		buf := s.own.faultBuf[off : off+p.len]
-		off += p.len
-		if err := readFull(src, buf, p.src); err != nil {
-			return &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
+		buf := s.own.faultBuf[off : off+p.Len]
+		off += p.Len
+		if err := readFull(src, buf, p.Src); err != nil {
+			return &ServeError{Op: "read", Addr: p.Cur, Len: p.Len, Src: p.Src, Err: err}
 		}
-		s.stat.add(func(st *Stats) { st.ReadBytes += p.len })
+		s.stat.add(func(st *Stats) { st.ReadBytes += p.Len })
 		sk, err := s.placeRange(p, buf, whyFault)
 		if err != nil {
 			return err
 		}
 		skipped = skipped || sk
 		if s.opts.OnFault != nil {
-			s.opts.OnFault(p.src, p.len, f.at)
+			s.opts.OnFault(p.Src, p.Len, f.at)
 		}
 	}
 	if skipped {
@@ -234,8 +235,8 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 		end = page + s.own.pl.ZeroRead(page)
 	}
 	s.pend.mu.Lock()
-	if q, _, ok := s.pend.set.next(page); ok && q.cur < end {
-		end = q.cur
+	if q, ok := s.pend.set.Next(page); ok && q.Cur < end {
+		end = q.Cur
 	}
 	s.pend.mu.Unlock()
 	for {
@@ -306,7 +307,7 @@ func (s *server) markGone() {
 		return
 	}
 	s.gone.Store(true)
-	s.pend.set = newPieceSet(nil)
+	s.pend.set = newPending(nil)
 	s.pend.cond.Broadcast()
 	s.pend.mu.Unlock()
 	s.stat.add(func(st *Stats) { st.Exited = true })
@@ -321,31 +322,31 @@ func (s *server) markGone() {
 // (moved pages are planned again later). It holds evMu for reading, so
 // that no event is read, and acted on by the process, between the look at
 // the pending set and the copies. skipped reports pages found present.
-func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err error) {
+func (s *server) placeRange(c pending.Piece, buf []byte, why int) (skipped bool, err error) {
 	s.evMu.RLock()
 	defer s.evMu.RUnlock()
-	var parts []piece
+	var parts []pending.Piece
 	s.pend.mu.Lock()
 	if s.gone.Load() {
 		s.pend.mu.Unlock()
 		return false, errGone
 	}
-	s.pend.set.overlapping(c.cur, c.end(), func(p piece) {
-		if p.src != c.src+(p.cur-c.cur) {
+	s.pend.set.Overlapping(c.Cur, c.End(), func(p pending.Piece) {
+		if p.Src != c.Src+(p.Cur-c.Cur) {
 			return
 		}
 		// Pieces that follow each other are placed with one copy (small
 		// blocks make many small pieces).
-		if n := len(parts); n > 0 && parts[n-1].end() == p.cur && parts[n-1].src+parts[n-1].len == p.src {
-			parts[n-1].len += p.len
+		if n := len(parts); n > 0 && parts[n-1].End() == p.Cur && parts[n-1].Src+parts[n-1].Len == p.Src {
+			parts[n-1].Len += p.Len
 			return
 		}
 		parts = append(parts, p)
 	})
 	s.pend.mu.Unlock()
 	for _, p := range parts {
-		off := p.cur - c.cur
-		sk, err := s.place(p.cur, p.src, buf[off:off+p.len], why)
+		off := p.Cur - c.Cur
+		sk, err := s.place(p.Cur, p.Src, buf[off:off+p.Len], why)
 		skipped = skipped || sk
 		if err != nil {
 			return skipped, err
@@ -375,7 +376,7 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 			continue
 		case errors.Is(err, uffdio.ErrExist):
 			s.pend.mu.Lock()
-			s.pend.set.remove(dst, dst+PageSize, nil)
+			s.pend.set.Remove(dst, dst+PageSize, nil)
 			s.pend.mu.Unlock()
 			s.stat.add(func(st *Stats) { st.ExistingBytes += PageSize })
 			skipped = true
@@ -396,7 +397,7 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 				return skipped, &ServeError{Op: "copy", Addr: dst, Len: PageSize, Src: src, Err: err}
 			}
 			s.pend.mu.Lock()
-			s.pend.set.remove(dst, dst+PageSize, nil)
+			s.pend.set.Remove(dst, dst+PageSize, nil)
 			s.pend.mu.Unlock()
 			s.stat.add(func(st *Stats) { st.DroppedBytes += PageSize })
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
@@ -414,7 +415,7 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 
 func (s *server) placed(dst, n uint64, why int) {
 	s.pend.mu.Lock()
-	s.pend.set.remove(dst, dst+n, nil)
+	s.pend.set.Remove(dst, dst+n, nil)
 	s.pend.mu.Unlock()
 	s.stat.mu.Lock()
 	if why == whyFault {

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
 	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
@@ -71,7 +72,7 @@ type serving struct {
 	pl          policy.Planner
 	msgBuf      []byte
 	faultBuf    []byte
-	faultParts  []piece // what the last data fault read
+	faultParts  []pending.Piece // what the last data fault read
 	zeros       []byte
 	ra          *readAhead
 	syncBuf     []byte // prefetch without read-ahead
@@ -80,7 +81,7 @@ type serving struct {
 	probed      time.Time
 	strideReads []strideRead
 	strideBuf   []byte
-	firstParts  []piece // what the last firstAhead placed
+	firstParts  []pending.Piece // what the last firstAhead placed
 	firstBuf    []byte
 }
 
@@ -92,7 +93,7 @@ type pendingState struct {
 	cond *sync.Cond // on mu: the pending set, inflight, evGen or stop changed
 
 	// +checklocks:mu
-	set *pieceSet
+	set *pending.Set
 	// +checklocks:mu
 	cursor uint64 // prefetch: next address to plan
 	// +checklocks:mu
@@ -102,7 +103,7 @@ type pendingState struct {
 	// +checklocks:mu
 	inflight int // chunks claimed by workers, not yet placed
 	// +checklocks:mu
-	claimed []piece // those chunks
+	claimed []pending.Piece // those chunks
 	// +checklocks:mu
 	evGen uint64 // events applied so far
 	// +checklocks:mu
@@ -149,8 +150,8 @@ type fdState struct {
 // newServer returns a server of fd with the pages of pend pending.
 //
 // +checklocksignore: s is not shared until newServer returns.
-func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, child bool) *server {
-	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, total: pend.bytes}
+func newServer(fd int, src io.ReaderAt, pend *pending.Set, opts Options, t *tree, child bool) *server {
+	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, total: pend.Bytes()}
 	s.pend.set = pend
 	s.pend.cond = sync.NewCond(&s.pend.mu)
 	if child {
@@ -161,7 +162,7 @@ func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, c
 	}
 	s.own.pl.Config = policy.Config{Prefetch: s.opts.Prefetch, Workers: s.opts.Workers, PrefetchChunk: s.opts.PrefetchChunk,
 		MaxFaultBytes: s.opts.MaxFaultBytes, Unit: s.opts.Unit, ZeroReadChunk: s.opts.ZeroReadChunk}
-	s.stat.st.Total, s.stat.st.Pending = pend.bytes, pend.bytes
+	s.stat.st.Total, s.stat.st.Pending = pend.Bytes(), pend.Bytes()
 	return s
 }
 
@@ -324,7 +325,7 @@ func (s *server) loop(ctx context.Context) error {
 func (s *server) pendingEmpty() bool {
 	s.pend.mu.Lock()
 	defer s.pend.mu.Unlock()
-	return s.pend.set.empty()
+	return s.pend.set.Empty()
 }
 
 // idleWorkers reports whether no worker holds a chunk.
@@ -359,7 +360,7 @@ const probeInterval = 100 * time.Millisecond
 func (s *server) probe() error {
 	s.own.probed = time.Now()
 	s.pend.mu.Lock()
-	p, _, ok := s.pend.set.next(0)
+	p, ok := s.pend.set.Next(0)
 	s.pend.mu.Unlock()
 	if !ok {
 		return nil
@@ -371,13 +372,13 @@ func (s *server) probe() error {
 		}
 		s.own.probeSrc = b
 	}
-	_, err := uffdio.Copy(s.fd, p.cur, s.own.probeSrc, uffdio.CopyModeDontWake)
+	_, err := uffdio.Copy(s.fd, p.Cur, s.own.probeSrc, uffdio.CopyModeDontWake)
 	switch {
 	case errors.Is(err, uffdio.ErrGone):
 		s.exited()
 	case err == nil, errors.Is(err, uffdio.ErrShort):
 		// Cannot happen (the source is PROT_NONE); never let it pass.
-		return &ServeError{Op: "probe", Addr: p.cur, Len: PageSize, Err: errors.New("probe copy from an inaccessible page succeeded")}
+		return &ServeError{Op: "probe", Addr: p.Cur, Len: PageSize, Err: errors.New("probe copy from an inaccessible page succeeded")}
 	}
 	return nil
 }
@@ -468,19 +469,19 @@ func (s *server) apply(m uffdio.Msg, now time.Time) bool {
 		s.own.faults = append(s.own.faults, fault{m, now})
 		return false
 	case uffdio.EventRemove:
-		n := s.pend.set.remove(m.Start, m.End, nil)
+		n := s.pend.set.Remove(m.Start, m.End, nil)
 		s.stat.add(func(st *Stats) {
 			st.Removes++
 			st.RemovedBytes += n
 		})
 	case uffdio.EventUnmap:
-		n := s.pend.set.remove(m.Start, m.End, nil)
+		n := s.pend.set.Remove(m.Start, m.End, nil)
 		s.stat.add(func(st *Stats) {
 			st.Unmaps++
 			st.UnmappedBytes += n
 		})
 	case uffdio.EventRemap:
-		n := s.pend.set.remap(m.From, m.To, m.Len)
+		n := s.pend.set.Remap(m.From, m.To, m.Len)
 		s.stat.add(func(st *Stats) {
 			st.Remaps++
 			st.RemappedBytes += n
@@ -498,7 +499,7 @@ func (s *server) apply(m uffdio.Msg, now time.Time) bool {
 //
 // +checklocks:s.pend.mu
 func (s *server) fork(ufd int) {
-	c := newServer(ufd, s.src, s.pend.set.clone(), s.opts, s.tree, true)
+	c := newServer(ufd, s.src, s.pend.set.Clone(), s.opts, s.tree, true)
 	if s.opts.Holder != nil {
 		if err := s.opts.Holder.Hold(ufd); err != nil {
 			s.log.Warn("uffd: hand a child's userfaultfd to its keeper", "fd", ufd, "err", err)
@@ -514,10 +515,10 @@ func (s *server) fork(ufd int) {
 // report publishes the pending count and calls Progress on a change.
 func (s *server) report() {
 	s.pend.mu.Lock()
-	pending := s.pend.set.bytes
+	left := s.pend.set.Bytes()
 	s.pend.mu.Unlock()
-	s.stat.add(func(st *Stats) { st.Pending = pending })
-	done := s.total - pending
+	s.stat.add(func(st *Stats) { st.Pending = left })
+	done := s.total - left
 	s.prog.mu.Lock()
 	defer s.prog.mu.Unlock()
 	if s.opts.Progress != nil && (done != s.prog.done || !s.prog.reported) {

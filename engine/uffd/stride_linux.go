@@ -1,5 +1,7 @@
 package uffd
 
+import "github.com/lazyfs/lazyfs/engine/uffd/pending"
+
 // strideAhead places the pages at n strides after page that are still
 // pending, each as a fault on it would be served, while the thread that
 // faulted works on page: it then finds them present instead of faulting
@@ -45,15 +47,15 @@ func (s *server) planStrides(page uint64, n int) (reads []strideRead, total, las
 		// The window at the stride, then the pages the access at at
 		// reaches past it.
 		for q := at; q == at || q < at+s.own.pl.StrideSpan(); {
-			p, ok := s.pend.set.find(q)
+			p, ok := s.pend.set.Find(q)
 			if !ok {
 				break
 			}
-			lo, hi := s.own.pl.Range(p.cur, p.end(), p.src, q)
+			lo, hi := s.own.pl.Range(p.Cur, p.End(), p.Src, q)
 			if hi <= q {
 				break
 			}
-			reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
+			reads = append(reads, strideRead{at: at, lo: lo, src: p.Src + (lo - p.Cur), n: hi - lo, off: total})
 			s.own.pl.Reached(at, hi)
 			total += hi - lo
 			q = hi
@@ -92,7 +94,7 @@ func (s *server) readStrides(reads []strideRead) error {
 			st.ReadBytes += r.n
 			st.StrideBytes += r.n
 		})
-		if _, err := s.placeRange(piece{r.lo, r.src, r.n}, s.own.strideBuf[r.off:r.off+r.n], whyFault); err != nil {
+		if _, err := s.placeRange(pending.Piece{Cur: r.lo, Src: r.src, Len: r.n}, s.own.strideBuf[r.off:r.off+r.n], whyFault); err != nil {
 			firstErr = err
 		}
 	}

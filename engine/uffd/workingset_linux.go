@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
 	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
@@ -24,22 +25,22 @@ type firstQueue struct {
 // Pages of a range that faults or events have taken are skipped.
 //
 // +checklocks:s.pend.mu
-func (s *server) planFirst() (piece, bool) {
+func (s *server) planFirst() (pending.Piece, bool) {
 	q := &s.pend.first
 	for q.i < len(s.opts.First) {
 		r := s.opts.First[q.i]
 		at := max(q.next, r.Start)
 		if at < r.End {
-			if c, ok := s.pend.set.chunk(at, min(s.opts.PrefetchChunk, r.End-at)); ok && c.cur < r.End {
-				c.len = min(c.len, r.End-c.cur)
-				q.next = c.end()
+			if c, ok := s.pend.set.Chunk(at, min(s.opts.PrefetchChunk, r.End-at)); ok && c.Cur < r.End {
+				c.Len = min(c.Len, r.End-c.Cur)
+				q.next = c.End()
 				return c, true
 			}
 		}
 		q.i++
 		q.next = 0
 	}
-	return piece{}, false
+	return pending.Piece{}, false
 }
 
 // firstAhead serves a fault on page (snapshot address at) that falls in
@@ -69,9 +70,9 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 		r := s.opts.First[k]
 		lo := max(r.Start, next)
 		end := min(r.End, lo+(firstAheadMax-total))
-		s.pend.set.overlapping(lo, end, func(p piece) {
+		s.pend.set.Overlapping(lo, end, func(p pending.Piece) {
 			parts = append(parts, p)
-			total += p.len
+			total += p.Len
 		})
 		if end < r.End {
 			next = end
@@ -90,10 +91,10 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 	}
 	off := uint64(0)
 	for _, p := range parts {
-		buf := s.own.firstBuf[off : off+p.len]
-		off += p.len
-		if err := readFull(s.src, buf, p.src); err != nil {
-			return true, &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
+		buf := s.own.firstBuf[off : off+p.Len]
+		off += p.Len
+		if err := readFull(s.src, buf, p.Src); err != nil {
+			return true, &ServeError{Op: "read", Addr: p.Cur, Len: p.Len, Src: p.Src, Err: err}
 		}
 		if _, err := s.placeRange(p, buf, whyFault); err != nil {
 			return true, err
