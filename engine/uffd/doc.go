@@ -1,7 +1,7 @@
 // Package uffd serves a lazily restored process its memory through
 // userfaultfd(2).
 //
-// # Two layers
+// # Layers
 //
 // The low layer is engine/uffd/uffdio: the userfaultfd ioctls (API,
 // Register, Unregister, Copy, ZeroPage, Wake), the decoding of the 32-byte
@@ -11,20 +11,21 @@
 //
 // The policy is engine/uffd/policy: what a fault is served besides its own
 // page (the rules under Serving below: its unit, a scan, the rest of an
-// access, a stride, the zeros of a hole) is a pure function of the faults
-// seen so far, a Planner the serving goroutine asks and then carries out;
-// it has no descriptor, lock or clock, and is tested without
-// userfaultfd.
+// access, a stride, the working set's order, the latency hold, the zeros
+// of a hole) is a pure function of the faults seen so far, a Planner the
+// serving goroutine asks and then carries out. It has no descriptor, lock
+// or clock, and is tested without userfaultfd.
 //
-// The high layer is the Pager. The restore code creates a userfaultfd inside
-// the target (an injected syscall), takes it with pidfd_getfd, calls
-// uffdio.API with uffdio.Features and registers the lazily restored
-// anonymous private VMAs with uffdio.RegisterModeMissing. New then takes the fd, an io.ReaderAt that
-// returns the snapshot's bytes at their virtual address (the lazyfs mount's
-// MNT/<pid>/mem file, or an image reader), and the extents to serve (sorted,
-// non-overlapping, page aligned; normally one image block clipped to its
-// VMA). Run serves until every extent has been placed or dropped by an
-// event. The pager knows nothing about the image format.
+// The high layer is the Pager. The restore code creates a userfaultfd
+// inside the target (an injected syscall), takes it with pidfd_getfd,
+// calls uffdio.API with uffdio.Features and registers the lazily restored
+// anonymous private VMAs with uffdio.RegisterModeMissing. New then takes
+// the fd, an io.ReaderAt that returns the snapshot's bytes at their
+// virtual address (the lazyfs mount's MNT/<pid>/mem file, or an image
+// reader), and the extents to serve (sorted, non-overlapping, page
+// aligned; normally one image block clipped to its VMA). Run serves until
+// every extent has been placed or dropped by an event. The pager knows
+// nothing about the image format.
 //
 // # Serving
 //

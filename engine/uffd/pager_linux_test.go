@@ -574,7 +574,7 @@ func TestPagerStrideArrays(t *testing.T) {
 }
 
 // TestPagerScanReleasesHold: a fault that is not part of a scan holds the
-// prefetch workers but one back (latencyBound); once the thread goes on
+// prefetch workers but one back (policy.LatencyHold); once the thread goes on
 // reading in order, the hold ends, as it waits on streaming, not on the
 // latency of single faults (arrays read one after another each start
 // with such a fault).

@@ -61,7 +61,7 @@ func (s *server) serveFault(f fault) error {
 	lo, hi := s.own.pl.Range(p.Cur, p.End(), p.Src, page)
 	src := p.Src + (lo - p.Cur)
 	plan := s.own.pl.Classify(seen)
-	parts := s.faultRange(plan, page, lo, hi, src)
+	parts := s.faultParts(plan, page, lo, hi, src)
 	if err := s.readPlace(f, page, parts); err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func (s *server) faultSeen(page uint64) policy.Fault {
 	return f
 }
 
-// faultRange returns the parts a data fault on page, served [lo, hi)
+// faultParts returns the parts a data fault on page, served [lo, hi)
 // (snapshot bytes at src), brings in: that range, and for a scan the
 // pending memory up to FaultAhead on, past memory already in place too
 // (a scan after a stride finds a window in place every stride, and would
@@ -90,7 +90,7 @@ func (s *server) faultSeen(page uint64) policy.Fault {
 // on from where the fault's memory ends, ahead of the reader, rather than
 // wherever its cursor was, so that a full read costs about the longer of
 // streaming and the reader's own work, not their sum.
-func (s *server) faultRange(plan policy.Plan, page, lo, hi, src uint64) []pending.Piece {
+func (s *server) faultParts(plan policy.Plan, page, lo, hi, src uint64) []pending.Piece {
 	parts := append(s.own.faultParts[:0], pending.Piece{Cur: lo, Src: src, Len: hi - lo})
 	if plan.Scan {
 		s.pend.mu.Lock()
