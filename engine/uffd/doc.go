@@ -107,10 +107,10 @@
 //
 // # Events
 //
-// The userfaultfd must have the event features in Features enabled; Run
-// checks /proc/self/fdinfo and refuses one that has not (ErrFeatures),
-// because without them the pager could serve snapshot data where the
-// process has since dropped or moved its memory.
+// The userfaultfd must have the event features in uffdio.Features
+// enabled; Run checks /proc/self/fdinfo and refuses one that has not
+// (ErrFeatures), because without them the pager could serve snapshot data
+// where the process has since dropped or moved its memory.
 //
 //   - REMOVE (madvise DONTNEED/FREE/REMOVE): the range reads as zeros from
 //     now on; its pending pages are dropped.

@@ -11,7 +11,7 @@ import (
 var (
 	// ErrShortRead: the source returned fewer bytes than the extent holds.
 	ErrShortRead = errors.New("short read from source")
-	// ErrFeatures: the userfaultfd lacks RequiredFeatures. It matches
+	// ErrFeatures: the userfaultfd lacks uffdio.RequiredFeatures. It matches
 	// errors.ErrUnsupported: the kernel lacks what the pager needs.
 	ErrFeatures error = unsupported("userfaultfd lacks required event features")
 	// ErrExtents: the extents are not sorted, page aligned and disjoint.

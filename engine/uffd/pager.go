@@ -198,8 +198,9 @@ type Pager struct {
 }
 
 // New returns a pager for fd: an O_NONBLOCK-capable userfaultfd on which
-// API was called with Features (at least RequiredFeatures) and the
-// extents' VMAs registered with RegisterModeMissing. src.ReadAt(buf,
+// uffdio.API was called with uffdio.Features (at least
+// uffdio.RequiredFeatures) and the extents' VMAs registered with
+// uffdio.RegisterModeMissing. src.ReadAt(buf,
 // int64(addr)) must return the snapshot's bytes at addr, and allow
 // concurrent calls. Extents must be sorted, disjoint and page aligned (else
 // Run returns ErrExtents). The pager does not own fd: after Run the caller

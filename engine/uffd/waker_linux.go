@@ -63,7 +63,7 @@ func lockThread() { runtime.LockOSThread() }
 
 // checkFeatures reads the userfaultfd's enabled features from its fdinfo
 // ("API:\taa:<features>:<ioctls>") and refuses one without
-// RequiredFeatures or on which UFFDIO_API was not done.
+// uffdio.RequiredFeatures or on which UFFDIO_API was not done.
 func checkFeatures(fd int) error {
 	fi, err := proc.ReadFDInfo(os.Getpid(), fd)
 	if err != nil {

@@ -36,3 +36,19 @@ func TestScanWindow(t *testing.T) {
 		t.Fatalf("scan beyond the window: window %d, want %d", sc.Below, ScanBelow)
 	}
 }
+
+// TestScanFollow: a scan fault of the run the scan started with moves its
+// front only; one of another run starts a scan there.
+func TestScanFollow(t *testing.T) {
+	var sc Scan
+	sc.Follow(0x100*PageSize, 0x104*PageSize)
+	sc.Down = 0x80 * PageSize // the prefetcher went below
+	sc.Follow(0x100*PageSize, 0x110*PageSize)
+	if !sc.On || sc.Lo != 0x100*PageSize || sc.Front != 0x110*PageSize || sc.Down != 0x80*PageSize {
+		t.Fatalf("same run: %+v", sc)
+	}
+	sc.Follow(0x50*PageSize, 0x54*PageSize)
+	if sc.Lo != 0x50*PageSize || sc.Down != 0x50*PageSize || sc.Front != 0x54*PageSize {
+		t.Fatalf("another run: %+v", sc)
+	}
+}
