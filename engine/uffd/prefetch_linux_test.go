@@ -31,6 +31,9 @@ func claimNext(s *server) (pending.Piece, bool) {
 // next, downwards chunk by chunk, while nothing is pending after its
 // front; not the lowest memory of the process, where the cursor would
 // wrap to. Further than policy.ScanBelow down, address order again.
+//
+// +checklocksignore: the servers here are not running; the test is
+// their only goroutine.
 func TestPlanBelowScan(t *testing.T) {
 	const P = PageSize
 	heap := Extent{0x10 * P, 32 * P}
@@ -67,6 +70,9 @@ func TestPlanBelowScan(t *testing.T) {
 // to the lowest pending memory even while another worker's chunk is in
 // flight, past that chunk (still pending until placed), rather than wait
 // for it; the serving goroutine's read-ahead (no workers) waits as before.
+//
+// +checklocksignore: the servers here are not running; the test is
+// their only goroutine.
 func TestPlanSkipsClaimed(t *testing.T) {
 	const P = PageSize
 	ext := []Extent{{0x10 * P, 32 * P}, {0x100 * P, 16 * P}}
@@ -97,9 +103,12 @@ func TestPlanSkipsClaimed(t *testing.T) {
 }
 
 // TestPlanScanAhead: a scan whose front has pending memory above it far
-// past policy.ScanAhead (the arrays the thread read first lie above, the ones
-// it reads next below) is followed scanAhead past its front, then below
-// its start, not on up through everything above.
+// past policy.ScanAhead (the arrays the thread read first lie above, the
+// ones it reads next below) is followed policy.ScanAhead past its front,
+// then below its start, not on up through everything above.
+//
+// +checklocksignore: the servers here are not running; the test is
+// their only goroutine.
 func TestPlanScanAhead(t *testing.T) {
 	const P = PageSize
 	lo := uint64(0x100000 * P)
