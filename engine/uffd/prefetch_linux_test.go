@@ -32,8 +32,8 @@ func claimNext(s *server) (pending.Piece, bool) {
 // front; not the lowest memory of the process, where the cursor would
 // wrap to. Further than policy.ScanBelow down, address order again.
 //
-// +checklocksignore: the servers here are not running; the test is
-// their only goroutine.
+// +checklocksignore
+// The servers here are not running: the test is their only goroutine.
 func TestPlanBelowScan(t *testing.T) {
 	const P = PageSize
 	heap := Extent{0x10 * P, 32 * P}
@@ -71,8 +71,8 @@ func TestPlanBelowScan(t *testing.T) {
 // flight, past that chunk (still pending until placed), rather than wait
 // for it; the serving goroutine's read-ahead (no workers) waits as before.
 //
-// +checklocksignore: the servers here are not running; the test is
-// their only goroutine.
+// +checklocksignore
+// The servers here are not running: the test is their only goroutine.
 func TestPlanSkipsClaimed(t *testing.T) {
 	const P = PageSize
 	ext := []Extent{{0x10 * P, 32 * P}, {0x100 * P, 16 * P}}
@@ -107,8 +107,8 @@ func TestPlanSkipsClaimed(t *testing.T) {
 // ones it reads next below) is followed policy.ScanAhead past its front,
 // then below its start, not on up through everything above.
 //
-// +checklocksignore: the servers here are not running; the test is
-// their only goroutine.
+// +checklocksignore
+// The servers here are not running: the test is their only goroutine.
 func TestPlanScanAhead(t *testing.T) {
 	const P = PageSize
 	lo := uint64(0x100000 * P)

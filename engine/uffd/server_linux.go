@@ -149,7 +149,8 @@ type fdState struct {
 
 // newServer returns a server of fd with the pages of pend pending.
 //
-// +checklocksignore: s is not shared until newServer returns.
+// +checklocksignore
+// s is not shared until newServer returns.
 func newServer(fd int, src io.ReaderAt, pend *pending.Set, opts Options, t *tree, child bool) *server {
 	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, total: pend.Bytes()}
 	s.pend.set = pend
