@@ -155,6 +155,9 @@ type Recorder struct {
 
 // NewRecorder returns a recorder started at start that stops by itself
 // after maxFaults faults (0: no limit).
+//
+// +checklocksignore
+// The recorder is not shared until NewRecorder returns.
 func NewRecorder(start time.Time, maxFaults int) *Recorder {
 	return &Recorder{start: start, max: maxFaults, seen: map[uint64]bool{}, done: make(chan struct{})}
 }
