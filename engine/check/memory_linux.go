@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // checkUserfaultfd checks userfaultfd for lazy restore (the features it
@@ -19,7 +19,7 @@ func checkUserfaultfd() []Feature {
 	supported, err := uffdFeatures()
 	var detail string
 	if err == nil {
-		if miss := uffd.RequiredFeatures &^ supported; miss != 0 {
+		if miss := uffdio.RequiredFeatures &^ supported; miss != 0 {
 			err = fmt.Errorf("UFFDIO_API lacks features %#x (fork, remap, remove and unmap events)", miss)
 		}
 	}
@@ -27,7 +27,7 @@ func checkUserfaultfd() []Feature {
 		detail, err = uffdRegisterMissing()
 	}
 	out = append(out, feature("userfaultfd", neededLazy, err, detail))
-	if err == nil && supported&uffd.FeatureWPAsync == 0 {
+	if err == nil && supported&uffdio.FeatureWPAsync == 0 {
 		err = errors.New("UFFDIO_API lacks WP_ASYNC (Linux 6.7)")
 	}
 	return append(out, feature("uffd WP_ASYNC", neededPreCopy, err, fmt.Sprintf("UFFDIO_API features %#x", supported)))
@@ -51,7 +51,7 @@ func uffdFeatures() (uint64, error) {
 		return 0, err
 	}
 	defer unix.Close(fd)
-	supported, _, err := uffd.API(fd, 0)
+	supported, _, err := uffdio.API(fd, 0)
 	return supported, err
 }
 
@@ -63,7 +63,7 @@ func uffdRegisterMissing() (string, error) {
 		return "", err
 	}
 	defer unix.Close(fd)
-	if _, _, err := uffd.API(fd, uffd.Features); err != nil {
+	if _, _, err := uffdio.API(fd, uffdio.Features); err != nil {
 		return "", err
 	}
 	page, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -72,14 +72,14 @@ func uffdRegisterMissing() (string, error) {
 	}
 	defer unix.Munmap(page)
 	addr := uint64(uintptr(unsafe.Pointer(&page[0])))
-	ioctls, err := uffd.Register(fd, addr, pageSize, uffd.RegisterModeMissing)
+	ioctls, err := uffdio.Register(fd, addr, pageSize, uffdio.RegisterModeMissing)
 	if err != nil {
 		return "", err
 	}
-	if err := uffd.Unregister(fd, addr, pageSize); err != nil {
+	if err := uffdio.Unregister(fd, addr, pageSize); err != nil {
 		return "", err
 	}
-	if ioctls&uffd.IoctlCopy == 0 {
+	if ioctls&uffdio.IoctlCopy == 0 {
 		return "", fmt.Errorf("UFFDIO_COPY not allowed on a MISSING range (ioctls %#x)", ioctls)
 	}
 	return "registered an anonymous range MISSING; UFFDIO_COPY allowed", nil

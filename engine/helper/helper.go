@@ -1,5 +1,5 @@
 // Package helper runs the small processes a restore starts from its own
-// program: the userfaultfd keeper (engine/uffd), the private mount's
+// program: the userfaultfd keeper (engine/uffd/keeper), the private mount's
 // helper (fs) and the init of a new pid namespace (engine/ns). Each is
 // the running program executed again under a name of its own as argv[0];
 // the package that owns a helper registers its main function under that

@@ -16,7 +16,7 @@ type Options struct {
 	// bytes placed so far and their total, every process together. It
 	// must return at once.
 	Progress func(done, total uint64)
-	// Keeper starts a keeper process (uffd.Keeper: the running program, which must call helper.Main first) that holds a copy
+	// Keeper starts a keeper process (keeper.Keeper: the running program, which must call helper.Main first) that holds a copy
 	// of every userfaultfd of the restored tree from before the processes
 	// run until their memory is all in, so that if snapctl dies, the
 	// userfaultfds outlive the kill that PTRACE_O_EXITKILL sends: a

@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/keeper"
 )
 
 // Phase is the lazy phase of a restore: a Process for each restored
@@ -23,8 +24,8 @@ type Phase struct {
 	procs []*Process
 
 	keeperOnce sync.Once
-	started    chan *uffd.Keeper // the keeper, once started (Options.Keeper)
-	keeper     *uffd.Keeper
+	started    chan *keeper.Keeper // the keeper, once started (Options.Keeper)
+	keeper     *keeper.Keeper
 }
 
 // NewPhase starts the lazy phase of a restore whose memory src serves;
@@ -34,7 +35,7 @@ type Phase struct {
 func NewPhase(opts Options, src image.PageSource, log *slog.Logger) *Phase {
 	ph := &Phase{opts: opts, src: src, log: log}
 	if opts.Keeper {
-		ph.started = make(chan *uffd.Keeper, 1)
+		ph.started = make(chan *keeper.Keeper, 1)
 		go func() { ph.started <- startKeeper(log) }()
 	}
 	return ph
@@ -70,7 +71,7 @@ func (ph *Phase) OpenSources() error {
 
 // keeperOf waits for the keeper to start and returns it (nil if there is
 // none).
-func (ph *Phase) keeperOf() *uffd.Keeper {
+func (ph *Phase) keeperOf() *keeper.Keeper {
 	ph.keeperOnce.Do(func() {
 		if ph.started != nil {
 			ph.keeper = <-ph.started
@@ -177,7 +178,7 @@ func (ph *Phase) watch(parent, ctx context.Context, cancel context.CancelCauseFu
 		}
 		cancel(fmt.Errorf("%w: %w", ErrHelperDied, err))
 	case <-keeperExited:
-		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, uffd.KeeperArg0, ph.keeper.Pid(), ph.keeper.ExitErr()))
+		cancel(fmt.Errorf("%w: the userfaultfd keeper (%s, pid %d): %v", ErrHelperDied, keeper.Arg0, ph.keeper.Pid(), ph.keeper.ExitErr()))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -108,7 +109,7 @@ func (p *Process) Prepare(in *ptrace.Injector, pid int, threads []*ptrace.Thread
 	if p.fd, err = mem.Userfaultfd(in, pid); err != nil {
 		return err
 	}
-	if _, _, err := uffd.API(p.fd, uffd.Features); err != nil {
+	if _, _, err := uffdio.API(p.fd, uffdio.Features); err != nil {
 		return fmt.Errorf("UFFDIO_API: %w", err)
 	}
 	if k := p.ph.keeperOf(); k != nil {
@@ -162,7 +163,7 @@ func (p *Process) Prepare(in *ptrace.Injector, pid int, threads []*ptrace.Thread
 // runs: every page not present from now on faults to us.
 func (p *Process) Register() error {
 	for _, rg := range p.ranges {
-		if _, err := uffd.Register(p.fd, rg.Start, rg.Len(), uffd.RegisterModeMissing); err != nil {
+		if _, err := uffdio.Register(p.fd, rg.Start, rg.Len(), uffdio.RegisterModeMissing); err != nil {
 			return fmt.Errorf("UFFDIO_REGISTER %v: %w", rg, err)
 		}
 	}
@@ -249,7 +250,7 @@ func (p *Process) serve(ctx context.Context, po uffd.Options) error {
 // not a failed restore.
 func unregisterLazy(fd int, ranges []units.Range, pid int) (exited bool, err error) {
 	for _, rg := range ranges {
-		err := uffd.Unregister(fd, rg.Start, rg.Len())
+		err := uffdio.Unregister(fd, rg.Start, rg.Len())
 		if err == nil {
 			continue
 		}

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
@@ -47,7 +47,7 @@ func TestUnregisterExited(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
-	if _, _, err := uffd.API(fd, uffd.Features); err != nil {
+	if _, _, err := uffdio.API(fd, uffdio.Features); err != nil {
 		t.Fatal(err)
 	}
 	ask("close")
@@ -58,7 +58,7 @@ func TestUnregisterExited(t *testing.T) {
 	}
 	ranges := []units.Range{{Start: base, End: base + size/2}, {Start: base + size/2, End: base + size}}
 	for _, rg := range ranges {
-		if _, err := uffd.Register(fd, rg.Start, rg.Len(), uffd.RegisterModeMissing); err != nil {
+		if _, err := uffdio.Register(fd, rg.Start, rg.Len(), uffdio.RegisterModeMissing); err != nil {
 			t.Fatal(err)
 		}
 	}

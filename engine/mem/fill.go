@@ -15,7 +15,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 const (
@@ -399,9 +399,9 @@ func (f *filler) write(j *fillJob, data []byte) error {
 	if f.uffdVMAs[j.vma] {
 		var c int64
 		for n < len(data) && err == nil {
-			c, err = uffd.Copy(f.uffd, addr+uint64(n), data[n:], uffd.CopyModeDontWake)
+			c, err = uffdio.Copy(f.uffd, addr+uint64(n), data[n:], uffdio.CopyModeDontWake)
 			n += int(c)
-			if errors.Is(err, uffd.ErrShort) {
+			if errors.Is(err, uffdio.ErrShort) {
 				err = nil
 			}
 		}
@@ -443,12 +443,12 @@ func (f *filler) openUffd(blocks []image.Block) error {
 		return err
 	}
 	f.uffd = fd
-	if _, _, err := uffd.API(fd, 0); err != nil {
+	if _, _, err := uffdio.API(fd, 0); err != nil {
 		return err
 	}
 	f.uffdVMAs = map[*image.VMA]bool{}
 	for v := range want {
-		if _, err := uffd.Register(fd, v.Start, v.End-v.Start, uffd.RegisterModeMissing); err != nil {
+		if _, err := uffdio.Register(fd, v.Start, v.End-v.Start, uffdio.RegisterModeMissing); err != nil {
 			return err
 		}
 		f.uffdVMAs[v] = true
@@ -475,7 +475,7 @@ func (f *filler) closeUffd() {
 		return
 	}
 	for v := range f.uffdVMAs {
-		if err := uffd.Unregister(f.uffd, v.Start, v.End-v.Start); err != nil {
+		if err := uffdio.Unregister(f.uffd, v.Start, v.End-v.Start); err != nil {
 			f.t.Log.Warn("unregister after the fill", "err", err)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -207,13 +207,13 @@ func TestFillWriteUserfaultfd(t *testing.T) {
 		t.Skip("userfaultfd:", errno)
 	}
 	defer unix.Close(int(fd))
-	if _, _, err := uffd.API(int(fd), 0); err != nil {
+	if _, _, err := uffdio.API(int(fd), 0); err != nil {
 		t.Fatal(err)
 	}
 	dst := ownPage(t, 0, unix.PROT_READ|unix.PROT_WRITE)
 	unix.Madvise(dst, unix.MADV_DONTNEED) // not present: the copy places it
 	v := &image.VMA{Start: addrOf(dst), End: addrOf(dst) + image.PageSize, Kind: image.VMAAnon, Prot: rw, Flags: private}
-	if _, err := uffd.Register(int(fd), v.Start, image.PageSize, uffd.RegisterModeMissing); err != nil {
+	if _, err := uffdio.Register(int(fd), v.Start, image.PageSize, uffdio.RegisterModeMissing); err != nil {
 		t.Fatal(err)
 	}
 	f := &filler{pid: os.Getpid(), uffd: int(fd), uffdVMAs: map[*image.VMA]bool{v: true}}
@@ -221,17 +221,17 @@ func TestFillWriteUserfaultfd(t *testing.T) {
 	if err := f.write(&fillJob{vma: v, blocks: []image.Block{{Addr: v.Start, Len: image.PageSize}}}, data); err != nil {
 		t.Fatal(err)
 	}
-	if err := uffd.Unregister(int(fd), v.Start, image.PageSize); err != nil {
+	if err := uffdio.Unregister(int(fd), v.Start, image.PageSize); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(dst, data) {
 		t.Errorf("page reads %q..., want the block", dst[:4])
 	}
 	// Placed already: a second copy finds it there.
-	if _, err := uffd.Register(int(fd), v.Start, image.PageSize, uffd.RegisterModeMissing); err != nil {
+	if _, err := uffdio.Register(int(fd), v.Start, image.PageSize, uffdio.RegisterModeMissing); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.write(&fillJob{vma: v, blocks: []image.Block{{Addr: v.Start, Len: image.PageSize}}}, data); !errors.Is(err, uffd.ErrExist) {
-		t.Errorf("second copy: %v, want uffd.ErrExist", err)
+	if err := f.write(&fillJob{vma: v, blocks: []image.Block{{Addr: v.Start, Len: image.PageSize}}}, data); !errors.Is(err, uffdio.ErrExist) {
+		t.Errorf("second copy: %v, want uffdio.ErrExist", err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // memSrc is an in-memory source: the bytes of [base, base+len(data)).
@@ -69,7 +71,7 @@ func BenchmarkFault(b *testing.B) {
 				for done := 0; done < b.N; {
 					n := min(b.N-done, int(region/ext))
 					b.StopTimer()
-					if _, err := Register(fd, base, region, RegisterModeMissing); err != nil {
+					if _, err := uffdio.Register(fd, base, region, uffdio.RegisterModeMissing); err != nil {
 						b.Fatal(err)
 					}
 					p := New(fd, src, cut(base, ext, n), Options{Affinity: &cpu0, Spin: spin})
@@ -88,7 +90,7 @@ func BenchmarkFault(b *testing.B) {
 					totalNs += r[3]
 					p50s = append(p50s, float64(r[1])/1e3)
 					service = append(service, float64(p.Stats().FaultP50)/1e3)
-					if err := Unregister(fd, base, region); err != nil {
+					if err := uffdio.Unregister(fd, base, region); err != nil {
 						b.Fatal(err)
 					}
 					f.do("remap %x %x", base, region)
@@ -145,7 +147,7 @@ func BenchmarkPrefetch(b *testing.B) {
 			b.SetBytes(region)
 			for range b.N {
 				b.StopTimer()
-				if _, err := Register(fd, base, region, RegisterModeMissing); err != nil {
+				if _, err := uffdio.Register(fd, base, region, uffdio.RegisterModeMissing); err != nil {
 					b.Fatal(err)
 				}
 				p := New(fd, tc.src, ext, Options{Prefetch: true, PrefetchChunk: tc.chunk, ReadAhead: tc.ra, Workers: tc.workers})
@@ -157,7 +159,7 @@ func BenchmarkPrefetch(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := Unregister(fd, base, region); err != nil {
+				if err := uffdio.Unregister(fd, base, region); err != nil {
 					b.Fatal(err)
 				}
 				f.do("remap %x %x", base, region)
@@ -179,17 +181,17 @@ func BenchmarkCopyRaw(b *testing.B) {
 			b.SetBytes(region)
 			for range b.N {
 				b.StopTimer()
-				if _, err := Register(fd, base, region, RegisterModeMissing); err != nil {
+				if _, err := uffdio.Register(fd, base, region, uffdio.RegisterModeMissing); err != nil {
 					b.Fatal(err)
 				}
 				b.StartTimer()
 				for a := base; a < base+region; a += chunk {
-					if _, err := Copy(fd, a, buf, 0); err != nil {
+					if _, err := uffdio.Copy(fd, a, buf, 0); err != nil {
 						b.Fatal(err)
 					}
 				}
 				b.StopTimer()
-				if err := Unregister(fd, base, region); err != nil {
+				if err := uffdio.Unregister(fd, base, region); err != nil {
 					b.Fatal(err)
 				}
 				f.do("remap %x %x", base, region)

@@ -1,26 +1,31 @@
 // Package uffd serves a lazily restored process its memory through
 // userfaultfd(2).
 //
-// # Two layers
+// # Layers
 //
-// The low layer is a thin, tested wrapper over the userfaultfd ioctls (API,
-// Register, Unregister, Copy, ZeroPage, Wake) and the decoding of the
-// 32-byte uffd_msg (Msg). The errors a caller must tell apart are sentinels:
-// ErrExist (the first page of the range is already present), ErrAgain (the
-// address space is changing under a non-cooperative event: read the pending
-// events, then retry), ErrShort (the kernel stopped part way: retry the
-// rest to learn why), ErrNoVMA (no registered VMA holds the whole range) and
-// ErrGone (the process's address space is gone).
+// The low layer is engine/uffd/uffdio: the userfaultfd ioctls (API,
+// Register, Unregister, Copy, ZeroPage, Wake), the decoding of the 32-byte
+// uffd_msg (Msg) and the sentinel errors a caller must tell apart
+// (ErrExist, ErrAgain, ErrShort, ErrNoVMA, ErrGone). It knows nothing of
+// the pager; engine/mem and engine/check use it alone.
 //
-// The high layer is the Pager. The restore code creates a userfaultfd inside
-// the target (an injected syscall), takes it with pidfd_getfd, calls API
-// with Features and registers the lazily restored anonymous private VMAs
-// with RegisterModeMissing. New then takes the fd, an io.ReaderAt that
-// returns the snapshot's bytes at their virtual address (the lazyfs mount's
-// MNT/<pid>/mem file, or an image reader), and the extents to serve (sorted,
-// non-overlapping, page aligned; normally one image block clipped to its
-// VMA). Run serves until every extent has been placed or dropped by an
-// event. The pager knows nothing about the image format.
+// The policy is engine/uffd/policy: what a fault is served besides its own
+// page (the rules under Serving below: its unit, a scan, the rest of an
+// access, a stride, the working set's order, the latency hold, the zeros
+// of a hole) is a pure function of the faults seen so far, a Planner the
+// serving goroutine asks and then carries out. It has no descriptor, lock
+// or clock, and is tested without userfaultfd.
+//
+// The high layer is the Pager. The restore code creates a userfaultfd
+// inside the target (an injected syscall), takes it with pidfd_getfd,
+// calls uffdio.API with uffdio.Features and registers the lazily restored
+// anonymous private VMAs with uffdio.RegisterModeMissing. New then takes
+// the fd, an io.ReaderAt that returns the snapshot's bytes at their
+// virtual address (the lazyfs mount's MNT/<pid>/mem file, or an image
+// reader), and the extents to serve (sorted, non-overlapping, page
+// aligned; normally one image block clipped to its VMA). Run serves until
+// every extent has been placed or dropped by an event. The pager knows
+// nothing about the image format.
 //
 // # Serving
 //
@@ -102,10 +107,10 @@
 //
 // # Events
 //
-// The userfaultfd must have the event features in Features enabled; Run
-// checks /proc/self/fdinfo and refuses one that has not (ErrFeatures),
-// because without them the pager could serve snapshot data where the
-// process has since dropped or moved its memory.
+// The userfaultfd must have the event features in uffdio.Features
+// enabled; Run checks /proc/self/fdinfo and refuses one that has not
+// (ErrFeatures), because without them the pager could serve snapshot data
+// where the process has since dropped or moved its memory.
 //
 //   - REMOVE (madvise DONTNEED/FREE/REMOVE): the range reads as zeros from
 //     now on; its pending pages are dropped.
@@ -146,8 +151,13 @@
 // zeros. Without Prefetch, Run ends only when every extent has faulted in
 // (or the context ends).
 //
-// Its size is one responsibility: the fault-serving thread, the prefetch
-// workers and the keeper all act on the same userfaultfd registrations and
-// the same set of pages still missing, which must change under one lock
-// and one set of rules.
+// The fault-serving thread and the prefetch workers act on the same
+// userfaultfd registrations and the same set of pages still missing,
+// which must change under one lock and one set of rules: that is why they
+// are one package. A server's state is grouped by what guards it (the
+// serving goroutine's own, the pending set under pend.mu, the stats under
+// stat.mu), and checklocks annotations (+checklocks) on the fields and
+// on the functions that need a lock held say which, for a tool to check.
+// The pending set itself, a plain data structure, is engine/uffd/pending;
+// the keeper that holds copies of the userfaultfds, engine/uffd/keeper.
 package uffd

@@ -3,34 +3,21 @@ package uffd
 import (
 	"errors"
 	"fmt"
-)
 
-// Sentinel results of the fill ioctls (Copy, ZeroPage).
-var (
-	// ErrExist: the first page of the range is already present.
-	ErrExist = errors.New("uffd: page already present")
-	// ErrAgain: the address space is changing under a non-cooperative
-	// event (fork, mremap, madvise, munmap) that is queued and unread.
-	ErrAgain = errors.New("uffd: address space changing, read events and retry")
-	// ErrShort: only part of the range was placed.
-	ErrShort = errors.New("uffd: range placed in part")
-	// ErrNoVMA: no registered VMA holds the whole range.
-	ErrNoVMA = errors.New("uffd: range not in one registered VMA")
-	// ErrGone: the process's address space no longer exists.
-	ErrGone = errors.New("uffd: process address space gone")
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // Errors of the Pager.
 var (
 	// ErrShortRead: the source returned fewer bytes than the extent holds.
 	ErrShortRead = errors.New("short read from source")
-	// ErrFeatures: the userfaultfd lacks RequiredFeatures. It matches
+	// ErrFeatures: the userfaultfd lacks uffdio.RequiredFeatures. It matches
 	// errors.ErrUnsupported: the kernel lacks what the pager needs.
 	ErrFeatures error = unsupported("userfaultfd lacks required event features")
 	// ErrExtents: the extents are not sorted, page aligned and disjoint.
 	ErrExtents = errors.New("invalid extents")
 	// ErrUnexpected: a message the pager did not register for.
-	ErrUnexpected = errors.New("unexpected userfaultfd message")
+	ErrUnexpected = uffdio.ErrUnexpected
 )
 
 // unsupported is a sentinel that also matches errors.ErrUnsupported.

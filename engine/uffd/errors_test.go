@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // TestErrFeaturesUnsupported: a userfaultfd without the features the
@@ -15,7 +17,7 @@ func TestErrFeaturesUnsupported(t *testing.T) {
 		t.Errorf("%v: matches ErrFeatures %v, errors.ErrUnsupported %v; want both", err,
 			errors.Is(err, ErrFeatures), errors.Is(err, errors.ErrUnsupported))
 	}
-	if errors.Is(ErrExist, errors.ErrUnsupported) {
+	if errors.Is(uffdio.ErrExist, errors.ErrUnsupported) {
 		t.Error("ErrExist matches errors.ErrUnsupported")
 	}
 }

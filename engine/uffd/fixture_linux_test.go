@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -50,7 +51,7 @@ func startMapped(t testing.TB, size uint64) (f *target, fd int, base uint64) {
 func startRegistered(t testing.TB, size uint64) (f *target, fd int, base uint64) {
 	t.Helper()
 	f, fd, base = startMapped(t, size)
-	if _, err := Register(fd, base, size, RegisterModeMissing); err != nil {
+	if _, err := uffdio.Register(fd, base, size, uffdio.RegisterModeMissing); err != nil {
 		t.Fatal(err)
 	}
 	return f, fd, base
@@ -104,7 +105,7 @@ func (f *target) takeUffd() int {
 		f.t.Fatalf("pidfd_getfd: %v", err)
 	}
 	f.t.Cleanup(func() { unix.Close(fd) })
-	if _, _, err := API(fd, Features); err != nil {
+	if _, _, err := uffdio.API(fd, uffdio.Features); err != nil {
 		f.t.Fatal(err)
 	}
 	f.do("close")
@@ -139,7 +140,7 @@ func runPager(t *testing.T, p *Pager, fd int, base, size uint64, timeout time.Du
 		defer close(done)
 		err := p.Run(ctx)
 		if err == nil && !p.Stats().Exited { // no address space: nothing to unregister
-			err = Unregister(fd, base, size)
+			err = uffdio.Unregister(fd, base, size)
 		}
 		errc <- err
 		drainEvents(ctx, fd)
@@ -159,18 +160,18 @@ func runPager(t *testing.T, p *Pager, fd int, base, size uint64, timeout time.Du
 // finished, would otherwise leave the process waiting in the kernel for
 // a reader.
 func drainEvents(ctx context.Context, fd int) {
-	buf := make([]byte, 16*MsgSize)
+	buf := make([]byte, 16*uffdio.MsgSize)
 	for ctx.Err() == nil {
 		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		if n, err := unix.Poll(p, 20); err != nil || n == 0 {
 			continue
 		}
-		n, err := ReadMsgs(fd, buf)
+		n, err := uffdio.ReadMsgs(fd, buf)
 		if err != nil {
 			return
 		}
 		for i := range n {
-			if m, err := DecodeMsg(buf[i*MsgSize:]); err == nil && m.Event == EventFork {
+			if m, err := uffdio.DecodeMsg(buf[i*uffdio.MsgSize:]); err == nil && m.Event == uffdio.EventFork {
 				unix.Close(m.UFD)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -22,7 +23,7 @@ func localUffd(t *testing.T, features uint64) int {
 		t.Fatalf("userfaultfd: %v", e)
 	}
 	t.Cleanup(func() { unix.Close(int(fd)) })
-	if _, _, err := API(int(fd), features); err != nil {
+	if _, _, err := uffdio.API(int(fd), features); err != nil {
 		t.Fatal(err)
 	}
 	return int(fd)
@@ -50,92 +51,20 @@ func addrOf(b []byte) uint64 { return uint64(uintptrOf(b)) }
 func localRegistered(t *testing.T, n int) (mem []byte, fd int, base uint64) {
 	t.Helper()
 	mem = localRegion(t, n)
-	fd = localUffd(t, Features)
+	fd = localUffd(t, uffdio.Features)
 	base = addrOf(mem)
-	if _, err := Register(fd, base, uint64(n)*PageSize, RegisterModeMissing); err != nil {
+	if _, err := uffdio.Register(fd, base, uint64(n)*PageSize, uffdio.RegisterModeMissing); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { Unregister(fd, base, uint64(n)*PageSize) })
+	t.Cleanup(func() { uffdio.Unregister(fd, base, uint64(n)*PageSize) })
 	return mem, fd, base
 }
 
-func TestIoctls(t *testing.T) {
-	mem := localRegion(t, 16)
-	other := localRegion(t, 1)
-	fd := localUffd(t, Features)
-
-	// API twice on one fd is refused; a fresh fd reports what is supported.
-	if _, _, err := API(fd, 0); err == nil {
-		t.Error("second UFFDIO_API accepted")
-	}
-	base := addrOf(mem)
-	ioctls, err := Register(fd, base, 16*PageSize, RegisterModeMissing)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ioctls&(IoctlCopy|IoctlZeroPage|IoctlWake) != IoctlCopy|IoctlZeroPage|IoctlWake {
-		t.Fatalf("register ioctls %#x lack copy/zeropage/wake", ioctls)
-	}
-	t.Cleanup(func() { Unregister(fd, base, 16*PageSize) })
-	if err := checkFeatures(fd); err != nil {
-		t.Fatalf("checkFeatures: %v", err)
-	}
-
-	pat := bytes.Repeat([]byte("0123456789abcdef"), 2*PageSize/16)
-	if n, err := Copy(fd, base, pat, 0); err != nil || n != 2*PageSize {
-		t.Fatalf("Copy 2 pages = %d, %v", n, err)
-	}
-	if !bytes.Equal(mem[:2*PageSize], pat) {
-		t.Fatal("copied bytes differ")
-	}
-	if n, err := Copy(fd, base+PageSize, pat[:2*PageSize], 0); !errors.Is(err, ErrExist) || n != 0 {
-		t.Fatalf("Copy onto present page = %d, %v; want 0, ErrExist", n, err)
-	}
-	// page 3 present, copy [2,5): page 2 placed then a stop at 3
-	if _, err := Copy(fd, base+3*PageSize, pat[:PageSize], 0); err != nil {
-		t.Fatal(err)
-	}
-	big := make([]byte, 3*PageSize)
-	if n, err := Copy(fd, base+2*PageSize, big, 0); !errors.Is(err, ErrShort) || n != PageSize {
-		t.Fatalf("Copy over a present page = %d, %v; want %d, ErrShort", n, err, PageSize)
-	}
-	if n, err := ZeroPage(fd, base+5*PageSize, 2*PageSize, 0); err != nil || n != 2*PageSize {
-		t.Fatalf("ZeroPage = %d, %v", n, err)
-	}
-	if !bytes.Equal(mem[5*PageSize:7*PageSize], make([]byte, 2*PageSize)) {
-		t.Fatal("zero pages not zero")
-	}
-	if _, err := ZeroPage(fd, base+5*PageSize, PageSize, 0); !errors.Is(err, ErrExist) {
-		t.Fatalf("ZeroPage onto present page: %v, want ErrExist", err)
-	}
-	// not registered, or crossing out of the registered VMA
-	if _, err := Copy(fd, addrOf(other), pat[:PageSize], 0); !errors.Is(err, ErrNoVMA) {
-		t.Fatalf("Copy to unregistered memory: %v, want ErrNoVMA", err)
-	}
-	if _, err := Copy(fd, base+15*PageSize, pat[:2*PageSize], 0); !errors.Is(err, ErrNoVMA) {
-		t.Fatalf("Copy across the VMA end: %v, want ErrNoVMA", err)
-	}
-	// unaligned
-	if _, err := Copy(fd, base+8*PageSize+1, pat[:PageSize], 0); err == nil || errors.Is(err, ErrNoVMA) {
-		t.Fatalf("unaligned Copy: %v, want EINVAL", err)
-	}
-	if err := Wake(fd, base, 16*PageSize); err != nil {
-		t.Fatal(err)
-	}
-	if err := Unregister(fd, base, 16*PageSize); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Copy(fd, base+10*PageSize, pat[:PageSize], 0); !errors.Is(err, ErrNoVMA) {
-		t.Fatalf("Copy after Unregister: %v, want ErrNoVMA", err)
-	}
-	// nothing pending: a nonblocking read finds no message
-	if n, err := ReadMsgs(fd, make([]byte, 4*MsgSize)); n != 0 || err != nil {
-		t.Fatalf("ReadMsgs = %d, %v", n, err)
-	}
-}
-
 func TestCheckFeaturesRefuses(t *testing.T) {
-	fd := localUffd(t, FeatureThreadID)
+	if err := checkFeatures(localUffd(t, uffdio.Features)); err != nil {
+		t.Fatalf("checkFeatures with Features: %v", err)
+	}
+	fd := localUffd(t, uffdio.FeatureThreadID)
 	if err := checkFeatures(fd); !errors.Is(err, ErrFeatures) {
 		t.Fatalf("checkFeatures without events: %v, want ErrFeatures", err)
 	}
@@ -185,7 +114,7 @@ func TestPrefetchLocal(t *testing.T) {
 		if st.PrefetchBytes != total || st.Pending != 0 || st.Total != total || lastDone != total || lastTotal != total {
 			t.Fatalf("readahead %d: stats %+v, progress %d/%d, want %d prefetched", ra, st, lastDone, lastTotal, total)
 		}
-		if err := Unregister(fd, base, pages*PageSize); err != nil {
+		if err := uffdio.Unregister(fd, base, pages*PageSize); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -213,10 +142,10 @@ func TestPrefetchLocalReadError(t *testing.T) {
 			t.Fatalf("read error: %v, want the source's error", err)
 		}
 		// the failed extent was never placed: copying it now still works
-		if _, err := Copy(fd, bad, make([]byte, PageSize), 0); err != nil {
+		if _, err := uffdio.Copy(fd, bad, make([]byte, PageSize), 0); err != nil {
 			t.Fatalf("page %#x was placed despite the read error: %v", bad, err)
 		}
-		if err := Unregister(fd, base, pages*PageSize); err != nil {
+		if err := uffdio.Unregister(fd, base, pages*PageSize); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -290,7 +219,7 @@ func TestRunCancel(t *testing.T) {
 		t.Fatalf("stats after cancel: %+v", st)
 	}
 	for i := range pages {
-		if _, err := Copy(fd, base+uint64(i)*PageSize, make([]byte, PageSize), CopyModeDontWake); err != nil {
+		if _, err := uffdio.Copy(fd, base+uint64(i)*PageSize, make([]byte, PageSize), uffdio.CopyModeDontWake); err != nil {
 			t.Fatalf("page %d was placed: %v", i, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -114,7 +115,7 @@ type Options struct {
 	HoldPrefetch bool
 }
 
-// Holder keeps copies of userfaultfds in another process (see Keeper), so
+// Holder keeps copies of userfaultfds in another process (engine/uffd/keeper), so
 // that they outlive this one.
 type Holder interface {
 	// Hold takes a copy of fd. It must not block.
@@ -189,14 +190,17 @@ type Pager struct {
 	root *server
 	err  error // from New: reported by Run
 
-	mu   sync.Mutex
-	ran  bool
 	tree *tree
+
+	mu sync.Mutex
+	// +checklocks:mu
+	ran bool
 }
 
 // New returns a pager for fd: an O_NONBLOCK-capable userfaultfd on which
-// API was called with Features (at least RequiredFeatures) and the
-// extents' VMAs registered with RegisterModeMissing. src.ReadAt(buf,
+// uffdio.API was called with uffdio.Features (at least
+// uffdio.RequiredFeatures) and the extents' VMAs registered with
+// uffdio.RegisterModeMissing. src.ReadAt(buf,
 // int64(addr)) must return the snapshot's bytes at addr, and allow
 // concurrent calls. Extents must be sorted, disjoint and page aligned (else
 // Run returns ErrExtents). The pager does not own fd: after Run the caller
@@ -209,7 +213,7 @@ func New(fd int, src io.ReaderAt, extents []Extent, opts Options) *Pager {
 		p.err = fmt.Errorf("new pager: %w", ErrExtents)
 		extents = nil
 	}
-	p.root = newServer(fd, src, newPieceSet(extents), opts, p.tree, false)
+	p.root = newServer(fd, src, newPending(extents), opts, p.tree, false)
 	return p
 }
 
@@ -286,9 +290,12 @@ type tree struct {
 	// root and every child.
 	prefetchHeld atomic.Bool
 
-	mu       sync.Mutex
-	active   int
-	err      error
+	mu sync.Mutex
+	// +checklocks:mu
+	active int
+	// +checklocks:mu
+	err error
+	// +checklocks:mu
 	children []*server
 }
 
@@ -333,3 +340,6 @@ func (t *tree) all() []*server {
 }
 
 func (t *tree) wait() { t.wg.Wait() }
+
+// PageSize is the page size of the ranges the pager serves (uffdio's).
+const PageSize = uffdio.PageSize

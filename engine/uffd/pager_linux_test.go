@@ -8,6 +8,9 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 const (
@@ -219,10 +222,10 @@ func TestPagerChurn(t *testing.T) {
 		st := p.Stats()
 		t.Logf("stats: %+v", st)
 		// Unregister the moved ranges as well before reading their holes.
-		if err := Unregister(fd, spare1, mib); err != nil {
+		if err := uffdio.Unregister(fd, spare1, mib); err != nil {
 			t.Fatal(err)
 		}
-		if err := Unregister(fd, spare2, 2*mib); err != nil {
+		if err := uffdio.Unregister(fd, spare2, 2*mib); err != nil {
 			t.Fatal(err)
 		}
 		f.checkSum(m, "start", base, mib)
@@ -340,7 +343,7 @@ func TestPagerReadError(t *testing.T) {
 		t.Fatalf("Run: %v, want a read ServeError covering %#x", err, bad)
 	}
 	// the page is still missing: the process is blocked, not fed zeros
-	if _, err := Copy(fd, bad+PageSize, make([]byte, PageSize), CopyModeDontWake); err != nil {
+	if _, err := uffdio.Copy(fd, bad+PageSize, make([]byte, PageSize), uffdio.CopyModeDontWake); err != nil {
 		t.Fatalf("extent placed in part despite the read error: %v", err)
 	}
 	f.p.ExpectQuiet(t, 50*time.Millisecond) // the sum is not answered
@@ -467,7 +470,7 @@ func TestPagerStrideSpan(t *testing.T) {
 		t.Errorf("%d faults for %d accesses at a stride: nothing read ahead of it", st.DataFaults, touched)
 	}
 	// The strides read ahead of the last access are read too.
-	if st.FaultBytes > (touched+strideMaxAhead)*2*unit {
+	if st.FaultBytes > (touched+policy.StrideMaxAhead)*2*unit {
 		t.Errorf("%d bytes brought in for %d accesses: more than their two units each", st.FaultBytes, touched)
 	}
 	f.checkSum(m, "all", base, size)
@@ -561,7 +564,7 @@ func TestPagerStrideArrays(t *testing.T) {
 	// Each touched page's unit, and one window of strides ahead past
 	// the first array's end (the pages at the stride of the memory above
 	// it are pending too: nobody can tell).
-	if max := (touched + strideMaxAhead) * unit; st.FaultBytes > max {
+	if max := (touched + policy.StrideMaxAhead) * unit; st.FaultBytes > max {
 		t.Errorf("%d bytes brought in for %d pages touched, more than %d: the strides are read ahead into the array walked before", st.FaultBytes, touched, max)
 	}
 	f.checkSum(m, "all", base, size)
@@ -571,7 +574,7 @@ func TestPagerStrideArrays(t *testing.T) {
 }
 
 // TestPagerScanReleasesHold: a fault that is not part of a scan holds the
-// prefetch workers but one back (latencyBound); once the thread goes on
+// prefetch workers but one back (policy.LatencyHold); once the thread goes on
 // reading in order, the hold ends, as it waits on streaming, not on the
 // latency of single faults (arrays read one after another each start
 // with such a fault).

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
 // plan returns the next chunk to prefetch, wrapping to the lowest address
@@ -13,56 +16,39 @@ import (
 // the cursor by mremap are found that way). Serving a thread that reads
 // through memory in order, it takes the memory that follows the thread's
 // front, and once there is none, the memory right below where the thread's
-// scan started (see scan). The caller holds setMu.
-func (s *server) plan(inflight int) (piece, bool) {
+// scan started (see policy.Scan).
+//
+// +checklocks:s.pend.mu
+func (s *server) plan(inflight int) (pending.Piece, bool) {
 	if c, ok := s.planFirst(); ok {
 		return c, true
 	}
-	c, ok := s.nextChunk(s.cursor)
-	if s.scan.on && (!ok || c.cur >= s.cursor+s.opts.PrefetchChunk || c.cur >= s.scan.front+scanAhead) {
-		if d, ok := s.chunkBelow(s.scan.down); ok && d.end()+s.scan.below >= s.scan.lo {
-			s.scan.down = d.cur
+	c, ok := s.nextChunk(s.pend.cursor)
+	if s.pend.scan.On && (!ok || c.Cur >= s.pend.cursor+s.opts.PrefetchChunk || c.Cur >= s.pend.scan.Front+policy.ScanAhead) {
+		if d, ok := s.chunkBelow(s.pend.scan.Down); ok && d.End()+s.pend.scan.Below >= s.pend.scan.Lo {
+			s.pend.scan.Down = d.Cur
 			return d, true
 		}
 	}
 	// Workers skip each other's chunks (claimed); the serving
 	// goroutine's read-ahead wraps only once it has none in flight.
-	if !ok && s.cursor != 0 && (inflight == 0 || s.opts.Workers > 0) {
-		s.cursor = 0
+	if !ok && s.pend.cursor != 0 && (inflight == 0 || s.opts.Workers > 0) {
+		s.pend.cursor = 0
 		c, ok = s.nextChunk(0)
 	}
 	if ok {
-		s.cursor = c.end()
+		s.pend.cursor = c.End()
 	}
 	return c, ok
 }
 
-// scanAhead is how far past a scan's front the prefetcher goes before it
-// turns to the memory below the scan's start: the rest of the array being
-// read (a layer's matrices are a few MiB), not the arrays above it, which
-// the thread has read or reads last (a model's token embedding, read
-// again by its output layer). The thread reads those megabytes in
-// milliseconds; the prefetcher places them first and the chunks below in
-// fewer. Once nothing is pending below within the scan's window
-// (scan.below), it streams on past the front.
-const scanAhead = 8 << 20
-
-// scanBelow is how far below the start of a scan the prefetcher first
-// fetches for it: the next array or two of a thread that reads arrays
-// laid out at descending addresses (one mmap each, as malloc makes them
-// for large arrays), each upwards, as a forward pass over a model's
-// weights does. The window doubles while the thread's scans go on down
-// (scan.start); further down, the memory is fetched in address order.
-const scanBelow = 32 << 20
-
-// scanBelowMax bounds scan.below, which doubles from scanBelow.
-const scanBelowMax = 512 << 20
-
 // nextChunk returns the chunk to prefetch from addr up, past the chunks
-// workers have claimed. The caller holds setMu.
-func (s *server) nextChunk(addr uint64) (piece, bool) {
+// workers have claimed.
+//
+// +checklocks:s.pend.mu
+func (s *server) nextChunk(addr uint64) (pending.Piece, bool) {
 	for {
-		c, ok := s.pend.chunk(addr, s.opts.PrefetchChunk)
+		c, ok := s.pend.set.Chunk(addr, s.opts.PrefetchChunk)
 		if !ok {
 			return c, false
 		}
@@ -70,19 +56,21 @@ func (s *server) nextChunk(addr uint64) (piece, bool) {
 		if !hit {
 			return c, true
 		}
-		if cl.cur > c.cur {
-			c.len = cl.cur - c.cur
+		if cl.Cur > c.Cur {
+			c.Len = cl.Cur - c.Cur
 			return c, true
 		}
-		addr = cl.end()
+		addr = cl.End()
 	}
 }
 
 // chunkBelow returns the chunk to prefetch right below addr, past the
-// chunks workers have claimed. The caller holds setMu.
-func (s *server) chunkBelow(addr uint64) (piece, bool) {
+// chunks workers have claimed.
+//
+// +checklocks:s.pend.mu
+func (s *server) chunkBelow(addr uint64) (pending.Piece, bool) {
 	for {
-		d, ok := s.pend.chunkBelow(addr, s.opts.PrefetchChunk)
+		d, ok := s.pend.set.ChunkBelow(addr, s.opts.PrefetchChunk)
 		if !ok {
 			return d, false
 		}
@@ -90,58 +78,60 @@ func (s *server) chunkBelow(addr uint64) (piece, bool) {
 		if !hit {
 			return d, true
 		}
-		if cl.end() < d.end() {
-			return piece{cl.end(), d.src + (cl.end() - d.cur), d.end() - cl.end()}, true
+		if cl.End() < d.End() {
+			return pending.Piece{Cur: cl.End(), Src: d.Src + (cl.End() - d.Cur), Len: d.End() - cl.End()}, true
 		}
-		addr = cl.cur
+		addr = cl.Cur
 	}
 }
 
 // claimedIn returns a chunk claimed by a worker that overlaps c (pending
-// until the worker has placed it). The caller holds setMu.
-func (s *server) claimedIn(c piece) (piece, bool) {
-	for _, cl := range s.claimed {
-		if cl.cur < c.end() && c.cur < cl.end() {
+// until the worker has placed it).
+//
+// +checklocks:s.pend.mu
+func (s *server) claimedIn(c pending.Piece) (pending.Piece, bool) {
+	for _, cl := range s.pend.claimed {
+		if cl.Cur < c.End() && c.Cur < cl.End() {
 			return cl, true
 		}
 	}
-	return piece{}, false
+	return pending.Piece{}, false
 }
 
 // prefetch places at most one chunk, on the serving goroutine (Workers
 // 0). progressed reports that it did work (the loop then checks for
 // faults again before the next chunk).
 func (s *server) prefetch() (progressed, again bool, err error) {
-	if s.ra == nil {
-		s.setMu.Lock()
+	if s.own.ra == nil {
+		s.pend.mu.Lock()
 		c, ok := s.plan(0)
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		if !ok {
 			return false, false, nil
 		}
-		if uint64(cap(s.syncBuf)) < c.len {
-			s.syncBuf = make([]byte, s.opts.PrefetchChunk)
+		if uint64(cap(s.own.syncBuf)) < c.Len {
+			s.own.syncBuf = make([]byte, s.opts.PrefetchChunk)
 		}
-		r := &raReq{c: c, buf: s.syncBuf[:c.len]}
-		r.err = readFull(s.src, r.buf, c.src)
+		r := &raReq{c: c, buf: s.own.syncBuf[:c.Len]}
+		r.err = readFull(s.src, r.buf, c.Src)
 		again, err = s.placeChunk(r)
 		if again {
-			s.setMu.Lock()
-			s.cursor = c.cur // replan it after the events
-			s.setMu.Unlock()
+			s.pend.mu.Lock()
+			s.pend.cursor = c.Cur // replan it after the events
+			s.pend.mu.Unlock()
 		}
 		return true, again, err
 	}
-	for !s.ra.full() {
-		s.setMu.Lock()
-		c, ok := s.plan(len(s.ra.inflight))
-		s.setMu.Unlock()
+	for !s.own.ra.full() {
+		s.pend.mu.Lock()
+		c, ok := s.plan(len(s.own.ra.inflight))
+		s.pend.mu.Unlock()
 		if !ok {
 			break
 		}
-		s.ra.issue(c)
+		s.own.ra.issue(c)
 	}
-	r := s.ra.ready()
+	r := s.own.ra.ready()
 	if r == nil {
 		return false, false, nil
 	}
@@ -149,7 +139,7 @@ func (s *server) prefetch() (progressed, again bool, err error) {
 	if again || err != nil {
 		return true, again, err // keep the chunk: retried after the events
 	}
-	s.ra.pop()
+	s.own.ra.pop()
 	return true, false, nil
 }
 
@@ -160,25 +150,23 @@ func (s *server) placeChunk(r *raReq) (again bool, err error) {
 	c := r.c
 	if r.err != nil {
 		// Only an error if something of it is still wanted.
-		var first piece
+		var first pending.Piece
 		var any bool
-		s.setMu.Lock()
-		s.pend.overlapping(c.cur, c.end(), func(p piece) {
-			if !any && p.src == c.src+(p.cur-c.cur) {
+		s.pend.mu.Lock()
+		s.pend.set.Overlapping(c.Cur, c.End(), func(p pending.Piece) {
+			if !any && p.Src == c.Src+(p.Cur-c.Cur) {
 				first, any = p, true
 			}
 		})
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		if !any {
 			return false, nil
 		}
-		return false, &ServeError{Op: "read", Addr: c.cur, Len: c.len, Src: c.src, Err: fmt.Errorf("prefetch (first pending page %#x): %w", first.cur, r.err)}
+		return false, &ServeError{Op: "read", Addr: c.Cur, Len: c.Len, Src: c.Src, Err: fmt.Errorf("prefetch (first pending page %#x): %w", first.Cur, r.err)}
 	}
 	if !r.counted {
 		r.counted = true
-		s.mu.Lock()
-		s.st.ReadBytes += c.len
-		s.mu.Unlock()
+		s.stat.add(func(st *Stats) { st.ReadBytes += c.Len })
 	}
 	_, err = s.placeRange(c, r.buf, whyPrefetch)
 	switch {
@@ -217,11 +205,11 @@ func (s *server) startWorkers(ctx context.Context, n int) {
 			defer s.workers.Done()
 			lockThread()
 			if err := s.work(ctx, id); err != nil {
-				s.setMu.Lock()
-				if s.werr == nil {
-					s.werr = err
+				s.pend.mu.Lock()
+				if s.pend.werr == nil {
+					s.pend.werr = err
 				}
-				s.setMu.Unlock()
+				s.pend.mu.Unlock()
 			}
 			s.wake()
 		}()
@@ -230,10 +218,10 @@ func (s *server) startWorkers(ctx context.Context, n int) {
 
 // stopWorkers makes the workers return and waits for them.
 func (s *server) stopWorkers() {
-	s.setMu.Lock()
-	s.stop = true
-	s.setCond.Broadcast()
-	s.setMu.Unlock()
+	s.pend.mu.Lock()
+	s.pend.stop = true
+	s.pend.cond.Broadcast()
+	s.pend.mu.Unlock()
 	s.workers.Wait()
 }
 
@@ -245,15 +233,15 @@ func (s *server) work(ctx context.Context, id int) error {
 		if !ok {
 			return nil
 		}
-		r := &raReq{c: c, buf: buf[:c.len]}
-		r.err = readFull(s.src, r.buf, c.src)
+		r := &raReq{c: c, buf: buf[:c.Len]}
+		r.err = readFull(s.src, r.buf, c.Src)
 		err := s.placeClaimed(ctx, r)
-		s.setMu.Lock()
-		s.inflight--
-		s.claimed = slices.DeleteFunc(s.claimed, func(cl piece) bool { return cl == c })
-		empty := s.pend.empty() && s.inflight == 0
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.inflight--
+		s.pend.claimed = slices.DeleteFunc(s.pend.claimed, func(cl pending.Piece) bool { return cl == c })
+		empty := s.pend.set.Empty() && s.pend.inflight == 0
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 		if empty {
 			s.wake() // the serving goroutine decides whether Run is done
 		}
@@ -266,38 +254,38 @@ func (s *server) work(ctx context.Context, id int) error {
 // claim waits for the next chunk to prefetch and takes it (counted in
 // inflight), or returns false when there is nothing left or the pager
 // stops. Every worker but the first holds back while the process waits
-// on the latency of faults (see latencyBound).
-func (s *server) claim(ctx context.Context, id int) (piece, bool) {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
+// on the latency of faults (see policy.LatencyHold).
+func (s *server) claim(ctx context.Context, id int) (pending.Piece, bool) {
+	s.pend.mu.Lock()
+	defer s.pend.mu.Unlock()
 	for {
-		if s.stop || s.gone.Load() || s.werr != nil || ctx.Err() != nil || s.pend.empty() {
-			return piece{}, false
+		if s.pend.stop || s.gone.Load() || s.pend.werr != nil || ctx.Err() != nil || s.pend.set.Empty() {
+			return pending.Piece{}, false
 		}
 		if s.tree.prefetchHeld.Load() {
-			s.setCond.Wait() // ReleasePrefetch broadcasts
+			s.pend.cond.Wait() // ReleasePrefetch broadcasts
 			continue
 		}
 		if d := time.Until(s.prefetchAt); d > 0 {
 			s.wakeIn(d)
-			s.setCond.Wait()
+			s.pend.cond.Wait()
 			continue
 		}
 		// A working set (Options.First) is fetched by every worker: it is
 		// what the process is about to touch.
-		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 && s.first.i >= len(s.opts.First) {
+		if d := time.Until(time.Unix(0, s.latencyUntil.Load())); id > 0 && d > 0 && s.pend.first.i >= len(s.opts.First) {
 			s.wakeIn(d)
-			s.setCond.Wait()
+			s.pend.cond.Wait()
 			continue
 		}
-		if c, ok := s.plan(s.inflight); ok {
-			s.inflight++
-			s.claimed = append(s.claimed, c)
+		if c, ok := s.plan(s.pend.inflight); ok {
+			s.pend.inflight++
+			s.pend.claimed = append(s.pend.claimed, c)
 			return c, true
 		}
 		// Everything left is in other workers' hands (or moved behind
 		// the cursor while they have chunks in flight).
-		s.setCond.Wait()
+		s.pend.cond.Wait()
 	}
 }
 
@@ -310,16 +298,14 @@ func (s *server) placeClaimed(ctx context.Context, r *raReq) error {
 	}
 	// In steps of at most workerStep: the serving goroutine waits for the
 	// copy in progress before it reads a fault.
-	for off := uint64(0); off < r.c.len; off += workerStep {
-		n := min(workerStep, r.c.len-off)
-		step := &raReq{c: piece{r.c.cur + off, r.c.src + off, n}, buf: r.buf[off : off+n], counted: true}
+	for off := uint64(0); off < r.c.Len; off += workerStep {
+		n := min(workerStep, r.c.Len-off)
+		step := &raReq{c: pending.Piece{Cur: r.c.Cur + off, Src: r.c.Src + off, Len: n}, buf: r.buf[off : off+n], counted: true}
 		if err := s.placeStep(ctx, step); err != nil {
 			return err
 		}
 	}
-	s.mu.Lock()
-	s.st.ReadBytes += r.c.len
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.ReadBytes += r.c.Len })
 	return nil
 }
 
@@ -340,14 +326,14 @@ func (s *server) placeStep(ctx context.Context, r *raReq) error {
 		// The events may never come: a failed mremap lowers the kernel's
 		// flag without a message. Retry after a growing timeout too.
 		deadline := time.Now().Add(backoff)
-		s.setMu.Lock()
-		gen := s.evGen
+		s.pend.mu.Lock()
+		gen := s.pend.evGen
 		s.wakeIn(backoff)
-		for s.evGen == gen && !s.stop && !s.gone.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
-			s.setCond.Wait()
+		for s.pend.evGen == gen && !s.pend.stop && !s.gone.Load() && ctx.Err() == nil && time.Now().Before(deadline) {
+			s.pend.cond.Wait()
 		}
-		stop := s.stop || s.gone.Load() || ctx.Err() != nil
-		s.setMu.Unlock()
+		stop := s.pend.stop || s.gone.Load() || ctx.Err() != nil
+		s.pend.mu.Unlock()
 		if stop {
 			return ctx.Err()
 		}
@@ -355,11 +341,11 @@ func (s *server) placeStep(ctx context.Context, r *raReq) error {
 	}
 }
 
-// wakeIn broadcasts setCond after d.
+// wakeIn broadcasts pend.cond after d.
 func (s *server) wakeIn(d time.Duration) {
 	time.AfterFunc(d, func() {
-		s.setMu.Lock()
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 	})
 }

@@ -2,11 +2,13 @@ package uffd
 
 import (
 	"io"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
 )
 
 // raReq is one prefetch chunk: read src bytes for c into buf.
 type raReq struct {
-	c       piece
+	c       pending.Piece
 	buf     []byte
 	err     error
 	counted bool // its bytes are in Stats.ReadBytes
@@ -38,7 +40,7 @@ func startReadAhead(src io.ReaderAt, depth int, chunk uint64, wake func()) *read
 	go func() {
 		defer close(ra.exited)
 		for r := range ra.reqs {
-			r.err = readFull(src, r.buf, r.c.src)
+			r.err = readFull(src, r.buf, r.c.Src)
 			ra.done <- r
 			wake()
 		}
@@ -61,14 +63,14 @@ func readFull(src io.ReaderAt, buf []byte, addr uint64) error {
 // full reports whether depth chunks are in flight.
 func (ra *readAhead) full() bool { return len(ra.inflight) >= ra.depth }
 
-func (ra *readAhead) issue(c piece) {
+func (ra *readAhead) issue(c pending.Piece) {
 	var buf []byte
 	if n := len(ra.free); n > 0 {
 		buf, ra.free = ra.free[n-1], ra.free[:n-1]
 	} else {
 		buf = make([]byte, ra.chunk)
 	}
-	r := &raReq{c: c, buf: buf[:c.len]}
+	r := &raReq{c: c, buf: buf[:c.Len]}
 	ra.inflight = append(ra.inflight, r)
 	ra.reqs <- r // never blocks: at most depth in flight
 }

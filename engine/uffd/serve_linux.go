@@ -4,6 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // Why bytes were placed, for the stats.
@@ -15,8 +19,8 @@ const (
 // serveFaults serves the queued faults in order. again reports that a copy
 // was refused until the pending events are read (the rest stay queued).
 func (s *server) serveFaults() (again bool, err error) {
-	for len(s.faults) > 0 {
-		f := s.faults[0]
+	for len(s.own.faults) > 0 {
+		f := s.own.faults[0]
 		err := s.serveFault(f)
 		switch {
 		case errors.Is(err, errAgain):
@@ -27,182 +31,160 @@ func (s *server) serveFaults() (again bool, err error) {
 		case err != nil:
 			return false, err
 		}
-		s.faults = s.faults[1:]
-		if len(s.faults) == 0 {
-			s.faults = s.faults[:0:0]
+		s.own.faults = s.own.faults[1:]
+		if len(s.own.faults) == 0 {
+			s.own.faults = s.own.faults[:0:0]
 		}
 		if s.opts.Spin > 0 {
-			s.spinUntil = time.Now().Add(s.opts.Spin)
+			s.own.spinUntil = time.Now().Add(s.opts.Spin)
 		}
 	}
 	return false, nil
 }
 
+// serveFault serves one fault: outside every pending extent with zeros;
+// inside one, in four steps: classify (the planner's pure decision of
+// what comes with it), read, place, record; then what its plan brings in
+// ahead of the thread.
 func (s *server) serveFault(f fault) error {
-	if f.m.Flags&(PagefaultFlagWP|PagefaultFlagMinor) != 0 {
+	if f.m.Flags&(uffdio.PagefaultFlagWP|uffdio.PagefaultFlagMinor) != 0 {
 		return &ServeError{Op: "fault", Addr: f.m.Addr, Len: PageSize, Err: fmt.Errorf("%v: %w", f.m, ErrUnexpected)}
 	}
 	page := f.m.Addr &^ (PageSize - 1)
-	s.setMu.Lock()
-	p, ok := s.pend.find(page)
-	s.setMu.Unlock()
+	s.pend.mu.Lock()
+	p, ok := s.pend.set.Find(page)
+	seen := s.faultSeen(page)
+	s.pend.mu.Unlock()
 	if !ok {
-		zeroed, err := s.serveZero(page, f.m.Flags&PagefaultFlagWrite != 0)
-		if err != nil {
-			return err
+		return s.serveZeroFault(f, page)
+	}
+	lo, hi := s.own.pl.Range(p.Cur, p.End(), p.Src, page)
+	src := p.Src + (lo - p.Cur)
+	plan := s.own.pl.Classify(seen)
+	parts := s.faultParts(plan, page, lo, hi, src)
+	if err := s.readPlace(f, page, parts); err != nil {
+		return err
+	}
+	s.recordFault(f, plan)
+	return s.serveAhead(page, src+(page-lo), plan)
+}
+
+// faultSeen returns what the planner is told of a data fault on page: the
+// prefetcher's cursor and the pending memory after the last fault's.
+//
+// +checklocks:s.pend.mu
+func (s *server) faultSeen(page uint64) policy.Fault {
+	f := policy.Fault{Page: page, Cursor: s.pend.cursor}
+	if end, ok := s.own.pl.LastEnd(); ok && page > end+PageSize {
+		n, has := s.pend.set.Next(end)
+		f.Onward, f.OnwardOK = n.Cur, has
+	}
+	return f
+}
+
+// faultParts returns the parts a data fault on page, served [lo, hi)
+// (snapshot bytes at src), brings in: that range, and for a scan the
+// pending memory up to FaultAhead on, past memory already in place too
+// (a scan after a stride finds a window in place every stride, and would
+// otherwise fault past each). The prefetcher follows a scan: it streams
+// on from where the fault's memory ends, ahead of the reader, rather than
+// wherever its cursor was, so that a full read costs about the longer of
+// streaming and the reader's own work, not their sum.
+func (s *server) faultParts(plan policy.Plan, page, lo, hi, src uint64) []pending.Piece {
+	parts := append(s.own.faultParts[:0], pending.Piece{Cur: lo, Src: src, Len: hi - lo})
+	if plan.Scan {
+		s.pend.mu.Lock()
+		s.pend.scan.Follow(plan.RunStart, hi)
+		if s.opts.FaultAhead > hi-lo {
+			s.pend.set.Overlapping(hi, lo+s.opts.FaultAhead, func(p pending.Piece) {
+				last := &parts[len(parts)-1]
+				if last.End() == p.Cur && last.Src+last.Len == p.Src {
+					last.Len += p.Len
+					return
+				}
+				parts = append(parts, p)
+			})
+			s.pend.cursor = parts[len(parts)-1].End()
+			s.pend.scan.Front = s.pend.cursor
 		}
-		s.mu.Lock()
-		s.st.Faults++
-		s.st.ZeroFaults++
-		s.st.ZeroBytes += zeroed
-		s.h.add(time.Since(f.at))
-		s.mu.Unlock()
-		return nil
+		s.pend.mu.Unlock()
 	}
-	lo, hi := s.faultRange(p, page)
-	src := p.src + (lo - p.cur)
-	// A fault on the page right after what the previous one was served
-	// is the rest of the access that faulted there (an access that
-	// crosses a page boundary faults on both pages: a reader of an array
-	// that starts 16 bytes into its mapping) or the start of a scan. The
-	// second such fault in a row is a scan, and so is a fault at the
-	// prefetcher's front (a thread reading on through memory the
-	// prefetcher placed, faster than it): a scan is served the pending
-	// memory that follows too, up to FaultAhead, one fault per FaultAhead
-	// bytes instead of one per block. The test is on the faulting page,
-	// not on the start of its extent: a thread touching one page every
-	// few blocks faults in the extent after the previous one too, and
-	// reading ahead for it would bring in all of memory at fault speed
-	// (a 1 GiB "touch 1" took as long as reading everything).
-	// A fault past memory already in place that follows the last one's
-	// counts as on the page after it: a thread reading on through what
-	// the prefetcher or a stride placed.
-	end := s.lastFault.end()
-	adjacent := page >= end && page <= end+PageSize
-	onward := adjacent
-	if !adjacent && page > end && s.lastFault.len > 0 {
-		s.setMu.Lock()
-		n, _, ok := s.pend.next(end)
-		s.setMu.Unlock()
-		onward = ok && max(n.cur, end)+PageSize >= page
-	}
-	if onward {
-		s.adjacent++
-	} else {
-		s.adjacent = 0
-		s.runStart = page
-	}
-	sequential := s.adjacent >= 2
-	// The rest of an access whose first page was placed ahead of a
-	// stride: it says how far each access reaches (see strideAhead).
-	strided := s.stride.continues(page)
-	start, rest := s.restOf(page, adjacent && s.adjacent == 1)
-	rest = rest && !strided
-	if !sequential && !rest && !strided && s.opts.Prefetch {
-		ahead := uint64(max(1, s.opts.Workers)) * s.opts.PrefetchChunk
-		s.setMu.Lock()
-		sequential = page+ahead >= s.cursor && page < s.cursor+s.opts.PrefetchChunk
-		s.setMu.Unlock()
-	}
-	// A scan that starts is followed above its front and below its start
-	// (see plan) until another scan starts: a thread going through a
-	// model's arrays touches other memory between two of them.
-	if sequential {
-		s.setMu.Lock()
-		if !s.scan.on || s.scan.lo != s.runStart {
-			s.scan.start(s.runStart)
-		}
-		s.scan.front = hi
-		s.setMu.Unlock()
-	}
-	parts := append(s.faultParts[:0], piece{lo, src, hi - lo})
-	if s.opts.FaultAhead > hi-lo && sequential {
-		// The pending memory up to FaultAhead on, past memory already in
-		// place too: a scan after a stride finds a window in place every
-		// stride, and would otherwise fault past each.
-		s.setMu.Lock()
-		s.pend.overlapping(hi, lo+s.opts.FaultAhead, func(p piece) {
-			last := &parts[len(parts)-1]
-			if last.end() == p.cur && last.src+last.len == p.src {
-				last.len += p.len
-				return
-			}
-			parts = append(parts, p)
-		})
-		// The prefetcher streams on from there, ahead of the reader,
-		// rather than wherever its cursor was: a full read then costs
-		// about the longer of streaming and the reader's own work, not
-		// their sum.
-		s.cursor = parts[len(parts)-1].end()
-		s.scan.front = s.cursor
-		s.setMu.Unlock()
-	}
-	s.faultParts = parts
+	s.own.faultParts = parts
+	s.own.pl.Served(page, lo, parts[len(parts)-1].End())
+	return parts
+}
+
+// readPlace reads a data fault's parts from the source (Options.FaultSrc
+// if set) and places them. A prefetch worker may have placed some of
+// them meanwhile (the fault then finds the page present: it is woken),
+// never an event: events are applied by this goroutine only.
+func (s *server) readPlace(f fault, page uint64, parts []pending.Piece) error {
 	var total uint64
 	for _, p := range parts {
-		total += p.len
+		total += p.Len
 	}
-	s.lastFault = piece{cur: lo, len: parts[len(parts)-1].end() - lo}
-	if uint64(cap(s.faultBuf)) < total {
-		s.faultBuf = make([]byte, total)
+	if uint64(cap(s.own.faultBuf)) < total {
+		s.own.faultBuf = make([]byte, total)
+	}
+	src := s.src
+	if s.opts.FaultSrc != nil {
+		src = s.opts.FaultSrc
 	}
 	var skipped bool
 	off := uint64(0)
 	for _, p := range parts {
-		buf := s.faultBuf[off : off+p.len]
-		off += p.len
-		src := s.src
-		if s.opts.FaultSrc != nil {
-			src = s.opts.FaultSrc
+		buf := s.own.faultBuf[off : off+p.Len]
+		off += p.Len
+		if err := readFull(src, buf, p.Src); err != nil {
+			return &ServeError{Op: "read", Addr: p.Cur, Len: p.Len, Src: p.Src, Err: err}
 		}
-		if err := readFull(src, buf, p.src); err != nil {
-			return &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
-		}
-		s.mu.Lock()
-		s.st.ReadBytes += p.len
-		s.mu.Unlock()
-		// A prefetch worker may have placed some of it meanwhile (the
-		// fault then finds the page present: it is woken), never an
-		// event: events are applied by this goroutine only.
+		s.stat.add(func(st *Stats) { st.ReadBytes += p.Len })
 		sk, err := s.placeRange(p, buf, whyFault)
 		if err != nil {
 			return err
 		}
 		skipped = skipped || sk
 		if s.opts.OnFault != nil {
-			s.opts.OnFault(p.src, p.len, f.at)
+			s.opts.OnFault(p.Src, p.Len, f.at)
 		}
 	}
 	if skipped {
-		if err := s.wakePage(page); err != nil {
-			return err
-		}
+		return s.wakePage(page)
 	}
-	s.mu.Lock()
-	s.st.Faults++
-	s.st.DataFaults++
-	s.h.add(time.Since(f.at))
-	s.mu.Unlock()
-	if !sequential {
-		s.latencyUntil.Store(time.Now().Add(latencyBound).UnixNano())
+	return nil
+}
+
+// recordFault counts a data fault served and holds the prefetch workers
+// back after one that is not part of a scan (policy.LatencyHold).
+func (s *server) recordFault(f fault, plan policy.Plan) {
+	s.stat.mu.Lock()
+	s.stat.st.Faults++
+	s.stat.st.DataFaults++
+	s.stat.h.add(time.Since(f.at))
+	s.stat.mu.Unlock()
+	if plan.Hold() {
+		s.latencyUntil.Store(time.Now().Add(policy.LatencyHold).UnixNano())
 	} else if s.latencyUntil.Swap(0) > time.Now().UnixNano() {
 		// The thread reads on in order: it waits on streaming now, which
 		// every worker speeds up (the first fault of each array it goes
 		// on to is not yet known as part of a scan).
-		s.setMu.Lock()
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 	}
-	s.lastPage = page
-	// In the working set still to fetch: what follows it in the recorded
-	// order comes with it (it is what the thread touches next, better
-	// known than any stride).
+}
+
+// serveAhead brings in what a data fault on page (snapshot address at)
+// is followed by: in the working set still to fetch, what follows it in
+// the recorded order (it is what the thread touches next, better known
+// than any stride); else, for a thread at a stride, its next strides.
+func (s *server) serveAhead(page, at uint64, plan policy.Plan) error {
 	if len(s.opts.First) > 0 {
-		s.setMu.Lock()
-		pendingFirst := s.first.i < len(s.opts.First)
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		pendingFirst := s.pend.first.i < len(s.opts.First)
+		s.pend.mu.Unlock()
 		if pendingFirst {
-			ahead, err := s.firstAhead(src + (page - lo))
+			ahead, err := s.firstAhead(at)
 			if err != nil {
 				return err
 			}
@@ -212,10 +194,7 @@ func (s *server) serveFault(f fault) error {
 			}
 		}
 	}
-	if rest {
-		// Not a stride of its own: the access at start reaches here.
-		s.stride.reach(start, page)
-	} else if n := s.stride.next(page, sequential); n > 0 && !s.opts.NoStrideAhead {
+	if n := s.own.pl.Strides(page, plan); n > 0 && !s.opts.NoStrideAhead {
 		if err := s.strideAhead(page, n); err != nil {
 			return err
 		}
@@ -224,249 +203,21 @@ func (s *server) serveFault(f fault) error {
 	return nil
 }
 
-// zeroReadMax bounds what a read fault zero-fills as it doubles (see
-// serveZero): 64 MiB of zero pages is 16,384 page table entries.
-const zeroReadMax = 64 << 20
-
-// latencyBound is how long after a fault that does not continue the one
-// before (a thread touching pages here and there, or at a stride) every
-// prefetch worker but one holds back. Such a thread waits on each fault's
-// latency, and with a worker per CPU its faults waited for a CPU (the
-// figures: test/bench/BENCHMARKS.md, First answer after restore --lazy).
-// A thread reading in order waits on streaming instead, which every
-// worker speeds up.
-const latencyBound = 10 * time.Millisecond
-
-// faultRange returns the range a fault on page, inside pending piece p,
-// is served: p clipped to the MaxFaultBytes window around the page and
-// to the source's unit (Options.Unit).
-func (s *server) faultRange(p piece, page uint64) (lo, hi uint64) {
-	lo, hi = p.cur, p.end()
-	if w := s.opts.MaxFaultBytes; hi-lo > w {
-		lo = max(lo, page-page%w)
-		hi = min(hi, lo+w)
+// serveZeroFault serves a fault outside every pending extent (serveZero)
+// and counts it.
+func (s *server) serveZeroFault(f fault, page uint64) error {
+	zeroed, err := s.serveZero(page, f.m.Flags&uffdio.PagefaultFlagWrite != 0)
+	if err != nil {
+		return err
 	}
-	if s.opts.Unit != nil {
-		// The source reads at the snapshot's addresses: ask it there.
-		at := p.src + (page - p.cur)
-		if ulo, uhi, ok := s.opts.Unit(at); ok && ulo <= at && at < uhi {
-			lo = max(lo, page-(at-ulo))
-			hi = min(hi, page+(uhi-at))
-		}
-	}
-	return lo, hi
+	s.stat.mu.Lock()
+	s.stat.st.Faults++
+	s.stat.st.ZeroFaults++
+	s.stat.st.ZeroBytes += zeroed
+	s.stat.h.add(time.Since(f.at))
+	s.stat.mu.Unlock()
+	return nil
 }
-
-// stride tells a thread that touches memory at a constant stride (a page
-// every 400 KiB, a column of a matrix) from the other faults: after
-// strideMin distances in a row alike (three faults), the next are
-// predicted.
-type stride struct {
-	prev uint64 // page of the last data fault
-	seen bool   // prev is set
-	d    int64  // distance between the last two
-	run  int    // distances d in a row
-	// span is how far (bytes from its first page) one access of the
-	// thread reaches: PageSize, or more for an access that crosses into
-	// the next page (see restOf). 0 counts as PageSize.
-	span  uint64
-	start uint64 // the page the run at d started from
-	// The stride seen before the last jump, kept: a thread that reads
-	// array after array at one stride (every 100th page of each of many
-	// weight arrays) jumps to the next array and goes on there at the
-	// same stride, at the same pace. kept is 0 when there is none; the
-	// run, span and the memory walked (from, to: page addresses, up to
-	// the last stride read ahead) are those it had.
-	kept           int64
-	keptRun        int
-	keptSpan       uint64
-	walkLo, walkHi uint64
-}
-
-// strideMaxSpan bounds stride.span.
-const strideMaxSpan = 16 * PageSize
-
-// continues reports whether a fault on page continues the stride seen.
-func (st *stride) continues(page uint64) bool {
-	return st.seen && st.run >= strideMin && int64(page-st.prev) == st.d
-}
-
-// reach records that the access that faulted on start reached page.
-func (st *stride) reach(start, page uint64) {
-	if page >= start {
-		st.span = max(st.span, min(page-start+PageSize, strideMaxSpan))
-	}
-}
-
-// walked reports whether page lies in the memory the stride kept from
-// before the last jump walked: a run resumed after a jump that runs into
-// it has reached the end of its own array (arrays laid out at descending
-// addresses, each read upwards, as mmap places them), and the pages at
-// its stride there are not what the thread reads next.
-func (st *stride) walked(page uint64) bool {
-	return st.walkHi > st.walkLo && page >= st.walkLo && page <= st.walkHi
-}
-
-// restOf tells whether a fault on page is the rest of an access whose
-// first page faulted just before (adjacent, and the fault before was not
-// itself the continuation of another) or was placed ahead of a stride
-// (page follows one of the last strideAhead's reads), and where that
-// access started.
-func (s *server) restOf(page uint64, adjacent bool) (start uint64, ok bool) {
-	if adjacent {
-		return s.lastPage, true
-	}
-	for _, r := range s.strideReads {
-		if page == r.lo+r.n {
-			return r.at, true
-		}
-	}
-	return 0, false
-}
-
-// strideMin is how many equal distances in a row make a stride;
-// strideMaxAhead the most pages a fault on it brings in ahead.
-const (
-	strideMin      = 2
-	strideMaxAhead = 64
-)
-
-// next records a data fault on page and returns how many strides ahead to
-// serve: 0 unless the fault continues a stride, then doubling with each
-// fault that does, as readahead grows its window. A sequential reader is
-// FaultAhead's, not a stride. A fault at the stride kept from before a
-// jump, one fault after it, resumes that stride where it was, with its
-// window: the thread goes on at the same pace in the memory it jumped to.
-func (st *stride) next(page uint64, sequential bool) int {
-	prev := st.prev
-	d := int64(page - prev)
-	seen := st.seen
-	st.prev, st.seen = page, true
-	if !seen || sequential || d == 0 {
-		st.run = 0
-		return 0
-	}
-	if d != st.d {
-		if st.kept != 0 && d == st.kept && st.run == 1 {
-			// prev was the jump's target: the run goes on from there.
-			st.d, st.run, st.span, st.start = d, st.keptRun, st.keptSpan, prev
-			st.kept = 0
-		} else {
-			if st.run >= strideMin {
-				st.kept, st.keptRun, st.keptSpan = st.d, st.run, st.span
-				st.walkLo, st.walkHi = min(st.start, prev), max(st.start, prev)
-			}
-			st.d, st.run, st.span, st.start = d, 1, 0, prev
-			return 0
-		}
-	}
-	st.run++
-	if st.run < strideMin {
-		return 0
-	}
-	return min(strideMaxAhead, 4<<min(st.run-strideMin, 4))
-}
-
-// strideAhead places the pages at n strides after page that are still
-// pending, each as a fault on it would be served, while the thread that
-// faulted works on page: it then finds them present instead of faulting
-// on each. Everything pending is placed sooner or later, so a wrong guess
-// costs only the order. Strides that are not pending (served, or a hole)
-// are skipped. The reads go to the source at once, up to strideReaders at
-// a time (through a mount each is a round trip to its server, which
-// serves them in parallel), and are placed in order as they come.
-func (s *server) strideAhead(page uint64, n int) error {
-	d := s.stride.d
-	reads := s.strideReads[:0]
-	var total uint64
-	last := page // the last stride looked at
-	s.setMu.Lock()
-	for i := 1; i <= n && total < strideMaxBytes; i++ {
-		at := page + uint64(int64(i)*d)
-		if s.stride.walked(at) && !s.stride.walked(page) {
-			break
-		}
-		last = at
-		p, ok := s.pend.find(at)
-		if !ok {
-			continue
-		}
-		lo, hi := s.faultRange(p, at)
-		reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
-		total += hi - lo
-		// The pages the access at at reaches, past the window.
-		for q := hi; q < at+s.stride.span; {
-			p, ok := s.pend.find(q)
-			if !ok {
-				break
-			}
-			lo, hi := s.faultRange(p, q)
-			if hi <= q {
-				break
-			}
-			reads = append(reads, strideRead{at: at, lo: lo, src: p.src + (lo - p.cur), n: hi - lo, off: total})
-			total += hi - lo
-			q = hi
-		}
-	}
-	s.setMu.Unlock()
-	s.strideReads = reads
-	if len(reads) == 0 {
-		s.stride.prev = last
-		return nil
-	}
-	if uint64(cap(s.strideBuf)) < total {
-		s.strideBuf = make([]byte, total)
-	}
-	done := make([]chan error, len(reads))
-	for i := range done {
-		done[i] = make(chan error, 1)
-	}
-	workers := min(len(reads), strideReaders)
-	for w := range workers {
-		go func() {
-			for i := w; i < len(reads); i += workers {
-				r := reads[i]
-				done[i] <- readFull(s.src, s.strideBuf[r.off:r.off+r.n], r.src)
-			}
-		}()
-	}
-	var firstErr error
-	for i, r := range reads {
-		err := <-done[i]
-		if firstErr != nil {
-			continue // drain: the readers write into strideBuf
-		}
-		if err != nil {
-			firstErr = &ServeError{Op: "read", Addr: r.lo, Len: r.n, Src: r.src, Err: err}
-			continue
-		}
-		s.mu.Lock()
-		s.st.ReadBytes += r.n
-		s.st.StrideBytes += r.n
-		s.mu.Unlock()
-		if _, err := s.placeRange(piece{r.lo, r.src, r.n}, s.strideBuf[r.off:r.off+r.n], whyFault); err != nil {
-			firstErr = err
-		}
-	}
-	if firstErr == nil {
-		s.stride.prev = last // the thread's next fault continues the stride from there
-	}
-	return firstErr
-}
-
-// strideRead is one read of strideAhead: n bytes at src for lo, into
-// strideBuf at off, for the access at the page at.
-type strideRead struct {
-	at, lo, src, n, off uint64
-}
-
-// strideReaders is how many reads strideAhead has at the source at once;
-// strideMaxBytes the most it reads for one fault.
-const (
-	strideReaders  = 8
-	strideMaxBytes = 4 << 20
-)
 
 // serveZero serves a fault outside every pending extent with zeros, from
 // the faulting page up to ZeroReadChunk (a read: the zero page) or
@@ -481,52 +232,43 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 	defer s.evMu.RUnlock()
 	end := page + s.opts.ZeroChunk
 	if !write {
-		// A read fault within a chunk past the last read fault's zeros
-		// (a thread reading on through zero memory, or at a stride) is
-		// served twice as much, up to zeroReadMax: zero pages cost only
-		// their page table entries, and each fault a round trip.
-		chunk := s.opts.ZeroReadChunk
-		if z := s.lastZero; z.len > 0 && page >= z.end() && page < z.end()+s.zeroChunk {
-			chunk = max(chunk, min(2*s.zeroChunk, zeroReadMax))
-		}
-		s.zeroChunk = chunk
-		end = page + chunk
+		end = page + s.own.pl.ZeroRead(page)
 	}
-	s.setMu.Lock()
-	if q, _, ok := s.pend.next(page); ok && q.cur < end {
-		end = q.cur
+	s.pend.mu.Lock()
+	if q, ok := s.pend.set.Next(page); ok && q.Cur < end {
+		end = q.Cur
 	}
-	s.setMu.Unlock()
+	s.pend.mu.Unlock()
 	for {
 		var n int64
 		var err error
 		if write {
-			if uint64(len(s.zeros)) < end-page {
-				s.zeros = make([]byte, s.opts.ZeroChunk)
+			if uint64(len(s.own.zeros)) < end-page {
+				s.own.zeros = make([]byte, s.opts.ZeroChunk)
 			}
-			n, err = Copy(s.fd, page, s.zeros[:end-page], 0)
+			n, err = uffdio.Copy(s.fd, page, s.own.zeros[:end-page], 0)
 		} else {
-			n, err = ZeroPage(s.fd, page, end-page, 0)
+			n, err = uffdio.ZeroPage(s.fd, page, end-page, 0)
 		}
 		switch {
-		case err == nil, errors.Is(err, ErrShort):
+		case err == nil, errors.Is(err, uffdio.ErrShort):
 			if !write {
-				s.lastZero = piece{cur: page, len: uint64(n)}
+				s.own.pl.Zeroed(page, uint64(n))
 			}
 			return uint64(n), nil
-		case errors.Is(err, ErrExist):
+		case errors.Is(err, uffdio.ErrExist):
 			return 0, s.wakePage(page)
-		case errors.Is(err, ErrNoVMA):
+		case errors.Is(err, uffdio.ErrNoVMA):
 			// The range crosses the end of the VMA: halve it.
 			if end-page > PageSize {
 				end = page + max(PageSize, (end-page)/2&^(PageSize-1))
 				continue
 			}
 			return 0, s.wakePage(page)
-		case errors.Is(err, ErrAgain):
+		case errors.Is(err, uffdio.ErrAgain):
 			s.retried()
 			return 0, errAgain
-		case errors.Is(err, ErrGone):
+		case errors.Is(err, uffdio.ErrGone):
 			return 0, errGone
 		}
 		op := "zeropage"
@@ -538,43 +280,37 @@ func (s *server) serveZero(page uint64, write bool) (uint64, error) {
 }
 
 func (s *server) wakePage(page uint64) error {
-	s.mu.Lock()
-	s.st.Wakes++
-	s.mu.Unlock()
-	if err := Wake(s.fd, page, PageSize); err != nil {
+	s.stat.add(func(st *Stats) { st.Wakes++ })
+	if err := uffdio.Wake(s.fd, page, PageSize); err != nil {
 		return &ServeError{Op: "wake", Addr: page, Len: PageSize, Err: err}
 	}
 	return nil
 }
 
 func (s *server) retried() {
-	s.mu.Lock()
-	s.st.Retries++
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.Retries++ })
 }
 
 // exited drops everything pending: the address space is gone. Serving
 // goroutine only (it owns the fault queue).
 func (s *server) exited() {
 	s.markGone()
-	s.faults = nil
+	s.own.faults = nil
 }
 
 // markGone records that the address space is gone and drops the pending
 // set.
 func (s *server) markGone() {
-	s.setMu.Lock()
+	s.pend.mu.Lock()
 	if s.gone.Load() {
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		return
 	}
 	s.gone.Store(true)
-	s.pend = newPieceSet(nil)
-	s.setCond.Broadcast()
-	s.setMu.Unlock()
-	s.mu.Lock()
-	s.st.Exited = true
-	s.mu.Unlock()
+	s.pend.set = newPending(nil)
+	s.pend.cond.Broadcast()
+	s.pend.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.Exited = true })
 	s.report()
 	s.wake()
 	s.log.Debug("uffd: process address space gone")
@@ -586,31 +322,31 @@ func (s *server) markGone() {
 // (moved pages are planned again later). It holds evMu for reading, so
 // that no event is read, and acted on by the process, between the look at
 // the pending set and the copies. skipped reports pages found present.
-func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err error) {
+func (s *server) placeRange(c pending.Piece, buf []byte, why int) (skipped bool, err error) {
 	s.evMu.RLock()
 	defer s.evMu.RUnlock()
-	var parts []piece
-	s.setMu.Lock()
+	var parts []pending.Piece
+	s.pend.mu.Lock()
 	if s.gone.Load() {
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		return false, errGone
 	}
-	s.pend.overlapping(c.cur, c.end(), func(p piece) {
-		if p.src != c.src+(p.cur-c.cur) {
+	s.pend.set.Overlapping(c.Cur, c.End(), func(p pending.Piece) {
+		if p.Src != c.Src+(p.Cur-c.Cur) {
 			return
 		}
 		// Pieces that follow each other are placed with one copy (small
 		// blocks make many small pieces).
-		if n := len(parts); n > 0 && parts[n-1].end() == p.cur && parts[n-1].src+parts[n-1].len == p.src {
-			parts[n-1].len += p.len
+		if n := len(parts); n > 0 && parts[n-1].End() == p.Cur && parts[n-1].Src+parts[n-1].Len == p.Src {
+			parts[n-1].Len += p.Len
 			return
 		}
 		parts = append(parts, p)
 	})
-	s.setMu.Unlock()
+	s.pend.mu.Unlock()
 	for _, p := range parts {
-		off := p.cur - c.cur
-		sk, err := s.place(p.cur, p.src, buf[off:off+p.len], why)
+		off := p.Cur - c.Cur
+		sk, err := s.place(p.Cur, p.Src, buf[off:off+p.Len], why)
 		skipped = skipped || sk
 		if err != nil {
 			return skipped, err
@@ -626,27 +362,27 @@ func (s *server) placeRange(c piece, buf []byte, why int) (skipped bool, err err
 // no VMA at all is dropped in a forked child (MADV_DONTFORK memory) and an
 // error in the root, where events keep the pending set inside registered
 // VMAs.
+//
+// +checklocks:s.evMu
 func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err error) {
 	for len(buf) > 0 {
-		n, err := Copy(s.fd, dst, buf, 0)
+		n, err := uffdio.Copy(s.fd, dst, buf, 0)
 		if n > 0 {
 			s.placed(dst, uint64(n), why)
 			dst, src, buf = dst+uint64(n), src+uint64(n), buf[n:]
 		}
 		switch {
-		case err == nil, errors.Is(err, ErrShort):
+		case err == nil, errors.Is(err, uffdio.ErrShort):
 			continue
-		case errors.Is(err, ErrExist):
-			s.setMu.Lock()
-			s.pend.remove(dst, dst+PageSize, nil)
-			s.setMu.Unlock()
-			s.mu.Lock()
-			s.st.ExistingBytes += PageSize
-			s.mu.Unlock()
+		case errors.Is(err, uffdio.ErrExist):
+			s.pend.mu.Lock()
+			s.pend.set.Remove(dst, dst+PageSize, nil)
+			s.pend.mu.Unlock()
+			s.stat.add(func(st *Stats) { st.ExistingBytes += PageSize })
 			skipped = true
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
-		case errors.Is(err, ErrNoVMA):
+		case errors.Is(err, uffdio.ErrNoVMA):
 			if len(buf) > PageSize {
 				h := len(buf) / PageSize / 2 * PageSize
 				sk, err := s.place(dst, src, buf[:h], why)
@@ -660,18 +396,16 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 			if !s.child {
 				return skipped, &ServeError{Op: "copy", Addr: dst, Len: PageSize, Src: src, Err: err}
 			}
-			s.setMu.Lock()
-			s.pend.remove(dst, dst+PageSize, nil)
-			s.setMu.Unlock()
-			s.mu.Lock()
-			s.st.DroppedBytes += PageSize
-			s.mu.Unlock()
+			s.pend.mu.Lock()
+			s.pend.set.Remove(dst, dst+PageSize, nil)
+			s.pend.mu.Unlock()
+			s.stat.add(func(st *Stats) { st.DroppedBytes += PageSize })
 			dst, src, buf = dst+PageSize, src+PageSize, buf[PageSize:]
 			continue
-		case errors.Is(err, ErrAgain):
+		case errors.Is(err, uffdio.ErrAgain):
 			s.retried()
 			return skipped, errAgain
-		case errors.Is(err, ErrGone):
+		case errors.Is(err, uffdio.ErrGone):
 			return skipped, errGone
 		}
 		return skipped, &ServeError{Op: "copy", Addr: dst, Len: uint64(len(buf)), Src: src, Err: err}
@@ -680,14 +414,14 @@ func (s *server) place(dst, src uint64, buf []byte, why int) (skipped bool, err 
 }
 
 func (s *server) placed(dst, n uint64, why int) {
-	s.setMu.Lock()
-	s.pend.remove(dst, dst+n, nil)
-	s.setMu.Unlock()
-	s.mu.Lock()
+	s.pend.mu.Lock()
+	s.pend.set.Remove(dst, dst+n, nil)
+	s.pend.mu.Unlock()
+	s.stat.mu.Lock()
 	if why == whyFault {
-		s.st.FaultBytes += n
+		s.stat.st.FaultBytes += n
 	} else {
-		s.st.PrefetchBytes += n
+		s.stat.st.PrefetchBytes += n
 	}
-	s.mu.Unlock()
+	s.stat.mu.Unlock()
 }

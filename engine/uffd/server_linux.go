@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // Internal outcomes of a placement that are not errors of Run.
@@ -21,14 +25,16 @@ var (
 
 // fault is a page-fault message waiting for service.
 type fault struct {
-	m  Msg
+	m  uffdio.Msg
 	at time.Time // when it was read
 }
 
 // server serves one userfaultfd: the root process's or a forked child's.
-// The serving goroutine owns the fault queue and the buffers; the pending
-// set and the prefetch state, which prefetch workers share, are under
-// setMu; the stats under mu.
+// Its state is grouped by who may touch it: what is set before the
+// serving goroutine starts; the serving goroutine's own (own); what the
+// prefetch workers share with it (pend, under pend.mu); the stats (stat,
+// under stat.mu); the progress reports (prog) and the fd's closing (fds),
+// each under a lock of its own.
 type server struct {
 	fd    int
 	src   io.ReaderAt
@@ -36,133 +42,155 @@ type server struct {
 	log   *slog.Logger
 	child bool
 	tree  *tree
+	total uint64 // bytes pending at the start
+	// prefetchAt: the prefetcher starts then (PrefetchDelay); set by run
+	// before the workers start.
+	prefetchAt time.Time
 
-	pend       *pieceSet // under setMu
-	total      uint64
-	faults     []fault
-	msgBuf     []byte
-	faultBuf   []byte
-	faultParts []piece // what the last data fault read
-	zeros      []byte
-	parts      []piece
-	cursor     uint64 // prefetch: next address to plan; under setMu
-	scan       scan   // the scan faults last served; under setMu
-	runStart   uint64 // the first page of the current run of data faults
-	ra         *readAhead
-	syncBuf    []byte // prefetch without read-ahead
-	wk         *waker
-	gone       atomic.Bool // the address space is gone (written under setMu)
-	probeSrc   []byte
-	spinUntil  time.Time
-	prefetchAt time.Time // the prefetcher starts then (PrefetchDelay)
-	probed     time.Time
-	lastFault  piece  // the range the last data fault was served
-	lastPage   uint64 // the page of the last data fault
-	lastZero   piece  // what the last read fault outside every extent zero-filled
-	zeroChunk  uint64 // the chunk it asked for
-	adjacent   int    // data faults in a row on the page after the one before
-	stride     stride
-	// latencyUntil (unix ns): until then, the process waits on the
-	// latency of its faults, not on streaming (see latencyBound).
-	latencyUntil atomic.Int64
-	strideReads  []strideRead
-	strideBuf    []byte
-
-	first      firstQueue // Options.First still to prefetch; under setMu
-	firstParts []piece    // what the last firstAhead placed
-	firstBuf   []byte
+	own  serving
+	pend pendingState
+	stat counters
+	prog progress
+	fds  fdState
 
 	// evMu: held for writing while messages are read and events applied,
 	// for reading around every look at the pending set that a copy or
 	// zero fill follows (see the workers in prefetch_linux.go).
-	evMu     sync.RWMutex
-	setMu    sync.Mutex
-	setCond  *sync.Cond // on setMu: the pending set, inflight, evGen or stop changed
-	inflight int        // chunks claimed by workers, not yet placed
-	claimed  []piece    // those chunks
-	evGen    uint64     // events applied so far
-	werr     error      // the first error of a worker
-	stop     bool       // workers must return
-	workers  sync.WaitGroup
+	evMu    sync.RWMutex
+	workers sync.WaitGroup
+	wk      atomic.Pointer[waker] // set by run: wakes it in wait
+	gone    atomic.Bool           // the address space is gone (written under pend.mu)
+	// latencyUntil (unix ns): until then, the process waits on the
+	// latency of its faults, not on streaming (see policy.LatencyHold).
+	latencyUntil atomic.Int64
+}
 
-	progMu   sync.Mutex // serialises Progress; guards lastDone, reported
-	lastDone uint64
-	reported bool
+// serving is the serving goroutine's own state: the fault queue, the
+// planner and the buffers. No other goroutine touches it.
+type serving struct {
+	faults      []fault
+	pl          policy.Planner
+	msgBuf      []byte
+	faultBuf    []byte
+	faultParts  []pending.Piece // what the last data fault read
+	zeros       []byte
+	ra          *readAhead
+	syncBuf     []byte // prefetch without read-ahead
+	probeSrc    []byte
+	spinUntil   time.Time
+	probed      time.Time
+	strideReads []strideRead
+	strideBuf   []byte
+	firstParts  []pending.Piece // what the last firstAhead placed
+	firstBuf    []byte
+}
 
-	fdMu     sync.Mutex
-	fdClosed bool
-	held     bool // opts.Holder holds a copy of fd
+// pendingState is what the serving goroutine and the prefetch workers
+// share: the pages still pending, the prefetcher's plan, and the workers'
+// chunks and stop.
+type pendingState struct {
+	mu   sync.Mutex
+	cond *sync.Cond // on mu: the pending set, inflight, evGen or stop changed
 
-	mu sync.Mutex // guards st, h
+	// +checklocks:mu
+	set *pending.Set
+	// +checklocks:mu
+	cursor uint64 // prefetch: next address to plan
+	// +checklocks:mu
+	scan policy.Scan // the scan faults last served
+	// +checklocks:mu
+	first firstQueue // Options.First still to prefetch
+	// +checklocks:mu
+	inflight int // chunks claimed by workers, not yet placed
+	// +checklocks:mu
+	claimed []pending.Piece // those chunks
+	// +checklocks:mu
+	evGen uint64 // events applied so far
+	// +checklocks:mu
+	werr error // the first error of a worker
+	// +checklocks:mu
+	stop bool // workers must return
+}
+
+// counters are a server's stats and its fault latencies.
+type counters struct {
+	mu sync.Mutex
+	// +checklocks:mu
 	st Stats
-	h  hist
+	// +checklocks:mu
+	h hist
 }
 
-// scan is a thread's run of faults through memory in order, as the
-// serving goroutine last saw it: where it started (lo), where its last
-// fault was served to (front) and how far below its start the prefetcher
-// has gone for it (down). on: a scan was seen; a fault elsewhere that
-// starts none (the interpreter between two arrays) leaves it on, the
-// next scan replaces it.
-type scan struct {
-	on              bool
-	lo, front, down uint64
-	// below is how far below lo the prefetcher goes: scanBelow, doubled
-	// each time a scan starts in that window or right below it (a thread
-	// going down a model's arrays, faulting where the prefetcher has not
-	// been yet), as readahead grows its window on each hit.
-	below uint64
+// add changes the stats under their lock.
+func (c *counters) add(f func(st *Stats)) {
+	c.mu.Lock()
+	f(&c.st)
+	c.mu.Unlock()
 }
 
-// start records a scan that starts at lo.
-func (sc *scan) start(lo uint64) {
-	if sc.on && lo < sc.lo && lo+sc.below+scanBelow >= sc.lo {
-		sc.below = min(2*sc.below, scanBelowMax)
-	} else {
-		sc.below = scanBelow
-	}
-	sc.on, sc.lo, sc.down = true, lo, lo
+// progress serialises Options.Progress and remembers what it reported.
+type progress struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	done uint64
+	// +checklocks:mu
+	reported bool
 }
 
-func newServer(fd int, src io.ReaderAt, pend *pieceSet, opts Options, t *tree, child bool) *server {
-	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, pend: pend, total: pend.bytes}
-	s.setCond = sync.NewCond(&s.setMu)
+// fdState is whether a child's userfaultfd is closed and whether
+// Options.Holder holds a copy of it.
+type fdState struct {
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	held bool
+}
+
+// newServer returns a server of fd with the pages of pend pending.
+//
+// +checklocksignore
+// s is not shared until newServer returns.
+func newServer(fd int, src io.ReaderAt, pend *pending.Set, opts Options, t *tree, child bool) *server {
+	s := &server{fd: fd, src: src, opts: opts, log: opts.Logger, child: child, tree: t, total: pend.Bytes()}
+	s.pend.set = pend
+	s.pend.cond = sync.NewCond(&s.pend.mu)
 	if child {
 		s.opts.Progress = nil
 		s.opts.PrefetchDelay = 0
 		s.opts.Workers = 0
 		s.log = s.log.With("child_uffd", fd)
 	}
-	s.st.Total, s.st.Pending = pend.bytes, pend.bytes
+	s.own.pl.Config = policy.Config{Prefetch: s.opts.Prefetch, Workers: s.opts.Workers, PrefetchChunk: s.opts.PrefetchChunk,
+		MaxFaultBytes: s.opts.MaxFaultBytes, Unit: s.opts.Unit, ZeroReadChunk: s.opts.ZeroReadChunk}
+	s.stat.st.Total, s.stat.st.Pending = pend.Bytes(), pend.Bytes()
 	return s
 }
 
 func (s *server) stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.st
-	st.FaultP50, st.FaultP99, st.FaultMax = s.h.quantile(0.5), s.h.quantile(0.99), s.h.max
+	s.stat.mu.Lock()
+	defer s.stat.mu.Unlock()
+	st := s.stat.st
+	st.FaultP50, st.FaultP99, st.FaultMax = s.stat.h.quantile(0.5), s.stat.h.quantile(0.99), s.stat.h.max
 	return st
 }
 
+// wake wakes the serving goroutine if it is blocked in wait.
 func (s *server) wake() {
-	s.mu.Lock()
-	wk := s.wk
-	s.mu.Unlock()
-	if wk != nil {
+	if wk := s.wk.Load(); wk != nil {
 		wk.wake()
 	}
 }
 
 func (s *server) closeFD() error {
-	s.fdMu.Lock()
-	defer s.fdMu.Unlock()
-	if s.fdClosed {
+	s.fds.mu.Lock()
+	defer s.fds.mu.Unlock()
+	if s.fds.closed {
 		return nil
 	}
-	s.fdClosed = true
-	if s.held {
-		s.held = false
+	s.fds.closed = true
+	if s.fds.held {
+		s.fds.held = false
 		if err := s.opts.Holder.Release(s.fd); err != nil {
 			s.log.Warn("uffd: keeper release", "fd", s.fd, "err", err)
 		}
@@ -189,19 +217,17 @@ func (s *server) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.wk = wk
-	s.mu.Unlock()
+	s.wk.Store(wk)
 	defer wk.close()
 	defer context.AfterFunc(ctx, wk.wake)()
 	defer func() {
-		if s.probeSrc != nil {
-			unix.Munmap(s.probeSrc)
+		if s.own.probeSrc != nil {
+			unix.Munmap(s.own.probeSrc)
 		}
 	}()
-	s.probed = time.Now()
+	s.own.probed = time.Now()
 
-	s.msgBuf = make([]byte, 64*MsgSize)
+	s.own.msgBuf = make([]byte, 64*uffdio.MsgSize)
 	start := time.Now()
 	s.prefetchAt = start.Add(s.opts.PrefetchDelay)
 	switch {
@@ -210,8 +236,8 @@ func (s *server) run(ctx context.Context) error {
 		s.startWorkers(ctx, s.opts.Workers)
 		defer s.stopWorkers()
 	case s.opts.ReadAhead > 0:
-		s.ra = startReadAhead(s.src, s.opts.ReadAhead+1, s.opts.PrefetchChunk, wk.wake)
-		defer s.ra.stop()
+		s.own.ra = startReadAhead(s.src, s.opts.ReadAhead+1, s.opts.PrefetchChunk, wk.wake)
+		defer s.own.ra.stop()
 	}
 	s.report()
 	err = s.loop(ctx)
@@ -263,7 +289,7 @@ func (s *server) loop(ctx context.Context) error {
 			continue
 		}
 		backoff = 20 * time.Microsecond
-		if s.pendingEmpty() && len(s.faults) == 0 && s.idleWorkers() {
+		if s.pendingEmpty() && len(s.own.faults) == 0 && s.idleWorkers() {
 			if s.child {
 				return nil
 			}
@@ -275,7 +301,7 @@ func (s *server) loop(ctx context.Context) error {
 				return nil
 			}
 		}
-		if s.opts.Spin > 0 && time.Now().Before(s.spinUntil) {
+		if s.opts.Spin > 0 && time.Now().Before(s.own.spinUntil) {
 			continue // poll the userfaultfd instead of sleeping
 		}
 		timeout := time.Duration(-1)
@@ -288,7 +314,7 @@ func (s *server) loop(ctx context.Context) error {
 		if err := s.wait(timeout); err != nil {
 			return err
 		}
-		if !s.pendingEmpty() && time.Since(s.probed) >= probeInterval {
+		if !s.pendingEmpty() && time.Since(s.own.probed) >= probeInterval {
 			if err := s.probe(); err != nil {
 				return err
 			}
@@ -298,23 +324,23 @@ func (s *server) loop(ctx context.Context) error {
 
 // pendingEmpty reports whether nothing is pending.
 func (s *server) pendingEmpty() bool {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
-	return s.pend.empty()
+	s.pend.mu.Lock()
+	defer s.pend.mu.Unlock()
+	return s.pend.set.Empty()
 }
 
 // idleWorkers reports whether no worker holds a chunk.
 func (s *server) idleWorkers() bool {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
-	return s.inflight == 0
+	s.pend.mu.Lock()
+	defer s.pend.mu.Unlock()
+	return s.pend.inflight == 0
 }
 
 // workerErr returns the first error of a worker.
 func (s *server) workerErr() error {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
-	return s.werr
+	s.pend.mu.Lock()
+	defer s.pend.mu.Unlock()
+	return s.pend.werr
 }
 
 // prefetching reports whether the prefetcher may run now.
@@ -333,27 +359,27 @@ const probeInterval = 100 * time.Millisecond
 // with the process alive it fails (EFAULT reading the source, or EEXIST,
 // EAGAIN, ENOENT) without placing anything.
 func (s *server) probe() error {
-	s.probed = time.Now()
-	s.setMu.Lock()
-	p, _, ok := s.pend.next(0)
-	s.setMu.Unlock()
+	s.own.probed = time.Now()
+	s.pend.mu.Lock()
+	p, ok := s.pend.set.Next(0)
+	s.pend.mu.Unlock()
 	if !ok {
 		return nil
 	}
-	if s.probeSrc == nil {
+	if s.own.probeSrc == nil {
 		b, err := unix.Mmap(-1, 0, PageSize, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 		if err != nil {
 			return fmt.Errorf("probe page: %w", err)
 		}
-		s.probeSrc = b
+		s.own.probeSrc = b
 	}
-	_, err := Copy(s.fd, p.cur, s.probeSrc, CopyModeDontWake)
+	_, err := uffdio.Copy(s.fd, p.Cur, s.own.probeSrc, uffdio.CopyModeDontWake)
 	switch {
-	case errors.Is(err, ErrGone):
+	case errors.Is(err, uffdio.ErrGone):
 		s.exited()
-	case err == nil, errors.Is(err, ErrShort):
+	case err == nil, errors.Is(err, uffdio.ErrShort):
 		// Cannot happen (the source is PROT_NONE); never let it pass.
-		return &ServeError{Op: "probe", Addr: p.cur, Len: PageSize, Err: errors.New("probe copy from an inaccessible page succeeded")}
+		return &ServeError{Op: "probe", Addr: p.Cur, Len: PageSize, Err: errors.New("probe copy from an inaccessible page succeeded")}
 	}
 	return nil
 }
@@ -361,7 +387,8 @@ func (s *server) probe() error {
 // wait blocks until the userfaultfd is readable, the waker is written, or
 // timeout (negative: none) passes.
 func (s *server) wait(timeout time.Duration) error {
-	fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}, {Fd: int32(s.wk.fd), Events: unix.POLLIN}}
+	wk := s.wk.Load()
+	fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}, {Fd: int32(wk.fd), Events: unix.POLLIN}}
 	var ts *unix.Timespec
 	if timeout >= 0 {
 		t := unix.NsecToTimespec(int64(timeout))
@@ -380,7 +407,7 @@ func (s *server) wait(timeout time.Duration) error {
 		}
 	}
 	if fds[len(fds)-1].Revents != 0 {
-		s.wk.drain()
+		wk.drain()
 	}
 	return nil
 }
@@ -404,7 +431,7 @@ func (s *server) pump() error {
 	s.evMu.Lock()
 	defer s.evMu.Unlock()
 	for {
-		n, err := ReadMsgs(s.fd, s.msgBuf)
+		n, err := uffdio.ReadMsgs(s.fd, s.own.msgBuf)
 		if err != nil {
 			return err
 		}
@@ -413,57 +440,56 @@ func (s *server) pump() error {
 		}
 		now := time.Now()
 		events := false
-		s.setMu.Lock()
+		s.pend.mu.Lock()
 		for i := range n {
-			m, err := DecodeMsg(s.msgBuf[i*MsgSize:])
+			m, err := uffdio.DecodeMsg(s.own.msgBuf[i*uffdio.MsgSize:])
 			if err != nil {
-				s.setMu.Unlock()
+				s.pend.mu.Unlock()
 				return &ServeError{Op: "event", Err: err}
 			}
 			events = s.apply(m, now) || events
 		}
 		if events {
-			s.evGen++
-			s.setCond.Broadcast()
+			s.pend.evGen++
+			s.pend.cond.Broadcast()
 		}
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		s.report()
-		if n < len(s.msgBuf)/MsgSize {
+		if n < len(s.own.msgBuf)/uffdio.MsgSize {
 			return nil
 		}
 	}
 }
 
-// apply queues a fault or applies an event (reported true); the caller
-// holds setMu.
-func (s *server) apply(m Msg, now time.Time) bool {
+// apply queues a fault or applies an event (reported true).
+//
+// +checklocks:s.pend.mu
+func (s *server) apply(m uffdio.Msg, now time.Time) bool {
 	switch m.Event {
-	case EventPagefault:
-		s.faults = append(s.faults, fault{m, now})
+	case uffdio.EventPagefault:
+		s.own.faults = append(s.own.faults, fault{m, now})
 		return false
-	case EventRemove:
-		n := s.pend.remove(m.Start, m.End, nil)
-		s.mu.Lock()
-		s.st.Removes++
-		s.st.RemovedBytes += n
-		s.mu.Unlock()
-	case EventUnmap:
-		n := s.pend.remove(m.Start, m.End, nil)
-		s.mu.Lock()
-		s.st.Unmaps++
-		s.st.UnmappedBytes += n
-		s.mu.Unlock()
-	case EventRemap:
-		n := s.pend.remap(m.From, m.To, m.Len)
-		s.mu.Lock()
-		s.st.Remaps++
-		s.st.RemappedBytes += n
-		s.mu.Unlock()
-	case EventFork:
+	case uffdio.EventRemove:
+		n := s.pend.set.Remove(m.Start, m.End, nil)
+		s.stat.add(func(st *Stats) {
+			st.Removes++
+			st.RemovedBytes += n
+		})
+	case uffdio.EventUnmap:
+		n := s.pend.set.Remove(m.Start, m.End, nil)
+		s.stat.add(func(st *Stats) {
+			st.Unmaps++
+			st.UnmappedBytes += n
+		})
+	case uffdio.EventRemap:
+		n := s.pend.set.Remap(m.From, m.To, m.Len)
+		s.stat.add(func(st *Stats) {
+			st.Remaps++
+			st.RemappedBytes += n
+		})
+	case uffdio.EventFork:
 		s.fork(m.UFD)
-		s.mu.Lock()
-		s.st.Forks++
-		s.mu.Unlock()
+		s.stat.add(func(st *Stats) { st.Forks++ })
 	}
 	s.log.Debug("uffd event", "msg", m)
 	return true
@@ -471,13 +497,17 @@ func (s *server) apply(m Msg, now time.Time) bool {
 
 // fork starts a pager for a child forked with pages pending: its memory is
 // ours at the fork, so it misses what we had not placed yet.
+//
+// +checklocks:s.pend.mu
 func (s *server) fork(ufd int) {
-	c := newServer(ufd, s.src, s.pend.clone(), s.opts, s.tree, true)
+	c := newServer(ufd, s.src, s.pend.set.Clone(), s.opts, s.tree, true)
 	if s.opts.Holder != nil {
 		if err := s.opts.Holder.Hold(ufd); err != nil {
 			s.log.Warn("uffd: hand a child's userfaultfd to its keeper", "fd", ufd, "err", err)
 		} else {
-			c.held = true
+			c.fds.mu.Lock()
+			c.fds.held = true
+			c.fds.mu.Unlock()
 		}
 	}
 	s.tree.start(c)
@@ -485,17 +515,15 @@ func (s *server) fork(ufd int) {
 
 // report publishes the pending count and calls Progress on a change.
 func (s *server) report() {
-	s.setMu.Lock()
-	pending := s.pend.bytes
-	s.setMu.Unlock()
-	s.mu.Lock()
-	s.st.Pending = pending
-	s.mu.Unlock()
-	done := s.total - pending
-	s.progMu.Lock()
-	defer s.progMu.Unlock()
-	if s.opts.Progress != nil && (done != s.lastDone || !s.reported) {
+	s.pend.mu.Lock()
+	left := s.pend.set.Bytes()
+	s.pend.mu.Unlock()
+	s.stat.add(func(st *Stats) { st.Pending = left })
+	done := s.total - left
+	s.prog.mu.Lock()
+	defer s.prog.mu.Unlock()
+	if s.opts.Progress != nil && (done != s.prog.done || !s.prog.reported) {
 		s.opts.Progress(done, s.total)
 	}
-	s.lastDone, s.reported = done, true
+	s.prog.done, s.prog.reported = done, true
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // waker is an eventfd that wakes a serving thread blocked in ppoll: the
@@ -16,8 +17,10 @@ import (
 // to it. Writes after close are dropped, so the fd number is never reused
 // under a late writer.
 type waker struct {
-	mu     sync.Mutex
-	fd     int
+	fd int
+
+	mu sync.Mutex
+	// +checklocks:mu
 	closed bool
 }
 
@@ -60,7 +63,7 @@ func lockThread() { runtime.LockOSThread() }
 
 // checkFeatures reads the userfaultfd's enabled features from its fdinfo
 // ("API:\taa:<features>:<ioctls>") and refuses one without
-// RequiredFeatures or on which UFFDIO_API was not done.
+// uffdio.RequiredFeatures or on which UFFDIO_API was not done.
 func checkFeatures(fd int) error {
 	fi, err := proc.ReadFDInfo(os.Getpid(), fd)
 	if err != nil {
@@ -69,8 +72,8 @@ func checkFeatures(fd int) error {
 	if fi.Uffd == nil {
 		return fmt.Errorf("check userfaultfd %d: no userfaultfd API line in fdinfo: %w", fd, ErrFeatures)
 	}
-	if feat := fi.Uffd.Features; feat&RequiredFeatures != RequiredFeatures {
-		return fmt.Errorf("check userfaultfd %d: features %#x, need %#x: %w", fd, feat, uint64(RequiredFeatures), ErrFeatures)
+	if feat := fi.Uffd.Features; feat&uffdio.RequiredFeatures != uffdio.RequiredFeatures {
+		return fmt.Errorf("check userfaultfd %d: features %#x, need %#x: %w", fd, feat, uint64(uffdio.RequiredFeatures), ErrFeatures)
 	}
 	return nil
 }

@@ -3,6 +3,9 @@ package uffd
 import (
 	"sync"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/pending"
+	"github.com/lazyfs/lazyfs/engine/uffd/policy"
 )
 
 // Working sets: what a lazily restored process touched first, recorded on
@@ -19,24 +22,25 @@ type firstQueue struct {
 
 // planFirst returns the next chunk of Options.First still pending: at
 // most PrefetchChunk bytes, inside one range, the ranges in their order.
-// Pages of a range that faults or events have taken are skipped. The
-// caller holds setMu.
-func (s *server) planFirst() (piece, bool) {
-	q := &s.first
+// Pages of a range that faults or events have taken are skipped.
+//
+// +checklocks:s.pend.mu
+func (s *server) planFirst() (pending.Piece, bool) {
+	q := &s.pend.first
 	for q.i < len(s.opts.First) {
 		r := s.opts.First[q.i]
 		at := max(q.next, r.Start)
 		if at < r.End {
-			if c, ok := s.pend.chunk(at, min(s.opts.PrefetchChunk, r.End-at)); ok && c.cur < r.End {
-				c.len = min(c.len, r.End-c.cur)
-				q.next = c.end()
+			if c, ok := s.pend.set.Chunk(at, min(s.opts.PrefetchChunk, r.End-at)); ok && c.Cur < r.End {
+				c.Len = min(c.Len, r.End-c.Cur)
+				q.next = c.End()
 				return c, true
 			}
 		}
 		q.i++
 		q.next = 0
 	}
-	return piece{}, false
+	return pending.Piece{}, false
 }
 
 // firstAhead serves a fault on page (snapshot address at) that falls in
@@ -47,17 +51,11 @@ func (s *server) planFirst() (piece, bool) {
 // the prefetcher's queue moves past them. It reports whether it placed
 // anything (the fault's own range is placed already).
 func (s *server) firstAhead(at uint64) (bool, error) {
-	s.setMu.Lock()
-	q := &s.first
-	j := -1
-	for k := q.i; k < len(s.opts.First) && k < q.i+firstSearch; k++ {
-		if r := s.opts.First[k]; r.Start <= at && at < r.End {
-			j = k
-			break
-		}
-	}
+	s.pend.mu.Lock()
+	q := &s.pend.first
+	j := policy.First(s.opts.First, q.i, at)
 	if j < 0 {
-		s.setMu.Unlock()
+		s.pend.mu.Unlock()
 		return false, nil
 	}
 	// From the faulting page on, in the recorded order, up to
@@ -65,16 +63,16 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 	// blocks of a scan, merged); the prefetcher's queue goes on from where
 	// this stops. The ranges before j, recorded before the page the
 	// thread is at, are left to the prefetcher's ordinary order.
-	parts := s.firstParts[:0]
+	parts := s.own.firstParts[:0]
 	var total uint64
 	k, next := j, at&^(PageSize-1)
 	for k < len(s.opts.First) && total < firstAheadMax {
 		r := s.opts.First[k]
 		lo := max(r.Start, next)
 		end := min(r.End, lo+(firstAheadMax-total))
-		s.pend.overlapping(lo, end, func(p piece) {
+		s.pend.set.Overlapping(lo, end, func(p pending.Piece) {
 			parts = append(parts, p)
-			total += p.len
+			total += p.Len
 		})
 		if end < r.End {
 			next = end
@@ -83,39 +81,36 @@ func (s *server) firstAhead(at uint64) (bool, error) {
 		k, next = k+1, 0
 	}
 	q.i, q.next = k, next
-	s.setMu.Unlock()
-	s.firstParts = parts
+	s.pend.mu.Unlock()
+	s.own.firstParts = parts
 	if total == 0 {
 		return false, nil
 	}
-	if uint64(cap(s.firstBuf)) < total {
-		s.firstBuf = make([]byte, total)
+	if uint64(cap(s.own.firstBuf)) < total {
+		s.own.firstBuf = make([]byte, total)
 	}
 	off := uint64(0)
 	for _, p := range parts {
-		buf := s.firstBuf[off : off+p.len]
-		off += p.len
-		if err := readFull(s.src, buf, p.src); err != nil {
-			return true, &ServeError{Op: "read", Addr: p.cur, Len: p.len, Src: p.src, Err: err}
+		buf := s.own.firstBuf[off : off+p.Len]
+		off += p.Len
+		if err := readFull(s.src, buf, p.Src); err != nil {
+			return true, &ServeError{Op: "read", Addr: p.Cur, Len: p.Len, Src: p.Src, Err: err}
 		}
 		if _, err := s.placeRange(p, buf, whyFault); err != nil {
 			return true, err
 		}
 	}
-	s.mu.Lock()
-	s.st.ReadBytes += total
-	s.st.FirstAheadBytes += total
-	s.mu.Unlock()
+	s.stat.add(func(st *Stats) {
+		st.ReadBytes += total
+		st.FirstAheadBytes += total
+	})
 	return true, nil
 }
 
-// firstSearch is how far past the prefetcher's position in the working
-// set a fault is looked for; firstAheadMax the most a fault on it brings
-// in ahead (placing 1 MiB of 4 KiB pieces takes about a millisecond).
-const (
-	firstSearch   = 1024
-	firstAheadMax = 1 << 20
-)
+// firstAheadMax is the most a fault on the working set still to fetch
+// brings in ahead (placing 1 MiB of 4 KiB pieces takes about a
+// millisecond).
+const firstAheadMax = 1 << 20
 
 // ReleasePrefetch lets the prefetcher start (Options.HoldPrefetch), in the
 // process and in every child it forked. Safe at any time, more than once.
@@ -124,9 +119,9 @@ func (p *Pager) ReleasePrefetch() {
 		return
 	}
 	for _, s := range append([]*server{p.root}, p.tree.all()...) {
-		s.setMu.Lock()
-		s.setCond.Broadcast()
-		s.setMu.Unlock()
+		s.pend.mu.Lock()
+		s.pend.cond.Broadcast()
+		s.pend.mu.Unlock()
 		s.wake()
 	}
 }
@@ -145,16 +140,24 @@ type Recorder struct {
 	start time.Time
 	max   int
 
-	mu      sync.Mutex
+	done chan struct{} // closed under mu
+
+	mu sync.Mutex
+	// +checklocks:mu
 	touches []Touch
-	seen    map[uint64]bool // addresses recorded (a forked child faults the same pages)
-	reason  string
-	span    time.Duration
-	done    chan struct{}
+	// +checklocks:mu
+	seen map[uint64]bool // addresses recorded (a forked child faults the same pages)
+	// +checklocks:mu
+	reason string
+	// +checklocks:mu
+	span time.Duration
 }
 
 // NewRecorder returns a recorder started at start that stops by itself
 // after maxFaults faults (0: no limit).
+//
+// +checklocksignore
+// The recorder is not shared until NewRecorder returns.
 func NewRecorder(start time.Time, maxFaults int) *Recorder {
 	return &Recorder{start: start, max: maxFaults, seen: map[uint64]bool{}, done: make(chan struct{})}
 }
@@ -180,6 +183,9 @@ func (r *Recorder) Stop(reason string) {
 	r.stopLocked(reason)
 }
 
+// stopLocked is Stop, with r.mu held.
+//
+// +checklocks:r.mu
 func (r *Recorder) stopLocked(reason string) {
 	if r.reason != "" {
 		return

@@ -12,7 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/uffd"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -80,7 +80,7 @@ type RoundStats struct {
 // preCopyFeatures are the userfaultfd features write tracking needs:
 // WP_UNPOPULATED is what makes an anonymous range count as tracked for
 // PAGEMAP_SCAN (PAGE_IS_WPALLOWED).
-const preCopyFeatures = uffd.FeatureWPAsync | uffd.FeatureWPUnpopulated
+const preCopyFeatures = uffdio.FeatureWPAsync | uffdio.FeatureWPUnpopulated
 
 // Start starts tracking the writes of process pid, which must be
 // stopped (in injects into one of its threads; it is not needed after
@@ -108,7 +108,7 @@ func Start(in mem.Injector, pid int, src io.ReaderAt) (pc *Copy, err error) {
 			pc = nil
 		}
 	}()
-	supported, _, err := uffd.API(fd, preCopyFeatures)
+	supported, _, err := uffdio.API(fd, preCopyFeatures)
 	if err != nil {
 		return nil, fmt.Errorf("write tracking: %w", err)
 	}
@@ -136,7 +136,7 @@ func (pc *Copy) Register(maps []proc.Mapping) error {
 		if m.Kind() != proc.KindAnon || m.Perms&proc.PermWrite == 0 || m.Shared() {
 			continue
 		}
-		if _, err := uffd.Register(pc.uffd, m.Start, m.End-m.Start, uffd.RegisterModeWP); err != nil {
+		if _, err := uffdio.Register(pc.uffd, m.Start, m.End-m.Start, uffdio.RegisterModeWP); err != nil {
 			// A mapping the kernel will not track (VM_IO, hugetlb without
 			// support...) is copied while the process is frozen.
 			continue

@@ -1,4 +1,4 @@
-package uffd
+package keeper
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 	"github.com/lazyfs/lazyfs/engine/helper"
 )
 
-// TestMain lets the test binary run as a keeper (StartKeeper executes it
-// again with argv[0] KeeperArg0).
+// TestMain lets the test binary run as a keeper (Start executes it again
+// with argv[0] Arg0).
 func TestMain(m *testing.M) {
 	helper.Main()
 	os.Exit(m.Run())
@@ -24,7 +24,7 @@ func startTestKeeper(t *testing.T) *Keeper {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := StartKeeper(exe)
+	k, err := Start(exe)
 	if err != nil {
 		t.Fatal(err)
 	}

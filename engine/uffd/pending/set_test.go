@@ -1,12 +1,11 @@
-package uffd
+package pending
 
 import (
 	"math/rand/v2"
-	"slices"
 	"testing"
 )
 
-// model is the page-level reference for pieceSet: pending cur page -> src page.
+// model is the page-level reference for Set: pending cur page -> src page.
 type model map[uint64]uint64
 
 func (m model) remove(s, e uint64) uint64 {
@@ -35,17 +34,17 @@ func (m model) remap(from, to, length uint64) uint64 {
 	return uint64(len(moved)) * PageSize
 }
 
-func (s *pieceSet) pages() model {
+func (s *Set) pages() model {
 	m := model{}
 	for _, p := range s.ps {
-		for a := p.cur; a < p.end(); a += PageSize {
-			m[a] = p.src + (a - p.cur)
+		for a := p.Cur; a < p.End(); a += PageSize {
+			m[a] = p.Src + (a - p.Cur)
 		}
 	}
 	return m
 }
 
-func checkSet(t *testing.T, s *pieceSet, want model, step int) {
+func checkSet(t *testing.T, s *Set, want model, step int) {
 	t.Helper()
 	got := s.pages()
 	if len(got) != len(want) {
@@ -62,11 +61,11 @@ func checkSet(t *testing.T, s *pieceSet, want model, step int) {
 	live := 0
 	var prev uint64
 	for i, p := range s.ps {
-		if i > 0 && p.cur <= prev {
-			t.Fatalf("step %d: entries not strictly sorted at %d: %#x after %#x", step, i, p.cur, prev)
+		if i > 0 && p.Cur <= prev {
+			t.Fatalf("step %d: entries not strictly sorted at %d: %#x after %#x", step, i, p.Cur, prev)
 		}
-		prev = p.cur
-		if p.len != 0 {
+		prev = p.Cur
+		if p.Len != 0 {
 			live++
 		}
 	}
@@ -100,7 +99,7 @@ func TestPieceSetRandom(t *testing.T) {
 			l := (1 + r.Uint64N(20)) * PageSize
 			switch r.IntN(6) {
 			case 0, 1:
-				if got, want := s.remove(a, a+l, nil), m.remove(a, a+l); got != want {
+				if got, want := s.Remove(a, a+l, nil), m.remove(a, a+l); got != want {
 					t.Fatalf("seed %d step %d: remove %#x+%#x removed %d, want %d", seed, step, a, l, got, want)
 				}
 			case 2:
@@ -108,17 +107,17 @@ func TestPieceSetRandom(t *testing.T) {
 				if to < a+l && a < to+l {
 					continue // mremap refuses overlapping ranges
 				}
-				if got, want := s.remap(a, to, l), m.remap(a, to, l); got != want {
+				if got, want := s.Remap(a, to, l), m.remap(a, to, l); got != want {
 					t.Fatalf("seed %d step %d: remap moved %d, want %d", seed, step, got, want)
 				}
 			case 3:
-				p, ok := s.find(a + 17)
+				p, ok := s.Find(a + 17)
 				_, want := m[a]
-				if ok != want || (ok && (p.src+(a-p.cur) != m[a] || a < p.cur || a >= p.end())) {
+				if ok != want || (ok && (p.Src+(a-p.Cur) != m[a] || a < p.Cur || a >= p.End())) {
 					t.Fatalf("seed %d step %d: find %#x = %+v %v, want %v", seed, step, a, p, ok, want)
 				}
 			case 4:
-				c, ok := s.chunk(a, l)
+				c, ok := s.Chunk(a, l)
 				if !ok {
 					for k := range m {
 						if k >= a {
@@ -127,31 +126,31 @@ func TestPieceSetRandom(t *testing.T) {
 					}
 					continue
 				}
-				if c.len == 0 || c.len > l || c.cur < a {
+				if c.Len == 0 || c.Len > l || c.Cur < a {
 					t.Fatalf("seed %d step %d: chunk(%#x, %#x) = %+v", seed, step, a, l, c)
 				}
-				for x := c.cur; x < c.end(); x += PageSize {
-					if src, ok := m[x]; !ok || src != c.src+(x-c.cur) {
+				for x := c.Cur; x < c.End(); x += PageSize {
+					if src, ok := m[x]; !ok || src != c.Src+(x-c.Cur) {
 						t.Fatalf("seed %d step %d: chunk %+v covers %#x not pending as such", seed, step, c, x)
 					}
 				}
 				for k := range m {
-					if k >= a && k < c.cur {
-						t.Fatalf("seed %d step %d: chunk(%#x) starts at %#x, skipping pending %#x", seed, step, a, c.cur, k)
+					if k >= a && k < c.Cur {
+						t.Fatalf("seed %d step %d: chunk(%#x) starts at %#x, skipping pending %#x", seed, step, a, c.Cur, k)
 					}
 				}
 			case 5:
-				c := s.clone()
+				c := s.Clone()
 				checkSet(t, c, m, step)
-				c.remove(0, 1<<40, nil)
-				if !c.empty() {
+				c.Remove(0, 1<<40, nil)
+				if !c.Empty() {
 					t.Fatal("clone not emptied")
 				}
 			}
 			checkSet(t, s, m, step)
 		}
-		s.remove(0, 1<<40, nil)
-		if !s.empty() || s.bytes != 0 {
+		s.Remove(0, 1<<40, nil)
+		if !s.Empty() || s.bytes != 0 {
 			t.Fatalf("seed %d: not empty after removing all: %+v", seed, s)
 		}
 	}
@@ -159,10 +158,10 @@ func TestPieceSetRandom(t *testing.T) {
 
 func TestPieceSetOverlapping(t *testing.T) {
 	s := newPieceSet([]Extent{{0x10000, 0x3000}, {0x13000, 0x1000}, {0x20000, 0x2000}})
-	s.remove(0x11000, 0x12000, nil) // punch a hole in the first
-	var got []piece
-	s.overlapping(0x10800, 0x21000, func(p piece) { got = append(got, p) })
-	want := []piece{{0x10800, 0x10800, 0x800}, {0x12000, 0x12000, 0x1000}, {0x13000, 0x13000, 0x1000}, {0x20000, 0x20000, 0x1000}}
+	s.Remove(0x11000, 0x12000, nil) // punch a hole in the first
+	var got []Piece
+	s.Overlapping(0x10800, 0x21000, func(p Piece) { got = append(got, p) })
+	want := []Piece{{0x10800, 0x10800, 0x800}, {0x12000, 0x12000, 0x1000}, {0x13000, 0x13000, 0x1000}, {0x20000, 0x20000, 0x1000}}
 	if len(got) != len(want) {
 		t.Fatalf("overlapping = %+v, want %+v", got, want)
 	}
@@ -172,62 +171,16 @@ func TestPieceSetOverlapping(t *testing.T) {
 		}
 	}
 	// a chunk merges pieces contiguous in process and source
-	if c, _ := s.chunk(0x12000, 1<<20); c != (piece{0x12000, 0x12000, 0x2000}) {
+	if c, _ := s.Chunk(0x12000, 1<<20); c != (Piece{0x12000, 0x12000, 0x2000}) {
 		t.Fatalf("chunk = %+v", c)
 	}
 	// ... but not across a remap that broke source contiguity
-	s.remap(0x20000, 0x14000, 0x2000)
-	if c, _ := s.chunk(0x12000, 1<<20); c != (piece{0x12000, 0x12000, 0x2000}) {
+	s.Remap(0x20000, 0x14000, 0x2000)
+	if c, _ := s.Chunk(0x12000, 1<<20); c != (Piece{0x12000, 0x12000, 0x2000}) {
 		t.Fatalf("chunk after remap = %+v", c)
 	}
-	if p, ok := s.find(0x15000); !ok || p.src != 0x20000 || p.cur != 0x14000 {
+	if p, ok := s.Find(0x15000); !ok || p.Src != 0x20000 || p.Cur != 0x14000 {
 		t.Fatalf("find remapped = %+v %v", p, ok)
-	}
-}
-
-func TestValidExtents(t *testing.T) {
-	for _, tc := range []struct {
-		ext  []Extent
-		want bool
-	}{
-		{nil, true},
-		{[]Extent{{0x1000, 0x1000}, {0x2000, 0x3000}}, true},
-		{[]Extent{{0x1000, 0}}, false},
-		{[]Extent{{0x1001, 0x1000}}, false},
-		{[]Extent{{0x1000, 0x1001}}, false},
-		{[]Extent{{0x2000, 0x1000}, {0x1000, 0x1000}}, false},
-		{[]Extent{{0x1000, 0x2000}, {0x2000, 0x1000}}, false},
-		{[]Extent{{^uint64(0) &^ 0xfff, 0x2000}}, false},
-	} {
-		if got := validExtents(tc.ext); got != tc.want {
-			t.Errorf("validExtents(%v) = %v, want %v", tc.ext, got, tc.want)
-		}
-	}
-}
-
-// TestStride: a stride is seen after three faults at one distance,
-// up or down, and the pages predicted grow with each fault on it; a
-// sequential fault, a repeat or another distance resets it.
-func TestStride(t *testing.T) {
-	var st stride
-	var got []int
-	for _, p := range []uint64{100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1100} {
-		got = append(got, st.next(p*PageSize, false))
-	}
-	want := []int{0, 0, 4, 8, 16, 32, 64, 64, 64, 64, 64}
-	if !slices.Equal(got, want) {
-		t.Errorf("upward stride: %v, want %v", got, want)
-	}
-	if n := st.next(1101*PageSize, true); n != 0 {
-		t.Errorf("sequential fault: %d ahead", n)
-	}
-	st = stride{}
-	got = got[:0]
-	for _, p := range []uint64{1000, 900, 800, 700, 650, 600, 550, 500} {
-		got = append(got, st.next(p*PageSize, false))
-	}
-	if want := []int{0, 0, 4, 8, 0, 4, 8, 16}; !slices.Equal(got, want) {
-		t.Errorf("downward stride, then another: %v, want %v", got, want)
 	}
 }
 
@@ -237,30 +190,46 @@ func TestStride(t *testing.T) {
 func TestPieceSetChunkBelow(t *testing.T) {
 	const P = PageSize
 	s := newPieceSet([]Extent{{0x10 * P, 4 * P}, {0x14 * P, 4 * P}, {0x20 * P, 8 * P}})
-	s.remove(0x22*P, 0x23*P, nil) // a hole inside the last extent
+	s.Remove(0x22*P, 0x23*P, nil) // a hole inside the last extent
 	for _, tc := range []struct {
 		addr, limit uint64
-		want        piece
+		want        Piece
 		ok          bool
 	}{
-		{0x10 * P, 64 * P, piece{}, false},                         // nothing below
-		{0x30 * P, 64 * P, piece{0x23 * P, 0x23 * P, 5 * P}, true}, // stops at the hole
-		{0x30 * P, 2 * P, piece{0x26 * P, 0x26 * P, 2 * P}, true},  // the limit, end fixed
-		{0x25 * P, 64 * P, piece{0x23 * P, 0x23 * P, 2 * P}, true}, // cut at addr
-		{0x22 * P, 64 * P, piece{0x20 * P, 0x20 * P, 2 * P}, true},
-		{0x1c * P, 64 * P, piece{0x10 * P, 0x10 * P, 8 * P}, true}, // two extents, contiguous
-		{0x1c * P, 6 * P, piece{0x12 * P, 0x12 * P, 6 * P}, true},
-		{0x13 * P, 64 * P, piece{0x10 * P, 0x10 * P, 3 * P}, true},
+		{0x10 * P, 64 * P, Piece{}, false},                         // nothing below
+		{0x30 * P, 64 * P, Piece{0x23 * P, 0x23 * P, 5 * P}, true}, // stops at the hole
+		{0x30 * P, 2 * P, Piece{0x26 * P, 0x26 * P, 2 * P}, true},  // the limit, end fixed
+		{0x25 * P, 64 * P, Piece{0x23 * P, 0x23 * P, 2 * P}, true}, // cut at addr
+		{0x22 * P, 64 * P, Piece{0x20 * P, 0x20 * P, 2 * P}, true},
+		{0x1c * P, 64 * P, Piece{0x10 * P, 0x10 * P, 8 * P}, true}, // two extents, contiguous
+		{0x1c * P, 6 * P, Piece{0x12 * P, 0x12 * P, 6 * P}, true},
+		{0x13 * P, 64 * P, Piece{0x10 * P, 0x10 * P, 3 * P}, true},
 	} {
-		got, ok := s.chunkBelow(tc.addr, tc.limit)
+		got, ok := s.ChunkBelow(tc.addr, tc.limit)
 		if ok != tc.ok || got != tc.want {
 			t.Errorf("chunkBelow(%#x, %#x) = %+v, %v; want %+v, %v", tc.addr, tc.limit, got, ok, tc.want, tc.ok)
 		}
 	}
 	// Not across a jump in the source (pieces moved by mremap).
-	s.remap(0x14*P, 0x3e*P, 2*P)
-	s.remap(0x10*P, 0x40*P, 2*P)
-	if got, _ := s.chunkBelow(0x42*P, 64*P); got != (piece{0x40 * P, 0x10 * P, 2 * P}) {
+	s.Remap(0x14*P, 0x3e*P, 2*P)
+	s.Remap(0x10*P, 0x40*P, 2*P)
+	if got, _ := s.ChunkBelow(0x42*P, 64*P); got != (Piece{0x40 * P, 0x10 * P, 2 * P}) {
 		t.Errorf("after two remaps: chunkBelow = %+v, want only the upper of two pieces that follow in memory, not in the source", got)
 	}
 }
+
+// Extent and newPieceSet build a set the way the pager does.
+type Extent struct{ Addr, Len uint64 }
+
+func (e Extent) End() uint64 { return e.Addr + e.Len }
+
+func newPieceSet(ext []Extent) *Set {
+	ps := make([]Piece, 0, len(ext))
+	for _, e := range ext {
+		ps = append(ps, Piece{e.Addr, e.Addr, e.Len})
+	}
+	return New(ps)
+}
+
+// PageSize is the pager's page size.
+const PageSize = 4096

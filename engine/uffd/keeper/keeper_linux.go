@@ -1,4 +1,4 @@
-package uffd
+package keeper
 
 import (
 	"encoding/binary"
@@ -16,15 +16,16 @@ import (
 // (one is sent; more are closed).
 const maxHeldPerMessage = 8
 
-// KeeperArg0 is the argv[0] of a keeper process: the running program,
-// executed again; this package registers KeeperMain under it with
-// engine/helper, whose Main a program that starts keepers calls first.
-const KeeperArg0 = "lazyfs-uffd-keeper"
+// Arg0 is the argv[0] of a keeper process: the running program, executed
+// again; this package registers Main under it with engine/helper, whose
+// Main a program that starts keepers calls first.
+const Arg0 = "lazyfs-uffd-keeper"
 
-func init() { helper.Register(KeeperArg0, KeeperMain) }
+func init() { helper.Register(Arg0, Main) }
 
 // Keeper is a small process that holds copies of userfaultfds while they
-// are served here, so that they outlive this process if it is killed.
+// are served here, so that they outlive this process if it is killed. It
+// is the engine/uffd pager's Options.Holder.
 //
 // Why: the restored process is traced with PTRACE_O_EXITKILL, so that it
 // dies with its pager. But when the pager's process dies, the kernel
@@ -42,17 +43,17 @@ func init() { helper.Register(KeeperArg0, KeeperMain) }
 // the fd as SCM_RIGHTS (hold), 'R' + id (release), 'D' (done: drop
 // everything and exit).
 type Keeper struct {
-	mu   sync.Mutex
-	c    *helper.Child
+	c *helper.Child
+
+	mu sync.Mutex
+	// +checklocks:mu
 	done bool
 }
 
-var _ Holder = (*Keeper)(nil)
-
-// StartKeeper starts path (normally os.Executable(), a program that calls
+// Start starts path (normally os.Executable(), a program that calls
 // helper.Main) as a keeper.
-func StartKeeper(path string) (*Keeper, error) {
-	c, err := helper.Start(path, KeeperArg0, nil, nil)
+func Start(path string) (*Keeper, error) {
+	c, err := helper.Start(path, Arg0, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("keeper: %w", err)
 	}
@@ -137,10 +138,10 @@ func (k *Keeper) Close() error {
 	}
 }
 
-// KeeperMain is the keeper process (args is its os.Args): it says it is
+// Main is the keeper process (args is its os.Args): it says it is
 // ready, then holds the fds it is sent until told it is done, or until
 // the process that started it has exited. It returns the exit code.
-func KeeperMain(args []string) int {
+func Main(args []string) int {
 	st, _, code, ok := helper.Attach(args)
 	if !ok {
 		return code
