@@ -19,6 +19,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // PrivateArg0 is the argv[0] of the helper process that serves a private
@@ -319,7 +320,7 @@ func PrivateMain(args []string) int {
 	}
 	tmpDir.Store(&tmp)
 	defer os.Remove(tmp)
-	keys, err := image.LoadKeyring(pa.Identities)
+	keys, err := seal.LoadKeyring(pa.Identities)
 	if err != nil {
 		return fail(err)
 	}

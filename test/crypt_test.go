@@ -26,6 +26,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -51,7 +52,7 @@ func sealKeys(t *testing.T) (recipient, keyFile, otherFile string) {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv(image.IdentityEnv, files[0])
+	t.Setenv(seal.IdentityEnv, files[0])
 	return recipient, files[0], files[1]
 }
 
@@ -59,13 +60,13 @@ func sealKeys(t *testing.T) (recipient, keyFile, otherFile string) {
 // identity ("" unsets it).
 func runSnapctlEnv(t *testing.T, identity string, args ...string) cmdResult {
 	t.Helper()
-	prev := os.Getenv(image.IdentityEnv)
+	prev := os.Getenv(seal.IdentityEnv)
 	if identity == "" {
-		os.Unsetenv(image.IdentityEnv)
+		os.Unsetenv(seal.IdentityEnv)
 	} else {
-		os.Setenv(image.IdentityEnv, identity)
+		os.Setenv(seal.IdentityEnv, identity)
 	}
-	defer os.Setenv(image.IdentityEnv, prev)
+	defer os.Setenv(seal.IdentityEnv, prev)
 	return runSnapctl(t, args...)
 }
 
@@ -143,8 +144,8 @@ func TestSealedCounter(t *testing.T) {
 		}
 	})
 	t.Run("lazyfs without an identity", func(t *testing.T) {
-		os.Unsetenv(image.IdentityEnv)
-		defer os.Setenv(image.IdentityEnv, keyFile)
+		os.Unsetenv(seal.IdentityEnv)
+		defer os.Setenv(seal.IdentityEnv, keyFile)
 		mnt := t.TempDir()
 		r := runTool(t, buildTool(t, "lazyfs"), commandTimeout, si.Dir, mnt)
 		if r.Code != exitUntrusted || !strings.Contains(r.Stderr, recipient) {
@@ -385,7 +386,7 @@ func signKeys(t *testing.T) (key, pub string) {
 	if err := os.WriteFile(pub, ssh.MarshalAuthorizedKey(sp), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(image.IdentityEnv, pub)
+	t.Setenv(seal.IdentityEnv, pub)
 	return key, pub
 }
 

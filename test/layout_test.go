@@ -52,6 +52,7 @@ func TestLayout(t *testing.T) {
 		{"cmd/", []string{"engine/uffd"}, "commands wire flags to options; the pager is the engine's", true},
 		{"engine/image", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/check", "engine/image/s3store", "engine/image/archive", "fs", "cmd/"}, "the format is a leaf: it reads and writes bytes, and knows stores only by their interface", false},
 		{"engine/image/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "fs", "cmd/"}, "the format is a leaf", false},
+		{"engine/image/seal", []string{"engine", "engine/", "cache", "fs", "fs/", "cmd/"}, "seal is below the format: bytes, keys and windows; the format imports it, not the reverse", false},
 		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},

@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -242,14 +243,14 @@ refused, naming it and the flag (a program or library often needs
 		opts.Mode = codec.NoCompress
 	}
 	if len(*encryptTo) > 0 {
-		so, err := image.ParseRecipients(*encryptTo)
+		rs, names, err := seal.ParseRecipients(*encryptTo)
 		if err != nil {
 			return cli.Usagef("--encrypt-to: %v", err)
 		}
-		opts.Seal = so
+		opts.Seal = &image.SealOptions{Recipients: rs, Names: names}
 	}
 	if *sign != "" {
-		k, err := image.ParseSigner(*sign)
+		k, err := seal.ParseSigner(*sign)
 		if err != nil {
 			return cli.Usagef("--sign: %v", err)
 		}

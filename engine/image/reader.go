@@ -23,6 +23,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // BlockError reports a block that cannot be read or fails its checksum. It
@@ -49,10 +50,10 @@ type Snapshot struct {
 	Manifest *Manifest
 	manifest []byte // snapshot.json as read
 	store    Store
-	trust    bool      // OpenOptions.Trust
-	keys     *sealKeys // of a sealed snapshot, opened
-	signed   bool      // its signature verified
-	parent   *Snapshot // of an incremental snapshot (parent.go)
+	trust    bool       // OpenOptions.Trust
+	keys     *seal.Keys // of a sealed snapshot, opened
+	signed   bool       // its signature verified
+	parent   *Snapshot  // of an incremental snapshot (parent.go)
 	opts     OpenOptions
 }
 
@@ -72,7 +73,7 @@ type OpenOptions struct {
 	// gives a key expects what it authenticates. Without, a sealed
 	// snapshot is refused (ErrNoIdentity). They serve whatever holds the
 	// snapshot: a directory or an object store.
-	Keys *Keyring
+	Keys *seal.Keyring
 
 	// asParent, set when the snapshot is opened as the parent of another,
 	// is what the child recorded of it: checked before its own parent is
@@ -113,12 +114,12 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 	return s, nil
 }
 
-func openSnapshot(st Store, keyring *Keyring) (*Snapshot, error) {
+func openSnapshot(st Store, keyring *seal.Keyring) (*Snapshot, error) {
 	raw, err := readManifestBytes(st)
 	if err != nil {
 		return nil, err
 	}
-	var keys *sealKeys
+	var keys *seal.Keys
 	var signed bool
 	if keyring != nil {
 		// The manifest is authenticated before anything in it is used.
@@ -275,11 +276,11 @@ func (s *Snapshot) StateJSON(pid int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.State, maxStateSize+sealHeaderSize+tagSize)
+	b, err := s.readSmall(e.State, maxStateSize+sealHeaderSize+seal.TagSize)
 	if err != nil || s.keys == nil {
 		return b, err
 	}
-	b, _, err = s.keys.openFile(e.State, b, roleState, pid)
+	b, _, err = openFile(s.keys, e.State, b, roleState, pid)
 	return b, err
 }
 
@@ -376,13 +377,13 @@ func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, e
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+tagSize)+sealHeaderSize+tagSize)
+	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+seal.TagSize)+sealHeaderSize+seal.TagSize)
 	if err != nil {
 		return nil, err
 	}
 	var tags []byte
 	if s.keys != nil {
-		if b, tags, err = s.keys.openFile(e.Index, b, roleIndex, pid); err != nil {
+		if b, tags, err = openFile(s.keys, e.Index, b, roleIndex, pid); err != nil {
 			return nil, err
 		}
 	}
@@ -404,7 +405,7 @@ func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, e
 		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
 	}
 	if s.keys == nil && s.signed {
-		if tags, err = s.readSmall(e.Digests, maxBlocks*digestSize); err != nil {
+		if tags, err = s.readSmall(e.Digests, maxBlocks*seal.DigestSize); err != nil {
 			f.Close()
 			return nil, err
 		}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // Options are the encoding settings of a new snapshot.
@@ -77,7 +78,7 @@ type Writer struct {
 	m       Manifest
 	files   []string // written so far, for Abort
 	done    bool
-	keys    *sealKeys          // of a sealed snapshot
+	keys    *seal.Keys         // of a sealed snapshot
 	signer  ed25519.PrivateKey // of a signed snapshot
 	parent  *Snapshot          // of an incremental snapshot
 	// forked and indexes are for a tree's copy-on-write memory
@@ -161,7 +162,7 @@ func create(dir string, opts Options) (*Writer, error) {
 	if opts.Sign != nil {
 		w.signer = opts.Sign
 		w.addFeature(FeatureSigned)
-		w.m.Signature = &Signature{Alg: signAlg, Digest: signDigest, Key: signerKeyLine(opts.Sign.Public().(ed25519.PublicKey))}
+		w.m.Signature = &Signature{Alg: seal.SignAlg, Digest: seal.SignDigest, Key: seal.SignerKeyLine(opts.Sign.Public().(ed25519.PublicKey))}
 	}
 	if opts.Seal != nil {
 		if err := w.startSeal(opts.Seal); err != nil {
@@ -175,19 +176,19 @@ func create(dir string, opts Options) (*Writer, error) {
 // startSeal makes the data key of a sealed snapshot and writes it,
 // wrapped for the recipients.
 func (w *Writer) startSeal(o *SealOptions) error {
-	data, id := newDataKey()
-	wrapped, err := wrapKey(o, data, id)
+	data, id := seal.NewDataKey()
+	wrapped, err := seal.WrapKey(o.Recipients, data, id)
 	if err != nil {
 		return err
 	}
 	if err := w.writeFile(KeysName, wrapped); err != nil {
 		return err
 	}
-	w.keys = newSealKeys(data, id)
+	w.keys = seal.NewKeys(data, id)
 	w.addFeature(FeatureSealed)
-	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: sealAEAD, KDF: sealKDF, Wrap: sealWrap, Recipients: o.Names}
-	if uint64(w.opts.BlockSize) > sealWindow && !o.whole {
-		w.m.Seal.Window = sealWindow
+	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: seal.AEAD, KDF: seal.KDF, Wrap: seal.Wrap, Recipients: o.Names}
+	if uint64(w.opts.BlockSize) > seal.Window && !o.whole {
+		w.m.Seal.Window = seal.Window
 		w.addFeature(FeatureSealedWindows)
 	}
 	return nil
@@ -408,7 +409,7 @@ func (w *Writer) WriteState(p *Process) error {
 	}
 	b = append(b, '\n')
 	if w.keys != nil {
-		b = w.keys.sealFile(roleState, p.PID, b, 0)
+		b = sealFile(w.keys, roleState, p.PID, b, 0)
 	}
 	return w.writeFile(e.State, b)
 }
@@ -508,7 +509,7 @@ type PagesWriter struct {
 	cancel context.CancelFunc
 
 	ix      Index
-	seal    *blockSealer // of a sealed snapshot
+	sealer  *seal.Sealer // of a sealed snapshot
 	digests bool         // of a signed snapshot in clear
 	tags    []byte       // per block: the tag of a sealed snapshot, the SHA-256 of a signed one
 	end     uint64       // end of the last run
@@ -585,14 +586,15 @@ func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWrit
 	pw.pcrc = pw.bs > PageSize && w.keys == nil && w.signer == nil
 	po := codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.pcrc}
 	if w.keys != nil {
-		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid), window: w.m.Seal.Window}
+		pw.sealer = &seal.Sealer{AEAD: w.keys.Pages(pid), Window: w.m.Seal.Window}
 		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) {
 			t := e.Tag.(*blockTag)
-			return pw.seal.seal(buf, t.index, t.addr, uint32(len(e.Src)), e.Kind, e.Stored), nil
+			b := seal.Block{ID: w.keys.ID, PID: uint64(pid), Index: t.index, Addr: t.addr, Len: uint32(len(e.Src)), Kind: byte(e.Kind), Stored: uint32(len(e.Stored))}
+			return pw.sealer.Seal(buf, &b, e.Kind == codec.Raw, e.Stored), nil
 		}
 	} else if w.signer != nil {
 		pw.digests = true
-		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return digestBlock(buf, e.Stored), nil }
+		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return seal.AppendDigest(buf, e.Stored), nil }
 	}
 	if parent != nil {
 		po.InParent = (&parentMatcher{r: parent}).inParent
@@ -607,7 +609,7 @@ func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWrit
 var zeroPad [rawAlign]byte
 
 // zeroTag stands in the tag table for a Zero block, which stores nothing.
-var zeroTag [tagSize]byte
+var zeroTag [seal.TagSize]byte
 
 // blockTag goes with a block through the pipeline: its chunk and, for
 // the seal, its identity.
@@ -637,7 +639,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		}
 	}
 	stored := e.Stored
-	if pw.seal != nil {
+	if pw.sealer != nil {
 		var tag []byte
 		if e.Kind != codec.Zero {
 			stored, tag = e.Sealed[:len(e.Stored)], e.Sealed[len(e.Stored):]
@@ -648,7 +650,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		}
 	} else if pw.digests {
 		if e.Kind == codec.Zero {
-			pw.tags = append(pw.tags, make([]byte, digestSize)...)
+			pw.tags = append(pw.tags, make([]byte, seal.DigestSize)...)
 		} else {
 			pw.tags = append(pw.tags, e.Sealed...)
 		}
@@ -827,8 +829,8 @@ func (pw *PagesWriter) Close() error {
 		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
 	}
 	e := pw.w.entry(pw.pid)
-	if pw.seal != nil {
-		b = pw.w.keys.sealFile(roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
+	if pw.sealer != nil {
+		b = sealFile(pw.w.keys, roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
 	}
 	if err := pw.w.writeFile(e.Index, b); err != nil {
 		return pw.fail(err)
