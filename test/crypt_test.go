@@ -27,6 +27,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/image/seal"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -252,7 +253,7 @@ func TestSealedCounterRestore(t *testing.T) {
 		// their memory: refused before anything is created.
 		r := runSnapctl(t, "restore", "-D", dir, "--lazy", "--record-working-set")
 		wantRefused(t, ctx, r, exitUnsupported, p.PID, "is sealed", "working set")
-		if _, err := os.Stat(filepath.Join(dir, image.WorkingSetName(p.PID))); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, workingset.Name(p.PID))); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a working set beside the sealed snapshot: %v", err)
 		}
 	})
@@ -469,7 +470,7 @@ func TestSignedCounter(t *testing.T) {
 			lazyKill(t, ctx, p)
 		}
 		lazy()
-		ws, err := image.ReadWorkingSet(d, p.PID, si.Snap.ID(), false)
+		ws, err := workingset.ReadDir(d, p.PID, si.Snap.ID(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,9 +481,9 @@ func TestSignedCounter(t *testing.T) {
 		// CRC32C right) over pages the fixture checksums: a restore of
 		// the signed snapshot uses its addresses, never that copy.
 		ra := (p.Ready.MustUint(t, "addr") + p.Ready.MustUint(t, "random_off") + image.PageSize - 1) &^ (image.PageSize - 1)
-		forged := &image.WorkingSet{PID: p.PID, Snapshot: si.Snap.ID(), Stop: "signal",
-			Entries: []image.WorkingSetEntry{{Addr: ra, Len: 4 * image.PageSize, Data: make([]byte, 4*image.PageSize)}}}
-		if err := image.WriteWorkingSet(d, forged); err != nil {
+		forged := &workingset.Set{PID: p.PID, Snapshot: si.Snap.ID(), Stop: "signal",
+			Entries: []workingset.Entry{{Addr: ra, Len: 4 * image.PageSize, Data: make([]byte, 4*image.PageSize)}}}
+		if err := workingset.WriteDir(d, forged); err != nil {
 			t.Fatal(err)
 		}
 		l := startLazy(t, d, "--source", "direct", "-v")

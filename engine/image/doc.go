@@ -9,7 +9,7 @@
 //	                       per block (binary, little-endian, below)
 //	DIR/pages-PID.img      block payloads back to back
 //	DIR/workingset-PID.img optional, not in the manifest: the memory a lazy
-//	                       restore touched first (workingset.go)
+//	                       restore touched first (package workingset)
 //
 // # Page index (pagemap-PID.img)
 //
