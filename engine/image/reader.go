@@ -371,38 +371,23 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 }
 
 // openPages is OpenPages of a process whose Forked blocks are resolved
-// depth parents down from the process first asked for (forked.go).
+// depth parents down from the process first asked for (forked.go). It
+// composes the layers of a process's pages, each in a function of its
+// own: the index and the pages file (sealed: the index opened first),
+// then the blocks' authentication (sealed or signed), the page
+// checksums, the parent snapshot's blocks and the parent process's.
 func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, error) {
 	e, err := s.entry(pid)
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+seal.TagSize)+sealHeaderSize+seal.TagSize)
+	b, tags, err := s.readIndex(e, pid)
 	if err != nil {
 		return nil, err
 	}
-	var tags []byte
-	if s.keys != nil {
-		if b, tags, err = openFile(s.keys, e.Index, b, roleIndex, pid); err != nil {
-			return nil, err
-		}
-	}
-	size, err := s.store.Stat(e.Pages)
+	f, ix, err := s.openPagesFile(e, b)
 	if err != nil {
-		return nil, fmt.Errorf("open pages: %w", err)
-	}
-	f, err := s.OpenFile(e.Pages)
-	if err != nil {
-		return nil, fmt.Errorf("open pages: %w", err)
-	}
-	ix, err := UnmarshalIndex(b, size)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", e.Index, err)
-	}
-	if ix.BlockSize != uint64(s.Manifest.BlockSize) {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
+		return nil, err
 	}
 	if s.keys == nil && s.signed {
 		if tags, err = s.readSmall(e.Digests, maxBlocks*seal.DigestSize); err != nil {
@@ -416,31 +401,70 @@ func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, e
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
 	}
 	r.pid = pid
-	if s.keys != nil {
-		r.window = s.Manifest.Seal.Window
-	}
-	if s.keys != nil || s.signed {
-		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, r.window, pid, tags); err != nil {
+	for _, layer := range []func() error{
+		func() error { return s.authenticatePages(r, e, tags) },
+		func() error { return r.openPageCRCs(s, e.PageCRCs) },
+		func() error { return s.chain(r, pid, opts) },
+		func() error { return s.forkedParent(r, pid, opts, depth) },
+	} {
+		if err := layer(); err != nil {
 			r.Close() // and f
-			return nil, fmt.Errorf("%s: %w", e.Index, err)
-		}
-		r.auth = true
-	}
-	if e.PageCRCs != "" {
-		if err := r.openPageCRCs(s, e.PageCRCs); err != nil {
-			r.Close()
 			return nil, err
 		}
 	}
-	if err := s.chain(r, pid, opts); err != nil {
-		r.Close()
-		return nil, err
-	}
-	if err := s.forkedParent(r, pid, opts, depth); err != nil {
-		r.Close()
-		return nil, err
-	}
 	return r, nil
+}
+
+// readIndex reads the page index of process e, and opens it if the
+// snapshot is sealed: it returns the index and the blocks' tags (nil
+// unless sealed).
+func (s *Snapshot) readIndex(e ProcessEntry, pid int) (index, tags []byte, err error) {
+	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+seal.TagSize)+sealHeaderSize+seal.TagSize)
+	if err != nil || s.keys == nil {
+		return b, nil, err
+	}
+	return openFile(s.keys, e.Index, b, roleIndex, pid)
+}
+
+// openPagesFile opens the pages file of process e and parses its index
+// b against the file's size and the manifest's block size.
+func (s *Snapshot) openPagesFile(e ProcessEntry, b []byte) (File, *Index, error) {
+	size, err := s.store.Stat(e.Pages)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pages: %w", err)
+	}
+	f, err := s.OpenFile(e.Pages)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pages: %w", err)
+	}
+	ix, err := UnmarshalIndex(b, size)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w", e.Index, err)
+	}
+	if ix.BlockSize != uint64(s.Manifest.BlockSize) {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
+	}
+	return f, ix, nil
+}
+
+// authenticatePages makes r read the payloads of a sealed or signed
+// snapshot through their authentication (sealedPages), tags being the
+// blocks' GCM tags or SHA-256 digests.
+func (s *Snapshot) authenticatePages(r *Reader, e ProcessEntry, tags []byte) error {
+	if s.keys != nil {
+		r.window = s.Manifest.Seal.Window
+	}
+	if s.keys == nil && !s.signed {
+		return nil
+	}
+	src, err := newSealedPages(e.Pages, r.f, r.lay, s.keys, r.window, r.pid, tags)
+	if err != nil {
+		return fmt.Errorf("%s: %w", e.Index, err)
+	}
+	r.src, r.auth = src, true
+	return nil
 }
 
 func newReader(name string, f File, ix *Index, opts ReaderOptions) (*Reader, error) {
@@ -681,8 +705,12 @@ func (r *Reader) preadAt(b Block, dst []byte, off uint64) error {
 	return nil
 }
 
-// openPageCRCs reads the page-checksum file name of the snapshot.
+// openPageCRCs reads the page-checksum file name of the snapshot, if
+// it has one ("" for none).
 func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
+	if name == "" {
+		return nil
+	}
 	b, err := s.readSmall(name, pageCRCHeaderSize+4*maxPageCRCs)
 	if err != nil {
 		return err

@@ -789,6 +789,30 @@ func (pw *PagesWriter) Close() error {
 	if pw.parent != nil {
 		defer pw.parent.Close()
 	}
+	pw.finishPages()
+	if pw.err != nil {
+		return pw.err
+	}
+	e := pw.w.entry(pw.pid)
+	lay, err := pw.writeIndex(e)
+	if err != nil {
+		return pw.fail(err)
+	}
+	if err := pw.writeSideFiles(lay, e); err != nil {
+		return pw.fail(err)
+	}
+	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
+	var pages uint64
+	for _, r := range pw.ix.Runs {
+		pages += r.Pages
+	}
+	e.Pages4K, e.StoredBytes = pages, pw.off
+	return nil
+}
+
+// finishPages ends the pipeline and the pages file: flushed and synced
+// unless the writer failed, closed either way. Errors go to pw.fail.
+func (pw *PagesWriter) finishPages() {
 	if err := pw.pipe.Close(); err != nil {
 		pw.fail(pipeError(err))
 	}
@@ -808,33 +832,43 @@ func (pw *PagesWriter) Close() error {
 			pw.fail(fmt.Errorf("close %s: %w", pagesName(pw.pid), err))
 		}
 	}
-	if pw.err != nil {
-		return pw.err
-	}
+}
+
+// writeIndex writes the index of the pages, e.Index (sealed with the
+// blocks' tags, if the snapshot is), checked first as a reader checks
+// it, and returns its layout.
+func (pw *PagesWriter) writeIndex(e *ProcessEntry) (*layout, error) {
 	if got, want := uint64(len(pw.ix.Blocks)), pw.nblocks; got != want {
-		return pw.fail(fmt.Errorf("pages of %d: %d blocks written, runs need %d", pw.pid, got, want))
+		return nil, fmt.Errorf("pages of %d: %d blocks written, runs need %d", pw.pid, got, want)
 	}
 	pw.ix.PagesSize = pw.off
 	b, err := pw.ix.MarshalBinary()
 	if err != nil {
-		return pw.fail(err)
+		return nil, err
 	}
 	// Re-parse what is about to be written: the writer must never produce
 	// an index the reader refuses.
 	if _, err := UnmarshalIndex(b, int64(pw.off)); err != nil {
-		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
+		return nil, fmt.Errorf("index of %d fails its own check: %w", pw.pid, err)
 	}
 	lay, err := newLayout(&pw.ix)
 	if err != nil {
-		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
+		return nil, fmt.Errorf("index of %d fails its own check: %w", pw.pid, err)
 	}
-	e := pw.w.entry(pw.pid)
 	if pw.sealer != nil {
 		b = sealFile(pw.w.keys, roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
 	}
 	if err := pw.w.writeFile(e.Index, b); err != nil {
-		return pw.fail(err)
+		return nil, err
 	}
+	return lay, nil
+}
+
+// writeSideFiles records what the blocks written need (features), keeps
+// the layout lay for the Forked blocks of the process's children, and
+// writes the page checksums or the blocks' digests, if the snapshot has
+// them, naming them in e.
+func (pw *PagesWriter) writeSideFiles(lay *layout, e *ProcessEntry) error {
 	if pw.stats[codec.Shuffle].Blocks > 0 {
 		pw.w.addFeature(FeatureShuffle)
 	}
@@ -849,25 +883,17 @@ func (pw *PagesWriter) Close() error {
 		// Checked like the index: the writer must never produce a file
 		// the reader refuses.
 		if _, err := newPageCRCs(lay, pw.pageCRCs); err != nil {
-			return pw.fail(fmt.Errorf("page checksums of %d fail their own check: %w", pw.pid, err))
+			return fmt.Errorf("page checksums of %d fail their own check: %w", pw.pid, err)
 		}
 		if err := pw.w.writeFile(pageCRCName(pw.pid), marshalPageCRCs(pw.pageCRCs)); err != nil {
-			return pw.fail(err)
+			return err
 		}
 		e.PageCRCs = pageCRCName(pw.pid)
 		pw.w.addFeature(FeaturePageCRC)
 	}
 	if pw.digests {
-		if err := pw.w.writeFile(e.Digests, pw.tags); err != nil {
-			return pw.fail(err)
-		}
+		return pw.w.writeFile(e.Digests, pw.tags)
 	}
-	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
-	var pages uint64
-	for _, r := range pw.ix.Runs {
-		pages += r.Pages
-	}
-	e.Pages4K, e.StoredBytes = pages, pw.off
 	return nil
 }
 
