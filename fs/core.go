@@ -35,7 +35,7 @@ import (
 // A read of the headers and notes touches no memory; a read of a PT_LOAD
 // reads exactly the addresses it covers through the process's
 // image.Reader, and so through the mount's block cache, like mem, but
-// without the reader's readahead (image.Reader.ReadRange): it decodes the
+// without the reader's readahead (image.ReadOptions.NoReadahead): it decodes the
 // blocks the request touches and no others.
 //
 // Which VMAs have file bytes (p_filesz) follows the kernel's default
@@ -475,7 +475,7 @@ func (c *coreFile) readSeg(ctx context.Context, s *coreSeg, dst []byte, rel uint
 	}
 	r := c.proc.r
 	src := s.src + rel
-	if _, err := r.ReadRange(ctx, dst, int64(src)); err != nil {
+	if _, err := r.ReadAtWith(ctx, dst, int64(src), image.ReadOptions{NoReadahead: true}); err != nil {
 		return err
 	}
 	if s.file == nil {

@@ -839,34 +839,32 @@ func (r *Reader) get(ctx context.Context, b Block) (*cache.Ref, error) {
 // dumped read as zeros. A partial read of a block decodes the whole block
 // into the cache once.
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
-	return r.ReadAtContext(context.Background(), p, off)
+	return r.ReadAtWith(context.Background(), p, off, ReadOptions{})
 }
 
-// ReadAtContext is ReadAt with a context for waits on the cache.
-func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, r.readahead, false)
+// ReadOptions tune one read of a Reader (ReadAtWith).
+type ReadOptions struct {
+	// Kept is for a reader that keeps what it reads: a FUSE reply to a
+	// file whose pages the kernel keeps in its page cache. A block whose
+	// every page has been read this way leaves the block cache
+	// (cache.Ref.Served): the reader's copy is the one kept, so the
+	// decoded bytes are held once. Blocks read in part stay until the
+	// rest is read or they are evicted.
+	Kept bool
+	// NoReadahead decodes the blocks that the read touches and no others,
+	// whatever the reads before it (a debugger's reads of a core file,
+	// scattered and small, must not decode memory nobody asked for).
+	NoReadahead bool
 }
 
-// ReadAtKept is ReadAtContext for a reader that keeps what it reads: a
-// FUSE reply to a file whose pages the kernel keeps in its page cache.
-// A block whose every page has been read this way leaves the block cache
-// (cache.Ref.Served): the reader's copy is the one kept, so the decoded
-// bytes are held once. Blocks read in part stay until the rest is read
-// or they are evicted.
-func (r *Reader) ReadAtKept(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, r.readahead, true)
-}
-
-// ReadRange is ReadAtContext without readahead: it decodes the blocks
-// that [off, off+len(p)) touches and no others, whatever the reads before
-// it (a debugger's reads of a core file, scattered and small, must not
-// decode memory nobody asked for).
-func (r *Reader) ReadRange(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, false, false)
+// ReadAtWith is ReadAt with a context for waits on the cache, and the
+// options o.
+func (r *Reader) ReadAtWith(ctx context.Context, p []byte, off int64, o ReadOptions) (int, error) {
+	return r.readAt(ctx, p, off, r.readahead && !o.NoReadahead, o.Kept)
 }
 
 // readAt reads [off, off+len(p)): ahead reads ahead of a sequential
-// reader, kept says the reader keeps the bytes (ReadAtKept).
+// reader, kept says the reader keeps the bytes (ReadOptions.Kept).
 func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead, kept bool) (int, error) {
 	addr, end, err := checkRead(off, len(p))
 	if err != nil {

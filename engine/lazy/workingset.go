@@ -308,7 +308,7 @@ func (p *Process) record(ctx context.Context, rec *uffd.Recorder, pager *uffd.Pa
 		for i := range ws.Entries {
 			e := &ws.Entries[i]
 			buf := make([]byte, e.Len)
-			if _, err := p.pages.ReadAtContext(ctx, buf, int64(e.Addr)); err != nil {
+			if _, err := p.pages.ReadAtWith(ctx, buf, int64(e.Addr), image.ReadOptions{}); err != nil {
 				p.ph.log.Warn("working set written without its memory", "err", err)
 				for j := range ws.Entries {
 					ws.Entries[j].Data = nil
