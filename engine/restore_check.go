@@ -9,6 +9,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/task"
@@ -29,7 +30,7 @@ func (tr *tree) refuseUnrestorable() error {
 		if tr.snap.Sealed() {
 			return fmt.Errorf("%w: %s is sealed: a working set would be written in clear beside it (the addresses its processes touched, and their memory)", ErrUnsupported, tr.snap.Dir)
 		}
-		if _, err := tr.snap.WorkingSetDir(); err != nil {
+		if _, err := workingset.Dir(tr.snap); err != nil {
 			return fmt.Errorf("record a working set: %w", err)
 		}
 	}

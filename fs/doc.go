@@ -13,7 +13,7 @@
 // and Done end and follow it. The lazyfs command is a thin layer over
 // this, and snapctl restore --lazy mounts its snapshot the same way on a
 // private mountpoint. Decoding lives in engine/image: every read of mem
-// or a region is an image.Reader.ReadAtContext at an address, through one
+// or a region is an image.Reader.ReadAtWith at an address, through one
 // cache.Cache shared by the whole mount; addresses that were not dumped
 // read as zeros.
 //
@@ -64,8 +64,8 @@
 // fresh cache buffer, which costs ~14 µs a page on this VM).
 //
 // With FOPEN_KEEP_CACHE the page cache is the copy kept: a read of a
-// mem or region file not opened with O_DIRECT goes through
-// image.Reader.ReadAtKept, and a block whose every page has been served
+// mem or region file not opened with O_DIRECT is read with
+// image.ReadOptions.Kept, and a block whose every page has been served
 // to the page cache leaves the block cache at once (cache.Ref.Served),
 // so that decoded memory is held once however many readers share the
 // mount. The block cache holds what is still wanted: blocks read in part

@@ -57,8 +57,8 @@ func (m *memNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, ui
 
 // keptHandle is an open mem or region file whose reads the kernel keeps
 // in its page cache: FOPEN_KEEP_CACHE, and not opened with O_DIRECT
-// (whose reads bypass the page cache). Its reads go through
-// image.Reader.ReadAtKept, so that a block served whole leaves the block
+// (whose reads bypass the page cache). Its reads are made with
+// image.ReadOptions.Kept, so that a block served whole leaves the block
 // cache: the page cache holds the decoded bytes, once. (A reader that
 // sets O_DIRECT later with fcntl only makes the blocks it reads whole
 // decoded again on the next read.)
@@ -73,11 +73,8 @@ func (m *memNode) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, of
 	}
 	n := min(uint64(len(dest)), m.size-uint64(off))
 	buf := dest[:n]
-	read := m.proc.r.ReadAtContext
-	if _, ok := f.(keptHandle); ok {
-		read = m.proc.r.ReadAtKept
-	}
-	if _, err := read(ctx, buf, int64(m.base+uint64(off))); err != nil {
+	_, kept := f.(keptHandle)
+	if _, err := m.proc.r.ReadAtWith(ctx, buf, int64(m.base+uint64(off)), image.ReadOptions{Kept: kept}); err != nil {
 		return nil, m.proc.errno(err, m.base+uint64(off), len(buf))
 	}
 	return fuse.ReadResultData(buf), 0

@@ -4,7 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/lazyfs/lazyfs/cache"
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
@@ -51,7 +51,7 @@ type Options struct {
 	// Keys open a sealed snapshot (image.OpenOptions.Keys): its memory is
 	// decrypted as it is read, into the cache, never onto a disk. A
 	// private mount's helper reads the same identity files again.
-	Keys *image.Keyring
+	Keys *seal.Keyring
 	// DirectIO opens mem and region files with FOPEN_DIRECT_IO instead of
 	// FOPEN_KEEP_CACHE: every read goes to the server, nothing is kept in
 	// the kernel's page cache. See the package documentation for when that

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/helper"
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
@@ -297,7 +297,7 @@ func PrivateMain(args []string) int {
 	}
 	tmpDir.Store(&tmp)
 	defer os.Remove(tmp)
-	keys, err := image.LoadKeyring(pa.Identities)
+	keys, err := seal.LoadKeyring(pa.Identities)
 	if err != nil {
 		return fail(err)
 	}

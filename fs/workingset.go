@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 )
 
 // wsSource is where MNT/PID/workingset reads the process's working set
-// (image.WorkingSet) from: the snapshot directory, afresh at every open,
+// (workingset.Set) from: the snapshot directory, afresh at every open,
 // since a lazy restore may record one while the mount runs.
 type wsSource struct {
 	dir   string
@@ -25,7 +26,7 @@ type wsSource struct {
 // process started running. Without a usable working set, one comment line
 // says why.
 func (p *process) workingSetText() []byte {
-	w, err := image.ReadWorkingSet(p.ws.dir, p.pid, p.ws.id, p.ws.trust)
+	w, err := workingset.ReadDir(p.ws.dir, p.pid, p.ws.id, p.ws.trust)
 	if errors.Is(err, os.ErrNotExist) {
 		return []byte("# no working set\n")
 	}

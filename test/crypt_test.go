@@ -25,8 +25,10 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/engine/image/store/s3"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -52,7 +54,7 @@ func sealKeys(t *testing.T) (recipient, keyFile, otherFile string) {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv(image.IdentityEnv, files[0])
+	t.Setenv(seal.IdentityEnv, files[0])
 	return recipient, files[0], files[1]
 }
 
@@ -60,13 +62,13 @@ func sealKeys(t *testing.T) (recipient, keyFile, otherFile string) {
 // identity ("" unsets it).
 func runSnapctlEnv(t *testing.T, identity string, args ...string) cmdResult {
 	t.Helper()
-	prev := os.Getenv(image.IdentityEnv)
+	prev := os.Getenv(seal.IdentityEnv)
 	if identity == "" {
-		os.Unsetenv(image.IdentityEnv)
+		os.Unsetenv(seal.IdentityEnv)
 	} else {
-		os.Setenv(image.IdentityEnv, identity)
+		os.Setenv(seal.IdentityEnv, identity)
 	}
-	defer os.Setenv(image.IdentityEnv, prev)
+	defer os.Setenv(seal.IdentityEnv, prev)
 	return runSnapctl(t, args...)
 }
 
@@ -144,8 +146,8 @@ func TestSealedCounter(t *testing.T) {
 		}
 	})
 	t.Run("lazyfs without an identity", func(t *testing.T) {
-		os.Unsetenv(image.IdentityEnv)
-		defer os.Setenv(image.IdentityEnv, keyFile)
+		os.Unsetenv(seal.IdentityEnv)
+		defer os.Setenv(seal.IdentityEnv, keyFile)
 		mnt := t.TempDir()
 		r := runTool(t, buildTool(t, "lazyfs"), commandTimeout, si.Dir, mnt)
 		if r.Code != exitUntrusted || !strings.Contains(r.Stderr, recipient) {
@@ -252,7 +254,7 @@ func TestSealedCounterRestore(t *testing.T) {
 		// their memory: refused before anything is created.
 		r := runSnapctl(t, "restore", "-D", dir, "--lazy", "--record-working-set")
 		wantRefused(t, ctx, r, exitUnsupported, p.PID, "is sealed", "working set")
-		if _, err := os.Stat(filepath.Join(dir, image.WorkingSetName(p.PID))); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, workingset.Name(p.PID))); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a working set beside the sealed snapshot: %v", err)
 		}
 	})
@@ -386,7 +388,7 @@ func signKeys(t *testing.T) (key, pub string) {
 	if err := os.WriteFile(pub, ssh.MarshalAuthorizedKey(sp), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(image.IdentityEnv, pub)
+	t.Setenv(seal.IdentityEnv, pub)
 	return key, pub
 }
 
@@ -469,7 +471,7 @@ func TestSignedCounter(t *testing.T) {
 			lazyKill(t, ctx, p)
 		}
 		lazy()
-		ws, err := image.ReadWorkingSet(d, p.PID, si.Snap.ID(), false)
+		ws, err := workingset.ReadDir(d, p.PID, si.Snap.ID(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,9 +482,9 @@ func TestSignedCounter(t *testing.T) {
 		// CRC32C right) over pages the fixture checksums: a restore of
 		// the signed snapshot uses its addresses, never that copy.
 		ra := (p.Ready.MustUint(t, "addr") + p.Ready.MustUint(t, "random_off") + image.PageSize - 1) &^ (image.PageSize - 1)
-		forged := &image.WorkingSet{PID: p.PID, Snapshot: si.Snap.ID(), Stop: "signal",
-			Entries: []image.WorkingSetEntry{{Addr: ra, Len: 4 * image.PageSize, Data: make([]byte, 4*image.PageSize)}}}
-		if err := image.WriteWorkingSet(d, forged); err != nil {
+		forged := &workingset.Set{PID: p.PID, Snapshot: si.Snap.ID(), Stop: "signal",
+			Entries: []workingset.Entry{{Addr: ra, Len: 4 * image.PageSize, Data: make([]byte, 4*image.PageSize)}}}
+		if err := workingset.WriteDir(d, forged); err != nil {
 			t.Fatal(err)
 		}
 		l := startLazy(t, d, "--source", "direct", "-v")

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 const pageSize = image.PageSize
@@ -32,7 +33,7 @@ func openImage(t testing.TB, dir string, pid int) *snapImage {
 	t.Helper()
 	// A sealed snapshot opens with the identity the test set in
 	// $LAZYFS_IDENTITY (crypt_test.go).
-	keys, err := image.LoadKeyring(filepath.SplitList(os.Getenv(image.IdentityEnv)))
+	keys, err := seal.LoadKeyring(filepath.SplitList(os.Getenv(seal.IdentityEnv)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
@@ -518,7 +519,7 @@ func TestReplicasWorkingSet(t *testing.T) {
 		want[req] = lazyChecksumOf(lazyAsk(t, ctx, port, req))
 	}
 	dir, _ := dumpForRestore(t, ctx, p)
-	wsPath := filepath.Join(dir, image.WorkingSetName(p.PID))
+	wsPath := filepath.Join(dir, workingset.Name(p.PID))
 	mnt := lazyMountLazyfs(t, dir)
 	flags := []string{"--mount", mnt, "--pidns", "--netns", "new"}
 	ask := func(r *replica, req string) {
@@ -539,14 +540,14 @@ func TestReplicasWorkingSet(t *testing.T) {
 	if !strings.Contains(res.Stdout, "working set recorded:") || !strings.Contains(res.Stdout, "stopped by signal") || !strings.Contains(res.Stdout, wsPath) {
 		t.Fatalf("no working set recorded in %s:\n%s", wsPath, res)
 	}
-	if _, err := os.Stat(filepath.Join(dir, image.WorkingSetName(first.pid))); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, workingset.Name(first.pid))); err == nil {
 		t.Errorf("the working set is also named by the copy's pid outside, %d", first.pid)
 	}
 	snap, err := image.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws, err := snap.WorkingSet(p.PID)
+	ws, err := workingset.Read(snap, p.PID)
 	snap.Close()
 	if err != nil {
 		t.Fatal(err)

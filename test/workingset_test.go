@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -35,7 +36,7 @@ func TestWorkingSet(t *testing.T) {
 	wantTouch := lazyChecksumOf(lazyAsk(t, ctx, port, "touch 1"))
 	wantToken := lazyChecksumOf(lazyAsk(t, ctx, port, "token"))
 	dir, _ := dumpForRestore(t, ctx, p)
-	wsPath := filepath.Join(dir, image.WorkingSetName(p.PID))
+	wsPath := filepath.Join(dir, workingset.Name(p.PID))
 
 	// restore restores lazily with flags, asks "touch 1" (then, if
 	// record, tells snapctl to stop recording) and "token", checks the
@@ -83,7 +84,7 @@ func TestWorkingSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws, err := snap.WorkingSet(p.PID)
+	ws, err := workingset.Read(snap, p.PID)
 	snap.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +156,7 @@ func TestWorkingSet(t *testing.T) {
 	})
 
 	foreign := func() []byte {
-		w, err := image.ParseWorkingSet(good)
+		w, err := workingset.Parse(good)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine"
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/fs"
 )
 
@@ -27,7 +27,7 @@ type config struct {
 	manpages             string // --manpages DIR
 	trust                bool
 	remote               *cli.Remote
-	identity             func() (*image.Keyring, error)
+	identity             func() (*seal.Keyring, error)
 }
 
 // options turns the command line into mount options.

@@ -18,6 +18,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -207,14 +208,14 @@ func (f *dumpFlags) options(ctx context.Context, fl *cli.FlagSet, mode codec.Mod
 // key that signs it (--sign).
 func (f *dumpFlags) keys(opts *engine.DumpOptions) error {
 	if len(*f.encryptTo) > 0 {
-		so, err := image.ParseRecipients(*f.encryptTo)
+		rs, names, err := seal.ParseRecipients(*f.encryptTo)
 		if err != nil {
 			return cli.Usagef("--encrypt-to: %v", err)
 		}
-		opts.Seal = so
+		opts.Seal = &image.SealOptions{Recipients: rs, Names: names}
 	}
 	if *f.sign != "" {
-		k, err := image.ParseSigner(*f.sign)
+		k, err := seal.ParseSigner(*f.sign)
 		if err != nil {
 			return cli.Usagef("--sign: %v", err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -133,8 +134,8 @@ type workingSetReport struct {
 // workingSet reports the working set of pid beside the snapshot s (nil if
 // there is none): the blocks of r it touches are counted.
 func workingSet(s *image.Snapshot, pid int, r *image.Reader) *workingSetReport {
-	rep := &workingSetReport{File: filepath.Join(s.Dir, image.WorkingSetName(pid))}
-	w, err := s.WorkingSet(pid)
+	rep := &workingSetReport{File: filepath.Join(s.Dir, workingset.Name(pid))}
+	w, err := workingset.Read(s, pid)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

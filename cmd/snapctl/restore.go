@@ -25,6 +25,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/helper"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/lazy"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/units"
@@ -93,7 +94,7 @@ type restoreFlags struct {
 	dir            *string
 	threads        *int
 	trust          *bool
-	identity       func() (*image.Keyring, error)
+	identity       func() (*seal.Keyring, error)
 	pidfile        *string
 	lazy           *bool
 	mount          *string

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cmd/internal/cli"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -86,7 +87,7 @@ func verifyProcess(ctx context.Context, s *image.Snapshot, pid, threads int, std
 	fmt.Fprintf(stdout, "process %d: %d blocks, %s of memory in %s: ok\n", pid, st.Total.Blocks, units.FormatSize(st.Total.Bytes), units.FormatSize(st.FileSize))
 	// A working set is advice beside the snapshot, not part of it: one
 	// that a restore would ignore is reported, never a failure.
-	switch ws, err := s.WorkingSet(pid); {
+	switch ws, err := workingset.Read(s, pid); {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
 		fmt.Fprintf(stdout, "process %d: working set ignored by restores: %v\n", pid, err)

@@ -9,7 +9,7 @@
 //	                       per block (binary, little-endian, below)
 //	DIR/pages-PID.img      block payloads back to back
 //	DIR/workingset-PID.img optional, not in the manifest: the memory a lazy
-//	                       restore touched first (workingset.go)
+//	                       restore touched first (package workingset)
 //
 // # Page index (pagemap-PID.img)
 //
@@ -78,7 +78,8 @@
 // Parent block from the parent snapshot. A snapshot has one kind or the
 // other, never both.
 //
-// # Sealed snapshots (feature "sealed", seal.go, sealpages.go)
+// # Sealed snapshots (feature "sealed", seal.go, sealpages.go; keys and
+// AES-GCM in package seal)
 //
 //	DIR/keys.age             "LZFSKEY1" | snapshot id (16) | data key (32),
 //	                         age-encrypted for each recipient
@@ -98,9 +99,9 @@
 // id), one per process for its blocks. A block's nonce is its index (each
 // is sealed once under its process's key) and its associated data its
 // identity: snapshot id, pid, index, address, length, kind, stored length.
-// With feature "sealed-windows" (sealwindows.go), a Raw block larger than
-// the seal's window is sealed window by window, so that a lazy fault reads
-// and authenticates its window alone.
+// With feature "sealed-windows" (sealwindows.go, seal.Window), a Raw
+// block larger than the seal's window is sealed window by window, so that
+// a lazy fault reads and authenticates its window alone.
 // A block's tag is kept in the index rather than after its ciphertext, so
 // that the pages file keeps its layout; readers read the ciphertext into
 // their buffer and decrypt it in place (Reader.Payloads). GCM has then authenticated every byte of the block

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
@@ -63,7 +64,7 @@ var (
 	// ErrUnsafeDir: the snapshot directory of a dump exists but is not
 	// the caller's own (another owner, or writable by group or others), or
 	// is a symbolic link. It matches ErrUntrusted.
-	ErrUnsafeDir error = &untrusted{"unsafe snapshot directory"}
+	ErrUnsafeDir = seal.Untrusted("unsafe snapshot directory")
 	// ErrStateRefused: a dump's process state is one Validate refuses
 	// (a restore would): the dump fails rather than commit it.
 	ErrStateRefused = errors.New("process state a restore would refuse")
@@ -71,16 +72,9 @@ var (
 	ErrLocked = errors.New("locked by another dump")
 )
 
-// untrusted is a sentinel for one way a path is not the caller's to
-// trust: it also matches ErrUntrusted.
-type untrusted struct{ msg string }
-
-func (e *untrusted) Error() string        { return e.msg }
-func (e *untrusted) Is(target error) bool { return target == ErrUntrusted }
-
 // Untrusted returns a sentinel that matches ErrUntrusted, with its own
 // message, for another package's kind of untrusted path.
-func Untrusted(msg string) error { return &untrusted{msg} }
+func Untrusted(msg string) error { return seal.Untrusted(msg) }
 
 // corruption is a sentinel for one way a snapshot can be damaged: it also
 // matches ErrCorrupt.

@@ -160,32 +160,11 @@ func UnmarshalIndex(b []byte, pagesSize int64) (*Index, error) {
 		return nil, fmt.Errorf("%w: pages file of %d bytes, index says %d", ErrCorrupt, pagesSize, ix.PagesSize)
 	}
 
-	p := b[indexHeaderSize:]
-	ix.Runs = make([]Run, nruns)
-	var next, prevEnd uint64
-	for i := range ix.Runs {
-		r := Run{Addr: le.Uint64(p[0:]), Pages: le.Uint64(p[8:]), FirstBlock: le.Uint64(p[16:])}
-		p = p[runRecordSize:]
-		switch {
-		case r.Addr%PageSize != 0 || r.Pages == 0:
-			return nil, fmt.Errorf("%w: run %d at %#x of %d pages", ErrCorrupt, i, r.Addr, r.Pages)
-		case r.Addr >= maxAddr || r.Pages > (maxAddr-r.Addr)/PageSize:
-			return nil, fmt.Errorf("%w: run %d at %#x of %d pages passes the address space", ErrCorrupt, i, r.Addr, r.Pages)
-		case i > 0 && r.Addr < prevEnd:
-			return nil, fmt.Errorf("%w: run %d at %#x overlaps the previous run", ErrCorrupt, i, r.Addr)
-		case r.FirstBlock != next:
-			return nil, fmt.Errorf("%w: run %d starts at block %d, want %d", ErrCorrupt, i, r.FirstBlock, next)
-		}
-		next += blocksInRange(r.Addr, r.End(), ix.BlockSize)
-		if next > nblocks {
-			return nil, fmt.Errorf("%w: runs need more than the %d blocks stored", ErrCorrupt, nblocks)
-		}
-		prevEnd = r.End()
-		ix.Runs[i] = r
+	runs, p, err := unmarshalRuns(b[indexHeaderSize:], nruns, nblocks, ix.BlockSize)
+	if err != nil {
+		return nil, err
 	}
-	if next != nblocks {
-		return nil, fmt.Errorf("%w: runs cover %d blocks, index holds %d", ErrCorrupt, next, nblocks)
-	}
+	ix.Runs = runs
 	ix.Blocks = make([]BlockRecord, nblocks)
 	for i := range ix.Blocks {
 		w := le.Uint32(p[0:])
@@ -193,4 +172,38 @@ func UnmarshalIndex(b []byte, pagesSize int64) (*Index, error) {
 		p = p[blockRecordSize:]
 	}
 	return ix, nil
+}
+
+// unmarshalRuns decodes and checks the run table at the start of p (runs
+// in address order, page aligned, inside the address space, each
+// starting at the block after the previous run's, covering exactly
+// nblocks blocks of blockSize) and returns the runs and the rest of p.
+func unmarshalRuns(p []byte, nruns, nblocks, blockSize uint64) ([]Run, []byte, error) {
+	le := binary.LittleEndian
+	runs := make([]Run, nruns)
+	var next, prevEnd uint64
+	for i := range runs {
+		r := Run{Addr: le.Uint64(p[0:]), Pages: le.Uint64(p[8:]), FirstBlock: le.Uint64(p[16:])}
+		p = p[runRecordSize:]
+		switch {
+		case r.Addr%PageSize != 0 || r.Pages == 0:
+			return nil, nil, fmt.Errorf("%w: run %d at %#x of %d pages", ErrCorrupt, i, r.Addr, r.Pages)
+		case r.Addr >= maxAddr || r.Pages > (maxAddr-r.Addr)/PageSize:
+			return nil, nil, fmt.Errorf("%w: run %d at %#x of %d pages passes the address space", ErrCorrupt, i, r.Addr, r.Pages)
+		case i > 0 && r.Addr < prevEnd:
+			return nil, nil, fmt.Errorf("%w: run %d at %#x overlaps the previous run", ErrCorrupt, i, r.Addr)
+		case r.FirstBlock != next:
+			return nil, nil, fmt.Errorf("%w: run %d starts at block %d, want %d", ErrCorrupt, i, r.FirstBlock, next)
+		}
+		next += blocksInRange(r.Addr, r.End(), blockSize)
+		if next > nblocks {
+			return nil, nil, fmt.Errorf("%w: runs need more than the %d blocks stored", ErrCorrupt, nblocks)
+		}
+		prevEnd = r.End()
+		runs[i] = r
+	}
+	if next != nblocks {
+		return nil, nil, fmt.Errorf("%w: runs cover %d blocks, index holds %d", ErrCorrupt, next, nblocks)
+	}
+	return runs, p, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // cloneRanges returns a deep copy of ranges.
@@ -289,7 +290,7 @@ func TestParentRefused(t *testing.T) {
 	})
 	t.Run("sealed or signed child", func(t *testing.T) {
 		key, _ := signingKey(t)
-		priv, err := ParseSigner(key)
+		priv, err := seal.ParseSigner(key)
 		mustDo(t, err)
 		_, err = Create(filepath.Join(tmp, "signed"), Options{Parent: base, Sign: priv})
 		if !errors.Is(err, ErrUnsupported) {
@@ -324,7 +325,7 @@ func TestParentRefused(t *testing.T) {
 // with its signer's key, which a child in clear does not carry).
 func TestParentSigned(t *testing.T) {
 	key, _ := signingKey(t)
-	priv, err := ParseSigner(key)
+	priv, err := seal.ParseSigner(key)
 	mustDo(t, err)
 	tmp := t.TempDir()
 	writeSnapshot(t, filepath.Join(tmp, "base"), 7, layoutRanges(4), Options{BlockSize: 64 << 10, Sign: priv})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/cache"
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
@@ -48,10 +49,10 @@ type Snapshot struct {
 	Manifest *Manifest
 	manifest []byte // snapshot.json as read
 	store    store.Store
-	trust    bool      // OpenOptions.Trust
-	keys     *sealKeys // of a sealed snapshot, opened
-	signed   bool      // its signature verified
-	parent   *Snapshot // of an incremental snapshot (parent.go)
+	trust    bool       // OpenOptions.Trust
+	keys     *seal.Keys // of a sealed snapshot, opened
+	signed   bool       // its signature verified
+	parent   *Snapshot  // of an incremental snapshot (parent.go)
 	opts     OpenOptions
 }
 
@@ -71,7 +72,7 @@ type OpenOptions struct {
 	// gives a key expects what it authenticates. Without, a sealed
 	// snapshot is refused (ErrNoIdentity). They serve whatever holds the
 	// snapshot: a directory or an object store.
-	Keys *Keyring
+	Keys *seal.Keyring
 
 	// asParent, set when the snapshot is opened as the parent of another,
 	// is what the child recorded of it: checked before its own parent is
@@ -112,12 +113,12 @@ func OpenWith(dir string, o OpenOptions) (*Snapshot, error) {
 	return s, nil
 }
 
-func openSnapshot(st store.Store, keyring *Keyring) (*Snapshot, error) {
+func openSnapshot(st store.Store, keyring *seal.Keyring) (*Snapshot, error) {
 	raw, err := readManifestBytes(st)
 	if err != nil {
 		return nil, err
 	}
-	var keys *sealKeys
+	var keys *seal.Keys
 	var signed bool
 	if keyring != nil {
 		// The manifest is authenticated before anything in it is used.
@@ -229,11 +230,11 @@ func (s *Snapshot) StateJSON(pid int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.State, maxStateSize+sealHeaderSize+tagSize)
+	b, err := s.readSmall(e.State, maxStateSize+sealHeaderSize+seal.TagSize)
 	if err != nil || s.keys == nil {
 		return b, err
 	}
-	b, _, err = s.keys.openFile(e.State, b, roleState, pid)
+	b, _, err = openFile(s.keys, e.State, b, roleState, pid)
 	return b, err
 }
 
@@ -324,41 +325,26 @@ func (s *Snapshot) OpenPages(pid int, opts ReaderOptions) (*Reader, error) {
 }
 
 // openPages is OpenPages of a process whose Forked blocks are resolved
-// depth parents down from the process first asked for (forked.go).
+// depth parents down from the process first asked for (forked.go). It
+// composes the layers of a process's pages, each in a function of its
+// own: the index and the pages file (sealed: the index opened first),
+// then the blocks' authentication (sealed or signed), the page
+// checksums, the parent snapshot's blocks and the parent process's.
 func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, error) {
 	e, err := s.entry(pid)
 	if err != nil {
 		return nil, err
 	}
-	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+tagSize)+sealHeaderSize+tagSize)
+	b, tags, err := s.readIndex(e, pid)
 	if err != nil {
 		return nil, err
 	}
-	var tags []byte
-	if s.keys != nil {
-		if b, tags, err = s.keys.openFile(e.Index, b, roleIndex, pid); err != nil {
-			return nil, err
-		}
-	}
-	size, err := s.store.Stat(e.Pages)
+	f, ix, err := s.openPagesFile(e, b)
 	if err != nil {
-		return nil, fmt.Errorf("open pages: %w", err)
-	}
-	f, err := s.OpenFile(e.Pages)
-	if err != nil {
-		return nil, fmt.Errorf("open pages: %w", err)
-	}
-	ix, err := UnmarshalIndex(b, size)
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w", e.Index, err)
-	}
-	if ix.BlockSize != uint64(s.Manifest.BlockSize) {
-		f.Close()
-		return nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
+		return nil, err
 	}
 	if s.keys == nil && s.signed {
-		if tags, err = s.readSmall(e.Digests, maxBlocks*digestSize); err != nil {
+		if tags, err = s.readSmall(e.Digests, maxBlocks*seal.DigestSize); err != nil {
 			f.Close()
 			return nil, err
 		}
@@ -369,31 +355,70 @@ func (s *Snapshot) openPages(pid int, opts ReaderOptions, depth int) (*Reader, e
 		return nil, fmt.Errorf("%s: %w", e.Index, err)
 	}
 	r.pid = pid
-	if s.keys != nil {
-		r.window = s.Manifest.Seal.Window
-	}
-	if s.keys != nil || s.signed {
-		if r.src, err = newSealedPages(e.Pages, f, r.lay, s.keys, r.window, pid, tags); err != nil {
+	for _, layer := range []func() error{
+		func() error { return s.authenticatePages(r, e, tags) },
+		func() error { return r.openPageCRCs(s, e.PageCRCs) },
+		func() error { return s.chain(r, pid, opts) },
+		func() error { return s.forkedParent(r, pid, opts, depth) },
+	} {
+		if err := layer(); err != nil {
 			r.Close() // and f
-			return nil, fmt.Errorf("%s: %w", e.Index, err)
-		}
-		r.auth = true
-	}
-	if e.PageCRCs != "" {
-		if err := r.openPageCRCs(s, e.PageCRCs); err != nil {
-			r.Close()
 			return nil, err
 		}
 	}
-	if err := s.chain(r, pid, opts); err != nil {
-		r.Close()
-		return nil, err
-	}
-	if err := s.forkedParent(r, pid, opts, depth); err != nil {
-		r.Close()
-		return nil, err
-	}
 	return r, nil
+}
+
+// readIndex reads the page index of process e, and opens it if the
+// snapshot is sealed: it returns the index and the blocks' tags (nil
+// unless sealed).
+func (s *Snapshot) readIndex(e ProcessEntry, pid int) (index, tags []byte, err error) {
+	b, err := s.readSmall(e.Index, int64(indexHeaderSize)+maxRuns*runRecordSize+maxBlocks*(blockRecordSize+seal.TagSize)+sealHeaderSize+seal.TagSize)
+	if err != nil || s.keys == nil {
+		return b, nil, err
+	}
+	return openFile(s.keys, e.Index, b, roleIndex, pid)
+}
+
+// openPagesFile opens the pages file of process e and parses its index
+// b against the file's size and the manifest's block size.
+func (s *Snapshot) openPagesFile(e ProcessEntry, b []byte) (store.File, *Index, error) {
+	size, err := s.store.Stat(e.Pages)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pages: %w", err)
+	}
+	f, err := s.OpenFile(e.Pages)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pages: %w", err)
+	}
+	ix, err := UnmarshalIndex(b, size)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w", e.Index, err)
+	}
+	if ix.BlockSize != uint64(s.Manifest.BlockSize) {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s: %w: block size %d, manifest says %d", e.Index, ErrCorrupt, ix.BlockSize, s.Manifest.BlockSize)
+	}
+	return f, ix, nil
+}
+
+// authenticatePages makes r read the payloads of a sealed or signed
+// snapshot through their authentication (sealedPages), tags being the
+// blocks' GCM tags or SHA-256 digests.
+func (s *Snapshot) authenticatePages(r *Reader, e ProcessEntry, tags []byte) error {
+	if s.keys != nil {
+		r.window = s.Manifest.Seal.Window
+	}
+	if s.keys == nil && !s.signed {
+		return nil
+	}
+	src, err := newSealedPages(e.Pages, r.f, r.lay, s.keys, r.window, r.pid, tags)
+	if err != nil {
+		return fmt.Errorf("%s: %w", e.Index, err)
+	}
+	r.src, r.auth = src, true
+	return nil
 }
 
 func newReader(name string, f store.File, ix *Index, opts ReaderOptions) (*Reader, error) {
@@ -634,8 +659,12 @@ func (r *Reader) preadAt(b Block, dst []byte, off uint64) error {
 	return nil
 }
 
-// openPageCRCs reads the page-checksum file name of the snapshot.
+// openPageCRCs reads the page-checksum file name of the snapshot, if
+// it has one ("" for none).
 func (r *Reader) openPageCRCs(s *Snapshot, name string) error {
+	if name == "" {
+		return nil
+	}
 	b, err := s.readSmall(name, pageCRCHeaderSize+4*maxPageCRCs)
 	if err != nil {
 		return err
@@ -764,34 +793,32 @@ func (r *Reader) get(ctx context.Context, b Block) (*cache.Ref, error) {
 // dumped read as zeros. A partial read of a block decodes the whole block
 // into the cache once.
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
-	return r.ReadAtContext(context.Background(), p, off)
+	return r.ReadAtWith(context.Background(), p, off, ReadOptions{})
 }
 
-// ReadAtContext is ReadAt with a context for waits on the cache.
-func (r *Reader) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, r.readahead, false)
+// ReadOptions tune one read of a Reader (ReadAtWith).
+type ReadOptions struct {
+	// Kept is for a reader that keeps what it reads: a FUSE reply to a
+	// file whose pages the kernel keeps in its page cache. A block whose
+	// every page has been read this way leaves the block cache
+	// (cache.Ref.Served): the reader's copy is the one kept, so the
+	// decoded bytes are held once. Blocks read in part stay until the
+	// rest is read or they are evicted.
+	Kept bool
+	// NoReadahead decodes the blocks that the read touches and no others,
+	// whatever the reads before it (a debugger's reads of a core file,
+	// scattered and small, must not decode memory nobody asked for).
+	NoReadahead bool
 }
 
-// ReadAtKept is ReadAtContext for a reader that keeps what it reads: a
-// FUSE reply to a file whose pages the kernel keeps in its page cache.
-// A block whose every page has been read this way leaves the block cache
-// (cache.Ref.Served): the reader's copy is the one kept, so the decoded
-// bytes are held once. Blocks read in part stay until the rest is read
-// or they are evicted.
-func (r *Reader) ReadAtKept(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, r.readahead, true)
-}
-
-// ReadRange is ReadAtContext without readahead: it decodes the blocks
-// that [off, off+len(p)) touches and no others, whatever the reads before
-// it (a debugger's reads of a core file, scattered and small, must not
-// decode memory nobody asked for).
-func (r *Reader) ReadRange(ctx context.Context, p []byte, off int64) (int, error) {
-	return r.readAt(ctx, p, off, false, false)
+// ReadAtWith is ReadAt with a context for waits on the cache, and the
+// options o.
+func (r *Reader) ReadAtWith(ctx context.Context, p []byte, off int64, o ReadOptions) (int, error) {
+	return r.readAt(ctx, p, off, r.readahead && !o.NoReadahead, o.Kept)
 }
 
 // readAt reads [off, off+len(p)): ahead reads ahead of a sequential
-// reader, kept says the reader keeps the bytes (ReadAtKept).
+// reader, kept says the reader keeps the bytes (ReadOptions.Kept).
 func (r *Reader) readAt(ctx context.Context, p []byte, off int64, ahead, kept bool) (int, error) {
 	addr, end, err := checkRead(off, len(p))
 	if err != nil {

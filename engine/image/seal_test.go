@@ -8,18 +8,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"filippo.io/age"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
 // sealed writes a sealed snapshot of layoutRanges for a new identity and
 // returns its directory, ranges and a keyring that opens it.
-func sealed(t *testing.T, blockSize int) (string, []memRange, *Keyring) {
+func sealed(t *testing.T, blockSize int) (string, []memRange, *seal.Keyring) {
 	return sealedMode(t, blockSize, codec.Compress)
 }
 
@@ -45,7 +45,7 @@ func TestSealedCodecs(t *testing.T) {
 	}
 }
 
-func sealedMode(t *testing.T, blockSize int, mode codec.Mode) (string, []memRange, *Keyring) {
+func sealedMode(t *testing.T, blockSize int, mode codec.Mode) (string, []memRange, *seal.Keyring) {
 	t.Helper()
 	id, err := age.GenerateX25519Identity()
 	if err != nil {
@@ -55,14 +55,14 @@ func sealedMode(t *testing.T, blockSize int, mode codec.Mode) (string, []memRang
 	if err := os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	so, err := ParseRecipients([]string{id.Recipient().String()})
+	so, err := sealOptions([]string{id.Recipient().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "snap")
 	ranges := layoutRanges(11)
 	writeSnapshot(t, dir, 42, ranges, Options{BlockSize: blockSize, Seal: so, Mode: mode})
-	k, err := LoadKeyring([]string{keyFile})
+	k, err := seal.LoadKeyring([]string{keyFile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestSealedRefusals(t *testing.T) {
 	other, _ := age.GenerateX25519Identity()
 	f := filepath.Join(t.TempDir(), "other.txt")
 	os.WriteFile(f, []byte(other.String()+"\n"), 0o600)
-	ok, err := LoadKeyring([]string{f})
+	ok, err := seal.LoadKeyring([]string{f})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func changedCopy(t *testing.T, dir, name string, change func([]byte)) string {
 }
 
 // readSnapshot opens the snapshot and reads all of it: state and memory.
-func readSnapshot(dir string, k *Keyring) error {
+func readSnapshot(dir string, k *seal.Keyring) error {
 	s, err := OpenWith(dir, OpenOptions{Keys: k})
 	if err != nil {
 		return err
@@ -309,12 +309,12 @@ func BenchmarkSealedReadAt(b *testing.B) {
 	id, _ := age.GenerateX25519Identity()
 	keyFile := filepath.Join(b.TempDir(), "key.txt")
 	os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600)
-	k, _ := LoadKeyring([]string{keyFile})
-	so, _ := ParseRecipients([]string{id.Recipient().String()})
+	k, _ := seal.LoadKeyring([]string{keyFile})
+	so, _ := sealOptions([]string{id.Recipient().String()})
 	for _, sealed := range []bool{false, true} {
 		dir := filepath.Join(b.TempDir(), "snap")
 		o := Options{}
-		var keys *Keyring
+		var keys *seal.Keyring
 		if sealed {
 			o.Seal, keys = so, k
 		}
@@ -394,9 +394,9 @@ func TestSealedMixed(t *testing.T) {
 		// authenticated window by window; any other block whole.
 		addr := b.Addr + uint64(b.Len)/2 + 5
 		wlo, whi := b.Addr, b.End()
-		if b.Kind == codec.Raw && b.Len > sealWindow {
-			wlo = b.Addr + (addr-b.Addr)/sealWindow*sealWindow
-			whi = min(b.End(), wlo+sealWindow)
+		if b.Kind == codec.Raw && b.Len > seal.Window {
+			wlo = b.Addr + (addr-b.Addr)/seal.Window*seal.Window
+			whi = min(b.End(), wlo+seal.Window)
 		}
 		if got, want := r.PageChecked(b), wlo != b.Addr || whi != b.End(); got != want {
 			t.Errorf("block %d (%v, %d bytes) of a sealed snapshot: PageChecked %v, want %v", b.Index, b.Kind, b.Len, got, want)
@@ -452,62 +452,11 @@ func TestSealedMixed(t *testing.T) {
 	}
 }
 
-// TestIdentityFileTrust: an identity file, a recipient file or a signing
-// key that a user other than the caller and root can change is refused,
-// naming it, before it is read: a public key swapped in would verify what
-// that user signed, a recipient would read what is sealed.
-func TestIdentityFileTrust(t *testing.T) {
-	id, _ := age.GenerateX25519Identity()
-	dir := t.TempDir()
-	f := filepath.Join(dir, "id.txt")
-	if err := os.WriteFile(f, []byte(id.String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+// sealOptions seals for the recipients args name (seal.ParseRecipients).
+func sealOptions(args []string) (*SealOptions, error) {
+	rs, names, err := seal.ParseRecipients(args)
+	if err != nil {
+		return nil, err
 	}
-	if _, err := LoadKeyring([]string{f}); err != nil {
-		t.Fatalf("the caller's own identity: %v", err)
-	}
-	if err := os.Chmod(f, 0o620); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := LoadKeyring([]string{f}); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "writable by group or others") {
-		t.Errorf("a group-writable identity: %v, want ErrUntrusted", err)
-	}
-	if err := os.Chmod(f, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if os.Geteuid() == 0 {
-		if err := os.Chown(f, 65534, 65534); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := LoadKeyring([]string{f}); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "belongs to uid 65534") {
-			t.Errorf("another user's identity: %v, want ErrUntrusted", err)
-		}
-	}
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// A recipient file (dump --encrypt-to) and a signing key (--sign)
-	// are held to the same: a recipient swapped in would read the
-	// snapshot.
-	loose := filepath.Join(dir, "recipients.txt")
-	if err := os.WriteFile(loose, []byte(id.Recipient().String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ParseRecipients([]string{loose}); err != nil {
-		t.Fatalf("the caller's own recipient file: %v", err)
-	}
-	if err := os.Chmod(loose, 0o602); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ParseRecipients([]string{loose}); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "recipient file") {
-		t.Errorf("a world-writable recipient file: %v, want ErrUntrusted", err)
-	}
-	if _, err := ParseSigner(loose); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "signing key") {
-		t.Errorf("a world-writable signing key: %v, want ErrUntrusted", err)
-	}
-	// No writer: a FIFO is refused, not waited on.
-	if _, err := LoadKeyring([]string{fifo}); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "not a regular file") {
-		t.Errorf("a FIFO as identity: %v, want ErrUntrusted", err)
-	}
+	return &SealOptions{Recipients: rs, Names: names}, nil
 }

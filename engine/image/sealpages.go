@@ -4,40 +4,15 @@ import (
 	"bytes"
 	"crypto/cipher"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"sort"
 
-	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
-
-// blockAD is the associated data of a block: its identity, so that a
-// block authenticates only as itself (snapshot, process, index, address,
-// length, kind and stored length).
-const blockADSize = idSize + 8 + 8 + 8 + 4 + 1 + 4
-
-func blockAD(ad *[blockADSize]byte, id [idSize]byte, pid uint64, index, addr uint64, length uint32, kind codec.Kind, stored uint32) []byte {
-	le := binary.LittleEndian
-	copy(ad[:], id[:])
-	le.PutUint64(ad[16:], pid)
-	le.PutUint64(ad[24:], index)
-	le.PutUint64(ad[32:], addr)
-	le.PutUint32(ad[40:], length)
-	ad[44] = byte(kind)
-	le.PutUint32(ad[45:], stored)
-	return ad[:]
-}
-
-// blockNonce is block index's nonce: the index, unique under the
-// per-process key (each block is sealed once).
-func blockNonce(n *[nonceSize]byte, index uint64) []byte {
-	binary.LittleEndian.PutUint64(n[:], index)
-	return n[:]
-}
 
 // sealedPages is the pages file of a sealed snapshot as an io.ReaderAt of
 // plaintext payloads at their offsets: every block a read touches is read
@@ -49,7 +24,7 @@ type sealedPages struct {
 	name    string
 	f       store.File
 	aead    cipher.AEAD // nil: a signed snapshot in clear, blocks checked by SHA-256
-	id      [idSize]byte
+	id      [seal.IDSize]byte
 	pid     uint64
 	blocks  []Block    // the stored blocks, by offset
 	units   []sealUnit // of the stored blocks, by offset
@@ -63,11 +38,11 @@ type sealedPages struct {
 // the keys of a sealed snapshot, its Raw blocks sealed in windows of
 // window bytes (0: all whole), tags being the blocks' GCM tags; or, k
 // nil, of a signed snapshot in clear, tags being the blocks' SHA-256.
-func newSealedPages(name string, f store.File, lay *layout, k *sealKeys, window uint64, pid int, tags []byte) (*sealedPages, error) {
-	s := &sealedPages{name: name, f: f, pid: uint64(pid), tags: tags, tagLen: digestSize,
+func newSealedPages(name string, f store.File, lay *layout, k *seal.Keys, window uint64, pid int, tags []byte) (*sealedPages, error) {
+	s := &sealedPages{name: name, f: f, pid: uint64(pid), tags: tags, tagLen: seal.DigestSize,
 		scratch: make(chan []byte, sealedScratch)}
 	if k != nil {
-		s.aead, s.id, s.tagLen = k.pagesAEAD(pid), k.id, tagSize
+		s.aead, s.id, s.tagLen = k.Pages(pid), k.ID, seal.TagSize
 	} else {
 		window = 0
 	}
@@ -121,7 +96,7 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 	}
 	for k := 0; i < j; k++ {
 		u := &s.units[j-1]
-		if end := u.end(); end <= hi && (s.aead == nil || end+tagSize <= hi) {
+		if end := u.end(); end <= hi && (s.aead == nil || end+seal.TagSize <= hi) {
 			break
 		}
 		apart = slices.Insert(apart, len(apart)-k, u)
@@ -176,15 +151,15 @@ func (s *sealedPages) ReadAt(p []byte, off int64) (int, error) {
 // tag right after its ciphertext: the 16 bytes after a block in p (the
 // next block's, or padding) are set aside while the tag stands there.
 func (s *sealedPages) openInPlace(us []sealUnit, p []byte, lo uint64) error {
-	var save [tagSize]byte
+	var save [seal.TagSize]byte
 	for k := range us {
 		u := &us[k]
 		at := u.off - lo
 		end := at + uint64(u.n)
-		copy(save[:], p[end:end+tagSize])
-		copy(p[end:end+tagSize], s.tag(u))
-		_, err := s.open(u, p[at:at], p[at:end+tagSize])
-		copy(p[end:end+tagSize], save[:])
+		copy(save[:], p[end:end+seal.TagSize])
+		copy(p[end:end+seal.TagSize], s.tag(u))
+		_, err := s.open(u, p[at:at], p[at:end+seal.TagSize])
+		copy(p[end:end+seal.TagSize], save[:])
 		if err != nil {
 			return err
 		}
@@ -210,15 +185,8 @@ func (s *sealedPages) check(u *sealUnit, stored []byte) error {
 // appending the plaintext to dst.
 func (s *sealedPages) open(u *sealUnit, dst, ct []byte) ([]byte, error) {
 	b := &s.blocks[u.blk]
-	var nonce [nonceSize]byte
-	var ad [blockADSize]byte
-	bad := blockAD(&ad, s.id, s.pid, b.Index, b.Addr, b.Len, b.Kind, b.StoredLen)
-	n := blockNonce(&nonce, b.Index)
-	if u.win != 0 {
-		var wad [windowADSize]byte
-		bad, n = windowAD(&wad, bad, u.win), windowNonce(&nonce, b.Index, u.win)
-	}
-	out, err := s.aead.Open(dst, n, ct, bad)
+	id := seal.Block{ID: s.id, PID: s.pid, Index: b.Index, Addr: b.Addr, Len: b.Len, Kind: byte(b.Kind), Stored: b.StoredLen}
+	out, err := seal.Open(s.aead, dst, ct, &id, u.win)
 	if err != nil {
 		return nil, &BlockError{File: s.name, Block: b.Index, Addr: b.Addr, Err: ErrAuth}
 	}
@@ -235,9 +203,9 @@ func (s *sealedPages) partial(u *sealUnit, p []byte, lo uint64) error {
 	case buf = <-s.scratch:
 	default:
 	}
-	if cap(buf) < n+tagSize {
+	if cap(buf) < n+seal.TagSize {
 		// Every buffer fits every unit: kept, none is made again.
-		buf = make([]byte, max(n, s.maxLen)+tagSize)
+		buf = make([]byte, max(n, s.maxLen)+seal.TagSize)
 	}
 	defer func() {
 		select {
@@ -245,7 +213,7 @@ func (s *sealedPages) partial(u *sealUnit, p []byte, lo uint64) error {
 		default:
 		}
 	}()
-	buf = buf[:n+tagSize]
+	buf = buf[:n+seal.TagSize]
 	if _, err := s.f.ReadAt(buf[:n], int64(u.off)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -274,26 +242,4 @@ func (s *sealedPages) partial(u *sealUnit, p []byte, lo uint64) error {
 		copy(p[from-lo:to-lo], out[from-u.off:to-u.off])
 	}
 	return nil
-}
-
-// blockSealer encrypts the blocks of one process at dump time (the
-// pipeline's Seal hook) and keeps their tags.
-type blockSealer struct {
-	aead   cipher.AEAD
-	id     [idSize]byte
-	pid    uint64
-	window uint64 // Raw blocks larger than it are sealed in windows; 0: none
-}
-
-// seal encrypts stored, the stored bytes of block index at addr, into
-// buf and returns ciphertext and tag, or the ciphertext and tags of its
-// windows.
-func (s *blockSealer) seal(buf []byte, index, addr uint64, length uint32, kind codec.Kind, stored []byte) []byte {
-	if windowed(s.window, kind, uint32(len(stored))) {
-		return s.sealWindows(buf, index, addr, length, stored)
-	}
-	var nonce [nonceSize]byte
-	var ad [blockADSize]byte
-	return s.aead.Seal(buf, blockNonce(&nonce, index), stored,
-		blockAD(&ad, s.id, s.pid, index, addr, length, kind, uint32(len(stored))))
 }

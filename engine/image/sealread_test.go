@@ -14,6 +14,7 @@ import (
 	"filippo.io/age"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // authRanges is memory for the authenticated readers' tests: 64 KiB
@@ -30,7 +31,7 @@ func authRanges() []memRange {
 // windows), signed, and sealed with every block whole (as before sealed
 // windows), and returns the directories and the keyring of each (nil in
 // clear).
-func authSnapshots(t *testing.T) (dirs [4]string, keys [4]*Keyring) {
+func authSnapshots(t *testing.T) (dirs [4]string, keys [4]*seal.Keyring) {
 	t.Helper()
 	id, err := age.GenerateX25519Identity()
 	if err != nil {
@@ -39,12 +40,12 @@ func authSnapshots(t *testing.T) (dirs [4]string, keys [4]*Keyring) {
 	tmp := t.TempDir()
 	ageKey := filepath.Join(tmp, "key.txt")
 	os.WriteFile(ageKey, []byte(id.String()+"\n"), 0o600)
-	so, err := ParseRecipients([]string{id.Recipient().String()})
+	so, err := sealOptions([]string{id.Recipient().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	signKey, pub := signingKey(t)
-	priv, err := ParseSigner(signKey)
+	priv, err := seal.ParseSigner(signKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func authSnapshots(t *testing.T) (dirs [4]string, keys [4]*Keyring) {
 
 var authNames = [4]string{"clear", "sealed", "signed", "sealed whole"}
 
-func openAuth(t *testing.T, dir string, k *Keyring) *Reader {
+func openAuth(t *testing.T, dir string, k *seal.Keyring) *Reader {
 	t.Helper()
 	s, err := OpenWith(dir, OpenOptions{Keys: k})
 	if err != nil {
@@ -245,7 +246,7 @@ func TestSealedWindows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, feat := s.Manifest.Seal.Window, s.Manifest.HasFeature(FeatureSealedWindows); (v == 1) != (got == sealWindow && feat) || (v == 3) != (got == 0 && !feat) {
+		if got, feat := s.Manifest.Seal.Window, s.Manifest.HasFeature(FeatureSealedWindows); (v == 1) != (got == seal.Window && feat) || (v == 3) != (got == 0 && !feat) {
 			t.Fatalf("%s: window %d, feature %v", authNames[v], got, feat)
 		}
 		s.Close()
@@ -256,14 +257,14 @@ func TestSealedWindows(t *testing.T) {
 		if b.Kind == codec.Raw {
 			raws = append(raws, b)
 		}
-		if b.Kind == codec.Raw && b.Len > sealWindow != r.PageChecked(b) {
+		if b.Kind == codec.Raw && b.Len > seal.Window != r.PageChecked(b) {
 			t.Fatalf("block %d (%v, %d bytes): PageChecked %v", b.Index, b.Kind, b.Len, r.PageChecked(b))
 		}
 	}
 	b := raws[len(raws)/2]
-	for addr := b.Addr; addr < b.End(); addr += sealWindow {
+	for addr := b.Addr; addr < b.End(); addr += seal.Window {
 		wlo, whi, ok := r.Unit(addr+PageSize, lazyUnit)
-		if !ok || wlo != addr || whi != min(b.End(), addr+sealWindow) {
+		if !ok || wlo != addr || whi != min(b.End(), addr+seal.Window) {
 			t.Fatalf("Unit at %#x: [%#x, %#x) %v", addr+PageSize, wlo, whi, ok)
 		}
 		p := make([]byte, whi-wlo)
@@ -271,7 +272,7 @@ func TestSealedWindows(t *testing.T) {
 			t.Fatalf("window at %#x differs (%v)", wlo, err)
 		}
 		// Inside a window, across two.
-		q := make([]byte, sealWindow)
+		q := make([]byte, seal.Window)
 		at := wlo + 3000
 		if at+uint64(len(q)) <= b.End() {
 			if _, err := r.Uncached().ReadAt(q, int64(at)); err != nil || !bytes.Equal(q, want[at-lo:at-lo+uint64(len(q))]) {
@@ -288,21 +289,21 @@ func TestSealedWindows(t *testing.T) {
 		bad    uint64 // the address of the window refused
 		good   uint64 // and of one that still reads
 	}{
-		{"bit in a window", func(f []byte) { f[b.Off+2*sealWindow+99] ^= 8 }, b.Addr + 2*sealWindow, b.Addr + 3*sealWindow},
+		{"bit in a window", func(f []byte) { f[b.Off+2*seal.Window+99] ^= 8 }, b.Addr + 2*seal.Window, b.Addr + 3*seal.Window},
 		{"two windows of a block swapped", func(f []byte) {
-			w1 := bytes.Clone(f[b.Off : b.Off+sealWindow])
-			copy(f[b.Off:], f[b.Off+sealWindow:b.Off+2*sealWindow])
-			copy(f[b.Off+sealWindow:], w1)
-		}, b.Addr, b.Addr + 2*sealWindow},
+			w1 := bytes.Clone(f[b.Off : b.Off+seal.Window])
+			copy(f[b.Off:], f[b.Off+seal.Window:b.Off+2*seal.Window])
+			copy(f[b.Off+seal.Window:], w1)
+		}, b.Addr, b.Addr + 2*seal.Window},
 		{"window of another block", func(f []byte) {
-			copy(f[b.Off+sealWindow:b.Off+2*sealWindow], f[other.Off+sealWindow:other.Off+2*sealWindow])
-		}, b.Addr + sealWindow, b.Addr},
+			copy(f[b.Off+seal.Window:b.Off+2*seal.Window], f[other.Off+seal.Window:other.Off+2*seal.Window])
+		}, b.Addr + seal.Window, b.Addr},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := changedCopy(t, dirs[1], pages, tc.change)
 			r := openAuth(t, d, keys[1])
-			buf := make([]byte, sealWindow)
-			if _, err := r.Uncached().ReadAt(buf, int64(tc.good)); err != nil || !bytes.Equal(buf, want[tc.good-lo:tc.good-lo+sealWindow]) {
+			buf := make([]byte, seal.Window)
+			if _, err := r.Uncached().ReadAt(buf, int64(tc.good)); err != nil || !bytes.Equal(buf, want[tc.good-lo:tc.good-lo+seal.Window]) {
 				t.Errorf("an untouched window of the block: %v, or it differs", err)
 			}
 			for _, read := range []struct {

@@ -1,37 +1,26 @@
 package image
 
 import (
-	"encoding/binary"
 	"fmt"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // Sealed windows (the "sealed-windows" format feature): a sealed
 // snapshot's Raw blocks larger than Seal.Window are sealed window by
-// window, each window of Window bytes (the last one of a block possibly
-// shorter) an AES-256-GCM message of its own, so that a lazy restore's
-// fault reads, authenticates and places the window around the faulting
-// page, as page checksums let a snapshot in clear do, instead of the
-// whole block. The windows' ciphertexts follow each other where the
-// block's payload stands (the pages file keeps its layout); their tags
-// take the block's place in the index's tag table, in order, 16 bytes
-// each. A window's nonce is the block's (its index) with the window's
-// number plus one in bytes 8-11, and its associated data the block's
-// identity followed by that number (4 bytes): a window authenticates only
-// as itself, in its block, and never as a whole block. Other blocks are
-// sealed whole, as without the feature.
+// window (seal.Window; see package seal for the windows' nonces and
+// associated data), so that a lazy restore's fault reads, authenticates
+// and places the window around the faulting page instead of the whole
+// block. The windows' ciphertexts follow each other where the block's
+// payload stands (the pages file keeps its layout); their tags take the
+// block's place in the index's tag table, in order, 16 bytes each.
 
 // FeatureSealedWindows is the format feature of a sealed snapshot whose
 // Raw blocks are sealed in windows (Seal.Window).
 const FeatureSealedWindows = "sealed-windows"
 
 func init() { knownFeatures[FeatureSealedWindows] = true }
-
-// sealWindow is the window size a sealed snapshot's Raw blocks are
-// written in: the fault window of a lazy restore (a multiple of the page
-// size, at most codec.MaxBlockSize).
-const sealWindow = 16 << 10
 
 // checkSealWindow validates the seal's window against the features and
 // the block size.
@@ -46,48 +35,10 @@ func checkSealWindow(m *Manifest) error {
 	return nil
 }
 
-// windowed reports whether a block of kind and length is sealed in
-// windows of w bytes (w 0: none is).
-func windowed(w uint64, kind codec.Kind, length uint32) bool {
-	return w != 0 && kind == codec.Raw && uint64(length) > w
-}
-
-// windows returns the number of windows of w bytes in n bytes.
-func windows(w uint64, n uint32) uint64 { return (uint64(n) + w - 1) / w }
-
-// windowNonce and windowAD are the nonce and associated data of window
-// number win (from 1) of a block, from the block's.
-func windowNonce(n *[nonceSize]byte, index uint64, win uint32) []byte {
-	blockNonce(n, index)
-	binary.LittleEndian.PutUint32(n[8:], win)
-	return n[:]
-}
-
-const windowADSize = blockADSize + 4
-
-func windowAD(ad *[windowADSize]byte, block []byte, win uint32) []byte {
-	copy(ad[:], block)
-	binary.LittleEndian.PutUint32(ad[blockADSize:], win)
-	return ad[:]
-}
-
-// sealWindows appends to buf the ciphertext of stored, the bytes of Raw
-// block index at addr, window by window, then the windows' tags.
-func (s *blockSealer) sealWindows(buf []byte, index, addr uint64, length uint32, stored []byte) []byte {
-	var bad [blockADSize]byte
-	block := blockAD(&bad, s.id, s.pid, index, addr, length, codec.Raw, uint32(len(stored)))
-	n := windows(s.window, uint32(len(stored)))
-	var tagBuf [tagSize * (codec.MaxBlockSize / PageSize)]byte
-	tags := tagBuf[:0]
-	for win := uint64(0); win < n; win++ {
-		part := stored[win*s.window : min(uint64(len(stored)), (win+1)*s.window)]
-		var nonce [nonceSize]byte
-		var ad [windowADSize]byte
-		buf = s.aead.Seal(buf, windowNonce(&nonce, index, uint32(win+1)), part, windowAD(&ad, block, uint32(win+1)))
-		tags = append(tags, buf[len(buf)-tagSize:]...)
-		buf = buf[:len(buf)-tagSize]
-	}
-	return append(buf, tags...)
+// windowed reports whether a block of kind and stored length n is
+// sealed in windows of w bytes (w 0: none is).
+func windowed(w uint64, kind codec.Kind, n uint32) bool {
+	return seal.Windowed(w, kind == codec.Raw, n)
 }
 
 // sealUnit is what one AES-GCM message of a pages file covers: a block
@@ -113,7 +64,7 @@ func sealUnits(lay *layout, w uint64, tagLen int) ([]Block, []sealUnit, uint64, 
 		switch {
 		case rec.Kind == codec.Zero:
 		case windowed(w, rec.Kind, rec.StoredLen):
-			nb, nu = nb+1, nu+int(windows(w, rec.StoredLen))
+			nb, nu = nb+1, nu+int(seal.Windows(w, rec.StoredLen))
 		default:
 			nb, nu = nb+1, nu+1
 		}
@@ -141,7 +92,7 @@ func sealUnits(lay *layout, w uint64, tagLen int) ([]Block, []sealUnit, uint64, 
 				tag += uint64(tagLen)
 				continue
 			}
-			for win := uint64(0); win < windows(w, b.StoredLen); win++ {
+			for win := uint64(0); win < seal.Windows(w, b.StoredLen); win++ {
 				n := min(uint64(b.StoredLen)-win*w, w)
 				units = append(units, sealUnit{blk: bi, win: uint32(win + 1), off: b.Off + win*w, n: uint32(n), tag: tag})
 				tag += uint64(tagLen)

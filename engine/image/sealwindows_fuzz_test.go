@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"filippo.io/age"
+
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // bytesFile is a File of bytes.
@@ -27,7 +29,7 @@ func FuzzSealedPagesRead(f *testing.F) {
 	}
 	keyFile := filepath.Join(f.TempDir(), "key.txt")
 	os.WriteFile(keyFile, []byte(id.String()+"\n"), 0o600)
-	so, err := ParseRecipients([]string{id.Recipient().String()})
+	so, err := sealOptions([]string{id.Recipient().String()})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -37,7 +39,7 @@ func FuzzSealedPagesRead(f *testing.F) {
 	synth("random", mem[160<<10:], 3)
 	dir := filepath.Join(f.TempDir(), "snap")
 	writeSnapshot(f, dir, 42, []memRange{{addr: 0x7f0000000000, data: mem}}, Options{BlockSize: 64 << 10, Seal: so})
-	k, err := LoadKeyring([]string{keyFile})
+	k, err := seal.LoadKeyring([]string{keyFile})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func FuzzSealedPagesRead(f *testing.F) {
 		f.Fatalf("read the payloads: %d, %v", n, err)
 	}
 	f.Add(pages, sp.tags, uint32(0), uint32(len(pages)))
-	f.Add(pages, sp.tags, uint32(sealWindow-5), uint32(sealWindow+10))
+	f.Add(pages, sp.tags, uint32(seal.Window-5), uint32(seal.Window+10))
 	f.Add(pages, sp.tags[:len(sp.tags)-1], uint32(0), uint32(100))
 	f.Fuzz(func(t *testing.T, file, tags []byte, off, n uint32) {
 		n %= 1 << 20

@@ -1,10 +1,8 @@
 package image
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -12,8 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"golang.org/x/crypto/ssh"
-
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
@@ -30,12 +27,6 @@ const FeatureSigned = "signed"
 
 func init() { knownFeatures[FeatureSigned] = true }
 
-const (
-	signAlg    = "ed25519"
-	signDigest = "SHA-256"
-	digestSize = sha256.Size
-)
-
 // Signature is the "signature" object of a signed snapshot's manifest.
 type Signature struct {
 	Alg    string `json:"alg"`
@@ -43,61 +34,6 @@ type Signature struct {
 	// Key is the signer's public key, as a line of authorized_keys. It
 	// says who signed; a reader trusts only the keys it is given.
 	Key string `json:"key"`
-}
-
-// ParseSigner reads the private key of dump --sign: an OpenSSH ed25519
-// key file without a passphrase.
-func ParseSigner(file string) (ed25519.PrivateKey, error) {
-	b, err := readKeyFile(file, "signing key")
-	if err != nil {
-		return nil, err
-	}
-	k, err := ssh.ParseRawPrivateKey(b)
-	if err != nil {
-		return nil, fmt.Errorf("signing key %s: %w", file, err)
-	}
-	switch k := k.(type) {
-	case *ed25519.PrivateKey:
-		return *k, nil
-	case ed25519.PrivateKey:
-		return k, nil
-	}
-	return nil, fmt.Errorf("signing key %s: a %T, not an ed25519 key", file, k)
-}
-
-// parseSignerKeys reads ssh-ed25519 public keys, one a line (comments and
-// blank lines skipped).
-func parseSignerKeys(b []byte) ([]ed25519.PublicKey, error) {
-	var out []ed25519.PublicKey
-	for len(bytes.TrimSpace(b)) > 0 {
-		pk, _, _, rest, err := ssh.ParseAuthorizedKey(b)
-		if err != nil {
-			return nil, err
-		}
-		b = rest
-		ck, ok := pk.(ssh.CryptoPublicKey)
-		if !ok {
-			return nil, fmt.Errorf("a %s key, not ssh-ed25519", pk.Type())
-		}
-		ek, ok := ck.CryptoPublicKey().(ed25519.PublicKey)
-		if !ok {
-			return nil, fmt.Errorf("a %s key, not ssh-ed25519", pk.Type())
-		}
-		out = append(out, ek)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no key")
-	}
-	return out, nil
-}
-
-// signerKeyLine returns the authorized_keys line of a public key.
-func signerKeyLine(pub ed25519.PublicKey) string {
-	pk, err := ssh.NewPublicKey(pub)
-	if err != nil {
-		panic(err) // an ed25519 key always converts
-	}
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pk)))
 }
 
 func digestsName(pid int) string { return fmt.Sprintf("digests-%d.img", pid) }
@@ -116,8 +52,8 @@ func checkSignature(m *Manifest) error {
 		}
 		return nil
 	}
-	if s := m.Signature; s.Alg != signAlg || s.Digest != signDigest {
-		return fmt.Errorf("%w: signature %s/%s, this build reads %s/%s", ErrVersion, s.Alg, s.Digest, signAlg, signDigest)
+	if s := m.Signature; s.Alg != seal.SignAlg || s.Digest != seal.SignDigest {
+		return fmt.Errorf("%w: signature %s/%s, this build reads %s/%s", ErrVersion, s.Alg, s.Digest, seal.SignAlg, seal.SignDigest)
 	}
 	for _, p := range m.Processes {
 		if p.PageCRCs != "" {
@@ -136,7 +72,7 @@ func checkSignature(m *Manifest) error {
 		}
 	}
 	for name, f := range m.Files {
-		if _, err := hex.DecodeString(f.SHA256); (err != nil || len(f.SHA256) != 2*digestSize) && !isPages(m, name) {
+		if _, err := hex.DecodeString(f.SHA256); (err != nil || len(f.SHA256) != 2*seal.DigestSize) && !isPages(m, name) {
 			return fmt.Errorf("%w: signed manifest has no SHA-256 for %q", ErrCorrupt, name)
 		}
 	}
@@ -208,7 +144,7 @@ func (w *Writer) writeAuth(b []byte) error {
 	a := authFile{}
 	if w.keys != nil {
 		a.flags |= authMAC
-		a.mac = w.keys.manifestMAC(b)
+		a.mac = w.keys.ManifestMAC(b)
 	}
 	if w.signer != nil {
 		a.flags |= authSig
@@ -227,13 +163,13 @@ func (w *Writer) writeAuth(b []byte) error {
 // files (snapshot.auth, keys.age) are checked as every file of st is
 // (store.Store.Stat: a plain file, not a link, that only the caller and root
 // can change unless trusted).
-func authenticate(st store.Store, raw []byte, k *Keyring) (*sealKeys, bool, error) {
+func authenticate(st store.Store, raw []byte, k *seal.Keyring) (*seal.Keys, bool, error) {
 	read := func(name string, limit int64, absent string) ([]byte, error) {
 		size, err := st.Stat(name)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				return nil, fmt.Errorf("%w: %s is %s (no %s), and a key for it was given (%s): refusing a snapshot it cannot authenticate",
-					ErrNoIdentity, st, absent, name, strings.Join(k.files, ", "))
+					ErrNoIdentity, st, absent, name, strings.Join(k.Files(), ", "))
 			}
 			return nil, err
 		}
@@ -250,38 +186,32 @@ func authenticate(st store.Store, raw []byte, k *Keyring) (*sealKeys, bool, erro
 	if err != nil {
 		return nil, false, fmt.Errorf("%s: %w", joinName(st.String(), AuthName), err)
 	}
-	var keys *sealKeys
-	if len(k.ids) > 0 {
+	var keys *seal.Keys
+	if k.HasIdentities() {
 		if auth.flags&authMAC == 0 {
-			return nil, false, fmt.Errorf("%w: %s is not sealed, and an age identity was given (%s): refusing it", ErrNoIdentity, st, strings.Join(k.files, ", "))
+			return nil, false, fmt.Errorf("%w: %s is not sealed, and an age identity was given (%s): refusing it", ErrNoIdentity, st, strings.Join(k.Files(), ", "))
 		}
-		wrapped, err := read(KeysName, maxKeysSize, "not sealed")
+		wrapped, err := read(KeysName, seal.MaxKeysSize, "not sealed")
 		if err != nil {
 			return nil, false, err
 		}
-		data, id, err := unwrapKey(wrapped, k)
+		data, id, err := seal.UnwrapKey(wrapped, k)
 		if err != nil {
 			return nil, false, fmt.Errorf("%s: %w", joinName(st.String(), KeysName), err)
 		}
-		keys = newSealKeys(data, id)
-		if !hmac.Equal(auth.mac, keys.manifestMAC(raw)) {
+		keys = seal.NewKeys(data, id)
+		if !hmac.Equal(auth.mac, keys.ManifestMAC(raw)) {
 			return nil, false, fmt.Errorf("%s: %w: the manifest is not the one the dump wrote", joinName(st.String(), ManifestName), ErrAuth)
 		}
 	}
 	signed := false
-	if len(k.signers) > 0 {
+	if k.HasSigners() {
 		if auth.flags&authSig == 0 {
-			return nil, false, fmt.Errorf("%w: %s is not signed, and a signer's key was given (%s): refusing it", ErrNoIdentity, st, strings.Join(k.files, ", "))
+			return nil, false, fmt.Errorf("%w: %s is not signed, and a signer's key was given (%s): refusing it", ErrNoIdentity, st, strings.Join(k.Files(), ", "))
 		}
-		for _, pub := range k.signers {
-			if ed25519.Verify(pub, raw, auth.sig) {
-				signed = true
-				break
-			}
-		}
-		if !signed {
+		if signed = k.Verify(raw, auth.sig); !signed {
 			return nil, false, fmt.Errorf("%s: %w: its signature verifies with none of the keys of %s (changed, or signed by another key)",
-				joinName(st.String(), ManifestName), ErrAuth, strings.Join(k.files, ", "))
+				joinName(st.String(), ManifestName), ErrAuth, strings.Join(k.Files(), ", "))
 		}
 	}
 	return keys, signed, nil
@@ -289,7 +219,7 @@ func authenticate(st store.Store, raw []byte, k *Keyring) (*sealKeys, bool, erro
 
 // checkKeys checks that a manifest's seal and signature agree with what
 // authenticate opened and verified.
-func checkKeys(dir string, m *Manifest, keys *sealKeys, signed bool) error {
+func checkKeys(dir string, m *Manifest, keys *seal.Keys, signed bool) error {
 	switch {
 	case m.Seal == nil && keys != nil:
 		return fmt.Errorf("%w: %s: the manifest is not sealed but its directory holds a data key", ErrAuth, dir)
@@ -297,22 +227,15 @@ func checkKeys(dir string, m *Manifest, keys *sealKeys, signed bool) error {
 		return fmt.Errorf("%w: %s: the manifest is not signed but a signature verified", ErrAuth, dir)
 	case m.Seal != nil && keys == nil:
 		return fmt.Errorf("%w: %s is encrypted for %s: give an identity that opens it (--identity FILE or %s)",
-			ErrNoIdentity, dir, strings.Join(m.Seal.Recipients, ", "), IdentityEnv)
-	case m.Seal != nil && m.Seal.ID != hex.EncodeToString(keys.id[:]):
+			ErrNoIdentity, dir, strings.Join(m.Seal.Recipients, ", "), seal.IdentityEnv)
+	case m.Seal != nil && m.Seal.ID != hex.EncodeToString(keys.ID[:]):
 		return fmt.Errorf("%w: %s: the data key is of another snapshot", ErrAuth, dir)
 	case m.Signature != nil && !signed && keys == nil:
 		return fmt.Errorf("%w: %s is signed by %s: give the signer's public key to verify it (--identity KEY.pub or %s)",
-			ErrNoIdentity, dir, m.Signature.Key, IdentityEnv)
+			ErrNoIdentity, dir, m.Signature.Key, seal.IdentityEnv)
 	}
 	return nil
 }
 
 // Signed reports whether the snapshot's signature was verified.
 func (s *Snapshot) Signed() bool { return s.signed }
-
-// blockDigester computes the digests of a signed snapshot's blocks at
-// dump time (the pipeline's Seal hook, without encryption).
-func digestBlock(buf, stored []byte) []byte {
-	sum := sha256.Sum256(stored)
-	return append(buf, sum[:]...)
-}

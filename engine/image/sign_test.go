@@ -14,6 +14,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // signingKey writes an OpenSSH ed25519 key pair (ssh-keygen's files) and
@@ -31,13 +32,13 @@ func signingKey(t *testing.T) (string, string) {
 	dir := t.TempDir()
 	key, pubFile := filepath.Join(dir, "sign"), filepath.Join(dir, "sign.pub")
 	os.WriteFile(key, pem.EncodeToMemory(blk), 0o600)
-	os.WriteFile(pubFile, []byte(signerKeyLine(pub)+" test\n"), 0o644)
+	os.WriteFile(pubFile, []byte(seal.SignerKeyLine(pub)+" test\n"), 0o644)
 	return key, pubFile
 }
 
-func keyring(t *testing.T, files ...string) *Keyring {
+func keyring(t *testing.T, files ...string) *seal.Keyring {
 	t.Helper()
-	k, err := LoadKeyring(files)
+	k, err := seal.LoadKeyring(files)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func keyring(t *testing.T, files ...string) *Keyring {
 func TestSigned(t *testing.T) {
 	key, pub := signingKey(t)
 	_, otherPub := signingKey(t)
-	priv, err := ParseSigner(key)
+	priv, err := seal.ParseSigner(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +131,11 @@ func TestSigned(t *testing.T) {
 // signer's key refuses a snapshot that is only sealed.
 func TestSealedAndSigned(t *testing.T) {
 	key, pub := signingKey(t)
-	priv, _ := ParseSigner(key)
+	priv, _ := seal.ParseSigner(key)
 	id, _ := age.GenerateX25519Identity()
 	idFile := filepath.Join(t.TempDir(), "id.txt")
 	os.WriteFile(idFile, []byte(id.String()+"\n"), 0o600)
-	so, _ := ParseRecipients([]string{idFile})
+	so, _ := sealOptions([]string{idFile})
 	dir := filepath.Join(t.TempDir(), "snap")
 	writeSnapshot(t, dir, 42, layoutRanges(6), Options{Seal: so, Sign: priv})
 	if err := readSnapshot(dir, keyring(t, idFile)); err != nil {

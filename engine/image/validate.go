@@ -38,12 +38,34 @@ const (
 // is never refused by restore for its shape. (Whether this machine can
 // restore it, its files and pids, is restore's own check.)
 func (p *Process) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
-	}
 	if p.PID <= 0 {
 		return bad("pid %d", p.PID)
 	}
+	if err := p.validateThreads(); err != nil {
+		return err
+	}
+	if a := p.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
+		return bad("oom_score_adj %d, not within -1000 to 1000", *a)
+	}
+	if ipc := p.SysVIPC; ipc != nil {
+		if err := ipc.validate(); err != nil {
+			return err
+		}
+	}
+	if err := p.validateVMAs(); err != nil {
+		return err
+	}
+	return p.validateFDs()
+}
+
+// bad is a state Validate refuses: ErrCorrupt, saying why.
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+}
+
+// validateThreads checks the threads: the first the leader, each tid
+// positive and once, their scheduling.
+func (p *Process) validateThreads() error {
 	if len(p.Threads) == 0 {
 		return bad("no threads")
 	}
@@ -63,31 +85,37 @@ func (p *Process) Validate() error {
 			return bad("thread %d: %v", th.TID, err)
 		}
 	}
-	if a := p.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
-		return bad("oom_score_adj %d, not within -1000 to 1000", *a)
-	}
-	if ipc := p.SysVIPC; ipc != nil {
-		for _, s := range ipc.Sems {
-			if s.ID < 0 || s.Mode > 0o777 || len(s.Values) == 0 || len(s.Values) > maxSemaphores {
-				return bad("semaphore set %d (key %#x): id, mode %o or %d semaphores out of range", s.ID, uint32(s.Key), s.Mode, len(s.Values))
-			}
-			for i, v := range s.Values {
-				if v > semValueMax {
-					return bad("semaphore set %d: semaphore %d is %d, more than %d", s.ID, i, v, semValueMax)
-				}
-			}
+	return nil
+}
+
+// validate checks System V semaphore sets and message queues.
+func (ipc *SysVIPC) validate() error {
+	for _, s := range ipc.Sems {
+		if s.ID < 0 || s.Mode > 0o777 || len(s.Values) == 0 || len(s.Values) > maxSemaphores {
+			return bad("semaphore set %d (key %#x): id, mode %o or %d semaphores out of range", s.ID, uint32(s.Key), s.Mode, len(s.Values))
 		}
-		for _, q := range ipc.Msgs {
-			if q.ID < 0 || q.Mode > 0o777 {
-				return bad("message queue %d (key %#x): id or mode %o out of range", q.ID, uint32(q.Key), q.Mode)
-			}
-			for _, m := range q.Messages {
-				if m.Type <= 0 {
-					return bad("message queue %d: a message of type %d (types are positive)", q.ID, m.Type)
-				}
+		for i, v := range s.Values {
+			if v > semValueMax {
+				return bad("semaphore set %d: semaphore %d is %d, more than %d", s.ID, i, v, semValueMax)
 			}
 		}
 	}
+	for _, q := range ipc.Msgs {
+		if q.ID < 0 || q.Mode > 0o777 {
+			return bad("message queue %d (key %#x): id or mode %o out of range", q.ID, uint32(q.Key), q.Mode)
+		}
+		for _, m := range q.Messages {
+			if m.Type <= 0 {
+				return bad("message queue %d: a message of type %d (types are positive)", q.ID, m.Type)
+			}
+		}
+	}
+	return nil
+}
+
+// validateVMAs checks the VMAs: each valid, in address order, not
+// overlapping, the contents of a deleted file mapped kept once.
+func (p *Process) validateVMAs() error {
 	if len(p.VMAs) > maxVMAs {
 		return bad("%d VMAs, more than %d", len(p.VMAs), maxVMAs)
 	}
@@ -110,6 +138,12 @@ func (p *Process) Validate() error {
 			return bad("VMA %d (%#x-%#x) is not after VMA %d (%#x-%#x): out of order or overlapping", i, v.Start, v.End, i-1, p.VMAs[i-1].Start, p.VMAs[i-1].End)
 		}
 	}
+	return nil
+}
+
+// validateFDs checks the descriptors: each non-negative and once, a dup
+// naming a lower one, deleted files, pseudo-terminals and locks.
+func (p *Process) validateFDs() error {
 	fds := make(map[int]bool, len(p.FDs))
 	for _, f := range p.FDs {
 		if f.FD < 0 || f.FD >= maxFD || fds[f.FD] {
@@ -121,20 +155,8 @@ func (p *Process) Validate() error {
 		if f.SameAs != nil && (*f.SameAs >= f.FD || !fds[*f.SameAs]) {
 			return bad("descriptor %d is a dup of %d, which is not a lower descriptor of the process", f.FD, *f.SameAs)
 		}
-		if g := f.Ghost; g != nil {
-			ok := f.Kind == FDFile && g.Mode <= 0o7777
-			if g.Of != nil {
-				var of *FD
-				for i := range p.FDs {
-					if p.FDs[i].FD == *g.Of {
-						of = &p.FDs[i]
-					}
-				}
-				ok = ok && len(g.Data) == 0 && *g.Of < f.FD && of != nil && of.Ghost != nil && of.Ghost.Of == nil
-			}
-			if !ok {
-				return bad("descriptor %d: a deleted file that is not one (%s, mode %o, of %v)", f.FD, f.Kind, g.Mode, g.Of)
-			}
+		if g := f.Ghost; g != nil && !p.validGhostFD(&f, g) {
+			return bad("descriptor %d: a deleted file that is not one (%s, mode %o, of %v)", f.FD, f.Kind, g.Mode, g.Of)
 		}
 		if pt := f.Pty; pt != nil && (f.Kind != FDChr || pt.Index < 0 || pt.State != nil && !pt.Master) {
 			return bad("descriptor %d: a pseudo-terminal end that is not one (%s, pair %d)", f.FD, f.Kind, pt.Index)
@@ -146,6 +168,23 @@ func (p *Process) Validate() error {
 		}
 	}
 	return nil
+}
+
+// validGhostFD reports whether descriptor f's deleted file g is one: a
+// regular file's, its contents kept once (Of names a lower descriptor
+// that keeps them).
+func (p *Process) validGhostFD(f *FD, g *Ghost) bool {
+	ok := f.Kind == FDFile && g.Mode <= 0o7777
+	if g.Of != nil {
+		var of *FD
+		for i := range p.FDs {
+			if p.FDs[i].FD == *g.Of {
+				of = &p.FDs[i]
+			}
+		}
+		ok = ok && len(g.Data) == 0 && *g.Of < f.FD && of != nil && of.Ghost != nil && of.Ghost.Of == nil
+	}
+	return ok
 }
 
 // validate checks one VMA alone.

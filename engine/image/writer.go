@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 	"github.com/lazyfs/lazyfs/engine/image/store"
 )
 
@@ -78,7 +79,7 @@ type Writer struct {
 	m       Manifest
 	files   []string // written so far, for Abort
 	done    bool
-	keys    *sealKeys          // of a sealed snapshot
+	keys    *seal.Keys         // of a sealed snapshot
 	signer  ed25519.PrivateKey // of a signed snapshot
 	parent  *Snapshot          // of an incremental snapshot
 	// forked and indexes are for a tree's copy-on-write memory
@@ -159,7 +160,7 @@ func create(dir string, opts Options) (*Writer, error) {
 	if opts.Sign != nil {
 		w.signer = opts.Sign
 		w.addFeature(FeatureSigned)
-		w.m.Signature = &Signature{Alg: signAlg, Digest: signDigest, Key: signerKeyLine(opts.Sign.Public().(ed25519.PublicKey))}
+		w.m.Signature = &Signature{Alg: seal.SignAlg, Digest: seal.SignDigest, Key: seal.SignerKeyLine(opts.Sign.Public().(ed25519.PublicKey))}
 	}
 	if opts.Seal != nil {
 		if err := w.startSeal(opts.Seal); err != nil {
@@ -173,19 +174,19 @@ func create(dir string, opts Options) (*Writer, error) {
 // startSeal makes the data key of a sealed snapshot and writes it,
 // wrapped for the recipients.
 func (w *Writer) startSeal(o *SealOptions) error {
-	data, id := newDataKey()
-	wrapped, err := wrapKey(o, data, id)
+	data, id := seal.NewDataKey()
+	wrapped, err := seal.WrapKey(o.Recipients, data, id)
 	if err != nil {
 		return err
 	}
 	if err := w.writeFile(KeysName, wrapped); err != nil {
 		return err
 	}
-	w.keys = newSealKeys(data, id)
+	w.keys = seal.NewKeys(data, id)
 	w.addFeature(FeatureSealed)
-	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: sealAEAD, KDF: sealKDF, Wrap: sealWrap, Recipients: o.Names}
-	if uint64(w.opts.BlockSize) > sealWindow && !o.whole {
-		w.m.Seal.Window = sealWindow
+	w.m.Seal = &Seal{ID: fmt.Sprintf("%x", id), AEAD: seal.AEAD, KDF: seal.KDF, Wrap: seal.Wrap, Recipients: o.Names}
+	if uint64(w.opts.BlockSize) > seal.Window && !o.whole {
+		w.m.Seal.Window = seal.Window
 		w.addFeature(FeatureSealedWindows)
 	}
 	return nil
@@ -406,7 +407,7 @@ func (w *Writer) WriteState(p *Process) error {
 	}
 	b = append(b, '\n')
 	if w.keys != nil {
-		b = w.keys.sealFile(roleState, p.PID, b, 0)
+		b = sealFile(w.keys, roleState, p.PID, b, 0)
 	}
 	return w.writeFile(e.State, b)
 }
@@ -506,7 +507,7 @@ type PagesWriter struct {
 	cancel context.CancelFunc
 
 	ix      Index
-	seal    *blockSealer // of a sealed snapshot
+	sealer  *seal.Sealer // of a sealed snapshot
 	digests bool         // of a signed snapshot in clear
 	tags    []byte       // per block: the tag of a sealed snapshot, the SHA-256 of a signed one
 	end     uint64       // end of the last run
@@ -583,14 +584,15 @@ func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWrit
 	pw.pcrc = pw.bs > PageSize && w.keys == nil && w.signer == nil
 	po := codec.PipelineOptions{Workers: w.opts.Workers, Mode: w.opts.Mode, PageChecksums: pw.pcrc}
 	if w.keys != nil {
-		pw.seal = &blockSealer{aead: w.keys.pagesAEAD(pid), id: w.keys.id, pid: uint64(pid), window: w.m.Seal.Window}
+		pw.sealer = &seal.Sealer{AEAD: w.keys.Pages(pid), Window: w.m.Seal.Window}
 		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) {
 			t := e.Tag.(*blockTag)
-			return pw.seal.seal(buf, t.index, t.addr, uint32(len(e.Src)), e.Kind, e.Stored), nil
+			b := seal.Block{ID: w.keys.ID, PID: uint64(pid), Index: t.index, Addr: t.addr, Len: uint32(len(e.Src)), Kind: byte(e.Kind), Stored: uint32(len(e.Stored))}
+			return pw.sealer.Seal(buf, &b, e.Kind == codec.Raw, e.Stored), nil
 		}
 	} else if w.signer != nil {
 		pw.digests = true
-		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return digestBlock(buf, e.Stored), nil }
+		po.Seal = func(e *codec.Encoded, buf []byte) ([]byte, error) { return seal.AppendDigest(buf, e.Stored), nil }
 	}
 	if parent != nil {
 		po.InParent = (&parentMatcher{r: parent}).inParent
@@ -605,7 +607,7 @@ func (w *Writer) pages(ctx context.Context, pid int, parent *Reader) (*PagesWrit
 var zeroPad [rawAlign]byte
 
 // zeroTag stands in the tag table for a Zero block, which stores nothing.
-var zeroTag [tagSize]byte
+var zeroTag [seal.TagSize]byte
 
 // blockTag goes with a block through the pipeline: its chunk and, for
 // the seal, its identity.
@@ -635,7 +637,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		}
 	}
 	stored := e.Stored
-	if pw.seal != nil {
+	if pw.sealer != nil {
 		var tag []byte
 		if e.Kind != codec.Zero {
 			stored, tag = e.Sealed[:len(e.Stored)], e.Sealed[len(e.Stored):]
@@ -646,7 +648,7 @@ func (pw *PagesWriter) emit(e *codec.Encoded) error {
 		}
 	} else if pw.digests {
 		if e.Kind == codec.Zero {
-			pw.tags = append(pw.tags, make([]byte, digestSize)...)
+			pw.tags = append(pw.tags, make([]byte, seal.DigestSize)...)
 		} else {
 			pw.tags = append(pw.tags, e.Sealed...)
 		}
@@ -785,6 +787,30 @@ func (pw *PagesWriter) Close() error {
 	if pw.parent != nil {
 		defer pw.parent.Close()
 	}
+	pw.finishPages()
+	if pw.err != nil {
+		return pw.err
+	}
+	e := pw.w.entry(pw.pid)
+	lay, err := pw.writeIndex(e)
+	if err != nil {
+		return pw.fail(err)
+	}
+	if err := pw.writeSideFiles(lay, e); err != nil {
+		return pw.fail(err)
+	}
+	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
+	var pages uint64
+	for _, r := range pw.ix.Runs {
+		pages += r.Pages
+	}
+	e.Pages4K, e.StoredBytes = pages, pw.off
+	return nil
+}
+
+// finishPages ends the pipeline and the pages file: flushed and synced
+// unless the writer failed, closed either way. Errors go to pw.fail.
+func (pw *PagesWriter) finishPages() {
 	if err := pw.pipe.Close(); err != nil {
 		pw.fail(pipeError(err))
 	}
@@ -804,33 +830,43 @@ func (pw *PagesWriter) Close() error {
 			pw.fail(fmt.Errorf("close %s: %w", pagesName(pw.pid), err))
 		}
 	}
-	if pw.err != nil {
-		return pw.err
-	}
+}
+
+// writeIndex writes the index of the pages, e.Index (sealed with the
+// blocks' tags, if the snapshot is), checked first as a reader checks
+// it, and returns its layout.
+func (pw *PagesWriter) writeIndex(e *ProcessEntry) (*layout, error) {
 	if got, want := uint64(len(pw.ix.Blocks)), pw.nblocks; got != want {
-		return pw.fail(fmt.Errorf("pages of %d: %d blocks written, runs need %d", pw.pid, got, want))
+		return nil, fmt.Errorf("pages of %d: %d blocks written, runs need %d", pw.pid, got, want)
 	}
 	pw.ix.PagesSize = pw.off
 	b, err := pw.ix.MarshalBinary()
 	if err != nil {
-		return pw.fail(err)
+		return nil, err
 	}
 	// Re-parse what is about to be written: the writer must never produce
 	// an index the reader refuses.
 	if _, err := UnmarshalIndex(b, int64(pw.off)); err != nil {
-		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
+		return nil, fmt.Errorf("index of %d fails its own check: %w", pw.pid, err)
 	}
 	lay, err := newLayout(&pw.ix)
 	if err != nil {
-		return pw.fail(fmt.Errorf("index of %d fails its own check: %w", pw.pid, err))
+		return nil, fmt.Errorf("index of %d fails its own check: %w", pw.pid, err)
 	}
-	e := pw.w.entry(pw.pid)
-	if pw.seal != nil {
-		b = pw.w.keys.sealFile(roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
+	if pw.sealer != nil {
+		b = sealFile(pw.w.keys, roleIndex, pw.pid, append(b, pw.tags...), len(pw.tags))
 	}
 	if err := pw.w.writeFile(e.Index, b); err != nil {
-		return pw.fail(err)
+		return nil, err
 	}
+	return lay, nil
+}
+
+// writeSideFiles records what the blocks written need (features), keeps
+// the layout lay for the Forked blocks of the process's children, and
+// writes the page checksums or the blocks' digests, if the snapshot has
+// them, naming them in e.
+func (pw *PagesWriter) writeSideFiles(lay *layout, e *ProcessEntry) error {
 	if pw.stats[codec.Shuffle].Blocks > 0 {
 		pw.w.addFeature(FeatureShuffle)
 	}
@@ -845,25 +881,17 @@ func (pw *PagesWriter) Close() error {
 		// Checked like the index: the writer must never produce a file
 		// the reader refuses.
 		if _, err := newPageCRCs(lay, pw.pageCRCs); err != nil {
-			return pw.fail(fmt.Errorf("page checksums of %d fail their own check: %w", pw.pid, err))
+			return fmt.Errorf("page checksums of %d fail their own check: %w", pw.pid, err)
 		}
 		if err := pw.w.writeFile(pageCRCName(pw.pid), marshalPageCRCs(pw.pageCRCs)); err != nil {
-			return pw.fail(err)
+			return err
 		}
 		e.PageCRCs = pageCRCName(pw.pid)
 		pw.w.addFeature(FeaturePageCRC)
 	}
 	if pw.digests {
-		if err := pw.w.writeFile(e.Digests, pw.tags); err != nil {
-			return pw.fail(err)
-		}
+		return pw.w.writeFile(e.Digests, pw.tags)
 	}
-	pw.w.m.Files[pagesName(pw.pid)] = FileSum{Size: int64(pw.off), CRC32C: crcHex(pw.crc)}
-	var pages uint64
-	for _, r := range pw.ix.Runs {
-		pages += r.Pages
-	}
-	e.Pages4K, e.StoredBytes = pages, pw.off
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
@@ -42,7 +43,7 @@ type Process struct {
 	kept, forked []units.Range
 
 	// wsLoad waits for the working set loadWorkingSet started reading.
-	wsLoad func() (*image.WorkingSet, error)
+	wsLoad func() (*workingset.Set, error)
 	ws     WorkingSetResult
 }
 

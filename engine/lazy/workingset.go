@@ -12,11 +12,12 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
-// Working sets (image.WorkingSet): a lazy restore can record which memory
+// Working sets (workingset.Set): a lazy restore can record which memory
 // the process touched first, and a later lazy restore of the same
 // snapshot fetches that memory before the rest, in the recorded order.
 
@@ -41,7 +42,7 @@ const (
 // RecordOptions make a lazy restore record a working set: the ranges
 // the process faults in, in order, with the prefetcher held back so that
 // every page it needs comes by a fault, until the first stop condition;
-// then it is written beside the snapshot (image.WriteWorkingSet, atomic:
+// then it is written beside the snapshot (workingset.Write, atomic:
 // a restore killed before leaves the previous file, or none) and the
 // prefetcher streams in the rest.
 type RecordOptions struct {
@@ -121,12 +122,12 @@ func (p *Process) loadWorkingSet() {
 	if o.WorkingSet == WorkingSetOff || o.Record != nil {
 		return
 	}
-	var ws *image.WorkingSet
+	var ws *workingset.Set
 	var err error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ws, err = p.snap.MapWorkingSet(p.st.PID) // closed with p
+		ws, err = workingset.Map(p.snap, p.st.PID) // closed with p
 		if errors.Is(err, os.ErrNotExist) {
 			ws, err = nil, nil
 		}
@@ -137,7 +138,7 @@ func (p *Process) loadWorkingSet() {
 			ws, err = nil, nil
 		}
 	}()
-	p.wsLoad = func() (*image.WorkingSet, error) {
+	p.wsLoad = func() (*workingset.Set, error) {
 		<-done
 		return ws, err
 	}
@@ -145,7 +146,7 @@ func (p *Process) loadWorkingSet() {
 
 // workingSetBlocks returns the lazily served blocks that hold ws, in the
 // order of its entries, merged into ranges where they follow each other.
-func (p *Process) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult) []units.Range {
+func (p *Process) workingSetBlocks(ws *workingset.Set, res *WorkingSetResult) []units.Range {
 	seen := map[uint64]bool{}
 	var out []units.Range
 	for _, e := range ws.Entries {
@@ -180,7 +181,7 @@ func (p *Process) workingSetBlocks(ws *image.WorkingSet, res *WorkingSetResult) 
 // workingSetCopy returns ws's entries that lie in lazily served blocks,
 // in order, and a source that reads them from ws's copy (checked against
 // their CRC32C when the file was read) and everything else from src.
-func (p *Process) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
+func (p *Process) workingSetCopy(ws *workingset.Set, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
 	c := &copySource{src: src}
 	var out []units.Range
 	for _, e := range ws.Entries {
@@ -192,7 +193,7 @@ func (p *Process) workingSetCopy(ws *image.WorkingSet, src io.ReaderAt, res *Wor
 		c.parts = append(c.parts, e)
 		res.Bytes += e.Len
 	}
-	slices.SortFunc(c.parts, func(a, b image.WorkingSetEntry) int { return cmp.Compare(a.Addr, b.Addr) })
+	slices.SortFunc(c.parts, func(a, b workingset.Entry) int { return cmp.Compare(a.Addr, b.Addr) })
 	res.Copy = true
 	return out, c
 }
@@ -211,19 +212,19 @@ func (p *Process) lazyRange(lo, hi uint64) bool {
 
 // copySource answers a read that lies inside one part of a working set's
 // copy from it, and any other from src. The copy is the working set's
-// file mapped (image.MapWorkingSet), its bytes checked against their
+// file mapped (workingset.Map), its bytes checked against their
 // CRC32C when it was opened: a snapshot in clear is checked for
 // accidents, not edits (an edit of the file in place during the restore
 // is one), and a sealed or signed snapshot never reads a working set's
 // copy. A file truncated meanwhile fails the read, which src answers.
 type copySource struct {
 	src   io.ReaderAt
-	parts []image.WorkingSetEntry // sorted by address, disjoint
+	parts []workingset.Entry // sorted by address, disjoint
 }
 
 func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 	a := uint64(off)
-	i, _ := slices.BinarySearchFunc(c.parts, a, func(e image.WorkingSetEntry, a uint64) int {
+	i, _ := slices.BinarySearchFunc(c.parts, a, func(e workingset.Entry, a uint64) int {
 		switch {
 		case e.End() <= a:
 			return -1
@@ -235,7 +236,7 @@ func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 	if i < len(c.parts) {
 		if e := c.parts[i]; e.Addr <= a && a+uint64(len(p)) <= e.End() {
 			// A mapped file truncated since: the snapshot's blocks then.
-			if n, err := image.ReadData(p, e, a-e.Addr); err == nil {
+			if n, err := workingset.ReadData(p, e, a-e.Addr); err == nil {
 				return n, nil
 			}
 		}
@@ -286,14 +287,14 @@ func (p *Process) record(ctx context.Context, rec *uffd.Recorder, pager *uffd.Pa
 	pager.ReleasePrefetch()
 	touches, reason, span := rec.Result()
 	pid := p.st.PID
-	ws := &image.WorkingSet{PID: pid, Snapshot: p.snap.ID(), Span: span, Stop: reason}
+	ws := &workingset.Set{PID: pid, Snapshot: p.snap.ID(), Span: span, Stop: reason}
 	var total uint64
 	for _, t := range touches {
 		// Pages touched one after the other make one entry.
 		if n := len(ws.Entries); n > 0 && ws.Entries[n-1].End() == t.Addr {
 			ws.Entries[n-1].Len += t.Len
 		} else {
-			ws.Entries = append(ws.Entries, image.WorkingSetEntry{Addr: t.Addr, Len: t.Len, At: t.At})
+			ws.Entries = append(ws.Entries, workingset.Entry{Addr: t.Addr, Len: t.Len, At: t.At})
 		}
 		total += t.Len
 	}
@@ -302,12 +303,12 @@ func (p *Process) record(ctx context.Context, rec *uffd.Recorder, pager *uffd.Pa
 	// the snapshot is signed: a restore would not use that copy, which
 	// nothing authenticates (workingSetFirst). (A sealed snapshot records
 	// no working set: Restore refuses it.)
-	if total <= image.MaxWorkingSetData && !p.snap.Signed() {
+	if total <= workingset.MaxData && !p.snap.Signed() {
 		ctx := context.WithoutCancel(ctx) // over when the lazy phase is: the snapshot is still open
 		for i := range ws.Entries {
 			e := &ws.Entries[i]
 			buf := make([]byte, e.Len)
-			if _, err := p.pages.ReadAtContext(ctx, buf, int64(e.Addr)); err != nil {
+			if _, err := p.pages.ReadAtWith(ctx, buf, int64(e.Addr), image.ReadOptions{}); err != nil {
 				p.ph.log.Warn("working set written without its memory", "err", err)
 				for j := range ws.Entries {
 					ws.Entries[j].Data = nil
@@ -317,7 +318,7 @@ func (p *Process) record(ctx context.Context, rec *uffd.Recorder, pager *uffd.Pa
 			e.Data = buf
 		}
 	}
-	if err := p.snap.WriteWorkingSet(ws); err != nil {
+	if err := workingset.Write(p.snap, ws); err != nil {
 		p.ph.log.Warn("working set not written", "err", err)
 		return
 	}
@@ -341,9 +342,9 @@ func errLazyDone(err error) error {
 
 // workingSetPath names the working-set file of the process.
 func (p *Process) workingSetPath() string {
-	dir, err := p.snap.WorkingSetDir()
+	dir, err := workingset.Dir(p.snap)
 	if err != nil {
 		dir = p.snap.Dir
 	}
-	return filepath.Join(dir, image.WorkingSetName(p.st.PID))
+	return filepath.Join(dir, workingset.Name(p.st.PID))
 }

@@ -36,7 +36,7 @@ import (
 // headers and notes touches no memory; a read of a PT_LOAD reads exactly
 // the addresses it covers through the process's image.Reader, and so, in
 // a mount, through the mount's block cache, like mem, but without the
-// reader's readahead (image.Reader.ReadRange): it decodes the blocks the
+// reader's readahead (image.ReadOptions.NoReadahead): it decodes the blocks the
 // request touches and no others.
 //
 // Which VMAs have file bytes (p_filesz) follows the kernel's default
@@ -490,7 +490,7 @@ func (c *File) readSeg(ctx context.Context, s *coreSeg, dst []byte, rel uint64) 
 	}
 	r := c.r
 	src := s.src + rel
-	if _, err := r.ReadRange(ctx, dst, int64(src)); err != nil {
+	if _, err := r.ReadAtWith(ctx, dst, int64(src), image.ReadOptions{NoReadahead: true}); err != nil {
 		return err
 	}
 	if s.file == nil {

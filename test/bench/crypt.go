@@ -9,7 +9,7 @@ import (
 
 	"filippo.io/age"
 
-	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/engine/image/seal"
 )
 
 // The "crypt" series: what sealing a snapshot (dump --encrypt-to) costs.
@@ -49,11 +49,11 @@ func cryptCases() []restoreCase {
 // clear when it is set.
 func withIdentity(key string, f func() error) error {
 	if key == "" {
-		os.Unsetenv(image.IdentityEnv)
+		os.Unsetenv(seal.IdentityEnv)
 	} else {
-		os.Setenv(image.IdentityEnv, key)
+		os.Setenv(seal.IdentityEnv, key)
 	}
-	defer os.Unsetenv(image.IdentityEnv)
+	defer os.Unsetenv(seal.IdentityEnv)
 	return f()
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/store"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 )
 
 func init() { store.RegisterFileStore(Open) }
@@ -50,7 +51,7 @@ func Files(st store.Store, m *image.Manifest) ([]string, error) {
 	slices.Sort(names)
 	var extra []string
 	for _, p := range m.Processes {
-		extra = append(extra, image.WorkingSetName(p.PID))
+		extra = append(extra, workingset.Name(p.PID))
 	}
 	extra = append(extra, image.AuthName)
 	for _, name := range extra {

@@ -16,6 +16,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/imagetest"
+	"github.com/lazyfs/lazyfs/engine/image/workingset"
 )
 
 const pid = 4242
@@ -109,7 +110,7 @@ func TestRoundTrip(t *testing.T) {
 			t.Errorf("memory at %#x differs from the snapshot's", addr)
 		}
 	}
-	if _, err := snap.WorkingSet(pid); !errors.Is(err, os.ErrNotExist) {
+	if _, err := workingset.Read(snap, pid); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("working set of an archive without one: %v, want not found", err)
 	}
 }

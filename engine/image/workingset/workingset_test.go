@@ -1,23 +1,51 @@
-package image
+package workingset
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lazyfs/lazyfs/engine/image"
 )
 
 // wsSnapshot writes a snapshot of process 42 and opens it, closed at
 // cleanup.
-func wsSnapshot(t *testing.T) (string, *Snapshot) {
+func wsSnapshot(t *testing.T) (string, *image.Snapshot) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "snap")
-	writeSnapshot(t, dir, 42, layoutRanges(1), Options{})
-	s, err := Open(dir)
+	w, err := image.Create(dir, image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, err := w.Pages(context.Background(), 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := make([]byte, 256<<10)
+	synth(mem, 1)
+	if err := pw.Add(0x400000, uint64(len(mem)), func(dst []byte, a uint64) error {
+		copy(dst, mem[a-0x400000:])
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteState(&image.Process{PID: 42, Comm: "synth", Threads: []image.Thread{{TID: 42}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := image.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,8 +53,16 @@ func wsSnapshot(t *testing.T) (string, *Snapshot) {
 	return dir, s
 }
 
-func testWorkingSet(id SnapshotID, pid int) *WorkingSet {
-	return &WorkingSet{PID: pid, Snapshot: id, Span: 1500 * time.Millisecond, Stop: "signal", Entries: []WorkingSetEntry{
+// synth fills b with bytes that seed determines.
+func synth(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 0))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func testWorkingSet(id image.SnapshotID, pid int) *Set {
+	return &Set{PID: pid, Snapshot: id, Span: 1500 * time.Millisecond, Stop: "signal", Entries: []Entry{
 		{Addr: 0x7f0000010000, Len: 64 << 10, At: 3 * time.Millisecond},
 		{Addr: 0x7f0000000000, Len: 4 << 10, At: 4 * time.Millisecond},
 		{Addr: 0x600000, Len: 1 << 20, At: 900 * time.Millisecond},
@@ -34,22 +70,22 @@ func testWorkingSet(id SnapshotID, pid int) *WorkingSet {
 }
 
 // withData gives w's entries bytes.
-func withData(w *WorkingSet) *WorkingSet {
+func withData(w *Set) *Set {
 	for i := range w.Entries {
 		e := &w.Entries[i]
 		e.Data = make([]byte, e.Len)
-		synth("random", e.Data, e.Addr)
+		synth(e.Data, e.Addr)
 	}
 	return w
 }
 
 func TestWorkingSetData(t *testing.T) {
-	w := withData(testWorkingSet(SnapshotID{1, 2}, 3))
+	w := withData(testWorkingSet(image.SnapshotID{CRC32C: 1, Size: 2}, 3))
 	b, err := w.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := ParseWorkingSet(b)
+	got, err := Parse(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +97,11 @@ func TestWorkingSetData(t *testing.T) {
 		b    []byte
 		want error
 	}{
-		{"data bit flip", func() []byte { c := append([]byte(nil), b...); c[len(c)-100] ^= 1; return c }(), ErrHeaderChecksum},
-		{"data truncated", b[:len(b)-4096], ErrTruncated},
-		{"data trailing", append(append([]byte(nil), b...), 0), ErrCorrupt},
+		{"data bit flip", func() []byte { c := append([]byte(nil), b...); c[len(c)-100] ^= 1; return c }(), image.ErrHeaderChecksum},
+		{"data truncated", b[:len(b)-4096], image.ErrTruncated},
+		{"data trailing", append(append([]byte(nil), b...), 0), image.ErrCorrupt},
 	} {
-		if _, err := ParseWorkingSet(tc.b); !errors.Is(err, tc.want) {
+		if _, err := Parse(tc.b); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
 	}
@@ -77,21 +113,21 @@ func TestWorkingSetData(t *testing.T) {
 
 func TestWorkingSetRoundTrip(t *testing.T) {
 	dir, s := wsSnapshot(t)
-	if _, err := s.WorkingSet(42); !errors.Is(err, os.ErrNotExist) {
+	if _, err := Read(s, 42); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("no working set: %v, want ErrNotExist", err)
 	}
 	w := testWorkingSet(s.ID(), 42)
-	if err := WriteWorkingSet(dir, w); err != nil {
+	if err := WriteDir(dir, w); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.WorkingSet(42)
+	got, err := Read(s, 42)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(got, w) {
 		t.Fatalf("read back %+v, wrote %+v", got, w)
 	}
-	if st, err := os.Stat(filepath.Join(dir, WorkingSetName(42))); err != nil || st.Mode().Perm() != 0o600 {
+	if st, err := os.Stat(filepath.Join(dir, Name(42))); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("working set file: %v, mode %v; want 0600 (it may hold memory)", err, st.Mode())
 	}
 	if got.Bytes() != (64+4+1024)<<10 {
@@ -99,10 +135,10 @@ func TestWorkingSetRoundTrip(t *testing.T) {
 	}
 	// Written again: replaced, no temporary file left.
 	w.Entries = w.Entries[:1]
-	if err := WriteWorkingSet(dir, w); err != nil {
+	if err := WriteDir(dir, w); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.WorkingSet(42); err != nil || len(got.Entries) != 1 {
+	if got, err := Read(s, 42); err != nil || len(got.Entries) != 1 {
 		t.Fatalf("rewritten: %v, %v", got, err)
 	}
 	ents, _ := os.ReadDir(dir)
@@ -112,7 +148,7 @@ func TestWorkingSetRoundTrip(t *testing.T) {
 		}
 	}
 	// The snapshot itself is unchanged by it.
-	if _, err := Open(dir); err != nil {
+	if _, err := image.Open(dir); err != nil {
 		t.Fatalf("snapshot with a working set: %v", err)
 	}
 }
@@ -123,7 +159,7 @@ func TestWorkingSetRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign, _ := testWorkingSet(SnapshotID{CRC32C: s.ID().CRC32C ^ 1, Size: s.ID().Size}, 42).MarshalBinary()
+	foreign, _ := testWorkingSet(image.SnapshotID{CRC32C: s.ID().CRC32C ^ 1, Size: s.ID().Size}, 42).MarshalBinary()
 	otherPID, _ := testWorkingSet(s.ID(), 43).MarshalBinary()
 	flip := func(i int) []byte {
 		b := append([]byte(nil), good...)
@@ -135,22 +171,22 @@ func TestWorkingSetRefused(t *testing.T) {
 		b    []byte
 		want error
 	}{
-		{"empty", nil, ErrTruncated},
-		{"truncated header", good[:40], ErrTruncated},
-		{"truncated entries", good[:len(good)-5], ErrTruncated},
-		{"trailing bytes", append(append([]byte(nil), good...), 0), ErrCorrupt},
-		{"bad magic", flip(0), ErrBadMagic},
-		{"header bit flip", flip(20), ErrHeaderChecksum},
-		{"entry bit flip", flip(wsHeaderSize + 3), ErrHeaderChecksum},
-		{"foreign snapshot", foreign, ErrForeignWorkingSet},
-		{"other process", otherPID, ErrForeignWorkingSet},
+		{"empty", nil, image.ErrTruncated},
+		{"truncated header", good[:40], image.ErrTruncated},
+		{"truncated entries", good[:len(good)-5], image.ErrTruncated},
+		{"trailing bytes", append(append([]byte(nil), good...), 0), image.ErrCorrupt},
+		{"bad magic", flip(0), image.ErrBadMagic},
+		{"header bit flip", flip(20), image.ErrHeaderChecksum},
+		{"entry bit flip", flip(wsHeaderSize + 3), image.ErrHeaderChecksum},
+		{"foreign snapshot", foreign, ErrForeign},
+		{"other process", otherPID, ErrForeign},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(dir, WorkingSetName(42))
+			path := filepath.Join(dir, Name(42))
 			if err := os.WriteFile(path, tc.b, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := s.WorkingSet(42)
+			_, err := Read(s, 42)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
@@ -162,10 +198,10 @@ func TestWorkingSetRefused(t *testing.T) {
 }
 
 func TestWorkingSetMarshalRefuses(t *testing.T) {
-	for _, w := range []*WorkingSet{
-		{Entries: []WorkingSetEntry{{Addr: 0x1001, Len: 4096}}},
-		{Entries: []WorkingSetEntry{{Addr: 0x1000, Len: 0}}},
-		{Entries: []WorkingSetEntry{{Addr: ^uint64(0) &^ 4095, Len: 8192}}},
+	for _, w := range []*Set{
+		{Entries: []Entry{{Addr: 0x1001, Len: 4096}}},
+		{Entries: []Entry{{Addr: 0x1000, Len: 0}}},
+		{Entries: []Entry{{Addr: ^uint64(0) &^ 4095, Len: 8192}}},
 		{Stop: "a reason far too long"},
 	} {
 		if _, err := w.MarshalBinary(); err == nil {
@@ -175,15 +211,15 @@ func TestWorkingSetMarshalRefuses(t *testing.T) {
 }
 
 func FuzzWorkingSet(f *testing.F) {
-	b, _ := testWorkingSet(SnapshotID{1, 2}, 3).MarshalBinary()
+	b, _ := testWorkingSet(image.SnapshotID{CRC32C: 1, Size: 2}, 3).MarshalBinary()
 	f.Add(b)
 	f.Add(b[:64])
-	w := testWorkingSet(SnapshotID{1, 2}, 3)
+	w := testWorkingSet(image.SnapshotID{CRC32C: 1, Size: 2}, 3)
 	w.Entries = w.Entries[1:2]
 	b, _ = withData(w).MarshalBinary()
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		w, err := ParseWorkingSet(b)
+		w, err := Parse(b)
 		if err != nil {
 			return
 		}
@@ -191,7 +227,7 @@ func FuzzWorkingSet(f *testing.F) {
 		if err != nil {
 			t.Fatalf("parsed but does not marshal: %v", err)
 		}
-		if _, err := ParseWorkingSet(again); err != nil {
+		if _, err := Parse(again); err != nil {
 			t.Fatalf("re-marshalled does not parse: %v", err)
 		}
 	})
@@ -203,10 +239,10 @@ func FuzzWorkingSet(f *testing.F) {
 func TestMapWorkingSet(t *testing.T) {
 	dir, s := wsSnapshot(t)
 	w := withData(testWorkingSet(s.ID(), 42))
-	if err := WriteWorkingSet(dir, w); err != nil {
+	if err := WriteDir(dir, w); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.MapWorkingSet(42)
+	got, err := Map(s, 42)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,11 +258,11 @@ func TestMapWorkingSet(t *testing.T) {
 	}
 	// Truncated in place (snapctl renames a new file over the old one;
 	// someone else may not): the last entry's bytes are gone.
-	if err := os.Truncate(filepath.Join(dir, WorkingSetName(42)), 4096); err != nil {
+	if err := os.Truncate(filepath.Join(dir, Name(42)), 4096); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadData(p, last, last.Len-4096); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("ReadData past the end of a truncated file: %v, want ErrCorrupt", err)
+	if _, err := ReadData(p, last, last.Len-4096); !errors.Is(err, image.ErrCorrupt) {
+		t.Fatalf("ReadData past the end of a truncated file: %v, want image.ErrCorrupt", err)
 	}
 	if err := got.Close(); err != nil {
 		t.Fatal(err)
@@ -235,7 +271,7 @@ func TestMapWorkingSet(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 	// A file truncated before it is mapped is refused as any damaged one.
-	if _, err := s.MapWorkingSet(42); !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrCorrupt) {
+	if _, err := Map(s, 42); !errors.Is(err, image.ErrTruncated) && !errors.Is(err, image.ErrCorrupt) {
 		t.Fatalf("truncated working set mapped: %v", err)
 	}
 }
