@@ -22,12 +22,7 @@ import (
 // the weights).
 
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "codec",
-		Measure:  measureCodecs,
-		Validate: validateCodecs,
-		Render:   renderCodecs,
-	})
+	extraSeries = append(extraSeries, series{Name: "codec", Measure: measureCodecs})
 }
 
 // benchCodecs are the codecs compared, the plain one first.
@@ -210,7 +205,7 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 		return nil, nil, expectation{}, err
 	}
 	cr := &codecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Dump: rep.Total, Freeze: rep.Freeze}
-	if err := cr.read(dir, srv.PID, wlo, whi); err != nil {
+	if err := readCodecImage(cr, dir, srv.PID, wlo, whi); err != nil {
 		return nil, nil, expectation{}, err
 	}
 	h.logf("dump %s --codec %s: %s; weights %s stored in %s (%.3f)", fx.Name, name, strings.TrimSpace(stdout.String()),
@@ -219,10 +214,10 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 	return cr, snap, exp, nil
 }
 
-// read fills in the figures of the snapshot in dir. The weights are the
+// readCodecImage fills in cr's figures of the snapshot in dir. The weights are the
 // blocks in [wlo, whi) if whi > 0, else the blocks of unnamed anonymous
 // mappings of 1 MiB or more (the weightserver's arrays, one mapping each).
-func (cr *codecResult) read(dir string, pid int, wlo, whi uint64) error {
+func readCodecImage(cr *codecResult, dir string, pid int, wlo, whi uint64) error {
 	s, err := image.Open(dir)
 	if err != nil {
 		return err

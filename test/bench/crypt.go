@@ -20,7 +20,7 @@ import (
 // both.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "crypt", Measure: measureCrypt, Validate: validateCrypt, Render: renderCrypt})
+	extraSeries = append(extraSeries, series{Name: "crypt", Measure: measureCrypt})
 }
 
 // cryptResult is the crypt series of one size: [0] in clear, [1] sealed.

@@ -27,7 +27,7 @@ const hugeSize = 12 << 30
 const HugeEnv = "BENCH_HUGE"
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "huge", Measure: measureHuge, Validate: validateHuge, Render: renderHuge})
+	extraSeries = append(extraSeries, series{Name: "huge", Measure: measureHuge})
 }
 
 // hugeResult is the huge series.

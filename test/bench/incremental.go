@@ -24,12 +24,7 @@ import (
 // eagerly and must answer `touch 1` and `token` as the server did right
 // before the second dump.
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "incremental",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.incrementalSeries(ctx, sr) },
-		Validate: validateIncremental,
-		Render:   renderIncremental,
-	})
+	extraSeries = append(extraSeries, series{Name: "incremental", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.incrementalSeries(ctx, sr) }})
 }
 
 // incrResult are the figures of the series, one entry per run.

@@ -24,12 +24,7 @@ import (
 // and the pre-copy snapshot restores to a server that answers as the
 // original did.
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "precopy",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.preCopySeries(ctx, sr) },
-		Validate: validatePreCopy,
-		Render:   renderPreCopy,
-	})
+	extraSeries = append(extraSeries, series{Name: "precopy", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.preCopySeries(ctx, sr) }})
 }
 
 // preCopyResult is one case of the series.

@@ -31,12 +31,7 @@ import (
 // memory they and the page source hold.
 
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "replicas",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.replicasSeries(ctx, sr) },
-		Validate: validateReplicas,
-		Render:   renderReplicas,
-	})
+	extraSeries = append(extraSeries, series{Name: "replicas", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.replicasSeries(ctx, sr) }})
 }
 
 // replicaCounts are how many copies each case starts.

@@ -217,7 +217,7 @@ func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
 	if len(s.Weights) > 0 {
 		weightsSection(m, s)
 	}
-	for _, x := range extraSeries {
+	for _, x := range extraSections {
 		x.Render(m, s)
 	}
 }

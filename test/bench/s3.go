@@ -31,7 +31,7 @@ import (
 // store, the floor of both.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "s3", Measure: measureS3, Validate: validateS3, Render: renderS3})
+	extraSeries = append(extraSeries, series{Name: "s3", Measure: measureS3})
 }
 
 // s3Result is the series of one size.

@@ -12,15 +12,12 @@ import (
 // first) and the weightserver's ("weights"): a feature's own benchmark
 // (replicas, object store, encryption...), in a file of its own that adds
 // itself to extraSeries from an init function. Its results live in a field
-// of sizeResult it owns, so that -render can write its section again.
+// of sizeResult it owns, so that -render can write its section again; the
+// section of the same name in extraSections checks and writes them.
 type series struct {
 	Name string // for -only, lower case
 	// Measure runs the series for one size and stores its results in sr.
 	Measure func(ctx context.Context, h *harness, sr *sizeResult) error
-	// Validate checks sr's results of the series, if it has any.
-	Validate func(runs int, sr *sizeResult, bad func(string, ...any))
-	// Render writes the series' section of one size, if it has results.
-	Render func(m *md, sr *sizeResult)
 }
 
 // builtinSeries are the series measureSize runs itself, in this order.

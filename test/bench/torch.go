@@ -31,7 +31,7 @@ import (
 // size above; it runs for the first size only.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "torch", Measure: measureTorch, Validate: validateTorch, Render: renderTorch})
+	extraSeries = append(extraSeries, series{Name: "torch", Measure: measureTorch})
 }
 
 // torchResult is the torch series.

@@ -26,7 +26,7 @@ import (
 // (every process frozen, then made, one after the other).
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "tree", Measure: measureTree, Validate: validateTree, Render: renderTree})
+	extraSeries = append(extraSeries, series{Name: "tree", Measure: measureTree})
 }
 
 // treeResult is the tree series of one size.

@@ -27,7 +27,7 @@ func validate(rep *report) error {
 		if len(s.Weights) > 0 || len(rep.Only) == 0 {
 			validateWeights(rep.Runs, s, bad)
 		}
-		for _, x := range extraSeries {
+		for _, x := range extraSections {
 			x.Validate(rep.Runs, s, bad)
 		}
 	}

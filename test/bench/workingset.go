@@ -23,12 +23,7 @@ import (
 // parent and 2 workers, a working set per process), at most 256 MiB.
 
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "workingset",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.workingSetSeries(ctx, sr) },
-		Validate: validateWorkingSet,
-		Render:   workingSetSection,
-	})
+	extraSeries = append(extraSeries, series{Name: "workingset", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.workingSetSeries(ctx, sr) }})
 }
 
 // wsResult is the series of one server.
