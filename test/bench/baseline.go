@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // mountTimeout bounds the start and the stop of the lazyfs mount that
@@ -26,25 +27,25 @@ const mountTimeout = 30 * time.Second
 // baselines times, cold and warm, reading the pages file of snap to
 // /dev/null and, for a configuration with LZ4 blocks, the lz4 tool
 // decompressing the raw memory cut into blocks of the same size.
-func (h *harness) baselines(ctx context.Context, snap *snapshot, cfg dumpConfig, raw string, memory uint64, dr *dumpResult) ([]*baselineResult, error) {
-	read := &baselineResult{Config: cfg, Kind: readPages, Bytes: dr.Pages}
+func (h *harness) baselines(ctx context.Context, snap *snapshot, cfg report.DumpConfig, raw string, memory uint64, dr *report.DumpResult) ([]*report.BaselineResult, error) {
+	read := &report.BaselineResult{Config: cfg, Kind: report.ReadPages, Bytes: dr.Pages}
 	if err := h.timeBaseline(ctx, read, snap.Pages, h.tools.Cat, snap.Pages); err != nil {
 		return nil, err
 	}
-	out := []*baselineResult{read}
+	out := []*report.BaselineResult{read}
 	if !cfg.Compress {
 		return out, nil
 	}
-	kinds := []baselineKind{lz4Decode}
+	kinds := []report.BaselineKind{report.LZ4Decode}
 	if cfg.Default {
-		kinds = append(kinds, lz4Checked)
+		kinds = append(kinds, report.LZ4Checked)
 	}
 	for _, k := range kinds {
 		b, err := h.lz4Baseline(ctx, cfg, k, raw, memory)
 		if err != nil {
 			return nil, err
 		}
-		if k == lz4Decode {
+		if k == report.LZ4Decode {
 			dr.LZ4 = b.Bytes
 		}
 		out = append(out, b)
@@ -54,7 +55,7 @@ func (h *harness) baselines(ctx context.Context, snap *snapshot, cfg dumpConfig,
 
 // lz4Baseline compresses the raw memory with the lz4 tool in blocks of the
 // configuration's size and times decompressing it.
-func (h *harness) lz4Baseline(ctx context.Context, cfg dumpConfig, k baselineKind, raw string, memory uint64) (*baselineResult, error) {
+func (h *harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k report.BaselineKind, raw string, memory uint64) (*report.BaselineResult, error) {
 	lz := filepath.Join(h.work, "memory-"+cfg.Short+".lz4")
 	defer os.Remove(lz)
 	ctx2, cancel := context.WithTimeout(ctx, h.opTimeout())
@@ -62,7 +63,7 @@ func (h *harness) lz4Baseline(ctx context.Context, cfg dumpConfig, k baselineKin
 	// -1: the fast level; -BI: independent blocks, like snapshot blocks;
 	// -B<bytes>: cut the input into blocks of exactly this size.
 	args := []string{"-q", "-f", "-1", "-BI", "-B" + strconv.FormatInt(cfg.Block, 10)}
-	if k == lz4Decode {
+	if k == report.LZ4Decode {
 		args = append(args, "--no-frame-crc")
 	}
 	c := exec.CommandContext(ctx2, h.tools.LZ4, append(args, raw, lz)...)
@@ -73,7 +74,7 @@ func (h *harness) lz4Baseline(ctx context.Context, cfg dumpConfig, k baselineKin
 	if err != nil {
 		return nil, fmt.Errorf("lz4 file: %w", err)
 	}
-	b := &baselineResult{Config: cfg, Kind: k, Bytes: uint64(st.Size()), Output: memory}
+	b := &report.BaselineResult{Config: cfg, Kind: k, Bytes: uint64(st.Size()), Output: memory}
 	if err := h.timeBaseline(ctx, b, lz, h.tools.LZ4, "-d", "-c", lz); err != nil {
 		return nil, err
 	}
@@ -82,7 +83,7 @@ func (h *harness) lz4Baseline(ctx context.Context, cfg dumpConfig, k baselineKin
 
 // timeBaseline runs name args with stdout on /dev/null h.runs times cold
 // and warm (interleaved) and records the wall times in b.
-func (h *harness) timeBaseline(ctx context.Context, b *baselineResult, file, name string, args ...string) error {
+func (h *harness) timeBaseline(ctx context.Context, b *report.BaselineResult, file, name string, args ...string) error {
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -45,10 +46,10 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("measure: %v\n%s", err, log.String())
 	}
-	if err := validate(rep); err != nil {
+	if err := report.Validate(rep); err != nil {
 		t.Fatalf("validate: %v\n%s", err, log.String())
 	}
-	if err := writeReport(out, rep); err != nil {
+	if err := report.Write(out, rep); err != nil {
 		t.Fatal(err)
 	}
 	checkFiles(t, out, rep)
@@ -58,25 +59,25 @@ func TestSmoke(t *testing.T) {
 // several runs, without privileges.
 func TestRender(t *testing.T) {
 	rep := fakeReport(3, smokeSize, 1<<30)
-	if err := validate(rep); err != nil {
+	if err := report.Validate(rep); err != nil {
 		t.Fatalf("validate a plausible report: %v", err)
 	}
 	out := t.TempDir()
-	if err := writeReport(out, rep); err != nil {
+	if err := report.Write(out, rep); err != nil {
 		t.Fatal(err)
 	}
 	checkFiles(t, out, rep)
-	md, _ := os.ReadFile(filepath.Join(out, ReportName))
+	md, _ := os.ReadFile(filepath.Join(out, report.ReportName))
 	if !strings.Contains(string(md), "median (min–max) of 3 runs") {
 		t.Error("report does not say how many runs a figure summarises")
 	}
 	// The results file renders the same report again.
-	again, err := readResults(filepath.Join(out, ResultsName))
+	again, err := report.Read(filepath.Join(out, report.ResultsName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	md2, _ := render(again)
-	if md2, err = withNotes(md2); err != nil {
+	md2, _ := report.Render(again)
+	if md2, err = report.WithNotes(md2); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(md, md2) {
@@ -89,12 +90,12 @@ func TestRender(t *testing.T) {
 func TestValidateRejects(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		break_ func(*report)
+		break_ func(*report.Report)
 	}{
-		{"no sizes", func(r *report) { r.Sizes = nil }},
-		{"missing restore", func(r *report) { r.Sizes[0].Restores = r.Sizes[0].Restores[1:] }},
-		{"missing run", func(r *report) { r.Sizes[0].Restores[0].Runs = r.Sizes[0].Restores[0].Runs[1:] }},
-		{"answers out of order", func(r *report) {
+		{"no sizes", func(r *report.Report) { r.Sizes = nil }},
+		{"missing restore", func(r *report.Report) { r.Sizes[0].Restores = r.Sizes[0].Restores[1:] }},
+		{"missing run", func(r *report.Report) { r.Sizes[0].Restores[0].Runs = r.Sizes[0].Restores[0].Runs[1:] }},
+		{"answers out of order", func(r *report.Report) {
 			for _, x := range r.Sizes[0].Restores {
 				if !x.Case.Idle {
 					x.Runs[0].First = x.Runs[0].Token + time.Millisecond
@@ -102,21 +103,21 @@ func TestValidateRejects(t *testing.T) {
 				}
 			}
 		}},
-		{"frozen longer than the dump", func(r *report) { r.Sizes[0].Dumps[2].Freeze[0] = time.Hour }},
-		{"compression grew the image", func(r *report) { r.Sizes[0].Dumps[2].Pages = r.Sizes[0].Dumps[0].Pages + 1 }},
-		{"missing lz4 baseline", func(r *report) {
+		{"frozen longer than the dump", func(r *report.Report) { r.Sizes[0].Dumps[2].Freeze[0] = time.Hour }},
+		{"compression grew the image", func(r *report.Report) { r.Sizes[0].Dumps[2].Pages = r.Sizes[0].Dumps[0].Pages + 1 }},
+		{"missing lz4 baseline", func(r *report.Report) {
 			s := r.Sizes[0]
 			for i, b := range s.Baselines {
-				if b.Kind == lz4Decode {
+				if b.Kind == report.LZ4Decode {
 					s.Baselines = append(s.Baselines[:i], s.Baselines[i+1:]...)
 					return
 				}
 			}
 		}},
-		{"zero time", func(r *report) { r.Sizes[0].Baselines[0].Warm[0] = 0 }},
-		{"missing weightserver", func(r *report) { r.Sizes[0].Weights = r.Sizes[0].Weights[:1] }},
-		{"hg lost in a restore", func(r *report) { r.Sizes[0].Weights[0].Restores[2].Runs[0].HugeVMAs = 0 }},
-		{"touch 1 answered in a token-first run", func(r *report) {
+		{"zero time", func(r *report.Report) { r.Sizes[0].Baselines[0].Warm[0] = 0 }},
+		{"missing weightserver", func(r *report.Report) { r.Sizes[0].Weights = r.Sizes[0].Weights[:1] }},
+		{"hg lost in a restore", func(r *report.Report) { r.Sizes[0].Weights[0].Restores[2].Runs[0].HugeVMAs = 0 }},
+		{"touch 1 answered in a token-first run", func(r *report.Report) {
 			for _, x := range r.Sizes[0].Weights[0].Restores {
 				if x.Case.TokenFirst {
 					x.Runs[0].First = x.Runs[0].Ping + time.Millisecond
@@ -128,7 +129,7 @@ func TestValidateRejects(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := fakeReport(2, smokeSize)
 			tc.break_(rep)
-			if err := validate(rep); !errors.Is(err, ErrInsane) {
+			if err := report.Validate(rep); !errors.Is(err, report.ErrInsane) {
 				t.Errorf("validate = %v, want ErrInsane", err)
 			}
 		})
@@ -136,9 +137,9 @@ func TestValidateRejects(t *testing.T) {
 }
 
 // checkFiles checks the report's rows and charts in dir.
-func checkFiles(t *testing.T, dir string, rep *report) {
+func checkFiles(t *testing.T, dir string, rep *report.Report) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, ReportName))
+	b, err := os.ReadFile(filepath.Join(dir, report.ReportName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,16 +166,16 @@ func checkFiles(t *testing.T, dir string, rep *report) {
 }
 
 func chartNames3(size uint64) []string {
-	a, b, c := chartNames(size)
+	a, b, c := report.ChartNames(size)
 	return []string{a, b, c}
 }
 
 // checkRows checks that every table row of a size is present once per
 // table and has no missing figure except where none is expected.
-func checkRows(t *testing.T, md string, s *sizeResult) {
+func checkRows(t *testing.T, md string, s *report.SizeResult) {
 	t.Helper()
 	section := md
-	if i := strings.Index(md, "## "+sizeTitle(s.Size)+"\n"); i >= 0 {
+	if i := strings.Index(md, "## "+report.SizeTitle(s.Size)+"\n"); i >= 0 {
 		section = md[i:]
 		if j := strings.Index(section[3:], "\n## "); j >= 0 {
 			section = section[:j+3]
@@ -209,7 +210,7 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 			t.Errorf("row %q: %d missing figures, want %d", got[0], n, dashes)
 		}
 	}
-	for _, cfg := range dumpConfigs() {
+	for _, cfg := range report.DumpConfigs() {
 		nc := 0
 		if !cfg.Compress {
 			nc = 1
@@ -224,7 +225,7 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 			expect("| `lz4 -d`, "+units.FormatSize(uint64(cfg.Block))+" blocks, content checksum | "+cfg.Label()+" |", 6, 0)
 		}
 	}
-	for _, c := range latencyCases() {
+	for _, c := range report.LatencyCases() {
 		dashes := 0
 		if !c.Lazy() {
 			dashes = 1 // faults
@@ -235,14 +236,14 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 		expect("| "+th+" |", 8, 0)
 	}
 	if s.Huge != nil {
-		for i, c := range hugeCases() {
+		for i, c := range report.HugeCases() {
 			expect("| "+c.Label()+" |", 7, map[bool]int{true: 0, false: 1}[i == 0]) // the dump is the first row's
 		}
 	}
 	if tr := s.Torch; tr != nil {
 		expect("| dump |", 3, map[bool]int{true: 0, false: 1}[tr.CRIUUsed])
 		expect("| process frozen |", 3, 1)
-		for _, c := range torchCases(tr.CRIUUsed) {
+		for _, c := range report.TorchCases(tr.CRIUUsed) {
 			dashes := 0 // lazy
 			switch {
 			case c.CRIU:
@@ -250,12 +251,12 @@ func checkRows(t *testing.T, md string, s *sizeResult) {
 			case c.Label == "eager":
 				dashes = 2 // running after, faults
 			}
-			expect("| "+c.Label+" | "+coldName(c.Cold)+" |", 8, dashes)
+			expect("| "+c.Label+" | "+report.ColdName(c.Cold)+" |", 8, dashes)
 		}
 	}
-	for _, c := range weightCases() {
-		for _, advice := range weightAdvices {
-			expect("| "+c.Label()+" | "+c.Cache()+" | "+adviceLabel(advice)+" |", 10, 0)
+	for _, c := range report.WeightCases() {
+		for _, advice := range report.WeightAdvices {
+			expect("| "+c.Label()+" | "+c.Cache()+" | "+report.AdviceLabel(advice)+" |", 10, 0)
 		}
 		expect("| "+c.Label()+" | "+c.Cache()+" |", 6, 0) // ratio
 	}
@@ -293,17 +294,17 @@ func checkSVG(t *testing.T, name string, svg []byte) {
 }
 
 // fakeReport returns a plausible measurement of the given sizes.
-func fakeReport(runs int, sizes ...uint64) *report {
-	rep := &report{Runs: runs, Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Elapsed: time.Minute,
-		Machine: machine{CPU: "Test CPU", CPUs: 2, Affinity: 2, Kernel: "6.18 x86_64", Memory: 8 << 30, GoVersion: "go1.26", FreePageReporting: "on"}}
+func fakeReport(runs int, sizes ...uint64) *report.Report {
+	rep := &report.Report{Runs: runs, Started: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC), Elapsed: time.Minute,
+		Machine: report.Machine{CPU: "Test CPU", CPUs: 2, Affinity: 2, Kernel: "6.18 x86_64", Memory: 8 << 30, GoVersion: "go1.26", FreePageReporting: "on"}}
 	ms := func(n int, r int) time.Duration { return time.Duration(n+10*r) * time.Millisecond }
 	for _, size := range sizes {
-		s := &sizeResult{Size: size, Memory: size + size/8, Elapsed: time.Minute}
+		s := &report.SizeResult{Size: size, Memory: size + size/8, Elapsed: time.Minute}
 		for r := range runs {
 			s.Init = append(s.Init, ms(1000, r))
 		}
-		for i, cfg := range dumpConfigs() {
-			d := &dumpResult{Config: cfg, Pages: s.Memory * 3 / 4, Ratio: 0.75}
+		for i, cfg := range report.DumpConfigs() {
+			d := &report.DumpResult{Config: cfg, Pages: s.Memory * 3 / 4, Ratio: 0.75}
 			if cfg.Compress {
 				d.Pages = s.Memory*2/3 - uint64(i)<<10
 				d.Ratio = 0.66
@@ -316,10 +317,10 @@ func fakeReport(runs int, sizes ...uint64) *report {
 				d.Freeze = append(d.Freeze, ms(870, r))
 			}
 			s.Dumps = append(s.Dumps, d)
-			for _, c := range restoreCases(cfg) {
-				rr := &restoreResult{Config: cfg, Case: c}
+			for _, c := range report.RestoreCases(cfg) {
+				rr := &report.RestoreResult{Config: cfg, Case: c}
 				for r := range runs {
-					run := restoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100}
+					run := report.RestoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100}
 					if !c.Lazy() {
 						run.Running, run.Total, run.Faults = ms(600, r), ms(600, r), 0
 					}
@@ -330,8 +331,8 @@ func fakeReport(runs int, sizes ...uint64) *report {
 				}
 				s.Restores = append(s.Restores, rr)
 			}
-			read := &baselineResult{Config: cfg, Kind: readPages, Bytes: d.Pages}
-			lz := &baselineResult{Config: cfg, Kind: lz4Decode, Bytes: d.LZ4, Output: s.Memory}
+			read := &report.BaselineResult{Config: cfg, Kind: report.ReadPages, Bytes: d.Pages}
+			lz := &report.BaselineResult{Config: cfg, Kind: report.LZ4Decode, Bytes: d.LZ4, Output: s.Memory}
 			for r := range runs {
 				read.Cold, read.Warm = append(read.Cold, ms(500, r)), append(read.Warm, ms(100, r))
 				lz.Cold, lz.Warm = append(lz.Cold, ms(600, r)), append(lz.Warm, ms(200, r))
@@ -342,19 +343,19 @@ func fakeReport(runs int, sizes ...uint64) *report {
 			}
 			if cfg.Default {
 				checked := *lz
-				checked.Kind = lz4Checked
+				checked.Kind = report.LZ4Checked
 				s.Baselines = append(s.Baselines, &checked)
 			}
 		}
-		for _, advice := range weightAdvices {
-			w := &weightsResult{Advice: advice, Arrays: int(size >> 24), Init: time.Second}
+		for _, advice := range report.WeightAdvices {
+			w := &report.WeightsResult{Advice: advice, Arrays: int(size >> 24), Init: time.Second}
 			if advice == "hugepage" {
 				w.HugeVMAs, w.AnonHuge = w.Arrays, size-size/8
 			}
-			for _, c := range weightCases() {
-				rr := &restoreResult{Config: defaultConfig(), Case: c}
+			for _, c := range report.WeightCases() {
+				rr := &report.RestoreResult{Config: report.DefaultConfig(), Case: c}
 				for r := range runs {
-					run := restoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100, HugeVMAs: w.HugeVMAs,
+					run := report.RestoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100, HugeVMAs: w.HugeVMAs,
 						Ping: ms(50, r), First: ms(300, r), Token: ms(600, r)}
 					if !c.Lazy() {
 						run.Running, run.Total, run.Faults, run.Ping, run.First = ms(500, r), ms(500, r), 0, ms(510, r), ms(520, r)
@@ -421,25 +422,25 @@ func TestParseRestore(t *testing.T) {
 }
 
 func TestSummarize(t *testing.T) {
-	d := summarize([]time.Duration{5, 1, 3})
-	if d != (dist{N: 3, Med: 3, Min: 1, Max: 5}) {
+	d := report.Summarize([]time.Duration{5, 1, 3})
+	if d != (report.Dist{N: 3, Med: 3, Min: 1, Max: 5}) {
 		t.Errorf("odd: %+v", d)
 	}
-	d = summarize([]time.Duration{4, 1, 2, 8})
-	if d != (dist{N: 4, Med: 3, Min: 1, Max: 8}) {
+	d = report.Summarize([]time.Duration{4, 1, 2, 8})
+	if d != (report.Dist{N: 4, Med: 3, Min: 1, Max: 8}) {
 		t.Errorf("even: %+v", d)
 	}
-	if summarize(nil).Valid() {
+	if report.Summarize(nil).Valid() {
 		t.Error("empty summary is valid")
 	}
 	for _, tc := range []struct {
-		d    dist
+		d    report.Dist
 		want string
 	}{
-		{summarize([]time.Duration{695 * time.Millisecond, 680 * time.Millisecond, 712 * time.Millisecond}), "695 ms (680–712)"},
-		{summarize([]time.Duration{2120 * time.Millisecond}), "2.12 s"},
-		{summarize([]time.Duration{3500 * time.Microsecond, 3 * time.Millisecond}), "3.2 ms (3.0–3.5)"},
-		{dist{}, "—"},
+		{report.Summarize([]time.Duration{695 * time.Millisecond, 680 * time.Millisecond, 712 * time.Millisecond}), "695 ms (680–712)"},
+		{report.Summarize([]time.Duration{2120 * time.Millisecond}), "2.12 s"},
+		{report.Summarize([]time.Duration{3500 * time.Microsecond, 3 * time.Millisecond}), "3.2 ms (3.0–3.5)"},
+		{report.Dist{}, "—"},
 	} {
 		if got := tc.d.String(); got != tc.want {
 			t.Errorf("String = %q, want %q", got, tc.want)
@@ -449,7 +450,7 @@ func TestSummarize(t *testing.T) {
 
 func TestNiceScale(t *testing.T) {
 	for _, max := range []float64{0.003, 0.7, 1, 9.9, 123, 1500, 4e6} {
-		top, step := niceScale(max)
+		top, step := report.NiceScale(max)
 		if top < max || top > max*2.5 || step <= 0 || top/step > 12 || top/step < 3 {
 			t.Errorf("niceScale(%g) = %g, %g", max, top, step)
 		}
@@ -463,18 +464,18 @@ func TestNiceScale(t *testing.T) {
 		{1500, 500, "1500"},
 		{0.004, 0.001, "0.004"},
 	} {
-		if got := tickLabel(tc.v, tc.step); got != tc.want {
+		if got := report.TickLabel(tc.v, tc.step); got != tc.want {
 			t.Errorf("tickLabel(%g, %g) = %q, want %q", tc.v, tc.step, got, tc.want)
 		}
 	}
-	if top, _ := niceScale(math.NaN()); top != 1 {
+	if top, _ := report.NiceScale(math.NaN()); top != 1 {
 		t.Errorf("niceScale(NaN) top = %g", top)
 	}
 }
 
 func TestChartSkipsMissingBars(t *testing.T) {
-	c := chart{Title: "t <&>", YLabel: "ms", Categories: []string{"a b c d e f g h", "b"},
-		Series: []chartSeries{{Name: "s", Values: []float64{1, math.NaN()}, Lo: []float64{0.5, math.NaN()}, Hi: []float64{2, math.NaN()}}}}
+	c := report.Chart{Title: "t <&>", YLabel: "ms", Categories: []string{"a b c d e f g h", "b"},
+		Series: []report.ChartSeries{{Name: "s", Values: []float64{1, math.NaN()}, Lo: []float64{0.5, math.NaN()}, Hi: []float64{2, math.NaN()}}}}
 	svg := c.SVG()
 	checkSVG(t, "chart", svg)
 	if n := bytes.Count(svg, []byte("<title>")); n != 1 {
@@ -483,10 +484,10 @@ func TestChartSkipsMissingBars(t *testing.T) {
 }
 
 // fakeTorch is a plausible torch series, CRIU included.
-func fakeTorch(runs int, ms func(n, r int) time.Duration) *torchResult {
-	tr := &torchResult{Shape: "12 layers of width 768", Params: 124439808, Weights: 474 << 20, Memory: "589.2 MiB",
+func fakeTorch(runs int, ms func(n, r int) time.Duration) *report.TorchResult {
+	tr := &report.TorchResult{Shape: "12 layers of width 768", Params: 124439808, Weights: 474 << 20, Memory: "589.2 MiB",
 		Image: 505 << 20, Maps: 1686, CRIU: "/usr/sbin/criu (Version: 4.2)", CRIUUsed: true, CRIUImage: 589 << 20,
-		Restores: torchCases(true)}
+		Restores: report.TorchCases(true)}
 	for r := range runs {
 		tr.Dump, tr.Freeze, tr.CRIUDump = append(tr.Dump, ms(400, r)), append(tr.Freeze, ms(390, r)), append(tr.CRIUDump, ms(330, r))
 		for _, c := range tr.Restores {
@@ -504,14 +505,14 @@ func fakeTorch(runs int, ms func(n, r int) time.Duration) *torchResult {
 }
 
 // fakeHuge is a plausible huge series.
-func fakeHuge(ms func(n, r int) time.Duration) *hugeResult {
-	hr := &hugeResult{Size: hugeSize, Arrays: 768, Init: 30 * time.Second, Image: hugeSize, Dump: ms(5600, 0), Freeze: ms(5590, 0)}
-	for i, c := range hugeCases() {
-		run := restoreRun{Running: ms(50, 0), Ping: ms(60, 0), Token: ms(9000, 0), Total: ms(8900, 0)}
+func fakeHuge(ms func(n, r int) time.Duration) *report.HugeResult {
+	hr := &report.HugeResult{Size: hugeSize, Arrays: 768, Init: 30 * time.Second, Image: hugeSize, Dump: ms(5600, 0), Freeze: ms(5590, 0)}
+	for i, c := range report.HugeCases() {
+		run := report.RestoreRun{Running: ms(50, 0), Ping: ms(60, 0), Token: ms(9000, 0), Total: ms(8900, 0)}
 		if i == 0 {
-			run = restoreRun{Running: ms(16000, 0), Ping: ms(16010, 0), Token: ms(16600, 0), Total: ms(16000, 0)}
+			run = report.RestoreRun{Running: ms(16000, 0), Ping: ms(16010, 0), Token: ms(16600, 0), Total: ms(16000, 0)}
 		}
-		hr.Restores = append(hr.Restores, &restoreResult{Config: defaultConfig(), Case: c, Runs: []restoreRun{run}})
+		hr.Restores = append(hr.Restores, &report.RestoreResult{Config: report.DefaultConfig(), Case: c, Runs: []report.RestoreRun{run}})
 	}
 	return hr
 }

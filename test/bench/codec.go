@@ -10,10 +10,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The codec series: each model server dumped with each block codec
@@ -41,63 +41,16 @@ var codecFixtures = []codecFixture{
 	{Name: "weightserver", Weights: "float32", prog: func(t tools) string { return t.Weights }, extra: []string{"42", "hugepage"}},
 }
 
-// codecCases are the restores of each snapshot of the series; a smoke run
-// does the lazy one through the mount only.
-func codecCases(smoke bool) []restoreCase {
-	if smoke {
-		return []restoreCase{{Mode: lazyMount, Threads: defThreads}}
-	}
-	return []restoreCase{
-		{Mode: eager, Threads: defThreads},
-		{Mode: eager, Cold: true, Threads: defThreads},
-		{Mode: lazyMount, Threads: defThreads},
-		{Mode: lazyMount, Cold: true, Threads: defThreads},
-		{Mode: lazyDirect, Threads: defThreads},
-	}
-}
-
-// codecResult is one fixture dumped with one codec.
-type codecResult struct {
-	Fixture string
-	Weights string // "bf16" or "float32"
-	Codec   string
-	Memory  uint64 // bytes of memory in the snapshot
-	Pages   uint64 // the pages file
-	// WeightBytes and WeightStored: the weights' memory and the stored
-	// bytes of the blocks that hold it.
-	WeightBytes, WeightStored uint64
-	Shuffled                  uint64 // bytes of memory in shuffled blocks
-	Dump, Freeze              time.Duration
-	Restores                  []*restoreResult
-}
-
-// WeightRatio is the weights' stored bytes over their memory.
-func (c *codecResult) WeightRatio() float64 {
-	if c.WeightBytes == 0 {
-		return 0
-	}
-	return float64(c.WeightStored) / float64(c.WeightBytes)
-}
-
-func (c *codecResult) find(k restoreCase) *restoreResult {
-	for _, r := range c.Restores {
-		if r.Case == k {
-			return r
-		}
-	}
-	return nil
-}
-
 // measureCodecs dumps each fixture once per codec, then restores the
 // snapshots of one fixture round by round, case by case, the codecs back
 // to back in an order that turns between rounds.
-func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
+func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	fixtures := codecFixtures
 	if h.smoke {
 		fixtures = fixtures[:1] // the modelserver
 	}
 	for _, fx := range fixtures {
-		var results []*codecResult
+		var results []*report.CodecResult
 		snaps := map[string]*snapshot{}
 		var expect expectation
 		cleanup := func() {
@@ -113,12 +66,12 @@ func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
 			}
 			if expect != (expectation{}) && exp != expect {
 				cleanup()
-				return fmt.Errorf("%s --codec %s: the server answered %+v, the first %+v: %w", fx.Name, name, exp, expect, ErrInsane)
+				return fmt.Errorf("%s --codec %s: the server answered %+v, the first %+v: %w", fx.Name, name, exp, expect, report.ErrInsane)
 			}
 			expect = exp
 			snaps[name] = snap
-			for _, c := range codecCases(h.smoke) {
-				cr.Restores = append(cr.Restores, &restoreResult{Case: c})
+			for _, c := range report.CodecCases(h.smoke) {
+				cr.Restores = append(cr.Restores, &report.RestoreResult{Case: c})
 			}
 			results = append(results, cr)
 		}
@@ -133,7 +86,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
 		}
 		h.expect = expect
 		for r := range h.runs {
-			for i, c := range codecCases(h.smoke) {
+			for i, c := range report.CodecCases(h.smoke) {
 				order := slices.Clone(results)
 				if r%2 == 1 {
 					slices.Reverse(order)
@@ -159,7 +112,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
 
 // dumpCodec starts fixture fx, learns its answers and dumps it with
 // --codec name, then reads the snapshot's figures.
-func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (*codecResult, *snapshot, expectation, error) {
+func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (*report.CodecResult, *snapshot, expectation, error) {
 	// The fixture's start-up, its questions and the dump.
 	ctx, cancel := context.WithTimeout(ctx, 3*h.opTimeout())
 	defer cancel()
@@ -204,7 +157,7 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 	if err != nil {
 		return nil, nil, expectation{}, err
 	}
-	cr := &codecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Dump: rep.Total, Freeze: rep.Freeze}
+	cr := &report.CodecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Dump: rep.Total, Freeze: rep.Freeze}
 	if err := readCodecImage(cr, dir, srv.PID, wlo, whi); err != nil {
 		return nil, nil, expectation{}, err
 	}
@@ -217,14 +170,14 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 // readCodecImage fills in cr's figures of the snapshot in dir. The weights are the
 // blocks in [wlo, whi) if whi > 0, else the blocks of unnamed anonymous
 // mappings of 1 MiB or more (the weightserver's arrays, one mapping each).
-func readCodecImage(cr *codecResult, dir string, pid int, wlo, whi uint64) error {
+func readCodecImage(cr *report.CodecResult, dir string, pid int, wlo, whi uint64) error {
 	s, err := image.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	if s.Manifest.Compression != cr.Codec {
-		return fmt.Errorf("manifest of --codec %s says %q: %w", cr.Codec, s.Manifest.Compression, ErrInsane)
+		return fmt.Errorf("manifest of --codec %s says %q: %w", cr.Codec, s.Manifest.Compression, report.ErrInsane)
 	}
 	st, err := s.State(pid)
 	if err != nil {
@@ -255,62 +208,7 @@ func readCodecImage(cr *codecResult, dir string, pid int, wlo, whi uint64) error
 		}
 	}
 	if cr.WeightBytes == 0 {
-		return fmt.Errorf("%s: no weights found in the snapshot: %w", cr.Fixture, ErrInsane)
+		return fmt.Errorf("%s: no weights found in the snapshot: %w", cr.Fixture, report.ErrInsane)
 	}
 	return nil
-}
-
-func validateCodecs(runs int, sr *sizeResult, bad func(string, ...any)) {
-	for _, c := range sr.Codecs {
-		what := c.Fixture + " --codec " + c.Codec
-		if c.Memory == 0 || c.Pages == 0 || c.Pages > c.Memory+c.Memory/50 {
-			bad("%s: pages file %d for %d bytes of memory", what, c.Pages, c.Memory)
-		}
-		if c.WeightStored > c.WeightBytes+c.WeightBytes/50 {
-			bad("%s: weights stored in %d bytes for %d", what, c.WeightStored, c.WeightBytes)
-		}
-		if (c.Codec == "lz4") != (c.Shuffled == 0) {
-			bad("%s: %d bytes in shuffled blocks", what, c.Shuffled)
-		}
-		for _, r := range c.Restores {
-			if len(r.Runs) != runs {
-				bad("%s, %s: %d runs, want %d", what, r.Case, len(r.Runs), runs)
-			}
-			for _, run := range r.Runs {
-				if run.Token <= 0 {
-					bad("%s, %s: token at %s", what, r.Case, run.Token)
-				}
-			}
-		}
-	}
-}
-
-func renderCodecs(m *md, sr *sizeResult) {
-	if len(sr.Codecs) == 0 {
-		return
-	}
-	m.p("### Block codecs on model weights")
-	m.p("")
-	m.p("`snapctl dump --codec` on the modelserver (bf16 weights of N(0, 0.02): half its mapping) and the weightserver (float32 weights of N(0, 0.02) in 16 MiB arrays, with numpy's MADV_HUGEPAGE), each dumped once per codec. *weights* is the stored bytes of the blocks holding the weights over their memory; *token* is the time from the restore command's start to the answer of `token` (after `ping` and `touch 1`), which reads every weight: medians of the runs (range), the codecs restored back to back within each round.")
-	m.p("")
-	cases := codecCases(false)
-	cells := []string{"fixture", "codec", "image", "pages/memory", "weights", "dump", "frozen"}
-	for _, c := range cases {
-		cells = append(cells, "token, "+c.Label()+" "+c.Cache())
-	}
-	m.header(cells...)
-	for _, c := range sr.Codecs {
-		row := []string{c.Fixture + " (" + c.Weights + ")", "`" + c.Codec + "`", units.FormatSize(c.Pages),
-			fmt.Sprintf("%.3f", float64(c.Pages)/float64(c.Memory)), fmt.Sprintf("%.3f", c.WeightRatio()),
-			summarize([]time.Duration{c.Dump}).String(), summarize([]time.Duration{c.Freeze}).String()}
-		for _, k := range cases {
-			if r := c.find(k); r != nil {
-				row = append(row, r.dist(tokenOf).String())
-			} else {
-				row = append(row, "—")
-			}
-		}
-		m.row(row...)
-	}
-	m.p("")
 }

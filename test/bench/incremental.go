@@ -14,6 +14,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "incremental" series: the modelserver dumped whole
@@ -24,32 +25,17 @@ import (
 // eagerly and must answer `touch 1` and `token` as the server did right
 // before the second dump.
 func init() {
-	extraSeries = append(extraSeries, series{Name: "incremental", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.incrementalSeries(ctx, sr) }})
-}
-
-// incrResult are the figures of the series, one entry per run.
-type incrResult struct {
-	FullBytes, IncrBytes   []int64         // the pages files of the two dumps
-	FullDump, IncrDump     []time.Duration // "in D" of each dump
-	FullFrozen, IncrFrozen []time.Duration
-	// The incremental dump with --pre-copy --leave-running, of the same
-	// memory (the server no longer writes).
-	PreBytes           []int64
-	PreDump, PreFrozen []time.Duration
-	Dirtied            time.Duration // how long the server wrote, each run
-	// Restore is the eager restore of the incremental snapshot (wall
-	// time, warm page cache); Restored counts the runs whose restored
-	// server answered as before the second dump.
-	Restore  []time.Duration
-	Restored int
+	extraSeries = append(extraSeries, series{Name: "incremental", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error {
+		return h.incrementalSeries(ctx, sr)
+	}})
 }
 
 // incrDirtyTime is how long the server writes 1% of its memory a second
 // between the two dumps.
 const incrDirtyTime = time.Second
 
-func (h *harness) incrementalSeries(ctx context.Context, sr *sizeResult) error {
-	res := &incrResult{Dirtied: incrDirtyTime}
+func (h *harness) incrementalSeries(ctx context.Context, sr *report.SizeResult) error {
+	res := &report.IncrResult{Dirtied: incrDirtyTime}
 	for r := range h.runs {
 		if err := h.incrementalOnce(ctx, res); err != nil {
 			return err
@@ -80,7 +66,7 @@ func pagesFileBytes(dir string, pid int) (int64, error) {
 	return m.Files[e.Pages].Size, nil
 }
 
-func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
+func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) error {
 	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
 	defer cancel()
 	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
@@ -156,7 +142,7 @@ func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
 	saved := h.expect
 	h.expect = want
 	defer func() { h.expect = saved }()
-	run, err := h.restoreOnce(ctx, &snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: defThreads})
+	run, err := h.restoreOnce(ctx, &snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads})
 	if err != nil {
 		return fmt.Errorf("restore of the incremental snapshot: %w", err)
 	}
@@ -176,55 +162,4 @@ func evict(path string) error {
 	}
 	defer f.Close()
 	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-}
-
-func validateIncremental(runs int, sr *sizeResult, bad func(string, ...any)) {
-	r := sr.Incremental
-	if r == nil {
-		return
-	}
-	if len(r.FullBytes) != runs || len(r.IncrBytes) != runs || len(r.Restore) != runs {
-		bad("incremental: %d runs, want %d", len(r.IncrBytes), runs)
-		return
-	}
-	for i := range r.IncrBytes {
-		if r.IncrBytes[i]*20 > r.FullBytes[i] || i < len(r.PreBytes) && r.PreBytes[i]*20 > r.FullBytes[i] {
-			bad("incremental run %d: pages file %d bytes, more than 5%% of the full dump's %d", i+1, r.IncrBytes[i], r.FullBytes[i])
-		}
-	}
-	if r.Restored != runs {
-		bad("incremental: %d of %d restores answered as the server did", r.Restored, runs)
-	}
-}
-
-func renderIncremental(m *md, sr *sizeResult) {
-	r := sr.Incremental
-	if r == nil || len(r.IncrBytes) == 0 {
-		return
-	}
-	m.p("### Incremental dumps (`dump --parent`)\n")
-	m.p("Each run starts a server, dumps it whole with `--leave-running`, has it write 1%% of its memory a second (`dirty 1`) for %s, "+
-		"then, its writer stopped, dumps it against the first snapshot with `--parent --pre-copy --leave-running`, then with `--parent` alone (which kills it), "+
-		"and restores the second incremental snapshot eagerly: "+
-		"before each incremental dump the parent's pages file is dropped from the page cache (as if dumped long ago); "+
-		"it must answer `touch 1` and `token` as the server did right before the second dump. Median (min–max) of %d runs; "+
-		"target: the incremental pages file at most 5%% of the full one's.\n", r.Dirtied, len(r.IncrBytes))
-	med := func(ns []int64) int64 {
-		ds := make([]time.Duration, len(ns))
-		for i, n := range ns {
-			ds[i] = time.Duration(n)
-		}
-		return int64(summarize(ds).Med)
-	}
-	full, incr := med(r.FullBytes), med(r.IncrBytes)
-	m.header("dump", "pages file", "of the full", "dump time", "frozen")
-	m.row("full", units.FormatSize(uint64(full)), "100%", summarize(r.FullDump).String(), summarize(r.FullFrozen).String())
-	m.row("incremental", units.FormatSize(uint64(incr)), fmt.Sprintf("%.2f%%", 100*float64(incr)/float64(full)), summarize(r.IncrDump).String(), summarize(r.IncrFrozen).String())
-	if len(r.PreBytes) > 0 {
-		pre := med(r.PreBytes)
-		m.row("incremental, `--pre-copy`", units.FormatSize(uint64(pre)), fmt.Sprintf("%.2f%%", 100*float64(pre)/float64(full)), summarize(r.PreDump).String(), summarize(r.PreFrozen).String())
-	}
-	m.p("")
-	m.p("Eager restore of the incremental snapshot (warm page cache, wall time): %s; %d/%d restored servers answered as before the dump.\n",
-		summarize(r.Restore), r.Restored, len(r.Restore))
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // harness is the state of one measuring run.
@@ -48,7 +49,7 @@ type expectation struct {
 }
 
 // measure runs every measurement of o.
-func measure(ctx context.Context, o options) (*report, error) {
+func measure(ctx context.Context, o options) (*report.Report, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("run as root: dump and restore trace processes and cold runs drop the page cache")
 	}
@@ -65,7 +66,7 @@ func measure(ctx context.Context, o options) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &report{Runs: o.Runs, Smoke: o.Smoke, Only: o.Only, Started: o.Now()}
+	rep := &report.Report{Runs: o.Runs, Smoke: o.Smoke, Only: o.Only, Started: o.Now()}
 	rep.Machine = describeMachine(work, t)
 	for i, size := range o.Sizes {
 		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now(), smoke: o.Smoke,
@@ -107,17 +108,17 @@ func (h *harness) logf(format string, args ...any) {
 }
 
 // measureSize runs the dump, restore and baseline series of one size.
-func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*sizeResult, error) {
+func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*report.SizeResult, error) {
 	start := now()
-	sr := &sizeResult{Size: h.size}
+	sr := &report.SizeResult{Size: h.size}
 	var raw string
 	defer func() {
 		if raw != "" {
 			os.Remove(raw)
 		}
 	}()
-	dumps := map[string]*dumpResult{}
-	cfgs := measureOrder(dumpConfigs())
+	dumps := map[string]*report.DumpResult{}
+	cfgs := report.MeasureOrder(report.DumpConfigs())
 	if !h.wants("modelserver") {
 		cfgs = nil
 	}
@@ -146,7 +147,7 @@ func (h *harness) measureSize(ctx context.Context, now func() time.Time) (*sizeR
 		}
 		sr.Baselines = append(sr.Baselines, bs...)
 	}
-	for _, cfg := range dumpConfigs() {
+	for _, cfg := range report.DumpConfigs() {
 		if d := dumps[cfg.Short]; d != nil {
 			sr.Dumps = append(sr.Dumps, d)
 		}
@@ -205,8 +206,8 @@ func (snap *snapshot) taken() (int, bool) {
 
 // dumpSeries starts and dumps a server h.runs times; the last snapshot is
 // kept for the restores.
-func (h *harness) dumpSeries(ctx context.Context, sr *sizeResult, cfg dumpConfig) (*snapshot, *dumpResult, error) {
-	dr := &dumpResult{Config: cfg}
+func (h *harness) dumpSeries(ctx context.Context, sr *report.SizeResult, cfg report.DumpConfig) (*snapshot, *report.DumpResult, error) {
+	dr := &report.DumpResult{Config: cfg}
 	dir := filepath.Join(h.work, "snap-"+cfg.Short)
 	var snap *snapshot
 	for r := range h.runs {
@@ -225,7 +226,7 @@ func (h *harness) dumpSeries(ctx context.Context, sr *sizeResult, cfg dumpConfig
 }
 
 // dumpOnce starts a server and dumps it into dir.
-func (h *harness) dumpOnce(ctx context.Context, sr *sizeResult, cfg dumpConfig, dir string, dr *dumpResult) (*snapshot, error) {
+func (h *harness) dumpOnce(ctx context.Context, sr *report.SizeResult, cfg report.DumpConfig, dir string, dr *report.DumpResult) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)

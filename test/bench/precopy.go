@@ -15,6 +15,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "precopy" series: snapctl dump --pre-copy --leave-running of the
@@ -24,24 +25,7 @@ import (
 // and the pre-copy snapshot restores to a server that answers as the
 // original did.
 func init() {
-	extraSeries = append(extraSeries, series{Name: "precopy", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.preCopySeries(ctx, sr) }})
-}
-
-// preCopyResult is one case of the series.
-type preCopyResult struct {
-	Case        string // "idle" or "dirty 1"
-	Frozen      []time.Duration
-	Total       []time.Duration
-	PlainFrozen []time.Duration
-	PlainTotal  []time.Duration
-	Rounds      []int
-	FrozenCopy  []string // the memory copied while frozen, as snapctl prints it
-	// Identical counts the runs whose pre-copy image (index and pages
-	// files) was the plain dump's byte for byte.
-	Identical int
-	// Restored: the pre-copy snapshot of the last run, restored, answered
-	// touch 1 and token as the original server did.
-	Restored bool
+	extraSeries = append(extraSeries, series{Name: "precopy", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error { return h.preCopySeries(ctx, sr) }})
 }
 
 var preCopyLine = regexp.MustCompile(`(?m)^pre-copy: (\d+) rounds copied (.+) in (\S+) \(paused (\S+) to set up\); frozen copy (.+)$`)
@@ -52,9 +36,9 @@ var preCopyCases = []struct {
 	dirty int
 }{{"idle", 0}, {"dirty 1", 1}}
 
-func (h *harness) preCopySeries(ctx context.Context, sr *sizeResult) error {
+func (h *harness) preCopySeries(ctx context.Context, sr *report.SizeResult) error {
 	for _, c := range preCopyCases {
-		res := &preCopyResult{Case: c.name}
+		res := &report.PreCopyResult{Case: c.name}
 		for r := range h.runs {
 			if err := h.preCopyOnce(ctx, res, c.dirty, r == h.runs-1); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
@@ -72,7 +56,7 @@ func (h *harness) preCopySeries(ctx context.Context, sr *sizeResult) error {
 // --pre-copy then plainly (both --leave-running), compares the images when
 // it is idle and, if restore, restores the pre-copy snapshot and checks
 // its answers.
-func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int, restore bool) error {
+func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, dirty int, restore bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
 	defer cancel()
 	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
@@ -152,7 +136,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 		return nil
 	}
 	h.killLive()
-	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: defThreads}); err != nil {
+	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads}); err != nil {
 		return fmt.Errorf("restore of the pre-copy snapshot: %w", err)
 	}
 	res.Restored = true
@@ -257,53 +241,4 @@ func (h *harness) snapctl(ctx context.Context, args ...string) (string, error) {
 		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
 	}
 	return out.String(), nil
-}
-
-func validatePreCopy(runs int, sr *sizeResult, bad func(string, ...any)) {
-	for _, r := range sr.PreCopy {
-		if len(r.Frozen) != runs || len(r.PlainFrozen) != runs {
-			bad("precopy %s: %d runs, want %d", r.Case, len(r.Frozen), runs)
-		}
-		for _, d := range append(append([]time.Duration{}, r.Frozen...), r.Total...) {
-			if d <= 0 {
-				bad("precopy %s: a time of %v", r.Case, d)
-			}
-		}
-		if r.Case == "idle" && r.Identical != runs {
-			bad("precopy idle: %d of %d images identical to the plain dump's", r.Identical, runs)
-		}
-		if !r.Restored {
-			bad("precopy %s: the pre-copy snapshot did not restore to the original's answers", r.Case)
-		}
-	}
-}
-
-func renderPreCopy(m *md, sr *sizeResult) {
-	if len(sr.PreCopy) == 0 {
-		return
-	}
-	m.p("### Pre-copy dumps (`dump --pre-copy --leave-running`)\n")
-	m.p("Each run starts a server, dumps it with `--pre-copy --leave-running`, then at once with `--leave-running` alone (plain), " +
-		"median (min–max). *Frozen* is the process's stop for the snapshot (pre-copy also stops it a few ms earlier to set up " +
-		"write tracking, not counted); targets: ≤ 50 ms idle, ≤ 150 ms under `dirty 1` (1%% of memory written per second). " +
-		"*Identical*: runs where, the server then stopped by SIGSTOP, a pre-copy dump's memory equals a plain dump's byte for byte but for the threads' rseq areas (where the kernel writes the CPU a thread returns to user mode on, which the dumps' injected calls make it do); " +
-		"the last run's pre-copy snapshot is restored and must answer `touch 1` and `token` as the original did.\n")
-	m.header("server", "frozen, pre-copy", "frozen, plain", "dump, pre-copy", "dump, plain", "rounds", "frozen copy (last run)", "identical")
-	for _, r := range sr.PreCopy {
-		ident := "—"
-		if r.Case == "idle" {
-			ident = fmt.Sprintf("%d/%d", r.Identical, len(r.Frozen))
-		}
-		rounds := "—"
-		if len(r.Rounds) > 0 {
-			rounds = strconv.Itoa(r.Rounds[len(r.Rounds)-1])
-		}
-		last := "—"
-		if len(r.FrozenCopy) > 0 {
-			last = r.FrozenCopy[len(r.FrozenCopy)-1]
-		}
-		m.row(r.Case, summarize(r.Frozen).String(), summarize(r.PlainFrozen).String(), summarize(r.Total).String(),
-			summarize(r.PlainTotal).String(), rounds, last, ident)
-	}
-	m.p("")
 }

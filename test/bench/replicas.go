@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The replicas series: one modelserver snapshot restored N times (1, 2,
@@ -31,70 +32,20 @@ import (
 // memory they and the page source hold.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "replicas", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.replicasSeries(ctx, sr) }})
+	extraSeries = append(extraSeries, series{Name: "replicas", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error { return h.replicasSeries(ctx, sr) }})
 }
 
 // replicaCounts are how many copies each case starts.
 var replicaCounts = []int{1, 2, 4}
 
-// The modes of the series. Lazy: every copy through one lazyfs mount
-// (made afresh for the case: its first copy decodes, the others find the
-// blocks decoded), the working set removed before the case; with
-// repLazyWS the first copy records one (--record-working-set, stopped by
-// SIGUSR1 once it answered "touch 1") and the later copies fetch it first
-// (--working-set auto, the default); with repLazyOff no copy records or
-// uses one. Eager: each copy filled by its snapctl from the snapshot
-// files (warm in the page cache).
-const (
-	repLazyWS  = "lazy, working set"
-	repLazyOff = "lazy, --working-set off"
-	repEager   = "eager"
-)
-
-var replicaModes = []string{repLazyWS, repLazyOff, repEager}
-
-// replicaLazy reports whether mode restores lazily.
-func replicaLazy(mode string) bool { return mode != repEager }
-
-// replicasResult is the runs of one case.
-type replicasResult struct {
-	Mode string
-	N    int
-	Runs []replicasRun
-	// Recorded is the first copy's "working set recorded: ..." line
-	// (repLazyWS; the last run's).
-	Recorded string
-}
-
-// replicasRun is one run of a case.
-type replicasRun struct {
-	// Touch1 is, per copy in start order, the time from its snapctl's
-	// start to its "touch 1" answer.
-	Touch1 []time.Duration
-	// Running and Faults are, per copy, what its snapctl said: the time
-	// from its start until the process ran, and (lazy) the faults it
-	// served.
-	Running []time.Duration
-	Faults  []int
-	// Memory once every copy has all its memory (lazy: every snapctl
-	// exited), in bytes: the copies' Pss summed (their inits included),
-	// and their Anonymous; the page cache that the snapshot's pages file
-	// and the mount's mem file hold (resident pages, as fincore counts
-	// them), and of it the mem file's; the lazyfs server's Rss, and the
-	// decoded blocks its block cache holds (MNT/PID/stats cache_bytes;
-	// lazy only).
-	Pss, Anon, PageCache, MemCache, Server, BlockCache uint64
-}
-
-// total is the memory the case holds: copies, page cache, server.
-func (r replicasRun) total() uint64 { return r.Pss + r.PageCache + r.Server }
+var replicaModes = []string{report.RepLazyWS, report.RepLazyOff, report.RepEager}
 
 // replicasSeries dumps one modelserver and runs every case h.runs times,
 // the cases interleaved within each round.
-func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
-	cfg := defaultConfig()
+func (h *harness) replicasSeries(ctx context.Context, sr *report.SizeResult) error {
+	cfg := report.DefaultConfig()
 	dir := filepath.Join(h.work, "snap-replicas")
-	var dr dumpResult
+	var dr report.DumpResult
 	snap, err := h.dumpOnce(ctx, sr, cfg, dir, &dr)
 	if err != nil {
 		return fmt.Errorf("dump: %w", err)
@@ -104,10 +55,10 @@ func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
 	if err != nil {
 		return err
 	}
-	var results []*replicasResult
+	var results []*report.ReplicasResult
 	for _, mode := range replicaModes {
 		for _, n := range replicaCounts {
-			results = append(results, &replicasResult{Mode: mode, N: n})
+			results = append(results, &report.ReplicasResult{Mode: mode, N: n})
 		}
 	}
 	for r := range h.runs {
@@ -151,7 +102,7 @@ type replicaProc struct {
 // copies started one after another, their memory measured, all killed
 // and the mount unmounted. It returns the first copy's "working set
 // recorded" line if it recorded one.
-func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run replicasRun, recorded string, err error) {
+func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run report.ReplicasRun, recorded string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout()*time.Duration(n+1))
 	defer cancel()
 	wsPath := filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img")
@@ -159,7 +110,7 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		return run, "", err
 	}
 	var mnt string
-	if replicaLazy(mode) {
+	if report.ReplicaLazy(mode) {
 		mnt = filepath.Join(h.work, "mnt-replicas")
 		if err := os.MkdirAll(mnt, 0o700); err != nil {
 			return run, "", err
@@ -181,13 +132,13 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 	}()
 	for i := range n {
 		args := []string{"restore", "-D", snap.Dir, "--pidns", "--netns", "new"}
-		record := mode == repLazyWS && i == 0
+		record := mode == report.RepLazyWS && i == 0
 		switch {
 		case record:
 			args = append(args, "--lazy", "--mount", mnt, "--record-working-set", "--record-for", "5m")
-		case mode == repLazyWS:
+		case mode == report.RepLazyWS:
 			args = append(args, "--lazy", "--mount", mnt)
-		case mode == repLazyOff:
+		case mode == report.RepLazyOff:
 			args = append(args, "--lazy", "--mount", mnt, "--working-set", "off")
 		}
 		r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
@@ -236,7 +187,7 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			return run, "", fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
 		}
 		out := r.out.String()
-		rep, err := parseRestore(out, replicaLazy(mode))
+		rep, err := parseRestore(out, report.ReplicaLazy(mode))
 		if err != nil {
 			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
@@ -252,7 +203,7 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			if _, err := os.Stat(wsPath); recorded == "" || err != nil {
 				return run, "", fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, ErrOutput)
 			}
-		case mode == repLazyWS:
+		case mode == report.RepLazyWS:
 			if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
 				return run, "", fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, ErrOutput)
 			}
@@ -274,7 +225,7 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 	if err != nil {
 		return run, "", err
 	}
-	if replicaLazy(mode) {
+	if report.ReplicaLazy(mode) {
 		mem := filepath.Join(mnt, strconv.Itoa(snap.PID), "mem")
 		c, err := residentBytes(mem)
 		if err != nil {
@@ -493,148 +444,4 @@ func blockCacheBytes(stats string) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s: no cache_bytes: %w", stats, ErrOutput)
-}
-
-// touch1Of returns the runs' touch 1 times of copy i.
-func (r *replicasResult) touch1Of(i int) dist {
-	var ds []time.Duration
-	for _, run := range r.Runs {
-		if i < len(run.Touch1) {
-			ds = append(ds, run.Touch1[i])
-		}
-	}
-	return summarize(ds)
-}
-
-// memOf returns the median of a memory figure over the runs.
-func (r *replicasResult) memOf(f func(replicasRun) uint64) uint64 {
-	var ds []time.Duration
-	for _, run := range r.Runs {
-		ds = append(ds, time.Duration(f(run)))
-	}
-	return uint64(summarize(ds).Med)
-}
-
-func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
-	anon := map[int]uint64{} // copies: the first run's anonymous memory
-	for _, r := range s.Replicas {
-		for _, run := range r.Runs {
-			// Lazy or eager, copies hold the same memory.
-			if a, ok := anon[r.N]; !ok {
-				anon[r.N] = run.Anon
-			} else if run.Anon < a*9/10 || run.Anon > a*11/10 {
-				bad("replicas %s x%d: %d bytes anonymous, another run of %d copies %d", r.Mode, r.N, run.Anon, r.N, a)
-			}
-		}
-		if len(r.Runs) != runs {
-			bad("replicas %s x%d: %d runs, want %d", r.Mode, r.N, len(r.Runs), runs)
-		}
-		if r.Mode == repLazyWS && r.Recorded == "" {
-			bad("replicas %s x%d: the first copy recorded no working set", r.Mode, r.N)
-		}
-		for _, run := range r.Runs {
-			if len(run.Touch1) != r.N {
-				bad("replicas %s x%d: %d touch 1 times", r.Mode, r.N, len(run.Touch1))
-			}
-			for _, d := range run.Touch1 {
-				if d <= 0 {
-					bad("replicas %s x%d: touch 1 after %v", r.Mode, r.N, d)
-				}
-			}
-			// Every copy holds its memory once it is all in (the
-			// modelserver's zero quarter stays unmapped).
-			if run.Anon < uint64(r.N)*s.Size/2 {
-				bad("replicas %s x%d: %d bytes anonymous in %d copies of %d", r.Mode, r.N, run.Anon, r.N, s.Size)
-			}
-			if replicaLazy(r.Mode) && run.Server == 0 {
-				bad("replicas %s x%d: no lazyfs server measured", r.Mode, r.N)
-			}
-		}
-	}
-}
-
-func renderReplicas(m *md, s *sizeResult) {
-	if len(s.Replicas) == 0 {
-		return
-	}
-	mib := func(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
-	m.p("### Replicas: one snapshot restored 1, 2 and 4 times")
-	m.p("")
-	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1` and has all its memory): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). No working set beside the snapshot at the start of a case. *%s*: copy 1 records one (`--record-working-set`, SIGUSR1 to its snapctl once it answered `touch 1`) and copies 2 to 4 fetch it first (the default, `--working-set auto`); *%s*: no copy records or uses one. Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold (and of it the mem file's), the lazyfs server's Rss (and of it the decoded blocks its block cache holds); medians.", repLazyWS, repLazyOff, len(s.Replicas[0].Runs))
-	m.p("")
-	m.header("restore", "copies", "touch 1: copy 1", "copy 2", "copy 4", "copies' Pss", "page cache", "of it mem file", "lazyfs server", "of it block cache", "total")
-	for _, r := range s.Replicas {
-		cell := func(i int) string {
-			if i >= r.N {
-				return "—"
-			}
-			return r.touch1Of(i).String()
-		}
-		server, memFile, blocks := "—", "—", "—"
-		if replicaLazy(r.Mode) {
-			server = mib(r.memOf(func(x replicasRun) uint64 { return x.Server }))
-			memFile = mib(r.memOf(func(x replicasRun) uint64 { return x.MemCache }))
-			blocks = mib(r.memOf(func(x replicasRun) uint64 { return x.BlockCache }))
-		}
-		m.row(r.Mode, strconv.Itoa(r.N), cell(0), cell(1), cell(3),
-			mib(r.memOf(func(x replicasRun) uint64 { return x.Pss })),
-			mib(r.memOf(func(x replicasRun) uint64 { return x.PageCache })), memFile,
-			server, blocks, mib(r.memOf(replicasRun.total)))
-	}
-	m.p("")
-	find := func(mode string, n int) *replicasResult {
-		for _, r := range s.Replicas {
-			if r.Mode == mode && r.N == n {
-				return r
-			}
-		}
-		return nil
-	}
-	ws, off := find(repLazyWS, 4), find(repLazyOff, 4)
-	if ws != nil && ws.Recorded != "" {
-		m.p("Copy 1's %s.", ws.Recorded)
-		m.p("")
-	}
-	ratio := func(a, b time.Duration) string {
-		if b <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2f×", a.Seconds()/b.Seconds())
-	}
-	if ws != nil && off != nil {
-		fourth := ws.touch1Of(3).Med
-		// Copy 1 is the same restore in every case of a mode: its runs
-		// pooled over the cases are a steadier baseline than one case's.
-		pooled := func(mode string) time.Duration {
-			var ds []time.Duration
-			for _, r := range s.Replicas {
-				for _, run := range r.Runs {
-					if r.Mode == mode && len(run.Touch1) > 0 {
-						ds = append(ds, run.Touch1[0])
-					}
-				}
-			}
-			return summarize(ds).Med
-		}
-		m.p("The 4th lazy copy answered `touch 1`, with the working set copy 1 recorded, in %s the time of copy 1 (which recorded it; target ≤ 0.5×; %s of copy 1's median over the 1, 2 and 4 copy cases) and %s that of copy 1 without a working set (%s pooled); without one, the 4th copy in %s the time of the first.",
-			ratio(fourth, ws.touch1Of(0).Med), ratio(fourth, pooled(repLazyWS)), ratio(fourth, off.touch1Of(0).Med), ratio(fourth, pooled(repLazyOff)), ratio(off.touch1Of(3).Med, off.touch1Of(0).Med))
-		m.p("")
-		m.p("Copies 1 and 4 of 4: when the process ran (snapctl's count from its start) and the faults its pager served before all memory was in (medians):")
-		m.p("")
-		m.header("restore", "copy", "process runs", "touch 1", "faults served")
-		for _, r := range []*replicasResult{ws, off} {
-			for _, i := range []int{0, 3} {
-				var running []time.Duration
-				var faults []time.Duration
-				for _, run := range r.Runs {
-					if i < len(run.Running) {
-						running = append(running, run.Running[i])
-						faults = append(faults, time.Duration(run.Faults[i]))
-					}
-				}
-				m.row(r.Mode, strconv.Itoa(i+1), summarize(running).String(), r.touch1Of(i).String(), strconv.Itoa(int(summarize(faults).Med)))
-			}
-		}
-		m.p("")
-	}
 }

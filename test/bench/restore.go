@@ -6,16 +6,18 @@ import (
 	"fmt"
 	"os/exec"
 	"time"
+
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // restoreSeries runs every restore case of a configuration h.runs times,
 // the cases interleaved within each round so that a slow spell of the
 // machine does not land on one case only.
-func (h *harness) restoreSeries(ctx context.Context, snap *snapshot, cfg dumpConfig) ([]*restoreResult, error) {
-	cases := restoreCases(cfg)
-	results := make([]*restoreResult, len(cases))
+func (h *harness) restoreSeries(ctx context.Context, snap *snapshot, cfg report.DumpConfig) ([]*report.RestoreResult, error) {
+	cases := report.RestoreCases(cfg)
+	results := make([]*report.RestoreResult, len(cases))
 	for i, c := range cases {
-		results[i] = &restoreResult{Config: cfg, Case: c}
+		results[i] = &report.RestoreResult{Config: cfg, Case: c}
 	}
 	files, err := snapshotFiles(snap.Dir)
 	if err != nil {
@@ -42,8 +44,8 @@ func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 // restoreOnce restores snap once as c says, times the client's first
 // answers, checks them, then kills the restored server and waits until its
 // pid is free.
-func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []string, c restoreCase) (restoreRun, error) {
-	var run restoreRun
+func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []string, c report.RestoreCase) (report.RestoreRun, error) {
+	var run report.RestoreRun
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	if alive(snap.PID) {
@@ -53,7 +55,7 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 		return run, err
 	}
 
-	args := append(c.args(snap.Dir), h.restoreArgs...)
+	args := append(c.Args(snap.Dir), h.restoreArgs...)
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work

@@ -22,6 +22,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "s3" series: the modelserver dumped to a MinIO server on loopback
@@ -33,25 +34,6 @@ import (
 func init() {
 	extraSeries = append(extraSeries, series{Name: "s3", Measure: measureS3})
 }
-
-// s3Result is the series of one size.
-type s3Result struct {
-	Pages     uint64      // the pages file
-	DumpDisk  *dumpResult // Wall, Total, Freeze
-	DumpStore *dumpResult
-	Restores  []*s3Restore
-	Put, Get  []time.Duration // the pages file alone, to and from the store
-	DiskRead  []time.Duration // the pages file read from the disk, warm
-}
-
-// s3Restore is the lazy restores from one source.
-type s3Restore struct {
-	From string // s3Sources
-	restoreResult
-}
-
-// s3Sources are where the lazy restores read from.
-var s3Sources = []string{"disk", "MinIO", "MinIO, --cache-dir filled"}
 
 const s3Bucket = "bench"
 
@@ -145,7 +127,7 @@ func s3Env(m *minioServer) func() {
 	}
 }
 
-func measureS3(ctx context.Context, h *harness, sr *sizeResult) error {
+func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	if !h.wants("s3") {
 		return nil
 	}
@@ -157,10 +139,10 @@ func measureS3(ctx context.Context, h *harness, sr *sizeResult) error {
 	defer os.RemoveAll(dir)
 	defer m.stop()
 	defer s3Env(m)()
-	def := defaultConfig()
-	res := &s3Result{DumpDisk: &dumpResult{Config: def}, DumpStore: &dumpResult{Config: def}}
-	for _, from := range s3Sources {
-		res.Restores = append(res.Restores, &s3Restore{From: from, restoreResult: restoreResult{Config: def, Case: restoreCase{Mode: lazyMount, Threads: defThreads}}})
+	def := report.DefaultConfig()
+	res := &report.S3Result{DumpDisk: &report.DumpResult{Config: def}, DumpStore: &report.DumpResult{Config: def}}
+	for _, from := range report.S3Sources {
+		res.Restores = append(res.Restores, &report.S3Restore{From: from, RestoreResult: report.RestoreResult{Config: def, Case: report.RestoreCase{Mode: report.LazyMount, Threads: report.DefThreads}}})
 	}
 	diskDir := filepath.Join(h.work, "snap-s3-disk")
 	defer os.RemoveAll(diskDir)
@@ -226,7 +208,7 @@ func measureS3(ctx context.Context, h *harness, sr *sizeResult) error {
 }
 
 // dumpStore starts a server and dumps it to the address addr.
-func (h *harness) dumpStore(ctx context.Context, addr string, cfg dumpConfig, dr *dumpResult) (*snapshot, error) {
+func (h *harness) dumpStore(ctx context.Context, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
@@ -311,84 +293,9 @@ func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err 
 			return 0, 0, 0, err
 		}
 		if !bytes.Equal(got[:n], b[off:off+n]) {
-			return 0, 0, 0, fmt.Errorf("%s at %d: the store gave other bytes: %w", addr, off, ErrInsane)
+			return 0, 0, 0, fmt.Errorf("%s at %d: the store gave other bytes: %w", addr, off, report.ErrInsane)
 		}
 	}
 	get = time.Since(start)
 	return put, get, read, nil
-}
-
-func validateS3(runs int, sr *sizeResult, bad func(string, ...any)) {
-	x := sr.S3
-	if x == nil {
-		return
-	}
-	for _, d := range []*dumpResult{x.DumpDisk, x.DumpStore} {
-		if len(d.Total) != runs || len(d.Freeze) != runs {
-			bad("s3: %d dumps, want %d", len(d.Total), runs)
-		}
-	}
-	if len(x.Restores) != len(s3Sources) {
-		bad("s3: %d restore sources, want %d", len(x.Restores), len(s3Sources))
-	}
-	for _, r := range x.Restores {
-		if len(r.Runs) != runs {
-			bad("s3: restore from %s: %d runs, want %d", r.From, len(r.Runs), runs)
-		}
-		for i, run := range r.Runs {
-			if msg := checkRun(r.Case, run); msg != "" {
-				bad("s3: restore from %s run %d: %s", r.From, i, msg)
-			}
-		}
-	}
-	if len(x.Put) != runs || len(x.Get) != runs {
-		bad("s3: %d/%d runs of the pages file alone, want %d", len(x.Put), len(x.Get), runs)
-	}
-}
-
-func renderS3(m *md, sr *sizeResult) {
-	x := sr.S3
-	if x == nil {
-		return
-	}
-	m.p("### s3: snapshots in an object store (MinIO on loopback) against the disk")
-	m.p("")
-	m.p("The modelserver of %s dumped with the default option to the disk and to a MinIO server on loopback (`s3://`, same machine, its data on the same disk), back to back in alternating order, then restored with `--lazy` through the private mount from each; the cache directory was filled once beforehand by `snapctl verify --cache-dir`. Medians of %d runs (min–max).",
-		units.FormatSize(sr.Size), len(x.DumpDisk.Total))
-	m.p("")
-	m.header("dump", "disk", "MinIO", "MinIO / disk")
-	ratio := func(a, b dist) string {
-		if !a.Valid() || !b.Valid() || a.Med <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2f×", b.Med.Seconds()/a.Med.Seconds())
-	}
-	for _, row := range []struct {
-		name string
-		f    func(*dumpResult) []time.Duration
-	}{{"total (snapctl's \"in\")", func(d *dumpResult) []time.Duration { return d.Total }}, {"process frozen", func(d *dumpResult) []time.Duration { return d.Freeze }}} {
-		a, b := summarize(row.f(x.DumpDisk)), summarize(row.f(x.DumpStore))
-		m.row(row.name, a.String(), b.String(), ratio(a, b))
-	}
-	m.p("")
-	m.header("lazy restore from", "process runs", "ping answered", "`touch 1` answered", "`token` answered", "all memory in", "command exits")
-	for _, r := range x.Restores {
-		rr := &r.restoreResult
-		m.row(r.From, cell(rr, runningOf), cell(rr, pingOf), cell(rr, firstOf), cell(rr, tokenOf), cell(rr, totalOf), cell(rr, wallOf))
-	}
-	m.p("")
-	tput := func(ds []time.Duration) string {
-		d := summarize(ds)
-		if !d.Valid() || d.Med <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%s (%.0f MiB/s)", d, float64(x.Pages)/(1<<20)/d.Med.Seconds())
-	}
-	m.p("The floor: the pages file alone (%s), written to the store as a dump writes it (16 MiB parts, four at once) and read back as a sequential reader reads it (1 MiB reads, ranged GETs with readahead), against reading it from the disk with the page cache warm:", units.FormatSize(x.Pages))
-	m.p("")
-	m.header("pages file alone", "time (throughput)")
-	m.row("written to MinIO", tput(x.Put))
-	m.row("read from MinIO", tput(x.Get))
-	m.row("read from the disk, warm", tput(x.DiskRead))
-	m.p("")
 }

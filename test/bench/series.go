@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // A series is a part of the harness's measurements of one size beyond
@@ -12,12 +14,12 @@ import (
 // first) and the weightserver's ("weights"): a feature's own benchmark
 // (replicas, object store, encryption...), in a file of its own that adds
 // itself to extraSeries from an init function. Its results live in a field
-// of sizeResult it owns, so that -render can write its section again; the
+// of report.SizeResult it owns, so that -render can write its section again; the
 // section of the same name in extraSections checks and writes them.
 type series struct {
 	Name string // for -only, lower case
 	// Measure runs the series for one size and stores its results in sr.
-	Measure func(ctx context.Context, h *harness, sr *sizeResult) error
+	Measure func(ctx context.Context, h *harness, sr *report.SizeResult) error
 }
 
 // builtinSeries are the series measureSize runs itself, in this order.

@@ -8,13 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
@@ -34,59 +33,12 @@ func init() {
 	extraSeries = append(extraSeries, series{Name: "torch", Measure: measureTorch})
 }
 
-// torchResult is the torch series.
-type torchResult struct {
-	Shape   string // layers and width
-	Params  int64
-	Weights uint64 // bytes of the model's parameters
-	Memory  string // what the snapshot holds, as snapctl dump says
-	Image   uint64 // the snapshot directory
-	Maps    int    // mappings of the original process
-	Dump    []time.Duration
-	Freeze  []time.Duration
-	// CRIU is the criu used ("criu 4.2 at /path"), or why none was.
-	CRIU      string
-	CRIUUsed  bool
-	CRIUImage uint64
-	CRIUDump  []time.Duration
-	Restores  []*torchRestore
-}
-
-// torchRestore is one restore case of the series.
-type torchRestore struct {
-	Label   string // "eager", "lazy, --source mount", "CRIU lazy-pages"...
-	CRIU    bool
-	Cold    bool
-	Ping    []time.Duration
-	Token   []time.Duration
-	Running []time.Duration // lazyfs lazy: "running after"
-	AllIn   []time.Duration // lazyfs: eager "in", lazy "all memory in after"
-	Faults  []int           // lazyfs lazy: faults served
-	Served  []string        // lazyfs lazy: bytes served on faults, as printed
-}
-
 // torchShape is the model: GPT-2 small, or a small one for a smoke run.
 func (h *harness) torchShape() []string {
 	if h.smoke {
 		return []string{"2", "256"}
 	}
 	return []string{"12", "768"}
-}
-
-// torchCases are the restores of each round, in order.
-func torchCases(criu bool) []*torchRestore {
-	var cs []*torchRestore
-	for _, cold := range []bool{false, true} {
-		for _, l := range []string{"eager", "lazy, --source mount", "lazy, --source direct"} {
-			cs = append(cs, &torchRestore{Label: l, Cold: cold})
-		}
-		if criu {
-			for _, l := range []string{"CRIU restore", "CRIU lazy-pages"} {
-				cs = append(cs, &torchRestore{Label: l, Cold: cold, CRIU: true})
-			}
-		}
-	}
-	return cs
 }
 
 // torchSnap is a dumped torchserver: its directory, pid, port and answer.
@@ -97,7 +49,7 @@ type torchSnap struct {
 	token string // the original's answer, without its timing
 }
 
-func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
+func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	if !h.first {
 		return nil
 	}
@@ -105,12 +57,12 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 	if out, err := exec.CommandContext(ctx, py, "-I", "-c", "import torch").CombinedOutput(); err != nil {
 		return fmt.Errorf("%s cannot import torch (Debian package python3-torch): %w: %s", py, err, bytes.TrimSpace(out))
 	}
-	root, err := moduleRoot()
+	root, err := report.ModuleRoot()
 	if err != nil {
 		return err
 	}
 	script := filepath.Join(root, "test", "fixtures", "torchserver.py")
-	tr := &torchResult{Shape: strings.Join(h.torchShape(), " layers of width ")}
+	tr := &report.TorchResult{Shape: strings.Join(h.torchShape(), " layers of width ")}
 	criu, why := findCRIU(ctx)
 	tr.CRIU, tr.CRIUUsed = why, criu != ""
 	h.logf("torch: %s", why)
@@ -132,14 +84,14 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 		}
 		snaps[useCRIU] = s
 	}
-	tr.Restores = torchCases(criu != "")
+	tr.Restores = report.TorchCases(criu != "")
 	for r := range h.runs {
 		for _, c := range tr.Restores {
 			if err := h.torchRestoreOnce(ctx, c, snaps[c.CRIU], criu); err != nil {
 				return fmt.Errorf("%s, cold %v: %w", c.Label, c.Cold, err)
 			}
 			last := len(c.Token) - 1
-			h.logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, coldName(c.Cold), r+1, h.runs, ms(c.Ping[last]), ms(c.Token[last]))
+			h.logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, report.ColdName(c.Cold), r+1, h.runs, ms(c.Ping[last]), ms(c.Token[last]))
 		}
 	}
 	// The dumps' other runs: a server for each tool started and dumped
@@ -155,13 +107,6 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 	}
 	sr.Torch = tr
 	return nil
-}
-
-func coldName(cold bool) string {
-	if cold {
-		return "cold"
-	}
-	return "warm"
 }
 
 // findCRIU returns the criu to compare with ($CRIU, or criu on PATH) if
@@ -186,7 +131,7 @@ func findCRIU(ctx context.Context) (path, what string) {
 
 // dumpTorch starts a torchserver, learns its token and dumps it, with
 // snapctl or with criu.
-func (h *harness) dumpTorch(ctx context.Context, tr *torchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
+func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	port, err := freePort()
@@ -295,7 +240,7 @@ var servedLine = regexp.MustCompile(`\(([^()]+) served on \d+ faults`)
 // torchRestoreOnce restores snap as c says, times ping and token from
 // the start of the restore, checks the token, then kills the server and
 // waits until its pid is free.
-func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *torchSnap, criu string) error {
+func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, snap *torchSnap, criu string) error {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	if alive(snap.pid) {
@@ -405,101 +350,4 @@ func endPidfile(path string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	killAndReap(ctx, pid)
-}
-
-func validateTorch(runs int, sr *sizeResult, bad func(string, ...any)) {
-	tr := sr.Torch
-	if tr == nil {
-		return
-	}
-	if len(tr.Dump) != runs || len(tr.Freeze) != runs {
-		bad("torch: %d dumps for %d runs", len(tr.Dump), runs)
-	}
-	if tr.CRIUUsed && len(tr.CRIUDump) != runs {
-		bad("torch: %d CRIU dumps for %d runs", len(tr.CRIUDump), runs)
-	}
-	if len(tr.Restores) != len(torchCases(tr.CRIUUsed)) {
-		bad("torch: %d restore cases, want %d", len(tr.Restores), len(torchCases(tr.CRIUUsed)))
-	}
-	for _, c := range tr.Restores {
-		if len(c.Ping) != runs || len(c.Token) != runs {
-			bad("torch %s %s: %d ping and %d token figures for %d runs", c.Label, coldName(c.Cold), len(c.Ping), len(c.Token), runs)
-		}
-		for i := range c.Ping {
-			if i < len(c.Token) && c.Ping[i] > c.Token[i] {
-				bad("torch %s: ping %s after token %s", c.Label, c.Ping[i], c.Token[i])
-			}
-		}
-	}
-}
-
-// find returns the case labelled l, cold or warm.
-func (tr *torchResult) find(l string, cold bool) *torchRestore {
-	for _, c := range tr.Restores {
-		if c.Label == l && c.Cold == cold {
-			return c
-		}
-	}
-	return nil
-}
-
-// ratio is a's median over b's, "—" without both.
-func ratio(a, b []time.Duration) string {
-	x, y := summarize(a), summarize(b)
-	if !x.Valid() || !y.Valid() || y.Med == 0 {
-		return "—"
-	}
-	return fmt.Sprintf("%.2f×", float64(x.Med)/float64(y.Med))
-}
-
-func renderTorch(m *md, sr *sizeResult) {
-	tr := sr.Torch
-	if tr == nil {
-		return
-	}
-	m.p("### PyTorch server: first token")
-	m.p("")
-	m.p("`test/fixtures/torchserver.py` on Debian's python3-torch 1.13: a GPT-2-shaped transformer, %s (%d parameters, %s of float32 weights, drawn from N(0, 0.02) with a fixed seed), warmed up by one forward pass; the process maps %d regions, most of them libtorch's libraries, and its snapshot holds %s of memory in %s. A client starts with the restore command, connects every 2 ms until the server accepts, asks `ping`, then `token` (the next token of a fixed 8-token prompt: one forward pass, which reads every weight once); times are from the start of the command (for CRIU lazy-pages, of its daemon, started first) and every token is checked against the original's (argmax and a checksum of the logits). Default options: `snapctl dump -t PID -D DIR`, `snapctl restore -D DIR [--lazy [--source direct]]`.",
-		tr.Shape, tr.Params, units.FormatSize(tr.Weights), tr.Maps, tr.Memory, units.FormatSize(tr.Image))
-	m.p("")
-	if tr.CRIUUsed {
-		m.p("CRIU: %s, in the same rounds, each restore in turn: `criu dump -t PID -D DIR --shell-job --tcp-established` (image %s), `criu restore -D DIR --shell-job --tcp-established -d`, and for a lazy restore on the same host `criu lazy-pages -D DIR --daemon` then `criu restore ... --lazy-pages`.", tr.CRIU, units.FormatSize(tr.CRIUImage))
-	} else {
-		m.p("CRIU: %s.", tr.CRIU)
-	}
-	m.p("")
-	m.header("", "lazyfs", "CRIU")
-	m.row("dump", summarize(tr.Dump).String(), summarize(tr.CRIUDump).String())
-	m.row("process frozen", summarize(tr.Freeze).String(), "—")
-	m.p("")
-	m.header("restore", "cache", "ping", "token", "token / lazyfs eager", "running after", "all memory in", "faults (served on them)")
-	for _, c := range tr.Restores {
-		eager := tr.find("eager", c.Cold)
-		faults := "—"
-		if len(c.Faults) > 0 && len(c.Served) == len(c.Faults) {
-			faults = fmt.Sprintf("%d (%s)", median(c.Faults), c.Served[len(c.Served)/2])
-		}
-		m.row(c.Label, coldName(c.Cold), summarize(c.Ping).String(), summarize(c.Token).String(), ratio(c.Token, eager.Token),
-			summarize(c.Running).String(), summarize(c.AllIn).String(), faults)
-	}
-	m.p("")
-	if tr.CRIUUsed {
-		for _, cold := range []bool{false, true} {
-			mount, crl := tr.find("lazy, --source mount", cold), tr.find("CRIU lazy-pages", cold)
-			cre := tr.find("CRIU restore", cold)
-			m.p("- %s: lazy through the mount gives the first token at %s of CRIU lazy-pages', %s of CRIU's eager restore's.", coldName(cold), ratio(mount.Token, crl.Token), ratio(mount.Token, cre.Token))
-		}
-		m.p("- dump: %s of CRIU's.", ratio(tr.Dump, tr.CRIUDump))
-		m.p("")
-	}
-}
-
-// median is the middle of ns (the lower of the two middle ones).
-func median(ns []int) int {
-	if len(ns) == 0 {
-		return 0
-	}
-	s := slices.Clone(ns)
-	slices.Sort(s)
-	return s[(len(s)-1)/2]
 }

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "tree" series: a process tree, nginx (a master and two workers of
@@ -27,18 +27,6 @@ import (
 
 func init() {
 	extraSeries = append(extraSeries, series{Name: "tree", Measure: measureTree})
-}
-
-// treeResult is the tree series of one size.
-type treeResult struct {
-	Server    string
-	Processes int
-	Image     uint64          // the snapshot directory
-	Dump      []time.Duration // snapctl's "in D"
-	Freeze    []time.Duration // snapctl's "frozen F"
-	Eager     []time.Duration // restore: "in D"
-	Running   []time.Duration // restore --lazy: "running after A"
-	AllIn     []time.Duration // restore --lazy: "all memory in after B"
 }
 
 // treeNginxConf is nginx's configuration: dir holds its files.
@@ -196,13 +184,13 @@ func (h *harness) runSnapctl(ctx context.Context, args ...string) (string, error
 
 // measureTree runs the tree series: per run, nginx dumped and restored
 // eagerly, then dumped and restored lazily.
-func measureTree(ctx context.Context, h *harness, sr *sizeResult) error {
+func measureTree(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	// What the harness inherited from whatever started it must not leak
 	// into nginx: it would lead outside the tree, and the dump refuses it.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return err
 	}
-	tr := &treeResult{Server: "nginx: a master and 2 workers", Processes: 3}
+	tr := &report.TreeResult{Server: "nginx: a master and 2 workers", Processes: 3}
 	// The workers run as nobody: their directory is not under the work
 	// directory, which is root's alone.
 	dir, err := os.MkdirTemp("", "lazyfs-bench-nginx-")
@@ -227,7 +215,7 @@ func measureTree(ctx context.Context, h *harness, sr *sizeResult) error {
 }
 
 // treeOnce starts nginx, dumps it and restores it once.
-func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string, lazy bool) error {
+func (h *harness) treeOnce(ctx context.Context, tr *report.TreeResult, dir, snap string, lazy bool) error {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	if err := os.RemoveAll(snap); err != nil {
@@ -291,36 +279,4 @@ func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string
 		return fmt.Errorf("the restored nginx: %w", err)
 	}
 	return nil
-}
-
-func validateTree(runs int, sr *sizeResult, bad func(string, ...any)) {
-	tr := sr.Tree
-	if tr == nil {
-		return
-	}
-	// Two dumps a run (one for each restore).
-	want := map[string]int{"dump": 2 * runs, "freeze": 2 * runs, "eager": runs, "running": runs, "all in": runs}
-	for name, ds := range map[string][]time.Duration{"dump": tr.Dump, "freeze": tr.Freeze, "eager": tr.Eager, "running": tr.Running, "all in": tr.AllIn} {
-		if len(ds) != want[name] {
-			bad("tree: %d %s figures for %d runs, want %d", len(ds), name, runs, want[name])
-		}
-	}
-	if d, a := summarize(tr.Running), summarize(tr.AllIn); d.Med > a.Med {
-		bad("tree: lazy restore running after %s, later than all memory in (%s)", d, a)
-	}
-}
-
-func renderTree(m *md, sr *sizeResult) {
-	tr := sr.Tree
-	if tr == nil {
-		return
-	}
-	m.p("### Process tree: %s", tr.Server)
-	m.p("")
-	m.p("nginx (Debian's) with a master and %d workers, %d processes in all, dumped (`snapctl dump -t MASTER`, snapshot %s) and restored, eagerly and with `--lazy` (a pager per process, each reading its process's memory through one private mount). Its memory does not follow the size above. Each run starts nginx twice: once for the eager restore, once for the lazy one; every restored tree serves its page with its two workers before the run counts.",
-		tr.Processes-1, tr.Processes, units.FormatSize(tr.Image))
-	m.p("")
-	m.header("dump", "frozen", "eager restore", "lazy: running after", "lazy: all memory in")
-	m.row(summarize(tr.Dump).String(), summarize(tr.Freeze).String(), summarize(tr.Eager).String(), summarize(tr.Running).String(), summarize(tr.AllIn).String())
-	m.p("")
 }

@@ -11,34 +11,18 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
-// weightAdvices are the weightserver's two layouts: numpy's MADV_HUGEPAGE
-// on every array, and the same process without it (the baseline).
-var weightAdvices = []string{"hugepage", "none"}
-
-// weightCases are the restores of each weightserver snapshot.
-func weightCases() []restoreCase {
-	return []restoreCase{
-		{Mode: eager, Threads: defThreads},
-		{Mode: eager, Cold: true, Threads: defThreads},
-		{Mode: lazyMount, Threads: defThreads},
-		{Mode: lazyMount, Cold: true, Threads: defThreads},
-		{Mode: lazyDirect, Threads: defThreads},
-		{Mode: lazyDirect, Cold: true, Threads: defThreads},
-		{Mode: eager, Threads: defThreads, TokenFirst: true},
-		{Mode: lazyMount, Threads: defThreads, TokenFirst: true},
-	}
-}
-
 // weightsSeries dumps the weightserver of h.size once per advice with the
-// default option and restores both snapshots as weightCases says, h.runs
+// default option and restores both snapshots as report.WeightCases says, h.runs
 // times: round by round, case by case, the two advices back to back in an
 // order that alternates between rounds, so that a slow spell of the
 // machine lands on both.
-func (h *harness) weightsSeries(ctx context.Context) ([]*weightsResult, error) {
-	def := defaultConfig()
-	var out []*weightsResult
+func (h *harness) weightsSeries(ctx context.Context) ([]*report.WeightsResult, error) {
+	def := report.DefaultConfig()
+	var out []*report.WeightsResult
 	snaps := map[string]*snapshot{}
 	expect := map[string]expectation{}
 	defer func() {
@@ -46,15 +30,15 @@ func (h *harness) weightsSeries(ctx context.Context) ([]*weightsResult, error) {
 			os.RemoveAll(s.Dir)
 		}
 	}()
-	for _, advice := range weightAdvices {
-		w := &weightsResult{Advice: advice}
+	for _, advice := range report.WeightAdvices {
+		w := &report.WeightsResult{Advice: advice}
 		snap, exp, err := h.dumpWeights(ctx, w, def)
 		if err != nil {
 			return nil, fmt.Errorf("weightserver, advice %s: %w", advice, err)
 		}
 		snaps[advice], expect[advice] = snap, exp
-		for _, c := range weightCases() {
-			w.Restores = append(w.Restores, &restoreResult{Config: def, Case: c})
+		for _, c := range report.WeightCases() {
+			w.Restores = append(w.Restores, &report.RestoreResult{Config: def, Case: c})
 		}
 		out = append(out, w)
 	}
@@ -69,7 +53,7 @@ func (h *harness) weightsSeries(ctx context.Context) ([]*weightsResult, error) {
 	h.smaps = true
 	defer func() { h.smaps = false }()
 	for r := range h.runs {
-		for i, c := range weightCases() {
+		for i, c := range report.WeightCases() {
 			order := slices.Clone(out)
 			if r%2 == 1 {
 				slices.Reverse(order)
@@ -82,7 +66,7 @@ func (h *harness) weightsSeries(ctx context.Context) ([]*weightsResult, error) {
 				}
 				if run.HugeVMAs != w.HugeVMAs {
 					return nil, fmt.Errorf("weightserver %s, %s: %d VMAs with hg after the restore, %d in the original: %w",
-						w.Advice, c, run.HugeVMAs, w.HugeVMAs, ErrInsane)
+						w.Advice, c, run.HugeVMAs, w.HugeVMAs, report.ErrInsane)
 				}
 				w.Restores[i].Runs = append(w.Restores[i].Runs, run)
 				h.logf("restore weights %-8s %-24s %s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s, exit %s, huge %d MiB",
@@ -97,7 +81,7 @@ func (h *harness) weightsSeries(ctx context.Context) ([]*weightsResult, error) {
 
 // dumpWeights starts a weightserver with w's advice, learns its answers
 // and its huge pages, and dumps it with cfg.
-func (h *harness) dumpWeights(ctx context.Context, w *weightsResult, cfg dumpConfig) (*snapshot, expectation, error) {
+func (h *harness) dumpWeights(ctx context.Context, w *report.WeightsResult, cfg report.DumpConfig) (*snapshot, expectation, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	srv, err := startServer(ctx, h.tools, h.tools.Weights, h.size, []string{"42", w.Advice}, h.logPath, h.work)

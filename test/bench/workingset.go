@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The working-set series: a snapshot restored lazily with a working set
@@ -23,103 +25,35 @@ import (
 // parent and 2 workers, a working set per process), at most 256 MiB.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "workingset", Measure: func(ctx context.Context, h *harness, sr *sizeResult) error { return h.workingSetSeries(ctx, sr) }})
-}
-
-// wsResult is the series of one server.
-type wsResult struct {
-	Server   string // "modelserver", "weightserver", "modelserver pre-fork"
-	Recorded string // snapctl's "working set recorded: ..." lines
-	File     uint64 // size of the working-set files
-	Cases    []*wsCaseResult
-}
-
-// wsCase is one restore of the series.
-type wsCase struct {
-	Mode  string // wsEager, wsOff, wsCopy, wsBlocks
-	Cold  bool
-	Token bool // asks "ping" then "token" instead of "ping", "touch 1", "token"
-}
-
-// The restores of the series.
-const (
-	wsEager  = "eager"
-	wsOff    = "lazy, --working-set off"
-	wsCopy   = "lazy, working set"          // from its copy (the default)
-	wsBlocks = "lazy, --working-set blocks" // the snapshot's blocks in place
-)
-
-func (c wsCase) cache() string {
-	if c.Cold {
-		return "cold"
-	}
-	return "warm"
-}
-
-func (c wsCase) request() string {
-	if c.Token {
-		return "token"
-	}
-	return "touch 1"
-}
-
-func (c wsCase) String() string { return fmt.Sprintf("%s %s %s", c.Mode, c.cache(), c.request()) }
-
-// args are the snapctl restore arguments.
-func (c wsCase) args(dir string) []string {
-	a := []string{"restore", "-D", dir, "--decompress-threads", "1"}
-	switch c.Mode {
-	case wsOff:
-		a = append(a, "--lazy", "--working-set", "off")
-	case wsCopy:
-		a = append(a, "--lazy")
-	case wsBlocks:
-		a = append(a, "--lazy", "--working-set", "blocks")
-	}
-	return a
+	extraSeries = append(extraSeries, series{Name: "workingset", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error { return h.workingSetSeries(ctx, sr) }})
 }
 
 // wsTreeCases are the restores of the process tree, warm only.
-func wsTreeCases() []wsCase {
-	return []wsCase{{Mode: wsEager}, {Mode: wsOff}, {Mode: wsCopy}}
+func wsTreeCases() []report.WSCase {
+	return []report.WSCase{{Mode: report.WSEager}, {Mode: report.WSOff}, {Mode: report.WSCopy}}
 }
 
 // wsCases are the restores of each server, in the order of a round.
-func wsCases() []wsCase {
-	var cs []wsCase
+func wsCases() []report.WSCase {
+	var cs []report.WSCase
 	for _, cold := range []bool{false, true} {
-		for _, m := range []string{wsEager, wsOff, wsCopy, wsBlocks} {
-			cs = append(cs, wsCase{Mode: m, Cold: cold})
+		for _, m := range []string{report.WSEager, report.WSOff, report.WSCopy, report.WSBlocks} {
+			cs = append(cs, report.WSCase{Mode: m, Cold: cold})
 		}
-		for _, m := range []string{wsOff, wsCopy} {
-			cs = append(cs, wsCase{Mode: m, Cold: cold, Token: true})
+		for _, m := range []string{report.WSOff, report.WSCopy} {
+			cs = append(cs, report.WSCase{Mode: m, Cold: cold, Token: true})
 		}
 	}
 	return cs
 }
 
-// wsCaseResult is the runs of one case.
-type wsCaseResult struct {
-	Case wsCase
-	Runs []restoreRun
-}
-
-func (w *wsResult) find(c wsCase) *restoreResult {
-	for _, r := range w.Cases {
-		if r.Case == c {
-			return &restoreResult{Runs: r.Runs}
-		}
-	}
-	return nil
-}
-
 // workingSetSeries measures both servers.
-func (h *harness) workingSetSeries(ctx context.Context, sr *sizeResult) error {
+func (h *harness) workingSetSeries(ctx context.Context, sr *report.SizeResult) error {
 	for _, srv := range []struct {
 		name, prog string
 		extra      []string
 		size       uint64
-		cases      []wsCase
+		cases      []report.WSCase
 	}{
 		{"modelserver", h.tools.Modelserver, nil, h.size, wsCases()},
 		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}, h.size, wsCases()},
@@ -137,8 +71,8 @@ func (h *harness) workingSetSeries(ctx context.Context, sr *sizeResult) error {
 
 // workingSetServer dumps one server, records its working set and runs
 // the cases h.runs times, interleaved.
-func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string, size uint64, cases []wsCase) (*wsResult, error) {
-	w := &wsResult{Server: name}
+func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
+	w := &report.WSResult{Server: name}
 	snap, err := h.wsDump(ctx, name, prog, extra, size)
 	if err != nil {
 		return nil, err
@@ -152,7 +86,7 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 		return nil, err
 	}
 	for _, c := range cases {
-		w.Cases = append(w.Cases, &wsCaseResult{Case: c})
+		w.Cases = append(w.Cases, &report.WSCaseResult{Case: c})
 	}
 	for r := range h.runs {
 		for _, cr := range w.Cases {
@@ -162,7 +96,7 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 			}
 			cr.Runs = append(cr.Runs, run)
 			h.logf("workingset %s %-40s run %d/%d: runs %s, ping %s, %s %s, exit %s",
-				name, cr.Case.Mode+" "+cr.Case.cache(), r+1, h.runs, ms(run.Running), ms(run.Ping), cr.Case.request(), ms(wsAnswer(cr.Case, run)), ms(run.Wall))
+				name, cr.Case.Mode+" "+cr.Case.Cache(), r+1, h.runs, ms(run.Running), ms(run.Ping), cr.Case.Request(), ms(report.WSAnswer(cr.Case, run)), ms(run.Wall))
 		}
 	}
 	return w, nil
@@ -173,14 +107,6 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 // may be shared (a server's start-up alone took over a minute at a load
 // of 50 on two CPUs).
 func (h *harness) wsTimeout() time.Duration { return 5 * h.opTimeout() }
-
-// wsAnswer is the timed answer of a case: "touch 1" or "token".
-func wsAnswer(c wsCase, r restoreRun) time.Duration {
-	if c.Token {
-		return r.Token
-	}
-	return r.First
-}
 
 // wsDump starts a server, learns its answers and dumps it with the
 // default option.
@@ -210,7 +136,7 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string,
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
-	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, defaultConfig().Args...)
+	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, report.DefaultConfig().Args...)
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
@@ -231,7 +157,7 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string,
 
 // wsRecord restores snap lazily recording its working set: "ping" and
 // "touch 1" are asked, then snapctl is sent SIGUSR1.
-func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) error {
+func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *report.WSResult) error {
 	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
 	args := []string{"restore", "-D", snap.Dir, "--lazy", "--record-working-set", "--record-for", "5m"}
@@ -284,8 +210,8 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) err
 
 // wsRestoreOnce restores snap as c says, times the answers, checks them,
 // then kills the restored server.
-func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []string, c wsCase) (restoreRun, error) {
-	var run restoreRun
+func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
+	var run report.RestoreRun
 	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
 	if pid, taken := snap.taken(); taken {
@@ -294,7 +220,7 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	if err := setCache(c.Cold, files...); err != nil {
 		return run, err
 	}
-	args := c.args(snap.Dir)
+	args := c.Args(snap.Dir)
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
@@ -335,12 +261,12 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	} else {
 		run.First, run.Token = answers[1].At, answers[2].At
 	}
-	lazy := c.Mode != wsEager
+	lazy := c.Mode != report.WSEager
 	rep, err := parseRestore(out.String(), lazy)
 	if err != nil {
 		return run, err
 	}
-	if c.Mode == wsCopy || c.Mode == wsBlocks {
+	if c.Mode == report.WSCopy || c.Mode == report.WSBlocks {
 		if !strings.Contains(out.String(), "fetched first") {
 			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), ErrOutput)
 		}
@@ -351,76 +277,4 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	}
 	h.live = 0
 	return run, nil
-}
-
-// validateWorkingSet checks the series' runs.
-func validateWorkingSet(runs int, sr *sizeResult, bad func(string, ...any)) {
-	for _, w := range sr.WorkingSet {
-		if w.Recorded == "" {
-			bad("workingset %s: nothing recorded", w.Server)
-		}
-		for _, cr := range w.Cases {
-			if len(cr.Runs) != runs {
-				bad("workingset %s %s: %d runs, want %d", w.Server, cr.Case, len(cr.Runs), runs)
-			}
-			for i, r := range cr.Runs {
-				if r.Ping <= 0 || wsAnswer(cr.Case, r) < r.Ping || r.Wall <= 0 {
-					bad("workingset %s %s run %d: ping %v, answer %v, wall %v", w.Server, cr.Case, i, r.Ping, wsAnswer(cr.Case, r), r.Wall)
-				}
-			}
-		}
-	}
-}
-
-// workingSetSection renders the series.
-func workingSetSection(m *md, sr *sizeResult) {
-	if len(sr.WorkingSet) == 0 {
-		return
-	}
-	m.p("### Working set: lazy restores that fetch first what the last one touched")
-	m.p("")
-	m.p("Each server is dumped once (default option), then restored lazily once with `--record-working-set`, asked `ping` and `touch 1`, and sent SIGUSR1 once `touch 1` was answered: that working set is then used by every lazy restore below except `--working-set off`. *lazy, working set* places the working set's own copy of the touched pages first (the default); *--working-set blocks* reads the snapshot's blocks holding them in place instead. Times from the command's start; median (min–max) of the runs. The *token* rows ask `ping` then `token` (the whole memory), which the working set does not cover. *modelserver pre-fork* is a process tree (`modelserver SIZE PORT 42 2`: the parent builds the memory and forks 2 workers that answer on its socket, at most 256 MiB each, every process's memory dumped whole), restored warm only, with a working set per process.")
-	m.p("")
-	for _, w := range sr.WorkingSet {
-		m.p("**%s** — %s (file %s).", w.Server, w.Recorded, fmtBytes(w.File))
-		m.p("")
-		m.header("restore", "cache", "request", "process runs", "ping answered", "answer", "command exits")
-		for _, cr := range w.Cases {
-			c := cr.Case
-			r := w.find(c)
-			m.row(c.Mode, c.cache(), c.request(), cell(r, runningOf), cell(r, pingOf), cell(r, func(run restoreRun) time.Duration { return wsAnswer(c, run) }), cell(r, wallOf))
-		}
-		m.p("")
-		m.p("Ratios of medians (answer to the request):")
-		m.p("")
-		m.header("cache", "touch 1: working set / off", "touch 1: working set / eager", "touch 1: blocks / off", "token: working set / off")
-		ratio := func(a, b wsCase) string {
-			ra, rb := w.find(a), w.find(b)
-			if ra == nil || rb == nil || len(ra.Runs) == 0 || len(rb.Runs) == 0 {
-				return "—"
-			}
-			db := rb.dist(func(r restoreRun) time.Duration { return wsAnswer(b, r) }).Med
-			if db <= 0 {
-				return "—"
-			}
-			return fmt.Sprintf("%.2f×", ra.dist(func(r restoreRun) time.Duration { return wsAnswer(a, r) }).Med.Seconds()/db.Seconds())
-		}
-		for _, cold := range []bool{false, true} {
-			c := func(mode string, token bool) wsCase { return wsCase{Mode: mode, Cold: cold, Token: token} }
-			m.row(c(wsEager, false).cache(), ratio(c(wsCopy, false), c(wsOff, false)), ratio(c(wsCopy, false), c(wsEager, false)),
-				ratio(c(wsBlocks, false), c(wsOff, false)), ratio(c(wsCopy, true), c(wsOff, true)))
-		}
-		m.p("")
-	}
-}
-
-// fmtBytes formats a byte count.
-func fmtBytes(n uint64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -9,20 +9,20 @@ import (
 	"strings"
 )
 
-// chart is a grouped bar chart: one group of bars per category, one bar
+// Chart is a grouped bar chart: one group of bars per category, one bar
 // per series, optional min–max whiskers and a dashed reference line.
-type chart struct {
+type Chart struct {
 	Title      string
 	YLabel     string
 	Categories []string // labels; spaces may wrap onto a second line
-	Series     []chartSeries
+	Series     []ChartSeries
 	Ref        float64 // a horizontal reference line when > 0
 	RefLabel   string
 	Note       string // a line under the chart
 }
 
-// chartSeries is one bar of every category. NaN values draw no bar.
-type chartSeries struct {
+// ChartSeries is one bar of every category. NaN values draw no bar.
+type ChartSeries struct {
 	Name   string
 	Values []float64
 	Lo, Hi []float64 // whiskers; nil for none
@@ -48,9 +48,9 @@ func color(i int) string {
 	return cs[i%len(cs)]
 }
 
-// niceScale returns an axis maximum and tick step for data up to max:
+// NiceScale returns an axis maximum and tick step for data up to max:
 // steps of 1, 2 or 5 times a power of ten, about five to eight ticks.
-func niceScale(max float64) (top, step float64) {
+func NiceScale(max float64) (top, step float64) {
 	if !(max > 0) || math.IsInf(max, 0) {
 		return 1, 0.2
 	}
@@ -67,8 +67,8 @@ func niceScale(max float64) (top, step float64) {
 	return top, step
 }
 
-// tickLabel formats an axis value with the decimals its step needs.
-func tickLabel(v, step float64) string {
+// TickLabel formats an axis value with the decimals its step needs.
+func TickLabel(v, step float64) string {
 	decimals := max(0, int(-math.Floor(math.Log10(step)+1e-9)))
 	return strconv.FormatFloat(v, 'f', decimals, 64)
 }
@@ -95,7 +95,7 @@ func esc(s string) string {
 }
 
 // SVG draws the chart as a standalone SVG document.
-func (c chart) SVG() []byte {
+func (c Chart) SVG() []byte {
 	var b bytes.Buffer
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="%s">`+"\n",
@@ -114,7 +114,7 @@ func (c chart) SVG() []byte {
 			}
 		}
 	}
-	top, step := niceScale(maxV)
+	top, step := NiceScale(maxV)
 	plotW, plotH := chartW-marginL-marginR, chartH-marginT-marginB
 	y := func(v float64) float64 { return marginT + plotH - v/top*plotH }
 
@@ -131,7 +131,7 @@ func (c chart) SVG() []byte {
 		v := float64(i) * step
 		yy := y(v)
 		p(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#dddddd"/>`+"\n", marginL, yy, chartW-marginR, yy)
-		p(`<text x="%g" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", marginL-6, yy+4, tickLabel(v, step))
+		p(`<text x="%g" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", marginL-6, yy+4, TickLabel(v, step))
 	}
 	p(`<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#333333"/>`+"\n", marginL, marginT, marginL, marginT+plotH)
 	p(`<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#333333"/>`+"\n", marginL, marginT+plotH, chartW-marginR, marginT+plotH)

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 // the harness refuses to write a report from it.
 var ErrInsane = errors.New("implausible measurement")
 
-// validate checks that every measurement of rep is present and plausible.
-func validate(rep *report) error {
+// Validate checks that every measurement of rep is present and plausible.
+func Validate(rep *Report) error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInsane))
@@ -34,7 +34,7 @@ func validate(rep *report) error {
 	return errors.Join(errs...)
 }
 
-func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
+func validateSize(runs int, s *SizeResult, bad func(string, ...any)) {
 	positive := func(what string, ds ...time.Duration) {
 		if len(ds) != runs {
 			bad("%s: %d runs, want %d", what, len(ds), runs)
@@ -48,7 +48,7 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 	if s.Memory < s.Size {
 		bad("memory in the snapshot %d below the fixture's size %d", s.Memory, s.Size)
 	}
-	cfgs := dumpConfigs()
+	cfgs := DumpConfigs()
 	if len(s.Dumps) != len(cfgs) {
 		bad("%d dump series, want %d", len(s.Dumps), len(cfgs))
 		return
@@ -87,7 +87,7 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 	}
 
 	for _, cfg := range cfgs {
-		for _, c := range restoreCases(cfg) {
+		for _, c := range RestoreCases(cfg) {
 			r := s.find(cfg.Short, c)
 			what := cfg.Short + " " + c.String()
 			if r == nil {
@@ -103,17 +103,17 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 				}
 			}
 		}
-		read := s.baseline(cfg.Short, readPages)
+		read := s.baseline(cfg.Short, ReadPages)
 		if read == nil {
 			bad("read baseline %s missing", cfg.Short)
 		} else {
 			positive("read baseline "+cfg.Short+" cold", read.Cold...)
 			positive("read baseline "+cfg.Short+" warm", read.Warm...)
 		}
-		if (s.baseline(cfg.Short, lz4Checked) != nil) != cfg.Default {
+		if (s.baseline(cfg.Short, LZ4Checked) != nil) != cfg.Default {
 			bad("lz4 baseline with checksum for %s: want it for the default option only", cfg.Short)
 		}
-		lz := s.baseline(cfg.Short, lz4Decode)
+		lz := s.baseline(cfg.Short, LZ4Decode)
 		switch {
 		case !cfg.Compress && lz != nil:
 			bad("lz4 baseline for %s", cfg.Short)
@@ -130,19 +130,19 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 }
 
 // validateWeights checks the weightserver series of a size.
-func validateWeights(runs int, s *sizeResult, bad func(string, ...any)) {
-	if len(s.Weights) != len(weightAdvices) {
-		bad("%d weightserver series, want %d", len(s.Weights), len(weightAdvices))
+func validateWeights(runs int, s *SizeResult, bad func(string, ...any)) {
+	if len(s.Weights) != len(WeightAdvices) {
+		bad("%d weightserver series, want %d", len(s.Weights), len(WeightAdvices))
 		return
 	}
 	for i, w := range s.Weights {
-		if w.Advice != weightAdvices[i] {
-			bad("weightserver series %d has advice %q, want %q", i, w.Advice, weightAdvices[i])
+		if w.Advice != WeightAdvices[i] {
+			bad("weightserver series %d has advice %q, want %q", i, w.Advice, WeightAdvices[i])
 		}
 		if w.Arrays <= 0 || (w.Advice == "hugepage") != (w.HugeVMAs >= w.Arrays) || (w.Advice == "none" && w.HugeVMAs != 0) {
 			bad("weightserver %s: %d arrays, %d VMAs with hg", w.Advice, w.Arrays, w.HugeVMAs)
 		}
-		for _, c := range weightCases() {
+		for _, c := range WeightCases() {
 			r := w.find(c)
 			what := "weightserver " + w.Advice + " " + c.String()
 			if r == nil {
@@ -165,7 +165,7 @@ func validateWeights(runs int, s *sizeResult, bad func(string, ...any)) {
 }
 
 // checkRun returns what is wrong with one restore run, or "".
-func checkRun(c restoreCase, r restoreRun) string {
+func checkRun(c RestoreCase, r RestoreRun) string {
 	var msgs []string
 	if r.Wall <= 0 || r.Running <= 0 || r.Total < r.Running {
 		msgs = append(msgs, fmt.Sprintf("wall %v, running %v, total %v", r.Wall, r.Running, r.Total))

@@ -1,13 +1,13 @@
-package main
+package report
 
-// A section is the report's side of a series (series.go): it checks and
-// writes the results the series of the same name stored in a sizeResult.
+// A section is the report's side of a series of the harness: it checks and
+// writes the results the series of the same name stored in a SizeResult.
 type section struct {
 	Name string // the series'
 	// Validate checks sr's results of the series, if it has any.
-	Validate func(runs int, sr *sizeResult, bad func(string, ...any))
+	Validate func(runs int, sr *SizeResult, bad func(string, ...any))
 	// Render writes the series' section of one size, if it has results.
-	Render func(m *md, sr *sizeResult)
+	Render func(m *md, sr *SizeResult)
 }
 
 // extraSections are the sections of the series in extraSeries, in the
