@@ -3,20 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -91,7 +87,7 @@ func (h *harness) timeBaseline(ctx context.Context, b *report.BaselineResult, fi
 	defer null.Close()
 	for r := range h.runs {
 		for _, cold := range []bool{true, false} {
-			if err := setCache(cold, file); err != nil {
+			if err := measure.SetCache(cold, file); err != nil {
 				return err
 			}
 			ctx2, cancel := context.WithTimeout(ctx, h.opTimeout())
@@ -150,7 +146,7 @@ func (h *harness) rawMemory(ctx context.Context, snap *snapshot) (string, uint64
 		}
 	}
 	raw := filepath.Join(h.work, "memory.raw")
-	n, err := copyData(filepath.Join(mnt, strconv.Itoa(snap.PID), "mem"), raw)
+	n, err := measure.CopyData(filepath.Join(mnt, strconv.Itoa(snap.PID), "mem"), raw)
 	if err != nil {
 		os.Remove(raw)
 		return "", 0, err
@@ -168,7 +164,7 @@ func (h *harness) unmount(cmd *exec.Cmd, exited chan error, mnt string) {
 		cmd.Process.Kill()
 		<-exited
 	}
-	if mounted(mnt) {
+	if measure.Mounted(mnt) {
 		ctx, cancel := context.WithTimeout(context.Background(), mountTimeout)
 		defer cancel()
 		if b, err := exec.CommandContext(ctx, h.tools.Lazyfs, "-u", "--force", mnt).CombinedOutput(); err != nil {
@@ -176,69 +172,4 @@ func (h *harness) unmount(cmd *exec.Cmd, exited chan error, mnt string) {
 		}
 	}
 	os.Remove(mnt)
-}
-
-// mounted reports whether something is mounted on dir.
-func mounted(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 1 && f[1] == dir {
-			return true
-		}
-	}
-	return false
-}
-
-// copyData copies the data segments of a sparse file (SEEK_DATA /
-// SEEK_HOLE) back to back into dst and returns the bytes copied.
-func copyData(src, dst string) (uint64, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", src, err)
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return 0, fmt.Errorf("create raw memory file: %w", err)
-	}
-	defer out.Close()
-	fd := int(in.Fd())
-	buf := make([]byte, 1<<20)
-	var total uint64
-	for off := int64(0); ; {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return total, fmt.Errorf("seek data in %s: %w", src, err)
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return total, fmt.Errorf("seek hole in %s: %w", src, err)
-		}
-		for off = data; off < hole; {
-			n, err := in.ReadAt(buf[:min(int64(len(buf)), hole-off)], off)
-			if n > 0 {
-				if _, err := out.Write(buf[:n]); err != nil {
-					return total, fmt.Errorf("write raw memory file: %w", err)
-				}
-			}
-			off += int64(n)
-			total += uint64(n)
-			if err != nil && !(errors.Is(err, io.EOF) && off == hole) {
-				return total, fmt.Errorf("read memory at %#x: %w", off, err)
-			}
-		}
-	}
-	if err := out.Close(); err != nil {
-		return total, fmt.Errorf("write raw memory file: %w", err)
-	}
-	if total == 0 {
-		return 0, fmt.Errorf("%s holds no data", src)
-	}
-	return total, nil
 }

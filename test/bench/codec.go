@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -32,13 +33,13 @@ var benchCodecs = []string{"lz4", "shuffle-lz4", "shuffle-huff"}
 type codecFixture struct {
 	Name    string // report name
 	Weights string // "bf16" or "float32"
-	prog    func(t tools) string
+	prog    func(t measure.Tools) string
 	extra   []string
 }
 
 var codecFixtures = []codecFixture{
-	{Name: "modelserver", Weights: "bf16", prog: func(t tools) string { return t.Modelserver }},
-	{Name: "weightserver", Weights: "float32", prog: func(t tools) string { return t.Weights }, extra: []string{"42", "hugepage"}},
+	{Name: "modelserver", Weights: "bf16", prog: func(t measure.Tools) string { return t.Modelserver }},
+	{Name: "weightserver", Weights: "float32", prog: func(t measure.Tools) string { return t.Weights }, extra: []string{"42", "hugepage"}},
 }
 
 // measureCodecs dumps each fixture once per codec, then restores the
@@ -77,7 +78,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error
 		}
 		files := map[string][]string{}
 		for name, s := range snaps {
-			fs, err := snapshotFiles(s.Dir)
+			fs, err := measure.SnapshotFiles(s.Dir)
 			if err != nil {
 				cleanup()
 				return err
@@ -116,7 +117,7 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 	// The fixture's start-up, its questions and the dump.
 	ctx, cancel := context.WithTimeout(ctx, 3*h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, fx.prog(h.tools), h.size, fx.extra, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, fx.prog(h.tools), h.size, fx.extra, h.logPath, h.work)
 	if err != nil {
 		return nil, nil, expectation{}, err
 	}
@@ -134,7 +135,7 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 		off, err2 := strconv.ParseUint(srv.Ready.Fields["weights_off"], 10, 64)
 		n, err3 := strconv.ParseUint(srv.Ready.Fields["weights_len"], 10, 64)
 		if err1 != nil || err2 != nil || err3 != nil {
-			return nil, nil, expectation{}, fmt.Errorf("modelserver ready line %q: %w", srv.Ready.Text, ErrOutput)
+			return nil, nil, expectation{}, fmt.Errorf("modelserver ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
 		}
 		wlo, whi = addr+off, addr+off+n
 	}
@@ -149,11 +150,11 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 	if err := cmd.Run(); err != nil {
 		return nil, nil, expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, nil, expectation{}, err
 	}
 	h.live = 0
-	rep, err := parseDump(stdout.String())
+	rep, err := measure.ParseDump(stdout.String())
 	if err != nil {
 		return nil, nil, expectation{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"filippo.io/age"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -89,7 +90,7 @@ func measureCrypt(ctx context.Context, h *harness, sr *report.SizeResult) error 
 	}
 	var files [2][]string
 	for v, s := range snaps {
-		if files[v], err = snapshotFiles(s.Dir); err != nil {
+		if files[v], err = measure.SnapshotFiles(s.Dir); err != nil {
 			return err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -44,11 +45,11 @@ func measureHuge(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	}
 	defer os.RemoveAll(snap.Dir)
 	hr.Arrays, hr.Init = w.Arrays, w.Init
-	if hr.Image, err = dirSize(snap.Dir); err != nil {
+	if hr.Image, err = measure.DirSize(snap.Dir); err != nil {
 		return err
 	}
 	hr.Dump, hr.Freeze = h.weightsDump.Total, h.weightsDump.Freeze
-	files, err := snapshotFiles(snap.Dir)
+	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return err
 	}

@@ -2,18 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -48,28 +44,10 @@ func (h *harness) incrementalSeries(ctx context.Context, sr *report.SizeResult) 
 	return nil
 }
 
-// pagesFileBytes returns the size of the pages file of pid in the
-// snapshot at dir, as its manifest records it.
-func pagesFileBytes(dir string, pid int) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, image.ManifestName))
-	if err != nil {
-		return 0, err
-	}
-	var m image.Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return 0, err
-	}
-	e, ok := m.Process(pid)
-	if !ok {
-		return 0, fmt.Errorf("%s: no process %d", dir, pid)
-	}
-	return m.Files[e.Pages].Size, nil
-}
-
 func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) error {
 	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
 	if err != nil {
 		return err
 	}
@@ -85,19 +63,19 @@ func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) e
 	// ago: the full dump wrote them with O_DIRECT, and the first
 	// incremental dump would otherwise leave them cached for the second.
 	parentPages := filepath.Join(full, fmt.Sprintf("pages-%d.img", srv.PID))
-	dump := func(dir string, args ...string) (dumpReport, int64, error) {
-		if err := evict(parentPages); err != nil {
-			return dumpReport{}, 0, err
+	dump := func(dir string, args ...string) (measure.DumpReport, int64, error) {
+		if err := measure.Evict(parentPages); err != nil {
+			return measure.DumpReport{}, 0, err
 		}
 		out, err := h.snapctl(ctx, append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, args...)...)
 		if err != nil {
-			return dumpReport{}, 0, err
+			return measure.DumpReport{}, 0, err
 		}
-		d, err := parseDump(out)
+		d, err := measure.ParseDump(out)
 		if err != nil {
 			return d, 0, err
 		}
-		n, err := pagesFileBytes(dir, srv.PID)
+		n, err := measure.PagesFileBytes(dir, srv.PID)
 		return d, n, err
 	}
 	d, n, err := dump(full, "--leave-running")
@@ -106,15 +84,15 @@ func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) e
 	}
 	res.FullBytes, res.FullDump, res.FullFrozen = append(res.FullBytes, n), append(res.FullDump, d.Total), append(res.FullFrozen, d.Freeze)
 
-	if _, err := converse(ctx, srv.Port, time.Now(), "dirty 1"); err != nil {
+	if _, err := measure.Converse(ctx, srv.Port, time.Now(), "dirty 1"); err != nil {
 		return err
 	}
 	time.Sleep(incrDirtyTime)
-	if _, err := converse(ctx, srv.Port, time.Now(), "dirty 0"); err != nil {
+	if _, err := measure.Converse(ctx, srv.Port, time.Now(), "dirty 0"); err != nil {
 		return err
 	}
 	// What the restored server must answer: its memory now.
-	as, err := converse(ctx, srv.Port, time.Now(), "touch 1", "token")
+	as, err := measure.Converse(ctx, srv.Port, time.Now(), "touch 1", "token")
 	if err != nil {
 		return err
 	}
@@ -134,7 +112,7 @@ func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) e
 		return err
 	}
 	res.IncrBytes, res.IncrDump, res.IncrFrozen = append(res.IncrBytes, n), append(res.IncrDump, d.Total), append(res.IncrFrozen, d.Freeze)
-	if err := killAndReap(ctx, srv.PID); err != nil { // the dump killed it: reap it
+	if err := measure.KillAndReap(ctx, srv.PID); err != nil { // the dump killed it: reap it
 		return err
 	}
 	h.live = 0
@@ -149,17 +127,4 @@ func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) e
 	res.Restore = append(res.Restore, run.Wall)
 	res.Restored++
 	return nil
-}
-
-// evict drops the cached pages of the file at path, if it exists.
-func evict(path string) error {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }

@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string) error {
 	if opts.Render != "" {
 		rep, err = report.Read(opts.Render)
 	} else {
-		rep, err = measure(ctx, opts)
+		rep, err = measureAll(ctx, opts)
 	}
 	if err != nil {
 		return err

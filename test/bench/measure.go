@@ -12,15 +12,14 @@ import (
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // harness is the state of one measuring run.
 type harness struct {
-	tools   tools
+	tools   measure.Tools
 	work    string // snapshots, logs and the raw memory file
 	runs    int
 	log     io.Writer
@@ -39,7 +38,7 @@ type harness struct {
 	// there only); huge: -huge.
 	first, huge bool
 	// weightsDump is what the last dumpWeights's snapctl dump reported.
-	weightsDump dumpReport
+	weightsDump measure.DumpReport
 }
 
 // expectation is what the original server answered; every restored server
@@ -48,12 +47,12 @@ type expectation struct {
 	Touch1, Token, Heap string
 }
 
-// measure runs every measurement of o.
-func measure(ctx context.Context, o options) (*report.Report, error) {
+// measureAll runs every measurement of o.
+func measureAll(ctx context.Context, o options) (*report.Report, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("run as root: dump and restore trace processes and cold runs drop the page cache")
 	}
-	if err := becomeSubreaper(); err != nil {
+	if err := measure.BecomeSubreaper(); err != nil {
 		return nil, err
 	}
 	work, err := os.MkdirTemp(o.Work, "lazyfs-bench-")
@@ -62,12 +61,12 @@ func measure(ctx context.Context, o options) (*report.Report, error) {
 	}
 	defer os.RemoveAll(work)
 	fmt.Fprintf(o.Log, "bench: building tools into %s\n", work)
-	t, err := buildTools(ctx, o.Bin, work)
+	t, err := measure.BuildTools(ctx, o.Bin, work)
 	if err != nil {
 		return nil, err
 	}
 	rep := &report.Report{Runs: o.Runs, Smoke: o.Smoke, Only: o.Only, Started: o.Now()}
-	rep.Machine = describeMachine(work, t)
+	rep.Machine = measure.DescribeMachine(work, t)
 	for i, size := range o.Sizes {
 		h := &harness{tools: t, work: work, runs: o.Runs, only: o.Only, log: o.Log, logPath: filepath.Join(work, "modelserver.log"), size: size, started: time.Now(), smoke: o.Smoke,
 			first: i == 0, huge: o.Huge}
@@ -79,7 +78,7 @@ func measure(ctx context.Context, o options) (*report.Report, error) {
 		rep.Sizes = append(rep.Sizes, sr)
 	}
 	rep.Elapsed = o.Now().Sub(rep.Started)
-	rep.Machine.LoadAfter = loadAverage()
+	rep.Machine.LoadAfter = measure.LoadAverage()
 	return rep, nil
 }
 
@@ -90,7 +89,7 @@ func (h *harness) killLive() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if err := killAndReap(ctx, h.live); err != nil {
+	if err := measure.KillAndReap(ctx, h.live); err != nil {
 		fmt.Fprintf(h.log, "bench: %v\n", err)
 	}
 	h.live = 0
@@ -187,17 +186,17 @@ type snapshot struct {
 // reaps them (the harness is their subreaper).
 func (snap *snapshot) killTree(ctx context.Context) error {
 	for _, pid := range snap.Workers {
-		if err := killAndReap(ctx, pid); err != nil {
+		if err := measure.KillAndReap(ctx, pid); err != nil {
 			return err
 		}
 	}
-	return killAndReap(ctx, snap.PID)
+	return measure.KillAndReap(ctx, snap.PID)
 }
 
 // taken reports whether a pid of snap is taken.
 func (snap *snapshot) taken() (int, bool) {
 	for _, pid := range append([]int{snap.PID}, snap.Workers...) {
-		if alive(pid) {
+		if measure.Alive(pid) {
 			return pid, true
 		}
 	}
@@ -229,7 +228,7 @@ func (h *harness) dumpSeries(ctx context.Context, sr *report.SizeResult, cfg rep
 func (h *harness) dumpOnce(ctx context.Context, sr *report.SizeResult, cfg report.DumpConfig, dir string, dr *report.DumpResult) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
 	if err != nil {
 		return nil, err
 	}
@@ -252,23 +251,23 @@ func (h *harness) dumpOnce(ctx context.Context, sr *report.SizeResult, cfg repor
 	if err != nil {
 		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
 	h.live = 0
-	rep, err := parseDump(out.String())
+	rep, err := measure.ParseDump(out.String())
 	if err != nil {
 		return nil, err
 	}
 	if rep.PID != srv.PID {
-		return nil, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, ErrOutput)
+		return nil, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, measure.ErrOutput)
 	}
 	dr.Wall = append(dr.Wall, wall)
 	dr.Total = append(dr.Total, rep.Total)
 	dr.Freeze = append(dr.Freeze, rep.Freeze)
 	dr.Ratio = rep.Ratio
 	pages := filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")
-	if dr.Image, err = dirSize(dir); err != nil {
+	if dr.Image, err = measure.DirSize(dir); err != nil {
 		return nil, err
 	}
 	st, err := os.Stat(pages)
@@ -282,19 +281,19 @@ func (h *harness) dumpOnce(ctx context.Context, sr *report.SizeResult, cfg repor
 // learn asks the original server the questions restored ones must answer
 // alike.
 func (h *harness) learn(ctx context.Context, port int) error {
-	as, err := converse(ctx, port, time.Now(), "touch 1", "token")
+	as, err := measure.Converse(ctx, port, time.Now(), "touch 1", "token")
 	if err != nil {
 		return fmt.Errorf("original server: %w", err)
 	}
 	h.expect = expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}
 	if h.expect.Touch1 == "" || h.expect.Token == "" || h.expect.Heap == "" {
-		return fmt.Errorf("original server answered %q and %q: %w", as[0].Line.Text, as[1].Line.Text, ErrOutput)
+		return fmt.Errorf("original server answered %q and %q: %w", as[0].Line.Text, as[1].Line.Text, measure.ErrOutput)
 	}
 	return nil
 }
 
 // check verifies a restored server's answers against the original's.
-func (h *harness) check(as []answer) error {
+func (h *harness) check(as []measure.Answer) error {
 	for _, a := range as {
 		l := a.Line
 		ok := false
@@ -312,73 +311,4 @@ func (h *harness) check(as []answer) error {
 		}
 	}
 	return nil
-}
-
-// dirSize is the total size of the regular files in dir.
-func dirSize(dir string) (uint64, error) {
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, fmt.Errorf("snapshot size: %w", err)
-	}
-	var n uint64
-	for _, e := range es {
-		info, err := e.Info()
-		if err != nil {
-			return 0, fmt.Errorf("snapshot size: %w", err)
-		}
-		if info.Mode().IsRegular() {
-			n += uint64(info.Size())
-		}
-	}
-	return n, nil
-}
-
-// dropCaches writes back dirty pages and drops the page cache, so that the
-// next command reads the snapshot (and its own binary) from the disk.
-func dropCaches() error {
-	unix.Sync()
-	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
-		return fmt.Errorf("drop caches: %w", err)
-	}
-	return nil
-}
-
-// warmUp reads every file in dir, so that they are in the page cache.
-func warmUp(paths ...string) error {
-	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			return fmt.Errorf("warm up: %w", err)
-		}
-		_, err = io.Copy(io.Discard, f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("warm up %s: %w", p, err)
-		}
-	}
-	return nil
-}
-
-// snapshotFiles lists the regular files of a snapshot directory.
-func snapshotFiles(dir string) ([]string, error) {
-	es, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("list snapshot: %w", err)
-	}
-	var out []string
-	for _, e := range es {
-		if e.Type().IsRegular() {
-			out = append(out, filepath.Join(dir, e.Name()))
-		}
-	}
-	return out, nil
-}
-
-// setCache drops the page cache for a cold run, or reads paths into it for a
-// warm one.
-func setCache(cold bool, paths ...string) error {
-	if cold {
-		return dropCaches()
-	}
-	return warmUp(paths...)
 }

@@ -8,13 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -59,7 +57,7 @@ func (h *harness) preCopySeries(ctx context.Context, sr *report.SizeResult) erro
 func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, dirty int, restore bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
 	if err != nil {
 		return err
 	}
@@ -71,7 +69,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 		}
 	}
 	if dirty > 0 {
-		if _, err := converse(ctx, srv.Port, time.Now(), fmt.Sprintf("dirty %d", dirty)); err != nil {
+		if _, err := measure.Converse(ctx, srv.Port, time.Now(), fmt.Sprintf("dirty %d", dirty)); err != nil {
 			return err
 		}
 	}
@@ -90,13 +88,13 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 	if err != nil {
 		return err
 	}
-	d, err := parseDump(out)
+	d, err := measure.ParseDump(out)
 	if err != nil {
 		return err
 	}
 	m := preCopyLine.FindStringSubmatch(out)
 	if m == nil {
-		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, ErrOutput)
+		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, measure.ErrOutput)
 	}
 	rounds, _ := strconv.Atoi(m[1])
 	res.Frozen = append(res.Frozen, d.Freeze)
@@ -108,7 +106,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 	if err != nil {
 		return err
 	}
-	if d, err = parseDump(out); err != nil {
+	if d, err = measure.ParseDump(out); err != nil {
 		return err
 	}
 	res.PlainFrozen = append(res.PlainFrozen, d.Freeze)
@@ -154,7 +152,7 @@ func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, 
 	}
 	defer syscall.Kill(pid, syscall.SIGCONT)
 	// The signal is delivered when the process next leaves the kernel.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(pollEvery) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(measure.PollEvery) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
 			return false, err
@@ -172,64 +170,7 @@ func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, 
 	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", b, "--leave-running"); err != nil {
 		return false, err
 	}
-	return sameMemory(a, b, pid)
-}
-
-// sameMemory reports whether the snapshots a and b of pid hold the same
-// pages with the same bytes, but for the threads' rseq areas: the kernel
-// writes there the CPU a thread returns to user mode on, and a dump's
-// injected system calls make it return (two plain dumps of a stopped
-// process differ there too).
-func sameMemory(a, b string, pid int) (bool, error) {
-	var rs [2]*image.Reader
-	var skip []units.Range
-	for i, dir := range []string{a, b} {
-		s, err := image.Open(dir)
-		if err != nil {
-			return false, err
-		}
-		defer s.Close()
-		st, err := s.State(pid)
-		if err != nil {
-			return false, err
-		}
-		for _, th := range st.Threads {
-			if th.Rseq != nil {
-				skip = append(skip, units.Range{Start: th.Rseq.Addr, End: th.Rseq.Addr + uint64(th.Rseq.Len)})
-			}
-		}
-		if rs[i], err = s.OpenPages(pid, image.ReaderOptions{}); err != nil {
-			return false, err
-		}
-		defer rs[i].Close()
-	}
-	if !slices.Equal(rs[0].Runs(), rs[1].Runs()) {
-		return false, nil
-	}
-	var x, y []byte
-	for blk := range rs[0].Blocks() {
-		other, ok := rs[1].BlockAt(blk.Addr)
-		if !ok || other.Addr != blk.Addr || other.Len != blk.Len {
-			return false, nil
-		}
-		if other.CRC == blk.CRC {
-			continue
-		}
-		x, y = make([]byte, blk.Len), make([]byte, blk.Len)
-		if _, err := rs[0].ReadAt(x, int64(blk.Addr)); err != nil {
-			return false, err
-		}
-		if _, err := rs[1].ReadAt(y, int64(blk.Addr)); err != nil {
-			return false, err
-		}
-		for i := range x {
-			addr := blk.Addr + uint64(i)
-			if x[i] != y[i] && !slices.ContainsFunc(skip, func(r units.Range) bool { return r.Contains(addr) }) {
-				return false, nil
-			}
-		}
-	}
-	return true, nil
+	return measure.SameMemory(a, b, pid)
 }
 
 // snapctl runs snapctl with args and returns its standard output.

@@ -8,16 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -51,7 +48,7 @@ func (h *harness) replicasSeries(ctx context.Context, sr *report.SizeResult) err
 		return fmt.Errorf("dump: %w", err)
 	}
 	defer os.RemoveAll(snap.Dir)
-	files, err := snapshotFiles(snap.Dir)
+	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return err
 	}
@@ -63,7 +60,7 @@ func (h *harness) replicasSeries(ctx context.Context, sr *report.SizeResult) err
 	}
 	for r := range h.runs {
 		for _, res := range results {
-			if err := warmUp(files...); err != nil {
+			if err := measure.WarmUp(files...); err != nil {
 				return err
 			}
 			run, recorded, err := h.replicasOnce(ctx, snap, res.Mode, res.N)
@@ -154,10 +151,10 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		if err := r.waitPid(ctx); err != nil {
 			return run, "", err
 		}
-		var as []answer
-		err := inNetns(r.pid, func() error {
+		var as []measure.Answer
+		err := measure.InNetns(r.pid, func() error {
 			var err error
-			as, err = converse(ctx, snap.Port, start, "ping", "touch 1")
+			as, err = measure.Converse(ctx, snap.Port, start, "ping", "touch 1")
 			return err
 		})
 		if record {
@@ -187,7 +184,7 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			return run, "", fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
 		}
 		out := r.out.String()
-		rep, err := parseRestore(out, report.ReplicaLazy(mode))
+		rep, err := measure.ParseRestore(out, report.ReplicaLazy(mode))
 		if err != nil {
 			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
@@ -201,19 +198,19 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 				}
 			}
 			if _, err := os.Stat(wsPath); recorded == "" || err != nil {
-				return run, "", fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, ErrOutput)
+				return run, "", fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, measure.ErrOutput)
 			}
 		case mode == report.RepLazyWS:
 			if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
-				return run, "", fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, ErrOutput)
+				return run, "", fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, measure.ErrOutput)
 			}
 		case strings.Contains(out, "working set"):
-			return run, "", fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, ErrOutput)
+			return run, "", fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, measure.ErrOutput)
 		}
 	}
 	for _, r := range reps {
 		for _, pid := range []int{r.pid, r.init} {
-			pss, anon, err := smapsRollup(pid)
+			pss, anon, err := measure.SmapsRollup(pid)
 			if err != nil {
 				return run, "", err
 			}
@@ -221,22 +218,22 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			run.Anon += anon
 		}
 	}
-	run.PageCache, err = residentBytes(snap.Pages)
+	run.PageCache, err = measure.ResidentBytes(snap.Pages)
 	if err != nil {
 		return run, "", err
 	}
 	if report.ReplicaLazy(mode) {
 		mem := filepath.Join(mnt, strconv.Itoa(snap.PID), "mem")
-		c, err := residentBytes(mem)
+		c, err := measure.ResidentBytes(mem)
 		if err != nil {
 			return run, "", err
 		}
 		run.PageCache += c
 		run.MemCache = c
-		if run.Server, err = serverRss(h.tools.Lazyfs, mnt); err != nil {
+		if run.Server, err = measure.ServerRSS(h.tools.Lazyfs, mnt); err != nil {
 			return run, "", err
 		}
-		if run.BlockCache, err = blockCacheBytes(filepath.Join(mnt, strconv.Itoa(snap.PID), "stats")); err != nil {
+		if run.BlockCache, err = measure.BlockCacheBytes(filepath.Join(mnt, strconv.Itoa(snap.PID), "stats")); err != nil {
 			return run, "", err
 		}
 	}
@@ -249,7 +246,7 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 		if b, err := os.ReadFile(r.pidfile); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
 			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 			if err != nil {
-				return fmt.Errorf("pidfile %q: %w", b, ErrOutput)
+				return fmt.Errorf("pidfile %q: %w", b, measure.ErrOutput)
 			}
 			r.pid = pid
 			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -258,7 +255,7 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 			}
 			f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
 			if r.init, err = strconv.Atoi(f[1]); err != nil || r.init <= 1 {
-				return fmt.Errorf("parent of copy %d: %q: %w", pid, f[1], ErrOutput)
+				return fmt.Errorf("parent of copy %d: %q: %w", pid, f[1], measure.ErrOutput)
 			}
 			return nil
 		}
@@ -268,7 +265,7 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 			return fmt.Errorf("snapctl exited (%v) before it wrote the pidfile:\n%s", err, r.out.String())
 		case <-ctx.Done():
 			return fmt.Errorf("wait for the pidfile: %w", ctx.Err())
-		case <-time.After(pollEvery):
+		case <-time.After(measure.PollEvery):
 		}
 	}
 }
@@ -277,171 +274,14 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 // namespaces go), waits until both are gone and snapctl is reaped.
 func (r *replicaProc) kill(ctx context.Context) {
 	if r.init > 0 {
-		_ = killAndReap(ctx, r.init)
+		_ = measure.KillAndReap(ctx, r.init)
 	}
 	if r.pid > 0 {
-		_ = killAndReap(ctx, r.pid)
+		_ = measure.KillAndReap(ctx, r.pid)
 	}
 	if r.cmd.Process != nil {
 		_ = r.cmd.Process.Kill()
 	}
 	err := <-r.exited
 	r.exited <- err
-}
-
-// inNetns runs fn on a thread in the network namespace of pid, so that
-// the sockets it makes live there; the thread goes back to ours after (or
-// is dropped).
-func inNetns(pid int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ours, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer ours.Close()
-		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		err = fn()
-		if unix.Setns(int(ours.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-// smapsRollup returns the Pss and Anonymous of pid, in bytes.
-func smapsRollup(pid int) (pss, anon uint64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		if len(f) != 3 || f[2] != "kB" {
-			continue
-		}
-		v, err := strconv.ParseUint(f[1], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("smaps_rollup of %d: %q: %w", pid, line, ErrOutput)
-		}
-		switch f[0] {
-		case "Pss:":
-			pss = v << 10
-		case "Anonymous:":
-			anon = v << 10
-		}
-	}
-	return pss, anon, nil
-}
-
-// residentBytes is how much of path the page cache holds: mincore of a
-// read-only mapping of each of its data ranges (SEEK_DATA, SEEK_HOLE:
-// a mount's mem file is sparse, its offsets addresses), as fincore does.
-func residentBytes(path string) (uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	page := int64(os.Getpagesize())
-	var n uint64
-	for off := int64(0); ; {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return n, nil
-		}
-		if err != nil {
-			return 0, fmt.Errorf("SEEK_DATA %s: %w", path, err)
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return 0, fmt.Errorf("SEEK_HOLE %s: %w", path, err)
-		}
-		start := data &^ (page - 1)
-		m, err := unix.Mmap(int(f.Fd()), start, int(hole-start), unix.PROT_READ, unix.MAP_SHARED)
-		if err != nil {
-			return 0, fmt.Errorf("mmap %s: %w", path, err)
-		}
-		vec := make([]byte, (int64(len(m))+page-1)/page)
-		_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0])))
-		unix.Munmap(m)
-		if e != 0 {
-			return 0, fmt.Errorf("mincore %s: %w", path, e)
-		}
-		for _, v := range vec {
-			n += uint64(v&1) * uint64(page)
-		}
-		off = hole
-	}
-}
-
-// serverRss is the Rss of the lazyfs server of mnt: the process running
-// the lazyfs binary with mnt in its arguments.
-func serverRss(bin, mnt string) (uint64, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(cl), "\x00"), "\x00")
-		if len(args) < 2 || args[len(args)-1] != mnt {
-			continue
-		}
-		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != bin {
-			continue
-		}
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			return 0, err
-		}
-		for line := range strings.Lines(string(st)) {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				if err != nil {
-					return 0, fmt.Errorf("VmRSS %q: %w", line, ErrOutput)
-				}
-				return kb << 10, nil
-			}
-		}
-	}
-	return 0, errors.New("no lazyfs server found for " + mnt)
-}
-
-// blockCacheBytes reads cache_bytes from a mount's MNT/PID/stats: the
-// decoded blocks its block cache holds.
-func blockCacheBytes(stats string) (uint64, error) {
-	b, err := os.ReadFile(stats)
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "cache_bytes" {
-			v, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %q: %w", stats, line, ErrOutput)
-			}
-			return v, nil
-		}
-	}
-	return 0, fmt.Errorf("%s: no cache_bytes: %w", stats, ErrOutput)
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -19,7 +20,7 @@ func (h *harness) restoreSeries(ctx context.Context, snap *snapshot, cfg report.
 	for i, c := range cases {
 		results[i] = &report.RestoreResult{Config: cfg, Case: c}
 	}
-	files, err := snapshotFiles(snap.Dir)
+	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return nil, err
 	}
@@ -48,10 +49,10 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	var run report.RestoreRun
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	if alive(snap.PID) {
+	if measure.Alive(snap.PID) {
 		return run, fmt.Errorf("pid %d is taken before the restore", snap.PID)
 	}
-	if err := setCache(c.Cold, files...); err != nil {
+	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return run, err
 	}
 
@@ -79,14 +80,14 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 		}
 	}()
 
-	var answers []answer
+	var answers []measure.Answer
 	var askErr error
 	if !c.Idle {
 		asks := []string{"ping", "touch 1", "token"}
 		if c.TokenFirst {
 			asks = []string{"ping", "token"}
 		}
-		answers, askErr = converse(askCtx, snap.Port, start, asks...)
+		answers, askErr = measure.Converse(askCtx, snap.Port, start, asks...)
 	}
 	e := <-exited
 	if e.err != nil {
@@ -97,7 +98,7 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	}
 	if c.Idle {
 		// Every page is in: check the memory, untimed.
-		if answers, askErr = converse(ctx, snap.Port, time.Now(), "touch 1", "token"); askErr != nil {
+		if answers, askErr = measure.Converse(ctx, snap.Port, time.Now(), "touch 1", "token"); askErr != nil {
 			return run, askErr
 		}
 	} else if c.TokenFirst {
@@ -108,20 +109,20 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	if err := h.check(answers); err != nil {
 		return run, err
 	}
-	rep, err := parseRestore(out.String(), c.Lazy())
+	rep, err := measure.ParseRestore(out.String(), c.Lazy())
 	if err != nil {
 		return run, err
 	}
 	if rep.PID != snap.PID {
-		return run, fmt.Errorf("restore reported pid %d, want %d: %w", rep.PID, snap.PID, ErrOutput)
+		return run, fmt.Errorf("restore reported pid %d, want %d: %w", rep.PID, snap.PID, measure.ErrOutput)
 	}
 	run.Wall, run.Running, run.Total, run.Faults = e.wall, rep.Running, rep.Total, rep.Faults
 	if h.smaps {
-		if run.HugeVMAs, run.AnonHuge, err = hugeState(snap.PID); err != nil {
+		if run.HugeVMAs, run.AnonHuge, err = measure.HugeState(snap.PID); err != nil {
 			return run, err
 		}
 	}
-	if err := killAndReap(ctx, snap.PID); err != nil {
+	if err := measure.KillAndReap(ctx, snap.PID); err != nil {
 		return run, err
 	}
 	h.live = 0

@@ -6,22 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -35,110 +29,18 @@ func init() {
 	extraSeries = append(extraSeries, series{Name: "s3", Measure: measureS3})
 }
 
-const s3Bucket = "bench"
-
-// minioServer is the bench's MinIO.
-type minioServer struct {
-	cmd      *exec.Cmd
-	done     chan struct{}
-	endpoint string
-}
-
-func startMinIO(ctx context.Context, dir, logPath string) (*minioServer, error) {
-	bin, err := exec.LookPath("minio")
-	if err != nil {
-		return nil, fmt.Errorf("minio (installed by .ci/setup): %w", err)
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	console, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	m := &minioServer{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan struct{})}
-	m.cmd = exec.Command(bin, "server", "--quiet", "--address", "127.0.0.1:"+strconv.Itoa(port), "--console-address", "127.0.0.1:"+strconv.Itoa(console), filepath.Join(dir, "data"))
-	m.cmd.Env = append(os.Environ(), "MINIO_ROOT_USER=lazyfs-bench", "MINIO_ROOT_PASSWORD=lazyfs-bench-secret", "MINIO_BROWSER=off", "MINIO_UPDATE=off", "HOME="+dir)
-	m.cmd.Stdout, m.cmd.Stderr = logf, logf
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { m.cmd.Wait(); close(m.done) }()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		select {
-		case <-m.done:
-			return nil, errors.New("minio exited at start (see its log)")
-		default:
-		}
-		resp, err := http.Get(m.endpoint + "/minio/health/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				c := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(m.endpoint), UsePathStyle: true,
-					Credentials: credentials.NewStaticCredentialsProvider("lazyfs-bench", "lazyfs-bench-secret", "")})
-				// Ready may still mean XMinioServerNotInitialized.
-				if _, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(s3Bucket)}); err == nil {
-					return m, nil
-				} else if !strings.Contains(err.Error(), "NotInitialized") {
-					m.stop()
-					return nil, fmt.Errorf("create bucket: %w", err)
-				}
-			}
-		}
-	}
-	m.stop()
-	return nil, errors.New("minio not ready after 30s")
-}
-
-func (m *minioServer) stop() {
-	syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
-	<-m.done
-}
-
-// s3Env points the AWS variables of this process, and so of the snapctl
-// it starts, at m; it returns what undoes it.
-func s3Env(m *minioServer) func() {
-	vars := map[string]string{"AWS_ACCESS_KEY_ID": "lazyfs-bench", "AWS_SECRET_ACCESS_KEY": "lazyfs-bench-secret", "AWS_REGION": "us-east-1",
-		"AWS_ENDPOINT_URL": m.endpoint, "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null", "AWS_EC2_METADATA_DISABLED": "true"}
-	old := map[string]*string{}
-	for k, v := range vars {
-		if o, ok := os.LookupEnv(k); ok {
-			old[k] = &o
-		} else {
-			old[k] = nil
-		}
-		os.Setenv(k, v)
-	}
-	return func() {
-		for k, v := range old {
-			if v == nil {
-				os.Unsetenv(k)
-			} else {
-				os.Setenv(k, *v)
-			}
-		}
-	}
-}
-
 func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	if !h.wants("s3") {
 		return nil
 	}
 	dir := filepath.Join(h.work, "minio")
-	m, err := startMinIO(ctx, dir, filepath.Join(h.work, "minio.log"))
+	m, err := measure.StartMinIO(ctx, dir, filepath.Join(h.work, "minio.log"))
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	defer m.stop()
-	defer s3Env(m)()
+	defer m.Stop()
+	defer measure.S3Env(m)()
 	def := report.DefaultConfig()
 	res := &report.S3Result{DumpDisk: &report.DumpResult{Config: def}, DumpStore: &report.DumpResult{Config: def}}
 	for _, from := range report.S3Sources {
@@ -155,7 +57,7 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 				if disk, err = h.dumpOnce(ctx, sr, def, diskDir, res.DumpDisk); err != nil {
 					return fmt.Errorf("dump to disk: %w", err)
 				}
-			} else if store, err = h.dumpStore(ctx, fmt.Sprintf("s3://%s/run-%d", s3Bucket, r), def, res.DumpStore); err != nil {
+			} else if store, err = h.dumpStore(ctx, fmt.Sprintf("s3://%s/run-%d", measure.S3Bucket, r), def, res.DumpStore); err != nil {
 				return fmt.Errorf("dump to MinIO: %w", err)
 			}
 		}
@@ -170,7 +72,7 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	if out, err := exec.CommandContext(ctx, h.tools.Snapctl, "verify", "-D", store.Dir, "--cache-dir", cacheDir).CombinedOutput(); err != nil {
 		return fmt.Errorf("verify to fill the cache directory: %w\n%s", err, out)
 	}
-	files, err := snapshotFiles(disk.Dir)
+	files, err := measure.SnapshotFiles(disk.Dir)
 	if err != nil {
 		return err
 	}
@@ -196,7 +98,7 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	}
 	// The floor: the pages file alone.
 	for r := range h.runs {
-		put, get, read, err := pagesAlone(disk, fmt.Sprintf("s3://%s/floor-%d", s3Bucket, r))
+		put, get, read, err := pagesAlone(disk, fmt.Sprintf("s3://%s/floor-%d", measure.S3Bucket, r))
 		if err != nil {
 			return fmt.Errorf("pages file alone: %w", err)
 		}
@@ -211,7 +113,7 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 func (h *harness) dumpStore(ctx context.Context, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
 	if err != nil {
 		return nil, err
 	}
@@ -231,11 +133,11 @@ func (h *harness) dumpStore(ctx context.Context, addr string, cfg report.DumpCon
 	if err != nil {
 		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
 	h.live = 0
-	rep, err := parseDump(out.String())
+	rep, err := measure.ParseDump(out.String())
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
@@ -134,7 +135,7 @@ func findCRIU(ctx context.Context) (path, what string) {
 func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	port, err := freePort()
+	port, err := measure.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -154,23 +155,23 @@ func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, scr
 	if err != nil {
 		return nil, err
 	}
-	srv := &server{PID: cmd.Process.Pid, Port: port, done: make(chan struct{})}
+	srv := &measure.Server{PID: cmd.Process.Pid, Port: port, Done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
-		close(srv.done)
+		close(srv.Done)
 	}()
 	h.live = srv.PID
-	if srv.Ready, err = waitReady(ctx, h.logPath, from, srv); err != nil {
+	if srv.Ready, err = measure.WaitReady(ctx, h.logPath, from, srv); err != nil {
 		cmd.Process.Kill()
 		return nil, err
 	}
-	as, err := converse(ctx, port, time.Now(), "token")
+	as, err := measure.Converse(ctx, port, time.Now(), "token")
 	if err != nil {
 		return nil, fmt.Errorf("original server: %w", err)
 	}
 	s := &torchSnap{pid: srv.PID, port: port, token: torchToken(as[0].Line)}
 	if s.token == "" {
-		return nil, fmt.Errorf("the original answered %q to token: %w", as[0].Line.Text, ErrOutput)
+		return nil, fmt.Errorf("the original answered %q to token: %w", as[0].Line.Text, measure.ErrOutput)
 	}
 	if !useCRIU {
 		tr.Params, _ = srv.Ready.Int("params")
@@ -199,7 +200,7 @@ func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, scr
 			return nil, fmt.Errorf("criu dump: %w: %s (log %s)", err, out, filepath.Join(s.dir, "dump.log"))
 		}
 		tr.CRIUDump = append(tr.CRIUDump, time.Since(start))
-		if tr.CRIUImage, err = dirSize(s.dir); err != nil {
+		if tr.CRIUImage, err = measure.DirSize(s.dir); err != nil {
 			return nil, err
 		}
 	} else {
@@ -207,19 +208,19 @@ func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, scr
 		if err != nil {
 			return nil, err
 		}
-		d, err := parseDump(out)
+		d, err := measure.ParseDump(out)
 		if err != nil {
 			return nil, err
 		}
 		tr.Dump, tr.Freeze = append(tr.Dump, d.Total), append(tr.Freeze, d.Freeze)
-		if m := dumpLine.FindStringSubmatch(out); m != nil {
+		if m := measure.DumpLine.FindStringSubmatch(out); m != nil {
 			tr.Memory = m[3]
 		}
-		if tr.Image, err = dirSize(s.dir); err != nil {
+		if tr.Image, err = measure.DirSize(s.dir); err != nil {
 			return nil, err
 		}
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
 	h.live = 0
@@ -243,14 +244,14 @@ var servedLine = regexp.MustCompile(`\(([^()]+) served on \d+ faults`)
 func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, snap *torchSnap, criu string) error {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	if alive(snap.pid) {
+	if measure.Alive(snap.pid) {
 		return fmt.Errorf("pid %d is taken before the restore", snap.pid)
 	}
-	files, err := snapshotFiles(snap.dir)
+	files, err := measure.SnapshotFiles(snap.dir)
 	if err != nil {
 		return err
 	}
-	if err := setCache(c.Cold, files...); err != nil {
+	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return err
 	}
 	var args []string
@@ -302,7 +303,7 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 			stopAsking()
 		}
 	}()
-	as, askErr := converse(askCtx, snap.port, start, "ping", "token")
+	as, askErr := measure.Converse(askCtx, snap.port, start, "ping", "token")
 	if err := <-exited; err != nil {
 		return fmt.Errorf("%s %q: %w\n%s%s", filepath.Base(prog), args, err, out.String(), errOut.String())
 	}
@@ -314,12 +315,12 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 	}
 	c.Ping, c.Token = append(c.Ping, as[0].At), append(c.Token, as[1].At)
 	if !c.CRIU {
-		rep, err := parseRestore(out.String(), lazy)
+		rep, err := measure.ParseRestore(out.String(), lazy)
 		if err != nil {
 			return err
 		}
 		if rep.PID != snap.pid {
-			return fmt.Errorf("restored pid %d, want %d: %w", rep.PID, snap.pid, ErrOutput)
+			return fmt.Errorf("restored pid %d, want %d: %w", rep.PID, snap.pid, measure.ErrOutput)
 		}
 		c.AllIn = append(c.AllIn, rep.Total)
 		if lazy {
@@ -329,7 +330,7 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 			}
 		}
 	}
-	if err := killAndReap(ctx, snap.pid); err != nil {
+	if err := measure.KillAndReap(ctx, snap.pid); err != nil {
 		return err
 	}
 	h.live = 0
@@ -349,5 +350,5 @@ func endPidfile(path string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	killAndReap(ctx, pid)
+	measure.KillAndReap(ctx, pid)
 }

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -68,7 +69,7 @@ func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, e
 		}
 	}
 	os.Remove(filepath.Join(dir, "nginx.pid"))
-	port, err := freePort()
+	port, err := measure.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -161,11 +162,11 @@ func (n *treeNginx) kill(ctx context.Context) error {
 	unix.Kill(-n.master, unix.SIGKILL)
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	err := killAndReap(ctx, n.master)
+	err := measure.KillAndReap(ctx, n.master)
 	// Orphaned, the workers are the harness's (a subreaper) to reap.
 	for _, p := range strings.Fields(string(b)) {
 		if pid, _ := strconv.Atoi(p); pid > 0 {
-			err = errors.Join(err, killAndReap(ctx, pid))
+			err = errors.Join(err, measure.KillAndReap(ctx, pid))
 		}
 	}
 	return err
@@ -234,23 +235,23 @@ func (h *harness) treeOnce(ctx context.Context, tr *report.TreeResult, dir, snap
 	if err != nil {
 		return err
 	}
-	d, err := parseDump(out)
+	d, err := measure.ParseDump(out)
 	if err != nil {
 		return err
 	}
 	if !strings.Contains(out, "(3 processes,") {
-		return fmt.Errorf("dump of nginx: %q: want 3 processes: %w", out, ErrOutput)
+		return fmt.Errorf("dump of nginx: %q: want 3 processes: %w", out, measure.ErrOutput)
 	}
 	// The harness is a subreaper: the dumped processes are its to reap,
 	// the workers too once their master is gone.
 	for _, p := range append(strings.Fields(string(b)), strconv.Itoa(n.master)) {
 		pid, _ := strconv.Atoi(p)
-		if err := killAndReap(ctx, pid); err != nil {
+		if err := measure.KillAndReap(ctx, pid); err != nil {
 			return err
 		}
 	}
 	tr.Dump, tr.Freeze = append(tr.Dump, d.Total), append(tr.Freeze, d.Freeze)
-	if tr.Image, err = dirSize(snap); err != nil {
+	if tr.Image, err = measure.DirSize(snap); err != nil {
 		return err
 	}
 	args := []string{"restore", "-D", snap}
@@ -260,12 +261,12 @@ func (h *harness) treeOnce(ctx context.Context, tr *report.TreeResult, dir, snap
 	if out, err = h.runSnapctl(ctx, args...); err != nil {
 		return err
 	}
-	rr, err := parseRestore(out, lazy)
+	rr, err := measure.ParseRestore(out, lazy)
 	if err != nil {
 		return err
 	}
 	if rr.PID != n.master {
-		return fmt.Errorf("restored pid %d, want %d: %w", rr.PID, n.master, ErrOutput)
+		return fmt.Errorf("restored pid %d, want %d: %w", rr.PID, n.master, measure.ErrOutput)
 	}
 	if lazy {
 		tr.Running, tr.AllIn = append(tr.Running, rr.Running), append(tr.AllIn, rr.Total)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -44,7 +45,7 @@ func (h *harness) weightsSeries(ctx context.Context) ([]*report.WeightsResult, e
 	}
 	files := map[string][]string{}
 	for advice, s := range snaps {
-		fs, err := snapshotFiles(s.Dir)
+		fs, err := measure.SnapshotFiles(s.Dir)
 		if err != nil {
 			return nil, err
 		}
@@ -84,7 +85,7 @@ func (h *harness) weightsSeries(ctx context.Context) ([]*report.WeightsResult, e
 func (h *harness) dumpWeights(ctx context.Context, w *report.WeightsResult, cfg report.DumpConfig) (*snapshot, expectation, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Weights, h.size, []string{"42", w.Advice}, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, h.tools.Weights, h.size, []string{"42", w.Advice}, h.logPath, h.work)
 	if err != nil {
 		return nil, expectation{}, err
 	}
@@ -94,7 +95,7 @@ func (h *harness) dumpWeights(ctx context.Context, w *report.WeightsResult, cfg 
 	}
 	n, err := srv.Ready.Int("arrays")
 	if err != nil {
-		return nil, expectation{}, fmt.Errorf("weightserver ready line %q: %w", srv.Ready.Text, ErrOutput)
+		return nil, expectation{}, fmt.Errorf("weightserver ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
 	}
 	w.Arrays = int(n)
 	h.expect = expectation{}
@@ -102,7 +103,7 @@ func (h *harness) dumpWeights(ctx context.Context, w *report.WeightsResult, cfg 
 		return nil, expectation{}, err
 	}
 	exp := h.expect
-	if w.HugeVMAs, w.AnonHuge, err = hugeState(srv.PID); err != nil {
+	if w.HugeVMAs, w.AnonHuge, err = measure.HugeState(srv.PID); err != nil {
 		return nil, expectation{}, err
 	}
 	dir := filepath.Join(h.work, "snap-weights-"+w.Advice)
@@ -117,42 +118,19 @@ func (h *harness) dumpWeights(ctx context.Context, w *report.WeightsResult, cfg 
 		return nil, expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
 	out := stdout.String()
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, expectation{}, err
 	}
 	h.live = 0
-	rep, err := parseDump(out)
+	rep, err := measure.ParseDump(out)
 	if err != nil {
 		return nil, expectation{}, err
 	}
 	if rep.PID != srv.PID {
-		return nil, expectation{}, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, ErrOutput)
+		return nil, expectation{}, fmt.Errorf("dump reported pid %d, want %d: %w", rep.PID, srv.PID, measure.ErrOutput)
 	}
 	h.weightsDump = rep
 	h.logf("dump weights %s: %d arrays, %d VMAs with hg, %d MiB in huge pages, init %s; %s",
 		w.Advice, w.Arrays, w.HugeVMAs, w.AnonHuge>>20, w.Init, strings.TrimSpace(out))
 	return &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}, exp, nil
-}
-
-// hugeState returns the VMAs of pid whose VmFlags hold hg (MADV_HUGEPAGE)
-// and its AnonHugePages in bytes, from /proc/PID/smaps.
-func hugeState(pid int) (vmas int, anonHuge uint64, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
-	if err != nil {
-		return 0, 0, fmt.Errorf("huge pages of %d: %w", pid, err)
-	}
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		switch {
-		case len(f) > 1 && f[0] == "VmFlags:" && slices.Contains(f[1:], "hg"):
-			vmas++
-		case len(f) == 3 && f[0] == "AnonHugePages:":
-			kb, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("smaps of %d: %q: %w", pid, line, ErrOutput)
-			}
-			anonHuge += kb << 10
-		}
-	}
-	return vmas, anonHuge, nil
 }

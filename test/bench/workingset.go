@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -81,7 +82,7 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 	if err := h.wsRecord(ctx, snap, w); err != nil {
 		return nil, err
 	}
-	files, err := snapshotFiles(snap.Dir)
+	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +114,7 @@ func (h *harness) wsTimeout() time.Duration { return 5 * h.opTimeout() }
 func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string, size uint64) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, prog, size, extra, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.tools, prog, size, extra, h.logPath, h.work)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +128,7 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string,
 		for _, f := range strings.Split(ws, ",") {
 			pid, err := strconv.Atoi(f)
 			if err != nil {
-				return nil, fmt.Errorf("ready line %q: %w", srv.Ready.Text, ErrOutput)
+				return nil, fmt.Errorf("ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
 			}
 			workers = append(workers, pid)
 		}
@@ -143,7 +144,7 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string,
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
 	snap := &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img"), Workers: workers}
@@ -169,7 +170,7 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *report.WSResu
 		return err
 	}
 	h.live = snap.PID
-	answers, askErr := converse(ctx, snap.Port, start, "ping", "touch 1")
+	answers, askErr := measure.Converse(ctx, snap.Port, start, "ping", "touch 1")
 	if askErr == nil {
 		askErr = h.check(answers)
 	}
@@ -190,7 +191,7 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *report.WSResu
 		}
 	}
 	if len(recorded) != 1+len(snap.Workers) {
-		return fmt.Errorf("%d working sets recorded, want %d: %q: %w", len(recorded), 1+len(snap.Workers), out.String(), ErrOutput)
+		return fmt.Errorf("%d working sets recorded, want %d: %q: %w", len(recorded), 1+len(snap.Workers), out.String(), measure.ErrOutput)
 	}
 	w.Recorded = strings.Join(recorded, "; ")
 	for _, pid := range append([]int{snap.PID}, snap.Workers...) {
@@ -217,7 +218,7 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	if pid, taken := snap.taken(); taken {
 		return run, fmt.Errorf("pid %d is taken before the restore", pid)
 	}
-	if err := setCache(c.Cold, files...); err != nil {
+	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return run, err
 	}
 	args := c.Args(snap.Dir)
@@ -245,7 +246,7 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	if c.Token {
 		reqs = []string{"ping", "token"}
 	}
-	answers, askErr := converse(askCtx, snap.Port, start, reqs...)
+	answers, askErr := measure.Converse(askCtx, snap.Port, start, reqs...)
 	if err := <-exited; err != nil {
 		return run, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
 	}
@@ -262,13 +263,13 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 		run.First, run.Token = answers[1].At, answers[2].At
 	}
 	lazy := c.Mode != report.WSEager
-	rep, err := parseRestore(out.String(), lazy)
+	rep, err := measure.ParseRestore(out.String(), lazy)
 	if err != nil {
 		return run, err
 	}
 	if c.Mode == report.WSCopy || c.Mode == report.WSBlocks {
 		if !strings.Contains(out.String(), "fetched first") {
-			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), ErrOutput)
+			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), measure.ErrOutput)
 		}
 	}
 	run.Wall, run.Running, run.Total, run.Faults = wall, rep.Running, rep.Total, rep.Faults

@@ -1,4 +1,4 @@
-package main
+package measure
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 // buildTimeout bounds each compiler run.
 const buildTimeout = 5 * time.Minute
 
-// tools are the programs the harness runs.
-type tools struct {
+// Tools are the programs the harness runs.
+type Tools struct {
 	Snapctl     string
 	Lazyfs      string
 	Modelserver string
@@ -31,9 +31,9 @@ type tools struct {
 	LZ4Version  string
 }
 
-// buildTools compiles (or finds) every program into dir.
-func buildTools(ctx context.Context, bin, dir string) (tools, error) {
-	var t tools
+// BuildTools compiles (or finds) every program into dir.
+func BuildTools(ctx context.Context, bin, dir string) (Tools, error) {
+	var t Tools
 	root, err := report.ModuleRoot()
 	if err != nil {
 		return t, err

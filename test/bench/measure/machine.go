@@ -1,4 +1,4 @@
-package main
+package measure
 
 import (
 	"os"
@@ -12,14 +12,14 @@ import (
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
-// describeMachine collects what the report says about the machine.
-func describeMachine(work string, t tools) report.Machine {
+// DescribeMachine collects what the report says about the machine.
+func DescribeMachine(work string, t Tools) report.Machine {
 	m := report.Machine{
 		CPUs:       runtime.NumCPU(),
 		GoVersion:  t.GoVersion,
 		Revision:   t.Revision,
 		LZ4Version: t.LZ4Version,
-		LoadBefore: loadAverage(),
+		LoadBefore: LoadAverage(),
 	}
 	if m.GoVersion == "" {
 		m.GoVersion = runtime.Version()
@@ -61,8 +61,8 @@ func describeMachine(work string, t tools) report.Machine {
 	return m
 }
 
-// loadAverage returns the three load averages.
-func loadAverage() string {
+// LoadAverage returns the three load averages.
+func LoadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "?"
