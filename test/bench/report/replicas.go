@@ -143,6 +143,12 @@ func renderReplicas(m *md, s *SizeResult) {
 			server, blocks, mib(r.memOf(ReplicasRun.total)))
 	}
 	m.p("")
+	renderReplicaCopies(m, s)
+}
+
+// renderReplicaCopies writes what follows the replicas table: the working
+// set copy 1 recorded, and how the 4th copy compares with the 1st.
+func renderReplicaCopies(m *md, s *SizeResult) {
 	find := func(mode string, n int) *ReplicasResult {
 		for _, r := range s.Replicas {
 			if r.Mode == mode && r.N == n {

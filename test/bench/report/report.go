@@ -225,11 +225,20 @@ func sizeSection(m *md, s *SizeResult, charts map[string][]byte) {
 // modelserverSection reports the modelserver's dumps, restores and
 // baselines of one size.
 func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
-	imgChart, blockChart, latChart := ChartNames(s.Size)
 	m.p("Memory in the snapshot: %.1f MiB (the mapping plus heap, stack and libraries' data). Fixture start-up (filling its memory): %s. This size took %s.",
 		float64(s.Memory)/(1<<20), Summarize(s.Init), s.Elapsed.Round(time.Second))
 	m.p("")
 
+	dumpTable(m, s, charts)
+	blockRestoreTable(m, s, charts)
+	latencyTable(m, s, charts)
+	threadsTable(m, s)
+	baselinesTable(m, s)
+}
+
+// dumpTable writes the snapshot size and dump table of each option, and its chart.
+func dumpTable(m *md, s *SizeResult, charts map[string][]byte) {
+	imgChart, _, _ := ChartNames(s.Size)
 	m.p("### Snapshot size and dump")
 	m.p("")
 	m.header("option", "image", "pages/memory", "lz4 tool, same blocks", "dump", "snapctl: in", "frozen")
@@ -245,7 +254,11 @@ func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
 	m.p("![image size by option](%s)", imgChart)
 	m.p("")
 	charts[imgChart] = imageSizeChart(s).SVG()
+}
 
+// blockRestoreTable writes the restores of each option, eager and lazy, and their chart.
+func blockRestoreTable(m *md, s *SizeResult, charts map[string][]byte) {
+	_, blockChart, _ := ChartNames(s.Size)
 	m.p("### Restore by block size")
 	m.p("")
 	m.header("option", "eager, warm", "eager, cold", "first answer after eager, warm", "lazy: first answer, warm", "lazy: first answer, cold", "lazy: token, warm", "lazy: token, cold", "lazy: all memory in, warm")
@@ -262,7 +275,11 @@ func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
 	m.p("![restore by block size](%s)", blockChart)
 	m.p("")
 	charts[blockChart] = blockRestoreChart(s).SVG()
+}
 
+// latencyTable writes the default option's restore latencies, and their chart.
+func latencyTable(m *md, s *SizeResult, charts map[string][]byte) {
+	_, _, latChart := ChartNames(s.Size)
 	def := DefaultConfig()
 	m.p("### Restore latency (`%s`, the default)", def.Name)
 	m.p("")
@@ -285,7 +302,11 @@ func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
 	m.p("![restore latency](%s)", latChart)
 	m.p("")
 	charts[latChart] = latencyChart(s).SVG()
+}
 
+// threadsTable writes the default option's restores by --decompress-threads.
+func threadsTable(m *md, s *SizeResult) {
+	def := DefaultConfig()
 	m.p("### `--decompress-threads` (`%s`, warm)", def.Name)
 	m.p("")
 	m.p("Lazy columns: *first answer* is `touch 1`, times from the start of the command.")
@@ -305,7 +326,11 @@ func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
 		m.row(label, cell(e, wallOf), cell(lm, firstOf), cell(lm, tokenOf), cell(lm, totalOf), cell(ld, firstOf), cell(ld, tokenOf), cell(ld, totalOf))
 	}
 	m.p("")
+}
 
+// baselinesTable writes the read and lz4 baselines of each option, and how an eager restore compares.
+func baselinesTable(m *md, s *SizeResult) {
+	def := DefaultConfig()
 	m.p("### Baselines (same run)")
 	m.p("")
 	m.header("baseline", "option's file", "bytes read", "cold", "warm", "warm rate")

@@ -87,44 +87,55 @@ func validateSize(runs int, s *SizeResult, bad func(string, ...any)) {
 	}
 
 	for _, cfg := range cfgs {
-		for _, c := range RestoreCases(cfg) {
-			r := s.find(cfg.Short, c)
-			what := cfg.Short + " " + c.String()
-			if r == nil {
-				bad("restore %s missing", what)
-				continue
-			}
-			if len(r.Runs) != runs {
-				bad("restore %s: %d runs, want %d", what, len(r.Runs), runs)
-			}
-			for i, run := range r.Runs {
-				if msg := checkRun(c, run); msg != "" {
-					bad("restore %s run %d: %s", what, i, msg)
-				}
+		validateRestores(runs, s, cfg, bad)
+		validateBaselines(s, cfg, bad, positive)
+	}
+}
+
+// validateRestores checks the restores of one dump configuration.
+func validateRestores(runs int, s *SizeResult, cfg DumpConfig, bad func(string, ...any)) {
+	for _, c := range RestoreCases(cfg) {
+		r := s.find(cfg.Short, c)
+		what := cfg.Short + " " + c.String()
+		if r == nil {
+			bad("restore %s missing", what)
+			continue
+		}
+		if len(r.Runs) != runs {
+			bad("restore %s: %d runs, want %d", what, len(r.Runs), runs)
+		}
+		for i, run := range r.Runs {
+			if msg := checkRun(c, run); msg != "" {
+				bad("restore %s run %d: %s", what, i, msg)
 			}
 		}
-		read := s.baseline(cfg.Short, ReadPages)
-		if read == nil {
-			bad("read baseline %s missing", cfg.Short)
-		} else {
-			positive("read baseline "+cfg.Short+" cold", read.Cold...)
-			positive("read baseline "+cfg.Short+" warm", read.Warm...)
-		}
-		if (s.baseline(cfg.Short, LZ4Checked) != nil) != cfg.Default {
-			bad("lz4 baseline with checksum for %s: want it for the default option only", cfg.Short)
-		}
-		lz := s.baseline(cfg.Short, LZ4Decode)
-		switch {
-		case !cfg.Compress && lz != nil:
-			bad("lz4 baseline for %s", cfg.Short)
-		case cfg.Compress && lz == nil:
-			bad("lz4 baseline %s missing", cfg.Short)
-		case lz != nil:
-			positive("lz4 baseline "+cfg.Short+" cold", lz.Cold...)
-			positive("lz4 baseline "+cfg.Short+" warm", lz.Warm...)
-			if lz.Output != s.Memory || lz.Bytes == 0 {
-				bad("lz4 baseline %s: %d bytes in, %d out, memory %d", cfg.Short, lz.Bytes, lz.Output, s.Memory)
-			}
+	}
+}
+
+// validateBaselines checks the read and lz4 baselines of one dump
+// configuration; positive checks a figure's runs.
+func validateBaselines(s *SizeResult, cfg DumpConfig, bad func(string, ...any), positive func(string, ...time.Duration)) {
+	read := s.baseline(cfg.Short, ReadPages)
+	if read == nil {
+		bad("read baseline %s missing", cfg.Short)
+	} else {
+		positive("read baseline "+cfg.Short+" cold", read.Cold...)
+		positive("read baseline "+cfg.Short+" warm", read.Warm...)
+	}
+	if (s.baseline(cfg.Short, LZ4Checked) != nil) != cfg.Default {
+		bad("lz4 baseline with checksum for %s: want it for the default option only", cfg.Short)
+	}
+	lz := s.baseline(cfg.Short, LZ4Decode)
+	switch {
+	case !cfg.Compress && lz != nil:
+		bad("lz4 baseline for %s", cfg.Short)
+	case cfg.Compress && lz == nil:
+		bad("lz4 baseline %s missing", cfg.Short)
+	case lz != nil:
+		positive("lz4 baseline "+cfg.Short+" cold", lz.Cold...)
+		positive("lz4 baseline "+cfg.Short+" warm", lz.Warm...)
+		if lz.Output != s.Memory || lz.Bytes == 0 {
+			bad("lz4 baseline %s: %d bytes in, %d out, memory %d", cfg.Short, lz.Bytes, lz.Output, s.Memory)
 		}
 	}
 }
