@@ -84,19 +84,10 @@ func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) e
 	}
 	res.FullBytes, res.FullDump, res.FullFrozen = append(res.FullBytes, n), append(res.FullDump, d.Total), append(res.FullFrozen, d.Freeze)
 
-	if _, err := measure.Converse(ctx, srv.Port, time.Now(), "dirty 1"); err != nil {
-		return err
-	}
-	time.Sleep(incrDirtyTime)
-	if _, err := measure.Converse(ctx, srv.Port, time.Now(), "dirty 0"); err != nil {
-		return err
-	}
-	// What the restored server must answer: its memory now.
-	as, err := measure.Converse(ctx, srv.Port, time.Now(), "touch 1", "token")
+	want, err := dirty(ctx, srv.Port)
 	if err != nil {
 		return err
 	}
-	want := expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}
 
 	pre := filepath.Join(h.work, "incr-precopy")
 	os.RemoveAll(pre)
@@ -127,4 +118,22 @@ func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) e
 	res.Restore = append(res.Restore, run.Wall)
 	res.Restored++
 	return nil
+}
+
+// dirty has the server on port write its memory for incrDirtyTime, and
+// returns what a restore of it must answer from then on.
+func dirty(ctx context.Context, port int) (expectation, error) {
+	if _, err := measure.Converse(ctx, port, time.Now(), "dirty 1"); err != nil {
+		return expectation{}, err
+	}
+	time.Sleep(incrDirtyTime)
+	if _, err := measure.Converse(ctx, port, time.Now(), "dirty 0"); err != nil {
+		return expectation{}, err
+	}
+	// What the restored server must answer: its memory now.
+	as, err := measure.Converse(ctx, port, time.Now(), "touch 1", "token")
+	if err != nil {
+		return expectation{}, err
+	}
+	return expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}, nil
 }

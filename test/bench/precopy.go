@@ -84,29 +84,16 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 	os.RemoveAll(pre)
 	os.RemoveAll(plain)
 
-	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", pre, "--leave-running", "--pre-copy")
+	if err := h.preCopyDump(ctx, srv.PID, pre, res); err != nil {
+		return err
+	}
+
+	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
 	if err != nil {
 		return err
 	}
 	d, err := measure.ParseDump(out)
 	if err != nil {
-		return err
-	}
-	m := preCopyLine.FindStringSubmatch(out)
-	if m == nil {
-		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, measure.ErrOutput)
-	}
-	rounds, _ := strconv.Atoi(m[1])
-	res.Frozen = append(res.Frozen, d.Freeze)
-	res.Total = append(res.Total, d.Total)
-	res.Rounds = append(res.Rounds, rounds)
-	res.FrozenCopy = append(res.FrozenCopy, m[5])
-
-	out, err = h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
-	if err != nil {
-		return err
-	}
-	if d, err = measure.ParseDump(out); err != nil {
 		return err
 	}
 	res.PlainFrozen = append(res.PlainFrozen, d.Freeze)
@@ -138,6 +125,29 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 		return fmt.Errorf("restore of the pre-copy snapshot: %w", err)
 	}
 	res.Restored = true
+	return nil
+}
+
+// preCopyDump dumps pid into dir with --pre-copy, leaving it running, and
+// adds the dump's figures to res.
+func (h *harness) preCopyDump(ctx context.Context, pid int, dir string, res *report.PreCopyResult) error {
+	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--leave-running", "--pre-copy")
+	if err != nil {
+		return err
+	}
+	d, err := measure.ParseDump(out)
+	if err != nil {
+		return err
+	}
+	m := preCopyLine.FindStringSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, measure.ErrOutput)
+	}
+	rounds, _ := strconv.Atoi(m[1])
+	res.Frozen = append(res.Frozen, d.Freeze)
+	res.Total = append(res.Total, d.Total)
+	res.Rounds = append(res.Rounds, rounds)
+	res.FrozenCopy = append(res.FrozenCopy, m[5])
 	return nil
 }
 

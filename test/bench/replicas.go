@@ -128,31 +128,17 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		}
 	}()
 	for i := range n {
-		args := []string{"restore", "-D", snap.Dir, "--pidns", "--netns", "new"}
-		record := mode == report.RepLazyWS && i == 0
-		switch {
-		case record:
-			args = append(args, "--lazy", "--mount", mnt, "--record-working-set", "--record-for", "5m")
-		case mode == report.RepLazyWS:
-			args = append(args, "--lazy", "--mount", mnt)
-		case mode == report.RepLazyOff:
-			args = append(args, "--lazy", "--mount", mnt, "--working-set", "off")
-		}
-		r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
-		os.Remove(r.pidfile)
-		r.cmd = exec.CommandContext(ctx, h.tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
-		r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.work
-		start := time.Now()
-		if err := r.cmd.Start(); err != nil {
+		args, record := replicaArgs(snap.Dir, mode, mnt, i)
+		r, start, err := h.startReplica(ctx, args, i)
+		if err != nil {
 			return run, "", err
 		}
 		reps = append(reps, r)
-		go func() { r.exited <- r.cmd.Wait() }()
 		if err := r.waitPid(ctx); err != nil {
 			return run, "", err
 		}
 		var as []measure.Answer
-		err := measure.InNetns(r.pid, func() error {
+		err = measure.InNetns(r.pid, func() error {
 			var err error
 			as, err = measure.Converse(ctx, snap.Port, start, "ping", "touch 1")
 			return err
@@ -174,14 +160,8 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		// The next copy starts once this one has all its memory: it
 		// finds the blocks decoded, and no prefetch competes with it for
 		// the CPUs.
-		select {
-		case err := <-r.exited:
-			r.exited <- err
-			if err != nil {
-				return run, "", fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
-			}
-		case <-ctx.Done():
-			return run, "", fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+		if err := r.waitExit(ctx, i); err != nil {
+			return run, "", err
 		}
 		out := r.out.String()
 		rep, err := measure.ParseRestore(out, report.ReplicaLazy(mode))
@@ -189,55 +169,122 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
 		run.Running, run.Faults = append(run.Running, rep.Running), append(run.Faults, rep.Faults)
-		switch {
-		case record:
-			// The next copies find the working set written.
-			for line := range strings.Lines(out) {
-				if strings.HasPrefix(line, "working set recorded:") {
-					recorded = strings.TrimSpace(line)
-				}
-			}
-			if _, err := os.Stat(wsPath); recorded == "" || err != nil {
-				return run, "", fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, measure.ErrOutput)
-			}
-		case mode == report.RepLazyWS:
-			if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
-				return run, "", fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, measure.ErrOutput)
-			}
-		case strings.Contains(out, "working set"):
-			return run, "", fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, measure.ErrOutput)
+		if recorded, err = checkReplicaOutput(out, mode, record, wsPath, i, recorded); err != nil {
+			return run, "", err
 		}
 	}
+	if err := replicasMemory(&run, reps, snap, mode, h.tools.Lazyfs, mnt); err != nil {
+		return run, "", err
+	}
+	return run, recorded, nil
+}
+
+// replicaArgs are the snapctl arguments of copy i of a case of mode, and
+// whether it records the working set.
+func replicaArgs(dir, mode, mnt string, i int) (args []string, record bool) {
+	args = []string{"restore", "-D", dir, "--pidns", "--netns", "new"}
+	record = mode == report.RepLazyWS && i == 0
+	switch {
+	case record:
+		args = append(args, "--lazy", "--mount", mnt, "--record-working-set", "--record-for", "5m")
+	case mode == report.RepLazyWS:
+		args = append(args, "--lazy", "--mount", mnt)
+	case mode == report.RepLazyOff:
+		args = append(args, "--lazy", "--mount", mnt, "--working-set", "off")
+	}
+	return args, record
+}
+
+// checkReplicaOutput checks what copy i's snapctl printed against its
+// mode: copy 1 of the working-set mode recorded one at wsPath (its line
+// is returned), the others of that mode fetched it first, and no copy of
+// another mode used one. recorded is returned unchanged for the others.
+func checkReplicaOutput(out, mode string, record bool, wsPath string, i int, recorded string) (string, error) {
+	switch {
+	case record:
+		// The next copies find the working set written.
+		for line := range strings.Lines(out) {
+			if strings.HasPrefix(line, "working set recorded:") {
+				recorded = strings.TrimSpace(line)
+			}
+		}
+		if _, err := os.Stat(wsPath); recorded == "" || err != nil {
+			return recorded, fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, measure.ErrOutput)
+		}
+	case mode == report.RepLazyWS:
+		if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
+			return recorded, fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, measure.ErrOutput)
+		}
+	case strings.Contains(out, "working set"):
+		return recorded, fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, measure.ErrOutput)
+	}
+	return recorded, nil
+}
+
+// replicasMemory adds to run the memory of the copies once each has all
+// of its memory: their Pss and anonymous memory, the page cache of the
+// pages file and (lazy) of the mount's mem file, and the lazyfs server's.
+func replicasMemory(run *report.ReplicasRun, reps []*replicaProc, snap *snapshot, mode, lazyfs, mnt string) error {
 	for _, r := range reps {
 		for _, pid := range []int{r.pid, r.init} {
 			pss, anon, err := measure.SmapsRollup(pid)
 			if err != nil {
-				return run, "", err
+				return err
 			}
 			run.Pss += pss
 			run.Anon += anon
 		}
 	}
+	var err error
 	run.PageCache, err = measure.ResidentBytes(snap.Pages)
 	if err != nil {
-		return run, "", err
+		return err
 	}
 	if report.ReplicaLazy(mode) {
 		mem := filepath.Join(mnt, strconv.Itoa(snap.PID), "mem")
 		c, err := measure.ResidentBytes(mem)
 		if err != nil {
-			return run, "", err
+			return err
 		}
 		run.PageCache += c
 		run.MemCache = c
-		if run.Server, err = measure.ServerRSS(h.tools.Lazyfs, mnt); err != nil {
-			return run, "", err
+		if run.Server, err = measure.ServerRSS(lazyfs, mnt); err != nil {
+			return err
 		}
 		if run.BlockCache, err = measure.BlockCacheBytes(filepath.Join(mnt, strconv.Itoa(snap.PID), "stats")); err != nil {
-			return run, "", err
+			return err
 		}
 	}
-	return run, recorded, nil
+	return nil
+}
+
+// startReplica starts snapctl with args for copy i.
+func (h *harness) startReplica(ctx context.Context, args []string, i int) (*replicaProc, time.Time, error) {
+	r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
+	os.Remove(r.pidfile)
+	r.cmd = exec.CommandContext(ctx, h.tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
+	r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.work
+	start := time.Now()
+	if err := r.cmd.Start(); err != nil {
+		return nil, start, err
+	}
+	go func() { r.exited <- r.cmd.Wait() }()
+	return r, start, nil
+}
+
+// waitExit waits until copy i's snapctl exits, which it does once the
+// copy has all its memory, and leaves its error in r.exited for kill.
+func (r *replicaProc) waitExit(ctx context.Context, i int) error {
+	select {
+	case err := <-r.exited:
+		r.exited <- err
+		if err != nil {
+			return fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+	}
+	return nil
 }
 
 // waitPid waits for the copy's pidfile, then reads its init (its parent).

@@ -109,22 +109,29 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	if err := h.check(answers); err != nil {
 		return run, err
 	}
-	rep, err := measure.ParseRestore(out.String(), c.Lazy())
+	err := h.finishRestore(ctx, snap, c, out.String(), e.wall, &run)
+	return run, err
+}
+
+// finishRestore fills in run from snapctl's output and, with h.smaps, the
+// restored process's huge pages; then it kills the process.
+func (h *harness) finishRestore(ctx context.Context, snap *snapshot, c report.RestoreCase, out string, wall time.Duration, run *report.RestoreRun) error {
+	rep, err := measure.ParseRestore(out, c.Lazy())
 	if err != nil {
-		return run, err
+		return err
 	}
 	if rep.PID != snap.PID {
-		return run, fmt.Errorf("restore reported pid %d, want %d: %w", rep.PID, snap.PID, measure.ErrOutput)
+		return fmt.Errorf("restore reported pid %d, want %d: %w", rep.PID, snap.PID, measure.ErrOutput)
 	}
-	run.Wall, run.Running, run.Total, run.Faults = e.wall, rep.Running, rep.Total, rep.Faults
+	run.Wall, run.Running, run.Total, run.Faults = wall, rep.Running, rep.Total, rep.Faults
 	if h.smaps {
 		if run.HugeVMAs, run.AnonHuge, err = measure.HugeState(snap.PID); err != nil {
-			return run, err
+			return err
 		}
 	}
 	if err := measure.KillAndReap(ctx, snap.PID); err != nil {
-		return run, err
+		return err
 	}
 	h.live = 0
-	return run, nil
+	return nil
 }

@@ -135,36 +135,11 @@ func findCRIU(ctx context.Context) (path, what string) {
 func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	port, err := measure.FreePort()
+	srv, err := h.startTorch(ctx, py, script)
 	if err != nil {
 		return nil, err
 	}
-	from := int64(0)
-	if st, err := os.Stat(h.logPath); err == nil {
-		from = st.Size()
-	}
-	logFile, err := os.OpenFile(h.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(h.tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, h.torchShape()...)...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.work
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	logFile.Close()
-	if err != nil {
-		return nil, err
-	}
-	srv := &measure.Server{PID: cmd.Process.Pid, Port: port, Done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(srv.Done)
-	}()
-	h.live = srv.PID
-	if srv.Ready, err = measure.WaitReady(ctx, h.logPath, from, srv); err != nil {
-		cmd.Process.Kill()
-		return nil, err
-	}
+	port := srv.Port
 	as, err := measure.Converse(ctx, port, time.Now(), "token")
 	if err != nil {
 		return nil, fmt.Errorf("original server: %w", err)
@@ -227,6 +202,42 @@ func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, scr
 	return s, nil
 }
 
+// startTorch starts the PyTorch server script with py, logging to
+// h.logPath, and waits until it is ready.
+func (h *harness) startTorch(ctx context.Context, py, script string) (*measure.Server, error) {
+	port, err := measure.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	from := int64(0)
+	if st, err := os.Stat(h.logPath); err == nil {
+		from = st.Size()
+	}
+	logFile, err := os.OpenFile(h.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(h.tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, h.torchShape()...)...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.work
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logFile.Close()
+	if err != nil {
+		return nil, err
+	}
+	srv := &measure.Server{PID: cmd.Process.Pid, Port: port, Done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(srv.Done)
+	}()
+	h.live = srv.PID
+	if srv.Ready, err = measure.WaitReady(ctx, h.logPath, from, srv); err != nil {
+		cmd.Process.Kill()
+		return nil, err
+	}
+	return srv, nil
+}
+
 // torchToken is a token answer without its timing: argmax and checksum.
 func torchToken(l fixture.Line) string {
 	if l.Event != "token" || l.Fields["argmax"] == "" || l.Fields["checksum"] == "" {
@@ -254,23 +265,8 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return err
 	}
-	var args []string
-	prog := h.tools.Snapctl
+	prog, args := h.torchRestoreCommand(c, snap.dir, criu)
 	lazy := strings.HasPrefix(c.Label, "lazy")
-	switch c.Label {
-	case "eager":
-		args = []string{"restore", "-D", snap.dir}
-	case "lazy, --source mount":
-		args = []string{"restore", "-D", snap.dir, "--lazy"}
-	case "lazy, --source direct":
-		args = []string{"restore", "-D", snap.dir, "--lazy", "--source", "direct"}
-	case "CRIU restore", "CRIU lazy-pages":
-		prog = criu
-		args = []string{"restore", "-D", snap.dir, "--shell-job", "--tcp-established", "-d", "-o", "restore.log"}
-		for _, f := range []string{"lazy-pages.socket", "lazy-pages.pid"} {
-			os.Remove(filepath.Join(snap.dir, f))
-		}
-	}
 	start := time.Now()
 	if c.Label == "CRIU lazy-pages" {
 		// The daemon serves the pages from the image directory (same
@@ -315,25 +311,56 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 	}
 	c.Ping, c.Token = append(c.Ping, as[0].At), append(c.Token, as[1].At)
 	if !c.CRIU {
-		rep, err := measure.ParseRestore(out.String(), lazy)
-		if err != nil {
+		if err := torchRestoreFigures(c, out.String(), snap.pid, lazy); err != nil {
 			return err
-		}
-		if rep.PID != snap.pid {
-			return fmt.Errorf("restored pid %d, want %d: %w", rep.PID, snap.pid, measure.ErrOutput)
-		}
-		c.AllIn = append(c.AllIn, rep.Total)
-		if lazy {
-			c.Running, c.Faults = append(c.Running, rep.Running), append(c.Faults, rep.Faults)
-			if m := servedLine.FindStringSubmatch(out.String()); m != nil {
-				c.Served = append(c.Served, m[1])
-			}
 		}
 	}
 	if err := measure.KillAndReap(ctx, snap.pid); err != nil {
 		return err
 	}
 	h.live = 0
+	return nil
+}
+
+// torchRestoreCommand returns the program and arguments that restore the
+// snapshot in dir as c says: snapctl's, or criu's (whose lazy-pages
+// daemon files of an earlier run it removes).
+func (h *harness) torchRestoreCommand(c *report.TorchRestore, dir, criu string) (prog string, args []string) {
+	prog = h.tools.Snapctl
+	switch c.Label {
+	case "eager":
+		args = []string{"restore", "-D", dir}
+	case "lazy, --source mount":
+		args = []string{"restore", "-D", dir, "--lazy"}
+	case "lazy, --source direct":
+		args = []string{"restore", "-D", dir, "--lazy", "--source", "direct"}
+	case "CRIU restore", "CRIU lazy-pages":
+		prog = criu
+		args = []string{"restore", "-D", dir, "--shell-job", "--tcp-established", "-d", "-o", "restore.log"}
+		for _, f := range []string{"lazy-pages.socket", "lazy-pages.pid"} {
+			os.Remove(filepath.Join(dir, f))
+		}
+	}
+	return prog, args
+}
+
+// torchRestoreFigures adds to c the figures snapctl's restore output
+// gives.
+func torchRestoreFigures(c *report.TorchRestore, out string, pid int, lazy bool) error {
+	rep, err := measure.ParseRestore(out, lazy)
+	if err != nil {
+		return err
+	}
+	if rep.PID != pid {
+		return fmt.Errorf("restored pid %d, want %d: %w", rep.PID, pid, measure.ErrOutput)
+	}
+	c.AllIn = append(c.AllIn, rep.Total)
+	if lazy {
+		c.Running, c.Faults = append(c.Running, rep.Running), append(c.Faults, rep.Faults)
+		if m := servedLine.FindStringSubmatch(out); m != nil {
+			c.Served = append(c.Served, m[1])
+		}
+	}
 	return nil
 }
 
