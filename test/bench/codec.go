@@ -60,7 +60,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error
 			}
 		}
 		for _, name := range benchCodecs {
-			cr, snap, exp, err := h.dumpCodec(ctx, fx, name)
+			cr, snap, exp, err := dumpCodec(ctx, h, fx, name)
 			if err != nil {
 				cleanup()
 				return fmt.Errorf("%s --codec %s: %w", fx.Name, name, err)
@@ -113,7 +113,7 @@ func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error
 
 // dumpCodec starts fixture fx, learns its answers and dumps it with
 // --codec name, then reads the snapshot's figures.
-func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (*report.CodecResult, *snapshot, expectation, error) {
+func dumpCodec(ctx context.Context, h *harness, fx codecFixture, name string) (*report.CodecResult, *snapshot, expectation, error) {
 	// The fixture's start-up, its questions and the dump.
 	ctx, cancel := context.WithTimeout(ctx, 3*h.opTimeout())
 	defer cancel()

@@ -21,19 +21,17 @@ import (
 // eagerly and must answer `touch 1` and `token` as the server did right
 // before the second dump.
 func init() {
-	extraSeries = append(extraSeries, series{Name: "incremental", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error {
-		return h.incrementalSeries(ctx, sr)
-	}})
+	extraSeries = append(extraSeries, series{Name: "incremental", Measure: incrementalSeries})
 }
 
 // incrDirtyTime is how long the server writes 1% of its memory a second
 // between the two dumps.
 const incrDirtyTime = time.Second
 
-func (h *harness) incrementalSeries(ctx context.Context, sr *report.SizeResult) error {
+func incrementalSeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	res := &report.IncrResult{Dirtied: incrDirtyTime}
 	for r := range h.runs {
-		if err := h.incrementalOnce(ctx, res); err != nil {
+		if err := incrementalOnce(ctx, h, res); err != nil {
 			return err
 		}
 		h.logf("incremental run %d/%d: full %s in %s (frozen %s), incremental %s in %s (frozen %s, %.2f%%), with --pre-copy frozen %s, restore %s",
@@ -44,7 +42,7 @@ func (h *harness) incrementalSeries(ctx context.Context, sr *report.SizeResult) 
 	return nil
 }
 
-func (h *harness) incrementalOnce(ctx context.Context, res *report.IncrResult) error {
+func incrementalOnce(ctx context.Context, h *harness, res *report.IncrResult) error {
 	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
 	defer cancel()
 	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)

@@ -23,7 +23,7 @@ import (
 // and the pre-copy snapshot restores to a server that answers as the
 // original did.
 func init() {
-	extraSeries = append(extraSeries, series{Name: "precopy", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error { return h.preCopySeries(ctx, sr) }})
+	extraSeries = append(extraSeries, series{Name: "precopy", Measure: preCopySeries})
 }
 
 var preCopyLine = regexp.MustCompile(`(?m)^pre-copy: (\d+) rounds copied (.+) in (\S+) \(paused (\S+) to set up\); frozen copy (.+)$`)
@@ -34,11 +34,11 @@ var preCopyCases = []struct {
 	dirty int
 }{{"idle", 0}, {"dirty 1", 1}}
 
-func (h *harness) preCopySeries(ctx context.Context, sr *report.SizeResult) error {
+func preCopySeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	for _, c := range preCopyCases {
 		res := &report.PreCopyResult{Case: c.name}
 		for r := range h.runs {
-			if err := h.preCopyOnce(ctx, res, c.dirty, r == h.runs-1); err != nil {
+			if err := preCopyOnce(ctx, h, res, c.dirty, r == h.runs-1); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 			h.logf("precopy %-8s run %d/%d: frozen %s (plain %s), dump %s (plain %s), %d rounds, frozen copy %s",
@@ -54,7 +54,7 @@ func (h *harness) preCopySeries(ctx context.Context, sr *report.SizeResult) erro
 // --pre-copy then plainly (both --leave-running), compares the images when
 // it is idle and, if restore, restores the pre-copy snapshot and checks
 // its answers.
-func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, dirty int, restore bool) error {
+func preCopyOnce(ctx context.Context, h *harness, res *report.PreCopyResult, dirty int, restore bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
 	defer cancel()
 	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
@@ -84,7 +84,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 	os.RemoveAll(pre)
 	os.RemoveAll(plain)
 
-	if err := h.preCopyDump(ctx, srv.PID, pre, res); err != nil {
+	if err := preCopyDump(ctx, h, srv.PID, pre, res); err != nil {
 		return err
 	}
 
@@ -102,7 +102,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 		// Even an idle process changes between two dumps (the kernel
 		// writes the CPU it runs on into its rseq area): the images are
 		// compared on the server stopped by SIGSTOP, dumped both ways.
-		same, err := h.sameStopped(ctx, srv.PID, pre+"-stopped", plain+"-stopped")
+		same, err := sameStopped(ctx, h, srv.PID, pre+"-stopped", plain+"-stopped")
 		if err != nil {
 			return err
 		}
@@ -130,7 +130,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *report.PreCopyResult, di
 
 // preCopyDump dumps pid into dir with --pre-copy, leaving it running, and
 // adds the dump's figures to res.
-func (h *harness) preCopyDump(ctx context.Context, pid int, dir string, res *report.PreCopyResult) error {
+func preCopyDump(ctx context.Context, h *harness, pid int, dir string, res *report.PreCopyResult) error {
 	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--leave-running", "--pre-copy")
 	if err != nil {
 		return err
@@ -154,7 +154,7 @@ func (h *harness) preCopyDump(ctx context.Context, pid int, dir string, res *rep
 // sameStopped stops pid, dumps it with --pre-copy into a and plainly into
 // b (both --leave-running), resumes it, and reports whether the two
 // images are equal byte for byte.
-func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, error) {
+func sameStopped(ctx context.Context, h *harness, pid int, a, b string) (bool, error) {
 	defer os.RemoveAll(a)
 	defer os.RemoveAll(b)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {

@@ -29,7 +29,7 @@ import (
 // memory they and the page source hold.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "replicas", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error { return h.replicasSeries(ctx, sr) }})
+	extraSeries = append(extraSeries, series{Name: "replicas", Measure: replicasSeries})
 }
 
 // replicaCounts are how many copies each case starts.
@@ -39,7 +39,7 @@ var replicaModes = []string{report.RepLazyWS, report.RepLazyOff, report.RepEager
 
 // replicasSeries dumps one modelserver and runs every case h.runs times,
 // the cases interleaved within each round.
-func (h *harness) replicasSeries(ctx context.Context, sr *report.SizeResult) error {
+func replicasSeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	cfg := report.DefaultConfig()
 	dir := filepath.Join(h.work, "snap-replicas")
 	var dr report.DumpResult
@@ -63,7 +63,7 @@ func (h *harness) replicasSeries(ctx context.Context, sr *report.SizeResult) err
 			if err := measure.WarmUp(files...); err != nil {
 				return err
 			}
-			run, recorded, err := h.replicasOnce(ctx, snap, res.Mode, res.N)
+			run, recorded, err := replicasOnce(ctx, h, snap, res.Mode, res.N)
 			if err != nil {
 				return fmt.Errorf("%s x%d: %w", res.Mode, res.N, err)
 			}
@@ -99,7 +99,7 @@ type replicaProc struct {
 // copies started one after another, their memory measured, all killed
 // and the mount unmounted. It returns the first copy's "working set
 // recorded" line if it recorded one.
-func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run report.ReplicasRun, recorded string, err error) {
+func replicasOnce(ctx context.Context, h *harness, snap *snapshot, mode string, n int) (run report.ReplicasRun, recorded string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout()*time.Duration(n+1))
 	defer cancel()
 	wsPath := filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img")
@@ -129,7 +129,7 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 	}()
 	for i := range n {
 		args, record := replicaArgs(snap.Dir, mode, mnt, i)
-		r, start, err := h.startReplica(ctx, args, i)
+		r, start, err := startReplica(ctx, h, args, i)
 		if err != nil {
 			return run, "", err
 		}
@@ -259,7 +259,7 @@ func replicasMemory(run *report.ReplicasRun, reps []*replicaProc, snap *snapshot
 }
 
 // startReplica starts snapctl with args for copy i.
-func (h *harness) startReplica(ctx context.Context, args []string, i int) (*replicaProc, time.Time, error) {
+func startReplica(ctx context.Context, h *harness, args []string, i int) (*replicaProc, time.Time, error) {
 	r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
 	os.Remove(r.pidfile)
 	r.cmd = exec.CommandContext(ctx, h.tools.Snapctl, append(args, "--pidfile", r.pidfile)...)

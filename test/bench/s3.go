@@ -57,7 +57,7 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 				if disk, err = h.dumpOnce(ctx, sr, def, diskDir, res.DumpDisk); err != nil {
 					return fmt.Errorf("dump to disk: %w", err)
 				}
-			} else if store, err = h.dumpStore(ctx, fmt.Sprintf("s3://%s/run-%d", measure.S3Bucket, r), def, res.DumpStore); err != nil {
+			} else if store, err = dumpStore(ctx, h, fmt.Sprintf("s3://%s/run-%d", measure.S3Bucket, r), def, res.DumpStore); err != nil {
 				return fmt.Errorf("dump to MinIO: %w", err)
 			}
 		}
@@ -110,7 +110,7 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 }
 
 // dumpStore starts a server and dumps it to the address addr.
-func (h *harness) dumpStore(ctx context.Context, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*snapshot, error) {
+func dumpStore(ctx context.Context, h *harness, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)

@@ -35,7 +35,7 @@ func init() {
 }
 
 // torchShape is the model: GPT-2 small, or a small one for a smoke run.
-func (h *harness) torchShape() []string {
+func torchShape(h *harness) []string {
 	if h.smoke {
 		return []string{"2", "256"}
 	}
@@ -63,7 +63,7 @@ func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error 
 		return err
 	}
 	script := filepath.Join(root, "test", "fixtures", "torchserver.py")
-	tr := &report.TorchResult{Shape: strings.Join(h.torchShape(), " layers of width ")}
+	tr := &report.TorchResult{Shape: strings.Join(torchShape(h), " layers of width ")}
 	criu, why := findCRIU(ctx)
 	tr.CRIU, tr.CRIUUsed = why, criu != ""
 	h.logf("torch: %s", why)
@@ -79,7 +79,7 @@ func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error 
 		tools = append(tools, true)
 	}
 	for _, useCRIU := range tools {
-		s, err := h.dumpTorch(ctx, tr, py, script, criu, useCRIU)
+		s, err := dumpTorch(ctx, h, tr, py, script, criu, useCRIU)
 		if err != nil {
 			return fmt.Errorf("dump (criu %v): %w", useCRIU, err)
 		}
@@ -88,7 +88,7 @@ func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error 
 	tr.Restores = report.TorchCases(criu != "")
 	for r := range h.runs {
 		for _, c := range tr.Restores {
-			if err := h.torchRestoreOnce(ctx, c, snaps[c.CRIU], criu); err != nil {
+			if err := torchRestoreOnce(ctx, h, c, snaps[c.CRIU], criu); err != nil {
 				return fmt.Errorf("%s, cold %v: %w", c.Label, c.Cold, err)
 			}
 			last := len(c.Token) - 1
@@ -99,7 +99,7 @@ func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error 
 	// again after the restores (a dump kills the process).
 	for r := 1; r < h.runs; r++ {
 		for _, useCRIU := range tools {
-			s, err := h.dumpTorch(ctx, tr, py, script, criu, useCRIU)
+			s, err := dumpTorch(ctx, h, tr, py, script, criu, useCRIU)
 			if err != nil {
 				return fmt.Errorf("dump (criu %v): %w", useCRIU, err)
 			}
@@ -132,10 +132,10 @@ func findCRIU(ctx context.Context) (path, what string) {
 
 // dumpTorch starts a torchserver, learns its token and dumps it, with
 // snapctl or with criu.
-func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
+func dumpTorch(ctx context.Context, h *harness, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
-	srv, err := h.startTorch(ctx, py, script)
+	srv, err := startTorch(ctx, h, py, script)
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +204,7 @@ func (h *harness) dumpTorch(ctx context.Context, tr *report.TorchResult, py, scr
 
 // startTorch starts the PyTorch server script with py, logging to
 // h.logPath, and waits until it is ready.
-func (h *harness) startTorch(ctx context.Context, py, script string) (*measure.Server, error) {
+func startTorch(ctx context.Context, h *harness, py, script string) (*measure.Server, error) {
 	port, err := measure.FreePort()
 	if err != nil {
 		return nil, err
@@ -217,7 +217,7 @@ func (h *harness) startTorch(ctx context.Context, py, script string) (*measure.S
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(h.tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, h.torchShape()...)...)
+	cmd := exec.Command(h.tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, torchShape(h)...)...)
 	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.work
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	err = cmd.Start()
@@ -252,7 +252,7 @@ var servedLine = regexp.MustCompile(`\(([^()]+) served on \d+ faults`)
 // torchRestoreOnce restores snap as c says, times ping and token from
 // the start of the restore, checks the token, then kills the server and
 // waits until its pid is free.
-func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, snap *torchSnap, criu string) error {
+func torchRestoreOnce(ctx context.Context, h *harness, c *report.TorchRestore, snap *torchSnap, criu string) error {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	if measure.Alive(snap.pid) {
@@ -265,7 +265,7 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return err
 	}
-	prog, args := h.torchRestoreCommand(c, snap.dir, criu)
+	prog, args := torchRestoreCommand(h, c, snap.dir, criu)
 	lazy := strings.HasPrefix(c.Label, "lazy")
 	start := time.Now()
 	if c.Label == "CRIU lazy-pages" {
@@ -325,7 +325,7 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *report.TorchRestore, 
 // torchRestoreCommand returns the program and arguments that restore the
 // snapshot in dir as c says: snapctl's, or criu's (whose lazy-pages
 // daemon files of an earlier run it removes).
-func (h *harness) torchRestoreCommand(c *report.TorchRestore, dir, criu string) (prog string, args []string) {
+func torchRestoreCommand(h *harness, c *report.TorchRestore, dir, criu string) (prog string, args []string) {
 	prog = h.tools.Snapctl
 	switch c.Label {
 	case "eager":

@@ -55,7 +55,7 @@ type treeNginx struct {
 }
 
 // startTreeNginx starts nginx in dir and waits until it serves.
-func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, error) {
+func startTreeNginx(ctx context.Context, h *harness, dir string) (*treeNginx, error) {
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
 		return nil, fmt.Errorf("nginx (Debian package nginx): %w", err)
@@ -203,7 +203,7 @@ func measureTree(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	defer os.RemoveAll(snap)
 	for r := range h.runs {
 		for _, lazy := range []bool{false, true} {
-			if err := h.treeOnce(ctx, tr, dir, snap, lazy); err != nil {
+			if err := treeOnce(ctx, h, tr, dir, snap, lazy); err != nil {
 				return err
 			}
 		}
@@ -216,13 +216,13 @@ func measureTree(ctx context.Context, h *harness, sr *report.SizeResult) error {
 }
 
 // treeOnce starts nginx, dumps it and restores it once.
-func (h *harness) treeOnce(ctx context.Context, tr *report.TreeResult, dir, snap string, lazy bool) error {
+func treeOnce(ctx context.Context, h *harness, tr *report.TreeResult, dir, snap string, lazy bool) error {
 	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
 	defer cancel()
 	if err := os.RemoveAll(snap); err != nil {
 		return err
 	}
-	n, err := h.startTreeNginx(ctx, dir)
+	n, err := startTreeNginx(ctx, h, dir)
 	if err != nil {
 		return err
 	}

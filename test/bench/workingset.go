@@ -26,7 +26,7 @@ import (
 // parent and 2 workers, a working set per process), at most 256 MiB.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "workingset", Measure: func(ctx context.Context, h *harness, sr *report.SizeResult) error { return h.workingSetSeries(ctx, sr) }})
+	extraSeries = append(extraSeries, series{Name: "workingset", Measure: workingSetSeries})
 }
 
 // wsTreeCases are the restores of the process tree, warm only.
@@ -49,7 +49,7 @@ func wsCases() []report.WSCase {
 }
 
 // workingSetSeries measures both servers.
-func (h *harness) workingSetSeries(ctx context.Context, sr *report.SizeResult) error {
+func workingSetSeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	for _, srv := range []struct {
 		name, prog string
 		extra      []string
@@ -60,7 +60,7 @@ func (h *harness) workingSetSeries(ctx context.Context, sr *report.SizeResult) e
 		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}, h.size, wsCases()},
 		{"modelserver pre-fork", h.tools.Modelserver, []string{"42", "2"}, min(h.size, 256<<20), wsTreeCases()},
 	} {
-		w, err := h.workingSetServer(ctx, srv.name, srv.prog, srv.extra, srv.size, srv.cases)
+		w, err := workingSetServer(ctx, h, srv.name, srv.prog, srv.extra, srv.size, srv.cases)
 		if err != nil {
 			return fmt.Errorf("working set, %s: %w", srv.name, err)
 		}
@@ -72,14 +72,14 @@ func (h *harness) workingSetSeries(ctx context.Context, sr *report.SizeResult) e
 
 // workingSetServer dumps one server, records its working set and runs
 // the cases h.runs times, interleaved.
-func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
+func workingSetServer(ctx context.Context, h *harness, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
 	w := &report.WSResult{Server: name}
-	snap, err := h.wsDump(ctx, name, prog, extra, size)
+	snap, err := wsDump(ctx, h, name, prog, extra, size)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(snap.Dir)
-	if err := h.wsRecord(ctx, snap, w); err != nil {
+	if err := wsRecord(ctx, h, snap, w); err != nil {
 		return nil, err
 	}
 	files, err := measure.SnapshotFiles(snap.Dir)
@@ -91,7 +91,7 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 	}
 	for r := range h.runs {
 		for _, cr := range w.Cases {
-			run, err := h.wsRestoreOnce(ctx, snap, files, cr.Case)
+			run, err := wsRestoreOnce(ctx, h, snap, files, cr.Case)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", cr.Case, err)
 			}
@@ -107,12 +107,12 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 // times over, since the series runs after the others on a machine that
 // may be shared (a server's start-up alone took over a minute at a load
 // of 50 on two CPUs).
-func (h *harness) wsTimeout() time.Duration { return 5 * h.opTimeout() }
+func wsTimeout(h *harness) time.Duration { return 5 * h.opTimeout() }
 
 // wsDump starts a server, learns its answers and dumps it with the
 // default option.
-func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string, size uint64) (*snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+func wsDump(ctx context.Context, h *harness, name, prog string, extra []string, size uint64) (*snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
 	srv, err := measure.StartServer(ctx, h.tools, prog, size, extra, h.logPath, h.work)
 	if err != nil {
@@ -158,8 +158,8 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string,
 
 // wsRecord restores snap lazily recording its working set: "ping" and
 // "touch 1" are asked, then snapctl is sent SIGUSR1.
-func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *report.WSResult) error {
-	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+func wsRecord(ctx context.Context, h *harness, snap *snapshot, w *report.WSResult) error {
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
 	args := []string{"restore", "-D", snap.Dir, "--lazy", "--record-working-set", "--record-for", "5m"}
 	var out, errOut bytes.Buffer
@@ -211,9 +211,9 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *report.WSResu
 
 // wsRestoreOnce restores snap as c says, times the answers, checks them,
 // then kills the restored server.
-func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
+func wsRestoreOnce(ctx context.Context, h *harness, snap *snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
 	var run report.RestoreRun
-	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
 	if pid, taken := snap.taken(); taken {
 		return run, fmt.Errorf("pid %d is taken before the restore", pid)
