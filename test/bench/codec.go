@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -23,7 +24,7 @@ import (
 // the weights).
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "codec", Measure: measureCodecs})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "codec", Measure: measureCodecs})
 }
 
 // benchCodecs are the codecs compared, the plain one first.
@@ -45,15 +46,15 @@ var codecFixtures = []codecFixture{
 // measureCodecs dumps each fixture once per codec, then restores the
 // snapshots of one fixture round by round, case by case, the codecs back
 // to back in an order that turns between rounds.
-func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func measureCodecs(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	fixtures := codecFixtures
-	if h.smoke {
+	if h.Smoke {
 		fixtures = fixtures[:1] // the modelserver
 	}
 	for _, fx := range fixtures {
 		var results []*report.CodecResult
-		snaps := map[string]*snapshot{}
-		var expect expectation
+		snaps := map[string]*harness.Snapshot{}
+		var expect harness.Expectation
 		cleanup := func() {
 			for _, s := range snaps {
 				os.RemoveAll(s.Dir)
@@ -65,13 +66,13 @@ func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error
 				cleanup()
 				return fmt.Errorf("%s --codec %s: %w", fx.Name, name, err)
 			}
-			if expect != (expectation{}) && exp != expect {
+			if expect != (harness.Expectation{}) && exp != expect {
 				cleanup()
 				return fmt.Errorf("%s --codec %s: the server answered %+v, the first %+v: %w", fx.Name, name, exp, expect, report.ErrInsane)
 			}
 			expect = exp
 			snaps[name] = snap
-			for _, c := range report.CodecCases(h.smoke) {
+			for _, c := range report.CodecCases(h.Smoke) {
 				cr.Restores = append(cr.Restores, &report.RestoreResult{Case: c})
 			}
 			results = append(results, cr)
@@ -85,26 +86,26 @@ func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error
 			}
 			files[name] = fs
 		}
-		h.expect = expect
-		for r := range h.runs {
-			for i, c := range report.CodecCases(h.smoke) {
+		h.Expect = expect
+		for r := range h.Runs {
+			for i, c := range report.CodecCases(h.Smoke) {
 				order := slices.Clone(results)
 				if r%2 == 1 {
 					slices.Reverse(order)
 				}
 				for _, cr := range order {
-					run, err := h.restoreOnce(ctx, snaps[cr.Codec], files[cr.Codec], c)
+					run, err := h.RestoreOnce(ctx, snaps[cr.Codec], files[cr.Codec], c)
 					if err != nil {
 						cleanup()
 						return fmt.Errorf("%s --codec %s, %s: %w", fx.Name, cr.Codec, c, err)
 					}
 					cr.Restores[i].Runs = append(cr.Restores[i].Runs, run)
-					h.logf("restore %s %-12s %-24s %s run %d/%d: runs %s, touch 1 %s, token %s, all in %s",
-						fx.Name, cr.Codec, c.Label(), c.Cache(), r+1, h.runs, ms(run.Running), ms(run.First), ms(run.Token), ms(run.Total))
+					h.Logf("restore %s %-12s %-24s %s run %d/%d: runs %s, touch 1 %s, token %s, all in %s",
+						fx.Name, cr.Codec, c.Label(), c.Cache(), r+1, h.Runs, harness.Millis(run.Running), harness.Millis(run.First), harness.Millis(run.Token), harness.Millis(run.Total))
 				}
 			}
 		}
-		h.expect = expectation{}
+		h.Expect = harness.Expectation{}
 		cleanup()
 		sr.Codecs = append(sr.Codecs, results...)
 	}
@@ -113,21 +114,21 @@ func measureCodecs(ctx context.Context, h *harness, sr *report.SizeResult) error
 
 // dumpCodec starts fixture fx, learns its answers and dumps it with
 // --codec name, then reads the snapshot's figures.
-func dumpCodec(ctx context.Context, h *harness, fx codecFixture, name string) (*report.CodecResult, *snapshot, expectation, error) {
+func dumpCodec(ctx context.Context, h *harness.Harness, fx codecFixture, name string) (*report.CodecResult, *harness.Snapshot, harness.Expectation, error) {
 	// The fixture's start-up, its questions and the dump.
-	ctx, cancel := context.WithTimeout(ctx, 3*h.opTimeout())
+	ctx, cancel := context.WithTimeout(ctx, 3*h.OpTimeout())
 	defer cancel()
-	srv, err := measure.StartServer(ctx, h.tools, fx.prog(h.tools), h.size, fx.extra, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, fx.prog(h.Tools), h.Size, fx.extra, h.LogPath, h.Work)
 	if err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
-	h.live = srv.PID
-	h.expect = expectation{}
-	if err := h.learn(ctx, srv.Port); err != nil {
-		return nil, nil, expectation{}, err
+	h.Live = srv.PID
+	h.Expect = harness.Expectation{}
+	if err := h.Learn(ctx, srv.Port); err != nil {
+		return nil, nil, harness.Expectation{}, err
 	}
-	exp := h.expect
-	h.expect = expectation{}
+	exp := h.Expect
+	h.Expect = harness.Expectation{}
 	// modelserver: the weights are a range of its mapping.
 	var wlo, whi uint64
 	if a, ok := srv.Ready.Fields["addr"]; ok && fx.Name == "modelserver" {
@@ -135,36 +136,36 @@ func dumpCodec(ctx context.Context, h *harness, fx codecFixture, name string) (*
 		off, err2 := strconv.ParseUint(srv.Ready.Fields["weights_off"], 10, 64)
 		n, err3 := strconv.ParseUint(srv.Ready.Fields["weights_len"], 10, 64)
 		if err1 != nil || err2 != nil || err3 != nil {
-			return nil, nil, expectation{}, fmt.Errorf("modelserver ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
+			return nil, nil, harness.Expectation{}, fmt.Errorf("modelserver ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
 		}
 		wlo, whi = addr+off, addr+off+n
 	}
-	dir := filepath.Join(h.work, "snap-codec-"+fx.Name+"-"+name)
+	dir := filepath.Join(h.Work, "snap-codec-"+fx.Name+"-"+name)
 	if err := os.RemoveAll(dir); err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
 	args := []string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir, "--codec", name}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.Work
 	if err := cmd.Run(); err != nil {
-		return nil, nil, expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
+		return nil, nil, harness.Expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
 	if err := srv.WaitGone(ctx); err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
-	h.live = 0
+	h.Live = 0
 	rep, err := measure.ParseDump(stdout.String())
 	if err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
 	cr := &report.CodecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Dump: rep.Total, Freeze: rep.Freeze}
 	if err := readCodecImage(cr, dir, srv.PID, wlo, whi); err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
-	h.logf("dump %s --codec %s: %s; weights %s stored in %s (%.3f)", fx.Name, name, strings.TrimSpace(stdout.String()),
+	h.Logf("dump %s --codec %s: %s; weights %s stored in %s (%.3f)", fx.Name, name, strings.TrimSpace(stdout.String()),
 		units.FormatSize(cr.WeightBytes), units.FormatSize(cr.WeightStored), cr.WeightRatio())
-	snap := &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}
+	snap := &harness.Snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}
 	return cr, snap, exp, nil
 }
 

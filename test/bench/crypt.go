@@ -9,6 +9,7 @@ import (
 	"filippo.io/age"
 
 	"github.com/lazyfs/lazyfs/engine/image"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -21,11 +22,11 @@ import (
 // both.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "crypt", Measure: measureCrypt})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "crypt", Measure: measureCrypt})
 }
 
 // withIdentity runs f with $LAZYFS_IDENTITY set to key (unset if ""): the
-// snapctl that restoreOnce starts reads it, and refuses a snapshot in
+// snapctl that RestoreOnce starts reads it, and refuses a snapshot in
 // clear when it is set.
 func withIdentity(key string, f func() error) error {
 	if key == "" {
@@ -37,12 +38,12 @@ func withIdentity(key string, f func() error) error {
 	return f()
 }
 
-func measureCrypt(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func measureCrypt(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	id, err := age.GenerateX25519Identity()
 	if err != nil {
 		return err
 	}
-	key := filepath.Join(h.work, "crypt-key.txt")
+	key := filepath.Join(h.Work, "crypt-key.txt")
 	if err := os.WriteFile(key, []byte(id.String()+"\n"), 0o600); err != nil {
 		return err
 	}
@@ -52,7 +53,7 @@ func measureCrypt(ctx context.Context, h *harness, sr *report.SizeResult) error 
 	cfgs[1].Args = append(append([]string(nil), def.Args...), "--encrypt-to", id.Recipient().String())
 	keys := [2]string{"", key}
 	res := &report.CryptResult{}
-	var snaps [2]*snapshot
+	var snaps [2]*harness.Snapshot
 	defer func() {
 		for _, s := range snaps {
 			if s != nil {
@@ -72,20 +73,20 @@ func measureCrypt(ctx context.Context, h *harness, sr *report.SizeResult) error 
 		}
 		return []int{0, 1}
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, v := range order(r) {
-			dir := filepath.Join(h.work, "snap-crypt-"+report.CryptVariants[v])
+			dir := filepath.Join(h.Work, "snap-crypt-"+report.CryptVariants[v])
 			if err := os.RemoveAll(dir); err != nil {
 				return err
 			}
-			s, err := h.dumpOnce(ctx, &report.SizeResult{}, cfgs[v], dir, res.Dumps[v])
+			s, err := h.DumpOnce(ctx, &report.SizeResult{}, cfgs[v], dir, res.Dumps[v])
 			if err != nil {
 				return fmt.Errorf("dump %s: %w", report.CryptVariants[v], err)
 			}
 			snaps[v] = s
 			d := res.Dumps[v]
-			h.logf("dump crypt %-6s run %d/%d: %s, frozen %s, image %d bytes", report.CryptVariants[v], r+1, h.runs,
-				ms(d.Wall[len(d.Wall)-1]), d.Freeze[len(d.Freeze)-1], d.Image)
+			h.Logf("dump crypt %-6s run %d/%d: %s, frozen %s, image %d bytes", report.CryptVariants[v], r+1, h.Runs,
+				harness.Millis(d.Wall[len(d.Wall)-1]), d.Freeze[len(d.Freeze)-1], d.Image)
 		}
 	}
 	var files [2][]string
@@ -94,21 +95,21 @@ func measureCrypt(ctx context.Context, h *harness, sr *report.SizeResult) error 
 			return err
 		}
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for i, c := range report.CryptCases() {
 			for _, v := range order(r) {
 				var run report.RestoreRun
 				err := withIdentity(keys[v], func() error {
 					var err error
-					run, err = h.restoreOnce(ctx, snaps[v], files[v], c)
+					run, err = h.RestoreOnce(ctx, snaps[v], files[v], c)
 					return err
 				})
 				if err != nil {
 					return fmt.Errorf("restore %s, %s: %w", report.CryptVariants[v], c, err)
 				}
 				res.Restores[v][i].Runs = append(res.Restores[v][i].Runs, run)
-				h.logf("restore crypt %-6s %-24s %s run %d/%d: runs %s, touch 1 %s, token %s, all in %s, exit %s",
-					report.CryptVariants[v], c.Label(), c.Cache(), r+1, h.runs, ms(run.Running), ms(run.First), ms(run.Token), ms(run.Total), ms(run.Wall))
+				h.Logf("restore crypt %-6s %-24s %s run %d/%d: runs %s, touch 1 %s, token %s, all in %s, exit %s",
+					report.CryptVariants[v], c.Label(), c.Cache(), r+1, h.Runs, harness.Millis(run.Running), harness.Millis(run.First), harness.Millis(run.Token), harness.Millis(run.Total), harness.Millis(run.Wall))
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -27,19 +28,19 @@ const hugeSize = 12 << 30
 const HugeEnv = "BENCH_HUGE"
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "huge", Measure: measureHuge})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "huge", Measure: measureHuge})
 }
 
-func measureHuge(ctx context.Context, h *harness, sr *report.SizeResult) error {
-	if !(h.huge || slices.Contains(h.only, "huge")) || !h.first {
+func measureHuge(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	if !(h.Huge || slices.Contains(h.Only, "huge")) || !h.First {
 		return nil
 	}
-	size := h.size
-	h.size = hugeSize // the fixture's size, and the commands' timeouts
-	defer func() { h.size = size }()
+	size := h.Size
+	h.Size = hugeSize // the fixture's size, and the commands' timeouts
+	defer func() { h.Size = size }()
 	hr := &report.HugeResult{Size: hugeSize}
 	w := &report.WeightsResult{Advice: "hugepage"}
-	snap, exp, err := h.dumpWeights(ctx, w, report.DefaultConfig())
+	snap, exp, err := h.DumpWeights(ctx, w, report.DefaultConfig())
 	if err != nil {
 		return err
 	}
@@ -48,20 +49,20 @@ func measureHuge(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	if hr.Image, err = measure.DirSize(snap.Dir); err != nil {
 		return err
 	}
-	hr.Dump, hr.Freeze = h.weightsDump.Total, h.weightsDump.Freeze
+	hr.Dump, hr.Freeze = h.WeightsDump.Total, h.WeightsDump.Freeze
 	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return err
 	}
-	h.expect = exp
-	defer func() { h.expect = expectation{} }()
+	h.Expect = exp
+	defer func() { h.Expect = harness.Expectation{} }()
 	for _, c := range report.HugeCases() {
-		run, err := h.restoreOnce(ctx, snap, files, c)
+		run, err := h.RestoreOnce(ctx, snap, files, c)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c, err)
 		}
 		hr.Restores = append(hr.Restores, &report.RestoreResult{Config: report.DefaultConfig(), Case: c, Runs: []report.RestoreRun{run}})
-		h.logf("huge %-24s: runs %s, ping %s, token %s, all in %s", c.Label(), ms(run.Running), ms(run.Ping), ms(run.Token), ms(run.Total))
+		h.Logf("huge %-24s: runs %s, ping %s, token %s, all in %s", c.Label(), harness.Millis(run.Running), harness.Millis(run.Ping), harness.Millis(run.Token), harness.Millis(run.Total))
 	}
 	sr.Huge = hr
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -21,37 +22,37 @@ import (
 // eagerly and must answer `touch 1` and `token` as the server did right
 // before the second dump.
 func init() {
-	extraSeries = append(extraSeries, series{Name: "incremental", Measure: incrementalSeries})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "incremental", Measure: incrementalSeries})
 }
 
 // incrDirtyTime is how long the server writes 1% of its memory a second
 // between the two dumps.
 const incrDirtyTime = time.Second
 
-func incrementalSeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func incrementalSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	res := &report.IncrResult{Dirtied: incrDirtyTime}
-	for r := range h.runs {
+	for r := range h.Runs {
 		if err := incrementalOnce(ctx, h, res); err != nil {
 			return err
 		}
-		h.logf("incremental run %d/%d: full %s in %s (frozen %s), incremental %s in %s (frozen %s, %.2f%%), with --pre-copy frozen %s, restore %s",
-			r+1, h.runs, units.FormatSize(uint64(res.FullBytes[r])), ms(res.FullDump[r]), ms(res.FullFrozen[r]), units.FormatSize(uint64(res.IncrBytes[r])),
-			ms(res.IncrDump[r]), ms(res.IncrFrozen[r]), 100*float64(res.IncrBytes[r])/float64(res.FullBytes[r]), ms(res.PreFrozen[r]), ms(res.Restore[r]))
+		h.Logf("incremental run %d/%d: full %s in %s (frozen %s), incremental %s in %s (frozen %s, %.2f%%), with --pre-copy frozen %s, restore %s",
+			r+1, h.Runs, units.FormatSize(uint64(res.FullBytes[r])), harness.Millis(res.FullDump[r]), harness.Millis(res.FullFrozen[r]), units.FormatSize(uint64(res.IncrBytes[r])),
+			harness.Millis(res.IncrDump[r]), harness.Millis(res.IncrFrozen[r]), 100*float64(res.IncrBytes[r])/float64(res.FullBytes[r]), harness.Millis(res.PreFrozen[r]), harness.Millis(res.Restore[r]))
 	}
 	sr.Incremental = res
 	return nil
 }
 
-func incrementalOnce(ctx context.Context, h *harness, res *report.IncrResult) error {
-	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
+func incrementalOnce(ctx context.Context, h *harness.Harness, res *report.IncrResult) error {
+	ctx, cancel := context.WithTimeout(ctx, 6*h.OpTimeout())
 	defer cancel()
-	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, h.Tools.Modelserver, h.Size, nil, h.LogPath, h.Work)
 	if err != nil {
 		return err
 	}
-	h.live = srv.PID
-	defer h.killLive()
-	full, incr := filepath.Join(h.work, "incr-full"), filepath.Join(h.work, "incr-child")
+	h.Live = srv.PID
+	defer h.KillLive()
+	full, incr := filepath.Join(h.Work, "incr-full"), filepath.Join(h.Work, "incr-child")
 	os.RemoveAll(full)
 	os.RemoveAll(incr)
 	defer os.RemoveAll(full)
@@ -65,7 +66,7 @@ func incrementalOnce(ctx context.Context, h *harness, res *report.IncrResult) er
 		if err := measure.Evict(parentPages); err != nil {
 			return measure.DumpReport{}, 0, err
 		}
-		out, err := h.snapctl(ctx, append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, args...)...)
+		out, err := h.Snapctl(ctx, append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, args...)...)
 		if err != nil {
 			return measure.DumpReport{}, 0, err
 		}
@@ -87,7 +88,7 @@ func incrementalOnce(ctx context.Context, h *harness, res *report.IncrResult) er
 		return err
 	}
 
-	pre := filepath.Join(h.work, "incr-precopy")
+	pre := filepath.Join(h.Work, "incr-precopy")
 	os.RemoveAll(pre)
 	defer os.RemoveAll(pre)
 	d, n, err = dump(pre, "--parent", full, "--pre-copy", "--leave-running")
@@ -104,12 +105,12 @@ func incrementalOnce(ctx context.Context, h *harness, res *report.IncrResult) er
 	if err := measure.KillAndReap(ctx, srv.PID); err != nil { // the dump killed it: reap it
 		return err
 	}
-	h.live = 0
+	h.Live = 0
 
-	saved := h.expect
-	h.expect = want
-	defer func() { h.expect = saved }()
-	run, err := h.restoreOnce(ctx, &snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads})
+	saved := h.Expect
+	h.Expect = want
+	defer func() { h.Expect = saved }()
+	run, err := h.RestoreOnce(ctx, &harness.Snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads})
 	if err != nil {
 		return fmt.Errorf("restore of the incremental snapshot: %w", err)
 	}
@@ -120,18 +121,18 @@ func incrementalOnce(ctx context.Context, h *harness, res *report.IncrResult) er
 
 // dirty has the server on port write its memory for incrDirtyTime, and
 // returns what a restore of it must answer from then on.
-func dirty(ctx context.Context, port int) (expectation, error) {
+func dirty(ctx context.Context, port int) (harness.Expectation, error) {
 	if _, err := measure.Converse(ctx, port, time.Now(), "dirty 1"); err != nil {
-		return expectation{}, err
+		return harness.Expectation{}, err
 	}
 	time.Sleep(incrDirtyTime)
 	if _, err := measure.Converse(ctx, port, time.Now(), "dirty 0"); err != nil {
-		return expectation{}, err
+		return harness.Expectation{}, err
 	}
 	// What the restored server must answer: its memory now.
 	as, err := measure.Converse(ctx, port, time.Now(), "touch 1", "token")
 	if err != nil {
-		return expectation{}, err
+		return harness.Expectation{}, err
 	}
-	return expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}, nil
+	return harness.Expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}, nil
 }

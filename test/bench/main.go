@@ -23,8 +23,11 @@
 // without it the harness builds them with `go build` into its work
 // directory. -smoke is the CI run: 64 MiB, one run, every row of the report.
 //
-// This package measures; package report (test/bench/report) holds the
-// results, checks them and writes BENCHMARKS.md and its charts.
+// Package harness (test/bench/harness) runs the modelserver and
+// weightserver series and the steps every series shares; this package
+// holds the options and the other series, each in a file of its own;
+// package measure the instruments they use; package report the results,
+// their checks, BENCHMARKS.md and its charts.
 package main
 
 import (

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
@@ -90,7 +91,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if *runs < 1 {
 		return options{}, fmt.Errorf("-runs %d: want at least 1", *runs)
 	}
-	onlyList, err := parseOnly(*only)
+	onlyList, err := harness.ParseOnly(*only)
 	if err != nil {
 		return options{}, err
 	}

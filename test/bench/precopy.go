@@ -5,13 +5,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -23,7 +23,7 @@ import (
 // and the pre-copy snapshot restores to a server that answers as the
 // original did.
 func init() {
-	extraSeries = append(extraSeries, series{Name: "precopy", Measure: preCopySeries})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "precopy", Measure: preCopySeries})
 }
 
 var preCopyLine = regexp.MustCompile(`(?m)^pre-copy: (\d+) rounds copied (.+) in (\S+) \(paused (\S+) to set up\); frozen copy (.+)$`)
@@ -34,15 +34,15 @@ var preCopyCases = []struct {
 	dirty int
 }{{"idle", 0}, {"dirty 1", 1}}
 
-func preCopySeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func preCopySeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	for _, c := range preCopyCases {
 		res := &report.PreCopyResult{Case: c.name}
-		for r := range h.runs {
-			if err := preCopyOnce(ctx, h, res, c.dirty, r == h.runs-1); err != nil {
+		for r := range h.Runs {
+			if err := preCopyOnce(ctx, h, res, c.dirty, r == h.Runs-1); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
-			h.logf("precopy %-8s run %d/%d: frozen %s (plain %s), dump %s (plain %s), %d rounds, frozen copy %s",
-				c.name, r+1, h.runs, ms(res.Frozen[r]), ms(res.PlainFrozen[r]), ms(res.Total[r]), ms(res.PlainTotal[r]),
+			h.Logf("precopy %-8s run %d/%d: frozen %s (plain %s), dump %s (plain %s), %d rounds, frozen copy %s",
+				c.name, r+1, h.Runs, harness.Millis(res.Frozen[r]), harness.Millis(res.PlainFrozen[r]), harness.Millis(res.Total[r]), harness.Millis(res.PlainTotal[r]),
 				res.Rounds[r], res.FrozenCopy[r])
 		}
 		sr.PreCopy = append(sr.PreCopy, res)
@@ -54,17 +54,17 @@ func preCopySeries(ctx context.Context, h *harness, sr *report.SizeResult) error
 // --pre-copy then plainly (both --leave-running), compares the images when
 // it is idle and, if restore, restores the pre-copy snapshot and checks
 // its answers.
-func preCopyOnce(ctx context.Context, h *harness, res *report.PreCopyResult, dirty int, restore bool) error {
-	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
+func preCopyOnce(ctx context.Context, h *harness.Harness, res *report.PreCopyResult, dirty int, restore bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 6*h.OpTimeout())
 	defer cancel()
-	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, h.Tools.Modelserver, h.Size, nil, h.LogPath, h.Work)
 	if err != nil {
 		return err
 	}
-	h.live = srv.PID
-	defer h.killLive()
-	if h.expect == (expectation{}) {
-		if err := h.learn(ctx, srv.Port); err != nil {
+	h.Live = srv.PID
+	defer h.KillLive()
+	if h.Expect == (harness.Expectation{}) {
+		if err := h.Learn(ctx, srv.Port); err != nil {
 			return err
 		}
 	}
@@ -77,8 +77,8 @@ func preCopyOnce(ctx context.Context, h *harness, res *report.PreCopyResult, dir
 	// change to its memory between the two dumps otherwise), and the
 	// writer runs at its pace.
 	time.Sleep(time.Second)
-	pre := filepath.Join(h.work, "precopy-pre")
-	plain := filepath.Join(h.work, "precopy-plain")
+	pre := filepath.Join(h.Work, "precopy-pre")
+	plain := filepath.Join(h.Work, "precopy-plain")
 	defer os.RemoveAll(pre)
 	defer os.RemoveAll(plain)
 	os.RemoveAll(pre)
@@ -88,7 +88,7 @@ func preCopyOnce(ctx context.Context, h *harness, res *report.PreCopyResult, dir
 		return err
 	}
 
-	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
+	out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
 	if err != nil {
 		return err
 	}
@@ -120,8 +120,8 @@ func preCopyOnce(ctx context.Context, h *harness, res *report.PreCopyResult, dir
 	if !restore {
 		return nil
 	}
-	h.killLive()
-	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads}); err != nil {
+	h.KillLive()
+	if _, err := h.RestoreOnce(ctx, &harness.Snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads}); err != nil {
 		return fmt.Errorf("restore of the pre-copy snapshot: %w", err)
 	}
 	res.Restored = true
@@ -130,8 +130,8 @@ func preCopyOnce(ctx context.Context, h *harness, res *report.PreCopyResult, dir
 
 // preCopyDump dumps pid into dir with --pre-copy, leaving it running, and
 // adds the dump's figures to res.
-func preCopyDump(ctx context.Context, h *harness, pid int, dir string, res *report.PreCopyResult) error {
-	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--leave-running", "--pre-copy")
+func preCopyDump(ctx context.Context, h *harness.Harness, pid int, dir string, res *report.PreCopyResult) error {
+	out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--leave-running", "--pre-copy")
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func preCopyDump(ctx context.Context, h *harness, pid int, dir string, res *repo
 // sameStopped stops pid, dumps it with --pre-copy into a and plainly into
 // b (both --leave-running), resumes it, and reports whether the two
 // images are equal byte for byte.
-func sameStopped(ctx context.Context, h *harness, pid int, a, b string) (bool, error) {
+func sameStopped(ctx context.Context, h *harness.Harness, pid int, a, b string) (bool, error) {
 	defer os.RemoveAll(a)
 	defer os.RemoveAll(b)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -174,22 +174,11 @@ func sameStopped(ctx context.Context, h *harness, pid int, a, b string) (bool, e
 			return false, fmt.Errorf("server %d did not stop on SIGSTOP", pid)
 		}
 	}
-	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", a, "--leave-running", "--pre-copy"); err != nil {
+	if _, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", a, "--leave-running", "--pre-copy"); err != nil {
 		return false, err
 	}
-	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", b, "--leave-running"); err != nil {
+	if _, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", b, "--leave-running"); err != nil {
 		return false, err
 	}
 	return measure.SameMemory(a, b, pid)
-}
-
-// snapctl runs snapctl with args and returns its standard output.
-func (h *harness) snapctl(ctx context.Context, args ...string) (string, error) {
-	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
-	}
-	return out.String(), nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -29,7 +30,7 @@ import (
 // memory they and the page source hold.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "replicas", Measure: replicasSeries})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "replicas", Measure: replicasSeries})
 }
 
 // replicaCounts are how many copies each case starts.
@@ -39,11 +40,11 @@ var replicaModes = []string{report.RepLazyWS, report.RepLazyOff, report.RepEager
 
 // replicasSeries dumps one modelserver and runs every case h.runs times,
 // the cases interleaved within each round.
-func replicasSeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func replicasSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	cfg := report.DefaultConfig()
-	dir := filepath.Join(h.work, "snap-replicas")
+	dir := filepath.Join(h.Work, "snap-replicas")
 	var dr report.DumpResult
-	snap, err := h.dumpOnce(ctx, sr, cfg, dir, &dr)
+	snap, err := h.DumpOnce(ctx, sr, cfg, dir, &dr)
 	if err != nil {
 		return fmt.Errorf("dump: %w", err)
 	}
@@ -58,7 +59,7 @@ func replicasSeries(ctx context.Context, h *harness, sr *report.SizeResult) erro
 			results = append(results, &report.ReplicasResult{Mode: mode, N: n})
 		}
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, res := range results {
 			if err := measure.WarmUp(files...); err != nil {
 				return err
@@ -73,10 +74,10 @@ func replicasSeries(ctx context.Context, h *harness, sr *report.SizeResult) erro
 			}
 			var t1 []string
 			for i, d := range run.Touch1 {
-				t1 = append(t1, fmt.Sprintf("%s (runs %s, %d faults)", ms(d), ms(run.Running[i]), run.Faults[i]))
+				t1 = append(t1, fmt.Sprintf("%s (runs %s, %d faults)", harness.Millis(d), harness.Millis(run.Running[i]), run.Faults[i]))
 			}
-			h.logf("replicas %-23s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
-				res.Mode, res.N, r+1, h.runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
+			h.Logf("replicas %-23s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
+				res.Mode, res.N, r+1, h.Runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
 				units.FormatSize(run.PageCache), units.FormatSize(run.MemCache), units.FormatSize(run.Server),
 				units.FormatSize(run.BlockCache))
 		}
@@ -99,8 +100,8 @@ type replicaProc struct {
 // copies started one after another, their memory measured, all killed
 // and the mount unmounted. It returns the first copy's "working set
 // recorded" line if it recorded one.
-func replicasOnce(ctx context.Context, h *harness, snap *snapshot, mode string, n int) (run report.ReplicasRun, recorded string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout()*time.Duration(n+1))
+func replicasOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, mode string, n int) (run report.ReplicasRun, recorded string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout()*time.Duration(n+1))
 	defer cancel()
 	wsPath := filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img")
 	if err := os.Remove(wsPath); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -108,15 +109,15 @@ func replicasOnce(ctx context.Context, h *harness, snap *snapshot, mode string, 
 	}
 	var mnt string
 	if report.ReplicaLazy(mode) {
-		mnt = filepath.Join(h.work, "mnt-replicas")
+		mnt = filepath.Join(h.Work, "mnt-replicas")
 		if err := os.MkdirAll(mnt, 0o700); err != nil {
 			return run, "", err
 		}
-		if out, err := exec.CommandContext(ctx, h.tools.Lazyfs, "--background", snap.Dir, mnt).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, h.Tools.Lazyfs, "--background", snap.Dir, mnt).CombinedOutput(); err != nil {
 			return run, "", fmt.Errorf("lazyfs --background: %w: %s", err, out)
 		}
 		defer func() {
-			if out, uerr := exec.Command(h.tools.Lazyfs, "-u", mnt).CombinedOutput(); uerr != nil && err == nil {
+			if out, uerr := exec.Command(h.Tools.Lazyfs, "-u", mnt).CombinedOutput(); uerr != nil && err == nil {
 				err = fmt.Errorf("lazyfs -u: %w: %s", uerr, out)
 			}
 		}()
@@ -153,7 +154,7 @@ func replicasOnce(ctx context.Context, h *harness, snap *snapshot, mode string, 
 		if err != nil {
 			return run, "", fmt.Errorf("copy %d: %w\n%s", i+1, err, r.out.String())
 		}
-		if err := h.check(as); err != nil {
+		if err := h.Check(as); err != nil {
 			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
 		run.Touch1 = append(run.Touch1, as[1].At)
@@ -173,7 +174,7 @@ func replicasOnce(ctx context.Context, h *harness, snap *snapshot, mode string, 
 			return run, "", err
 		}
 	}
-	if err := replicasMemory(&run, reps, snap, mode, h.tools.Lazyfs, mnt); err != nil {
+	if err := replicasMemory(&run, reps, snap, mode, h.Tools.Lazyfs, mnt); err != nil {
 		return run, "", err
 	}
 	return run, recorded, nil
@@ -224,7 +225,7 @@ func checkReplicaOutput(out, mode string, record bool, wsPath string, i int, rec
 // replicasMemory adds to run the memory of the copies once each has all
 // of its memory: their Pss and anonymous memory, the page cache of the
 // pages file and (lazy) of the mount's mem file, and the lazyfs server's.
-func replicasMemory(run *report.ReplicasRun, reps []*replicaProc, snap *snapshot, mode, lazyfs, mnt string) error {
+func replicasMemory(run *report.ReplicasRun, reps []*replicaProc, snap *harness.Snapshot, mode, lazyfs, mnt string) error {
 	for _, r := range reps {
 		for _, pid := range []int{r.pid, r.init} {
 			pss, anon, err := measure.SmapsRollup(pid)
@@ -259,11 +260,11 @@ func replicasMemory(run *report.ReplicasRun, reps []*replicaProc, snap *snapshot
 }
 
 // startReplica starts snapctl with args for copy i.
-func startReplica(ctx context.Context, h *harness, args []string, i int) (*replicaProc, time.Time, error) {
-	r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
+func startReplica(ctx context.Context, h *harness.Harness, args []string, i int) (*replicaProc, time.Time, error) {
+	r := &replicaProc{pidfile: filepath.Join(h.Work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
 	os.Remove(r.pidfile)
-	r.cmd = exec.CommandContext(ctx, h.tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
-	r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.work
+	r.cmd = exec.CommandContext(ctx, h.Tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
+	r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.Work
 	start := time.Now()
 	if err := r.cmd.Start(); err != nil {
 		return nil, start, err

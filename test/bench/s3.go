@@ -15,6 +15,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/image/s3store"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -26,15 +27,15 @@ import (
 // store, the floor of both.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "s3", Measure: measureS3})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "s3", Measure: measureS3})
 }
 
-func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
-	if !h.wants("s3") {
+func measureS3(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	if !h.Wants("s3") {
 		return nil
 	}
-	dir := filepath.Join(h.work, "minio")
-	m, err := measure.StartMinIO(ctx, dir, filepath.Join(h.work, "minio.log"))
+	dir := filepath.Join(h.Work, "minio")
+	m, err := measure.StartMinIO(ctx, dir, filepath.Join(h.Work, "minio.log"))
 	if err != nil {
 		return err
 	}
@@ -46,87 +47,87 @@ func measureS3(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	for _, from := range report.S3Sources {
 		res.Restores = append(res.Restores, &report.S3Restore{From: from, RestoreResult: report.RestoreResult{Config: def, Case: report.RestoreCase{Mode: report.LazyMount, Threads: report.DefThreads}}})
 	}
-	diskDir := filepath.Join(h.work, "snap-s3-disk")
+	diskDir := filepath.Join(h.Work, "snap-s3-disk")
 	defer os.RemoveAll(diskDir)
-	var disk, store *snapshot
+	var disk, store *harness.Snapshot
 	// Dumps, the two targets back to back, alternating.
-	for r := range h.runs {
+	for r := range h.Runs {
 		for i := range 2 {
 			if (i+r)%2 == 0 {
 				os.RemoveAll(diskDir)
-				if disk, err = h.dumpOnce(ctx, sr, def, diskDir, res.DumpDisk); err != nil {
+				if disk, err = h.DumpOnce(ctx, sr, def, diskDir, res.DumpDisk); err != nil {
 					return fmt.Errorf("dump to disk: %w", err)
 				}
 			} else if store, err = dumpStore(ctx, h, fmt.Sprintf("s3://%s/run-%d", measure.S3Bucket, r), def, res.DumpStore); err != nil {
 				return fmt.Errorf("dump to MinIO: %w", err)
 			}
 		}
-		h.logf("s3 dump run %d/%d: disk %s (frozen %s), MinIO %s (frozen %s)", r+1, h.runs,
-			ms(res.DumpDisk.Total[r]), ms(res.DumpDisk.Freeze[r]), ms(res.DumpStore.Total[r]), ms(res.DumpStore.Freeze[r]))
+		h.Logf("s3 dump run %d/%d: disk %s (frozen %s), MinIO %s (frozen %s)", r+1, h.Runs,
+			harness.Millis(res.DumpDisk.Total[r]), harness.Millis(res.DumpDisk.Freeze[r]), harness.Millis(res.DumpStore.Total[r]), harness.Millis(res.DumpStore.Freeze[r]))
 	}
 	res.Pages = res.DumpDisk.Pages
 	// The cache directory, filled once by a verify, which reads every
 	// block.
-	cacheDir := filepath.Join(h.work, "s3-cache")
+	cacheDir := filepath.Join(h.Work, "s3-cache")
 	defer os.RemoveAll(cacheDir)
-	if out, err := exec.CommandContext(ctx, h.tools.Snapctl, "verify", "-D", store.Dir, "--cache-dir", cacheDir).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, h.Tools.Snapctl, "verify", "-D", store.Dir, "--cache-dir", cacheDir).CombinedOutput(); err != nil {
 		return fmt.Errorf("verify to fill the cache directory: %w\n%s", err, out)
 	}
 	files, err := measure.SnapshotFiles(disk.Dir)
 	if err != nil {
 		return err
 	}
-	defer func() { h.restoreArgs = nil }()
-	for r := range h.runs {
+	defer func() { h.RestoreArgs = nil }()
+	for r := range h.Runs {
 		for i, x := range res.Restores {
 			snap, fs := disk, files
-			h.restoreArgs = nil
+			h.RestoreArgs = nil
 			if i > 0 {
 				snap, fs = store, nil
 			}
 			if i == 2 {
-				h.restoreArgs = []string{"--cache-dir", cacheDir}
+				h.RestoreArgs = []string{"--cache-dir", cacheDir}
 			}
-			run, err := h.restoreOnce(ctx, snap, fs, x.Case)
+			run, err := h.RestoreOnce(ctx, snap, fs, x.Case)
 			if err != nil {
 				return fmt.Errorf("lazy restore from %s: %w", x.From, err)
 			}
 			x.Runs = append(x.Runs, run)
-			h.logf("s3 restore from %-26s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s", x.From, r+1, h.runs,
-				ms(run.Running), ms(run.Ping), ms(run.First), ms(run.Token), ms(run.Total))
+			h.Logf("s3 restore from %-26s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s", x.From, r+1, h.Runs,
+				harness.Millis(run.Running), harness.Millis(run.Ping), harness.Millis(run.First), harness.Millis(run.Token), harness.Millis(run.Total))
 		}
 	}
 	// The floor: the pages file alone.
-	for r := range h.runs {
+	for r := range h.Runs {
 		put, get, read, err := pagesAlone(disk, fmt.Sprintf("s3://%s/floor-%d", measure.S3Bucket, r))
 		if err != nil {
 			return fmt.Errorf("pages file alone: %w", err)
 		}
 		res.Put, res.Get, res.DiskRead = append(res.Put, put), append(res.Get, get), append(res.DiskRead, read)
-		h.logf("s3 pages file alone run %d/%d: %s up %s, down %s; disk read (warm) %s", r+1, h.runs, units.FormatSize(res.Pages), ms(put), ms(get), ms(read))
+		h.Logf("s3 pages file alone run %d/%d: %s up %s, down %s; disk read (warm) %s", r+1, h.Runs, units.FormatSize(res.Pages), harness.Millis(put), harness.Millis(get), harness.Millis(read))
 	}
 	sr.S3 = res
 	return nil
 }
 
 // dumpStore starts a server and dumps it to the address addr.
-func dumpStore(ctx context.Context, h *harness, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func dumpStore(ctx context.Context, h *harness.Harness, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*harness.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
-	srv, err := measure.StartServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, h.Tools.Modelserver, h.Size, nil, h.LogPath, h.Work)
 	if err != nil {
 		return nil, err
 	}
-	h.live = srv.PID
-	if h.expect == (expectation{}) {
-		if err := h.learn(ctx, srv.Port); err != nil {
+	h.Live = srv.PID
+	if h.Expect == (harness.Expectation{}) {
+		if err := h.Learn(ctx, srv.Port); err != nil {
 			return nil, err
 		}
 	}
 	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", addr}, cfg.Args...)
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	start := time.Now()
 	err = cmd.Run()
 	wall := time.Since(start)
@@ -136,7 +137,7 @@ func dumpStore(ctx context.Context, h *harness, addr string, cfg report.DumpConf
 	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
-	h.live = 0
+	h.Live = 0
 	rep, err := measure.ParseDump(out.String())
 	if err != nil {
 		return nil, err
@@ -145,13 +146,13 @@ func dumpStore(ctx context.Context, h *harness, addr string, cfg report.DumpConf
 	dr.Total = append(dr.Total, rep.Total)
 	dr.Freeze = append(dr.Freeze, rep.Freeze)
 	dr.Ratio = rep.Ratio
-	return &snapshot{Dir: addr, PID: srv.PID, Port: srv.Port}, nil
+	return &harness.Snapshot{Dir: addr, PID: srv.PID, Port: srv.Port}, nil
 }
 
 // pagesAlone uploads the pages file of disk to addr as a dump does
 // (s3store, parallel parts), reads it back as a restore's sequential
 // reader does, and reads it from the disk (warm), timing each.
-func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err error) {
+func pagesAlone(disk *harness.Snapshot, addr string) (put, get, read time.Duration, err error) {
 	start := time.Now()
 	b, err := os.ReadFile(disk.Pages)
 	if err != nil {

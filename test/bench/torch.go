@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/fixture"
@@ -31,12 +32,12 @@ import (
 // size above; it runs for the first size only.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "torch", Measure: measureTorch})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "torch", Measure: measureTorch})
 }
 
 // torchShape is the model: GPT-2 small, or a small one for a smoke run.
-func torchShape(h *harness) []string {
-	if h.smoke {
+func torchShape(h *harness.Harness) []string {
+	if h.Smoke {
 		return []string{"2", "256"}
 	}
 	return []string{"12", "768"}
@@ -50,8 +51,8 @@ type torchSnap struct {
 	token string // the original's answer, without its timing
 }
 
-func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error {
-	if !h.first {
+func measureTorch(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	if !h.First {
 		return nil
 	}
 	py := "/usr/bin/python3"
@@ -66,7 +67,7 @@ func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error 
 	tr := &report.TorchResult{Shape: strings.Join(torchShape(h), " layers of width ")}
 	criu, why := findCRIU(ctx)
 	tr.CRIU, tr.CRIUUsed = why, criu != ""
-	h.logf("torch: %s", why)
+	h.Logf("torch: %s", why)
 
 	snaps := map[bool]*torchSnap{}
 	defer func() {
@@ -86,18 +87,18 @@ func measureTorch(ctx context.Context, h *harness, sr *report.SizeResult) error 
 		snaps[useCRIU] = s
 	}
 	tr.Restores = report.TorchCases(criu != "")
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, c := range tr.Restores {
 			if err := torchRestoreOnce(ctx, h, c, snaps[c.CRIU], criu); err != nil {
 				return fmt.Errorf("%s, cold %v: %w", c.Label, c.Cold, err)
 			}
 			last := len(c.Token) - 1
-			h.logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, report.ColdName(c.Cold), r+1, h.runs, ms(c.Ping[last]), ms(c.Token[last]))
+			h.Logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, report.ColdName(c.Cold), r+1, h.Runs, harness.Millis(c.Ping[last]), harness.Millis(c.Token[last]))
 		}
 	}
 	// The dumps' other runs: a server for each tool started and dumped
 	// again after the restores (a dump kills the process).
-	for r := 1; r < h.runs; r++ {
+	for r := 1; r < h.Runs; r++ {
 		for _, useCRIU := range tools {
 			s, err := dumpTorch(ctx, h, tr, py, script, criu, useCRIU)
 			if err != nil {
@@ -132,8 +133,8 @@ func findCRIU(ctx context.Context) (path, what string) {
 
 // dumpTorch starts a torchserver, learns its token and dumps it, with
 // snapctl or with criu.
-func dumpTorch(ctx context.Context, h *harness, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func dumpTorch(ctx context.Context, h *harness.Harness, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
 	srv, err := startTorch(ctx, h, py, script)
 	if err != nil {
@@ -161,7 +162,7 @@ func dumpTorch(ctx context.Context, h *harness, tr *report.TorchResult, py, scri
 	if useCRIU {
 		name = "criu-torch"
 	}
-	s.dir = filepath.Join(h.work, name)
+	s.dir = filepath.Join(h.Work, name)
 	if err := os.RemoveAll(s.dir); err != nil {
 		return nil, err
 	}
@@ -179,7 +180,7 @@ func dumpTorch(ctx context.Context, h *harness, tr *report.TorchResult, py, scri
 			return nil, err
 		}
 	} else {
-		out, err := h.runSnapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", s.dir)
+		out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", s.dir)
 		if err != nil {
 			return nil, err
 		}
@@ -198,27 +199,27 @@ func dumpTorch(ctx context.Context, h *harness, tr *report.TorchResult, py, scri
 	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
-	h.live = 0
+	h.Live = 0
 	return s, nil
 }
 
 // startTorch starts the PyTorch server script with py, logging to
 // h.logPath, and waits until it is ready.
-func startTorch(ctx context.Context, h *harness, py, script string) (*measure.Server, error) {
+func startTorch(ctx context.Context, h *harness.Harness, py, script string) (*measure.Server, error) {
 	port, err := measure.FreePort()
 	if err != nil {
 		return nil, err
 	}
 	from := int64(0)
-	if st, err := os.Stat(h.logPath); err == nil {
+	if st, err := os.Stat(h.LogPath); err == nil {
 		from = st.Size()
 	}
-	logFile, err := os.OpenFile(h.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	logFile, err := os.OpenFile(h.LogPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(h.tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, torchShape(h)...)...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.work
+	cmd := exec.Command(h.Tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, torchShape(h)...)...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.Work
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	err = cmd.Start()
 	logFile.Close()
@@ -230,8 +231,8 @@ func startTorch(ctx context.Context, h *harness, py, script string) (*measure.Se
 		cmd.Wait()
 		close(srv.Done)
 	}()
-	h.live = srv.PID
-	if srv.Ready, err = measure.WaitReady(ctx, h.logPath, from, srv); err != nil {
+	h.Live = srv.PID
+	if srv.Ready, err = measure.WaitReady(ctx, h.LogPath, from, srv); err != nil {
 		cmd.Process.Kill()
 		return nil, err
 	}
@@ -252,8 +253,8 @@ var servedLine = regexp.MustCompile(`\(([^()]+) served on \d+ faults`)
 // torchRestoreOnce restores snap as c says, times ping and token from
 // the start of the restore, checks the token, then kills the server and
 // waits until its pid is free.
-func torchRestoreOnce(ctx context.Context, h *harness, c *report.TorchRestore, snap *torchSnap, criu string) error {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func torchRestoreOnce(ctx context.Context, h *harness.Harness, c *report.TorchRestore, snap *torchSnap, criu string) error {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
 	if measure.Alive(snap.pid) {
 		return fmt.Errorf("pid %d is taken before the restore", snap.pid)
@@ -284,11 +285,11 @@ func torchRestoreOnce(ctx context.Context, h *harness, c *report.TorchRestore, s
 	}
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, prog, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	h.live = snap.pid
+	h.Live = snap.pid
 	exited := make(chan error, 1)
 	askCtx, stopAsking := context.WithCancel(ctx)
 	defer stopAsking()
@@ -318,15 +319,15 @@ func torchRestoreOnce(ctx context.Context, h *harness, c *report.TorchRestore, s
 	if err := measure.KillAndReap(ctx, snap.pid); err != nil {
 		return err
 	}
-	h.live = 0
+	h.Live = 0
 	return nil
 }
 
 // torchRestoreCommand returns the program and arguments that restore the
 // snapshot in dir as c says: snapctl's, or criu's (whose lazy-pages
 // daemon files of an earlier run it removes).
-func torchRestoreCommand(h *harness, c *report.TorchRestore, dir, criu string) (prog string, args []string) {
-	prog = h.tools.Snapctl
+func torchRestoreCommand(h *harness.Harness, c *report.TorchRestore, dir, criu string) (prog string, args []string) {
+	prog = h.Tools.Snapctl
 	switch c.Label {
 	case "eager":
 		args = []string{"restore", "-D", dir}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -27,7 +27,7 @@ import (
 // (every process frozen, then made, one after the other).
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "tree", Measure: measureTree})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "tree", Measure: measureTree})
 }
 
 // treeNginxConf is nginx's configuration: dir holds its files.
@@ -55,7 +55,7 @@ type treeNginx struct {
 }
 
 // startTreeNginx starts nginx in dir and waits until it serves.
-func startTreeNginx(ctx context.Context, h *harness, dir string) (*treeNginx, error) {
+func startTreeNginx(ctx context.Context, h *harness.Harness, dir string) (*treeNginx, error) {
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
 		return nil, fmt.Errorf("nginx (Debian package nginx): %w", err)
@@ -92,7 +92,7 @@ func startTreeNginx(ctx context.Context, h *harness, dir string) (*treeNginx, er
 	if n.master, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
 		return nil, fmt.Errorf("nginx.pid: %w", err)
 	}
-	h.live = n.master
+	h.Live = n.master
 	// Two workers, past their setuid.
 	for {
 		err := n.serves(ctx)
@@ -102,7 +102,7 @@ func startTreeNginx(ctx context.Context, h *harness, dir string) (*treeNginx, er
 		select {
 		case <-ctx.Done():
 			n.kill(context.Background())
-			h.live = 0
+			h.Live = 0
 			return nil, fmt.Errorf("nginx did not start serving: %w (%v)", ctx.Err(), err)
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -172,20 +172,9 @@ func (n *treeNginx) kill(ctx context.Context) error {
 	return err
 }
 
-// runSnapctl runs snapctl with args and returns its stdout.
-func (h *harness) runSnapctl(ctx context.Context, args ...string) (string, error) {
-	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
-	}
-	return out.String(), nil
-}
-
 // measureTree runs the tree series: per run, nginx dumped and restored
 // eagerly, then dumped and restored lazily.
-func measureTree(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func measureTree(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	// What the harness inherited from whatever started it must not leak
 	// into nginx: it would lead outside the tree, and the dump refuses it.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
@@ -198,26 +187,26 @@ func measureTree(ctx context.Context, h *harness, sr *report.SizeResult) error {
 	if err != nil {
 		return err
 	}
-	snap := filepath.Join(h.work, "snap-tree")
+	snap := filepath.Join(h.Work, "snap-tree")
 	defer os.RemoveAll(dir)
 	defer os.RemoveAll(snap)
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, lazy := range []bool{false, true} {
 			if err := treeOnce(ctx, h, tr, dir, snap, lazy); err != nil {
 				return err
 			}
 		}
-		h.logf("tree run %d/%d: dump %s (frozen %s), eager %s, lazy running %s, all in %s", r+1, h.runs,
-			ms(tr.Dump[len(tr.Dump)-1]), ms(tr.Freeze[len(tr.Freeze)-1]), ms(tr.Eager[len(tr.Eager)-1]),
-			ms(tr.Running[len(tr.Running)-1]), ms(tr.AllIn[len(tr.AllIn)-1]))
+		h.Logf("tree run %d/%d: dump %s (frozen %s), eager %s, lazy running %s, all in %s", r+1, h.Runs,
+			harness.Millis(tr.Dump[len(tr.Dump)-1]), harness.Millis(tr.Freeze[len(tr.Freeze)-1]), harness.Millis(tr.Eager[len(tr.Eager)-1]),
+			harness.Millis(tr.Running[len(tr.Running)-1]), harness.Millis(tr.AllIn[len(tr.AllIn)-1]))
 	}
 	sr.Tree = tr
 	return nil
 }
 
 // treeOnce starts nginx, dumps it and restores it once.
-func treeOnce(ctx context.Context, h *harness, tr *report.TreeResult, dir, snap string, lazy bool) error {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func treeOnce(ctx context.Context, h *harness.Harness, tr *report.TreeResult, dir, snap string, lazy bool) error {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
 	if err := os.RemoveAll(snap); err != nil {
 		return err
@@ -231,7 +220,7 @@ func treeOnce(ctx context.Context, h *harness, tr *report.TreeResult, dir, snap 
 	if err != nil {
 		return err
 	}
-	out, err := h.runSnapctl(ctx, "dump", "-t", strconv.Itoa(n.master), "-D", snap)
+	out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(n.master), "-D", snap)
 	if err != nil {
 		return err
 	}
@@ -258,7 +247,7 @@ func treeOnce(ctx context.Context, h *harness, tr *report.TreeResult, dir, snap 
 	if lazy {
 		args = append(args, "--lazy")
 	}
-	if out, err = h.runSnapctl(ctx, args...); err != nil {
+	if out, err = h.Snapctl(ctx, args...); err != nil {
 		return err
 	}
 	rr, err := measure.ParseRestore(out, lazy)

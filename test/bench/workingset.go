@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/measure"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
@@ -26,7 +27,7 @@ import (
 // parent and 2 workers, a working set per process), at most 256 MiB.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "workingset", Measure: workingSetSeries})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "workingset", Measure: workingSetSeries})
 }
 
 // wsTreeCases are the restores of the process tree, warm only.
@@ -49,16 +50,16 @@ func wsCases() []report.WSCase {
 }
 
 // workingSetSeries measures both servers.
-func workingSetSeries(ctx context.Context, h *harness, sr *report.SizeResult) error {
+func workingSetSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	for _, srv := range []struct {
 		name, prog string
 		extra      []string
 		size       uint64
 		cases      []report.WSCase
 	}{
-		{"modelserver", h.tools.Modelserver, nil, h.size, wsCases()},
-		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}, h.size, wsCases()},
-		{"modelserver pre-fork", h.tools.Modelserver, []string{"42", "2"}, min(h.size, 256<<20), wsTreeCases()},
+		{"modelserver", h.Tools.Modelserver, nil, h.Size, wsCases()},
+		{"weightserver", h.Tools.Weights, []string{"42", "hugepage"}, h.Size, wsCases()},
+		{"modelserver pre-fork", h.Tools.Modelserver, []string{"42", "2"}, min(h.Size, 256<<20), wsTreeCases()},
 	} {
 		w, err := workingSetServer(ctx, h, srv.name, srv.prog, srv.extra, srv.size, srv.cases)
 		if err != nil {
@@ -66,13 +67,13 @@ func workingSetSeries(ctx context.Context, h *harness, sr *report.SizeResult) er
 		}
 		sr.WorkingSet = append(sr.WorkingSet, w)
 	}
-	h.expect = expectation{}
+	h.Expect = harness.Expectation{}
 	return nil
 }
 
 // workingSetServer dumps one server, records its working set and runs
 // the cases h.runs times, interleaved.
-func workingSetServer(ctx context.Context, h *harness, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
+func workingSetServer(ctx context.Context, h *harness.Harness, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
 	w := &report.WSResult{Server: name}
 	snap, err := wsDump(ctx, h, name, prog, extra, size)
 	if err != nil {
@@ -89,15 +90,15 @@ func workingSetServer(ctx context.Context, h *harness, name, prog string, extra 
 	for _, c := range cases {
 		w.Cases = append(w.Cases, &report.WSCaseResult{Case: c})
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, cr := range w.Cases {
 			run, err := wsRestoreOnce(ctx, h, snap, files, cr.Case)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", cr.Case, err)
 			}
 			cr.Runs = append(cr.Runs, run)
-			h.logf("workingset %s %-40s run %d/%d: runs %s, ping %s, %s %s, exit %s",
-				name, cr.Case.Mode+" "+cr.Case.Cache(), r+1, h.runs, ms(run.Running), ms(run.Ping), cr.Case.Request(), ms(report.WSAnswer(cr.Case, run)), ms(run.Wall))
+			h.Logf("workingset %s %-40s run %d/%d: runs %s, ping %s, %s %s, exit %s",
+				name, cr.Case.Mode+" "+cr.Case.Cache(), r+1, h.Runs, harness.Millis(run.Running), harness.Millis(run.Ping), cr.Case.Request(), harness.Millis(report.WSAnswer(cr.Case, run)), harness.Millis(run.Wall))
 		}
 	}
 	return w, nil
@@ -107,20 +108,20 @@ func workingSetServer(ctx context.Context, h *harness, name, prog string, extra 
 // times over, since the series runs after the others on a machine that
 // may be shared (a server's start-up alone took over a minute at a load
 // of 50 on two CPUs).
-func wsTimeout(h *harness) time.Duration { return 5 * h.opTimeout() }
+func wsTimeout(h *harness.Harness) time.Duration { return 5 * h.OpTimeout() }
 
 // wsDump starts a server, learns its answers and dumps it with the
 // default option.
-func wsDump(ctx context.Context, h *harness, name, prog string, extra []string, size uint64) (*snapshot, error) {
+func wsDump(ctx context.Context, h *harness.Harness, name, prog string, extra []string, size uint64) (*harness.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
-	srv, err := measure.StartServer(ctx, h.tools, prog, size, extra, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, prog, size, extra, h.LogPath, h.Work)
 	if err != nil {
 		return nil, err
 	}
-	h.live = srv.PID
-	h.expect = expectation{}
-	if err := h.learn(ctx, srv.Port); err != nil {
+	h.Live = srv.PID
+	h.Expect = harness.Expectation{}
+	if err := h.Learn(ctx, srv.Port); err != nil {
 		return nil, err
 	}
 	var workers []int
@@ -133,46 +134,46 @@ func wsDump(ctx context.Context, h *harness, name, prog string, extra []string, 
 			workers = append(workers, pid)
 		}
 	}
-	dir := filepath.Join(h.work, "snap-ws-"+strings.ReplaceAll(name, " ", "-"))
+	dir := filepath.Join(h.Work, "snap-ws-"+strings.ReplaceAll(name, " ", "-"))
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
 	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, report.DefaultConfig().Args...)
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.Work
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
 	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
-	snap := &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img"), Workers: workers}
-	if err := snap.killTree(ctx); err != nil { // the workers' zombies
+	snap := &harness.Snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img"), Workers: workers}
+	if err := snap.KillTree(ctx); err != nil { // the workers' zombies
 		return nil, err
 	}
-	h.live = 0
-	h.logf("workingset: dumped %s: %s", name, strings.TrimSpace(stdout.String()))
+	h.Live = 0
+	h.Logf("workingset: dumped %s: %s", name, strings.TrimSpace(stdout.String()))
 	return snap, nil
 }
 
 // wsRecord restores snap lazily recording its working set: "ping" and
 // "touch 1" are asked, then snapctl is sent SIGUSR1.
-func wsRecord(ctx context.Context, h *harness, snap *snapshot, w *report.WSResult) error {
+func wsRecord(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, w *report.WSResult) error {
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
 	args := []string{"restore", "-D", snap.Dir, "--lazy", "--record-working-set", "--record-for", "5m"}
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	h.live = snap.PID
+	h.Live = snap.PID
 	answers, askErr := measure.Converse(ctx, snap.Port, start, "ping", "touch 1")
 	if askErr == nil {
-		askErr = h.check(answers)
+		askErr = h.Check(answers)
 	}
 	cmd.Process.Signal(syscall.SIGUSR1)
 	err := cmd.Wait()
@@ -201,21 +202,21 @@ func wsRecord(ctx context.Context, h *harness, snap *snapshot, w *report.WSResul
 		}
 		w.File += uint64(st.Size())
 	}
-	h.logf("workingset: recorded in %s (touch 1 answered after %s): %s", time.Since(start).Round(time.Millisecond), answers[1].At.Round(time.Millisecond), w.Recorded)
-	if err := snap.killTree(ctx); err != nil {
+	h.Logf("workingset: recorded in %s (touch 1 answered after %s): %s", time.Since(start).Round(time.Millisecond), answers[1].At.Round(time.Millisecond), w.Recorded)
+	if err := snap.KillTree(ctx); err != nil {
 		return err
 	}
-	h.live = 0
+	h.Live = 0
 	return nil
 }
 
 // wsRestoreOnce restores snap as c says, times the answers, checks them,
 // then kills the restored server.
-func wsRestoreOnce(ctx context.Context, h *harness, snap *snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
+func wsRestoreOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
 	var run report.RestoreRun
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
-	if pid, taken := snap.taken(); taken {
+	if pid, taken := snap.Taken(); taken {
 		return run, fmt.Errorf("pid %d is taken before the restore", pid)
 	}
 	if err := measure.SetCache(c.Cold, files...); err != nil {
@@ -223,8 +224,8 @@ func wsRestoreOnce(ctx context.Context, h *harness, snap *snapshot, files []stri
 	}
 	args := c.Args(snap.Dir)
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	askCtx, stopAsking := context.WithCancel(ctx)
 	defer stopAsking()
 	exited := make(chan error, 1)
@@ -232,7 +233,7 @@ func wsRestoreOnce(ctx context.Context, h *harness, snap *snapshot, files []stri
 	if err := cmd.Start(); err != nil {
 		return run, fmt.Errorf("start snapctl: %w", err)
 	}
-	h.live = snap.PID
+	h.Live = snap.PID
 	var wall time.Duration
 	go func() {
 		err := cmd.Wait()
@@ -253,7 +254,7 @@ func wsRestoreOnce(ctx context.Context, h *harness, snap *snapshot, files []stri
 	if askErr != nil {
 		return run, askErr
 	}
-	if err := h.check(answers); err != nil {
+	if err := h.Check(answers); err != nil {
 		return run, err
 	}
 	run.Ping = answers[0].At
@@ -273,9 +274,9 @@ func wsRestoreOnce(ctx context.Context, h *harness, snap *snapshot, files []stri
 		}
 	}
 	run.Wall, run.Running, run.Total, run.Faults = wall, rep.Running, rep.Total, rep.Faults
-	if err := snap.killTree(ctx); err != nil {
+	if err := snap.KillTree(ctx); err != nil {
 		return run, err
 	}
-	h.live = 0
+	h.Live = 0
 	return run, nil
 }

@@ -10,7 +10,7 @@ type section struct {
 	Render func(m *md, sr *SizeResult)
 }
 
-// extraSections are the sections of the series in extraSeries, in the
+// extraSections are the sections of the series in harness.ExtraSeries, in the
 // same order.
 var extraSections = []section{
 	{Name: "codec", Validate: validateCodecs, Render: renderCodecs},

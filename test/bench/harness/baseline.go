@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"bytes"
@@ -23,9 +23,9 @@ const mountTimeout = 30 * time.Second
 // baselines times, cold and warm, reading the pages file of snap to
 // /dev/null and, for a configuration with LZ4 blocks, the lz4 tool
 // decompressing the raw memory cut into blocks of the same size.
-func (h *harness) baselines(ctx context.Context, snap *snapshot, cfg report.DumpConfig, raw string, memory uint64, dr *report.DumpResult) ([]*report.BaselineResult, error) {
+func (h *Harness) baselines(ctx context.Context, snap *Snapshot, cfg report.DumpConfig, raw string, memory uint64, dr *report.DumpResult) ([]*report.BaselineResult, error) {
 	read := &report.BaselineResult{Config: cfg, Kind: report.ReadPages, Bytes: dr.Pages}
-	if err := h.timeBaseline(ctx, read, snap.Pages, h.tools.Cat, snap.Pages); err != nil {
+	if err := h.timeBaseline(ctx, read, snap.Pages, h.Tools.Cat, snap.Pages); err != nil {
 		return nil, err
 	}
 	out := []*report.BaselineResult{read}
@@ -51,10 +51,10 @@ func (h *harness) baselines(ctx context.Context, snap *snapshot, cfg report.Dump
 
 // lz4Baseline compresses the raw memory with the lz4 tool in blocks of the
 // configuration's size and times decompressing it.
-func (h *harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k report.BaselineKind, raw string, memory uint64) (*report.BaselineResult, error) {
-	lz := filepath.Join(h.work, "memory-"+cfg.Short+".lz4")
+func (h *Harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k report.BaselineKind, raw string, memory uint64) (*report.BaselineResult, error) {
+	lz := filepath.Join(h.Work, "memory-"+cfg.Short+".lz4")
 	defer os.Remove(lz)
-	ctx2, cancel := context.WithTimeout(ctx, h.opTimeout())
+	ctx2, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
 	// -1: the fast level; -BI: independent blocks, like snapshot blocks;
 	// -B<bytes>: cut the input into blocks of exactly this size.
@@ -62,7 +62,7 @@ func (h *harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k repo
 	if k == report.LZ4Decode {
 		args = append(args, "--no-frame-crc")
 	}
-	c := exec.CommandContext(ctx2, h.tools.LZ4, append(args, raw, lz)...)
+	c := exec.CommandContext(ctx2, h.Tools.LZ4, append(args, raw, lz)...)
 	if b, err := c.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("lz4 compress: %w\n%s", err, b)
 	}
@@ -71,7 +71,7 @@ func (h *harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k repo
 		return nil, fmt.Errorf("lz4 file: %w", err)
 	}
 	b := &report.BaselineResult{Config: cfg, Kind: k, Bytes: uint64(st.Size()), Output: memory}
-	if err := h.timeBaseline(ctx, b, lz, h.tools.LZ4, "-d", "-c", lz); err != nil {
+	if err := h.timeBaseline(ctx, b, lz, h.Tools.LZ4, "-d", "-c", lz); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -79,18 +79,18 @@ func (h *harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k repo
 
 // timeBaseline runs name args with stdout on /dev/null h.runs times cold
 // and warm (interleaved) and records the wall times in b.
-func (h *harness) timeBaseline(ctx context.Context, b *report.BaselineResult, file, name string, args ...string) error {
+func (h *Harness) timeBaseline(ctx context.Context, b *report.BaselineResult, file, name string, args ...string) error {
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer null.Close()
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, cold := range []bool{true, false} {
 			if err := measure.SetCache(cold, file); err != nil {
 				return err
 			}
-			ctx2, cancel := context.WithTimeout(ctx, h.opTimeout())
+			ctx2, cancel := context.WithTimeout(ctx, h.OpTimeout())
 			var errOut bytes.Buffer
 			cmd := exec.CommandContext(ctx2, name, args...)
 			cmd.Stdout, cmd.Stderr = null, &errOut
@@ -106,7 +106,7 @@ func (h *harness) timeBaseline(ctx context.Context, b *report.BaselineResult, fi
 			} else {
 				b.Warm = append(b.Warm, d)
 			}
-			h.logf("baseline %-5s %s %s run %d/%d: %s", b.Config.Short, filepath.Base(name), map[bool]string{true: "cold", false: "warm"}[cold], r+1, h.runs, ms(d))
+			h.Logf("baseline %-5s %s %s run %d/%d: %s", b.Config.Short, filepath.Base(name), map[bool]string{true: "cold", false: "warm"}[cold], r+1, h.Runs, Millis(d))
 		}
 	}
 	return nil
@@ -115,13 +115,13 @@ func (h *harness) timeBaseline(ctx context.Context, b *report.BaselineResult, fi
 // rawMemory mounts snap with lazyfs and copies the data of its mem file
 // (every dumped page, holes skipped) into one file: the bytes a restore
 // puts back into the process, for the lz4 baseline.
-func (h *harness) rawMemory(ctx context.Context, snap *snapshot) (string, uint64, error) {
-	mnt := filepath.Join(h.work, "mnt")
+func (h *Harness) rawMemory(ctx context.Context, snap *Snapshot) (string, uint64, error) {
+	mnt := filepath.Join(h.Work, "mnt")
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return "", 0, err
 	}
 	var errOut bytes.Buffer
-	cmd := exec.Command(h.tools.Lazyfs, snap.Dir, mnt)
+	cmd := exec.Command(h.Tools.Lazyfs, snap.Dir, mnt)
 	cmd.Stdout, cmd.Stderr = &errOut, &errOut
 	if err := cmd.Start(); err != nil {
 		return "", 0, fmt.Errorf("start lazyfs: %w", err)
@@ -145,7 +145,7 @@ func (h *harness) rawMemory(ctx context.Context, snap *snapshot) (string, uint64
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	raw := filepath.Join(h.work, "memory.raw")
+	raw := filepath.Join(h.Work, "memory.raw")
 	n, err := measure.CopyData(filepath.Join(mnt, strconv.Itoa(snap.PID), "mem"), raw)
 	if err != nil {
 		os.Remove(raw)
@@ -156,7 +156,7 @@ func (h *harness) rawMemory(ctx context.Context, snap *snapshot) (string, uint64
 
 // unmount stops the lazyfs process (a clean unmount on SIGTERM), or
 // forces the unmount if it does not stop in time.
-func (h *harness) unmount(cmd *exec.Cmd, exited chan error, mnt string) {
+func (h *Harness) unmount(cmd *exec.Cmd, exited chan error, mnt string) {
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
@@ -167,8 +167,8 @@ func (h *harness) unmount(cmd *exec.Cmd, exited chan error, mnt string) {
 	if measure.Mounted(mnt) {
 		ctx, cancel := context.WithTimeout(context.Background(), mountTimeout)
 		defer cancel()
-		if b, err := exec.CommandContext(ctx, h.tools.Lazyfs, "-u", "--force", mnt).CombinedOutput(); err != nil {
-			fmt.Fprintf(h.log, "bench: unmount %s: %v\n%s", mnt, err, b)
+		if b, err := exec.CommandContext(ctx, h.Tools.Lazyfs, "-u", "--force", mnt).CombinedOutput(); err != nil {
+			fmt.Fprintf(h.Log, "bench: unmount %s: %v\n%s", mnt, err, b)
 		}
 	}
 	os.Remove(mnt)

@@ -1,4 +1,4 @@
-package main
+package harness
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 // restoreSeries runs every restore case of a configuration h.runs times,
 // the cases interleaved within each round so that a slow spell of the
 // machine does not land on one case only.
-func (h *harness) restoreSeries(ctx context.Context, snap *snapshot, cfg report.DumpConfig) ([]*report.RestoreResult, error) {
+func (h *Harness) restoreSeries(ctx context.Context, snap *Snapshot, cfg report.DumpConfig) ([]*report.RestoreResult, error) {
 	cases := report.RestoreCases(cfg)
 	results := make([]*report.RestoreResult, len(cases))
 	for i, c := range cases {
@@ -24,30 +24,30 @@ func (h *harness) restoreSeries(ctx context.Context, snap *snapshot, cfg report.
 	if err != nil {
 		return nil, err
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for i, c := range cases {
-			run, err := h.restoreOnce(ctx, snap, files, c)
+			run, err := h.RestoreOnce(ctx, snap, files, c)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", c, err)
 			}
 			results[i].Runs = append(results[i].Runs, run)
-			h.logf("restore %-11s %-32s %s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s, exit %s",
-				cfg.Short, c.Label()+fmt.Sprintf(" threads=%d", c.Threads), c.Cache(), r+1, h.runs,
-				ms(run.Running), ms(run.Ping), ms(run.First), ms(run.Token), ms(run.Total), ms(run.Wall))
+			h.Logf("restore %-11s %-32s %s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s, exit %s",
+				cfg.Short, c.Label()+fmt.Sprintf(" threads=%d", c.Threads), c.Cache(), r+1, h.Runs,
+				Millis(run.Running), Millis(run.Ping), Millis(run.First), Millis(run.Token), Millis(run.Total), Millis(run.Wall))
 		}
 	}
 	return results, nil
 }
 
 // ms rounds a duration for progress lines.
-func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+func Millis(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 
-// restoreOnce restores snap once as c says, times the client's first
+// RestoreOnce restores snap once as c says, times the client's first
 // answers, checks them, then kills the restored server and waits until its
 // pid is free.
-func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []string, c report.RestoreCase) (report.RestoreRun, error) {
+func (h *Harness) RestoreOnce(ctx context.Context, snap *Snapshot, files []string, c report.RestoreCase) (report.RestoreRun, error) {
 	var run report.RestoreRun
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
 	if measure.Alive(snap.PID) {
 		return run, fmt.Errorf("pid %d is taken before the restore", snap.PID)
@@ -56,10 +56,10 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 		return run, err
 	}
 
-	args := append(c.Args(snap.Dir), h.restoreArgs...)
+	args := append(c.Args(snap.Dir), h.RestoreArgs...)
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	askCtx, stopAsking := context.WithCancel(ctx)
 	defer stopAsking()
 	type exit struct {
@@ -71,7 +71,7 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	if err := cmd.Start(); err != nil {
 		return run, fmt.Errorf("start snapctl: %w", err)
 	}
-	h.live = snap.PID
+	h.Live = snap.PID
 	go func() {
 		err := cmd.Wait()
 		exited <- exit{time.Since(start), err}
@@ -106,7 +106,7 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 	} else {
 		run.Ping, run.First, run.Token = answers[0].At, answers[1].At, answers[2].At
 	}
-	if err := h.check(answers); err != nil {
+	if err := h.Check(answers); err != nil {
 		return run, err
 	}
 	err := h.finishRestore(ctx, snap, c, out.String(), e.wall, &run)
@@ -115,7 +115,7 @@ func (h *harness) restoreOnce(ctx context.Context, snap *snapshot, files []strin
 
 // finishRestore fills in run from snapctl's output and, with h.smaps, the
 // restored process's huge pages; then it kills the process.
-func (h *harness) finishRestore(ctx context.Context, snap *snapshot, c report.RestoreCase, out string, wall time.Duration, run *report.RestoreRun) error {
+func (h *Harness) finishRestore(ctx context.Context, snap *Snapshot, c report.RestoreCase, out string, wall time.Duration, run *report.RestoreRun) error {
 	rep, err := measure.ParseRestore(out, c.Lazy())
 	if err != nil {
 		return err
@@ -132,6 +132,6 @@ func (h *harness) finishRestore(ctx context.Context, snap *snapshot, c report.Re
 	if err := measure.KillAndReap(ctx, snap.PID); err != nil {
 		return err
 	}
-	h.live = 0
+	h.Live = 0
 	return nil
 }
