@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/chart"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -405,34 +406,9 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
-func TestNiceScale(t *testing.T) {
-	for _, max := range []float64{0.003, 0.7, 1, 9.9, 123, 1500, 4e6} {
-		top, step := report.NiceScale(max)
-		if top < max || top > max*2.5 || step <= 0 || top/step > 12 || top/step < 3 {
-			t.Errorf("niceScale(%g) = %g, %g", max, top, step)
-		}
-	}
-	for _, tc := range []struct {
-		v, step float64
-		want    string
-	}{
-		{0.6000000000000001, 0.2, "0.6"},
-		{0.30000000000000004, 0.05, "0.30"},
-		{1500, 500, "1500"},
-		{0.004, 0.001, "0.004"},
-	} {
-		if got := report.TickLabel(tc.v, tc.step); got != tc.want {
-			t.Errorf("tickLabel(%g, %g) = %q, want %q", tc.v, tc.step, got, tc.want)
-		}
-	}
-	if top, _ := report.NiceScale(math.NaN()); top != 1 {
-		t.Errorf("niceScale(NaN) top = %g", top)
-	}
-}
-
 func TestChartSkipsMissingBars(t *testing.T) {
-	c := report.Chart{Title: "t <&>", YLabel: "ms", Categories: []string{"a b c d e f g h", "b"},
-		Series: []report.ChartSeries{{Name: "s", Values: []float64{1, math.NaN()}, Lo: []float64{0.5, math.NaN()}, Hi: []float64{2, math.NaN()}}}}
+	c := chart.Chart{Title: "t <&>", YLabel: "ms", Categories: []string{"a b c d e f g h", "b"},
+		Series: []chart.Series{{Name: "s", Values: []float64{1, math.NaN()}, Lo: []float64{0.5, math.NaN()}, Hi: []float64{2, math.NaN()}}}}
 	svg := c.SVG()
 	checkSVG(t, "chart", svg)
 	if n := bytes.Count(svg, []byte("<title>")); n != 1 {

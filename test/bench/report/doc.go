@@ -8,3 +8,5 @@
 // here with its results type and the section that checks and writes them,
 // beside the file of the same name in test/bench that measures it.
 package report
+
+import ()

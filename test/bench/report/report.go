@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/chart"
 )
 
 // Files the harness writes into its -out directory (besides the charts).
@@ -491,8 +492,8 @@ func millis(r *RestoreResult, f func(RestoreRun) time.Duration) (med, lo, hi flo
 }
 
 // addSeries appends a series of one figure of each result.
-func addSeries(c *Chart, name string, rs []*RestoreResult, f func(RestoreRun) time.Duration) {
-	s := ChartSeries{Name: name}
+func addSeries(c *chart.Chart, name string, rs []*RestoreResult, f func(RestoreRun) time.Duration) {
+	s := chart.Series{Name: name}
 	for _, r := range rs {
 		med, lo, hi := millis(r, f)
 		s.Values, s.Lo, s.Hi = append(s.Values, med), append(s.Lo, lo), append(s.Hi, hi)
@@ -500,16 +501,16 @@ func addSeries(c *Chart, name string, rs []*RestoreResult, f func(RestoreRun) ti
 	c.Series = append(c.Series, s)
 }
 
-func imageSizeChart(s *SizeResult) Chart {
+func imageSizeChart(s *SizeResult) chart.Chart {
 	const mib = 1 << 20
-	c := Chart{
+	c := chart.Chart{
 		Title:    fmt.Sprintf("Snapshot size by option, %s modelserver", units.FormatSize(s.Size)),
 		YLabel:   "MiB",
 		Ref:      float64(s.Memory) / mib,
 		RefLabel: fmt.Sprintf("memory dumped: %.1f MiB", float64(s.Memory)/mib),
 		Note:     "lazyfs image: every file of the snapshot; lz4 tool: the same memory through lz4 -1 with blocks of the option's size.",
 	}
-	img, lz := ChartSeries{Name: "lazyfs image"}, ChartSeries{Name: "lz4 tool, same blocks"}
+	img, lz := chart.Series{Name: "lazyfs image"}, chart.Series{Name: "lz4 tool, same blocks"}
 	for _, d := range s.Dumps {
 		c.Categories = append(c.Categories, d.Config.Short)
 		img.Values = append(img.Values, float64(d.Image)/mib)
@@ -519,12 +520,12 @@ func imageSizeChart(s *SizeResult) Chart {
 		}
 		lz.Values = append(lz.Values, v)
 	}
-	c.Series = []ChartSeries{img, lz}
+	c.Series = []chart.Series{img, lz}
 	return c
 }
 
-func blockRestoreChart(s *SizeResult) Chart {
-	c := Chart{
+func blockRestoreChart(s *SizeResult) chart.Chart {
+	c := chart.Chart{
 		Title:  fmt.Sprintf("Restore by block size, %s modelserver (median, min–max)", units.FormatSize(s.Size)),
 		YLabel: "milliseconds from the restore command",
 		Note:   "eager: snapctl restore wall time; lazy: --lazy --source mount, client answers timed from the start of the command.",
@@ -546,9 +547,9 @@ func blockRestoreChart(s *SizeResult) Chart {
 	return c
 }
 
-func latencyChart(s *SizeResult) Chart {
+func latencyChart(s *SizeResult) chart.Chart {
 	def := DefaultConfig()
-	c := Chart{
+	c := chart.Chart{
 		Title:  fmt.Sprintf("Restore latency, %s modelserver, %s (median, min–max)", units.FormatSize(s.Size), def.Short),
 		YLabel: "milliseconds from the restore command",
 		Note:   "ping: first byte back; touch 1: reads 1% of memory, spread; token: reads all; idle rows ask nothing until every page is in.",

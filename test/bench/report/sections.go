@@ -1,5 +1,7 @@
 package report
 
+import ()
+
 // A section is the report's side of a series of the harness: it checks and
 // writes the results the series of the same name stored in a SizeResult.
 type section struct {

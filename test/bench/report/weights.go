@@ -1,5 +1,7 @@
 package report
 
+import ()
+
 // WeightAdvices are the weightserver's two layouts: numpy's MADV_HUGEPAGE
 // on every array, and the same process without it (the baseline).
 var WeightAdvices = []string{"hugepage", "none"}

@@ -1,4 +1,4 @@
-package report
+package chart
 
 import (
 	"bytes"
@@ -15,14 +15,14 @@ type Chart struct {
 	Title      string
 	YLabel     string
 	Categories []string // labels; spaces may wrap onto a second line
-	Series     []ChartSeries
+	Series     []Series
 	Ref        float64 // a horizontal reference line when > 0
 	RefLabel   string
 	Note       string // a line under the chart
 }
 
-// ChartSeries is one bar of every category. NaN values draw no bar.
-type ChartSeries struct {
+// Series is one bar of every category. NaN values draw no bar.
+type Series struct {
 	Name   string
 	Values []float64
 	Lo, Hi []float64 // whiskers; nil for none
@@ -48,9 +48,9 @@ func color(i int) string {
 	return cs[i%len(cs)]
 }
 
-// NiceScale returns an axis maximum and tick step for data up to max:
+// niceScale returns an axis maximum and tick step for data up to max:
 // steps of 1, 2 or 5 times a power of ten, about five to eight ticks.
-func NiceScale(max float64) (top, step float64) {
+func niceScale(max float64) (top, step float64) {
 	if !(max > 0) || math.IsInf(max, 0) {
 		return 1, 0.2
 	}
@@ -67,8 +67,8 @@ func NiceScale(max float64) (top, step float64) {
 	return top, step
 }
 
-// TickLabel formats an axis value with the decimals its step needs.
-func TickLabel(v, step float64) string {
+// tickLabel formats an axis value with the decimals its step needs.
+func tickLabel(v, step float64) string {
 	decimals := max(0, int(-math.Floor(math.Log10(step)+1e-9)))
 	return strconv.FormatFloat(v, 'f', decimals, 64)
 }
@@ -103,7 +103,7 @@ func (c Chart) SVG() []byte {
 	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>` + "\n")
 	p(`<text x="%g" y="24" font-size="17" font-weight="bold">%s</text>`+"\n", marginL, esc(c.Title))
 
-	top, step := NiceScale(c.maxValue())
+	top, step := niceScale(c.maxValue())
 	plotW, plotH := chartW-marginL-marginR, chartH-marginT-marginB
 	y := func(v float64) float64 { return marginT + plotH - v/top*plotH }
 
@@ -120,7 +120,7 @@ func (c Chart) SVG() []byte {
 		v := float64(i) * step
 		yy := y(v)
 		p(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#dddddd"/>`+"\n", marginL, yy, chartW-marginR, yy)
-		p(`<text x="%g" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", marginL-6, yy+4, TickLabel(v, step))
+		p(`<text x="%g" y="%.1f" font-size="11" text-anchor="end">%s</text>`+"\n", marginL-6, yy+4, tickLabel(v, step))
 	}
 	p(`<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#333333"/>`+"\n", marginL, marginT, marginL, marginT+plotH)
 	p(`<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#333333"/>`+"\n", marginL, marginT+plotH, chartW-marginR, marginT+plotH)
