@@ -9,12 +9,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
 	"github.com/lazyfs/lazyfs/test/bench/chart"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
 	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -448,4 +450,16 @@ func fakeHuge(ms func(n, r int) time.Duration) *report.HugeResult {
 		hr.Restores = append(hr.Restores, &report.RestoreResult{Config: report.DefaultConfig(), Case: c, Runs: []report.RestoreRun{run}})
 	}
 	return hr
+}
+
+// TestSeriesHaveSections checks that the report has a section for every
+// series the harness measures, in the same order.
+func TestSeriesHaveSections(t *testing.T) {
+	var names []string
+	for _, s := range harness.ExtraSeries {
+		names = append(names, s.Name)
+	}
+	if got := report.SectionNames(); !slices.Equal(got, names) {
+		t.Errorf("report sections %v, series %v", got, names)
+	}
 }

@@ -26,3 +26,13 @@ var extraSections = []section{
 	{Name: "tree", Validate: validateTree, Render: renderTree},
 	{Name: "workingset", Validate: validateWorkingSet, Render: workingSetSection},
 }
+
+// SectionNames returns the names of extraSections, in order, for a test
+// to hold them to the harness's series.
+func SectionNames() []string {
+	var names []string
+	for _, s := range extraSections {
+		names = append(names, s.Name)
+	}
+	return names
+}
