@@ -16,7 +16,7 @@ import (
 
 // The "crypt" series: what sealing a snapshot (dump --encrypt-to) costs.
 // The modelserver is dumped with the default option in clear and sealed
-// for an age recipient, alternately, h.runs times each; the last snapshot
+// for an age recipient, alternately, h.Runs times each; the last snapshot
 // of each is restored as report.CryptCases says, the two back to back in every
 // round in alternating order, so that a slow spell of the machine lands on
 // both.

@@ -38,7 +38,7 @@ var replicaCounts = []int{1, 2, 4}
 
 var replicaModes = []string{report.RepLazyWS, report.RepLazyOff, report.RepEager}
 
-// replicasSeries dumps one modelserver and runs every case h.runs times,
+// replicasSeries dumps one modelserver and runs every case h.Runs times,
 // the cases interleaved within each round.
 func replicasSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	cfg := report.DefaultConfig()

@@ -204,7 +204,7 @@ func dumpTorch(ctx context.Context, h *harness.Harness, tr *report.TorchResult, 
 }
 
 // startTorch starts the PyTorch server script with py, logging to
-// h.logPath, and waits until it is ready.
+// h.LogPath, and waits until it is ready.
 func startTorch(ctx context.Context, h *harness.Harness, py, script string) (*measure.Server, error) {
 	port, err := measure.FreePort()
 	if err != nil {

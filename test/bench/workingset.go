@@ -72,7 +72,7 @@ func workingSetSeries(ctx context.Context, h *harness.Harness, sr *report.SizeRe
 }
 
 // workingSetServer dumps one server, records its working set and runs
-// the cases h.runs times, interleaved.
+// the cases h.Runs times, interleaved.
 func workingSetServer(ctx context.Context, h *harness.Harness, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
 	w := &report.WSResult{Server: name}
 	snap, err := wsDump(ctx, h, name, prog, extra, size)

@@ -77,7 +77,7 @@ func (h *Harness) lz4Baseline(ctx context.Context, cfg report.DumpConfig, k repo
 	return b, nil
 }
 
-// timeBaseline runs name args with stdout on /dev/null h.runs times cold
+// timeBaseline runs name args with stdout on /dev/null h.Runs times cold
 // and warm (interleaved) and records the wall times in b.
 func (h *Harness) timeBaseline(ctx context.Context, b *report.BaselineResult, file, name string, args ...string) error {
 	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)

@@ -167,7 +167,7 @@ func (snap *Snapshot) Taken() (int, bool) {
 	return 0, false
 }
 
-// dumpSeries starts and dumps a server h.runs times; the last snapshot is
+// dumpSeries starts and dumps a server h.Runs times; the last snapshot is
 // kept for the restores.
 func (h *Harness) dumpSeries(ctx context.Context, sr *report.SizeResult, cfg report.DumpConfig) (*Snapshot, *report.DumpResult, error) {
 	dr := &report.DumpResult{Config: cfg}

@@ -11,7 +11,7 @@ import (
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
-// restoreSeries runs every restore case of a configuration h.runs times,
+// restoreSeries runs every restore case of a configuration h.Runs times,
 // the cases interleaved within each round so that a slow spell of the
 // machine does not land on one case only.
 func (h *Harness) restoreSeries(ctx context.Context, snap *Snapshot, cfg report.DumpConfig) ([]*report.RestoreResult, error) {

@@ -16,8 +16,8 @@ import (
 	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
-// weightsSeries dumps the weightserver of h.size once per advice with the
-// default option and restores both snapshots as report.WeightCases says, h.runs
+// weightsSeries dumps the weightserver of h.Size once per advice with the
+// default option and restores both snapshots as report.WeightCases says, h.Runs
 // times: round by round, case by case, the two advices back to back in an
 // order that alternates between rounds, so that a slow spell of the
 // machine lands on both.

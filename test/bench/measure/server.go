@@ -184,7 +184,7 @@ func Alive(pid int) bool {
 // Answer is one reply of the server and when it arrived.
 type Answer struct {
 	Line fixture.Line
-	At   time.Duration // since the start passed to converse
+	At   time.Duration // since the start passed to Converse
 }
 
 // Converse connects to the server on port, retrying every pollEvery while
@@ -209,7 +209,7 @@ func Converse(ctx context.Context, port int, start time.Time, requests ...string
 	}
 }
 
-// exchange is one connection's attempt of converse.
+// exchange is one connection's attempt of Converse.
 func exchange(ctx context.Context, addr string, start time.Time, requests []string) ([]Answer, error) {
 	d := net.Dialer{Timeout: time.Second}
 	conn, err := d.DialContext(ctx, "tcp", addr)
