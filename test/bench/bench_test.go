@@ -26,8 +26,8 @@ import (
 // replicas, pre-copy), 105-130 s alone on a 2-vCPU machine of the kind
 // whose first touch of a page is slow, and about twice that beside the
 // end-to-end package's tests. A hang is caught sooner, where it happens:
-// every dump, restore and baseline command is bounded by Harness.OpTimeout, and a
-// server's start by measure's serverReadyTimeout.
+// every dump, restore and baseline command is bounded by
+// Harness.OpTimeout, and a server's start by measure's serverReadyTimeout.
 const smokeTimeout = 10 * time.Minute
 
 // TestSmoke runs the whole harness at 64 MiB with one run, as make
