@@ -329,7 +329,8 @@ func threadsTable(m *md, s *SizeResult) {
 	m.p("")
 }
 
-// baselinesTable writes the read and lz4 baselines of each option, and how an eager restore compares.
+// baselinesTable writes the read and lz4 baselines of each option, and
+// how an eager restore compares.
 func baselinesTable(m *md, s *SizeResult) {
 	def := DefaultConfig()
 	m.p("### Baselines (same run)")
