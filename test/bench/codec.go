@@ -169,9 +169,10 @@ func dumpCodec(ctx context.Context, h *harness.Harness, fx codecFixture, name st
 	return cr, snap, exp, nil
 }
 
-// readCodecImage fills in cr's figures of the snapshot in dir. The weights are the
-// blocks in [wlo, whi) if whi > 0, else the blocks of unnamed anonymous
-// mappings of 1 MiB or more (the weightserver's arrays, one mapping each).
+// readCodecImage fills in cr's figures of the snapshot in dir. The weights
+// are the blocks in [wlo, whi) if whi > 0, else the blocks of unnamed
+// anonymous mappings of 1 MiB or more (the weightserver's arrays, one
+// mapping each).
 func readCodecImage(cr *report.CodecResult, dir string, pid int, wlo, whi uint64) error {
 	s, err := image.Open(dir)
 	if err != nil {

@@ -237,7 +237,8 @@ func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
 	baselinesTable(m, s)
 }
 
-// dumpTable writes the snapshot size and dump table of each option, and its chart.
+// dumpTable writes the snapshot size and dump table of each option, and
+// its chart.
 func dumpTable(m *md, s *SizeResult, charts map[string][]byte) {
 	imgChart, _, _ := ChartNames(s.Size)
 	m.p("### Snapshot size and dump")
@@ -257,7 +258,8 @@ func dumpTable(m *md, s *SizeResult, charts map[string][]byte) {
 	charts[imgChart] = imageSizeChart(s).SVG()
 }
 
-// blockRestoreTable writes the restores of each option, eager and lazy, and their chart.
+// blockRestoreTable writes the restores of each option, eager and lazy,
+// and their chart.
 func blockRestoreTable(m *md, s *SizeResult, charts map[string][]byte) {
 	_, blockChart, _ := ChartNames(s.Size)
 	m.p("### Restore by block size")
