@@ -74,28 +74,7 @@ func FakeReport(runs int, sizes ...uint64) *report.Report {
 				s.Baselines = append(s.Baselines, &checked)
 			}
 		}
-		for _, advice := range report.WeightAdvices {
-			w := &report.WeightsResult{Advice: advice, Arrays: int(size >> 24), Init: time.Second}
-			if advice == "hugepage" {
-				w.HugeVMAs, w.AnonHuge = w.Arrays, size-size/8
-			}
-			for _, c := range report.WeightCases() {
-				rr := &report.RestoreResult{Config: report.DefaultConfig(), Case: c}
-				for r := range runs {
-					run := report.RestoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100, HugeVMAs: w.HugeVMAs,
-						Ping: ms(50, r), First: ms(300, r), Token: ms(600, r)}
-					if !c.Lazy() {
-						run.Running, run.Total, run.Faults, run.Ping, run.First = ms(500, r), ms(500, r), 0, ms(510, r), ms(520, r)
-					}
-					if c.TokenFirst {
-						run.First = 0
-					}
-					rr.Runs = append(rr.Runs, run)
-				}
-				w.Restores = append(w.Restores, rr)
-			}
-			s.Weights = append(s.Weights, w)
-		}
+		s.Weights = fakeWeights(runs, size, ms)
 		if size == sizes[0] {
 			s.Torch = fakeTorch(runs, ms)
 			s.Huge = fakeHuge(ms)
@@ -103,6 +82,34 @@ func FakeReport(runs int, sizes ...uint64) *report.Report {
 		rep.Sizes = append(rep.Sizes, s)
 	}
 	return rep
+}
+
+// fakeWeights is a plausible weightserver series of a size.
+func fakeWeights(runs int, size uint64, ms func(n, r int) time.Duration) []*report.WeightsResult {
+	var ws []*report.WeightsResult
+	for _, advice := range report.WeightAdvices {
+		w := &report.WeightsResult{Advice: advice, Arrays: int(size >> 24), Init: time.Second}
+		if advice == "hugepage" {
+			w.HugeVMAs, w.AnonHuge = w.Arrays, size-size/8
+		}
+		for _, c := range report.WeightCases() {
+			rr := &report.RestoreResult{Config: report.DefaultConfig(), Case: c}
+			for r := range runs {
+				run := report.RestoreRun{Wall: ms(700, r), Running: ms(40, r), Total: ms(650, r), Faults: 100, HugeVMAs: w.HugeVMAs,
+					Ping: ms(50, r), First: ms(300, r), Token: ms(600, r)}
+				if !c.Lazy() {
+					run.Running, run.Total, run.Faults, run.Ping, run.First = ms(500, r), ms(500, r), 0, ms(510, r), ms(520, r)
+				}
+				if c.TokenFirst {
+					run.First = 0
+				}
+				rr.Runs = append(rr.Runs, run)
+			}
+			w.Restores = append(w.Restores, rr)
+		}
+		ws = append(ws, w)
+	}
+	return ws
 }
 
 // fakeTorch is a plausible torch series, CRIU included.
@@ -177,41 +184,10 @@ func chartNames3(size uint64) []string {
 // table and has no missing figure except where none is expected.
 func checkRows(t testing.TB, md string, s *report.SizeResult) {
 	t.Helper()
-	section := md
-	if i := strings.Index(md, "## "+report.SizeTitle(s.Size)+"\n"); i >= 0 {
-		section = md[i:]
-		if j := strings.Index(section[3:], "\n## "); j >= 0 {
-			section = section[:j+3]
-		}
-	} else {
-		t.Fatalf("no section for %d bytes", s.Size)
-	}
-	rows := strings.Split(section, "\n")
-	find := func(prefix string, cells int) []string {
-		var got []string
-		for _, r := range rows {
-			if strings.HasPrefix(r, prefix) && strings.Count(r, " | ")+1 == cells {
-				got = append(got, r)
-			}
-		}
-		return got
-	}
+	rows := sectionRows(t, md, s.Size)
 	expect := func(prefix string, cells, dashes int) {
 		t.Helper()
-		got := find(prefix, cells)
-		if len(got) != 1 {
-			t.Errorf("%d rows %q with %d cells, want 1", len(got), prefix, cells)
-			return
-		}
-		n := 0
-		for _, c := range strings.Split(strings.Trim(got[0], "| "), " | ") {
-			if c == "—" {
-				n++
-			}
-		}
-		if n != dashes {
-			t.Errorf("row %q: %d missing figures, want %d", got[0], n, dashes)
-		}
+		expectRow(t, rows, prefix, cells, dashes)
 	}
 	for _, cfg := range report.DumpConfigs() {
 		nc := 0
@@ -262,6 +238,46 @@ func checkRows(t testing.TB, md string, s *report.SizeResult) {
 			expect("| "+c.Label()+" | "+c.Cache()+" | "+report.AdviceLabel(advice)+" |", 10, 0)
 		}
 		expect("| "+c.Label()+" | "+c.Cache()+" |", 6, 0) // ratio
+	}
+}
+
+// sectionRows returns the lines of the report's section of a size.
+func sectionRows(t testing.TB, md string, size uint64) []string {
+	t.Helper()
+	section := md
+	if i := strings.Index(md, "## "+report.SizeTitle(size)+"\n"); i >= 0 {
+		section = md[i:]
+		if j := strings.Index(section[3:], "\n## "); j >= 0 {
+			section = section[:j+3]
+		}
+	} else {
+		t.Fatalf("no section for %d bytes", size)
+	}
+	return strings.Split(section, "\n")
+}
+
+// expectRow checks that one of rows, and only one, starts with prefix and
+// has cells cells, dashes of them "—" (no figure).
+func expectRow(t testing.TB, rows []string, prefix string, cells, dashes int) {
+	t.Helper()
+	var got []string
+	for _, r := range rows {
+		if strings.HasPrefix(r, prefix) && strings.Count(r, " | ")+1 == cells {
+			got = append(got, r)
+		}
+	}
+	if len(got) != 1 {
+		t.Errorf("%d rows %q with %d cells, want 1", len(got), prefix, cells)
+		return
+	}
+	n := 0
+	for _, c := range strings.Split(strings.Trim(got[0], "| "), " | ") {
+		if c == "—" {
+			n++
+		}
+	}
+	if n != dashes {
+		t.Errorf("row %q: %d missing figures, want %d", got[0], n, dashes)
 	}
 }
 
