@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/fixture/container"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -45,10 +45,10 @@ func BenchmarkContainerFirstAnswer(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	const keys = 200_000
-	rootfs := fixture.Rootfs(b, redisServer)
+	rootfs := container.Rootfs(b, redisServer)
 	serve := fmt.Sprintf("%s --port 6379 --bind 127.0.0.1 --save '' --appendonly no --dir /tmp </dev/null >/dev/null 2>&1 & exec /bin/sleep infinity </dev/null >/dev/null 2>&1", redisServer)
-	filled := func() *fixture.Container {
-		c := fixture.StartContainer(b, fixture.ContainerSpec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
+	filled := func() *container.Container {
+		c := container.Start(b, container.Spec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
 		if err := waitGet(ctx, c.InitPID, time.Minute, false); err != nil {
 			b.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func BenchmarkContainerFirstAnswer(b *testing.B) {
 		b.Run("snapctl-"+mode, func(b *testing.B) {
 			run(b, func() time.Duration {
 				b.StopTimer()
-				c := fixture.StartContainer(b, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
+				c := container.Start(b, container.Spec{Rootfs: rootfs, Args: container.PlaceholderArgs()})
 				args := []string{"restore", "-D", dir, "--into", strconv.Itoa(c.InitPID)}
 				if mode == "lazy" {
 					args = append(args, "--lazy")
@@ -110,7 +110,7 @@ func BenchmarkContainerFirstAnswer(b *testing.B) {
 	b.Run("placeholder-start", func(b *testing.B) {
 		run(b, func() time.Duration {
 			start := time.Now()
-			c := fixture.StartContainer(b, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
+			c := container.Start(b, container.Spec{Rootfs: rootfs, Args: container.PlaceholderArgs()})
 			took := time.Since(start)
 			b.StopTimer()
 			c.Stop()
@@ -187,7 +187,7 @@ func BenchmarkContainerFirstAnswer(b *testing.B) {
 func waitGet(ctx context.Context, pid int, wait time.Duration, value bool) error {
 	deadline := time.Now().Add(wait)
 	want := redisValue(0)
-	return fixture.InNetnsOf(pid, func() error {
+	return container.InNetnsOf(pid, func() error {
 		for {
 			c, err := net.DialTimeout("tcp", "127.0.0.1:6379", time.Second)
 			if err == nil {

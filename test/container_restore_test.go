@@ -25,6 +25,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/fixture/container"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -32,7 +33,7 @@ import (
 // of rootfs (its init a placeholder), eagerly then lazily, each a subtest
 // that hands check the container and snapctl's result, then stops the
 // container and checks that nothing of it is left.
-func restoreIntoFresh(t *testing.T, rootfs, dir string, check func(t *testing.T, mode string, b *fixture.Container, r cmdResult)) {
+func restoreIntoFresh(t *testing.T, rootfs, dir string, check func(t *testing.T, mode string, b *container.Container, r cmdResult)) {
 	t.Helper()
 	for _, c := range []struct {
 		name  string
@@ -42,7 +43,7 @@ func restoreIntoFresh(t *testing.T, rootfs, dir string, check func(t *testing.T,
 		{"lazy", []string{"--lazy"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: fixture.PlaceholderArgs()})
+			b := container.Start(t, container.Spec{Rootfs: rootfs, Args: container.PlaceholderArgs()})
 			r := mustSnapctl(t, append([]string{"restore", "-D", dir, "--into", strconv.Itoa(b.InitPID)}, c.flags...)...)
 			t.Logf("%s", strings.TrimSpace(r.Stdout))
 			check(t, c.name, b, r)
@@ -70,7 +71,7 @@ func probeSetnsPidfd() error {
 
 // containerChild returns the host pid of the one process of c that is
 // not its init.
-func containerChild(t *testing.T, c *fixture.Container) int {
+func containerChild(t *testing.T, c *container.Container) int {
 	t.Helper()
 	pids, err := c.Pids()
 	if err != nil {
@@ -97,14 +98,14 @@ func TestContainerRedis(t *testing.T) {
 	testutil.RequireKernel(t, "setns of a pidfd (restore --into)", probeSetnsPidfd())
 	redisServer := testutil.RequireCommand(t, "redis-server")
 	ctx := testContext(t)
-	rootfs := fixture.Rootfs(t, redisServer)
+	rootfs := container.Rootfs(t, redisServer)
 
 	// The server a child of the container's init, as under an init
 	// shim: the init stays the namespace's pid 1, which a restore into
 	// another container cannot give. Its standard streams are the
 	// container's /dev/null, not the runtime's log outside.
 	serve := fmt.Sprintf("%s --port 6379 --bind 127.0.0.1 --save '' --appendonly no --dir /tmp </dev/null >/dev/null 2>&1 & exec /bin/sleep infinity", redisServer)
-	a := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
+	a := container.Start(t, container.Spec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
 	pingContainer(t, a)
 	const keys = 20_000
 	if err := a.InNetns(func() error { return redisLoad(ctx, 6379, keys) }); err != nil {
@@ -129,7 +130,7 @@ func TestContainerRedis(t *testing.T) {
 		t.Errorf("restore of a container's process outside any: want a refusal naming --into\n%s", r)
 	}
 
-	restoreIntoFresh(t, rootfs, dir, func(t *testing.T, mode string, b *fixture.Container, r cmdResult) {
+	restoreIntoFresh(t, rootfs, dir, func(t *testing.T, mode string, b *container.Container, r cmdResult) {
 		got := containerChild(t, b)
 		if !strings.Contains(r.Stdout, fmt.Sprintf("pid %d is pid %d in the pid namespace it joined", got, own)) {
 			t.Errorf("restore output does not say pid %d is %d in the container:\n%s", got, own, r.Stdout)
@@ -172,7 +173,7 @@ func TestContainerRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bare := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: fixture.Rootfs(t), Args: fixture.PlaceholderArgs()})
+	bare := container.Start(t, container.Spec{Rootfs: container.Rootfs(t), Args: container.PlaceholderArgs()})
 	r = runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(bare.InitPID))
 	if r.Code != exitFileChanged || !strings.Contains(r.Stderr, exe) {
 		t.Errorf("restore into a container without %s: want exit %d naming it\n%s", exe, exitFileChanged, r)
@@ -189,7 +190,7 @@ func TestContainerRedis(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", rootfs, copied).CombinedOutput(); err != nil {
 		t.Fatalf("cp -a: %v %s", err, out)
 	}
-	fresh := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: copied, Args: fixture.PlaceholderArgs()})
+	fresh := container.Start(t, container.Spec{Rootfs: copied, Args: container.PlaceholderArgs()})
 	r = mustSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(fresh.InitPID))
 	t.Logf("into a copied root: %s", strings.TrimSpace(r.Stdout))
 	if err := fresh.InNetns(func() error { return redisSample(ctx, 6379, keys, 101) }); err != nil {
@@ -199,7 +200,7 @@ func TestContainerRedis(t *testing.T) {
 	if err := os.Chtimes(copied+exe, time.Now(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	touched := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: copied, Args: fixture.PlaceholderArgs()})
+	touched := container.Start(t, container.Spec{Rootfs: copied, Args: container.PlaceholderArgs()})
 	r = runSnapctl(t, "restore", "-D", dir, "--into", strconv.Itoa(touched.InitPID))
 	if r.Code != exitFileChanged || !strings.Contains(r.Stderr, exe) {
 		t.Errorf("restore into a root whose %s changed: want exit %d naming it\n%s", exe, exitFileChanged, r)
@@ -252,7 +253,7 @@ func TestContainerNginx(t *testing.T) {
 	testutil.RequireKernel(t, "setns of a pidfd (restore --into)", probeSetnsPidfd())
 	nginx := testutil.RequireCommand(t, "nginx")
 	ctx := testContext(t)
-	rootfs := fixture.RootfsWith(t, fixture.RootfsOptions{Programs: []string{nginx},
+	rootfs := container.RootfsWith(t, container.RootfsOptions{Programs: []string{nginx},
 		Dirs: []string{"/srv", "/srv/www", "/srv/tmp", "/var/log/nginx", "/var/lib/nginx"}})
 	page := fmt.Sprintf("served by nginx in a container, %s\n", t.Name())
 	for name, b := range map[string]string{"/srv/nginx.conf": containerNginxConf, "/srv/www/index.html": page} {
@@ -261,7 +262,7 @@ func TestContainerNginx(t *testing.T) {
 		}
 	}
 	os.Chmod(rootfs+"/srv/tmp", 0o777)
-	get := func(c *fixture.Container) error {
+	get := func(c *container.Container) error {
 		return c.InNetns(func() error {
 			body, err := httpGetHere(ctx, "http://127.0.0.1:8080/")
 			if err == nil && body != page {
@@ -273,7 +274,7 @@ func TestContainerNginx(t *testing.T) {
 	// tree returns the master (the process whose parent is not in the
 	// container: its init's child before the dump, the host's after a
 	// restore) and its workers (the master's children).
-	tree := func(c *fixture.Container) (master int, workers []int) {
+	tree := func(c *container.Container) (master int, workers []int) {
 		t.Helper()
 		pids, err := c.Pids()
 		if err != nil {
@@ -298,7 +299,7 @@ func TestContainerNginx(t *testing.T) {
 		return master, workers
 	}
 	serve := fmt.Sprintf("%s -c /srv/nginx.conf -p /srv </dev/null >/dev/null 2>&1 & exec /bin/sleep infinity", nginx)
-	a := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
+	a := container.Start(t, container.Spec{Rootfs: rootfs, Args: []string{"/bin/sh", "-c", serve}})
 	var master int
 	for deadline := time.Now().Add(containerWait); ; time.Sleep(20 * time.Millisecond) {
 		m, w := tree(a)
@@ -315,7 +316,7 @@ func TestContainerNginx(t *testing.T) {
 	r := dumpPID(t, master, dir)
 	t.Logf("%s", strings.TrimSpace(r.Stdout))
 
-	restoreIntoFresh(t, rootfs, dir, func(t *testing.T, mode string, b *fixture.Container, r cmdResult) {
+	restoreIntoFresh(t, rootfs, dir, func(t *testing.T, mode string, b *container.Container, r cmdResult) {
 		m, w := tree(b)
 		if m == 0 || len(w) != 2 {
 			t.Fatalf("restored tree in container %s: master %d, workers %v; want a master and two workers", b.ID, m, w)

@@ -1,6 +1,6 @@
 package e2e
 
-// The container fixture (test/fixture/container.go) that the container
+// The container fixture (test/fixture/container) that the container
 // tests build on: a root file system assembled from the host's files, a
 // real server in a runc container with namespaces of its own, and fresh
 // containers of the same file system (what a restore goes into), none of
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/fixture/container"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -30,7 +31,7 @@ func TestContainerFixture(t *testing.T) {
 	redisCli := testutil.RequireCommand(t, "redis-cli")
 	began := time.Now()
 
-	rootfs := fixture.Rootfs(t, redisServer, redisCli)
+	rootfs := container.Rootfs(t, redisServer, redisCli)
 	t.Logf("rootfs %s in %v", rootfs, time.Since(began).Round(time.Millisecond))
 	for _, p := range []string{"/bin/busybox", "/bin/sh", "/bin/sleep", "/etc/passwd", "/etc/group", redisServer, redisCli} {
 		if _, err := os.Stat(rootfs + p); err != nil {
@@ -43,7 +44,7 @@ func TestContainerFixture(t *testing.T) {
 	redisArgs := []string{redisServer, "--port", "6379", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--daemonize", "no", "--dir", "/tmp"}
 	start := time.Now()
-	c1 := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: redisArgs})
+	c1 := container.Start(t, container.Spec{Rootfs: rootfs, Args: redisArgs})
 	pingContainer(t, c1)
 	t.Logf("container %s (init %d) answered PING %v after start", c1.ID, c1.InitPID, time.Since(start).Round(time.Millisecond))
 
@@ -87,7 +88,7 @@ func TestContainerFixture(t *testing.T) {
 
 	// A fresh container of the same file system, with a placeholder init,
 	// while the first runs.
-	c2 := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs})
+	c2 := container.Start(t, container.Spec{Rootfs: rootfs})
 	if !c2.Alive() {
 		t.Fatalf("placeholder container %s: init %d not running", c2.ID, c2.InitPID)
 	}
@@ -112,7 +113,7 @@ func TestContainerFixture(t *testing.T) {
 	}
 
 	// After the first: the same server in another fresh container.
-	c3 := fixture.StartContainer(t, fixture.ContainerSpec{Rootfs: rootfs, Args: redisArgs})
+	c3 := container.Start(t, container.Spec{Rootfs: rootfs, Args: redisArgs})
 	pingContainer(t, c3)
 	checkNSpid(t, c3.InitPID)
 	// Both at once (Stop waits for the inits to be reaped by the host's
@@ -134,7 +135,7 @@ func TestContainerFixture(t *testing.T) {
 // pingContainer waits until redis-server in c answers PING on port 6379
 // of the container's loopback, asked by the host's redis-cli in c's
 // network namespace (nsenter).
-func pingContainer(t *testing.T, c *fixture.Container) {
+func pingContainer(t *testing.T, c *container.Container) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), containerWait)
 	defer cancel()
@@ -159,7 +160,7 @@ func pingContainer(t *testing.T, c *fixture.Container) {
 }
 
 // stopContainer stops c (if not yet) and checks that nothing of it is left.
-func stopContainer(t *testing.T, c *fixture.Container) {
+func stopContainer(t *testing.T, c *container.Container) {
 	t.Helper()
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)

@@ -209,19 +209,18 @@ func wantRefused(t *testing.T, ctx context.Context, r cmdResult, code, pid int, 
 }
 
 func TestRestoreCounter(t *testing.T) {
-	testutil.RequirePtrace(t)
-	ctx := testContext(t)
-	p := fixture.Start(t, "counter", "256M")
+	tc := newCase(t, "counter", "256M")
+	ctx, p := tc.Ctx, tc.P
 	sum := p.Ready.MustUint(t, "checksum")
 	before := request(t, ctx, p, syscall.SIGUSR1, "report")
 
-	dir, si := dumpForRestore(t, ctx, p)
+	_, si := tc.Dump()
 	atDump := binary.LittleEndian.Uint64(si.read(t, p.Ready.MustUint(t, "counter_addr"), 8))
 	if atDump < before.MustUint(t, "counter") {
 		t.Fatalf("counter in the image %d, below the %d reported before the dump", atDump, before.MustUint(t, "counter"))
 	}
 
-	restoreAndAdopt(t, p, dir)
+	tc.Restore()
 	l := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	if got := l.MustUint(t, "checksum"); got != sum {
 		t.Errorf("restored checksum %#x, want %#x", got, sum)
@@ -243,10 +242,9 @@ func TestRestoreCounter(t *testing.T) {
 // dumped block with its memory and its mappings with the image, and
 // only then lets it run.
 func TestRestoreMemoryExact(t *testing.T) {
-	testutil.RequirePtrace(t)
-	ctx := testContext(t)
-	p := fixture.Start(t, "counter", "16M")
-	dir, si := dumpForRestore(t, ctx, p)
+	tc := newCase(t, "counter", "16M")
+	ctx, p := tc.Ctx, tc.P
+	dir, si := tc.Dump()
 
 	snap, err := image.Open(dir)
 	if err != nil {
@@ -329,17 +327,16 @@ func TestRestoreMemoryExact(t *testing.T) {
 }
 
 func TestRestoreThreads(t *testing.T) {
-	testutil.RequirePtrace(t)
-	ctx := testContext(t)
-	p := fixture.Start(t, "threads")
+	tc := newCase(t, "threads")
+	ctx, p := tc.Ctx, tc.P
 	tids := taskIDs(t, p.PID)
 	if len(tids) != 5 {
 		t.Fatalf("threads fixture has tasks %v, want 5", tids)
 	}
 	before := request(t, ctx, p, syscall.SIGUSR1, "report")
 
-	dir, _ := dumpForRestore(t, ctx, p)
-	restoreAndAdopt(t, p, dir)
+	tc.Dump()
+	tc.Restore()
 
 	if got := taskIDs(t, p.PID); !slices.Equal(got, tids) {
 		t.Errorf("restored thread ids %v, want %v", got, tids)
@@ -644,14 +641,13 @@ func TestRestoreMappings(t *testing.T) {
 }
 
 func TestRestorePython(t *testing.T) {
-	testutil.RequirePtrace(t)
-	ctx := testContext(t)
-	p := fixture.StartPython(t, "pystate.py")
+	tc := newCaseWith(t, CaseOptions{Fixture: "pystate.py", Python: true})
+	ctx, p := tc.Ctx, tc.P
 	sum, _ := p.Ready.Value("checksum")
 	before := request(t, ctx, p, syscall.SIGUSR1, "report")
 
-	dir, _ := dumpForRestore(t, ctx, p)
-	restoreAndAdopt(t, p, dir)
+	tc.Dump()
+	tc.Restore()
 
 	l := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	wantField(t, l, "checksum", sum)
@@ -662,14 +658,13 @@ func TestRestorePython(t *testing.T) {
 }
 
 func TestRestoreTwice(t *testing.T) {
-	testutil.RequirePtrace(t)
-	ctx := testContext(t)
-	p := fixture.Start(t, "counter", "8M")
+	tc := newCase(t, "counter", "8M")
+	ctx, p := tc.Ctx, tc.P
 	sum := p.Ready.MustUint(t, "checksum")
-	dir, si := dumpForRestore(t, ctx, p)
+	_, si := tc.Dump()
 	atDump := binary.LittleEndian.Uint64(si.read(t, p.Ready.MustUint(t, "counter_addr"), 8))
 	for i := range 2 {
-		restoreAndAdopt(t, p, dir)
+		tc.Restore()
 		l := answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 		if l.MustUint(t, "checksum") != sum || l.MustUint(t, "counter") < atDump {
 			t.Errorf("restore %d: %q, want checksum %#x and counter >= %d", i, l.Text, sum, atDump)
@@ -765,10 +760,9 @@ func TestRestoreFileChanged(t *testing.T) {
 // the same file, the open in the file-descriptor step fails even for
 // root) and checks that what the restore had built is gone.
 func TestRestoreFailureKillsProcess(t *testing.T) {
-	testutil.RequirePtrace(t)
-	ctx := testContext(t)
-	p := fixture.Start(t, "counter", "4M")
-	dir, _ := dumpForRestore(t, ctx, p)
+	tc := newCase(t, "counter", "4M")
+	ctx, p := tc.Ctx, tc.P
+	dir, _ := tc.Dump()
 	if err := setImmutable(p.LogPath, true); err != nil {
 		t.Skipf("cannot make the log immutable on this filesystem: %v", err)
 	}

@@ -10,10 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The codec series: each model server dumped with each block codec
@@ -22,12 +24,7 @@ import (
 // the weights).
 
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "codec",
-		Measure:  measureCodecs,
-		Validate: validateCodecs,
-		Render:   renderCodecs,
-	})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "codec", Measure: measureCodecs})
 }
 
 // benchCodecs are the codecs compared, the plain one first.
@@ -37,125 +34,78 @@ var benchCodecs = []string{"lz4", "shuffle-lz4", "shuffle-huff"}
 type codecFixture struct {
 	Name    string // report name
 	Weights string // "bf16" or "float32"
-	prog    func(t tools) string
+	prog    func(t measure.Tools) string
 	extra   []string
 }
 
 var codecFixtures = []codecFixture{
-	{Name: "modelserver", Weights: "bf16", prog: func(t tools) string { return t.Modelserver }},
-	{Name: "weightserver", Weights: "float32", prog: func(t tools) string { return t.Weights }, extra: []string{"42", "hugepage"}},
-}
-
-// codecCases are the restores of each snapshot of the series; a smoke run
-// does the lazy one through the mount only.
-func codecCases(smoke bool) []restoreCase {
-	if smoke {
-		return []restoreCase{{Mode: lazyMount, Threads: defThreads}}
-	}
-	return []restoreCase{
-		{Mode: eager, Threads: defThreads},
-		{Mode: eager, Cold: true, Threads: defThreads},
-		{Mode: lazyMount, Threads: defThreads},
-		{Mode: lazyMount, Cold: true, Threads: defThreads},
-		{Mode: lazyDirect, Threads: defThreads},
-	}
-}
-
-// codecResult is one fixture dumped with one codec.
-type codecResult struct {
-	Fixture string
-	Weights string // "bf16" or "float32"
-	Codec   string
-	Memory  uint64 // bytes of memory in the snapshot
-	Pages   uint64 // the pages file
-	// WeightBytes and WeightStored: the weights' memory and the stored
-	// bytes of the blocks that hold it.
-	WeightBytes, WeightStored uint64
-	Shuffled                  uint64 // bytes of memory in shuffled blocks
-	Dump, Freeze              time.Duration
-	Restores                  []*restoreResult
-}
-
-// WeightRatio is the weights' stored bytes over their memory.
-func (c *codecResult) WeightRatio() float64 {
-	if c.WeightBytes == 0 {
-		return 0
-	}
-	return float64(c.WeightStored) / float64(c.WeightBytes)
-}
-
-func (c *codecResult) find(k restoreCase) *restoreResult {
-	for _, r := range c.Restores {
-		if r.Case == k {
-			return r
-		}
-	}
-	return nil
+	{Name: "modelserver", Weights: "bf16", prog: func(t measure.Tools) string { return t.Modelserver }},
+	{Name: "weightserver", Weights: "float32", prog: func(t measure.Tools) string { return t.Weights }, extra: []string{"42", "hugepage"}},
 }
 
 // measureCodecs dumps each fixture once per codec, then restores the
 // snapshots of one fixture round by round, case by case, the codecs back
 // to back in an order that turns between rounds.
-func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
+func measureCodecs(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	fixtures := codecFixtures
-	if h.smoke {
+	if h.Smoke {
 		fixtures = fixtures[:1] // the modelserver
 	}
 	for _, fx := range fixtures {
-		var results []*codecResult
-		snaps := map[string]*snapshot{}
-		var expect expectation
+		var results []*report.CodecResult
+		snaps := map[string]*harness.Snapshot{}
+		var expect harness.Expectation
 		cleanup := func() {
 			for _, s := range snaps {
 				os.RemoveAll(s.Dir)
 			}
 		}
 		for _, name := range benchCodecs {
-			cr, snap, exp, err := h.dumpCodec(ctx, fx, name)
+			cr, snap, exp, err := dumpCodec(ctx, h, fx, name)
 			if err != nil {
 				cleanup()
 				return fmt.Errorf("%s --codec %s: %w", fx.Name, name, err)
 			}
-			if expect != (expectation{}) && exp != expect {
+			if expect != (harness.Expectation{}) && exp != expect {
 				cleanup()
-				return fmt.Errorf("%s --codec %s: the server answered %+v, the first %+v: %w", fx.Name, name, exp, expect, ErrInsane)
+				return fmt.Errorf("%s --codec %s: the server answered %+v, the first %+v: %w", fx.Name, name, exp, expect, report.ErrInsane)
 			}
 			expect = exp
 			snaps[name] = snap
-			for _, c := range codecCases(h.smoke) {
-				cr.Restores = append(cr.Restores, &restoreResult{Case: c})
+			for _, c := range report.CodecCases(h.Smoke) {
+				cr.Restores = append(cr.Restores, &report.RestoreResult{Case: c})
 			}
 			results = append(results, cr)
 		}
 		files := map[string][]string{}
 		for name, s := range snaps {
-			fs, err := snapshotFiles(s.Dir)
+			fs, err := measure.SnapshotFiles(s.Dir)
 			if err != nil {
 				cleanup()
 				return err
 			}
 			files[name] = fs
 		}
-		h.expect = expect
-		for r := range h.runs {
-			for i, c := range codecCases(h.smoke) {
+		h.Expect = expect
+		for r := range h.Runs {
+			for i, c := range report.CodecCases(h.Smoke) {
 				order := slices.Clone(results)
 				if r%2 == 1 {
 					slices.Reverse(order)
 				}
 				for _, cr := range order {
-					run, err := h.restoreOnce(ctx, snaps[cr.Codec], files[cr.Codec], c)
+					run, err := h.RestoreOnce(ctx, snaps[cr.Codec], files[cr.Codec], c)
 					if err != nil {
 						cleanup()
 						return fmt.Errorf("%s --codec %s, %s: %w", fx.Name, cr.Codec, c, err)
 					}
 					cr.Restores[i].Runs = append(cr.Restores[i].Runs, run)
-					h.logf("restore %s %-12s %-24s %s run %d/%d: runs %s, touch 1 %s, token %s, all in %s",
-						fx.Name, cr.Codec, c.Label(), c.Cache(), r+1, h.runs, ms(run.Running), ms(run.First), ms(run.Token), ms(run.Total))
+					h.Logf("restore %s %-12s %-24s %s run %d/%d: runs %s, touch 1 %s, token %s, all in %s",
+						fx.Name, cr.Codec, c.Label(), c.Cache(), r+1, h.Runs, harness.Millis(run.Running), harness.Millis(run.First), harness.Millis(run.Token), harness.Millis(run.Total))
 				}
 			}
 		}
-		h.expect = expectation{}
+		h.Expect = harness.Expectation{}
 		cleanup()
 		sr.Codecs = append(sr.Codecs, results...)
 	}
@@ -164,21 +114,21 @@ func measureCodecs(ctx context.Context, h *harness, sr *sizeResult) error {
 
 // dumpCodec starts fixture fx, learns its answers and dumps it with
 // --codec name, then reads the snapshot's figures.
-func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (*codecResult, *snapshot, expectation, error) {
+func dumpCodec(ctx context.Context, h *harness.Harness, fx codecFixture, name string) (*report.CodecResult, *harness.Snapshot, harness.Expectation, error) {
 	// The fixture's start-up, its questions and the dump.
-	ctx, cancel := context.WithTimeout(ctx, 3*h.opTimeout())
+	ctx, cancel := context.WithTimeout(ctx, 3*h.OpTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, fx.prog(h.tools), h.size, fx.extra, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, fx.prog(h.Tools), h.Size, fx.extra, h.LogPath, h.Work)
 	if err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
-	h.live = srv.PID
-	h.expect = expectation{}
-	if err := h.learn(ctx, srv.Port); err != nil {
-		return nil, nil, expectation{}, err
+	h.Live = srv.PID
+	h.Expect = harness.Expectation{}
+	if err := h.Learn(ctx, srv.Port); err != nil {
+		return nil, nil, harness.Expectation{}, err
 	}
-	exp := h.expect
-	h.expect = expectation{}
+	exp := h.Expect
+	h.Expect = harness.Expectation{}
 	// modelserver: the weights are a range of its mapping.
 	var wlo, whi uint64
 	if a, ok := srv.Ready.Fields["addr"]; ok && fx.Name == "modelserver" {
@@ -186,50 +136,51 @@ func (h *harness) dumpCodec(ctx context.Context, fx codecFixture, name string) (
 		off, err2 := strconv.ParseUint(srv.Ready.Fields["weights_off"], 10, 64)
 		n, err3 := strconv.ParseUint(srv.Ready.Fields["weights_len"], 10, 64)
 		if err1 != nil || err2 != nil || err3 != nil {
-			return nil, nil, expectation{}, fmt.Errorf("modelserver ready line %q: %w", srv.Ready.Text, ErrOutput)
+			return nil, nil, harness.Expectation{}, fmt.Errorf("modelserver ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
 		}
 		wlo, whi = addr+off, addr+off+n
 	}
-	dir := filepath.Join(h.work, "snap-codec-"+fx.Name+"-"+name)
+	dir := filepath.Join(h.Work, "snap-codec-"+fx.Name+"-"+name)
 	if err := os.RemoveAll(dir); err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
 	args := []string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir, "--codec", name}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.Work
 	if err := cmd.Run(); err != nil {
-		return nil, nil, expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
+		return nil, nil, harness.Expectation{}, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
-		return nil, nil, expectation{}, err
+	if err := srv.WaitGone(ctx); err != nil {
+		return nil, nil, harness.Expectation{}, err
 	}
-	h.live = 0
-	rep, err := parseDump(stdout.String())
+	h.Live = 0
+	rep, err := measure.ParseDump(stdout.String())
 	if err != nil {
-		return nil, nil, expectation{}, err
+		return nil, nil, harness.Expectation{}, err
 	}
-	cr := &codecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Dump: rep.Total, Freeze: rep.Freeze}
-	if err := cr.read(dir, srv.PID, wlo, whi); err != nil {
-		return nil, nil, expectation{}, err
+	cr := &report.CodecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Dump: rep.Total, Freeze: rep.Freeze}
+	if err := readCodecImage(cr, dir, srv.PID, wlo, whi); err != nil {
+		return nil, nil, harness.Expectation{}, err
 	}
-	h.logf("dump %s --codec %s: %s; weights %s stored in %s (%.3f)", fx.Name, name, strings.TrimSpace(stdout.String()),
+	h.Logf("dump %s --codec %s: %s; weights %s stored in %s (%.3f)", fx.Name, name, strings.TrimSpace(stdout.String()),
 		units.FormatSize(cr.WeightBytes), units.FormatSize(cr.WeightStored), cr.WeightRatio())
-	snap := &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}
+	snap := &harness.Snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img")}
 	return cr, snap, exp, nil
 }
 
-// read fills in the figures of the snapshot in dir. The weights are the
-// blocks in [wlo, whi) if whi > 0, else the blocks of unnamed anonymous
-// mappings of 1 MiB or more (the weightserver's arrays, one mapping each).
-func (cr *codecResult) read(dir string, pid int, wlo, whi uint64) error {
+// readCodecImage fills in cr's figures of the snapshot in dir. The weights
+// are the blocks in [wlo, whi) if whi > 0, else the blocks of unnamed
+// anonymous mappings of 1 MiB or more (the weightserver's arrays, one
+// mapping each).
+func readCodecImage(cr *report.CodecResult, dir string, pid int, wlo, whi uint64) error {
 	s, err := image.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	if s.Manifest.Compression != cr.Codec {
-		return fmt.Errorf("manifest of --codec %s says %q: %w", cr.Codec, s.Manifest.Compression, ErrInsane)
+		return fmt.Errorf("manifest of --codec %s says %q: %w", cr.Codec, s.Manifest.Compression, report.ErrInsane)
 	}
 	st, err := s.State(pid)
 	if err != nil {
@@ -260,62 +211,7 @@ func (cr *codecResult) read(dir string, pid int, wlo, whi uint64) error {
 		}
 	}
 	if cr.WeightBytes == 0 {
-		return fmt.Errorf("%s: no weights found in the snapshot: %w", cr.Fixture, ErrInsane)
+		return fmt.Errorf("%s: no weights found in the snapshot: %w", cr.Fixture, report.ErrInsane)
 	}
 	return nil
-}
-
-func validateCodecs(runs int, sr *sizeResult, bad func(string, ...any)) {
-	for _, c := range sr.Codecs {
-		what := c.Fixture + " --codec " + c.Codec
-		if c.Memory == 0 || c.Pages == 0 || c.Pages > c.Memory+c.Memory/50 {
-			bad("%s: pages file %d for %d bytes of memory", what, c.Pages, c.Memory)
-		}
-		if c.WeightStored > c.WeightBytes+c.WeightBytes/50 {
-			bad("%s: weights stored in %d bytes for %d", what, c.WeightStored, c.WeightBytes)
-		}
-		if (c.Codec == "lz4") != (c.Shuffled == 0) {
-			bad("%s: %d bytes in shuffled blocks", what, c.Shuffled)
-		}
-		for _, r := range c.Restores {
-			if len(r.Runs) != runs {
-				bad("%s, %s: %d runs, want %d", what, r.Case, len(r.Runs), runs)
-			}
-			for _, run := range r.Runs {
-				if run.Token <= 0 {
-					bad("%s, %s: token at %s", what, r.Case, run.Token)
-				}
-			}
-		}
-	}
-}
-
-func renderCodecs(m *md, sr *sizeResult) {
-	if len(sr.Codecs) == 0 {
-		return
-	}
-	m.p("### Block codecs on model weights")
-	m.p("")
-	m.p("`snapctl dump --codec` on the modelserver (bf16 weights of N(0, 0.02): half its mapping) and the weightserver (float32 weights of N(0, 0.02) in 16 MiB arrays, with numpy's MADV_HUGEPAGE), each dumped once per codec. *weights* is the stored bytes of the blocks holding the weights over their memory; *token* is the time from the restore command's start to the answer of `token` (after `ping` and `touch 1`), which reads every weight: medians of the runs (range), the codecs restored back to back within each round.")
-	m.p("")
-	cases := codecCases(false)
-	cells := []string{"fixture", "codec", "image", "pages/memory", "weights", "dump", "frozen"}
-	for _, c := range cases {
-		cells = append(cells, "token, "+c.Label()+" "+c.Cache())
-	}
-	m.header(cells...)
-	for _, c := range sr.Codecs {
-		row := []string{c.Fixture + " (" + c.Weights + ")", "`" + c.Codec + "`", units.FormatSize(c.Pages),
-			fmt.Sprintf("%.3f", float64(c.Pages)/float64(c.Memory)), fmt.Sprintf("%.3f", c.WeightRatio()),
-			summarize([]time.Duration{c.Dump}).String(), summarize([]time.Duration{c.Freeze}).String()}
-		for _, k := range cases {
-			if r := c.find(k); r != nil {
-				row = append(row, r.dist(tokenOf).String())
-			} else {
-				row = append(row, "—")
-			}
-		}
-		m.row(row...)
-	}
-	m.p("")
 }

@@ -2,18 +2,16 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "incremental" series: the modelserver dumped whole
@@ -24,77 +22,37 @@ import (
 // eagerly and must answer `touch 1` and `token` as the server did right
 // before the second dump.
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "incremental",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.incrementalSeries(ctx, sr) },
-		Validate: validateIncremental,
-		Render:   renderIncremental,
-	})
-}
-
-// incrResult are the figures of the series, one entry per run.
-type incrResult struct {
-	FullBytes, IncrBytes   []int64         // the pages files of the two dumps
-	FullDump, IncrDump     []time.Duration // "in D" of each dump
-	FullFrozen, IncrFrozen []time.Duration
-	// The incremental dump with --pre-copy --leave-running, of the same
-	// memory (the server no longer writes).
-	PreBytes           []int64
-	PreDump, PreFrozen []time.Duration
-	Dirtied            time.Duration // how long the server wrote, each run
-	// Restore is the eager restore of the incremental snapshot (wall
-	// time, warm page cache); Restored counts the runs whose restored
-	// server answered as before the second dump.
-	Restore  []time.Duration
-	Restored int
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "incremental", Measure: incrementalSeries})
 }
 
 // incrDirtyTime is how long the server writes 1% of its memory a second
 // between the two dumps.
 const incrDirtyTime = time.Second
 
-func (h *harness) incrementalSeries(ctx context.Context, sr *sizeResult) error {
-	res := &incrResult{Dirtied: incrDirtyTime}
-	for r := range h.runs {
-		if err := h.incrementalOnce(ctx, res); err != nil {
+func incrementalSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	res := &report.IncrResult{Dirtied: incrDirtyTime}
+	for r := range h.Runs {
+		if err := incrementalOnce(ctx, h, res); err != nil {
 			return err
 		}
-		h.logf("incremental run %d/%d: full %s in %s (frozen %s), incremental %s in %s (frozen %s, %.2f%%), with --pre-copy frozen %s, restore %s",
-			r+1, h.runs, units.FormatSize(uint64(res.FullBytes[r])), ms(res.FullDump[r]), ms(res.FullFrozen[r]), units.FormatSize(uint64(res.IncrBytes[r])),
-			ms(res.IncrDump[r]), ms(res.IncrFrozen[r]), 100*float64(res.IncrBytes[r])/float64(res.FullBytes[r]), ms(res.PreFrozen[r]), ms(res.Restore[r]))
+		h.Logf("incremental run %d/%d: full %s in %s (frozen %s), incremental %s in %s (frozen %s, %.2f%%), with --pre-copy frozen %s, restore %s",
+			r+1, h.Runs, units.FormatSize(uint64(res.FullBytes[r])), harness.Millis(res.FullDump[r]), harness.Millis(res.FullFrozen[r]), units.FormatSize(uint64(res.IncrBytes[r])),
+			harness.Millis(res.IncrDump[r]), harness.Millis(res.IncrFrozen[r]), 100*float64(res.IncrBytes[r])/float64(res.FullBytes[r]), harness.Millis(res.PreFrozen[r]), harness.Millis(res.Restore[r]))
 	}
 	sr.Incremental = res
 	return nil
 }
 
-// pagesFileBytes returns the size of the pages file of pid in the
-// snapshot at dir, as its manifest records it.
-func pagesFileBytes(dir string, pid int) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(dir, image.ManifestName))
-	if err != nil {
-		return 0, err
-	}
-	var m image.Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return 0, err
-	}
-	e, ok := m.Process(pid)
-	if !ok {
-		return 0, fmt.Errorf("%s: no process %d", dir, pid)
-	}
-	return m.Files[e.Pages].Size, nil
-}
-
-func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
-	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
+func incrementalOnce(ctx context.Context, h *harness.Harness, res *report.IncrResult) error {
+	ctx, cancel := context.WithTimeout(ctx, 6*h.OpTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, h.Tools.Modelserver, h.Size, nil, h.LogPath, h.Work)
 	if err != nil {
 		return err
 	}
-	h.live = srv.PID
-	defer h.killLive()
-	full, incr := filepath.Join(h.work, "incr-full"), filepath.Join(h.work, "incr-child")
+	h.Live = srv.PID
+	defer h.KillLive()
+	full, incr := filepath.Join(h.Work, "incr-full"), filepath.Join(h.Work, "incr-child")
 	os.RemoveAll(full)
 	os.RemoveAll(incr)
 	defer os.RemoveAll(full)
@@ -104,19 +62,19 @@ func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
 	// ago: the full dump wrote them with O_DIRECT, and the first
 	// incremental dump would otherwise leave them cached for the second.
 	parentPages := filepath.Join(full, fmt.Sprintf("pages-%d.img", srv.PID))
-	dump := func(dir string, args ...string) (dumpReport, int64, error) {
-		if err := evict(parentPages); err != nil {
-			return dumpReport{}, 0, err
+	dump := func(dir string, args ...string) (measure.DumpReport, int64, error) {
+		if err := measure.Evict(parentPages); err != nil {
+			return measure.DumpReport{}, 0, err
 		}
-		out, err := h.snapctl(ctx, append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, args...)...)
+		out, err := h.Snapctl(ctx, append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, args...)...)
 		if err != nil {
-			return dumpReport{}, 0, err
+			return measure.DumpReport{}, 0, err
 		}
-		d, err := parseDump(out)
+		d, err := measure.ParseDump(out)
 		if err != nil {
 			return d, 0, err
 		}
-		n, err := pagesFileBytes(dir, srv.PID)
+		n, err := measure.PagesFileBytes(dir, srv.PID)
 		return d, n, err
 	}
 	d, n, err := dump(full, "--leave-running")
@@ -125,21 +83,12 @@ func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
 	}
 	res.FullBytes, res.FullDump, res.FullFrozen = append(res.FullBytes, n), append(res.FullDump, d.Total), append(res.FullFrozen, d.Freeze)
 
-	if _, err := converse(ctx, srv.Port, time.Now(), "dirty 1"); err != nil {
-		return err
-	}
-	time.Sleep(incrDirtyTime)
-	if _, err := converse(ctx, srv.Port, time.Now(), "dirty 0"); err != nil {
-		return err
-	}
-	// What the restored server must answer: its memory now.
-	as, err := converse(ctx, srv.Port, time.Now(), "touch 1", "token")
+	want, err := dirty(ctx, srv.Port)
 	if err != nil {
 		return err
 	}
-	want := expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}
 
-	pre := filepath.Join(h.work, "incr-precopy")
+	pre := filepath.Join(h.Work, "incr-precopy")
 	os.RemoveAll(pre)
 	defer os.RemoveAll(pre)
 	d, n, err = dump(pre, "--parent", full, "--pre-copy", "--leave-running")
@@ -153,15 +102,15 @@ func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
 		return err
 	}
 	res.IncrBytes, res.IncrDump, res.IncrFrozen = append(res.IncrBytes, n), append(res.IncrDump, d.Total), append(res.IncrFrozen, d.Freeze)
-	if err := killAndReap(ctx, srv.PID); err != nil { // the dump killed it: reap it
+	if err := measure.KillAndReap(ctx, srv.PID); err != nil { // the dump killed it: reap it
 		return err
 	}
-	h.live = 0
+	h.Live = 0
 
-	saved := h.expect
-	h.expect = want
-	defer func() { h.expect = saved }()
-	run, err := h.restoreOnce(ctx, &snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: defThreads})
+	saved := h.Expect
+	h.Expect = want
+	defer func() { h.Expect = saved }()
+	run, err := h.RestoreOnce(ctx, &harness.Snapshot{Dir: incr, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads})
 	if err != nil {
 		return fmt.Errorf("restore of the incremental snapshot: %w", err)
 	}
@@ -170,66 +119,20 @@ func (h *harness) incrementalOnce(ctx context.Context, res *incrResult) error {
 	return nil
 }
 
-// evict drops the cached pages of the file at path, if it exists.
-func evict(path string) error {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+// dirty has the server on port write its memory for incrDirtyTime, and
+// returns what a restore of it must answer from then on.
+func dirty(ctx context.Context, port int) (harness.Expectation, error) {
+	if _, err := measure.Converse(ctx, port, time.Now(), "dirty 1"); err != nil {
+		return harness.Expectation{}, err
 	}
+	time.Sleep(incrDirtyTime)
+	if _, err := measure.Converse(ctx, port, time.Now(), "dirty 0"); err != nil {
+		return harness.Expectation{}, err
+	}
+	// What the restored server must answer: its memory now.
+	as, err := measure.Converse(ctx, port, time.Now(), "touch 1", "token")
 	if err != nil {
-		return err
+		return harness.Expectation{}, err
 	}
-	defer f.Close()
-	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-}
-
-func validateIncremental(runs int, sr *sizeResult, bad func(string, ...any)) {
-	r := sr.Incremental
-	if r == nil {
-		return
-	}
-	if len(r.FullBytes) != runs || len(r.IncrBytes) != runs || len(r.Restore) != runs {
-		bad("incremental: %d runs, want %d", len(r.IncrBytes), runs)
-		return
-	}
-	for i := range r.IncrBytes {
-		if r.IncrBytes[i]*20 > r.FullBytes[i] || i < len(r.PreBytes) && r.PreBytes[i]*20 > r.FullBytes[i] {
-			bad("incremental run %d: pages file %d bytes, more than 5%% of the full dump's %d", i+1, r.IncrBytes[i], r.FullBytes[i])
-		}
-	}
-	if r.Restored != runs {
-		bad("incremental: %d of %d restores answered as the server did", r.Restored, runs)
-	}
-}
-
-func renderIncremental(m *md, sr *sizeResult) {
-	r := sr.Incremental
-	if r == nil || len(r.IncrBytes) == 0 {
-		return
-	}
-	m.p("### Incremental dumps (`dump --parent`)\n")
-	m.p("Each run starts a server, dumps it whole with `--leave-running`, has it write 1%% of its memory a second (`dirty 1`) for %s, "+
-		"then, its writer stopped, dumps it against the first snapshot with `--parent --pre-copy --leave-running`, then with `--parent` alone (which kills it), "+
-		"and restores the second incremental snapshot eagerly: "+
-		"before each incremental dump the parent's pages file is dropped from the page cache (as if dumped long ago); "+
-		"it must answer `touch 1` and `token` as the server did right before the second dump. Median (min–max) of %d runs; "+
-		"target: the incremental pages file at most 5%% of the full one's.\n", r.Dirtied, len(r.IncrBytes))
-	med := func(ns []int64) int64 {
-		ds := make([]time.Duration, len(ns))
-		for i, n := range ns {
-			ds[i] = time.Duration(n)
-		}
-		return int64(summarize(ds).Med)
-	}
-	full, incr := med(r.FullBytes), med(r.IncrBytes)
-	m.header("dump", "pages file", "of the full", "dump time", "frozen")
-	m.row("full", units.FormatSize(uint64(full)), "100%", summarize(r.FullDump).String(), summarize(r.FullFrozen).String())
-	m.row("incremental", units.FormatSize(uint64(incr)), fmt.Sprintf("%.2f%%", 100*float64(incr)/float64(full)), summarize(r.IncrDump).String(), summarize(r.IncrFrozen).String())
-	if len(r.PreBytes) > 0 {
-		pre := med(r.PreBytes)
-		m.row("incremental, `--pre-copy`", units.FormatSize(uint64(pre)), fmt.Sprintf("%.2f%%", 100*float64(pre)/float64(full)), summarize(r.PreDump).String(), summarize(r.PreFrozen).String())
-	}
-	m.p("")
-	m.p("Eager restore of the incremental snapshot (warm page cache, wall time): %s; %d/%d restored servers answered as before the dump.\n",
-		summarize(r.Restore), r.Restored, len(r.Restore))
+	return harness.Expectation{Touch1: as[0].Line.Fields["checksum"], Token: as[1].Line.Fields["checksum"], Heap: as[1].Line.Fields["heap"]}, nil
 }

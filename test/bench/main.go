@@ -12,7 +12,7 @@
 // arrays advised MADV_HUGEPAGE, as numpy lays them out) of the same size
 // with and without the advice and restores both alike. Every
 // figure is the median and min–max of -runs runs. The report explains each
-// measurement; read it, or report.go, before quoting a number.
+// measurement; read it, or report/report.go, before quoting a number.
 //
 // Usage, as root (dump and restore trace processes; cold runs drop the
 // page cache):
@@ -23,9 +23,11 @@
 // without it the harness builds them with `go build` into its work
 // directory. -smoke is the CI run: 64 MiB, one run, every row of the report.
 //
-// It is a program, not a library, of one responsibility (measure and
-// report); its report and chart functions are long because each lays out
-// one section or picture of BENCHMARKS.md top to bottom.
+// Package harness (test/bench/harness) runs the modelserver and
+// weightserver series and the steps every series shares; this package
+// holds the options and the other series, each in a file of its own;
+// package measure the instruments they use; package report the results,
+// their checks, BENCHMARKS.md and its charts.
 package main
 
 import (
@@ -35,6 +37,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 func main() {
@@ -53,21 +57,21 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var rep *report
+	var rep *report.Report
 	if opts.Render != "" {
-		rep, err = readResults(opts.Render)
+		rep, err = report.Read(opts.Render)
 	} else {
-		rep, err = measure(ctx, opts)
+		rep, err = measureAll(ctx, opts)
 	}
 	if err != nil {
 		return err
 	}
-	if err := validate(rep); err != nil {
+	if err := report.Validate(rep); err != nil {
 		return fmt.Errorf("report not written: %w", err)
 	}
-	if err := writeReport(opts.Out, rep); err != nil {
+	if err := report.Write(opts.Out, rep); err != nil {
 		return err
 	}
-	fmt.Fprintf(opts.Log, "bench: wrote %s\n", filepath.Join(opts.Out, ReportName))
+	fmt.Fprintf(opts.Log, "bench: wrote %s\n", filepath.Join(opts.Out, report.ReportName))
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // Defaults of the full run and of the smoke run.
@@ -67,7 +69,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	huge := fl.Bool("huge", os.Getenv(HugeEnv) == "1", "also dump and restore a 12 GiB weightserver once (default from "+HugeEnv+"=1; needs ~13 GiB of free memory and ~13 GiB of disk)")
 	smoke := fl.Bool("smoke", false, "CI smoke run: 64 MiB and 1 run unless -size/-runs say otherwise")
 	bin := fl.String("bin", "", "directory holding snapctl and lazyfs built from this module (default: go build them)")
-	render := fl.String("render", "", "write the report and charts from a results `FILE` ("+ResultsName+") instead of measuring")
+	render := fl.String("render", "", "write the report and charts from a results `FILE` ("+report.ResultsName+") instead of measuring")
 	only := fl.String("only", "", "measure only these comma-separated `SERIES` (modelserver, weights, and those of features); needs -out, since the report is then partial")
 	work := fl.String("work", "", "parent `DIR` of the work directory holding snapshots (default $TMPDIR); it needs about 3x -size free")
 	if err := fl.Parse(args); err != nil {
@@ -89,7 +91,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if *runs < 1 {
 		return options{}, fmt.Errorf("-runs %d: want at least 1", *runs)
 	}
-	onlyList, err := parseOnly(*only)
+	onlyList, err := harness.ParseOnly(*only)
 	if err != nil {
 		return options{}, err
 	}
@@ -104,7 +106,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		o.Sizes = append(o.Sizes, largeSize)
 	}
 	if o.Out == "" {
-		root, err := moduleRoot()
+		root, err := report.ModuleRoot()
 		if err != nil {
 			return options{}, err
 		}

@@ -5,16 +5,15 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "precopy" series: snapctl dump --pre-copy --leave-running of the
@@ -24,29 +23,7 @@ import (
 // and the pre-copy snapshot restores to a server that answers as the
 // original did.
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "precopy",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.preCopySeries(ctx, sr) },
-		Validate: validatePreCopy,
-		Render:   renderPreCopy,
-	})
-}
-
-// preCopyResult is one case of the series.
-type preCopyResult struct {
-	Case        string // "idle" or "dirty 1"
-	Frozen      []time.Duration
-	Total       []time.Duration
-	PlainFrozen []time.Duration
-	PlainTotal  []time.Duration
-	Rounds      []int
-	FrozenCopy  []string // the memory copied while frozen, as snapctl prints it
-	// Identical counts the runs whose pre-copy image (index and pages
-	// files) was the plain dump's byte for byte.
-	Identical int
-	// Restored: the pre-copy snapshot of the last run, restored, answered
-	// touch 1 and token as the original server did.
-	Restored bool
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "precopy", Measure: preCopySeries})
 }
 
 var preCopyLine = regexp.MustCompile(`(?m)^pre-copy: (\d+) rounds copied (.+) in (\S+) \(paused (\S+) to set up\); frozen copy (.+)$`)
@@ -57,15 +34,15 @@ var preCopyCases = []struct {
 	dirty int
 }{{"idle", 0}, {"dirty 1", 1}}
 
-func (h *harness) preCopySeries(ctx context.Context, sr *sizeResult) error {
+func preCopySeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	for _, c := range preCopyCases {
-		res := &preCopyResult{Case: c.name}
-		for r := range h.runs {
-			if err := h.preCopyOnce(ctx, res, c.dirty, r == h.runs-1); err != nil {
+		res := &report.PreCopyResult{Case: c.name}
+		for r := range h.Runs {
+			if err := preCopyOnce(ctx, h, res, c.dirty, r == h.Runs-1); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
-			h.logf("precopy %-8s run %d/%d: frozen %s (plain %s), dump %s (plain %s), %d rounds, frozen copy %s",
-				c.name, r+1, h.runs, ms(res.Frozen[r]), ms(res.PlainFrozen[r]), ms(res.Total[r]), ms(res.PlainTotal[r]),
+			h.Logf("precopy %-8s run %d/%d: frozen %s (plain %s), dump %s (plain %s), %d rounds, frozen copy %s",
+				c.name, r+1, h.Runs, harness.Millis(res.Frozen[r]), harness.Millis(res.PlainFrozen[r]), harness.Millis(res.Total[r]), harness.Millis(res.PlainTotal[r]),
 				res.Rounds[r], res.FrozenCopy[r])
 		}
 		sr.PreCopy = append(sr.PreCopy, res)
@@ -77,22 +54,22 @@ func (h *harness) preCopySeries(ctx context.Context, sr *sizeResult) error {
 // --pre-copy then plainly (both --leave-running), compares the images when
 // it is idle and, if restore, restores the pre-copy snapshot and checks
 // its answers.
-func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int, restore bool) error {
-	ctx, cancel := context.WithTimeout(ctx, 6*h.opTimeout())
+func preCopyOnce(ctx context.Context, h *harness.Harness, res *report.PreCopyResult, dirty int, restore bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 6*h.OpTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, h.Tools.Modelserver, h.Size, nil, h.LogPath, h.Work)
 	if err != nil {
 		return err
 	}
-	h.live = srv.PID
-	defer h.killLive()
-	if h.expect == (expectation{}) {
-		if err := h.learn(ctx, srv.Port); err != nil {
+	h.Live = srv.PID
+	defer h.KillLive()
+	if h.Expect == (harness.Expectation{}) {
+		if err := h.Learn(ctx, srv.Port); err != nil {
 			return err
 		}
 	}
 	if dirty > 0 {
-		if _, err := converse(ctx, srv.Port, time.Now(), fmt.Sprintf("dirty %d", dirty)); err != nil {
+		if _, err := measure.Converse(ctx, srv.Port, time.Now(), fmt.Sprintf("dirty %d", dirty)); err != nil {
 			return err
 		}
 	}
@@ -100,36 +77,23 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 	// change to its memory between the two dumps otherwise), and the
 	// writer runs at its pace.
 	time.Sleep(time.Second)
-	pre := filepath.Join(h.work, "precopy-pre")
-	plain := filepath.Join(h.work, "precopy-plain")
+	pre := filepath.Join(h.Work, "precopy-pre")
+	plain := filepath.Join(h.Work, "precopy-plain")
 	defer os.RemoveAll(pre)
 	defer os.RemoveAll(plain)
 	os.RemoveAll(pre)
 	os.RemoveAll(plain)
 
-	out, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", pre, "--leave-running", "--pre-copy")
-	if err != nil {
+	if err := preCopyDump(ctx, h, srv.PID, pre, res); err != nil {
 		return err
 	}
-	d, err := parseDump(out)
-	if err != nil {
-		return err
-	}
-	m := preCopyLine.FindStringSubmatch(out)
-	if m == nil {
-		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, ErrOutput)
-	}
-	rounds, _ := strconv.Atoi(m[1])
-	res.Frozen = append(res.Frozen, d.Freeze)
-	res.Total = append(res.Total, d.Total)
-	res.Rounds = append(res.Rounds, rounds)
-	res.FrozenCopy = append(res.FrozenCopy, m[5])
 
-	out, err = h.snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
+	out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", plain, "--leave-running")
 	if err != nil {
 		return err
 	}
-	if d, err = parseDump(out); err != nil {
+	d, err := measure.ParseDump(out)
+	if err != nil {
 		return err
 	}
 	res.PlainFrozen = append(res.PlainFrozen, d.Freeze)
@@ -138,7 +102,7 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 		// Even an idle process changes between two dumps (the kernel
 		// writes the CPU it runs on into its rseq area): the images are
 		// compared on the server stopped by SIGSTOP, dumped both ways.
-		same, err := h.sameStopped(ctx, srv.PID, pre+"-stopped", plain+"-stopped")
+		same, err := sameStopped(ctx, h, srv.PID, pre+"-stopped", plain+"-stopped")
 		if err != nil {
 			return err
 		}
@@ -156,18 +120,41 @@ func (h *harness) preCopyOnce(ctx context.Context, res *preCopyResult, dirty int
 	if !restore {
 		return nil
 	}
-	h.killLive()
-	if _, err := h.restoreOnce(ctx, &snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, restoreCase{Mode: eager, Threads: defThreads}); err != nil {
+	h.KillLive()
+	if _, err := h.RestoreOnce(ctx, &harness.Snapshot{Dir: pre, PID: srv.PID, Port: srv.Port}, nil, report.RestoreCase{Mode: report.Eager, Threads: report.DefThreads}); err != nil {
 		return fmt.Errorf("restore of the pre-copy snapshot: %w", err)
 	}
 	res.Restored = true
 	return nil
 }
 
+// preCopyDump dumps pid into dir with --pre-copy, leaving it running, and
+// adds the dump's figures to res.
+func preCopyDump(ctx context.Context, h *harness.Harness, pid int, dir string, res *report.PreCopyResult) error {
+	out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", dir, "--leave-running", "--pre-copy")
+	if err != nil {
+		return err
+	}
+	d, err := measure.ParseDump(out)
+	if err != nil {
+		return err
+	}
+	m := preCopyLine.FindStringSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("dump --pre-copy: no pre-copy line in %q: %w", out, measure.ErrOutput)
+	}
+	rounds, _ := strconv.Atoi(m[1])
+	res.Frozen = append(res.Frozen, d.Freeze)
+	res.Total = append(res.Total, d.Total)
+	res.Rounds = append(res.Rounds, rounds)
+	res.FrozenCopy = append(res.FrozenCopy, m[5])
+	return nil
+}
+
 // sameStopped stops pid, dumps it with --pre-copy into a and plainly into
 // b (both --leave-running), resumes it, and reports whether the two
 // images are equal byte for byte.
-func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, error) {
+func sameStopped(ctx context.Context, h *harness.Harness, pid int, a, b string) (bool, error) {
 	defer os.RemoveAll(a)
 	defer os.RemoveAll(b)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -175,7 +162,7 @@ func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, 
 	}
 	defer syscall.Kill(pid, syscall.SIGCONT)
 	// The signal is delivered when the process next leaves the kernel.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(pollEvery) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(measure.PollEvery) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
 			return false, err
@@ -187,128 +174,11 @@ func (h *harness) sameStopped(ctx context.Context, pid int, a, b string) (bool, 
 			return false, fmt.Errorf("server %d did not stop on SIGSTOP", pid)
 		}
 	}
-	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", a, "--leave-running", "--pre-copy"); err != nil {
+	if _, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", a, "--leave-running", "--pre-copy"); err != nil {
 		return false, err
 	}
-	if _, err := h.snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", b, "--leave-running"); err != nil {
+	if _, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(pid), "-D", b, "--leave-running"); err != nil {
 		return false, err
 	}
-	return sameMemory(a, b, pid)
-}
-
-// sameMemory reports whether the snapshots a and b of pid hold the same
-// pages with the same bytes, but for the threads' rseq areas: the kernel
-// writes there the CPU a thread returns to user mode on, and a dump's
-// injected system calls make it return (two plain dumps of a stopped
-// process differ there too).
-func sameMemory(a, b string, pid int) (bool, error) {
-	var rs [2]*image.Reader
-	var skip []units.Range
-	for i, dir := range []string{a, b} {
-		s, err := image.Open(dir)
-		if err != nil {
-			return false, err
-		}
-		defer s.Close()
-		st, err := s.State(pid)
-		if err != nil {
-			return false, err
-		}
-		for _, th := range st.Threads {
-			if th.Rseq != nil {
-				skip = append(skip, units.Range{Start: th.Rseq.Addr, End: th.Rseq.Addr + uint64(th.Rseq.Len)})
-			}
-		}
-		if rs[i], err = s.OpenPages(pid, image.ReaderOptions{}); err != nil {
-			return false, err
-		}
-		defer rs[i].Close()
-	}
-	if !slices.Equal(rs[0].Runs(), rs[1].Runs()) {
-		return false, nil
-	}
-	var x, y []byte
-	for blk := range rs[0].Blocks() {
-		other, ok := rs[1].BlockAt(blk.Addr)
-		if !ok || other.Addr != blk.Addr || other.Len != blk.Len {
-			return false, nil
-		}
-		if other.CRC == blk.CRC {
-			continue
-		}
-		x, y = make([]byte, blk.Len), make([]byte, blk.Len)
-		if _, err := rs[0].ReadAt(x, int64(blk.Addr)); err != nil {
-			return false, err
-		}
-		if _, err := rs[1].ReadAt(y, int64(blk.Addr)); err != nil {
-			return false, err
-		}
-		for i := range x {
-			addr := blk.Addr + uint64(i)
-			if x[i] != y[i] && !slices.ContainsFunc(skip, func(r units.Range) bool { return r.Contains(addr) }) {
-				return false, nil
-			}
-		}
-	}
-	return true, nil
-}
-
-// snapctl runs snapctl with args and returns its standard output.
-func (h *harness) snapctl(ctx context.Context, args ...string) (string, error) {
-	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
-	}
-	return out.String(), nil
-}
-
-func validatePreCopy(runs int, sr *sizeResult, bad func(string, ...any)) {
-	for _, r := range sr.PreCopy {
-		if len(r.Frozen) != runs || len(r.PlainFrozen) != runs {
-			bad("precopy %s: %d runs, want %d", r.Case, len(r.Frozen), runs)
-		}
-		for _, d := range append(append([]time.Duration{}, r.Frozen...), r.Total...) {
-			if d <= 0 {
-				bad("precopy %s: a time of %v", r.Case, d)
-			}
-		}
-		if r.Case == "idle" && r.Identical != runs {
-			bad("precopy idle: %d of %d images identical to the plain dump's", r.Identical, runs)
-		}
-		if !r.Restored {
-			bad("precopy %s: the pre-copy snapshot did not restore to the original's answers", r.Case)
-		}
-	}
-}
-
-func renderPreCopy(m *md, sr *sizeResult) {
-	if len(sr.PreCopy) == 0 {
-		return
-	}
-	m.p("### Pre-copy dumps (`dump --pre-copy --leave-running`)\n")
-	m.p("Each run starts a server, dumps it with `--pre-copy --leave-running`, then at once with `--leave-running` alone (plain), " +
-		"median (min–max). *Frozen* is the process's stop for the snapshot (pre-copy also stops it a few ms earlier to set up " +
-		"write tracking, not counted); targets: ≤ 50 ms idle, ≤ 150 ms under `dirty 1` (1%% of memory written per second). " +
-		"*Identical*: runs where, the server then stopped by SIGSTOP, a pre-copy dump's memory equals a plain dump's byte for byte but for the threads' rseq areas (where the kernel writes the CPU a thread returns to user mode on, which the dumps' injected calls make it do); " +
-		"the last run's pre-copy snapshot is restored and must answer `touch 1` and `token` as the original did.\n")
-	m.header("server", "frozen, pre-copy", "frozen, plain", "dump, pre-copy", "dump, plain", "rounds", "frozen copy (last run)", "identical")
-	for _, r := range sr.PreCopy {
-		ident := "—"
-		if r.Case == "idle" {
-			ident = fmt.Sprintf("%d/%d", r.Identical, len(r.Frozen))
-		}
-		rounds := "—"
-		if len(r.Rounds) > 0 {
-			rounds = strconv.Itoa(r.Rounds[len(r.Rounds)-1])
-		}
-		last := "—"
-		if len(r.FrozenCopy) > 0 {
-			last = r.FrozenCopy[len(r.FrozenCopy)-1]
-		}
-		m.row(r.Case, summarize(r.Frozen).String(), summarize(r.PlainFrozen).String(), summarize(r.Total).String(),
-			summarize(r.PlainTotal).String(), rounds, last, ident)
-	}
-	m.p("")
+	return measure.SameMemory(a, b, pid)
 }

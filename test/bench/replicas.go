@@ -8,16 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The replicas series: one modelserver snapshot restored N times (1, 2,
@@ -31,96 +30,41 @@ import (
 // memory they and the page source hold.
 
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "replicas",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.replicasSeries(ctx, sr) },
-		Validate: validateReplicas,
-		Render:   renderReplicas,
-	})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "replicas", Measure: replicasSeries})
 }
 
 // replicaCounts are how many copies each case starts.
 var replicaCounts = []int{1, 2, 4}
 
-// The modes of the series. Lazy: every copy through one lazyfs mount
-// (made afresh for the case: its first copy decodes, the others find the
-// blocks decoded), the working set removed before the case; with
-// repLazyWS the first copy records one (--record-working-set, stopped by
-// SIGUSR1 once it answered "touch 1") and the later copies fetch it first
-// (--working-set auto, the default); with repLazyOff no copy records or
-// uses one. Eager: each copy filled by its snapctl from the snapshot
-// files (warm in the page cache).
-const (
-	repLazyWS  = "lazy, working set"
-	repLazyOff = "lazy, --working-set off"
-	repEager   = "eager"
-)
+var replicaModes = []string{report.RepLazyWS, report.RepLazyOff, report.RepEager}
 
-var replicaModes = []string{repLazyWS, repLazyOff, repEager}
-
-// replicaLazy reports whether mode restores lazily.
-func replicaLazy(mode string) bool { return mode != repEager }
-
-// replicasResult is the runs of one case.
-type replicasResult struct {
-	Mode string
-	N    int
-	Runs []replicasRun
-	// Recorded is the first copy's "working set recorded: ..." line
-	// (repLazyWS; the last run's).
-	Recorded string
-}
-
-// replicasRun is one run of a case.
-type replicasRun struct {
-	// Touch1 is, per copy in start order, the time from its snapctl's
-	// start to its "touch 1" answer.
-	Touch1 []time.Duration
-	// Running and Faults are, per copy, what its snapctl said: the time
-	// from its start until the process ran, and (lazy) the faults it
-	// served.
-	Running []time.Duration
-	Faults  []int
-	// Memory once every copy has all its memory (lazy: every snapctl
-	// exited), in bytes: the copies' Pss summed (their inits included),
-	// and their Anonymous; the page cache that the snapshot's pages file
-	// and the mount's mem file hold (resident pages, as fincore counts
-	// them), and of it the mem file's; the lazyfs server's Rss, and the
-	// decoded blocks its block cache holds (MNT/PID/stats cache_bytes;
-	// lazy only).
-	Pss, Anon, PageCache, MemCache, Server, BlockCache uint64
-}
-
-// total is the memory the case holds: copies, page cache, server.
-func (r replicasRun) total() uint64 { return r.Pss + r.PageCache + r.Server }
-
-// replicasSeries dumps one modelserver and runs every case h.runs times,
+// replicasSeries dumps one modelserver and runs every case h.Runs times,
 // the cases interleaved within each round.
-func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
-	cfg := defaultConfig()
-	dir := filepath.Join(h.work, "snap-replicas")
-	var dr dumpResult
-	snap, err := h.dumpOnce(ctx, sr, cfg, dir, &dr)
+func replicasSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	cfg := report.DefaultConfig()
+	dir := filepath.Join(h.Work, "snap-replicas")
+	var dr report.DumpResult
+	snap, err := h.DumpOnce(ctx, sr, cfg, dir, &dr)
 	if err != nil {
 		return fmt.Errorf("dump: %w", err)
 	}
 	defer os.RemoveAll(snap.Dir)
-	files, err := snapshotFiles(snap.Dir)
+	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return err
 	}
-	var results []*replicasResult
+	var results []*report.ReplicasResult
 	for _, mode := range replicaModes {
 		for _, n := range replicaCounts {
-			results = append(results, &replicasResult{Mode: mode, N: n})
+			results = append(results, &report.ReplicasResult{Mode: mode, N: n})
 		}
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, res := range results {
-			if err := warmUp(files...); err != nil {
+			if err := measure.WarmUp(files...); err != nil {
 				return err
 			}
-			run, recorded, err := h.replicasOnce(ctx, snap, res.Mode, res.N)
+			run, recorded, err := replicasOnce(ctx, h, snap, res.Mode, res.N)
 			if err != nil {
 				return fmt.Errorf("%s x%d: %w", res.Mode, res.N, err)
 			}
@@ -130,10 +74,10 @@ func (h *harness) replicasSeries(ctx context.Context, sr *sizeResult) error {
 			}
 			var t1 []string
 			for i, d := range run.Touch1 {
-				t1 = append(t1, fmt.Sprintf("%s (runs %s, %d faults)", ms(d), ms(run.Running[i]), run.Faults[i]))
+				t1 = append(t1, fmt.Sprintf("%s (runs %s, %d faults)", harness.Millis(d), harness.Millis(run.Running[i]), run.Faults[i]))
 			}
-			h.logf("replicas %-23s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
-				res.Mode, res.N, r+1, h.runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
+			h.Logf("replicas %-23s x%d run %d/%d: touch 1 %s; Pss %s, page cache %s (mem file %s), server %s (block cache %s)",
+				res.Mode, res.N, r+1, h.Runs, strings.Join(t1, ", "), units.FormatSize(run.Pss),
 				units.FormatSize(run.PageCache), units.FormatSize(run.MemCache), units.FormatSize(run.Server),
 				units.FormatSize(run.BlockCache))
 		}
@@ -156,24 +100,24 @@ type replicaProc struct {
 // copies started one after another, their memory measured, all killed
 // and the mount unmounted. It returns the first copy's "working set
 // recorded" line if it recorded one.
-func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string, n int) (run replicasRun, recorded string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout()*time.Duration(n+1))
+func replicasOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, mode string, n int) (run report.ReplicasRun, recorded string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout()*time.Duration(n+1))
 	defer cancel()
 	wsPath := filepath.Join(snap.Dir, "workingset-"+strconv.Itoa(snap.PID)+".img")
 	if err := os.Remove(wsPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return run, "", err
 	}
 	var mnt string
-	if replicaLazy(mode) {
-		mnt = filepath.Join(h.work, "mnt-replicas")
+	if report.ReplicaLazy(mode) {
+		mnt = filepath.Join(h.Work, "mnt-replicas")
 		if err := os.MkdirAll(mnt, 0o700); err != nil {
 			return run, "", err
 		}
-		if out, err := exec.CommandContext(ctx, h.tools.Lazyfs, "--background", snap.Dir, mnt).CombinedOutput(); err != nil {
+		if out, err := exec.CommandContext(ctx, h.Tools.Lazyfs, "--background", snap.Dir, mnt).CombinedOutput(); err != nil {
 			return run, "", fmt.Errorf("lazyfs --background: %w: %s", err, out)
 		}
 		defer func() {
-			if out, uerr := exec.Command(h.tools.Lazyfs, "-u", mnt).CombinedOutput(); uerr != nil && err == nil {
+			if out, uerr := exec.Command(h.Tools.Lazyfs, "-u", mnt).CombinedOutput(); uerr != nil && err == nil {
 				err = fmt.Errorf("lazyfs -u: %w: %s", uerr, out)
 			}
 		}()
@@ -185,33 +129,19 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		}
 	}()
 	for i := range n {
-		args := []string{"restore", "-D", snap.Dir, "--pidns", "--netns", "new"}
-		record := mode == repLazyWS && i == 0
-		switch {
-		case record:
-			args = append(args, "--lazy", "--mount", mnt, "--record-working-set", "--record-for", "5m")
-		case mode == repLazyWS:
-			args = append(args, "--lazy", "--mount", mnt)
-		case mode == repLazyOff:
-			args = append(args, "--lazy", "--mount", mnt, "--working-set", "off")
-		}
-		r := &replicaProc{pidfile: filepath.Join(h.work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
-		os.Remove(r.pidfile)
-		r.cmd = exec.CommandContext(ctx, h.tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
-		r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.work
-		start := time.Now()
-		if err := r.cmd.Start(); err != nil {
+		args, record := replicaArgs(snap.Dir, mode, mnt, i)
+		r, start, err := startReplica(ctx, h, args, i)
+		if err != nil {
 			return run, "", err
 		}
 		reps = append(reps, r)
-		go func() { r.exited <- r.cmd.Wait() }()
 		if err := r.waitPid(ctx); err != nil {
 			return run, "", err
 		}
-		var as []answer
-		err := inNetns(r.pid, func() error {
+		var as []measure.Answer
+		err = measure.InNetns(r.pid, func() error {
 			var err error
-			as, err = converse(ctx, snap.Port, start, "ping", "touch 1")
+			as, err = measure.Converse(ctx, snap.Port, start, "ping", "touch 1")
 			return err
 		})
 		if record {
@@ -224,77 +154,138 @@ func (h *harness) replicasOnce(ctx context.Context, snap *snapshot, mode string,
 		if err != nil {
 			return run, "", fmt.Errorf("copy %d: %w\n%s", i+1, err, r.out.String())
 		}
-		if err := h.check(as); err != nil {
+		if err := h.Check(as); err != nil {
 			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
 		run.Touch1 = append(run.Touch1, as[1].At)
 		// The next copy starts once this one has all its memory: it
 		// finds the blocks decoded, and no prefetch competes with it for
 		// the CPUs.
-		select {
-		case err := <-r.exited:
-			r.exited <- err
-			if err != nil {
-				return run, "", fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
-			}
-		case <-ctx.Done():
-			return run, "", fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+		if err := r.waitExit(ctx, i); err != nil {
+			return run, "", err
 		}
 		out := r.out.String()
-		rep, err := parseRestore(out, replicaLazy(mode))
+		rep, err := measure.ParseRestore(out, report.ReplicaLazy(mode))
 		if err != nil {
 			return run, "", fmt.Errorf("copy %d: %w", i+1, err)
 		}
 		run.Running, run.Faults = append(run.Running, rep.Running), append(run.Faults, rep.Faults)
-		switch {
-		case record:
-			// The next copies find the working set written.
-			for line := range strings.Lines(out) {
-				if strings.HasPrefix(line, "working set recorded:") {
-					recorded = strings.TrimSpace(line)
-				}
-			}
-			if _, err := os.Stat(wsPath); recorded == "" || err != nil {
-				return run, "", fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, ErrOutput)
-			}
-		case mode == repLazyWS:
-			if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
-				return run, "", fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, ErrOutput)
-			}
-		case strings.Contains(out, "working set"):
-			return run, "", fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, ErrOutput)
+		if recorded, err = checkReplicaOutput(out, mode, record, wsPath, i, recorded); err != nil {
+			return run, "", err
 		}
 	}
+	if err := replicasMemory(&run, reps, snap, mode, h.Tools.Lazyfs, mnt); err != nil {
+		return run, "", err
+	}
+	return run, recorded, nil
+}
+
+// replicaArgs are the snapctl arguments of copy i of a case of mode, and
+// whether it records the working set.
+func replicaArgs(dir, mode, mnt string, i int) (args []string, record bool) {
+	args = []string{"restore", "-D", dir, "--pidns", "--netns", "new"}
+	record = mode == report.RepLazyWS && i == 0
+	switch {
+	case record:
+		args = append(args, "--lazy", "--mount", mnt, "--record-working-set", "--record-for", "5m")
+	case mode == report.RepLazyWS:
+		args = append(args, "--lazy", "--mount", mnt)
+	case mode == report.RepLazyOff:
+		args = append(args, "--lazy", "--mount", mnt, "--working-set", "off")
+	}
+	return args, record
+}
+
+// checkReplicaOutput checks what copy i's snapctl printed against its
+// mode: copy 1 of the working-set mode recorded one at wsPath (its line
+// is returned), the others of that mode fetched it first, and no copy of
+// another mode used one. recorded is returned unchanged for the others.
+func checkReplicaOutput(out, mode string, record bool, wsPath string, i int, recorded string) (string, error) {
+	switch {
+	case record:
+		// The next copies find the working set written.
+		for line := range strings.Lines(out) {
+			if strings.HasPrefix(line, "working set recorded:") {
+				recorded = strings.TrimSpace(line)
+			}
+		}
+		if _, err := os.Stat(wsPath); recorded == "" || err != nil {
+			return recorded, fmt.Errorf("copy 1 recorded no working set in %s (%v): %q: %w", wsPath, err, out, measure.ErrOutput)
+		}
+	case mode == report.RepLazyWS:
+		if !strings.Contains(out, "fetched first from its copy, "+wsPath) {
+			return recorded, fmt.Errorf("copy %d did not fetch the working set first: %q: %w", i+1, out, measure.ErrOutput)
+		}
+	case strings.Contains(out, "working set"):
+		return recorded, fmt.Errorf("copy %d (%s) used a working set: %q: %w", i+1, mode, out, measure.ErrOutput)
+	}
+	return recorded, nil
+}
+
+// replicasMemory adds to run the memory of the copies once each has all
+// of its memory: their Pss and anonymous memory, the page cache of the
+// pages file and (lazy) of the mount's mem file, and the lazyfs server's.
+func replicasMemory(run *report.ReplicasRun, reps []*replicaProc, snap *harness.Snapshot, mode, lazyfs, mnt string) error {
 	for _, r := range reps {
 		for _, pid := range []int{r.pid, r.init} {
-			pss, anon, err := smapsRollup(pid)
+			pss, anon, err := measure.SmapsRollup(pid)
 			if err != nil {
-				return run, "", err
+				return err
 			}
 			run.Pss += pss
 			run.Anon += anon
 		}
 	}
-	run.PageCache, err = residentBytes(snap.Pages)
+	var err error
+	run.PageCache, err = measure.ResidentBytes(snap.Pages)
 	if err != nil {
-		return run, "", err
+		return err
 	}
-	if replicaLazy(mode) {
+	if report.ReplicaLazy(mode) {
 		mem := filepath.Join(mnt, strconv.Itoa(snap.PID), "mem")
-		c, err := residentBytes(mem)
+		c, err := measure.ResidentBytes(mem)
 		if err != nil {
-			return run, "", err
+			return err
 		}
 		run.PageCache += c
 		run.MemCache = c
-		if run.Server, err = serverRss(h.tools.Lazyfs, mnt); err != nil {
-			return run, "", err
+		if run.Server, err = measure.ServerRSS(lazyfs, mnt); err != nil {
+			return err
 		}
-		if run.BlockCache, err = blockCacheBytes(filepath.Join(mnt, strconv.Itoa(snap.PID), "stats")); err != nil {
-			return run, "", err
+		if run.BlockCache, err = measure.BlockCacheBytes(filepath.Join(mnt, strconv.Itoa(snap.PID), "stats")); err != nil {
+			return err
 		}
 	}
-	return run, recorded, nil
+	return nil
+}
+
+// startReplica starts snapctl with args for copy i.
+func startReplica(ctx context.Context, h *harness.Harness, args []string, i int) (*replicaProc, time.Time, error) {
+	r := &replicaProc{pidfile: filepath.Join(h.Work, fmt.Sprintf("replica-%d.pid", i)), exited: make(chan error, 1)}
+	os.Remove(r.pidfile)
+	r.cmd = exec.CommandContext(ctx, h.Tools.Snapctl, append(args, "--pidfile", r.pidfile)...)
+	r.cmd.Stdout, r.cmd.Stderr, r.cmd.Dir = &r.out, &r.out, h.Work
+	start := time.Now()
+	if err := r.cmd.Start(); err != nil {
+		return nil, start, err
+	}
+	go func() { r.exited <- r.cmd.Wait() }()
+	return r, start, nil
+}
+
+// waitExit waits until copy i's snapctl exits, which it does once the
+// copy has all its memory, and leaves its error in r.exited for kill.
+func (r *replicaProc) waitExit(ctx context.Context, i int) error {
+	select {
+	case err := <-r.exited:
+		r.exited <- err
+		if err != nil {
+			return fmt.Errorf("copy %d: snapctl: %w\n%s", i+1, err, r.out.String())
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("copy %d: snapctl still running: %w", i+1, ctx.Err())
+	}
+	return nil
 }
 
 // waitPid waits for the copy's pidfile, then reads its init (its parent).
@@ -303,7 +294,7 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 		if b, err := os.ReadFile(r.pidfile); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
 			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 			if err != nil {
-				return fmt.Errorf("pidfile %q: %w", b, ErrOutput)
+				return fmt.Errorf("pidfile %q: %w", b, measure.ErrOutput)
 			}
 			r.pid = pid
 			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -312,7 +303,7 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 			}
 			f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
 			if r.init, err = strconv.Atoi(f[1]); err != nil || r.init <= 1 {
-				return fmt.Errorf("parent of copy %d: %q: %w", pid, f[1], ErrOutput)
+				return fmt.Errorf("parent of copy %d: %q: %w", pid, f[1], measure.ErrOutput)
 			}
 			return nil
 		}
@@ -322,7 +313,7 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 			return fmt.Errorf("snapctl exited (%v) before it wrote the pidfile:\n%s", err, r.out.String())
 		case <-ctx.Done():
 			return fmt.Errorf("wait for the pidfile: %w", ctx.Err())
-		case <-time.After(pollEvery):
+		case <-time.After(measure.PollEvery):
 		}
 	}
 }
@@ -331,315 +322,14 @@ func (r *replicaProc) waitPid(ctx context.Context) error {
 // namespaces go), waits until both are gone and snapctl is reaped.
 func (r *replicaProc) kill(ctx context.Context) {
 	if r.init > 0 {
-		_ = killAndReap(ctx, r.init)
+		_ = measure.KillAndReap(ctx, r.init)
 	}
 	if r.pid > 0 {
-		_ = killAndReap(ctx, r.pid)
+		_ = measure.KillAndReap(ctx, r.pid)
 	}
 	if r.cmd.Process != nil {
 		_ = r.cmd.Process.Kill()
 	}
 	err := <-r.exited
 	r.exited <- err
-}
-
-// inNetns runs fn on a thread in the network namespace of pid, so that
-// the sockets it makes live there; the thread goes back to ours after (or
-// is dropped).
-func inNetns(pid int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		ours, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer ours.Close()
-		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		err = fn()
-		if unix.Setns(int(ours.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-// smapsRollup returns the Pss and Anonymous of pid, in bytes.
-func smapsRollup(pid int) (pss, anon uint64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		if len(f) != 3 || f[2] != "kB" {
-			continue
-		}
-		v, err := strconv.ParseUint(f[1], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("smaps_rollup of %d: %q: %w", pid, line, ErrOutput)
-		}
-		switch f[0] {
-		case "Pss:":
-			pss = v << 10
-		case "Anonymous:":
-			anon = v << 10
-		}
-	}
-	return pss, anon, nil
-}
-
-// residentBytes is how much of path the page cache holds: mincore of a
-// read-only mapping of each of its data ranges (SEEK_DATA, SEEK_HOLE:
-// a mount's mem file is sparse, its offsets addresses), as fincore does.
-func residentBytes(path string) (uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	page := int64(os.Getpagesize())
-	var n uint64
-	for off := int64(0); ; {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return n, nil
-		}
-		if err != nil {
-			return 0, fmt.Errorf("SEEK_DATA %s: %w", path, err)
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return 0, fmt.Errorf("SEEK_HOLE %s: %w", path, err)
-		}
-		start := data &^ (page - 1)
-		m, err := unix.Mmap(int(f.Fd()), start, int(hole-start), unix.PROT_READ, unix.MAP_SHARED)
-		if err != nil {
-			return 0, fmt.Errorf("mmap %s: %w", path, err)
-		}
-		vec := make([]byte, (int64(len(m))+page-1)/page)
-		_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0])))
-		unix.Munmap(m)
-		if e != 0 {
-			return 0, fmt.Errorf("mincore %s: %w", path, e)
-		}
-		for _, v := range vec {
-			n += uint64(v&1) * uint64(page)
-		}
-		off = hole
-	}
-}
-
-// serverRss is the Rss of the lazyfs server of mnt: the process running
-// the lazyfs binary with mnt in its arguments.
-func serverRss(bin, mnt string) (uint64, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(cl), "\x00"), "\x00")
-		if len(args) < 2 || args[len(args)-1] != mnt {
-			continue
-		}
-		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != bin {
-			continue
-		}
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			return 0, err
-		}
-		for line := range strings.Lines(string(st)) {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				if err != nil {
-					return 0, fmt.Errorf("VmRSS %q: %w", line, ErrOutput)
-				}
-				return kb << 10, nil
-			}
-		}
-	}
-	return 0, errors.New("no lazyfs server found for " + mnt)
-}
-
-// blockCacheBytes reads cache_bytes from a mount's MNT/PID/stats: the
-// decoded blocks its block cache holds.
-func blockCacheBytes(stats string) (uint64, error) {
-	b, err := os.ReadFile(stats)
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "cache_bytes" {
-			v, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %q: %w", stats, line, ErrOutput)
-			}
-			return v, nil
-		}
-	}
-	return 0, fmt.Errorf("%s: no cache_bytes: %w", stats, ErrOutput)
-}
-
-// touch1Of returns the runs' touch 1 times of copy i.
-func (r *replicasResult) touch1Of(i int) dist {
-	var ds []time.Duration
-	for _, run := range r.Runs {
-		if i < len(run.Touch1) {
-			ds = append(ds, run.Touch1[i])
-		}
-	}
-	return summarize(ds)
-}
-
-// memOf returns the median of a memory figure over the runs.
-func (r *replicasResult) memOf(f func(replicasRun) uint64) uint64 {
-	var ds []time.Duration
-	for _, run := range r.Runs {
-		ds = append(ds, time.Duration(f(run)))
-	}
-	return uint64(summarize(ds).Med)
-}
-
-func validateReplicas(runs int, s *sizeResult, bad func(string, ...any)) {
-	anon := map[int]uint64{} // copies: the first run's anonymous memory
-	for _, r := range s.Replicas {
-		for _, run := range r.Runs {
-			// Lazy or eager, copies hold the same memory.
-			if a, ok := anon[r.N]; !ok {
-				anon[r.N] = run.Anon
-			} else if run.Anon < a*9/10 || run.Anon > a*11/10 {
-				bad("replicas %s x%d: %d bytes anonymous, another run of %d copies %d", r.Mode, r.N, run.Anon, r.N, a)
-			}
-		}
-		if len(r.Runs) != runs {
-			bad("replicas %s x%d: %d runs, want %d", r.Mode, r.N, len(r.Runs), runs)
-		}
-		if r.Mode == repLazyWS && r.Recorded == "" {
-			bad("replicas %s x%d: the first copy recorded no working set", r.Mode, r.N)
-		}
-		for _, run := range r.Runs {
-			if len(run.Touch1) != r.N {
-				bad("replicas %s x%d: %d touch 1 times", r.Mode, r.N, len(run.Touch1))
-			}
-			for _, d := range run.Touch1 {
-				if d <= 0 {
-					bad("replicas %s x%d: touch 1 after %v", r.Mode, r.N, d)
-				}
-			}
-			// Every copy holds its memory once it is all in (the
-			// modelserver's zero quarter stays unmapped).
-			if run.Anon < uint64(r.N)*s.Size/2 {
-				bad("replicas %s x%d: %d bytes anonymous in %d copies of %d", r.Mode, r.N, run.Anon, r.N, s.Size)
-			}
-			if replicaLazy(r.Mode) && run.Server == 0 {
-				bad("replicas %s x%d: no lazyfs server measured", r.Mode, r.N)
-			}
-		}
-	}
-}
-
-func renderReplicas(m *md, s *sizeResult) {
-	if len(s.Replicas) == 0 {
-		return
-	}
-	mib := func(b uint64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
-	m.p("### Replicas: one snapshot restored 1, 2 and 4 times")
-	m.p("")
-	m.p("Each copy restored with `--pidns --netns new`, one after another (the next once the one before answered `touch 1` and has all its memory): lazily through one lazyfs mount, made afresh for each case, or eagerly from the snapshot files (warm). No working set beside the snapshot at the start of a case. *%s*: copy 1 records one (`--record-working-set`, SIGUSR1 to its snapctl once it answered `touch 1`) and copies 2 to 4 fetch it first (the default, `--working-set auto`); *%s*: no copy records or uses one. Touch 1: from the copy's snapctl start to its answer, median (min–max) of %d runs. Memory once every copy has all its memory: the copies' Pss (their inits included), the page cache the pages file and the mount's mem file hold (and of it the mem file's), the lazyfs server's Rss (and of it the decoded blocks its block cache holds); medians.", repLazyWS, repLazyOff, len(s.Replicas[0].Runs))
-	m.p("")
-	m.header("restore", "copies", "touch 1: copy 1", "copy 2", "copy 4", "copies' Pss", "page cache", "of it mem file", "lazyfs server", "of it block cache", "total")
-	for _, r := range s.Replicas {
-		cell := func(i int) string {
-			if i >= r.N {
-				return "—"
-			}
-			return r.touch1Of(i).String()
-		}
-		server, memFile, blocks := "—", "—", "—"
-		if replicaLazy(r.Mode) {
-			server = mib(r.memOf(func(x replicasRun) uint64 { return x.Server }))
-			memFile = mib(r.memOf(func(x replicasRun) uint64 { return x.MemCache }))
-			blocks = mib(r.memOf(func(x replicasRun) uint64 { return x.BlockCache }))
-		}
-		m.row(r.Mode, strconv.Itoa(r.N), cell(0), cell(1), cell(3),
-			mib(r.memOf(func(x replicasRun) uint64 { return x.Pss })),
-			mib(r.memOf(func(x replicasRun) uint64 { return x.PageCache })), memFile,
-			server, blocks, mib(r.memOf(replicasRun.total)))
-	}
-	m.p("")
-	find := func(mode string, n int) *replicasResult {
-		for _, r := range s.Replicas {
-			if r.Mode == mode && r.N == n {
-				return r
-			}
-		}
-		return nil
-	}
-	ws, off := find(repLazyWS, 4), find(repLazyOff, 4)
-	if ws != nil && ws.Recorded != "" {
-		m.p("Copy 1's %s.", ws.Recorded)
-		m.p("")
-	}
-	ratio := func(a, b time.Duration) string {
-		if b <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2f×", a.Seconds()/b.Seconds())
-	}
-	if ws != nil && off != nil {
-		fourth := ws.touch1Of(3).Med
-		// Copy 1 is the same restore in every case of a mode: its runs
-		// pooled over the cases are a steadier baseline than one case's.
-		pooled := func(mode string) time.Duration {
-			var ds []time.Duration
-			for _, r := range s.Replicas {
-				for _, run := range r.Runs {
-					if r.Mode == mode && len(run.Touch1) > 0 {
-						ds = append(ds, run.Touch1[0])
-					}
-				}
-			}
-			return summarize(ds).Med
-		}
-		m.p("The 4th lazy copy answered `touch 1`, with the working set copy 1 recorded, in %s the time of copy 1 (which recorded it; target ≤ 0.5×; %s of copy 1's median over the 1, 2 and 4 copy cases) and %s that of copy 1 without a working set (%s pooled); without one, the 4th copy in %s the time of the first.",
-			ratio(fourth, ws.touch1Of(0).Med), ratio(fourth, pooled(repLazyWS)), ratio(fourth, off.touch1Of(0).Med), ratio(fourth, pooled(repLazyOff)), ratio(off.touch1Of(3).Med, off.touch1Of(0).Med))
-		m.p("")
-		m.p("Copies 1 and 4 of 4: when the process ran (snapctl's count from its start) and the faults its pager served before all memory was in (medians):")
-		m.p("")
-		m.header("restore", "copy", "process runs", "touch 1", "faults served")
-		for _, r := range []*replicasResult{ws, off} {
-			for _, i := range []int{0, 3} {
-				var running []time.Duration
-				var faults []time.Duration
-				for _, run := range r.Runs {
-					if i < len(run.Running) {
-						running = append(running, run.Running[i])
-						faults = append(faults, time.Duration(run.Faults[i]))
-					}
-				}
-				m.row(r.Mode, strconv.Itoa(i+1), summarize(running).String(), r.touch1Of(i).String(), strconv.Itoa(int(summarize(faults).Med)))
-			}
-		}
-		m.p("")
-	}
 }

@@ -6,22 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/lazyfs/lazyfs/engine/image/store"
 	"github.com/lazyfs/lazyfs/engine/image/store/s3"
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "s3" series: the modelserver dumped to a MinIO server on loopback
@@ -31,229 +27,118 @@ import (
 // store, the floor of both.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "s3", Measure: measureS3, Validate: validateS3, Render: renderS3})
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "s3", Measure: measureS3})
 }
 
-// s3Result is the series of one size.
-type s3Result struct {
-	Pages     uint64      // the pages file
-	DumpDisk  *dumpResult // Wall, Total, Freeze
-	DumpStore *dumpResult
-	Restores  []*s3Restore
-	Put, Get  []time.Duration // the pages file alone, to and from the store
-	DiskRead  []time.Duration // the pages file read from the disk, warm
-}
-
-// s3Restore is the lazy restores from one source.
-type s3Restore struct {
-	From string // s3Sources
-	restoreResult
-}
-
-// s3Sources are where the lazy restores read from.
-var s3Sources = []string{"disk", "MinIO", "MinIO, --cache-dir filled"}
-
-const s3Bucket = "bench"
-
-// minioServer is the bench's MinIO.
-type minioServer struct {
-	cmd      *exec.Cmd
-	done     chan struct{}
-	endpoint string
-}
-
-func startMinIO(ctx context.Context, dir, logPath string) (*minioServer, error) {
-	bin, err := exec.LookPath("minio")
-	if err != nil {
-		return nil, fmt.Errorf("minio (installed by .ci/setup): %w", err)
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	console, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	m := &minioServer{endpoint: fmt.Sprintf("http://127.0.0.1:%d", port), done: make(chan struct{})}
-	m.cmd = exec.Command(bin, "server", "--quiet", "--address", "127.0.0.1:"+strconv.Itoa(port), "--console-address", "127.0.0.1:"+strconv.Itoa(console), filepath.Join(dir, "data"))
-	m.cmd.Env = append(os.Environ(), "MINIO_ROOT_USER=lazyfs-bench", "MINIO_ROOT_PASSWORD=lazyfs-bench-secret", "MINIO_BROWSER=off", "MINIO_UPDATE=off", "HOME="+dir)
-	m.cmd.Stdout, m.cmd.Stderr = logf, logf
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { m.cmd.Wait(); close(m.done) }()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		select {
-		case <-m.done:
-			return nil, errors.New("minio exited at start (see its log)")
-		default:
-		}
-		resp, err := http.Get(m.endpoint + "/minio/health/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				c := awss3.New(awss3.Options{Region: "us-east-1", BaseEndpoint: aws.String(m.endpoint), UsePathStyle: true,
-					Credentials: credentials.NewStaticCredentialsProvider("lazyfs-bench", "lazyfs-bench-secret", "")})
-				// Ready may still mean XMinioServerNotInitialized.
-				if _, err := c.CreateBucket(ctx, &awss3.CreateBucketInput{Bucket: aws.String(s3Bucket)}); err == nil {
-					return m, nil
-				} else if !strings.Contains(err.Error(), "NotInitialized") {
-					m.stop()
-					return nil, fmt.Errorf("create bucket: %w", err)
-				}
-			}
-		}
-	}
-	m.stop()
-	return nil, errors.New("minio not ready after 30s")
-}
-
-func (m *minioServer) stop() {
-	syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
-	<-m.done
-}
-
-// s3Env points the AWS variables of this process, and so of the snapctl
-// it starts, at m; it returns what undoes it.
-func s3Env(m *minioServer) func() {
-	vars := map[string]string{"AWS_ACCESS_KEY_ID": "lazyfs-bench", "AWS_SECRET_ACCESS_KEY": "lazyfs-bench-secret", "AWS_REGION": "us-east-1",
-		"AWS_ENDPOINT_URL": m.endpoint, "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null", "AWS_EC2_METADATA_DISABLED": "true"}
-	old := map[string]*string{}
-	for k, v := range vars {
-		if o, ok := os.LookupEnv(k); ok {
-			old[k] = &o
-		} else {
-			old[k] = nil
-		}
-		os.Setenv(k, v)
-	}
-	return func() {
-		for k, v := range old {
-			if v == nil {
-				os.Unsetenv(k)
-			} else {
-				os.Setenv(k, *v)
-			}
-		}
-	}
-}
-
-func measureS3(ctx context.Context, h *harness, sr *sizeResult) error {
-	if !h.wants("s3") {
+func measureS3(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	if !h.Wants("s3") {
 		return nil
 	}
-	dir := filepath.Join(h.work, "minio")
-	m, err := startMinIO(ctx, dir, filepath.Join(h.work, "minio.log"))
+	dir := filepath.Join(h.Work, "minio")
+	m, err := measure.StartMinIO(ctx, dir, filepath.Join(h.Work, "minio.log"))
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	defer m.stop()
-	defer s3Env(m)()
-	def := defaultConfig()
-	res := &s3Result{DumpDisk: &dumpResult{Config: def}, DumpStore: &dumpResult{Config: def}}
-	for _, from := range s3Sources {
-		res.Restores = append(res.Restores, &s3Restore{From: from, restoreResult: restoreResult{Config: def, Case: restoreCase{Mode: lazyMount, Threads: defThreads}}})
+	defer m.Stop()
+	defer measure.S3Env(m)()
+	def := report.DefaultConfig()
+	res := &report.S3Result{DumpDisk: &report.DumpResult{Config: def}, DumpStore: &report.DumpResult{Config: def}}
+	for _, from := range report.S3Sources {
+		res.Restores = append(res.Restores, &report.S3Restore{From: from, RestoreResult: report.RestoreResult{Config: def, Case: report.RestoreCase{Mode: report.LazyMount, Threads: report.DefThreads}}})
 	}
-	diskDir := filepath.Join(h.work, "snap-s3-disk")
+	diskDir := filepath.Join(h.Work, "snap-s3-disk")
 	defer os.RemoveAll(diskDir)
-	var disk, store *snapshot
+	var disk, store *harness.Snapshot
 	// Dumps, the two targets back to back, alternating.
-	for r := range h.runs {
+	for r := range h.Runs {
 		for i := range 2 {
 			if (i+r)%2 == 0 {
 				os.RemoveAll(diskDir)
-				if disk, err = h.dumpOnce(ctx, sr, def, diskDir, res.DumpDisk); err != nil {
+				if disk, err = h.DumpOnce(ctx, sr, def, diskDir, res.DumpDisk); err != nil {
 					return fmt.Errorf("dump to disk: %w", err)
 				}
-			} else if store, err = h.dumpStore(ctx, fmt.Sprintf("s3://%s/run-%d", s3Bucket, r), def, res.DumpStore); err != nil {
+			} else if store, err = dumpStore(ctx, h, fmt.Sprintf("s3://%s/run-%d", measure.S3Bucket, r), def, res.DumpStore); err != nil {
 				return fmt.Errorf("dump to MinIO: %w", err)
 			}
 		}
-		h.logf("s3 dump run %d/%d: disk %s (frozen %s), MinIO %s (frozen %s)", r+1, h.runs,
-			ms(res.DumpDisk.Total[r]), ms(res.DumpDisk.Freeze[r]), ms(res.DumpStore.Total[r]), ms(res.DumpStore.Freeze[r]))
+		h.Logf("s3 dump run %d/%d: disk %s (frozen %s), MinIO %s (frozen %s)", r+1, h.Runs,
+			harness.Millis(res.DumpDisk.Total[r]), harness.Millis(res.DumpDisk.Freeze[r]), harness.Millis(res.DumpStore.Total[r]), harness.Millis(res.DumpStore.Freeze[r]))
 	}
 	res.Pages = res.DumpDisk.Pages
 	// The cache directory, filled once by a verify, which reads every
 	// block.
-	cacheDir := filepath.Join(h.work, "s3-cache")
+	cacheDir := filepath.Join(h.Work, "s3-cache")
 	defer os.RemoveAll(cacheDir)
-	if out, err := exec.CommandContext(ctx, h.tools.Snapctl, "verify", "-D", store.Dir, "--cache-dir", cacheDir).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, h.Tools.Snapctl, "verify", "-D", store.Dir, "--cache-dir", cacheDir).CombinedOutput(); err != nil {
 		return fmt.Errorf("verify to fill the cache directory: %w\n%s", err, out)
 	}
-	files, err := snapshotFiles(disk.Dir)
+	files, err := measure.SnapshotFiles(disk.Dir)
 	if err != nil {
 		return err
 	}
-	defer func() { h.restoreArgs = nil }()
-	for r := range h.runs {
+	defer func() { h.RestoreArgs = nil }()
+	for r := range h.Runs {
 		for i, x := range res.Restores {
 			snap, fs := disk, files
-			h.restoreArgs = nil
+			h.RestoreArgs = nil
 			if i > 0 {
 				snap, fs = store, nil
 			}
 			if i == 2 {
-				h.restoreArgs = []string{"--cache-dir", cacheDir}
+				h.RestoreArgs = []string{"--cache-dir", cacheDir}
 			}
-			run, err := h.restoreOnce(ctx, snap, fs, x.Case)
+			run, err := h.RestoreOnce(ctx, snap, fs, x.Case)
 			if err != nil {
 				return fmt.Errorf("lazy restore from %s: %w", x.From, err)
 			}
 			x.Runs = append(x.Runs, run)
-			h.logf("s3 restore from %-26s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s", x.From, r+1, h.runs,
-				ms(run.Running), ms(run.Ping), ms(run.First), ms(run.Token), ms(run.Total))
+			h.Logf("s3 restore from %-26s run %d/%d: runs %s, ping %s, touch 1 %s, token %s, all in %s", x.From, r+1, h.Runs,
+				harness.Millis(run.Running), harness.Millis(run.Ping), harness.Millis(run.First), harness.Millis(run.Token), harness.Millis(run.Total))
 		}
 	}
 	// The floor: the pages file alone.
-	for r := range h.runs {
-		put, get, read, err := pagesAlone(disk, fmt.Sprintf("s3://%s/floor-%d", s3Bucket, r))
+	for r := range h.Runs {
+		put, get, read, err := pagesAlone(disk, fmt.Sprintf("s3://%s/floor-%d", measure.S3Bucket, r))
 		if err != nil {
 			return fmt.Errorf("pages file alone: %w", err)
 		}
 		res.Put, res.Get, res.DiskRead = append(res.Put, put), append(res.Get, get), append(res.DiskRead, read)
-		h.logf("s3 pages file alone run %d/%d: %s up %s, down %s; disk read (warm) %s", r+1, h.runs, units.FormatSize(res.Pages), ms(put), ms(get), ms(read))
+		h.Logf("s3 pages file alone run %d/%d: %s up %s, down %s; disk read (warm) %s", r+1, h.Runs, units.FormatSize(res.Pages), harness.Millis(put), harness.Millis(get), harness.Millis(read))
 	}
 	sr.S3 = res
 	return nil
 }
 
 // dumpStore starts a server and dumps it to the address addr.
-func (h *harness) dumpStore(ctx context.Context, addr string, cfg dumpConfig, dr *dumpResult) (*snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func dumpStore(ctx context.Context, h *harness.Harness, addr string, cfg report.DumpConfig, dr *report.DumpResult) (*harness.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, h.tools.Modelserver, h.size, nil, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, h.Tools.Modelserver, h.Size, nil, h.LogPath, h.Work)
 	if err != nil {
 		return nil, err
 	}
-	h.live = srv.PID
-	if h.expect == (expectation{}) {
-		if err := h.learn(ctx, srv.Port); err != nil {
+	h.Live = srv.PID
+	if h.Expect == (harness.Expectation{}) {
+		if err := h.Learn(ctx, srv.Port); err != nil {
 			return nil, err
 		}
 	}
 	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", addr}, cfg.Args...)
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	start := time.Now()
 	err = cmd.Run()
 	wall := time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
-	h.live = 0
-	rep, err := parseDump(out.String())
+	h.Live = 0
+	rep, err := measure.ParseDump(out.String())
 	if err != nil {
 		return nil, err
 	}
@@ -261,13 +146,13 @@ func (h *harness) dumpStore(ctx context.Context, addr string, cfg dumpConfig, dr
 	dr.Total = append(dr.Total, rep.Total)
 	dr.Freeze = append(dr.Freeze, rep.Freeze)
 	dr.Ratio = rep.Ratio
-	return &snapshot{Dir: addr, PID: srv.PID, Port: srv.Port}, nil
+	return &harness.Snapshot{Dir: addr, PID: srv.PID, Port: srv.Port}, nil
 }
 
 // pagesAlone uploads the pages file of disk to addr as a dump does
 // (store/s3, parallel parts), reads it back as a restore's sequential
 // reader does, and reads it from the disk (warm), timing each.
-func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err error) {
+func pagesAlone(disk *harness.Snapshot, addr string) (put, get, read time.Duration, err error) {
 	start := time.Now()
 	b, err := os.ReadFile(disk.Pages)
 	if err != nil {
@@ -311,84 +196,9 @@ func pagesAlone(disk *snapshot, addr string) (put, get, read time.Duration, err 
 			return 0, 0, 0, err
 		}
 		if !bytes.Equal(got[:n], b[off:off+n]) {
-			return 0, 0, 0, fmt.Errorf("%s at %d: the store gave other bytes: %w", addr, off, ErrInsane)
+			return 0, 0, 0, fmt.Errorf("%s at %d: the store gave other bytes: %w", addr, off, report.ErrInsane)
 		}
 	}
 	get = time.Since(start)
 	return put, get, read, nil
-}
-
-func validateS3(runs int, sr *sizeResult, bad func(string, ...any)) {
-	x := sr.S3
-	if x == nil {
-		return
-	}
-	for _, d := range []*dumpResult{x.DumpDisk, x.DumpStore} {
-		if len(d.Total) != runs || len(d.Freeze) != runs {
-			bad("s3: %d dumps, want %d", len(d.Total), runs)
-		}
-	}
-	if len(x.Restores) != len(s3Sources) {
-		bad("s3: %d restore sources, want %d", len(x.Restores), len(s3Sources))
-	}
-	for _, r := range x.Restores {
-		if len(r.Runs) != runs {
-			bad("s3: restore from %s: %d runs, want %d", r.From, len(r.Runs), runs)
-		}
-		for i, run := range r.Runs {
-			if msg := checkRun(r.Case, run); msg != "" {
-				bad("s3: restore from %s run %d: %s", r.From, i, msg)
-			}
-		}
-	}
-	if len(x.Put) != runs || len(x.Get) != runs {
-		bad("s3: %d/%d runs of the pages file alone, want %d", len(x.Put), len(x.Get), runs)
-	}
-}
-
-func renderS3(m *md, sr *sizeResult) {
-	x := sr.S3
-	if x == nil {
-		return
-	}
-	m.p("### s3: snapshots in an object store (MinIO on loopback) against the disk")
-	m.p("")
-	m.p("The modelserver of %s dumped with the default option to the disk and to a MinIO server on loopback (`s3://`, same machine, its data on the same disk), back to back in alternating order, then restored with `--lazy` through the private mount from each; the cache directory was filled once beforehand by `snapctl verify --cache-dir`. Medians of %d runs (min–max).",
-		units.FormatSize(sr.Size), len(x.DumpDisk.Total))
-	m.p("")
-	m.header("dump", "disk", "MinIO", "MinIO / disk")
-	ratio := func(a, b dist) string {
-		if !a.Valid() || !b.Valid() || a.Med <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2f×", b.Med.Seconds()/a.Med.Seconds())
-	}
-	for _, row := range []struct {
-		name string
-		f    func(*dumpResult) []time.Duration
-	}{{"total (snapctl's \"in\")", func(d *dumpResult) []time.Duration { return d.Total }}, {"process frozen", func(d *dumpResult) []time.Duration { return d.Freeze }}} {
-		a, b := summarize(row.f(x.DumpDisk)), summarize(row.f(x.DumpStore))
-		m.row(row.name, a.String(), b.String(), ratio(a, b))
-	}
-	m.p("")
-	m.header("lazy restore from", "process runs", "ping answered", "`touch 1` answered", "`token` answered", "all memory in", "command exits")
-	for _, r := range x.Restores {
-		rr := &r.restoreResult
-		m.row(r.From, cell(rr, runningOf), cell(rr, pingOf), cell(rr, firstOf), cell(rr, tokenOf), cell(rr, totalOf), cell(rr, wallOf))
-	}
-	m.p("")
-	tput := func(ds []time.Duration) string {
-		d := summarize(ds)
-		if !d.Valid() || d.Med <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%s (%.0f MiB/s)", d, float64(x.Pages)/(1<<20)/d.Med.Seconds())
-	}
-	m.p("The floor: the pages file alone (%s), written to the store as a dump writes it (16 MiB parts, four at once) and read back as a sequential reader reads it (1 MiB reads, ranged GETs with readahead), against reading it from the disk with the page cache warm:", units.FormatSize(x.Pages))
-	m.p("")
-	m.header("pages file alone", "time (throughput)")
-	m.row("written to MinIO", tput(x.Put))
-	m.row("read from MinIO", tput(x.Get))
-	m.row("read from the disk, warm", tput(x.DiskRead))
-	m.p("")
 }

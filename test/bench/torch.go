@@ -8,13 +8,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
@@ -31,62 +32,15 @@ import (
 // size above; it runs for the first size only.
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "torch", Measure: measureTorch, Validate: validateTorch, Render: renderTorch})
-}
-
-// torchResult is the torch series.
-type torchResult struct {
-	Shape   string // layers and width
-	Params  int64
-	Weights uint64 // bytes of the model's parameters
-	Memory  string // what the snapshot holds, as snapctl dump says
-	Image   uint64 // the snapshot directory
-	Maps    int    // mappings of the original process
-	Dump    []time.Duration
-	Freeze  []time.Duration
-	// CRIU is the criu used ("criu 4.2 at /path"), or why none was.
-	CRIU      string
-	CRIUUsed  bool
-	CRIUImage uint64
-	CRIUDump  []time.Duration
-	Restores  []*torchRestore
-}
-
-// torchRestore is one restore case of the series.
-type torchRestore struct {
-	Label   string // "eager", "lazy, --source mount", "CRIU lazy-pages"...
-	CRIU    bool
-	Cold    bool
-	Ping    []time.Duration
-	Token   []time.Duration
-	Running []time.Duration // lazyfs lazy: "running after"
-	AllIn   []time.Duration // lazyfs: eager "in", lazy "all memory in after"
-	Faults  []int           // lazyfs lazy: faults served
-	Served  []string        // lazyfs lazy: bytes served on faults, as printed
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "torch", Measure: measureTorch})
 }
 
 // torchShape is the model: GPT-2 small, or a small one for a smoke run.
-func (h *harness) torchShape() []string {
-	if h.smoke {
+func torchShape(h *harness.Harness) []string {
+	if h.Smoke {
 		return []string{"2", "256"}
 	}
 	return []string{"12", "768"}
-}
-
-// torchCases are the restores of each round, in order.
-func torchCases(criu bool) []*torchRestore {
-	var cs []*torchRestore
-	for _, cold := range []bool{false, true} {
-		for _, l := range []string{"eager", "lazy, --source mount", "lazy, --source direct"} {
-			cs = append(cs, &torchRestore{Label: l, Cold: cold})
-		}
-		if criu {
-			for _, l := range []string{"CRIU restore", "CRIU lazy-pages"} {
-				cs = append(cs, &torchRestore{Label: l, Cold: cold, CRIU: true})
-			}
-		}
-	}
-	return cs
 }
 
 // torchSnap is a dumped torchserver: its directory, pid, port and answer.
@@ -97,23 +51,23 @@ type torchSnap struct {
 	token string // the original's answer, without its timing
 }
 
-func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
-	if !h.first {
+func measureTorch(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
+	if !h.First {
 		return nil
 	}
 	py := "/usr/bin/python3"
 	if out, err := exec.CommandContext(ctx, py, "-I", "-c", "import torch").CombinedOutput(); err != nil {
 		return fmt.Errorf("%s cannot import torch (Debian package python3-torch): %w: %s", py, err, bytes.TrimSpace(out))
 	}
-	root, err := moduleRoot()
+	root, err := report.ModuleRoot()
 	if err != nil {
 		return err
 	}
 	script := filepath.Join(root, "test", "fixtures", "torchserver.py")
-	tr := &torchResult{Shape: strings.Join(h.torchShape(), " layers of width ")}
+	tr := &report.TorchResult{Shape: strings.Join(torchShape(h), " layers of width ")}
 	criu, why := findCRIU(ctx)
 	tr.CRIU, tr.CRIUUsed = why, criu != ""
-	h.logf("torch: %s", why)
+	h.Logf("torch: %s", why)
 
 	snaps := map[bool]*torchSnap{}
 	defer func() {
@@ -126,27 +80,27 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 		tools = append(tools, true)
 	}
 	for _, useCRIU := range tools {
-		s, err := h.dumpTorch(ctx, tr, py, script, criu, useCRIU)
+		s, err := dumpTorch(ctx, h, tr, py, script, criu, useCRIU)
 		if err != nil {
 			return fmt.Errorf("dump (criu %v): %w", useCRIU, err)
 		}
 		snaps[useCRIU] = s
 	}
-	tr.Restores = torchCases(criu != "")
-	for r := range h.runs {
+	tr.Restores = report.TorchCases(criu != "")
+	for r := range h.Runs {
 		for _, c := range tr.Restores {
-			if err := h.torchRestoreOnce(ctx, c, snaps[c.CRIU], criu); err != nil {
+			if err := torchRestoreOnce(ctx, h, c, snaps[c.CRIU], criu); err != nil {
 				return fmt.Errorf("%s, cold %v: %w", c.Label, c.Cold, err)
 			}
 			last := len(c.Token) - 1
-			h.logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, coldName(c.Cold), r+1, h.runs, ms(c.Ping[last]), ms(c.Token[last]))
+			h.Logf("torch %-22s %s run %d/%d: ping %s, token %s", c.Label, report.ColdName(c.Cold), r+1, h.Runs, harness.Millis(c.Ping[last]), harness.Millis(c.Token[last]))
 		}
 	}
 	// The dumps' other runs: a server for each tool started and dumped
 	// again after the restores (a dump kills the process).
-	for r := 1; r < h.runs; r++ {
+	for r := 1; r < h.Runs; r++ {
 		for _, useCRIU := range tools {
-			s, err := h.dumpTorch(ctx, tr, py, script, criu, useCRIU)
+			s, err := dumpTorch(ctx, h, tr, py, script, criu, useCRIU)
 			if err != nil {
 				return fmt.Errorf("dump (criu %v): %w", useCRIU, err)
 			}
@@ -155,13 +109,6 @@ func measureTorch(ctx context.Context, h *harness, sr *sizeResult) error {
 	}
 	sr.Torch = tr
 	return nil
-}
-
-func coldName(cold bool) string {
-	if cold {
-		return "cold"
-	}
-	return "warm"
 }
 
 // findCRIU returns the criu to compare with ($CRIU, or criu on PATH) if
@@ -186,46 +133,21 @@ func findCRIU(ctx context.Context) (path, what string) {
 
 // dumpTorch starts a torchserver, learns its token and dumps it, with
 // snapctl or with criu.
-func (h *harness) dumpTorch(ctx context.Context, tr *torchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func dumpTorch(ctx context.Context, h *harness.Harness, tr *report.TorchResult, py, script, criu string, useCRIU bool) (*torchSnap, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
-	port, err := freePort()
+	srv, err := startTorch(ctx, h, py, script)
 	if err != nil {
 		return nil, err
 	}
-	from := int64(0)
-	if st, err := os.Stat(h.logPath); err == nil {
-		from = st.Size()
-	}
-	logFile, err := os.OpenFile(h.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(h.tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, h.torchShape()...)...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.work
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	logFile.Close()
-	if err != nil {
-		return nil, err
-	}
-	srv := &server{PID: cmd.Process.Pid, Port: port, done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(srv.done)
-	}()
-	h.live = srv.PID
-	if srv.Ready, err = waitReady(ctx, h.logPath, from, srv); err != nil {
-		cmd.Process.Kill()
-		return nil, err
-	}
-	as, err := converse(ctx, port, time.Now(), "token")
+	port := srv.Port
+	as, err := measure.Converse(ctx, port, time.Now(), "token")
 	if err != nil {
 		return nil, fmt.Errorf("original server: %w", err)
 	}
 	s := &torchSnap{pid: srv.PID, port: port, token: torchToken(as[0].Line)}
 	if s.token == "" {
-		return nil, fmt.Errorf("the original answered %q to token: %w", as[0].Line.Text, ErrOutput)
+		return nil, fmt.Errorf("the original answered %q to token: %w", as[0].Line.Text, measure.ErrOutput)
 	}
 	if !useCRIU {
 		tr.Params, _ = srv.Ready.Int("params")
@@ -240,7 +162,7 @@ func (h *harness) dumpTorch(ctx context.Context, tr *torchResult, py, script, cr
 	if useCRIU {
 		name = "criu-torch"
 	}
-	s.dir = filepath.Join(h.work, name)
+	s.dir = filepath.Join(h.Work, name)
 	if err := os.RemoveAll(s.dir); err != nil {
 		return nil, err
 	}
@@ -254,31 +176,67 @@ func (h *harness) dumpTorch(ctx context.Context, tr *torchResult, py, script, cr
 			return nil, fmt.Errorf("criu dump: %w: %s (log %s)", err, out, filepath.Join(s.dir, "dump.log"))
 		}
 		tr.CRIUDump = append(tr.CRIUDump, time.Since(start))
-		if tr.CRIUImage, err = dirSize(s.dir); err != nil {
+		if tr.CRIUImage, err = measure.DirSize(s.dir); err != nil {
 			return nil, err
 		}
 	} else {
-		out, err := h.runSnapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", s.dir)
+		out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(srv.PID), "-D", s.dir)
 		if err != nil {
 			return nil, err
 		}
-		d, err := parseDump(out)
+		d, err := measure.ParseDump(out)
 		if err != nil {
 			return nil, err
 		}
 		tr.Dump, tr.Freeze = append(tr.Dump, d.Total), append(tr.Freeze, d.Freeze)
-		if m := dumpLine.FindStringSubmatch(out); m != nil {
+		if m := measure.DumpLine.FindStringSubmatch(out); m != nil {
 			tr.Memory = m[3]
 		}
-		if tr.Image, err = dirSize(s.dir); err != nil {
+		if tr.Image, err = measure.DirSize(s.dir); err != nil {
 			return nil, err
 		}
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
-	h.live = 0
+	h.Live = 0
 	return s, nil
+}
+
+// startTorch starts the PyTorch server script with py, logging to
+// h.LogPath, and waits until it is ready.
+func startTorch(ctx context.Context, h *harness.Harness, py, script string) (*measure.Server, error) {
+	port, err := measure.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	from := int64(0)
+	if st, err := os.Stat(h.LogPath); err == nil {
+		from = st.Size()
+	}
+	logFile, err := os.OpenFile(h.LogPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(h.Tools.Launch, append([]string{py, "-I", script, strconv.Itoa(port)}, torchShape(h)...)...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = logFile, logFile, h.Work
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logFile.Close()
+	if err != nil {
+		return nil, err
+	}
+	srv := &measure.Server{PID: cmd.Process.Pid, Port: port, Done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(srv.Done)
+	}()
+	h.Live = srv.PID
+	if srv.Ready, err = measure.WaitReady(ctx, h.LogPath, from, srv); err != nil {
+		cmd.Process.Kill()
+		return nil, err
+	}
+	return srv, nil
 }
 
 // torchToken is a token answer without its timing: argmax and checksum.
@@ -295,36 +253,21 @@ var servedLine = regexp.MustCompile(`\(([^()]+) served on \d+ faults`)
 // torchRestoreOnce restores snap as c says, times ping and token from
 // the start of the restore, checks the token, then kills the server and
 // waits until its pid is free.
-func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *torchSnap, criu string) error {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func torchRestoreOnce(ctx context.Context, h *harness.Harness, c *report.TorchRestore, snap *torchSnap, criu string) error {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
-	if alive(snap.pid) {
+	if measure.Alive(snap.pid) {
 		return fmt.Errorf("pid %d is taken before the restore", snap.pid)
 	}
-	files, err := snapshotFiles(snap.dir)
+	files, err := measure.SnapshotFiles(snap.dir)
 	if err != nil {
 		return err
 	}
-	if err := setCache(c.Cold, files...); err != nil {
+	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return err
 	}
-	var args []string
-	prog := h.tools.Snapctl
+	prog, args := torchRestoreCommand(h, c, snap.dir, criu)
 	lazy := strings.HasPrefix(c.Label, "lazy")
-	switch c.Label {
-	case "eager":
-		args = []string{"restore", "-D", snap.dir}
-	case "lazy, --source mount":
-		args = []string{"restore", "-D", snap.dir, "--lazy"}
-	case "lazy, --source direct":
-		args = []string{"restore", "-D", snap.dir, "--lazy", "--source", "direct"}
-	case "CRIU restore", "CRIU lazy-pages":
-		prog = criu
-		args = []string{"restore", "-D", snap.dir, "--shell-job", "--tcp-established", "-d", "-o", "restore.log"}
-		for _, f := range []string{"lazy-pages.socket", "lazy-pages.pid"} {
-			os.Remove(filepath.Join(snap.dir, f))
-		}
-	}
 	start := time.Now()
 	if c.Label == "CRIU lazy-pages" {
 		// The daemon serves the pages from the image directory (same
@@ -342,11 +285,11 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *t
 	}
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, prog, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	h.live = snap.pid
+	h.Live = snap.pid
 	exited := make(chan error, 1)
 	askCtx, stopAsking := context.WithCancel(ctx)
 	defer stopAsking()
@@ -357,7 +300,7 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *t
 			stopAsking()
 		}
 	}()
-	as, askErr := converse(askCtx, snap.port, start, "ping", "token")
+	as, askErr := measure.Converse(askCtx, snap.port, start, "ping", "token")
 	if err := <-exited; err != nil {
 		return fmt.Errorf("%s %q: %w\n%s%s", filepath.Base(prog), args, err, out.String(), errOut.String())
 	}
@@ -369,25 +312,56 @@ func (h *harness) torchRestoreOnce(ctx context.Context, c *torchRestore, snap *t
 	}
 	c.Ping, c.Token = append(c.Ping, as[0].At), append(c.Token, as[1].At)
 	if !c.CRIU {
-		rep, err := parseRestore(out.String(), lazy)
-		if err != nil {
+		if err := torchRestoreFigures(c, out.String(), snap.pid, lazy); err != nil {
 			return err
 		}
-		if rep.PID != snap.pid {
-			return fmt.Errorf("restored pid %d, want %d: %w", rep.PID, snap.pid, ErrOutput)
-		}
-		c.AllIn = append(c.AllIn, rep.Total)
-		if lazy {
-			c.Running, c.Faults = append(c.Running, rep.Running), append(c.Faults, rep.Faults)
-			if m := servedLine.FindStringSubmatch(out.String()); m != nil {
-				c.Served = append(c.Served, m[1])
-			}
-		}
 	}
-	if err := killAndReap(ctx, snap.pid); err != nil {
+	if err := measure.KillAndReap(ctx, snap.pid); err != nil {
 		return err
 	}
-	h.live = 0
+	h.Live = 0
+	return nil
+}
+
+// torchRestoreCommand returns the program and arguments that restore the
+// snapshot in dir as c says: snapctl's, or criu's (whose lazy-pages
+// daemon files of an earlier run it removes).
+func torchRestoreCommand(h *harness.Harness, c *report.TorchRestore, dir, criu string) (prog string, args []string) {
+	prog = h.Tools.Snapctl
+	switch c.Label {
+	case "eager":
+		args = []string{"restore", "-D", dir}
+	case "lazy, --source mount":
+		args = []string{"restore", "-D", dir, "--lazy"}
+	case "lazy, --source direct":
+		args = []string{"restore", "-D", dir, "--lazy", "--source", "direct"}
+	case "CRIU restore", "CRIU lazy-pages":
+		prog = criu
+		args = []string{"restore", "-D", dir, "--shell-job", "--tcp-established", "-d", "-o", "restore.log"}
+		for _, f := range []string{"lazy-pages.socket", "lazy-pages.pid"} {
+			os.Remove(filepath.Join(dir, f))
+		}
+	}
+	return prog, args
+}
+
+// torchRestoreFigures adds to c the figures snapctl's restore output
+// gives.
+func torchRestoreFigures(c *report.TorchRestore, out string, pid int, lazy bool) error {
+	rep, err := measure.ParseRestore(out, lazy)
+	if err != nil {
+		return err
+	}
+	if rep.PID != pid {
+		return fmt.Errorf("restored pid %d, want %d: %w", rep.PID, pid, measure.ErrOutput)
+	}
+	c.AllIn = append(c.AllIn, rep.Total)
+	if lazy {
+		c.Running, c.Faults = append(c.Running, rep.Running), append(c.Faults, rep.Faults)
+		if m := servedLine.FindStringSubmatch(out); m != nil {
+			c.Served = append(c.Served, m[1])
+		}
+	}
 	return nil
 }
 
@@ -404,102 +378,5 @@ func endPidfile(path string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	killAndReap(ctx, pid)
-}
-
-func validateTorch(runs int, sr *sizeResult, bad func(string, ...any)) {
-	tr := sr.Torch
-	if tr == nil {
-		return
-	}
-	if len(tr.Dump) != runs || len(tr.Freeze) != runs {
-		bad("torch: %d dumps for %d runs", len(tr.Dump), runs)
-	}
-	if tr.CRIUUsed && len(tr.CRIUDump) != runs {
-		bad("torch: %d CRIU dumps for %d runs", len(tr.CRIUDump), runs)
-	}
-	if len(tr.Restores) != len(torchCases(tr.CRIUUsed)) {
-		bad("torch: %d restore cases, want %d", len(tr.Restores), len(torchCases(tr.CRIUUsed)))
-	}
-	for _, c := range tr.Restores {
-		if len(c.Ping) != runs || len(c.Token) != runs {
-			bad("torch %s %s: %d ping and %d token figures for %d runs", c.Label, coldName(c.Cold), len(c.Ping), len(c.Token), runs)
-		}
-		for i := range c.Ping {
-			if i < len(c.Token) && c.Ping[i] > c.Token[i] {
-				bad("torch %s: ping %s after token %s", c.Label, c.Ping[i], c.Token[i])
-			}
-		}
-	}
-}
-
-// find returns the case labelled l, cold or warm.
-func (tr *torchResult) find(l string, cold bool) *torchRestore {
-	for _, c := range tr.Restores {
-		if c.Label == l && c.Cold == cold {
-			return c
-		}
-	}
-	return nil
-}
-
-// ratio is a's median over b's, "—" without both.
-func ratio(a, b []time.Duration) string {
-	x, y := summarize(a), summarize(b)
-	if !x.Valid() || !y.Valid() || y.Med == 0 {
-		return "—"
-	}
-	return fmt.Sprintf("%.2f×", float64(x.Med)/float64(y.Med))
-}
-
-func renderTorch(m *md, sr *sizeResult) {
-	tr := sr.Torch
-	if tr == nil {
-		return
-	}
-	m.p("### PyTorch server: first token")
-	m.p("")
-	m.p("`test/fixtures/torchserver.py` on Debian's python3-torch 1.13: a GPT-2-shaped transformer, %s (%d parameters, %s of float32 weights, drawn from N(0, 0.02) with a fixed seed), warmed up by one forward pass; the process maps %d regions, most of them libtorch's libraries, and its snapshot holds %s of memory in %s. A client starts with the restore command, connects every 2 ms until the server accepts, asks `ping`, then `token` (the next token of a fixed 8-token prompt: one forward pass, which reads every weight once); times are from the start of the command (for CRIU lazy-pages, of its daemon, started first) and every token is checked against the original's (argmax and a checksum of the logits). Default options: `snapctl dump -t PID -D DIR`, `snapctl restore -D DIR [--lazy [--source direct]]`.",
-		tr.Shape, tr.Params, units.FormatSize(tr.Weights), tr.Maps, tr.Memory, units.FormatSize(tr.Image))
-	m.p("")
-	if tr.CRIUUsed {
-		m.p("CRIU: %s, in the same rounds, each restore in turn: `criu dump -t PID -D DIR --shell-job --tcp-established` (image %s), `criu restore -D DIR --shell-job --tcp-established -d`, and for a lazy restore on the same host `criu lazy-pages -D DIR --daemon` then `criu restore ... --lazy-pages`.", tr.CRIU, units.FormatSize(tr.CRIUImage))
-	} else {
-		m.p("CRIU: %s.", tr.CRIU)
-	}
-	m.p("")
-	m.header("", "lazyfs", "CRIU")
-	m.row("dump", summarize(tr.Dump).String(), summarize(tr.CRIUDump).String())
-	m.row("process frozen", summarize(tr.Freeze).String(), "—")
-	m.p("")
-	m.header("restore", "cache", "ping", "token", "token / lazyfs eager", "running after", "all memory in", "faults (served on them)")
-	for _, c := range tr.Restores {
-		eager := tr.find("eager", c.Cold)
-		faults := "—"
-		if len(c.Faults) > 0 && len(c.Served) == len(c.Faults) {
-			faults = fmt.Sprintf("%d (%s)", median(c.Faults), c.Served[len(c.Served)/2])
-		}
-		m.row(c.Label, coldName(c.Cold), summarize(c.Ping).String(), summarize(c.Token).String(), ratio(c.Token, eager.Token),
-			summarize(c.Running).String(), summarize(c.AllIn).String(), faults)
-	}
-	m.p("")
-	if tr.CRIUUsed {
-		for _, cold := range []bool{false, true} {
-			mount, crl := tr.find("lazy, --source mount", cold), tr.find("CRIU lazy-pages", cold)
-			cre := tr.find("CRIU restore", cold)
-			m.p("- %s: lazy through the mount gives the first token at %s of CRIU lazy-pages', %s of CRIU's eager restore's.", coldName(cold), ratio(mount.Token, crl.Token), ratio(mount.Token, cre.Token))
-		}
-		m.p("- dump: %s of CRIU's.", ratio(tr.Dump, tr.CRIUDump))
-		m.p("")
-	}
-}
-
-// median is the middle of ns (the lower of the two middle ones).
-func median(ns []int) int {
-	if len(ns) == 0 {
-		return 0
-	}
-	s := slices.Clone(ns)
-	slices.Sort(s)
-	return s[(len(s)-1)/2]
+	measure.KillAndReap(ctx, pid)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The "tree" series: a process tree, nginx (a master and two workers of
@@ -26,19 +27,7 @@ import (
 // (every process frozen, then made, one after the other).
 
 func init() {
-	extraSeries = append(extraSeries, series{Name: "tree", Measure: measureTree, Validate: validateTree, Render: renderTree})
-}
-
-// treeResult is the tree series of one size.
-type treeResult struct {
-	Server    string
-	Processes int
-	Image     uint64          // the snapshot directory
-	Dump      []time.Duration // snapctl's "in D"
-	Freeze    []time.Duration // snapctl's "frozen F"
-	Eager     []time.Duration // restore: "in D"
-	Running   []time.Duration // restore --lazy: "running after A"
-	AllIn     []time.Duration // restore --lazy: "all memory in after B"
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "tree", Measure: measureTree})
 }
 
 // treeNginxConf is nginx's configuration: dir holds its files.
@@ -66,7 +55,7 @@ type treeNginx struct {
 }
 
 // startTreeNginx starts nginx in dir and waits until it serves.
-func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, error) {
+func startTreeNginx(ctx context.Context, h *harness.Harness, dir string) (*treeNginx, error) {
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
 		return nil, fmt.Errorf("nginx (Debian package nginx): %w", err)
@@ -80,7 +69,7 @@ func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, e
 		}
 	}
 	os.Remove(filepath.Join(dir, "nginx.pid"))
-	port, err := freePort()
+	port, err := measure.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +92,7 @@ func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, e
 	if n.master, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
 		return nil, fmt.Errorf("nginx.pid: %w", err)
 	}
-	h.live = n.master
+	h.Live = n.master
 	// Two workers, past their setuid.
 	for {
 		err := n.serves(ctx)
@@ -113,7 +102,7 @@ func (h *harness) startTreeNginx(ctx context.Context, dir string) (*treeNginx, e
 		select {
 		case <-ctx.Done():
 			n.kill(context.Background())
-			h.live = 0
+			h.Live = 0
 			return nil, fmt.Errorf("nginx did not start serving: %w (%v)", ctx.Err(), err)
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -173,67 +162,56 @@ func (n *treeNginx) kill(ctx context.Context) error {
 	unix.Kill(-n.master, unix.SIGKILL)
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	err := killAndReap(ctx, n.master)
+	err := measure.KillAndReap(ctx, n.master)
 	// Orphaned, the workers are the harness's (a subreaper) to reap.
 	for _, p := range strings.Fields(string(b)) {
 		if pid, _ := strconv.Atoi(p); pid > 0 {
-			err = errors.Join(err, killAndReap(ctx, pid))
+			err = errors.Join(err, measure.KillAndReap(ctx, pid))
 		}
 	}
 	return err
 }
 
-// runSnapctl runs snapctl with args and returns its stdout.
-func (h *harness) runSnapctl(ctx context.Context, args ...string) (string, error) {
-	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
-	}
-	return out.String(), nil
-}
-
 // measureTree runs the tree series: per run, nginx dumped and restored
 // eagerly, then dumped and restored lazily.
-func measureTree(ctx context.Context, h *harness, sr *sizeResult) error {
+func measureTree(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	// What the harness inherited from whatever started it must not leak
 	// into nginx: it would lead outside the tree, and the dump refuses it.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return err
 	}
-	tr := &treeResult{Server: "nginx: a master and 2 workers", Processes: 3}
+	tr := &report.TreeResult{Server: "nginx: a master and 2 workers", Processes: 3}
 	// The workers run as nobody: their directory is not under the work
 	// directory, which is root's alone.
 	dir, err := os.MkdirTemp("", "lazyfs-bench-nginx-")
 	if err != nil {
 		return err
 	}
-	snap := filepath.Join(h.work, "snap-tree")
+	snap := filepath.Join(h.Work, "snap-tree")
 	defer os.RemoveAll(dir)
 	defer os.RemoveAll(snap)
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, lazy := range []bool{false, true} {
-			if err := h.treeOnce(ctx, tr, dir, snap, lazy); err != nil {
+			if err := treeOnce(ctx, h, tr, dir, snap, lazy); err != nil {
 				return err
 			}
 		}
-		h.logf("tree run %d/%d: dump %s (frozen %s), eager %s, lazy running %s, all in %s", r+1, h.runs,
-			ms(tr.Dump[len(tr.Dump)-1]), ms(tr.Freeze[len(tr.Freeze)-1]), ms(tr.Eager[len(tr.Eager)-1]),
-			ms(tr.Running[len(tr.Running)-1]), ms(tr.AllIn[len(tr.AllIn)-1]))
+		h.Logf("tree run %d/%d: dump %s (frozen %s), eager %s, lazy running %s, all in %s", r+1, h.Runs,
+			harness.Millis(tr.Dump[len(tr.Dump)-1]), harness.Millis(tr.Freeze[len(tr.Freeze)-1]), harness.Millis(tr.Eager[len(tr.Eager)-1]),
+			harness.Millis(tr.Running[len(tr.Running)-1]), harness.Millis(tr.AllIn[len(tr.AllIn)-1]))
 	}
 	sr.Tree = tr
 	return nil
 }
 
 // treeOnce starts nginx, dumps it and restores it once.
-func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string, lazy bool) error {
-	ctx, cancel := context.WithTimeout(ctx, h.opTimeout())
+func treeOnce(ctx context.Context, h *harness.Harness, tr *report.TreeResult, dir, snap string, lazy bool) error {
+	ctx, cancel := context.WithTimeout(ctx, h.OpTimeout())
 	defer cancel()
 	if err := os.RemoveAll(snap); err != nil {
 		return err
 	}
-	n, err := h.startTreeNginx(ctx, dir)
+	n, err := startTreeNginx(ctx, h, dir)
 	if err != nil {
 		return err
 	}
@@ -242,42 +220,42 @@ func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string
 	if err != nil {
 		return err
 	}
-	out, err := h.runSnapctl(ctx, "dump", "-t", strconv.Itoa(n.master), "-D", snap)
+	out, err := h.Snapctl(ctx, "dump", "-t", strconv.Itoa(n.master), "-D", snap)
 	if err != nil {
 		return err
 	}
-	d, err := parseDump(out)
+	d, err := measure.ParseDump(out)
 	if err != nil {
 		return err
 	}
 	if !strings.Contains(out, "(3 processes,") {
-		return fmt.Errorf("dump of nginx: %q: want 3 processes: %w", out, ErrOutput)
+		return fmt.Errorf("dump of nginx: %q: want 3 processes: %w", out, measure.ErrOutput)
 	}
 	// The harness is a subreaper: the dumped processes are its to reap,
 	// the workers too once their master is gone.
 	for _, p := range append(strings.Fields(string(b)), strconv.Itoa(n.master)) {
 		pid, _ := strconv.Atoi(p)
-		if err := killAndReap(ctx, pid); err != nil {
+		if err := measure.KillAndReap(ctx, pid); err != nil {
 			return err
 		}
 	}
 	tr.Dump, tr.Freeze = append(tr.Dump, d.Total), append(tr.Freeze, d.Freeze)
-	if tr.Image, err = dirSize(snap); err != nil {
+	if tr.Image, err = measure.DirSize(snap); err != nil {
 		return err
 	}
 	args := []string{"restore", "-D", snap}
 	if lazy {
 		args = append(args, "--lazy")
 	}
-	if out, err = h.runSnapctl(ctx, args...); err != nil {
+	if out, err = h.Snapctl(ctx, args...); err != nil {
 		return err
 	}
-	rr, err := parseRestore(out, lazy)
+	rr, err := measure.ParseRestore(out, lazy)
 	if err != nil {
 		return err
 	}
 	if rr.PID != n.master {
-		return fmt.Errorf("restored pid %d, want %d: %w", rr.PID, n.master, ErrOutput)
+		return fmt.Errorf("restored pid %d, want %d: %w", rr.PID, n.master, measure.ErrOutput)
 	}
 	if lazy {
 		tr.Running, tr.AllIn = append(tr.Running, rr.Running), append(tr.AllIn, rr.Total)
@@ -291,36 +269,4 @@ func (h *harness) treeOnce(ctx context.Context, tr *treeResult, dir, snap string
 		return fmt.Errorf("the restored nginx: %w", err)
 	}
 	return nil
-}
-
-func validateTree(runs int, sr *sizeResult, bad func(string, ...any)) {
-	tr := sr.Tree
-	if tr == nil {
-		return
-	}
-	// Two dumps a run (one for each restore).
-	want := map[string]int{"dump": 2 * runs, "freeze": 2 * runs, "eager": runs, "running": runs, "all in": runs}
-	for name, ds := range map[string][]time.Duration{"dump": tr.Dump, "freeze": tr.Freeze, "eager": tr.Eager, "running": tr.Running, "all in": tr.AllIn} {
-		if len(ds) != want[name] {
-			bad("tree: %d %s figures for %d runs, want %d", len(ds), name, runs, want[name])
-		}
-	}
-	if d, a := summarize(tr.Running), summarize(tr.AllIn); d.Med > a.Med {
-		bad("tree: lazy restore running after %s, later than all memory in (%s)", d, a)
-	}
-}
-
-func renderTree(m *md, sr *sizeResult) {
-	tr := sr.Tree
-	if tr == nil {
-		return
-	}
-	m.p("### Process tree: %s", tr.Server)
-	m.p("")
-	m.p("nginx (Debian's) with a master and %d workers, %d processes in all, dumped (`snapctl dump -t MASTER`, snapshot %s) and restored, eagerly and with `--lazy` (a pager per process, each reading its process's memory through one private mount). Its memory does not follow the size above. Each run starts nginx twice: once for the eager restore, once for the lazy one; every restored tree serves its page with its two workers before the run counts.",
-		tr.Processes-1, tr.Processes, units.FormatSize(tr.Image))
-	m.p("")
-	m.header("dump", "frozen", "eager restore", "lazy: running after", "lazy: all memory in")
-	m.row(summarize(tr.Dump).String(), summarize(tr.Freeze).String(), summarize(tr.Eager).String(), summarize(tr.Running).String(), summarize(tr.AllIn).String())
-	m.p("")
 }

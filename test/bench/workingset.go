@@ -11,6 +11,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lazyfs/lazyfs/test/bench/harness"
+	"github.com/lazyfs/lazyfs/test/bench/measure"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // The working-set series: a snapshot restored lazily with a working set
@@ -23,151 +27,78 @@ import (
 // parent and 2 workers, a working set per process), at most 256 MiB.
 
 func init() {
-	extraSeries = append(extraSeries, series{
-		Name:     "workingset",
-		Measure:  func(ctx context.Context, h *harness, sr *sizeResult) error { return h.workingSetSeries(ctx, sr) },
-		Validate: validateWorkingSet,
-		Render:   workingSetSection,
-	})
-}
-
-// wsResult is the series of one server.
-type wsResult struct {
-	Server   string // "modelserver", "weightserver", "modelserver pre-fork"
-	Recorded string // snapctl's "working set recorded: ..." lines
-	File     uint64 // size of the working-set files
-	Cases    []*wsCaseResult
-}
-
-// wsCase is one restore of the series.
-type wsCase struct {
-	Mode  string // wsEager, wsOff, wsCopy, wsBlocks
-	Cold  bool
-	Token bool // asks "ping" then "token" instead of "ping", "touch 1", "token"
-}
-
-// The restores of the series.
-const (
-	wsEager  = "eager"
-	wsOff    = "lazy, --working-set off"
-	wsCopy   = "lazy, working set"          // from its copy (the default)
-	wsBlocks = "lazy, --working-set blocks" // the snapshot's blocks in place
-)
-
-func (c wsCase) cache() string {
-	if c.Cold {
-		return "cold"
-	}
-	return "warm"
-}
-
-func (c wsCase) request() string {
-	if c.Token {
-		return "token"
-	}
-	return "touch 1"
-}
-
-func (c wsCase) String() string { return fmt.Sprintf("%s %s %s", c.Mode, c.cache(), c.request()) }
-
-// args are the snapctl restore arguments.
-func (c wsCase) args(dir string) []string {
-	a := []string{"restore", "-D", dir, "--decompress-threads", "1"}
-	switch c.Mode {
-	case wsOff:
-		a = append(a, "--lazy", "--working-set", "off")
-	case wsCopy:
-		a = append(a, "--lazy")
-	case wsBlocks:
-		a = append(a, "--lazy", "--working-set", "blocks")
-	}
-	return a
+	harness.ExtraSeries = append(harness.ExtraSeries, harness.Series{Name: "workingset", Measure: workingSetSeries})
 }
 
 // wsTreeCases are the restores of the process tree, warm only.
-func wsTreeCases() []wsCase {
-	return []wsCase{{Mode: wsEager}, {Mode: wsOff}, {Mode: wsCopy}}
+func wsTreeCases() []report.WSCase {
+	return []report.WSCase{{Mode: report.WSEager}, {Mode: report.WSOff}, {Mode: report.WSCopy}}
 }
 
 // wsCases are the restores of each server, in the order of a round.
-func wsCases() []wsCase {
-	var cs []wsCase
+func wsCases() []report.WSCase {
+	var cs []report.WSCase
 	for _, cold := range []bool{false, true} {
-		for _, m := range []string{wsEager, wsOff, wsCopy, wsBlocks} {
-			cs = append(cs, wsCase{Mode: m, Cold: cold})
+		for _, m := range []string{report.WSEager, report.WSOff, report.WSCopy, report.WSBlocks} {
+			cs = append(cs, report.WSCase{Mode: m, Cold: cold})
 		}
-		for _, m := range []string{wsOff, wsCopy} {
-			cs = append(cs, wsCase{Mode: m, Cold: cold, Token: true})
+		for _, m := range []string{report.WSOff, report.WSCopy} {
+			cs = append(cs, report.WSCase{Mode: m, Cold: cold, Token: true})
 		}
 	}
 	return cs
 }
 
-// wsCaseResult is the runs of one case.
-type wsCaseResult struct {
-	Case wsCase
-	Runs []restoreRun
-}
-
-func (w *wsResult) find(c wsCase) *restoreResult {
-	for _, r := range w.Cases {
-		if r.Case == c {
-			return &restoreResult{Runs: r.Runs}
-		}
-	}
-	return nil
-}
-
 // workingSetSeries measures both servers.
-func (h *harness) workingSetSeries(ctx context.Context, sr *sizeResult) error {
+func workingSetSeries(ctx context.Context, h *harness.Harness, sr *report.SizeResult) error {
 	for _, srv := range []struct {
 		name, prog string
 		extra      []string
 		size       uint64
-		cases      []wsCase
+		cases      []report.WSCase
 	}{
-		{"modelserver", h.tools.Modelserver, nil, h.size, wsCases()},
-		{"weightserver", h.tools.Weights, []string{"42", "hugepage"}, h.size, wsCases()},
-		{"modelserver pre-fork", h.tools.Modelserver, []string{"42", "2"}, min(h.size, 256<<20), wsTreeCases()},
+		{"modelserver", h.Tools.Modelserver, nil, h.Size, wsCases()},
+		{"weightserver", h.Tools.Weights, []string{"42", "hugepage"}, h.Size, wsCases()},
+		{"modelserver pre-fork", h.Tools.Modelserver, []string{"42", "2"}, min(h.Size, 256<<20), wsTreeCases()},
 	} {
-		w, err := h.workingSetServer(ctx, srv.name, srv.prog, srv.extra, srv.size, srv.cases)
+		w, err := workingSetServer(ctx, h, srv.name, srv.prog, srv.extra, srv.size, srv.cases)
 		if err != nil {
 			return fmt.Errorf("working set, %s: %w", srv.name, err)
 		}
 		sr.WorkingSet = append(sr.WorkingSet, w)
 	}
-	h.expect = expectation{}
+	h.Expect = harness.Expectation{}
 	return nil
 }
 
 // workingSetServer dumps one server, records its working set and runs
-// the cases h.runs times, interleaved.
-func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra []string, size uint64, cases []wsCase) (*wsResult, error) {
-	w := &wsResult{Server: name}
-	snap, err := h.wsDump(ctx, name, prog, extra, size)
+// the cases h.Runs times, interleaved.
+func workingSetServer(ctx context.Context, h *harness.Harness, name, prog string, extra []string, size uint64, cases []report.WSCase) (*report.WSResult, error) {
+	w := &report.WSResult{Server: name}
+	snap, err := wsDump(ctx, h, name, prog, extra, size)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(snap.Dir)
-	if err := h.wsRecord(ctx, snap, w); err != nil {
+	if err := wsRecord(ctx, h, snap, w); err != nil {
 		return nil, err
 	}
-	files, err := snapshotFiles(snap.Dir)
+	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range cases {
-		w.Cases = append(w.Cases, &wsCaseResult{Case: c})
+		w.Cases = append(w.Cases, &report.WSCaseResult{Case: c})
 	}
-	for r := range h.runs {
+	for r := range h.Runs {
 		for _, cr := range w.Cases {
-			run, err := h.wsRestoreOnce(ctx, snap, files, cr.Case)
+			run, err := wsRestoreOnce(ctx, h, snap, files, cr.Case)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", cr.Case, err)
 			}
 			cr.Runs = append(cr.Runs, run)
-			h.logf("workingset %s %-40s run %d/%d: runs %s, ping %s, %s %s, exit %s",
-				name, cr.Case.Mode+" "+cr.Case.cache(), r+1, h.runs, ms(run.Running), ms(run.Ping), cr.Case.request(), ms(wsAnswer(cr.Case, run)), ms(run.Wall))
+			h.Logf("workingset %s %-40s run %d/%d: runs %s, ping %s, %s %s, exit %s",
+				name, cr.Case.Mode+" "+cr.Case.Cache(), r+1, h.Runs, harness.Millis(run.Running), harness.Millis(run.Ping), cr.Case.Request(), harness.Millis(report.WSAnswer(cr.Case, run)), harness.Millis(run.Wall))
 		}
 	}
 	return w, nil
@@ -177,28 +108,20 @@ func (h *harness) workingSetServer(ctx context.Context, name, prog string, extra
 // times over, since the series runs after the others on a machine that
 // may be shared (a server's start-up alone took over a minute at a load
 // of 50 on two CPUs).
-func (h *harness) wsTimeout() time.Duration { return 5 * h.opTimeout() }
-
-// wsAnswer is the timed answer of a case: "touch 1" or "token".
-func wsAnswer(c wsCase, r restoreRun) time.Duration {
-	if c.Token {
-		return r.Token
-	}
-	return r.First
-}
+func wsTimeout(h *harness.Harness) time.Duration { return 5 * h.OpTimeout() }
 
 // wsDump starts a server, learns its answers and dumps it with the
 // default option.
-func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string, size uint64) (*snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+func wsDump(ctx context.Context, h *harness.Harness, name, prog string, extra []string, size uint64) (*harness.Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
-	srv, err := startServer(ctx, h.tools, prog, size, extra, h.logPath, h.work)
+	srv, err := measure.StartServer(ctx, h.Tools, prog, size, extra, h.LogPath, h.Work)
 	if err != nil {
 		return nil, err
 	}
-	h.live = srv.PID
-	h.expect = expectation{}
-	if err := h.learn(ctx, srv.Port); err != nil {
+	h.Live = srv.PID
+	h.Expect = harness.Expectation{}
+	if err := h.Learn(ctx, srv.Port); err != nil {
 		return nil, err
 	}
 	var workers []int
@@ -206,51 +129,51 @@ func (h *harness) wsDump(ctx context.Context, name, prog string, extra []string,
 		for _, f := range strings.Split(ws, ",") {
 			pid, err := strconv.Atoi(f)
 			if err != nil {
-				return nil, fmt.Errorf("ready line %q: %w", srv.Ready.Text, ErrOutput)
+				return nil, fmt.Errorf("ready line %q: %w", srv.Ready.Text, measure.ErrOutput)
 			}
 			workers = append(workers, pid)
 		}
 	}
-	dir := filepath.Join(h.work, "snap-ws-"+strings.ReplaceAll(name, " ", "-"))
+	dir := filepath.Join(h.Work, "snap-ws-"+strings.ReplaceAll(name, " ", "-"))
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
-	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, defaultConfig().Args...)
+	args := append([]string{"dump", "-t", strconv.Itoa(srv.PID), "-D", dir}, report.DefaultConfig().Args...)
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &stdout, &stderr, h.Work
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
-	if err := srv.waitGone(ctx); err != nil {
+	if err := srv.WaitGone(ctx); err != nil {
 		return nil, err
 	}
-	snap := &snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img"), Workers: workers}
-	if err := snap.killTree(ctx); err != nil { // the workers' zombies
+	snap := &harness.Snapshot{Dir: dir, PID: srv.PID, Port: srv.Port, Pages: filepath.Join(dir, "pages-"+strconv.Itoa(srv.PID)+".img"), Workers: workers}
+	if err := snap.KillTree(ctx); err != nil { // the workers' zombies
 		return nil, err
 	}
-	h.live = 0
-	h.logf("workingset: dumped %s: %s", name, strings.TrimSpace(stdout.String()))
+	h.Live = 0
+	h.Logf("workingset: dumped %s: %s", name, strings.TrimSpace(stdout.String()))
 	return snap, nil
 }
 
 // wsRecord restores snap lazily recording its working set: "ping" and
 // "touch 1" are asked, then snapctl is sent SIGUSR1.
-func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) error {
-	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+func wsRecord(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, w *report.WSResult) error {
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
 	args := []string{"restore", "-D", snap.Dir, "--lazy", "--record-working-set", "--record-for", "5m"}
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	h.live = snap.PID
-	answers, askErr := converse(ctx, snap.Port, start, "ping", "touch 1")
+	h.Live = snap.PID
+	answers, askErr := measure.Converse(ctx, snap.Port, start, "ping", "touch 1")
 	if askErr == nil {
-		askErr = h.check(answers)
+		askErr = h.Check(answers)
 	}
 	cmd.Process.Signal(syscall.SIGUSR1)
 	err := cmd.Wait()
@@ -269,7 +192,7 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) err
 		}
 	}
 	if len(recorded) != 1+len(snap.Workers) {
-		return fmt.Errorf("%d working sets recorded, want %d: %q: %w", len(recorded), 1+len(snap.Workers), out.String(), ErrOutput)
+		return fmt.Errorf("%d working sets recorded, want %d: %q: %w", len(recorded), 1+len(snap.Workers), out.String(), measure.ErrOutput)
 	}
 	w.Recorded = strings.Join(recorded, "; ")
 	for _, pid := range append([]int{snap.PID}, snap.Workers...) {
@@ -279,30 +202,30 @@ func (h *harness) wsRecord(ctx context.Context, snap *snapshot, w *wsResult) err
 		}
 		w.File += uint64(st.Size())
 	}
-	h.logf("workingset: recorded in %s (touch 1 answered after %s): %s", time.Since(start).Round(time.Millisecond), answers[1].At.Round(time.Millisecond), w.Recorded)
-	if err := snap.killTree(ctx); err != nil {
+	h.Logf("workingset: recorded in %s (touch 1 answered after %s): %s", time.Since(start).Round(time.Millisecond), answers[1].At.Round(time.Millisecond), w.Recorded)
+	if err := snap.KillTree(ctx); err != nil {
 		return err
 	}
-	h.live = 0
+	h.Live = 0
 	return nil
 }
 
 // wsRestoreOnce restores snap as c says, times the answers, checks them,
 // then kills the restored server.
-func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []string, c wsCase) (restoreRun, error) {
-	var run restoreRun
-	ctx, cancel := context.WithTimeout(ctx, h.wsTimeout())
+func wsRestoreOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
+	var run report.RestoreRun
+	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
-	if pid, taken := snap.taken(); taken {
+	if pid, taken := snap.Taken(); taken {
 		return run, fmt.Errorf("pid %d is taken before the restore", pid)
 	}
-	if err := setCache(c.Cold, files...); err != nil {
+	if err := measure.SetCache(c.Cold, files...); err != nil {
 		return run, err
 	}
-	args := c.args(snap.Dir)
+	args := c.Args(snap.Dir)
 	var out, errOut bytes.Buffer
-	cmd := exec.CommandContext(ctx, h.tools.Snapctl, args...)
-	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.work
+	cmd := exec.CommandContext(ctx, h.Tools.Snapctl, args...)
+	cmd.Stdout, cmd.Stderr, cmd.Dir = &out, &errOut, h.Work
 	askCtx, stopAsking := context.WithCancel(ctx)
 	defer stopAsking()
 	exited := make(chan error, 1)
@@ -310,7 +233,7 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	if err := cmd.Start(); err != nil {
 		return run, fmt.Errorf("start snapctl: %w", err)
 	}
-	h.live = snap.PID
+	h.Live = snap.PID
 	var wall time.Duration
 	go func() {
 		err := cmd.Wait()
@@ -324,14 +247,14 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	if c.Token {
 		reqs = []string{"ping", "token"}
 	}
-	answers, askErr := converse(askCtx, snap.Port, start, reqs...)
+	answers, askErr := measure.Converse(askCtx, snap.Port, start, reqs...)
 	if err := <-exited; err != nil {
 		return run, fmt.Errorf("snapctl %q: %w\n%s%s", args, err, out.String(), errOut.String())
 	}
 	if askErr != nil {
 		return run, askErr
 	}
-	if err := h.check(answers); err != nil {
+	if err := h.Check(answers); err != nil {
 		return run, err
 	}
 	run.Ping = answers[0].At
@@ -340,92 +263,20 @@ func (h *harness) wsRestoreOnce(ctx context.Context, snap *snapshot, files []str
 	} else {
 		run.First, run.Token = answers[1].At, answers[2].At
 	}
-	lazy := c.Mode != wsEager
-	rep, err := parseRestore(out.String(), lazy)
+	lazy := c.Mode != report.WSEager
+	rep, err := measure.ParseRestore(out.String(), lazy)
 	if err != nil {
 		return run, err
 	}
-	if c.Mode == wsCopy || c.Mode == wsBlocks {
+	if c.Mode == report.WSCopy || c.Mode == report.WSBlocks {
 		if !strings.Contains(out.String(), "fetched first") {
-			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), ErrOutput)
+			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), measure.ErrOutput)
 		}
 	}
 	run.Wall, run.Running, run.Total, run.Faults = wall, rep.Running, rep.Total, rep.Faults
-	if err := snap.killTree(ctx); err != nil {
+	if err := snap.KillTree(ctx); err != nil {
 		return run, err
 	}
-	h.live = 0
+	h.Live = 0
 	return run, nil
-}
-
-// validateWorkingSet checks the series' runs.
-func validateWorkingSet(runs int, sr *sizeResult, bad func(string, ...any)) {
-	for _, w := range sr.WorkingSet {
-		if w.Recorded == "" {
-			bad("workingset %s: nothing recorded", w.Server)
-		}
-		for _, cr := range w.Cases {
-			if len(cr.Runs) != runs {
-				bad("workingset %s %s: %d runs, want %d", w.Server, cr.Case, len(cr.Runs), runs)
-			}
-			for i, r := range cr.Runs {
-				if r.Ping <= 0 || wsAnswer(cr.Case, r) < r.Ping || r.Wall <= 0 {
-					bad("workingset %s %s run %d: ping %v, answer %v, wall %v", w.Server, cr.Case, i, r.Ping, wsAnswer(cr.Case, r), r.Wall)
-				}
-			}
-		}
-	}
-}
-
-// workingSetSection renders the series.
-func workingSetSection(m *md, sr *sizeResult) {
-	if len(sr.WorkingSet) == 0 {
-		return
-	}
-	m.p("### Working set: lazy restores that fetch first what the last one touched")
-	m.p("")
-	m.p("Each server is dumped once (default option), then restored lazily once with `--record-working-set`, asked `ping` and `touch 1`, and sent SIGUSR1 once `touch 1` was answered: that working set is then used by every lazy restore below except `--working-set off`. *lazy, working set* places the working set's own copy of the touched pages first (the default); *--working-set blocks* reads the snapshot's blocks holding them in place instead. Times from the command's start; median (min–max) of the runs. The *token* rows ask `ping` then `token` (the whole memory), which the working set does not cover. *modelserver pre-fork* is a process tree (`modelserver SIZE PORT 42 2`: the parent builds the memory and forks 2 workers that answer on its socket, at most 256 MiB each, every process's memory dumped whole), restored warm only, with a working set per process.")
-	m.p("")
-	for _, w := range sr.WorkingSet {
-		m.p("**%s** — %s (file %s).", w.Server, w.Recorded, fmtBytes(w.File))
-		m.p("")
-		m.header("restore", "cache", "request", "process runs", "ping answered", "answer", "command exits")
-		for _, cr := range w.Cases {
-			c := cr.Case
-			r := w.find(c)
-			m.row(c.Mode, c.cache(), c.request(), cell(r, runningOf), cell(r, pingOf), cell(r, func(run restoreRun) time.Duration { return wsAnswer(c, run) }), cell(r, wallOf))
-		}
-		m.p("")
-		m.p("Ratios of medians (answer to the request):")
-		m.p("")
-		m.header("cache", "touch 1: working set / off", "touch 1: working set / eager", "touch 1: blocks / off", "token: working set / off")
-		ratio := func(a, b wsCase) string {
-			ra, rb := w.find(a), w.find(b)
-			if ra == nil || rb == nil || len(ra.Runs) == 0 || len(rb.Runs) == 0 {
-				return "—"
-			}
-			db := rb.dist(func(r restoreRun) time.Duration { return wsAnswer(b, r) }).Med
-			if db <= 0 {
-				return "—"
-			}
-			return fmt.Sprintf("%.2f×", ra.dist(func(r restoreRun) time.Duration { return wsAnswer(a, r) }).Med.Seconds()/db.Seconds())
-		}
-		for _, cold := range []bool{false, true} {
-			c := func(mode string, token bool) wsCase { return wsCase{Mode: mode, Cold: cold, Token: token} }
-			m.row(c(wsEager, false).cache(), ratio(c(wsCopy, false), c(wsOff, false)), ratio(c(wsCopy, false), c(wsEager, false)),
-				ratio(c(wsBlocks, false), c(wsOff, false)), ratio(c(wsCopy, true), c(wsOff, true)))
-		}
-		m.p("")
-	}
-}
-
-// fmtBytes formats a byte count.
-func fmtBytes(n uint64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

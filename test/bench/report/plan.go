@@ -1,12 +1,12 @@
-package main
+package report
 
 import (
 	"fmt"
 	"strconv"
 )
 
-// dumpConfig is one way of writing the snapshot.
-type dumpConfig struct {
+// DumpConfig is one way of writing the snapshot.
+type DumpConfig struct {
 	Name     string   // the snapctl option, as the report names it
 	Short    string   // chart label
 	Args     []string // snapctl dump flags
@@ -16,16 +16,16 @@ type dumpConfig struct {
 }
 
 // Label names the configuration in tables: the option, marked if default.
-func (c dumpConfig) Label() string {
+func (c DumpConfig) Label() string {
 	if c.Default {
 		return "`" + c.Name + "` (default)"
 	}
 	return "`" + c.Name + "`"
 }
 
-// dumpConfigs returns the configurations in report order.
-func dumpConfigs() []dumpConfig {
-	return []dumpConfig{
+// DumpConfigs returns the configurations in report order.
+func DumpConfigs() []DumpConfig {
+	return []DumpConfig{
 		{Name: "--no-compress", Short: "no-compress", Args: []string{"--no-compress"}, Block: 256 << 10},
 		{Name: "--compress (4 KiB)", Short: "4K", Args: []string{"--compress"}, Block: 4 << 10, Compress: true},
 		{Name: "--compress-block 256K", Short: "256K", Args: []string{"--compress-block", "256K"}, Block: 256 << 10, Compress: true, Default: true},
@@ -35,11 +35,11 @@ func dumpConfigs() []dumpConfig {
 	}
 }
 
-// measureOrder is the order configurations are measured in: the default
+// MeasureOrder is the order configurations are measured in: the default
 // first (it carries the most runs and builds the raw memory file), then
 // the others in report order.
-func measureOrder(cfgs []dumpConfig) []dumpConfig {
-	var out []dumpConfig
+func MeasureOrder(cfgs []DumpConfig) []DumpConfig {
+	var out []DumpConfig
 	for _, c := range cfgs {
 		if c.Default {
 			out = append(out, c)
@@ -53,20 +53,20 @@ func measureOrder(cfgs []dumpConfig) []dumpConfig {
 	return out
 }
 
-// restoreMode is how a snapshot is restored.
-type restoreMode int
+// RestoreMode is how a snapshot is restored.
+type RestoreMode int
 
 const (
-	eager      restoreMode = iota // snapctl restore
-	lazyMount                     // snapctl restore --lazy --source mount
+	Eager      RestoreMode = iota // snapctl restore
+	LazyMount                     // snapctl restore --lazy --source mount
 	lazyDirect                    // snapctl restore --lazy --source direct
 )
 
-func (m restoreMode) String() string {
+func (m RestoreMode) String() string {
 	switch m {
-	case eager:
+	case Eager:
 		return "eager"
-	case lazyMount:
+	case LazyMount:
 		return "lazy, --source mount"
 	case lazyDirect:
 		return "lazy, --source direct"
@@ -74,9 +74,9 @@ func (m restoreMode) String() string {
 	return "mode" + strconv.Itoa(int(m))
 }
 
-// restoreCase is one restore measurement of a snapshot.
-type restoreCase struct {
-	Mode    restoreMode
+// RestoreCase is one restore measurement of a snapshot.
+type RestoreCase struct {
+	Mode    RestoreMode
 	Cold    bool // page cache dropped right before the command
 	Idle    bool // lazy: no request until every page is in
 	Threads int  // --decompress-threads
@@ -86,10 +86,10 @@ type restoreCase struct {
 }
 
 // Lazy reports whether the case restores with --lazy.
-func (c restoreCase) Lazy() bool { return c.Mode != eager }
+func (c RestoreCase) Lazy() bool { return c.Mode != Eager }
 
 // Cache names the page-cache state.
-func (c restoreCase) Cache() string {
+func (c RestoreCase) Cache() string {
 	if c.Cold {
 		return "cold"
 	}
@@ -97,7 +97,7 @@ func (c restoreCase) Cache() string {
 }
 
 // Label names the case in the report.
-func (c restoreCase) Label() string {
+func (c RestoreCase) Label() string {
 	s := c.Mode.String()
 	if c.Idle {
 		s += ", idle"
@@ -108,11 +108,11 @@ func (c restoreCase) Label() string {
 	return s
 }
 
-// args are the snapctl restore arguments.
-func (c restoreCase) args(dir string) []string {
+// Args are the snapctl restore arguments.
+func (c RestoreCase) Args(dir string) []string {
 	a := []string{"restore", "-D", dir, "--decompress-threads", strconv.Itoa(c.Threads)}
 	switch c.Mode {
-	case lazyMount:
+	case LazyMount:
 		a = append(a, "--lazy", "--source", "mount")
 	case lazyDirect:
 		a = append(a, "--lazy", "--source", "direct")
@@ -120,40 +120,40 @@ func (c restoreCase) args(dir string) []string {
 	return a
 }
 
-func (c restoreCase) String() string {
+func (c RestoreCase) String() string {
 	return fmt.Sprintf("%s %s threads=%d", c.Label(), c.Cache(), c.Threads)
 }
 
-// defThreads is snapctl restore's --decompress-threads default (0:
+// DefThreads is snapctl restore's --decompress-threads default (0:
 // automatic), which every series restores with unless it varies it.
-const defThreads = 0
+const DefThreads = 0
 
-// restoreCases returns the restore measurements of a configuration: eager
+// RestoreCases returns the restore measurements of a configuration: eager
 // and lazy through the mount, cold and warm, for every configuration (the
 // block-size series); for the default one also --source direct, idle lazy
 // restores, and --decompress-threads 1 and 2 (0, automatic, is the
 // default).
-func restoreCases(cfg dumpConfig) []restoreCase {
-	cs := []restoreCase{
-		{Mode: eager, Threads: defThreads},
-		{Mode: eager, Cold: true, Threads: defThreads},
-		{Mode: lazyMount, Threads: defThreads},
-		{Mode: lazyMount, Cold: true, Threads: defThreads},
+func RestoreCases(cfg DumpConfig) []RestoreCase {
+	cs := []RestoreCase{
+		{Mode: Eager, Threads: DefThreads},
+		{Mode: Eager, Cold: true, Threads: DefThreads},
+		{Mode: LazyMount, Threads: DefThreads},
+		{Mode: LazyMount, Cold: true, Threads: DefThreads},
 	}
 	if !cfg.Default {
 		return cs
 	}
 	cs = append(cs,
-		restoreCase{Mode: lazyDirect, Threads: defThreads},
-		restoreCase{Mode: lazyDirect, Cold: true, Threads: defThreads},
-		restoreCase{Mode: lazyMount, Idle: true, Threads: defThreads},
-		restoreCase{Mode: lazyDirect, Idle: true, Threads: defThreads},
+		RestoreCase{Mode: lazyDirect, Threads: DefThreads},
+		RestoreCase{Mode: lazyDirect, Cold: true, Threads: DefThreads},
+		RestoreCase{Mode: LazyMount, Idle: true, Threads: DefThreads},
+		RestoreCase{Mode: lazyDirect, Idle: true, Threads: DefThreads},
 	)
 	for _, n := range []int{1, 2} {
 		cs = append(cs,
-			restoreCase{Mode: eager, Threads: n},
-			restoreCase{Mode: lazyMount, Threads: n},
-			restoreCase{Mode: lazyDirect, Threads: n},
+			RestoreCase{Mode: Eager, Threads: n},
+			RestoreCase{Mode: LazyMount, Threads: n},
+			RestoreCase{Mode: lazyDirect, Threads: n},
 		)
 	}
 	return cs

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 // the harness refuses to write a report from it.
 var ErrInsane = errors.New("implausible measurement")
 
-// validate checks that every measurement of rep is present and plausible.
-func validate(rep *report) error {
+// Validate checks that every measurement of rep is present and plausible.
+func Validate(rep *Report) error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrInsane))
@@ -27,14 +27,14 @@ func validate(rep *report) error {
 		if len(s.Weights) > 0 || len(rep.Only) == 0 {
 			validateWeights(rep.Runs, s, bad)
 		}
-		for _, x := range extraSeries {
+		for _, x := range extraSections {
 			x.Validate(rep.Runs, s, bad)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
+func validateSize(runs int, s *SizeResult, bad func(string, ...any)) {
 	positive := func(what string, ds ...time.Duration) {
 		if len(ds) != runs {
 			bad("%s: %d runs, want %d", what, len(ds), runs)
@@ -48,7 +48,7 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 	if s.Memory < s.Size {
 		bad("memory in the snapshot %d below the fixture's size %d", s.Memory, s.Size)
 	}
-	cfgs := dumpConfigs()
+	cfgs := DumpConfigs()
 	if len(s.Dumps) != len(cfgs) {
 		bad("%d dump series, want %d", len(s.Dumps), len(cfgs))
 		return
@@ -87,62 +87,73 @@ func validateSize(runs int, s *sizeResult, bad func(string, ...any)) {
 	}
 
 	for _, cfg := range cfgs {
-		for _, c := range restoreCases(cfg) {
-			r := s.find(cfg.Short, c)
-			what := cfg.Short + " " + c.String()
-			if r == nil {
-				bad("restore %s missing", what)
-				continue
-			}
-			if len(r.Runs) != runs {
-				bad("restore %s: %d runs, want %d", what, len(r.Runs), runs)
-			}
-			for i, run := range r.Runs {
-				if msg := checkRun(c, run); msg != "" {
-					bad("restore %s run %d: %s", what, i, msg)
-				}
-			}
+		validateRestores(runs, s, cfg, bad)
+		validateBaselines(s, cfg, bad, positive)
+	}
+}
+
+// validateRestores checks the restores of one dump configuration.
+func validateRestores(runs int, s *SizeResult, cfg DumpConfig, bad func(string, ...any)) {
+	for _, c := range RestoreCases(cfg) {
+		r := s.find(cfg.Short, c)
+		what := cfg.Short + " " + c.String()
+		if r == nil {
+			bad("restore %s missing", what)
+			continue
 		}
-		read := s.baseline(cfg.Short, readPages)
-		if read == nil {
-			bad("read baseline %s missing", cfg.Short)
-		} else {
-			positive("read baseline "+cfg.Short+" cold", read.Cold...)
-			positive("read baseline "+cfg.Short+" warm", read.Warm...)
+		if len(r.Runs) != runs {
+			bad("restore %s: %d runs, want %d", what, len(r.Runs), runs)
 		}
-		if (s.baseline(cfg.Short, lz4Checked) != nil) != cfg.Default {
-			bad("lz4 baseline with checksum for %s: want it for the default option only", cfg.Short)
-		}
-		lz := s.baseline(cfg.Short, lz4Decode)
-		switch {
-		case !cfg.Compress && lz != nil:
-			bad("lz4 baseline for %s", cfg.Short)
-		case cfg.Compress && lz == nil:
-			bad("lz4 baseline %s missing", cfg.Short)
-		case lz != nil:
-			positive("lz4 baseline "+cfg.Short+" cold", lz.Cold...)
-			positive("lz4 baseline "+cfg.Short+" warm", lz.Warm...)
-			if lz.Output != s.Memory || lz.Bytes == 0 {
-				bad("lz4 baseline %s: %d bytes in, %d out, memory %d", cfg.Short, lz.Bytes, lz.Output, s.Memory)
+		for i, run := range r.Runs {
+			if msg := checkRun(c, run); msg != "" {
+				bad("restore %s run %d: %s", what, i, msg)
 			}
 		}
 	}
 }
 
+// validateBaselines checks the read and lz4 baselines of one dump
+// configuration; positive checks a figure's runs.
+func validateBaselines(s *SizeResult, cfg DumpConfig, bad func(string, ...any), positive func(string, ...time.Duration)) {
+	read := s.baseline(cfg.Short, ReadPages)
+	if read == nil {
+		bad("read baseline %s missing", cfg.Short)
+	} else {
+		positive("read baseline "+cfg.Short+" cold", read.Cold...)
+		positive("read baseline "+cfg.Short+" warm", read.Warm...)
+	}
+	if (s.baseline(cfg.Short, LZ4Checked) != nil) != cfg.Default {
+		bad("lz4 baseline with checksum for %s: want it for the default option only", cfg.Short)
+	}
+	lz := s.baseline(cfg.Short, LZ4Decode)
+	switch {
+	case !cfg.Compress && lz != nil:
+		bad("lz4 baseline for %s", cfg.Short)
+	case cfg.Compress && lz == nil:
+		bad("lz4 baseline %s missing", cfg.Short)
+	case lz != nil:
+		positive("lz4 baseline "+cfg.Short+" cold", lz.Cold...)
+		positive("lz4 baseline "+cfg.Short+" warm", lz.Warm...)
+		if lz.Output != s.Memory || lz.Bytes == 0 {
+			bad("lz4 baseline %s: %d bytes in, %d out, memory %d", cfg.Short, lz.Bytes, lz.Output, s.Memory)
+		}
+	}
+}
+
 // validateWeights checks the weightserver series of a size.
-func validateWeights(runs int, s *sizeResult, bad func(string, ...any)) {
-	if len(s.Weights) != len(weightAdvices) {
-		bad("%d weightserver series, want %d", len(s.Weights), len(weightAdvices))
+func validateWeights(runs int, s *SizeResult, bad func(string, ...any)) {
+	if len(s.Weights) != len(WeightAdvices) {
+		bad("%d weightserver series, want %d", len(s.Weights), len(WeightAdvices))
 		return
 	}
 	for i, w := range s.Weights {
-		if w.Advice != weightAdvices[i] {
-			bad("weightserver series %d has advice %q, want %q", i, w.Advice, weightAdvices[i])
+		if w.Advice != WeightAdvices[i] {
+			bad("weightserver series %d has advice %q, want %q", i, w.Advice, WeightAdvices[i])
 		}
 		if w.Arrays <= 0 || (w.Advice == "hugepage") != (w.HugeVMAs >= w.Arrays) || (w.Advice == "none" && w.HugeVMAs != 0) {
 			bad("weightserver %s: %d arrays, %d VMAs with hg", w.Advice, w.Arrays, w.HugeVMAs)
 		}
-		for _, c := range weightCases() {
+		for _, c := range WeightCases() {
 			r := w.find(c)
 			what := "weightserver " + w.Advice + " " + c.String()
 			if r == nil {
@@ -165,7 +176,7 @@ func validateWeights(runs int, s *sizeResult, bad func(string, ...any)) {
 }
 
 // checkRun returns what is wrong with one restore run, or "".
-func checkRun(c restoreCase, r restoreRun) string {
+func checkRun(c RestoreCase, r RestoreRun) string {
 	var msgs []string
 	if r.Wall <= 0 || r.Running <= 0 || r.Total < r.Running {
 		msgs = append(msgs, fmt.Sprintf("wall %v, running %v, total %v", r.Wall, r.Running, r.Total))

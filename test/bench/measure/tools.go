@@ -1,4 +1,4 @@
-package main
+package measure
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lazyfs/lazyfs/test/fixture"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
 // buildTimeout bounds each compiler run.
 const buildTimeout = 5 * time.Minute
 
-// tools are the programs the harness runs.
-type tools struct {
+// Tools are the programs the harness runs.
+type Tools struct {
 	Snapctl     string
 	Lazyfs      string
 	Modelserver string
@@ -31,24 +31,10 @@ type tools struct {
 	LZ4Version  string
 }
 
-// moduleRoot returns the directory of this module's go.mod: two levels
-// above the fixture sources.
-func moduleRoot() (string, error) {
-	src, err := fixture.SourceDir()
-	if err != nil {
-		return "", fmt.Errorf("find module: %w", err)
-	}
-	root := filepath.Dir(filepath.Dir(src))
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		return "", fmt.Errorf("find module: %w", err)
-	}
-	return root, nil
-}
-
-// buildTools compiles (or finds) every program into dir.
-func buildTools(ctx context.Context, bin, dir string) (tools, error) {
-	var t tools
-	root, err := moduleRoot()
+// BuildTools compiles (or finds) every program into dir.
+func BuildTools(ctx context.Context, bin, dir string) (Tools, error) {
+	var t Tools
+	root, err := report.ModuleRoot()
 	if err != nil {
 		return t, err
 	}

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"strings"
@@ -11,19 +11,19 @@ import (
 // shuffled nothing and a missing run.
 func TestCodecSeries(t *testing.T) {
 	const runs = 3
-	sr := &sizeResult{Size: 1 << 30}
-	for _, fx := range codecFixtures {
-		for i, name := range benchCodecs {
-			c := &codecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Memory: 1 << 30,
+	sr := &SizeResult{Size: 1 << 30}
+	for _, fx := range []struct{ Name, Weights string }{{"modelserver", "bf16"}, {"weightserver", "float32"}} {
+		for i, name := range []string{"lz4", "shuffle-lz4", "shuffle-huff"} {
+			c := &CodecResult{Fixture: fx.Name, Weights: fx.Weights, Codec: name, Memory: 1 << 30,
 				Pages: 900 << 20, WeightBytes: 512 << 20, WeightStored: uint64(512-100*i) << 20,
 				Dump: time.Second, Freeze: time.Second}
 			if name != "lz4" {
 				c.Shuffled = 512 << 20
 			}
-			for _, k := range codecCases(false) {
-				rr := &restoreResult{Case: k}
+			for _, k := range CodecCases(false) {
+				rr := &RestoreResult{Case: k}
 				for r := range runs {
-					rr.Runs = append(rr.Runs, restoreRun{Token: time.Duration(900+r) * time.Millisecond})
+					rr.Runs = append(rr.Runs, RestoreRun{Token: time.Duration(900+r) * time.Millisecond})
 				}
 				c.Restores = append(c.Restores, rr)
 			}

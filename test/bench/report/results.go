@@ -1,59 +1,61 @@
-package main
+package report
 
-import "time"
+import (
+	"time"
+)
 
-// report is everything one harness run measured.
-type report struct {
-	Machine machine
+// Report is everything one harness run measured.
+type Report struct {
+	Machine Machine
 	Runs    int
 	Smoke   bool
 	Only    []string `json:",omitempty"` // the series measured, if not all
 	Started time.Time
 	Elapsed time.Duration
-	Sizes   []*sizeResult
+	Sizes   []*SizeResult
 }
 
-// sizeResult holds the measurements of one fixture size.
-type sizeResult struct {
+// SizeResult holds the measurements of one fixture size.
+type SizeResult struct {
 	Size      uint64          // the fixture's SIZE argument
 	Memory    uint64          // bytes of memory the snapshot holds (dumped VMAs)
 	Init      []time.Duration // the fixture's own start-up (init_ms)
-	Dumps     []*dumpResult   // report order
-	Restores  []*restoreResult
-	Baselines []*baselineResult
-	Weights   []*weightsResult  // the weightserver, with and without MADV_HUGEPAGE
-	Tree      *treeResult       `json:",omitempty"` // the tree series (tree.go)
-	Replicas  []*replicasResult `json:",omitempty"` // the replicas series (replicas.go)
-	Codecs    []*codecResult    `json:",omitempty"` // the codec series
-	S3        *s3Result         `json:",omitempty"` // the "s3" series (s3.go)
-	Crypt     *cryptResult      `json:",omitempty"` // the crypt series (crypt.go)
-	PreCopy   []*preCopyResult  `json:",omitempty"` // the "precopy" series (precopy.go)
+	Dumps     []*DumpResult   // report order
+	Restores  []*RestoreResult
+	Baselines []*BaselineResult
+	Weights   []*WeightsResult  // the weightserver, with and without MADV_HUGEPAGE
+	Tree      *TreeResult       `json:",omitempty"` // the tree series (tree.go)
+	Replicas  []*ReplicasResult `json:",omitempty"` // the replicas series (replicas.go)
+	Codecs    []*CodecResult    `json:",omitempty"` // the codec series
+	S3        *S3Result         `json:",omitempty"` // the "s3" series (s3.go)
+	Crypt     *CryptResult      `json:",omitempty"` // the crypt series (crypt.go)
+	PreCopy   []*PreCopyResult  `json:",omitempty"` // the "precopy" series (precopy.go)
 	// Incremental is the "incremental" series (incremental.go).
-	Incremental *incrResult `json:",omitempty"`
+	Incremental *IncrResult `json:",omitempty"`
 	Elapsed     time.Duration
 
 	// WorkingSet is the working-set series (workingset.go).
-	WorkingSet []*wsResult `json:",omitempty"`
+	WorkingSet []*WSResult `json:",omitempty"`
 	// Torch is the PyTorch server series (torch.go), in the first size's.
-	Torch *torchResult `json:",omitempty"`
+	Torch *TorchResult `json:",omitempty"`
 	// Huge is the 12 GiB weightserver (huge.go, -huge), in the first
 	// size's.
-	Huge *hugeResult `json:",omitempty"`
+	Huge *HugeResult `json:",omitempty"`
 }
 
-// weightsResult is the weightserver series of one advice: its snapshot
-// (the default dump option) restored as weightCases says.
-type weightsResult struct {
+// WeightsResult is the weightserver series of one advice: its snapshot
+// (the default dump option) restored as WeightCases says.
+type WeightsResult struct {
 	Advice   string // the fixture's ADVICE: "hugepage" or "none"
 	Arrays   int    // weight arrays, each its own mapping
 	Init     time.Duration
 	HugeVMAs int    // VMAs with VmFlags hg in the original
 	AnonHuge uint64 // the original's AnonHugePages, bytes
-	Restores []*restoreResult
+	Restores []*RestoreResult
 }
 
 // find returns the restore result of a case, or nil.
-func (w *weightsResult) find(c restoreCase) *restoreResult {
+func (w *WeightsResult) find(c RestoreCase) *RestoreResult {
 	for _, r := range w.Restores {
 		if r.Case == c {
 			return r
@@ -62,9 +64,9 @@ func (w *weightsResult) find(c restoreCase) *restoreResult {
 	return nil
 }
 
-// dumpResult is the dump series of one configuration.
-type dumpResult struct {
-	Config dumpConfig
+// DumpResult is the dump series of one configuration.
+type DumpResult struct {
+	Config DumpConfig
 	Image  uint64  // every file of the snapshot directory
 	Pages  uint64  // the pages file
 	Ratio  float64 // as snapctl prints it: pages file / memory
@@ -74,8 +76,8 @@ type dumpResult struct {
 	LZ4    uint64          // size of the lz4 CLI file of the same memory and block size; 0: none
 }
 
-// restoreRun is one restore.
-type restoreRun struct {
+// RestoreRun is one restore.
+type RestoreRun struct {
 	Wall    time.Duration // command start to exit
 	Running time.Duration // reported: the process runs (eager: the restore's own time)
 	Total   time.Duration // reported: eager "in D", lazy "all memory in after B"
@@ -89,43 +91,43 @@ type restoreRun struct {
 	AnonHuge uint64
 }
 
-// restoreResult is the runs of one restore case of one configuration.
-type restoreResult struct {
-	Config dumpConfig
-	Case   restoreCase
-	Runs   []restoreRun
+// RestoreResult is the runs of one restore case of one configuration.
+type RestoreResult struct {
+	Config DumpConfig
+	Case   RestoreCase
+	Runs   []RestoreRun
 }
 
 // dist summarises one figure of the runs.
-func (r *restoreResult) dist(f func(restoreRun) time.Duration) dist {
+func (r *RestoreResult) dist(f func(RestoreRun) time.Duration) Dist {
 	ds := make([]time.Duration, 0, len(r.Runs))
 	for _, run := range r.Runs {
 		ds = append(ds, f(run))
 	}
-	return summarize(ds)
+	return Summarize(ds)
 }
 
 // Figures of a restore run, for dist.
-func wallOf(r restoreRun) time.Duration    { return r.Wall }
-func runningOf(r restoreRun) time.Duration { return r.Running }
-func totalOf(r restoreRun) time.Duration   { return r.Total }
-func pingOf(r restoreRun) time.Duration    { return r.Ping }
-func firstOf(r restoreRun) time.Duration   { return r.First }
-func tokenOf(r restoreRun) time.Duration   { return r.Token }
+func wallOf(r RestoreRun) time.Duration    { return r.Wall }
+func runningOf(r RestoreRun) time.Duration { return r.Running }
+func totalOf(r RestoreRun) time.Duration   { return r.Total }
+func pingOf(r RestoreRun) time.Duration    { return r.Ping }
+func firstOf(r RestoreRun) time.Duration   { return r.First }
+func tokenOf(r RestoreRun) time.Duration   { return r.Token }
 
-// baselineKind is what a baseline does with the bytes.
-type baselineKind int
+// BaselineKind is what a baseline does with the bytes.
+type BaselineKind int
 
 const (
-	readPages  baselineKind = iota // cat PAGES > /dev/null
-	lz4Decode                      // lz4 -d -c FILE.lz4 > /dev/null, written with --no-frame-crc
-	lz4Checked                     // the same with lz4's xxHash32 content checksum (default option only)
+	ReadPages  BaselineKind = iota // cat PAGES > /dev/null
+	LZ4Decode                      // lz4 -d -c FILE.lz4 > /dev/null, written with --no-frame-crc
+	LZ4Checked                     // the same with lz4's xxHash32 content checksum (default option only)
 )
 
-// baselineResult is the runs of one baseline.
-type baselineResult struct {
-	Config dumpConfig
-	Kind   baselineKind
+// BaselineResult is the runs of one baseline.
+type BaselineResult struct {
+	Config DumpConfig
+	Kind   BaselineKind
 	Bytes  uint64 // bytes read from the file
 	Output uint64 // bytes produced (lz4: the memory)
 	Cold   []time.Duration
@@ -133,7 +135,7 @@ type baselineResult struct {
 }
 
 // find returns the restore result of a configuration and case, or nil.
-func (s *sizeResult) find(cfg string, c restoreCase) *restoreResult {
+func (s *SizeResult) find(cfg string, c RestoreCase) *RestoreResult {
 	for _, r := range s.Restores {
 		if r.Config.Short == cfg && r.Case == c {
 			return r
@@ -143,7 +145,7 @@ func (s *sizeResult) find(cfg string, c restoreCase) *restoreResult {
 }
 
 // baseline returns the baseline of a kind for a configuration, or nil.
-func (s *sizeResult) baseline(cfg string, k baselineKind) *baselineResult {
+func (s *SizeResult) baseline(cfg string, k BaselineKind) *BaselineResult {
 	for _, b := range s.Baselines {
 		if b.Config.Short == cfg && b.Kind == k {
 			return b

@@ -1,4 +1,4 @@
-package main
+package measure
 
 import (
 	"bufio"
@@ -20,32 +20,32 @@ import (
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
-// pollEvery is how often the harness polls a log, a port or a pid.
-const pollEvery = 2 * time.Millisecond
+// PollEvery is how often the harness polls a log, a port or a pid.
+const PollEvery = 2 * time.Millisecond
 
-// server is a modelserver the harness started (or one a restore rebuilt:
+// Server is a modelserver the harness started (or one a restore rebuilt:
 // same pid, same port).
-type server struct {
+type Server struct {
 	PID   int
 	Port  int
 	Ready fixture.Line
-	done  chan struct{} // closed once the original process is reaped
+	Done  chan struct{} // closed once the original process is reaped
 }
 
-// becomeSubreaper makes every orphaned descendant, restored servers among
+// BecomeSubreaper makes every orphaned descendant, restored servers among
 // them, a child of this process, so that the harness reaps a killed server
 // at once instead of waiting for init (1–2 s on this kind of machine) before
 // its pid is free for the next restore.
-func becomeSubreaper() error {
+func BecomeSubreaper() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_CHILD_SUBREAPER): %w", err)
 	}
 	return nil
 }
 
-// freePort returns a loopback port below the ephemeral range that is free
+// FreePort returns a loopback port below the ephemeral range that is free
 // now, so that neither the kernel nor other tests hand it out meanwhile.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	for range 100 {
 		port := 20000 + rand.IntN(10000)
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
@@ -57,13 +57,13 @@ func freePort() (int, error) {
 	return 0, errors.New("no free port in 20000-29999")
 }
 
-// startServer starts fixture program prog (the modelserver or the
+// StartServer starts fixture program prog (the modelserver or the
 // weightserver, which take SIZE PORT first) with size bytes of memory and
 // the arguments extra after the port, through launch (pristine signals and
 // descriptors), in a session of its own, its output appended to logPath,
 // and waits for its ready line.
-func startServer(ctx context.Context, t tools, prog string, size uint64, extra []string, logPath, dir string) (*server, error) {
-	port, err := freePort()
+func StartServer(ctx context.Context, t Tools, prog string, size uint64, extra []string, logPath, dir string) (*Server, error) {
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -85,17 +85,17 @@ func startServer(ctx context.Context, t tools, prog string, size uint64, extra [
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", filepath.Base(prog), err)
 	}
-	s := &server{PID: cmd.Process.Pid, Port: port, done: make(chan struct{})}
+	s := &Server{PID: cmd.Process.Pid, Port: port, Done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
-		close(s.done)
+		close(s.Done)
 	}()
 	readyCtx, cancel := context.WithTimeout(ctx, serverReadyTimeout+time.Duration(size>>30)*30*time.Second)
-	s.Ready, err = waitReady(readyCtx, logPath, from, s)
+	s.Ready, err = WaitReady(readyCtx, logPath, from, s)
 	cancel()
 	if err != nil {
 		cmd.Process.Kill()
-		<-s.done
+		<-s.Done
 		return nil, err
 	}
 	return s, nil
@@ -107,8 +107,8 @@ func startServer(ctx context.Context, t tools, prog string, size uint64, extra [
 // as the run's deadline.
 const serverReadyTimeout = 2 * time.Minute
 
-// waitReady polls the log from offset for the server's ready line.
-func waitReady(ctx context.Context, logPath string, from int64, s *server) (fixture.Line, error) {
+// WaitReady polls the log from offset for the server's ready line.
+func WaitReady(ctx context.Context, logPath string, from int64, s *Server) (fixture.Line, error) {
 	for {
 		if b, err := os.ReadFile(logPath); err == nil && int64(len(b)) >= from {
 			for _, text := range strings.Split(string(b[from:]), "\n") {
@@ -119,7 +119,7 @@ func waitReady(ctx context.Context, logPath string, from int64, s *server) (fixt
 			}
 		}
 		select {
-		case <-s.done:
+		case <-s.Done:
 			return fixture.Line{}, fmt.Errorf("the server exited before it was ready; log %s: %s", logPath, tail(logPath))
 		case <-ctx.Done():
 			return fixture.Line{}, fmt.Errorf("wait for the server's ready line: %w", ctx.Err())
@@ -137,20 +137,20 @@ func tail(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// waitGone waits until the dumped original process has been reaped.
-func (s *server) waitGone(ctx context.Context) error {
+// WaitGone waits until the dumped original process has been reaped.
+func (s *Server) WaitGone(ctx context.Context) error {
 	select {
-	case <-s.done:
+	case <-s.Done:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("wait for the dumped server %d to exit: %w", s.PID, ctx.Err())
 	}
 }
 
-// killAndReap kills the process at pid (a restored server, our child
+// KillAndReap kills the process at pid (a restored server, our child
 // through the subreaper, or an orphan init reaps) and waits until the pid
 // is free.
-func killAndReap(ctx context.Context, pid int) error {
+func KillAndReap(ctx context.Context, pid int) error {
 	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("kill %d: %w", pid, err)
 	}
@@ -171,27 +171,27 @@ func killAndReap(ctx context.Context, pid int) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("wait for pid %d to be free: %w", pid, ctx.Err())
-		case <-time.After(pollEvery):
+		case <-time.After(PollEvery):
 		}
 	}
 }
 
-// alive reports whether a process holds pid.
-func alive(pid int) bool {
+// Alive reports whether a process holds pid.
+func Alive(pid int) bool {
 	return unix.Kill(pid, 0) == nil
 }
 
-// answer is one reply of the server and when it arrived.
-type answer struct {
+// Answer is one reply of the server and when it arrived.
+type Answer struct {
 	Line fixture.Line
-	At   time.Duration // since the start passed to converse
+	At   time.Duration // since the start passed to Converse
 }
 
-// converse connects to the server on port, retrying every pollEvery while
+// Converse connects to the server on port, retrying every pollEvery while
 // nothing listens, sends each request in turn on one connection and returns
 // every answer with its time since start. A connection that breaks before
 // the first answer (a restore in progress) is retried.
-func converse(ctx context.Context, port int, start time.Time, requests ...string) ([]answer, error) {
+func Converse(ctx context.Context, port int, start time.Time, requests ...string) ([]Answer, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	for {
 		answers, err := exchange(ctx, addr, start, requests)
@@ -204,13 +204,13 @@ func converse(ctx context.Context, port int, start time.Time, requests ...string
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("ask %s %q: %w (last: %w)", addr, requests, ctx.Err(), err)
-		case <-time.After(pollEvery):
+		case <-time.After(PollEvery):
 		}
 	}
 }
 
-// exchange is one connection's attempt of converse.
-func exchange(ctx context.Context, addr string, start time.Time, requests []string) ([]answer, error) {
+// exchange is one connection's attempt of Converse.
+func exchange(ctx context.Context, addr string, start time.Time, requests []string) ([]Answer, error) {
 	d := net.Dialer{Timeout: time.Second}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -221,7 +221,7 @@ func exchange(ctx context.Context, addr string, start time.Time, requests []stri
 		conn.SetDeadline(dl)
 	}
 	r := bufio.NewReader(conn)
-	var answers []answer
+	var answers []Answer
 	for _, req := range requests {
 		if _, err := conn.Write([]byte(req + "\n")); err != nil {
 			return answers, err
@@ -235,7 +235,7 @@ func exchange(ctx context.Context, addr string, start time.Time, requests []stri
 		if l.Event == "error" {
 			return answers, fmt.Errorf("server answered %q", l.Text)
 		}
-		answers = append(answers, answer{Line: l, At: at})
+		answers = append(answers, Answer{Line: l, At: at})
 	}
 	return answers, nil
 }

@@ -1,4 +1,4 @@
-package main
+package chart
 
 import (
 	"bytes"
@@ -9,20 +9,20 @@ import (
 	"strings"
 )
 
-// chart is a grouped bar chart: one group of bars per category, one bar
+// Chart is a grouped bar chart: one group of bars per category, one bar
 // per series, optional min–max whiskers and a dashed reference line.
-type chart struct {
+type Chart struct {
 	Title      string
 	YLabel     string
 	Categories []string // labels; spaces may wrap onto a second line
-	Series     []chartSeries
+	Series     []Series
 	Ref        float64 // a horizontal reference line when > 0
 	RefLabel   string
 	Note       string // a line under the chart
 }
 
-// chartSeries is one bar of every category. NaN values draw no bar.
-type chartSeries struct {
+// Series is one bar of every category. NaN values draw no bar.
+type Series struct {
 	Name   string
 	Values []float64
 	Lo, Hi []float64 // whiskers; nil for none
@@ -95,7 +95,7 @@ func esc(s string) string {
 }
 
 // SVG draws the chart as a standalone SVG document.
-func (c chart) SVG() []byte {
+func (c Chart) SVG() []byte {
 	var b bytes.Buffer
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="%s">`+"\n",
@@ -103,18 +103,7 @@ func (c chart) SVG() []byte {
 	p(`<rect width="100%%" height="100%%" fill="#ffffff"/>` + "\n")
 	p(`<text x="%g" y="24" font-size="17" font-weight="bold">%s</text>`+"\n", marginL, esc(c.Title))
 
-	maxV := c.Ref
-	for _, s := range c.Series {
-		for i, v := range s.Values {
-			if !math.IsNaN(v) {
-				maxV = math.Max(maxV, v)
-			}
-			if s.Hi != nil && i < len(s.Hi) && !math.IsNaN(s.Hi[i]) {
-				maxV = math.Max(maxV, s.Hi[i])
-			}
-		}
-	}
-	top, step := niceScale(maxV)
+	top, step := niceScale(c.maxValue())
 	plotW, plotH := chartW-marginL-marginR, chartH-marginT-marginB
 	y := func(v float64) float64 { return marginT + plotH - v/top*plotH }
 
@@ -138,49 +127,7 @@ func (c chart) SVG() []byte {
 	p(`<text x="16" y="%.1f" font-size="12" text-anchor="middle" transform="rotate(-90 16 %.1f)">%s</text>`+"\n",
 		marginT+plotH/2, marginT+plotH/2, esc(c.YLabel))
 
-	// Bars.
-	n := len(c.Categories)
-	if n > 0 && len(c.Series) > 0 {
-		groupW := plotW / float64(n)
-		barW := groupW * 0.8 / float64(len(c.Series))
-		for ci, cat := range c.Categories {
-			gx := marginL + groupW*float64(ci) + groupW*0.1
-			for si, s := range c.Series {
-				if ci >= len(s.Values) || math.IsNaN(s.Values[ci]) {
-					continue
-				}
-				v := s.Values[ci]
-				x := gx + barW*float64(si)
-				p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s, %s: %s</title></rect>`+"\n",
-					x, y(v), math.Max(barW-1, 1), marginT+plotH-y(v), color(si), esc(cat), esc(s.Name), valueLabel(v))
-				cx := x + barW/2
-				labelY := y(v) - 4
-				if s.Lo != nil && s.Hi != nil && ci < len(s.Lo) && ci < len(s.Hi) && !math.IsNaN(s.Lo[ci]) && !math.IsNaN(s.Hi[ci]) {
-					lo, hi := y(s.Lo[ci]), y(s.Hi[ci])
-					p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx, lo, cx, hi)
-					p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx-3, lo, cx+3, lo)
-					p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx-3, hi, cx+3, hi)
-					labelY = math.Min(labelY, hi-4)
-				}
-				if barW >= 10 {
-					// Vertical, so that neighbouring labels never overlap.
-					p(`<text x="%.1f" y="%.1f" font-size="9" transform="rotate(-90 %.1f %.1f)">%s</text>`+"\n",
-						cx+3, labelY, cx+3, labelY, valueLabel(v))
-				}
-			}
-			// Category label, wrapped at spaces onto at most three lines.
-			lines := wrap(cat, int(groupW/6.5))
-			p(`<text x="%.1f" y="%.1f" font-size="11" text-anchor="middle">`, gx+groupW*0.4, marginT+plotH+16)
-			for li, l := range lines {
-				dy := "0"
-				if li > 0 {
-					dy = "1.2em"
-				}
-				p(`<tspan x="%.1f" dy="%s">%s</tspan>`, gx+groupW*0.4, dy, esc(l))
-			}
-			p("</text>\n")
-		}
-	}
+	c.bars(p, y, plotW, plotH)
 	if c.Ref > 0 {
 		yy := y(c.Ref)
 		p(`<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#aa0000" stroke-dasharray="6 4"/>`+"\n", marginL, yy, chartW-marginR, yy)
@@ -191,6 +138,71 @@ func (c chart) SVG() []byte {
 	}
 	p("</svg>\n")
 	return b.Bytes()
+}
+
+// maxValue is the highest value or whisker of the chart, or its reference
+// line if that is higher.
+func (c Chart) maxValue() float64 {
+	maxV := c.Ref
+	for _, s := range c.Series {
+		for i, v := range s.Values {
+			if !math.IsNaN(v) {
+				maxV = math.Max(maxV, v)
+			}
+			if s.Hi != nil && i < len(s.Hi) && !math.IsNaN(s.Hi[i]) {
+				maxV = math.Max(maxV, s.Hi[i])
+			}
+		}
+	}
+	return maxV
+}
+
+// bars draws each category's bars, with their whiskers and value labels,
+// and the category's label under them.
+func (c Chart) bars(p func(string, ...any), y func(float64) float64, plotW, plotH float64) {
+	n := len(c.Categories)
+	if n == 0 || len(c.Series) == 0 {
+		return
+	}
+	groupW := plotW / float64(n)
+	barW := groupW * 0.8 / float64(len(c.Series))
+	for ci, cat := range c.Categories {
+		gx := marginL + groupW*float64(ci) + groupW*0.1
+		for si, s := range c.Series {
+			if ci >= len(s.Values) || math.IsNaN(s.Values[ci]) {
+				continue
+			}
+			v := s.Values[ci]
+			x := gx + barW*float64(si)
+			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s, %s: %s</title></rect>`+"\n",
+				x, y(v), math.Max(barW-1, 1), marginT+plotH-y(v), color(si), esc(cat), esc(s.Name), valueLabel(v))
+			cx := x + barW/2
+			labelY := y(v) - 4
+			if s.Lo != nil && s.Hi != nil && ci < len(s.Lo) && ci < len(s.Hi) && !math.IsNaN(s.Lo[ci]) && !math.IsNaN(s.Hi[ci]) {
+				lo, hi := y(s.Lo[ci]), y(s.Hi[ci])
+				p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx, lo, cx, hi)
+				p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx-3, lo, cx+3, lo)
+				p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#222222"/>`+"\n", cx-3, hi, cx+3, hi)
+				labelY = math.Min(labelY, hi-4)
+			}
+			if barW >= 10 {
+				// Vertical, so that neighbouring labels never overlap.
+				p(`<text x="%.1f" y="%.1f" font-size="9" transform="rotate(-90 %.1f %.1f)">%s</text>`+"\n",
+					cx+3, labelY, cx+3, labelY, valueLabel(v))
+			}
+		}
+		// Category label, wrapped at spaces onto at most three lines.
+		lines := wrap(cat, int(groupW/6.5))
+		p(`<text x="%.1f" y="%.1f" font-size="11" text-anchor="middle">`, gx+groupW*0.4, marginT+plotH+16)
+		for li, l := range lines {
+			dy := "0"
+			if li > 0 {
+				dy = "1.2em"
+			}
+			p(`<tspan x="%.1f" dy="%s">%s</tspan>`, gx+groupW*0.4, dy, esc(l))
+		}
+		p("</text>\n")
+	}
 }
 
 // wrap splits s at spaces into lines of about width characters, at most

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/chart"
 )
 
 // Files the harness writes into its -out directory (besides the charts).
@@ -26,10 +27,10 @@ const (
 	NotesDir = "notes"
 )
 
-// withNotes returns the report md followed by the notes of the module's
+// WithNotes returns the report md followed by the notes of the module's
 // test/bench/notes, if any.
-func withNotes(md []byte) ([]byte, error) {
-	root, err := moduleRoot()
+func WithNotes(md []byte) ([]byte, error) {
+	root, err := ModuleRoot()
 	if err != nil {
 		return nil, err
 	}
@@ -49,13 +50,13 @@ func withNotes(md []byte) ([]byte, error) {
 	return out, nil
 }
 
-// writeReport writes BENCHMARKS.md and the charts into dir.
-func writeReport(dir string, rep *report) error {
+// Write writes BENCHMARKS.md and the charts into dir.
+func Write(dir string, rep *Report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("report directory: %w", err)
 	}
-	md, charts := render(rep)
-	md, err := withNotes(md)
+	md, charts := Render(rep)
+	md, err := WithNotes(md)
 	if err != nil {
 		return err
 	}
@@ -77,13 +78,13 @@ func writeReport(dir string, rep *report) error {
 	return nil
 }
 
-// readResults loads a results file written by writeReport.
-func readResults(path string) (*report, error) {
+// Read loads a results file written by Write.
+func Read(path string) (*Report, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read results: %w", err)
 	}
-	var rep report
+	var rep Report
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return nil, fmt.Errorf("read results %s: %w", path, err)
 	}
@@ -96,7 +97,7 @@ func sizeTag(n uint64) string {
 }
 
 // Chart file names of a size.
-func chartNames(size uint64) (imageSize, blockRestore, latency string) {
+func ChartNames(size uint64) (imageSize, blockRestore, latency string) {
 	t := sizeTag(size)
 	return "bench-" + t + "-image-size.svg", "bench-" + t + "-block-restore.svg", "bench-" + t + "-restore-latency.svg"
 }
@@ -133,8 +134,8 @@ func (m *md) plainHeader(cells ...string) {
 	m.row(rule...)
 }
 
-// render returns the markdown report and its charts by file name.
-func render(rep *report) ([]byte, map[string][]byte) {
+// Render returns the markdown report and its charts by file name.
+func Render(rep *Report) ([]byte, map[string][]byte) {
 	var m md
 	charts := map[string][]byte{}
 	m.p("# lazyfs benchmarks")
@@ -158,7 +159,7 @@ func render(rep *report) ([]byte, map[string][]byte) {
 	return m.Bytes(), charts
 }
 
-func machineSection(m *md, mc machine) {
+func machineSection(m *md, mc Machine) {
 	m.p("## Machine")
 	m.p("")
 	m.plainHeader("", "")
@@ -200,16 +201,16 @@ func methodSection(m *md) {
 	m.p("")
 }
 
-// sizeTitle is the heading of a size's section.
-func sizeTitle(size uint64) string {
+// SizeTitle is the heading of a size's section.
+func SizeTitle(size uint64) string {
 	return units.FormatSize(size) + " modelserver"
 }
 
 // pct formats a ratio as a percentage.
 func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
 
-func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
-	m.p("## %s", sizeTitle(s.Size))
+func sizeSection(m *md, s *SizeResult, charts map[string][]byte) {
+	m.p("## %s", SizeTitle(s.Size))
 	m.p("")
 	if len(s.Dumps) > 0 {
 		modelserverSection(m, s, charts)
@@ -217,19 +218,29 @@ func sizeSection(m *md, s *sizeResult, charts map[string][]byte) {
 	if len(s.Weights) > 0 {
 		weightsSection(m, s)
 	}
-	for _, x := range extraSeries {
+	for _, x := range extraSections {
 		x.Render(m, s)
 	}
 }
 
 // modelserverSection reports the modelserver's dumps, restores and
 // baselines of one size.
-func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
-	imgChart, blockChart, latChart := chartNames(s.Size)
+func modelserverSection(m *md, s *SizeResult, charts map[string][]byte) {
 	m.p("Memory in the snapshot: %.1f MiB (the mapping plus heap, stack and libraries' data). Fixture start-up (filling its memory): %s. This size took %s.",
-		float64(s.Memory)/(1<<20), summarize(s.Init), s.Elapsed.Round(time.Second))
+		float64(s.Memory)/(1<<20), Summarize(s.Init), s.Elapsed.Round(time.Second))
 	m.p("")
 
+	dumpTable(m, s, charts)
+	blockRestoreTable(m, s, charts)
+	latencyTable(m, s, charts)
+	threadsTable(m, s)
+	baselinesTable(m, s)
+}
+
+// dumpTable writes the snapshot size and dump table of each option, and
+// its chart.
+func dumpTable(m *md, s *SizeResult, charts map[string][]byte) {
+	imgChart, _, _ := ChartNames(s.Size)
 	m.p("### Snapshot size and dump")
 	m.p("")
 	m.header("option", "image", "pages/memory", "lz4 tool, same blocks", "dump", "snapctl: in", "frozen")
@@ -239,20 +250,25 @@ func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
 			lz = fmt.Sprintf("%s (%s)", units.FormatSize(d.LZ4), pct(float64(d.LZ4)/float64(s.Memory)))
 		}
 		m.row(d.Config.Label(), units.FormatSize(d.Image), fmt.Sprintf("%.3f", d.Ratio), lz,
-			summarize(d.Wall).String(), summarize(d.Total).String(), summarize(d.Freeze).String())
+			Summarize(d.Wall).String(), Summarize(d.Total).String(), Summarize(d.Freeze).String())
 	}
 	m.p("")
 	m.p("![image size by option](%s)", imgChart)
 	m.p("")
 	charts[imgChart] = imageSizeChart(s).SVG()
+}
 
+// blockRestoreTable writes the restores of each option, eager and lazy,
+// and their chart.
+func blockRestoreTable(m *md, s *SizeResult, charts map[string][]byte) {
+	_, blockChart, _ := ChartNames(s.Size)
 	m.p("### Restore by block size")
 	m.p("")
 	m.header("option", "eager, warm", "eager, cold", "first answer after eager, warm", "lazy: first answer, warm", "lazy: first answer, cold", "lazy: token, warm", "lazy: token, cold", "lazy: all memory in, warm")
 	for _, d := range s.Dumps {
 		c := d.Config.Short
-		ew, ec := s.find(c, restoreCase{Mode: eager, Threads: defThreads}), s.find(c, restoreCase{Mode: eager, Cold: true, Threads: defThreads})
-		lw, lc := s.find(c, restoreCase{Mode: lazyMount, Threads: defThreads}), s.find(c, restoreCase{Mode: lazyMount, Cold: true, Threads: defThreads})
+		ew, ec := s.find(c, RestoreCase{Mode: Eager, Threads: DefThreads}), s.find(c, RestoreCase{Mode: Eager, Cold: true, Threads: DefThreads})
+		lw, lc := s.find(c, RestoreCase{Mode: LazyMount, Threads: DefThreads}), s.find(c, RestoreCase{Mode: LazyMount, Cold: true, Threads: DefThreads})
 		m.row(d.Config.Label(), cell(ew, wallOf), cell(ec, wallOf), cell(ew, firstOf), cell(lw, firstOf), cell(lc, firstOf),
 			cell(lw, tokenOf), cell(lc, tokenOf), cell(lw, totalOf))
 	}
@@ -262,12 +278,16 @@ func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
 	m.p("![restore by block size](%s)", blockChart)
 	m.p("")
 	charts[blockChart] = blockRestoreChart(s).SVG()
+}
 
-	def := defaultConfig()
+// latencyTable writes the default option's restore latencies, and their chart.
+func latencyTable(m *md, s *SizeResult, charts map[string][]byte) {
+	_, _, latChart := ChartNames(s.Size)
+	def := DefaultConfig()
 	m.p("### Restore latency (`%s`, the default)", def.Name)
 	m.p("")
 	m.header("restore", "cache", "process runs", "ping answered", "first answer (touch 1)", "token", "all memory in", "command exits", "faults")
-	for _, c := range latencyCases() {
+	for _, c := range LatencyCases() {
 		r := s.find(def.Short, c)
 		ping, first, token := cell(r, pingOf), cell(r, firstOf), cell(r, tokenOf)
 		if c.Idle {
@@ -285,58 +305,67 @@ func modelserverSection(m *md, s *sizeResult, charts map[string][]byte) {
 	m.p("![restore latency](%s)", latChart)
 	m.p("")
 	charts[latChart] = latencyChart(s).SVG()
+}
 
+// threadsTable writes the default option's restores by --decompress-threads.
+func threadsTable(m *md, s *SizeResult) {
+	def := DefaultConfig()
 	m.p("### `--decompress-threads` (`%s`, warm)", def.Name)
 	m.p("")
 	m.p("Lazy columns: *first answer* is `touch 1`, times from the start of the command.")
 	m.p("")
 	m.header("threads", "eager restore", "mount: first answer", "mount: token", "mount: all in", "direct: first answer", "direct: token", "direct: all in")
 	for _, n := range []int{0, 1, 2} {
-		e := s.find(def.Short, restoreCase{Mode: eager, Threads: n})
-		lm := s.find(def.Short, restoreCase{Mode: lazyMount, Threads: n})
-		ld := s.find(def.Short, restoreCase{Mode: lazyDirect, Threads: n})
+		e := s.find(def.Short, RestoreCase{Mode: Eager, Threads: n})
+		lm := s.find(def.Short, RestoreCase{Mode: LazyMount, Threads: n})
+		ld := s.find(def.Short, RestoreCase{Mode: lazyDirect, Threads: n})
 		label := fmt.Sprint(n)
 		if n == 0 {
 			label = "0 (automatic)"
 		}
-		if n == defThreads {
+		if n == DefThreads {
 			label += " (default)"
 		}
 		m.row(label, cell(e, wallOf), cell(lm, firstOf), cell(lm, tokenOf), cell(lm, totalOf), cell(ld, firstOf), cell(ld, tokenOf), cell(ld, totalOf))
 	}
 	m.p("")
+}
 
+// baselinesTable writes the read and lz4 baselines of each option, and
+// how an eager restore compares.
+func baselinesTable(m *md, s *SizeResult) {
+	def := DefaultConfig()
 	m.p("### Baselines (same run)")
 	m.p("")
 	m.header("baseline", "option's file", "bytes read", "cold", "warm", "warm rate")
-	for _, kind := range []baselineKind{readPages, lz4Decode, lz4Checked} {
+	for _, kind := range []BaselineKind{ReadPages, LZ4Decode, LZ4Checked} {
 		for _, d := range s.Dumps {
 			b := s.baseline(d.Config.Short, kind)
 			if b == nil {
 				continue
 			}
-			name, r := "read pages file (`cat`)", rate(b.Bytes, summarize(b.Warm).Med)
-			if kind != readPages {
+			name, r := "read pages file (`cat`)", rate(b.Bytes, Summarize(b.Warm).Med)
+			if kind != ReadPages {
 				name = fmt.Sprintf("`lz4 -d`, %s blocks", units.FormatSize(uint64(d.Config.Block)))
-				if kind == lz4Checked {
+				if kind == LZ4Checked {
 					name += ", content checksum"
 				}
-				r = rate(b.Output, summarize(b.Warm).Med) + " out"
+				r = rate(b.Output, Summarize(b.Warm).Med) + " out"
 			}
-			m.row(name, d.Config.Label(), units.FormatSize(b.Bytes), summarize(b.Cold).String(), summarize(b.Warm).String(), r)
+			m.row(name, d.Config.Label(), units.FormatSize(b.Bytes), Summarize(b.Cold).String(), Summarize(b.Warm).String(), r)
 		}
 	}
 	m.p("")
-	if e, b := s.find(def.Short, restoreCase{Mode: eager, Threads: defThreads}), s.baseline(def.Short, lz4Decode); e != nil && b != nil {
-		ew, lw := e.dist(wallOf).Med, summarize(b.Warm).Med
+	if e, b := s.find(def.Short, RestoreCase{Mode: Eager, Threads: DefThreads}), s.baseline(def.Short, LZ4Decode); e != nil && b != nil {
+		ew, lw := e.dist(wallOf).Med, Summarize(b.Warm).Med
 		m.p("Warm, `%s`: an eager restore takes %s, %.1f× what `lz4 -d` needs to decode the same memory (%s); reading its pages file takes %s.",
-			def.Name, e.dist(wallOf), ew.Seconds()/lw.Seconds(), summarize(b.Warm), summarize(s.baseline(def.Short, readPages).Warm))
+			def.Name, e.dist(wallOf), ew.Seconds()/lw.Seconds(), Summarize(b.Warm), Summarize(s.baseline(def.Short, ReadPages).Warm))
 		m.p("")
 	}
 }
 
-// adviceLabel names a weightserver advice in tables.
-func adviceLabel(advice string) string {
+// AdviceLabel names a weightserver advice in tables.
+func AdviceLabel(advice string) string {
 	if advice == "hugepage" {
 		return "`MADV_HUGEPAGE`"
 	}
@@ -345,20 +374,20 @@ func adviceLabel(advice string) string {
 
 // weightsSection reports the weightserver restores, with and without
 // MADV_HUGEPAGE, and their ratio.
-func weightsSection(m *md, s *sizeResult) {
-	def := defaultConfig()
+func weightsSection(m *md, s *SizeResult) {
+	def := DefaultConfig()
 	m.p("### weightserver: weights in arrays advised `MADV_HUGEPAGE` (`%s`)", def.Name)
 	m.p("")
 	var parts []string
 	for _, w := range s.Weights {
 		parts = append(parts, fmt.Sprintf("with advice %s, %d arrays, %d VMAs with `hg`, %s in huge pages, started in %s",
-			adviceLabel(w.Advice), w.Arrays, w.HugeVMAs, units.FormatSize(w.AnonHuge), w.Init.Round(time.Millisecond)))
+			AdviceLabel(w.Advice), w.Arrays, w.HugeVMAs, units.FormatSize(w.AnonHuge), w.Init.Round(time.Millisecond)))
 	}
 	m.p("The weightserver (`test/fixtures/weightserver.c`) holds %s of float32 weights drawn from N(0, 0.02) in arrays of 16 MiB, each its own `malloc`ed mapping advised as numpy advises it, plus 32 MiB of heap records. Its original: %s. Each is dumped once with the default option; the two snapshots are restored back to back in every round, in alternating order.",
 		units.FormatSize(s.Size), strings.Join(parts, "; "))
 	m.p("")
 	m.header("restore", "cache", "advice", "process runs", "ping answered", "first answer (touch 1)", "token", "command exits", "`hg` VMAs after", "huge pages after")
-	for _, c := range weightCases() {
+	for _, c := range WeightCases() {
 		for _, w := range s.Weights {
 			r := w.find(c)
 			vmas, huge := "—", "—"
@@ -376,15 +405,15 @@ func weightsSection(m *md, s *sizeResult) {
 			if c.TokenFirst {
 				first = "(not asked)"
 			}
-			m.row(c.Label(), c.Cache(), adviceLabel(w.Advice), cell(r, runningOf), cell(r, pingOf), first, cell(r, tokenOf), cell(r, wallOf), vmas, huge)
+			m.row(c.Label(), c.Cache(), AdviceLabel(w.Advice), cell(r, runningOf), cell(r, pingOf), first, cell(r, tokenOf), cell(r, wallOf), vmas, huge)
 		}
 	}
 	m.p("")
 	m.p("*token first*: the client asks `ping`, then `token`, and no `touch 1` (a forward pass as the first real request). *huge pages after*: the restored process's `AnonHugePages` (median) once snapctl exited. The ratio of each median with the advice to the same median without it, from this run:")
 	m.p("")
 	m.header("restore", "cache", "process runs", "first answer (touch 1)", "token", "command exits")
-	for _, c := range weightCases() {
-		var with, without *restoreResult
+	for _, c := range WeightCases() {
+		var with, without *RestoreResult
 		for _, w := range s.Weights {
 			switch w.Advice {
 			case "hugepage":
@@ -393,7 +422,7 @@ func weightsSection(m *md, s *sizeResult) {
 				without = w.find(c)
 			}
 		}
-		ratio := func(f func(restoreRun) time.Duration) string {
+		ratio := func(f func(RestoreRun) time.Duration) string {
 			if with == nil || without == nil || len(with.Runs) == 0 || len(without.Runs) == 0 {
 				return "—"
 			}
@@ -413,7 +442,7 @@ func weightsSection(m *md, s *sizeResult) {
 }
 
 // medianFaults is the median fault count of lazy runs.
-func medianFaults(runs []restoreRun) int {
+func medianFaults(runs []RestoreRun) int {
 	fs := make([]int, 0, len(runs))
 	for _, r := range runs {
 		fs = append(fs, r.Faults)
@@ -422,9 +451,9 @@ func medianFaults(runs []restoreRun) int {
 	return fs[len(fs)/2]
 }
 
-// defaultConfig returns the default dump configuration.
-func defaultConfig() dumpConfig {
-	for _, c := range dumpConfigs() {
+// DefaultConfig returns the default dump configuration.
+func DefaultConfig() DumpConfig {
+	for _, c := range DumpConfigs() {
 		if c.Default {
 			return c
 		}
@@ -432,22 +461,22 @@ func defaultConfig() dumpConfig {
 	panic("no default dump configuration")
 }
 
-// latencyCases are the rows of the restore-latency table, in order.
-func latencyCases() []restoreCase {
-	return []restoreCase{
-		{Mode: eager, Threads: defThreads},
-		{Mode: eager, Cold: true, Threads: defThreads},
-		{Mode: lazyMount, Threads: defThreads},
-		{Mode: lazyMount, Cold: true, Threads: defThreads},
-		{Mode: lazyDirect, Threads: defThreads},
-		{Mode: lazyDirect, Cold: true, Threads: defThreads},
-		{Mode: lazyMount, Idle: true, Threads: defThreads},
-		{Mode: lazyDirect, Idle: true, Threads: defThreads},
+// LatencyCases are the rows of the restore-latency table, in order.
+func LatencyCases() []RestoreCase {
+	return []RestoreCase{
+		{Mode: Eager, Threads: DefThreads},
+		{Mode: Eager, Cold: true, Threads: DefThreads},
+		{Mode: LazyMount, Threads: DefThreads},
+		{Mode: LazyMount, Cold: true, Threads: DefThreads},
+		{Mode: lazyDirect, Threads: DefThreads},
+		{Mode: lazyDirect, Cold: true, Threads: DefThreads},
+		{Mode: LazyMount, Idle: true, Threads: DefThreads},
+		{Mode: lazyDirect, Idle: true, Threads: DefThreads},
 	}
 }
 
 // cell formats one figure of a restore result, "—" if it was not measured.
-func cell(r *restoreResult, f func(restoreRun) time.Duration) string {
+func cell(r *RestoreResult, f func(RestoreRun) time.Duration) string {
 	if r == nil || len(r.Runs) == 0 {
 		return "—"
 	}
@@ -456,7 +485,7 @@ func cell(r *restoreResult, f func(restoreRun) time.Duration) string {
 
 // millis returns a figure's median, min and max in milliseconds (NaN if
 // missing).
-func millis(r *restoreResult, f func(restoreRun) time.Duration) (med, lo, hi float64) {
+func millis(r *RestoreResult, f func(RestoreRun) time.Duration) (med, lo, hi float64) {
 	if r == nil || len(r.Runs) == 0 {
 		return math.NaN(), math.NaN(), math.NaN()
 	}
@@ -466,8 +495,8 @@ func millis(r *restoreResult, f func(restoreRun) time.Duration) (med, lo, hi flo
 }
 
 // addSeries appends a series of one figure of each result.
-func addSeries(c *chart, name string, rs []*restoreResult, f func(restoreRun) time.Duration) {
-	s := chartSeries{Name: name}
+func addSeries(c *chart.Chart, name string, rs []*RestoreResult, f func(RestoreRun) time.Duration) {
+	s := chart.Series{Name: name}
 	for _, r := range rs {
 		med, lo, hi := millis(r, f)
 		s.Values, s.Lo, s.Hi = append(s.Values, med), append(s.Lo, lo), append(s.Hi, hi)
@@ -475,16 +504,16 @@ func addSeries(c *chart, name string, rs []*restoreResult, f func(restoreRun) ti
 	c.Series = append(c.Series, s)
 }
 
-func imageSizeChart(s *sizeResult) chart {
+func imageSizeChart(s *SizeResult) chart.Chart {
 	const mib = 1 << 20
-	c := chart{
+	c := chart.Chart{
 		Title:    fmt.Sprintf("Snapshot size by option, %s modelserver", units.FormatSize(s.Size)),
 		YLabel:   "MiB",
 		Ref:      float64(s.Memory) / mib,
 		RefLabel: fmt.Sprintf("memory dumped: %.1f MiB", float64(s.Memory)/mib),
 		Note:     "lazyfs image: every file of the snapshot; lz4 tool: the same memory through lz4 -1 with blocks of the option's size.",
 	}
-	img, lz := chartSeries{Name: "lazyfs image"}, chartSeries{Name: "lz4 tool, same blocks"}
+	img, lz := chart.Series{Name: "lazyfs image"}, chart.Series{Name: "lz4 tool, same blocks"}
 	for _, d := range s.Dumps {
 		c.Categories = append(c.Categories, d.Config.Short)
 		img.Values = append(img.Values, float64(d.Image)/mib)
@@ -494,24 +523,24 @@ func imageSizeChart(s *sizeResult) chart {
 		}
 		lz.Values = append(lz.Values, v)
 	}
-	c.Series = []chartSeries{img, lz}
+	c.Series = []chart.Series{img, lz}
 	return c
 }
 
-func blockRestoreChart(s *sizeResult) chart {
-	c := chart{
+func blockRestoreChart(s *SizeResult) chart.Chart {
+	c := chart.Chart{
 		Title:  fmt.Sprintf("Restore by block size, %s modelserver (median, min–max)", units.FormatSize(s.Size)),
 		YLabel: "milliseconds from the restore command",
 		Note:   "eager: snapctl restore wall time; lazy: --lazy --source mount, client answers timed from the start of the command.",
 	}
-	var ew, ec, lw, lc []*restoreResult
+	var ew, ec, lw, lc []*RestoreResult
 	for _, d := range s.Dumps {
 		k := d.Config.Short
 		c.Categories = append(c.Categories, k)
-		ew = append(ew, s.find(k, restoreCase{Mode: eager, Threads: defThreads}))
-		ec = append(ec, s.find(k, restoreCase{Mode: eager, Cold: true, Threads: defThreads}))
-		lw = append(lw, s.find(k, restoreCase{Mode: lazyMount, Threads: defThreads}))
-		lc = append(lc, s.find(k, restoreCase{Mode: lazyMount, Cold: true, Threads: defThreads}))
+		ew = append(ew, s.find(k, RestoreCase{Mode: Eager, Threads: DefThreads}))
+		ec = append(ec, s.find(k, RestoreCase{Mode: Eager, Cold: true, Threads: DefThreads}))
+		lw = append(lw, s.find(k, RestoreCase{Mode: LazyMount, Threads: DefThreads}))
+		lc = append(lc, s.find(k, RestoreCase{Mode: LazyMount, Cold: true, Threads: DefThreads}))
 	}
 	addSeries(&c, "eager, warm", ew, wallOf)
 	addSeries(&c, "eager, cold", ec, wallOf)
@@ -521,15 +550,15 @@ func blockRestoreChart(s *sizeResult) chart {
 	return c
 }
 
-func latencyChart(s *sizeResult) chart {
-	def := defaultConfig()
-	c := chart{
+func latencyChart(s *SizeResult) chart.Chart {
+	def := DefaultConfig()
+	c := chart.Chart{
 		Title:  fmt.Sprintf("Restore latency, %s modelserver, %s (median, min–max)", units.FormatSize(s.Size), def.Short),
 		YLabel: "milliseconds from the restore command",
 		Note:   "ping: first byte back; touch 1: reads 1% of memory, spread; token: reads all; idle rows ask nothing until every page is in.",
 	}
-	var rs []*restoreResult
-	for _, k := range latencyCases() {
+	var rs []*RestoreResult
+	for _, k := range LatencyCases() {
 		c.Categories = append(c.Categories, strings.ReplaceAll(k.Label(), "--source ", "")+" "+k.Cache())
 		rs = append(rs, s.find(def.Short, k))
 	}
@@ -539,7 +568,7 @@ func latencyChart(s *sizeResult) chart {
 	addSeries(&c, "token", rs, tokenOf)
 	addSeries(&c, "all memory in", rs, totalOf)
 	// Idle runs have no answers.
-	for i, k := range latencyCases() {
+	for i, k := range LatencyCases() {
 		if k.Idle {
 			for si := 1; si <= 3; si++ {
 				c.Series[si].Values[i], c.Series[si].Lo[i], c.Series[si].Hi[i] = math.NaN(), math.NaN(), math.NaN()

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"fmt"
@@ -6,17 +6,17 @@ import (
 	"time"
 )
 
-// dist summarises the runs of one measurement.
-type dist struct {
+// Dist summarises the runs of one measurement.
+type Dist struct {
 	N             int
 	Med, Min, Max time.Duration
 }
 
-// summarize returns the median (the mean of the middle two for an even
+// Summarize returns the median (the mean of the middle two for an even
 // count), minimum and maximum of ds.
-func summarize(ds []time.Duration) dist {
+func Summarize(ds []time.Duration) Dist {
 	if len(ds) == 0 {
-		return dist{}
+		return Dist{}
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -25,15 +25,15 @@ func summarize(ds []time.Duration) dist {
 	if n%2 == 0 {
 		med = (s[n/2-1] + s[n/2]) / 2
 	}
-	return dist{N: n, Med: med, Min: s[0], Max: s[n-1]}
+	return Dist{N: n, Med: med, Min: s[0], Max: s[n-1]}
 }
 
 // Valid reports whether the distribution holds any run.
-func (d dist) Valid() bool { return d.N > 0 }
+func (d Dist) Valid() bool { return d.N > 0 }
 
 // String formats the median and, for several runs, the range in the
 // median's unit: "695 ms (680–712)", "2.12 s (2.05–2.30)".
-func (d dist) String() string {
+func (d Dist) String() string {
 	if d.N == 0 {
 		return "—"
 	}

@@ -1,4 +1,4 @@
-package main
+package measure
 
 import (
 	"os"
@@ -9,34 +9,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/units"
+	"github.com/lazyfs/lazyfs/test/bench/report"
 )
 
-// machine describes where the numbers were measured.
-type machine struct {
-	CPU               string
-	CPUs              int    // online CPUs
-	Affinity          int    // CPUs this process may run on
-	Hypervisor        bool   // the CPU flags say so
-	Kernel            string // release
-	Memory            uint64 // MemTotal
-	GoVersion         string // of snapctl
-	Revision          string // lazyfs commit snapctl was built from
-	LZ4Version        string
-	FreePageReporting string // what virtio_balloon offers
-	WorkDisk          string // device and file system of the work directory
-	LoadBefore        string // /proc/loadavg at the start
-	LoadAfter         string // and at the end
-}
-
-// describeMachine collects what the report says about the machine.
-func describeMachine(work string, t tools) machine {
-	m := machine{
+// DescribeMachine collects what the report says about the machine.
+func DescribeMachine(work string, t Tools) report.Machine {
+	m := report.Machine{
 		CPUs:       runtime.NumCPU(),
 		GoVersion:  t.GoVersion,
 		Revision:   t.Revision,
 		LZ4Version: t.LZ4Version,
-		LoadBefore: loadAverage(),
+		LoadBefore: LoadAverage(),
 	}
 	if m.GoVersion == "" {
 		m.GoVersion = runtime.Version()
@@ -78,8 +61,8 @@ func describeMachine(work string, t tools) machine {
 	return m
 }
 
-// loadAverage returns the three load averages.
-func loadAverage() string {
+// LoadAverage returns the three load averages.
+func LoadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "?"
@@ -132,9 +115,4 @@ func diskOf(dir string) string {
 		}
 	}
 	return desc
-}
-
-// memoryString formats MemTotal.
-func (m machine) memoryString() string {
-	return units.FormatSize(m.Memory)
 }

@@ -1,4 +1,4 @@
-package main
+package measure
 
 import (
 	"errors"
@@ -14,27 +14,27 @@ var ErrOutput = errors.New("unexpected snapctl output")
 
 // What snapctl prints (cmd/snapctl/dump.go and restore.go).
 var (
-	dumpLine    = regexp.MustCompile(`(?m)^dumped pid (\d+) \((?:\d+ processes, )?(\d+) threads\): (.+) of memory into (.+) \(ratio ([0-9.]+)\) in (\S+); frozen (\S+)$`)
+	DumpLine    = regexp.MustCompile(`(?m)^dumped pid (\d+) \((?:\d+ processes, )?(\d+) threads\): (.+) of memory into (.+) \(ratio ([0-9.]+)\) in (\S+); frozen (\S+)$`)
 	eagerLine   = regexp.MustCompile(`(?m)^restored pid (\d+) \((?:\d+ processes, )?(\d+) threads\): (.+) of memory in (\S+)$`)
 	runningLine = regexp.MustCompile(`(?m)^pid (\d+) running after (\S+); serving its memory$`)
 	lazyLine    = regexp.MustCompile(`(?m)^restored pid (\d+) \((?:\d+ processes, )?(\d+) threads\): running after (\S+), all memory in after (\S+) \((.+) served on (\d+) faults, (.+) prefetched\)$`)
 )
 
-// dumpReport is what snapctl dump reports.
-type dumpReport struct {
+// DumpReport is what snapctl dump reports.
+type DumpReport struct {
 	PID    int
 	Ratio  float64
 	Total  time.Duration // "in D"
 	Freeze time.Duration // "frozen F"
 }
 
-// parseDump reads the summary line of snapctl dump.
-func parseDump(out string) (dumpReport, error) {
-	m := dumpLine.FindStringSubmatch(out)
+// ParseDump reads the summary line of snapctl dump.
+func ParseDump(out string) (DumpReport, error) {
+	m := DumpLine.FindStringSubmatch(out)
 	if m == nil {
-		return dumpReport{}, fmt.Errorf("dump: no summary line in %q: %w", out, ErrOutput)
+		return DumpReport{}, fmt.Errorf("dump: no summary line in %q: %w", out, ErrOutput)
 	}
-	var r dumpReport
+	var r DumpReport
 	var err error
 	if r.PID, err = strconv.Atoi(m[1]); err != nil {
 		return r, fmt.Errorf("dump pid: %w", err)
@@ -51,17 +51,17 @@ func parseDump(out string) (dumpReport, error) {
 	return r, nil
 }
 
-// restoreReport is what snapctl restore reports.
-type restoreReport struct {
+// RestoreReport is what snapctl restore reports.
+type RestoreReport struct {
 	PID     int
 	Total   time.Duration // eager: "in D"; lazy: "all memory in after B"
 	Running time.Duration // lazy: "running after A"; eager: Total
 	Faults  int           // lazy: faults served
 }
 
-// parseRestore reads the summary line of snapctl restore [--lazy].
-func parseRestore(out string, lazy bool) (restoreReport, error) {
-	var r restoreReport
+// ParseRestore reads the summary line of snapctl restore [--lazy].
+func ParseRestore(out string, lazy bool) (RestoreReport, error) {
+	var r RestoreReport
 	var err error
 	if !lazy {
 		m := eagerLine.FindStringSubmatch(out)
