@@ -53,6 +53,7 @@ func TestLayout(t *testing.T) {
 		{"engine/image", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/check", "engine/image/s3store", "engine/image/archive", "fs", "cmd/"}, "the format is a leaf: it reads and writes bytes, and knows stores only by their interface", false},
 		{"engine/image/", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "fs", "cmd/"}, "the format is a leaf", false},
 		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
+		{"engine/proc/", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc's subpackages only read /proc and ask the kernel", false},
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
 		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/image/s3store", "engine/image/archive", "cmd/"}, "fs serves snapshots through engine/image only", false},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // DumpOptions configure Dump.
@@ -156,8 +157,8 @@ type fdDumper struct {
 	pidfd int
 	all   []proc.FD
 	pipes map[uint64]*pipeEnds
-	inet  map[uint64]proc.InetDiag
-	unixd map[uint64]proc.UnixDiag
+	inet  map[uint64]sockdiag.InetDiag
+	unixd map[uint64]sockdiag.UnixDiag
 	tree  *treeDumper // the other processes of the tree, or nil
 	tcp   *TCPRepair
 	ext   *External

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // unixState fills the state of a unix socket: listening, bound, one end of
@@ -18,11 +19,11 @@ import (
 // (closed at restore, like an established TCP connection).
 func (fx *fdDumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
 	if fx.unixd == nil {
-		ds, err := proc.QueryUnix(fx.pid)
+		ds, err := sockdiag.QueryUnix(fx.pid)
 		if err != nil {
 			return fmt.Errorf("sock_diag: %w", err)
 		}
-		fx.unixd = map[uint64]proc.UnixDiag{}
+		fx.unixd = map[uint64]sockdiag.UnixDiag{}
 		for _, x := range ds {
 			fx.unixd[x.Inode] = x
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // Established TCP connections with TCP_REPAIR (dump and restore
@@ -107,7 +108,7 @@ func lockConns(r *TCPRepair, fxs []*fdDumper) error {
 			if f.Kind != proc.FDSocket {
 				continue
 			}
-			if d, ok := fx.inet[f.Ino]; ok && d.Protocol == unix.IPPROTO_TCP && d.State == proc.TCPEstablished {
+			if d, ok := fx.inet[f.Ino]; ok && d.Protocol == unix.IPPROTO_TCP && d.State == sockdiag.TCPEstablished {
 				conns = append(conns, [2]netip.AddrPort{d.Local, d.Remote})
 			}
 		}
@@ -187,7 +188,7 @@ func readTCP(s int) (*image.TCPConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("TCP_INFO: %w", err)
 	}
-	if info[0] != proc.TCPEstablished {
+	if info[0] != sockdiag.TCPEstablished {
 		return nil, fmt.Errorf("%w: TCP state %d, not established", image.ErrUnsupported, info[0])
 	}
 	c := &image.TCPConn{Options: info[5]}

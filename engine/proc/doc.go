@@ -28,9 +28,8 @@
 //   - File descriptors: ReadFDs lists /proc/PID/fd with readlink targets,
 //     classifies each (FDKind), parses /proc/PID/fdinfo/N (ParseFDInfo) and
 //     stats the open file.
-//   - Sockets: sock_diag netlink queries (QueryInet, QueryUnix;
-//     ParseInetDiag, ParseUnixDiag) for states, listen backlogs, pending
-//     connections and unix peers.
+//   - Sockets: the subpackage sockdiag asks the kernel over netlink for
+//     states, listen backlogs, pending connections and unix peers.
 //   - Mounts: Mounts lists /proc/PID/mountinfo.
 //
 // # Consistency
