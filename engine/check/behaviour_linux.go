@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 )
 
 // Behaviours reports the kernel's behaviours that change what a dump finds
@@ -24,7 +25,7 @@ func behaviour(name, affects, detail string) Feature {
 // zeroPageBehaviour: what a read fault of private anonymous memory maps.
 func zeroPageBehaviour() Feature {
 	const name, affects = "read-fault page", "dump, memory use"
-	zero, err := proc.ReadFaultMapsZeroPage()
+	zero, err := pagemap.ReadFaultMapsZeroPage()
 	switch {
 	case err != nil:
 		return behaviour(name, affects, "unknown: "+err.Error())

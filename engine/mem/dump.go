@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -170,7 +171,7 @@ type shmemObject struct {
 // anonymous memory, the copied-on-write pages of private file mappings,
 // and the data of shared anonymous and memfd objects, once per object.
 func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
-	pm, err := proc.OpenPagemap(d.pid)
+	pm, err := pagemap.Open(d.pid)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -178,7 +179,7 @@ func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
 	var out []memRange
 	var files []*os.File
 	objects := map[uint64]*shmemObject{}
-	var runs []proc.Run
+	var runs []pagemap.Run
 	for i := range st.VMAs {
 		v := &st.VMAs[i]
 		switch v.Kind {

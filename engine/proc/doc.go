@@ -7,19 +7,21 @@
 // bound every count and length they accept, and report malformed input as an
 // error wrapping ErrMalformed and limits exceeded as ErrTooLarge.
 //
-// It is the largest package of the tree, and one package on purpose: it is
-// the only one that parses /proc (a rule the rest of the tree keeps), its
-// parsers share the bounded-reading helpers and the malformed-input
-// sentinels, and each file format is a file of its own.
+// The parsers of a process's /proc files are one package: they share the
+// bounded-reading helpers and the malformed-input sentinels, and each file
+// format is a file of its own. Readers that ask the kernel in other ways
+// are subpackages that use those sentinels: pagemap (page tables, also by
+// ioctl) and sockdiag (sockets, over netlink). Together they are the only
+// code that parses /proc, a rule the rest of the tree keeps.
 //
 // # What is covered
 //
 //   - Memory map: ParseMaps, ParseSmaps, ReadMappings (Mapping, Perms,
 //     VMFlags, Usage, Kind and the IsAnonPrivate / IsShmem / IsSpecial ...
 //     helpers).
-//   - Page table state: Pagemap (OpenPagemap) reads /proc/PID/pagemap in bulk
-//     or asks the kernel with the PAGEMAP_SCAN ioctl, and reports runs of
-//     pages by category (present, swapped, file-mapped, ...).
+//   - Page table state: the subpackage pagemap reads /proc/PID/pagemap in
+//     bulk or asks the kernel with the PAGEMAP_SCAN ioctl, and reports runs
+//     of pages by category (present, swapped, file-mapped, ...).
 //   - Process and task state: ParseStatus, ParseStat, ParseAuxv,
 //     ParseLimits / Rlimits, comm, cmdline, cwd, root, exe, personality,
 //     timer slack, tasks and children; Exists for whether a task id is

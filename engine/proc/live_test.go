@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -124,7 +123,7 @@ func findMapping(t *testing.T, ms []Mapping, start uint64) *Mapping {
 	return nil
 }
 
-func TestLiveMappingsAndPagemap(t *testing.T) {
+func TestLiveMappings(t *testing.T) {
 	f := startFixture(t)
 	ms, err := ReadMappings(f.pid)
 	if err != nil {
@@ -156,75 +155,6 @@ func TestLiveMappingsAndPagemap(t *testing.T) {
 	if f.facts["named"] == "1" {
 		if m := findMapping(t, ms, anon); m.Path != "[anon:lazyfs-anon]" {
 			t.Errorf("named anon mapping %v", m)
-		}
-	}
-
-	p, err := OpenPagemap(f.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	// Anonymous: pages 0, 1 and 5 written, page 2 read: present either
-	// way, the shared zero page or a private page of zeros as this
-	// kernel does it (probed).
-	zeroPage, err := ReadFaultMapsZeroPage()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("a read fault maps the zero page: %v", zeroPage)
-	want := []Run{{anon, anon + 3*PageSize, 0}, {anon + 5*PageSize, anon + 6*PageSize, 0}}
-	if got, err := p.Populated(anon, anon+8*PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
-		t.Errorf("Populated(anon) = %x, %v; want %x", got, err, want)
-	}
-	es := make([]Entry, 3)
-	if n, err := p.ReadEntries(anon, es); err != nil || n != 3 {
-		t.Fatalf("ReadEntries = %d, %v", n, err)
-	}
-	if !es[0].Present() || !es[0].Exclusive() || es[0].File() {
-		t.Errorf("anon entry %x: want page 0 present exclusive anonymous", es[0])
-	}
-	if !es[2].Present() || es[2].File() || es[2].Exclusive() == zeroPage {
-		t.Errorf("anon entry %x of the page read: want present, anonymous, exclusive %v (zero page %v)", es[2], !zeroPage, zeroPage)
-	}
-	if p.ScanSupported() {
-		zero, err := p.RunsScan(Query{Start: anon, End: anon + 8*PageSize, Require: PagePFNZero}, nil)
-		var w []Run
-		if zeroPage {
-			w = []Run{{anon + 2*PageSize, anon + 3*PageSize, 0}}
-		}
-		if err != nil || !reflect.DeepEqual(zero, w) {
-			t.Errorf("zero-page runs %x, %v; want %x", zero, err, w)
-		}
-	}
-	// Private file mapping: page 0 read (page cache), page 1 copied on
-	// write.
-	fp := f.addr(t, "fileprivate")
-	want = []Run{{fp + PageSize, fp + 2*PageSize, 0}}
-	if got, err := p.Anonymous(fp, fp+4*PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
-		t.Errorf("Anonymous(file private) = %x, %v; want %x", got, err, want)
-	}
-	if n, err := p.ReadEntries(fp, es[:1]); err != nil || n != 1 || !es[0].Present() || !es[0].File() {
-		t.Errorf("file page entry %x, %v", es[0], err)
-	}
-	// Both methods agree on every mapping of the process.
-	if !p.ScanSupported() {
-		return
-	}
-	for i := range ms {
-		m := &ms[i]
-		if m.IsSpecial() {
-			continue
-		}
-		for _, q := range []Query{
-			{Start: m.Start, End: m.End, AnyOf: PagePresent | PageSwapped},
-			{Start: m.Start, End: m.End, AnyOf: PagePresent | PageSwapped, Exclude: PageFile},
-			{Start: m.Start, End: m.End, Require: PagePresent, Return: PageFile},
-		} {
-			r, err1 := p.RunsRead(q, nil)
-			s, err2 := p.RunsScan(q, nil)
-			if err1 != nil || err2 != nil || !reflect.DeepEqual(r, s) {
-				t.Errorf("%v query %+v: read %x (%v), scan %x (%v)", m, q, r, err1, s, err2)
-			}
 		}
 	}
 }
@@ -419,9 +349,6 @@ func TestLiveMissingProcess(t *testing.T) {
 	}
 	if _, err := ReadStatus(pid); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ReadStatus: %v", err)
-	}
-	if _, err := OpenPagemap(pid); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("OpenPagemap: %v", err)
 	}
 	if _, err := ReadFDs(pid); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ReadFDs: %v", err)
