@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 )
 
@@ -38,7 +38,7 @@ func zeroPageBehaviour() Feature {
 // thpBehaviour: the transparent huge page policy.
 func thpBehaviour() Feature {
 	const name, affects = "THP", "speed, memory use"
-	t, err := proc.ReadTHP()
+	t, err := kernel.ReadTHP()
 	if os.IsNotExist(err) {
 		return behaviour(name, affects, "none: this kernel has no transparent huge pages")
 	}
@@ -55,7 +55,7 @@ func thpBehaviour() Feature {
 // reportingBehaviour: free page reporting to a hypervisor.
 func reportingBehaviour() Feature {
 	const name, affects = "page reporting", "speed"
-	on, order, err := proc.FreePageReporting()
+	on, order, err := kernel.FreePageReporting()
 	switch {
 	case err != nil:
 		return behaviour(name, affects, "unknown: "+err.Error())

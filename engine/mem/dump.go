@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -437,7 +438,7 @@ func MarkShared(sts []*image.Process) {
 // as any shared object's. A segment attached in part (a piece unmapped,
 // or remapped) is refused: restore attaches whole segments.
 func (d *dumper) sysV(st *image.Process) error {
-	var segs map[int]proc.SysVShm
+	var segs map[int]kernel.SysVShm
 	for i := range st.VMAs {
 		v, m := &st.VMAs[i], &d.maps[i]
 		if !m.IsSysV() || v.Shmem == nil {
@@ -445,7 +446,7 @@ func (d *dumper) sysV(st *image.Process) error {
 		}
 		if segs == nil {
 			var err error
-			if segs, err = proc.ReadSysVShm(); err != nil {
+			if segs, err = kernel.ReadSysVShm(); err != nil {
 				return fmt.Errorf("System V shared memory: %w", err)
 			}
 		}
@@ -457,7 +458,7 @@ func (d *dumper) sysV(st *image.Process) error {
 			return fmt.Errorf("%w: %s: System V segment %d (%d bytes) attached in part", image.ErrUnsupported, m, seg.ID, seg.Size)
 		}
 		v.Shmem.Size = seg.Size
-		v.Shmem.SysV = &image.SysVShm{Key: seg.Key, ID: seg.ID, Mode: seg.Mode & (0o777 | proc.ShmDest), UID: seg.UID, GID: seg.GID}
+		v.Shmem.SysV = &image.SysVShm{Key: seg.Key, ID: seg.ID, Mode: seg.Mode & (0o777 | kernel.ShmDest), UID: seg.UID, GID: seg.GID}
 	}
 	return nil
 }

@@ -10,9 +10,11 @@
 // The parsers of a process's /proc files are one package: they share the
 // bounded-reading helpers and the malformed-input sentinels, and each file
 // format is a file of its own. Readers that ask the kernel in other ways
-// are subpackages that use those sentinels: pagemap (page tables, also by
-// ioctl) and sockdiag (sockets, over netlink). Together they are the only
-// code that parses /proc, a rule the rest of the tree keeps.
+// and what belongs to the kernel rather than to a process are subpackages
+// that use those sentinels: pagemap (page tables, also by ioctl), sockdiag
+// (sockets, over netlink) and kernel (sysctls, System V IPC objects, memory
+// settings). Together they are the only code that parses /proc, a rule the
+// rest of the tree keeps.
 //
 // # What is covered
 //
@@ -26,7 +28,8 @@
 //     ParseLimits / Rlimits, comm, cmdline, cwd, root, exe, personality,
 //     timer slack, tasks and children; Exists for whether a task id is
 //     taken, zombies included.
-//   - Kernel parameters: Sysctl and SysctlInt read /proc/sys.
+//   - The kernel's own state: the subpackage kernel reads /proc/sys,
+//     /proc/sysvipc and the memory settings under /sys.
 //   - File descriptors: ReadFDs lists /proc/PID/fd with readlink targets,
 //     classifies each (FDKind), parses /proc/PID/fdinfo/N (ParseFDInfo) and
 //     stats the open file.
