@@ -169,81 +169,70 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 }
 
 // parseField parses one "key: value" line; it returns false for a key it
-// does not know. One case per key, so that the keys read as a table.
+// does not know.
 func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
-	var ok bool
-	switch key {
-	case "pos":
-		fi.Pos, ok = parseInt(val)
-	case "flags":
-		var v uint64
-		v, ok = parseUint(val, 8)
-		ok = ok && v <= 1<<32-1
+	parse, known := fdinfoFields[key]
+	if !known {
+		return false, nil
+	}
+	if !parse(fi, val) {
+		return true, malformed("fdinfo "+key, line)
+	}
+	return true, nil
+}
+
+// fdinfoFields parses the value of each key ParseFDInfo knows into fi,
+// reporting whether it is well-formed: the keys every descriptor has, then
+// those of eventfd, timerfd, signalfd, pidfd and userfaultfd (no two kinds
+// share a key).
+var fdinfoFields = map[string]func(fi *FDInfo, val []byte) bool{
+	"pos": func(fi *FDInfo, val []byte) (ok bool) { fi.Pos, ok = parseInt(val); return ok },
+	"flags": func(fi *FDInfo, val []byte) bool {
+		v, ok := parseUint(val, 8)
 		fi.Flags = uint32(v)
-	case "mnt_id":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1<<31 && v < 1<<31
-		fi.MntID = int(v)
-	case "ino":
-		fi.Ino, ok = parseUint(val, 10)
-	case "tty-index":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= 0 && v < 1<<20
-		fi.TTYIndex = int(v)
-	case "eventfd-count":
-		fi.eventfd().Count, ok = parseUint(val, 16)
-	case "eventfd-semaphore":
-		var v uint64
-		v, ok = parseUint(val, 10)
+		return ok && v <= 1<<32-1
+	},
+	"mnt_id":    func(fi *FDInfo, val []byte) (ok bool) { fi.MntID, ok = intIn(val, -1<<31, 1<<31); return ok },
+	"ino":       func(fi *FDInfo, val []byte) (ok bool) { fi.Ino, ok = parseUint(val, 10); return ok },
+	"tty-index": func(fi *FDInfo, val []byte) (ok bool) { fi.TTYIndex, ok = intIn(val, 0, 1<<20); return ok },
+
+	"eventfd-count": func(fi *FDInfo, val []byte) (ok bool) { fi.eventfd().Count, ok = parseUint(val, 16); return ok },
+	"eventfd-semaphore": func(fi *FDInfo, val []byte) bool {
+		v, ok := parseUint(val, 10)
 		fi.eventfd().Semaphore = v != 0
-	case "eventfd-id":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1<<31 && v < 1<<31
-		fi.eventfd().ID = int(v)
-	case "clockid":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1<<31 && v < 1<<31
-		fi.timerfd().ClockID = int(v)
-	case "ticks":
-		fi.timerfd().Ticks, ok = parseUint(val, 10)
-	case "settime flags":
-		var v uint64
-		v, ok = parseUint(val, 8)
-		ok = ok && v < 1<<31
+		return ok
+	},
+	"eventfd-id": func(fi *FDInfo, val []byte) (ok bool) { fi.eventfd().ID, ok = intIn(val, -1<<31, 1<<31); return ok },
+
+	"clockid": func(fi *FDInfo, val []byte) (ok bool) {
+		fi.timerfd().ClockID, ok = intIn(val, -1<<31, 1<<31)
+		return ok
+	},
+	"ticks": func(fi *FDInfo, val []byte) (ok bool) { fi.timerfd().Ticks, ok = parseUint(val, 10); return ok },
+	"settime flags": func(fi *FDInfo, val []byte) bool {
+		v, ok := parseUint(val, 8)
 		fi.timerfd().SettimeFlags = int(v)
-	case "it_value":
-		fi.timerfd().Value, ok = parseTimespec(val)
-	case "it_interval":
-		fi.timerfd().Interval, ok = parseTimespec(val)
-	case "sigmask":
+		return ok && v < 1<<31
+	},
+	"it_value":    func(fi *FDInfo, val []byte) (ok bool) { fi.timerfd().Value, ok = parseTimespec(val); return ok },
+	"it_interval": func(fi *FDInfo, val []byte) (ok bool) { fi.timerfd().Interval, ok = parseTimespec(val); return ok },
+
+	"sigmask": func(fi *FDInfo, val []byte) (ok bool) {
 		fi.Signalfd = &SignalfdInfo{}
 		fi.Signalfd.Mask, ok = parseUint(val, 16)
-	case "Pid":
-		if fi.Pidfd == nil {
-			fi.Pidfd = &PidfdInfo{}
-		}
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1 && v < 1<<31
-		fi.Pidfd.Pid = int(v)
-	case "NSpid":
-		if fi.Pidfd == nil {
-			fi.Pidfd = &PidfdInfo{}
-		}
+		return ok
+	},
+
+	"Pid": func(fi *FDInfo, val []byte) (ok bool) { fi.pidfd().Pid, ok = intIn(val, -1, 1<<31); return ok },
+	"NSpid": func(fi *FDInfo, val []byte) bool {
 		ps, err := ParsePidList(val)
-		if err != nil || len(ps) > 64 {
-			return true, malformed("fdinfo NSpid", line)
-		}
-		fi.Pidfd.NSpid, ok = ps, true
-	case "pending":
-		fi.uffd().Pending, ok = parseUint(val, 10)
-	case "total":
-		fi.uffd().Total, ok = parseUint(val, 10)
-	case "API":
+		fi.pidfd().NSpid = ps
+		return err == nil && len(ps) <= 64
+	},
+
+	"pending": func(fi *FDInfo, val []byte) (ok bool) { fi.uffd().Pending, ok = parseUint(val, 10); return ok },
+	"total":   func(fi *FDInfo, val []byte) (ok bool) { fi.uffd().Total, ok = parseUint(val, 10); return ok },
+	"API": func(fi *FDInfo, val []byte) bool {
 		u := fi.uffd()
 		api, rest, ok1 := bytes.Cut(val, []byte{':'})
 		features, ioctls, ok2 := bytes.Cut(rest, []byte{':'})
@@ -251,14 +240,21 @@ func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 		u.API, ok3 = parseUint(api, 16)
 		u.Features, ok4 = parseUint(features, 16)
 		u.Ioctls, ok5 = parseUint(ioctls, 16)
-		ok = ok1 && ok2 && ok3 && ok4 && ok5
-	default:
-		return false, nil
+		return ok1 && ok2 && ok3 && ok4 && ok5
+	},
+}
+
+// intIn parses a decimal integer in [lo, hi).
+func intIn(b []byte, lo, hi int64) (int, bool) {
+	v, ok := parseInt(b)
+	return int(v), ok && v >= lo && v < hi
+}
+
+func (fi *FDInfo) pidfd() *PidfdInfo {
+	if fi.Pidfd == nil {
+		fi.Pidfd = &PidfdInfo{}
 	}
-	if !ok {
-		return true, malformed("fdinfo "+key, line)
-	}
-	return true, nil
+	return fi.Pidfd
 }
 
 func (fi *FDInfo) eventfd() *EventfdInfo {

@@ -37,9 +37,7 @@ type Status struct {
 
 // ParseStatus parses /proc/PID/status (or /proc/PID/task/TID/status).
 // Fields it does not use are ignored; the fields above must each be
-// well-formed where present. Umask is absent on kernels before 4.7. It is
-// one switch with a case per field, longer than most functions, so that
-// the fields read as the table they are.
+// well-formed where present. Umask is absent on kernels before 4.7.
 func ParseStatus(b []byte) (*Status, error) {
 	if len(b) > maxSmallFile {
 		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, maxSmallFile)
@@ -56,94 +54,13 @@ func ParseStatus(b []byte) (*Status, error) {
 		}
 		val = trimSpace(val)
 		fields = splitFields(val, fields[:0])
-		var err error
-		switch string(key) {
-		case "Name":
-			s.Name = string(val)
+		if k := string(key); k == "Name" || k == "Pid" {
 			seen++
-		case "State":
-			if len(val) == 0 {
-				return nil, malformed("status State", line)
-			}
-			s.State = val[0]
-		case "Umask":
-			s.Umask, err = octal32(val)
-		case "Tgid":
-			s.Tgid, err = pidField(val)
-		case "Pid":
-			s.Pid, err = pidField(val)
-			seen++
-		case "PPid":
-			s.PPid, err = pidField(val)
-		case "TracerPid":
-			s.TracerPid, err = pidField(val)
-		case "Uid":
-			err = ids4(fields, &s.Uid)
-		case "Gid":
-			err = ids4(fields, &s.Gid)
-		case "Groups":
-			if len(fields) > maxGroups {
-				return nil, fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
-			}
-			s.Groups = make([]uint32, 0, len(fields))
-			for _, f := range fields {
-				v, ok := parseUint(f, 10)
-				if !ok || v > 1<<32-1 {
-					return nil, malformed("status Groups", line)
-				}
-				s.Groups = append(s.Groups, uint32(v))
-			}
-		case "NSpid":
-			if len(fields) > 64 {
-				return nil, fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
-			}
-			s.NSpid = make([]int, 0, len(fields))
-			for _, f := range fields {
-				v, e := pidField(f)
-				if e != nil {
-					return nil, malformed("status NSpid", line)
-				}
-				s.NSpid = append(s.NSpid, v)
-			}
-		case "Threads":
-			s.Threads, err = pidField(val)
-		case "VmSwap":
-			v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
-			if ok {
-				v, ok = parseInt(fields[0])
-			}
-			if !ok || v < 0 {
-				err = malformed("status VmSwap", line)
-			}
-			s.VmSwap = uint64(v) << 10
-		case "NoNewPrivs":
-			var v int
-			v, err = pidField(val)
-			s.NoNewPrivs = v != 0
-		case "Seccomp":
-			s.Seccomp, err = pidField(val)
-		case "SigPnd":
-			s.SigPnd, err = hex64(val)
-		case "ShdPnd":
-			s.ShdPnd, err = hex64(val)
-		case "SigBlk":
-			s.SigBlk, err = hex64(val)
-		case "SigIgn":
-			s.SigIgn, err = hex64(val)
-		case "SigCgt":
-			s.SigCgt, err = hex64(val)
-		case "CapInh":
-			s.CapInh, err = hex64(val)
-		case "CapPrm":
-			s.CapPrm, err = hex64(val)
-		case "CapEff":
-			s.CapEff, err = hex64(val)
-		case "CapBnd":
-			s.CapBnd, err = hex64(val)
-		case "CapAmb":
-			s.CapAmb, err = hex64(val)
 		}
-		if err != nil {
+		if err := s.setLineField(string(key), val, fields, line); err != nil {
+			return nil, err
+		}
+		if err := s.setField(string(key), val, fields, line); err != nil {
 			return nil, fmt.Errorf("status %s: %w", key, err)
 		}
 	}
@@ -151,6 +68,106 @@ func ParseStatus(b []byte) (*Status, error) {
 		return nil, malformed("status without Name and Pid", nil)
 	}
 	return s, nil
+}
+
+// statusInts and statusMasks are the fields of one decimal number and of
+// one hexadecimal mask, by name.
+var (
+	statusInts = map[string]func(*Status) *int{
+		"Tgid":      func(s *Status) *int { return &s.Tgid },
+		"Pid":       func(s *Status) *int { return &s.Pid },
+		"PPid":      func(s *Status) *int { return &s.PPid },
+		"TracerPid": func(s *Status) *int { return &s.TracerPid },
+		"Threads":   func(s *Status) *int { return &s.Threads },
+		"Seccomp":   func(s *Status) *int { return &s.Seccomp },
+	}
+	statusMasks = map[string]func(*Status) *uint64{
+		"SigPnd": func(s *Status) *uint64 { return &s.SigPnd },
+		"ShdPnd": func(s *Status) *uint64 { return &s.ShdPnd },
+		"SigBlk": func(s *Status) *uint64 { return &s.SigBlk },
+		"SigIgn": func(s *Status) *uint64 { return &s.SigIgn },
+		"SigCgt": func(s *Status) *uint64 { return &s.SigCgt },
+		"CapInh": func(s *Status) *uint64 { return &s.CapInh },
+		"CapPrm": func(s *Status) *uint64 { return &s.CapPrm },
+		"CapEff": func(s *Status) *uint64 { return &s.CapEff },
+		"CapBnd": func(s *Status) *uint64 { return &s.CapBnd },
+		"CapAmb": func(s *Status) *uint64 { return &s.CapAmb },
+	}
+)
+
+// setField sets the field key of s from its value val (split into
+// fields); its errors are about the value, and ParseStatus names the key.
+func (s *Status) setField(key string, val []byte, fields [][]byte, line []byte) error {
+	var err error
+	if f, ok := statusInts[key]; ok {
+		*f(s), err = pidField(val)
+		return err
+	}
+	if f, ok := statusMasks[key]; ok {
+		*f(s), err = hex64(val)
+		return err
+	}
+	switch key {
+	case "Name":
+		s.Name = string(val)
+	case "Umask":
+		s.Umask, err = octal32(val)
+	case "Uid":
+		err = ids4(fields, &s.Uid)
+	case "Gid":
+		err = ids4(fields, &s.Gid)
+	case "VmSwap":
+		v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
+		if ok {
+			v, ok = parseInt(fields[0])
+		}
+		if !ok || v < 0 {
+			err = malformed("status VmSwap", line)
+		}
+		s.VmSwap = uint64(v) << 10
+	case "NoNewPrivs":
+		var v int
+		v, err = pidField(val)
+		s.NoNewPrivs = v != 0
+	}
+	return err
+}
+
+// setLineField sets the fields of s whose errors quote the whole line:
+// State and the lists, Groups and NSpid.
+func (s *Status) setLineField(key string, val []byte, fields [][]byte, line []byte) error {
+	switch key {
+	case "State":
+		if len(val) == 0 {
+			return malformed("status State", line)
+		}
+		s.State = val[0]
+	case "Groups":
+		if len(fields) > maxGroups {
+			return fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
+		}
+		s.Groups = make([]uint32, 0, len(fields))
+		for _, f := range fields {
+			v, ok := parseUint(f, 10)
+			if !ok || v > 1<<32-1 {
+				return malformed("status Groups", line)
+			}
+			s.Groups = append(s.Groups, uint32(v))
+		}
+	case "NSpid":
+		if len(fields) > 64 {
+			return fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
+		}
+		s.NSpid = make([]int, 0, len(fields))
+		for _, f := range fields {
+			v, e := pidField(f)
+			if e != nil {
+				return malformed("status NSpid", line)
+			}
+			s.NSpid = append(s.NSpid, v)
+		}
+	}
+	return nil
 }
 
 // ReadStatus reads /proc/PID/status.
