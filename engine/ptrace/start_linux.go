@@ -77,7 +77,8 @@ func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Proc
 		_ = unix.Kill(pid, unix.SIGKILL)
 		_ = p.kill()
 		for { // reap our child whatever state the tracing is in
-			if _, ok, werr := waitOnce(pid, true); werr != nil || !ok {
+			st, ok, werr := waitOnce(pid, true)
+			if werr != nil || !ok || st.exited {
 				break
 			}
 		}
