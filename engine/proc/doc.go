@@ -46,8 +46,7 @@
 //
 // # Privileges
 //
-// Reading another process's smaps, pagemap, fdinfo, auxv, environ and the
-// mm fields of stat needs PTRACE_MODE_READ on it (root, or the same user
-// with a permissive Yama scope). Page frame numbers in pagemap are zero
-// without CAP_SYS_ADMIN; nothing here depends on them.
+// Reading another process's smaps, fdinfo, auxv and the mm fields of stat
+// (and its pagemap, in the subpackage) needs PTRACE_MODE_READ on it (root,
+// or the same user with a permissive Yama scope).
 package proc
