@@ -169,92 +169,120 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 }
 
 // parseField parses one "key: value" line; it returns false for a key it
-// does not know.
+// does not know. The keys every descriptor has are here, those of each
+// kind of descriptor in a function of its own (no two kinds share a key).
 func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
-	parse, known := fdinfoFields[key]
-	if !known {
+	var ok bool
+	switch key {
+	case "pos":
+		fi.Pos, ok = parseInt(val)
+	case "flags":
+		var v uint64
+		v, ok = parseUint(val, 8)
+		ok = ok && v <= 1<<32-1
+		fi.Flags = uint32(v)
+	case "mnt_id":
+		fi.MntID, ok = intIn(val, -1<<31, 1<<31)
+	case "ino":
+		fi.Ino, ok = parseUint(val, 10)
+	case "tty-index":
+		fi.TTYIndex, ok = intIn(val, 0, 1<<20)
+	case "eventfd-count", "eventfd-semaphore", "eventfd-id":
+		ok = fi.parseEventfdField(key, val)
+	case "clockid", "ticks", "settime flags", "it_value", "it_interval":
+		ok = fi.parseTimerfdField(key, val)
+	case "sigmask":
+		fi.Signalfd = &SignalfdInfo{}
+		fi.Signalfd.Mask, ok = parseUint(val, 16)
+	case "Pid", "NSpid":
+		ok = fi.parsePidfdField(key, val)
+	case "pending", "total", "API":
+		ok = fi.parseUffdField(key, val)
+	default:
 		return false, nil
 	}
-	if !parse(fi, val) {
+	if !ok {
 		return true, malformed("fdinfo "+key, line)
 	}
 	return true, nil
 }
 
-// fdinfoFields parses the value of each key ParseFDInfo knows into fi,
-// reporting whether it is well-formed: the keys every descriptor has, then
-// those of eventfd, timerfd, signalfd, pidfd and userfaultfd (no two kinds
-// share a key).
-var fdinfoFields = map[string]func(fi *FDInfo, val []byte) bool{
-	"pos": func(fi *FDInfo, val []byte) (ok bool) { fi.Pos, ok = parseInt(val); return ok },
-	"flags": func(fi *FDInfo, val []byte) bool {
-		v, ok := parseUint(val, 8)
-		fi.Flags = uint32(v)
-		return ok && v <= 1<<32-1
-	},
-	"mnt_id":    func(fi *FDInfo, val []byte) (ok bool) { fi.MntID, ok = intIn(val, -1<<31, 1<<31); return ok },
-	"ino":       func(fi *FDInfo, val []byte) (ok bool) { fi.Ino, ok = parseUint(val, 10); return ok },
-	"tty-index": func(fi *FDInfo, val []byte) (ok bool) { fi.TTYIndex, ok = intIn(val, 0, 1<<20); return ok },
+// parseEventfdField parses an eventfd's line; false means malformed.
+func (fi *FDInfo) parseEventfdField(key string, val []byte) (ok bool) {
+	e := fi.eventfd()
+	switch key {
+	case "eventfd-count":
+		e.Count, ok = parseUint(val, 16)
+	case "eventfd-semaphore":
+		var v uint64
+		v, ok = parseUint(val, 10)
+		e.Semaphore = v != 0
+	case "eventfd-id":
+		e.ID, ok = intIn(val, -1<<31, 1<<31)
+	}
+	return ok
+}
 
-	"eventfd-count": func(fi *FDInfo, val []byte) (ok bool) { fi.eventfd().Count, ok = parseUint(val, 16); return ok },
-	"eventfd-semaphore": func(fi *FDInfo, val []byte) bool {
-		v, ok := parseUint(val, 10)
-		fi.eventfd().Semaphore = v != 0
-		return ok
-	},
-	"eventfd-id": func(fi *FDInfo, val []byte) (ok bool) { fi.eventfd().ID, ok = intIn(val, -1<<31, 1<<31); return ok },
+// parseTimerfdField parses a timerfd's line; false means malformed.
+func (fi *FDInfo) parseTimerfdField(key string, val []byte) (ok bool) {
+	tf := fi.timerfd()
+	switch key {
+	case "clockid":
+		tf.ClockID, ok = intIn(val, -1<<31, 1<<31)
+	case "ticks":
+		tf.Ticks, ok = parseUint(val, 10)
+	case "settime flags":
+		var v uint64
+		v, ok = parseUint(val, 8)
+		ok = ok && v < 1<<31
+		tf.SettimeFlags = int(v)
+	case "it_value":
+		tf.Value, ok = parseTimespec(val)
+	case "it_interval":
+		tf.Interval, ok = parseTimespec(val)
+	}
+	return ok
+}
 
-	"clockid": func(fi *FDInfo, val []byte) (ok bool) {
-		fi.timerfd().ClockID, ok = intIn(val, -1<<31, 1<<31)
-		return ok
-	},
-	"ticks": func(fi *FDInfo, val []byte) (ok bool) { fi.timerfd().Ticks, ok = parseUint(val, 10); return ok },
-	"settime flags": func(fi *FDInfo, val []byte) bool {
-		v, ok := parseUint(val, 8)
-		fi.timerfd().SettimeFlags = int(v)
-		return ok && v < 1<<31
-	},
-	"it_value":    func(fi *FDInfo, val []byte) (ok bool) { fi.timerfd().Value, ok = parseTimespec(val); return ok },
-	"it_interval": func(fi *FDInfo, val []byte) (ok bool) { fi.timerfd().Interval, ok = parseTimespec(val); return ok },
-
-	"sigmask": func(fi *FDInfo, val []byte) (ok bool) {
-		fi.Signalfd = &SignalfdInfo{}
-		fi.Signalfd.Mask, ok = parseUint(val, 16)
-		return ok
-	},
-
-	"Pid": func(fi *FDInfo, val []byte) (ok bool) { fi.pidfd().Pid, ok = intIn(val, -1, 1<<31); return ok },
-	"NSpid": func(fi *FDInfo, val []byte) bool {
+// parsePidfdField parses a pidfd's line; false means malformed.
+func (fi *FDInfo) parsePidfdField(key string, val []byte) (ok bool) {
+	if fi.Pidfd == nil {
+		fi.Pidfd = &PidfdInfo{}
+	}
+	switch key {
+	case "Pid":
+		fi.Pidfd.Pid, ok = intIn(val, -1, 1<<31)
+	case "NSpid":
 		ps, err := ParsePidList(val)
-		fi.pidfd().NSpid = ps
-		return err == nil && len(ps) <= 64
-	},
+		fi.Pidfd.NSpid, ok = ps, err == nil && len(ps) <= 64
+	}
+	return ok
+}
 
-	"pending": func(fi *FDInfo, val []byte) (ok bool) { fi.uffd().Pending, ok = parseUint(val, 10); return ok },
-	"total":   func(fi *FDInfo, val []byte) (ok bool) { fi.uffd().Total, ok = parseUint(val, 10); return ok },
-	"API": func(fi *FDInfo, val []byte) bool {
-		u := fi.uffd()
+// parseUffdField parses a userfaultfd's line; false means malformed.
+func (fi *FDInfo) parseUffdField(key string, val []byte) (ok bool) {
+	u := fi.uffd()
+	switch key {
+	case "pending":
+		u.Pending, ok = parseUint(val, 10)
+	case "total":
+		u.Total, ok = parseUint(val, 10)
+	case "API":
 		api, rest, ok1 := bytes.Cut(val, []byte{':'})
 		features, ioctls, ok2 := bytes.Cut(rest, []byte{':'})
 		var ok3, ok4, ok5 bool
 		u.API, ok3 = parseUint(api, 16)
 		u.Features, ok4 = parseUint(features, 16)
 		u.Ioctls, ok5 = parseUint(ioctls, 16)
-		return ok1 && ok2 && ok3 && ok4 && ok5
-	},
+		ok = ok1 && ok2 && ok3 && ok4 && ok5
+	}
+	return ok
 }
 
 // intIn parses a decimal integer in [lo, hi).
 func intIn(b []byte, lo, hi int64) (int, bool) {
 	v, ok := parseInt(b)
 	return int(v), ok && v >= lo && v < hi
-}
-
-func (fi *FDInfo) pidfd() *PidfdInfo {
-	if fi.Pidfd == nil {
-		fi.Pidfd = &PidfdInfo{}
-	}
-	return fi.Pidfd
 }
 
 func (fi *FDInfo) eventfd() *EventfdInfo {

@@ -37,7 +37,9 @@ type Status struct {
 
 // ParseStatus parses /proc/PID/status (or /proc/PID/task/TID/status).
 // Fields it does not use are ignored; the fields above must each be
-// well-formed where present. Umask is absent on kernels before 4.7.
+// well-formed where present. Umask is absent on kernels before 4.7. An
+// error about a value names the key; one about a list or the state quotes
+// the whole line.
 func ParseStatus(b []byte) (*Status, error) {
 	if len(b) > maxSmallFile {
 		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, maxSmallFile)
@@ -54,13 +56,45 @@ func ParseStatus(b []byte) (*Status, error) {
 		}
 		val = trimSpace(val)
 		fields = splitFields(val, fields[:0])
-		if k := string(key); k == "Name" || k == "Pid" {
+		var err error
+		switch string(key) {
+		case "Name":
+			s.Name = string(val)
 			seen++
+		case "State":
+			if len(val) == 0 {
+				return nil, malformed("status State", line)
+			}
+			s.State = val[0]
+		case "Umask":
+			s.Umask, err = octal32(val)
+		case "Pid":
+			s.Pid, err = pidField(val)
+			seen++
+		case "Tgid", "PPid", "TracerPid", "Threads", "Seccomp":
+			*s.intField(string(key)), err = pidField(val)
+		case "Uid":
+			err = ids4(fields, &s.Uid)
+		case "Gid":
+			err = ids4(fields, &s.Gid)
+		case "Groups":
+			if err := s.setGroups(fields, line); err != nil {
+				return nil, err
+			}
+		case "NSpid":
+			if err := s.setNSpid(fields, line); err != nil {
+				return nil, err
+			}
+		case "VmSwap":
+			s.VmSwap, err = vmSwap(fields, line)
+		case "NoNewPrivs":
+			var v int
+			v, err = pidField(val)
+			s.NoNewPrivs = v != 0
+		case "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb":
+			*s.maskField(string(key)), err = hex64(val)
 		}
-		if err := s.setLineField(string(key), val, fields, line); err != nil {
-			return nil, err
-		}
-		if err := s.setField(string(key), val, fields, line); err != nil {
+		if err != nil {
 			return nil, fmt.Errorf("status %s: %w", key, err)
 		}
 	}
@@ -70,102 +104,86 @@ func ParseStatus(b []byte) (*Status, error) {
 	return s, nil
 }
 
-// statusInts and statusMasks are the fields of one decimal number and of
-// one hexadecimal mask, by name.
-var (
-	statusInts = map[string]func(*Status) *int{
-		"Tgid":      func(s *Status) *int { return &s.Tgid },
-		"Pid":       func(s *Status) *int { return &s.Pid },
-		"PPid":      func(s *Status) *int { return &s.PPid },
-		"TracerPid": func(s *Status) *int { return &s.TracerPid },
-		"Threads":   func(s *Status) *int { return &s.Threads },
-		"Seccomp":   func(s *Status) *int { return &s.Seccomp },
+// vmSwap parses the value of a VmSwap line ("N kB") into bytes.
+func vmSwap(fields [][]byte, line []byte) (uint64, error) {
+	v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
+	if ok {
+		v, ok = parseInt(fields[0])
 	}
-	statusMasks = map[string]func(*Status) *uint64{
-		"SigPnd": func(s *Status) *uint64 { return &s.SigPnd },
-		"ShdPnd": func(s *Status) *uint64 { return &s.ShdPnd },
-		"SigBlk": func(s *Status) *uint64 { return &s.SigBlk },
-		"SigIgn": func(s *Status) *uint64 { return &s.SigIgn },
-		"SigCgt": func(s *Status) *uint64 { return &s.SigCgt },
-		"CapInh": func(s *Status) *uint64 { return &s.CapInh },
-		"CapPrm": func(s *Status) *uint64 { return &s.CapPrm },
-		"CapEff": func(s *Status) *uint64 { return &s.CapEff },
-		"CapBnd": func(s *Status) *uint64 { return &s.CapBnd },
-		"CapAmb": func(s *Status) *uint64 { return &s.CapAmb },
+	if !ok || v < 0 {
+		return 0, malformed("status VmSwap", line)
 	}
-)
-
-// setField sets the field key of s from its value val (split into
-// fields); its errors are about the value, and ParseStatus names the key.
-func (s *Status) setField(key string, val []byte, fields [][]byte, line []byte) error {
-	var err error
-	if f, ok := statusInts[key]; ok {
-		*f(s), err = pidField(val)
-		return err
-	}
-	if f, ok := statusMasks[key]; ok {
-		*f(s), err = hex64(val)
-		return err
-	}
-	switch key {
-	case "Name":
-		s.Name = string(val)
-	case "Umask":
-		s.Umask, err = octal32(val)
-	case "Uid":
-		err = ids4(fields, &s.Uid)
-	case "Gid":
-		err = ids4(fields, &s.Gid)
-	case "VmSwap":
-		v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
-		if ok {
-			v, ok = parseInt(fields[0])
-		}
-		if !ok || v < 0 {
-			err = malformed("status VmSwap", line)
-		}
-		s.VmSwap = uint64(v) << 10
-	case "NoNewPrivs":
-		var v int
-		v, err = pidField(val)
-		s.NoNewPrivs = v != 0
-	}
-	return err
+	return uint64(v) << 10, nil
 }
 
-// setLineField sets the fields of s whose errors quote the whole line:
-// State and the lists, Groups and NSpid.
-func (s *Status) setLineField(key string, val []byte, fields [][]byte, line []byte) error {
+// intField returns the field of s a decimal status line holds.
+func (s *Status) intField(key string) *int {
 	switch key {
-	case "State":
-		if len(val) == 0 {
-			return malformed("status State", line)
+	case "Tgid":
+		return &s.Tgid
+	case "PPid":
+		return &s.PPid
+	case "TracerPid":
+		return &s.TracerPid
+	case "Threads":
+		return &s.Threads
+	}
+	return &s.Seccomp
+}
+
+// maskField returns the field of s a hexadecimal mask line holds.
+func (s *Status) maskField(key string) *uint64 {
+	switch key {
+	case "SigPnd":
+		return &s.SigPnd
+	case "ShdPnd":
+		return &s.ShdPnd
+	case "SigBlk":
+		return &s.SigBlk
+	case "SigIgn":
+		return &s.SigIgn
+	case "SigCgt":
+		return &s.SigCgt
+	case "CapInh":
+		return &s.CapInh
+	case "CapPrm":
+		return &s.CapPrm
+	case "CapEff":
+		return &s.CapEff
+	case "CapBnd":
+		return &s.CapBnd
+	}
+	return &s.CapAmb
+}
+
+// setGroups sets the supplementary groups from a Groups line.
+func (s *Status) setGroups(fields [][]byte, line []byte) error {
+	if len(fields) > maxGroups {
+		return fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
+	}
+	s.Groups = make([]uint32, 0, len(fields))
+	for _, f := range fields {
+		v, ok := parseUint(f, 10)
+		if !ok || v > 1<<32-1 {
+			return malformed("status Groups", line)
 		}
-		s.State = val[0]
-	case "Groups":
-		if len(fields) > maxGroups {
-			return fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
+		s.Groups = append(s.Groups, uint32(v))
+	}
+	return nil
+}
+
+// setNSpid sets the pid in each pid namespace from an NSpid line.
+func (s *Status) setNSpid(fields [][]byte, line []byte) error {
+	if len(fields) > 64 {
+		return fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
+	}
+	s.NSpid = make([]int, 0, len(fields))
+	for _, f := range fields {
+		v, e := pidField(f)
+		if e != nil {
+			return malformed("status NSpid", line)
 		}
-		s.Groups = make([]uint32, 0, len(fields))
-		for _, f := range fields {
-			v, ok := parseUint(f, 10)
-			if !ok || v > 1<<32-1 {
-				return malformed("status Groups", line)
-			}
-			s.Groups = append(s.Groups, uint32(v))
-		}
-	case "NSpid":
-		if len(fields) > 64 {
-			return fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
-		}
-		s.NSpid = make([]int, 0, len(fields))
-		for _, f := range fields {
-			v, e := pidField(f)
-			if e != nil {
-				return malformed("status NSpid", line)
-			}
-			s.NSpid = append(s.NSpid, v)
-		}
+		s.NSpid = append(s.NSpid, v)
 	}
 	return nil
 }
