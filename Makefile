@@ -45,7 +45,7 @@ BIN ?= bin
 # process (engine/lazy), the tracer (engine/ptrace), the engine's own tests and the object store's client (engine/image/store/s3,
 # against a MinIO server of its own). The end-to-end tests (test/...) run the binaries on
 # real processes and big fixtures, too slowly under the race detector.
-PURE_DIRS ?= engine/codec engine/image engine/image/store engine/image/store/cache engine/image/store/trace engine/image/store/archive engine/proc engine/units cache test/testutil
+PURE_DIRS ?= engine/codec engine/image engine/image/store engine/image/store/cache engine/image/store/trace engine/image/store/archive engine/proc engine/proc/kernel engine/proc/pagemap engine/proc/sockdiag engine/units cache test/testutil
 RACE_DIRS ?= $(PURE_DIRS) fs engine/uffd engine/lazy engine/ptrace engine engine/image/store/s3
 RACE_PKGS := $(foreach d,$(RACE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)))
 

@@ -64,6 +64,7 @@ func TestLayout(t *testing.T) {
 		{"engine/image/workingset", []string{"engine/lazy", "engine/image/store/s3", "engine/image/store/archive"}, "the working-set file beside the format, which knows nothing of it; which one a restore uses is engine/lazy's", false},
 		{"engine/image/seal", []string{"engine", "engine/codec", "engine/image", "engine/image/store/", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/uffd/", "cache", "fs", "fs/", "cmd/"}, "seal is below the format: bytes, keys and windows (and the store's one sentinel for a path not to trust); the format imports it, not the reverse", false},
 		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
+		{"engine/proc/", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc's subpackages only read /proc and ask the kernel", false},
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},
 		{"fs", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/ptrace", "engine/uffd", "engine/uffd/", "engine/image/store/s3", "engine/image/store/archive", "cmd/"}, "fs serves snapshots through engine/image only", false},

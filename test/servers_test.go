@@ -28,6 +28,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -376,17 +377,17 @@ func srvBacklogs(t *testing.T, p *fixture.Proc) map[string]int {
 	out := map[string]int{}
 	ports := map[uint16]string{uint16(p.Ready.MustUint(t, "tcp4")): "tcp4", uint16(p.Ready.MustUint(t, "tcp6")): "tcp6"}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		ds, err := proc.QueryInet(p.PID, fam, unix.IPPROTO_TCP)
+		ds, err := sockdiag.QueryInet(p.PID, fam, unix.IPPROTO_TCP)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, d := range ds {
-			if name, ok := ports[d.Local.Port()]; ok && d.State == proc.TCPListen {
+			if name, ok := ports[d.Local.Port()]; ok && d.State == sockdiag.TCPListen {
 				out[name] = int(d.WQueue)
 			}
 		}
 	}
-	us, err := proc.QueryUnix(p.PID)
+	us, err := sockdiag.QueryUnix(p.PID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -31,11 +31,11 @@ import (
 // and ids given.
 func sysvIPCRemove(t *testing.T, keys []int32, ids map[string]int) {
 	t.Helper()
-	sems, err := proc.ReadSysVSem()
+	sems, err := kernel.ReadSysVSem()
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := proc.ReadSysVMsg()
+	msgs, err := kernel.ReadSysVMsg()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -109,13 +109,13 @@ func TestRestoreSysVShm(t *testing.T) {
 }
 
 // sysvSegments lists the System V segments of our IPC namespace.
-func sysvSegments(t *testing.T) []proc.SysVShm {
+func sysvSegments(t *testing.T) []kernel.SysVShm {
 	t.Helper()
-	m, err := proc.ReadSysVShm()
+	m, err := kernel.ReadSysVShm()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []proc.SysVShm
+	var out []kernel.SysVShm
 	for _, s := range m {
 		out = append(out, s)
 	}

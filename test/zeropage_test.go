@@ -7,6 +7,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -24,7 +25,7 @@ type zeroBlock struct {
 // TestZeroPageEitherWay: memory a process has only read is dumped as the
 // same blocks and restored (eagerly and lazily) as the same memory, whether
 // the kernel mapped the shared zero page on the read fault (most kernels)
-// or a private page of zeros (some: probed with proc.ReadFaultMapsZeroPage,
+// or a private page of zeros (some: probed with pagemap.ReadFaultMapsZeroPage,
 // never assumed). The zeroread fixture makes its "zero" memory three ways:
 // by reading it (this kernel's choice), with the zero page placed by
 // UFFDIO_ZEROPAGE (the zero page on every kernel), and by writing zeros
@@ -37,7 +38,7 @@ func TestZeroPageEitherWay(t *testing.T) {
 	testutil.RequirePtrace(t)
 	testutil.RequireUserfaultfd(t)
 	testutil.RequireFUSE(t)
-	zeroPage, err := proc.ReadFaultMapsZeroPage()
+	zeroPage, err := pagemap.ReadFaultMapsZeroPage()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,12 +121,12 @@ func TestZeroPageEitherWay(t *testing.T) {
 // memory.
 func checkZeroEntries(t *testing.T, pid int, addr, n uint64, want string) {
 	t.Helper()
-	pm, err := proc.OpenPagemap(pid)
+	pm, err := pagemap.Open(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pm.Close()
-	es := make([]proc.Entry, n)
+	es := make([]pagemap.Entry, n)
 	if got, err := pm.ReadEntries(addr, es); err != nil || uint64(got) != n {
 		t.Fatalf("pagemap at %#x: %d entries, %v", addr, got, err)
 	}

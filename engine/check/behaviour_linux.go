@@ -6,7 +6,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 )
 
 // Behaviours reports the kernel's behaviours that change what a dump finds
@@ -24,7 +25,7 @@ func behaviour(name, affects, detail string) Feature {
 // zeroPageBehaviour: what a read fault of private anonymous memory maps.
 func zeroPageBehaviour() Feature {
 	const name, affects = "read-fault page", "dump, memory use"
-	zero, err := proc.ReadFaultMapsZeroPage()
+	zero, err := pagemap.ReadFaultMapsZeroPage()
 	switch {
 	case err != nil:
 		return behaviour(name, affects, "unknown: "+err.Error())
@@ -37,7 +38,7 @@ func zeroPageBehaviour() Feature {
 // thpBehaviour: the transparent huge page policy.
 func thpBehaviour() Feature {
 	const name, affects = "THP", "speed, memory use"
-	t, err := proc.ReadTHP()
+	t, err := kernel.ReadTHP()
 	if os.IsNotExist(err) {
 		return behaviour(name, affects, "none: this kernel has no transparent huge pages")
 	}
@@ -54,7 +55,7 @@ func thpBehaviour() Feature {
 // reportingBehaviour: free page reporting to a hypervisor.
 func reportingBehaviour() Feature {
 	const name, affects = "page reporting", "speed"
-	on, order, err := proc.FreePageReporting()
+	on, order, err := kernel.FreePageReporting()
 	switch {
 	case err != nil:
 		return behaviour(name, affects, "unknown: "+err.Error())

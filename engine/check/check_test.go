@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
@@ -63,7 +64,7 @@ func TestRunNoStub(t *testing.T) {
 }
 
 func TestFreePID(t *testing.T) {
-	pidMax, err := proc.SysctlInt("kernel.pid_max")
+	pidMax, err := kernel.SysctlInt("kernel.pid_max")
 	if err != nil {
 		t.Fatal(err)
 	}

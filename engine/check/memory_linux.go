@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
@@ -88,7 +88,7 @@ func uffdRegisterMissing() (string, error) {
 // checkPagemapScan scans a page of ours with PAGEMAP_SCAN.
 func checkPagemapScan() Feature {
 	const name = "PAGEMAP_SCAN"
-	pm, err := proc.OpenPagemap(os.Getpid())
+	pm, err := pagemap.Open(os.Getpid())
 	if err != nil {
 		return feature(name, neededPreCopy, err, "")
 	}
@@ -103,7 +103,7 @@ func checkPagemapScan() Feature {
 	defer unix.Munmap(page)
 	page[0] = 1
 	addr := uint64(uintptr(unsafe.Pointer(&page[0])))
-	runs, err := pm.RunsScan(proc.Query{Start: addr, End: addr + pageSize, Require: proc.PagePresent}, nil)
+	runs, err := pm.RunsScan(pagemap.Query{Start: addr, End: addr + pageSize, Require: pagemap.PagePresent}, nil)
 	if err == nil && (len(runs) != 1 || runs[0].Start != addr) {
 		err = fmt.Errorf("a present page scanned as %v", runs)
 	}

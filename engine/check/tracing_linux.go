@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
@@ -43,7 +44,7 @@ func checkTracing(ctx context.Context, stub string) []Feature {
 	defer t.Close()
 	p, err := t.StartStopped(stub, []string{"lazyfs-check-stub"}, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL})
 	if err != nil {
-		if scope, serr := proc.Sysctl("kernel.yama.ptrace_scope"); serr == nil {
+		if scope, serr := kernel.Sysctl("kernel.yama.ptrace_scope"); serr == nil {
 			err = fmt.Errorf("%w (kernel.yama.ptrace_scope=%s)", err, scope)
 		}
 		return fail(0, err)
@@ -107,11 +108,11 @@ func cloneFreePID(ctx context.Context, in *ptrace.Injector) (int, error) {
 // freePID returns a pid no process holds, well away from the next one
 // the kernel hands out.
 func freePID() (int, error) {
-	last, err := proc.SysctlInt("kernel.ns_last_pid")
+	last, err := kernel.SysctlInt("kernel.ns_last_pid")
 	if err != nil {
 		return 0, err
 	}
-	pidMax, err := proc.SysctlInt("kernel.pid_max")
+	pidMax, err := kernel.SysctlInt("kernel.pid_max")
 	if err != nil {
 		return 0, err
 	}

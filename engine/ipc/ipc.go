@@ -31,7 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
@@ -72,11 +72,11 @@ func msgctl(id, cmd int, buf *[dsLen]byte) error {
 // Dump reads the semaphore sets and message queues of our IPC namespace
 // that a process of pids last operated on; nil if none.
 func Dump(pids map[int]bool) (*image.SysVIPC, error) {
-	sems, err := proc.ReadSysVSem()
+	sems, err := kernel.ReadSysVSem()
 	if err != nil {
 		return nil, err
 	}
-	msgs, err := proc.ReadSysVMsg()
+	msgs, err := kernel.ReadSysVMsg()
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +117,7 @@ func Dump(pids map[int]bool) (*image.SysVIPC, error) {
 }
 
 // dumpQueue reads queue q's messages without taking them (MSG_COPY).
-func dumpQueue(q proc.SysVMsg) (image.SysVMsg, error) {
+func dumpQueue(q kernel.SysVMsg) (image.SysVMsg, error) {
 	m := image.SysVMsg{SysVIPCObject: image.SysVIPCObject{Key: q.Key, ID: q.ID, Mode: q.Mode & 0o777, UID: q.UID, GID: q.GID,
 		OTime: q.STime, RTime: q.RTime, CTime: q.CTime}}
 	var ds [dsLen]byte
@@ -182,12 +182,12 @@ func Restore(ipc *image.SysVIPC, in *ptrace.Injector, log *slog.Logger) (made *M
 	if ipc == nil {
 		return made, nil
 	}
-	sems, err := proc.ReadSysVSem()
+	sems, err := kernel.ReadSysVSem()
 	if err != nil {
 		return made, err
 	}
 	for _, s := range ipc.Sems {
-		var cur *proc.SysVSem
+		var cur *kernel.SysVSem
 		for i := range sems {
 			if names(s.SysVIPCObject, sems[i].Key, sems[i].ID) {
 				cur = &sems[i]
@@ -218,12 +218,12 @@ func Restore(ipc *image.SysVIPC, in *ptrace.Injector, log *slog.Logger) (made *M
 			log.Warn("System V semaphore set made again under another id: a program that kept its id will not find it", "key", fmt.Sprintf("%#x", uint32(s.Key)), "id", id, "was", s.ID)
 		}
 	}
-	msgs, err := proc.ReadSysVMsg()
+	msgs, err := kernel.ReadSysVMsg()
 	if err != nil {
 		return made, err
 	}
 	for _, q := range ipc.Msgs {
-		var cur *proc.SysVMsg
+		var cur *kernel.SysVMsg
 		for i := range msgs {
 			if names(q.SysVIPCObject, msgs[i].Key, msgs[i].ID) {
 				cur = &msgs[i]

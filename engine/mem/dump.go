@@ -13,6 +13,8 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -170,7 +172,7 @@ type shmemObject struct {
 // anonymous memory, the copied-on-write pages of private file mappings,
 // and the data of shared anonymous and memfd objects, once per object.
 func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
-	pm, err := proc.OpenPagemap(d.pid)
+	pm, err := pagemap.Open(d.pid)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -178,7 +180,7 @@ func (d *dumper) plan(st *image.Process) ([]memRange, []*os.File, error) {
 	var out []memRange
 	var files []*os.File
 	objects := map[uint64]*shmemObject{}
-	var runs []proc.Run
+	var runs []pagemap.Run
 	for i := range st.VMAs {
 		v := &st.VMAs[i]
 		switch v.Kind {
@@ -464,7 +466,7 @@ func MarkShared(sts []*image.Process) {
 // as any shared object's. A segment attached in part (a piece unmapped,
 // or remapped) is refused: restore attaches whole segments.
 func (d *dumper) sysV(st *image.Process) error {
-	var segs map[int]proc.SysVShm
+	var segs map[int]kernel.SysVShm
 	for i := range st.VMAs {
 		v, m := &st.VMAs[i], &d.maps[i]
 		if !m.IsSysV() || v.Shmem == nil {
@@ -472,7 +474,7 @@ func (d *dumper) sysV(st *image.Process) error {
 		}
 		if segs == nil {
 			var err error
-			if segs, err = proc.ReadSysVShm(); err != nil {
+			if segs, err = kernel.ReadSysVShm(); err != nil {
 				return fmt.Errorf("System V shared memory: %w", err)
 			}
 		}
@@ -484,7 +486,7 @@ func (d *dumper) sysV(st *image.Process) error {
 			return fmt.Errorf("%w: %s: System V segment %d (%d bytes) attached in part", image.ErrUnsupported, m, seg.ID, seg.Size)
 		}
 		v.Shmem.Size = seg.Size
-		v.Shmem.SysV = &image.SysVShm{Key: seg.Key, ID: seg.ID, Mode: seg.Mode & (0o777 | proc.ShmDest), UID: seg.UID, GID: seg.GID}
+		v.Shmem.SysV = &image.SysVShm{Key: seg.Key, ID: seg.ID, Mode: seg.Mode & (0o777 | kernel.ShmDest), UID: seg.UID, GID: seg.GID}
 	}
 	return nil
 }

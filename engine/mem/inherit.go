@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -28,7 +28,7 @@ import (
 // only where the parent has one fork made it from (forkedAs). childPID
 // and parentPID are the frozen processes; it returns the bytes marked.
 func MarkInherited(child, parent *image.Process, childPID, parentPID int) (uint64, error) {
-	var cpm, ppm *proc.Pagemap
+	var cpm, ppm *pagemap.Pagemap
 	defer func() {
 		if cpm != nil {
 			cpm.Close()
@@ -37,7 +37,7 @@ func MarkInherited(child, parent *image.Process, childPID, parentPID int) (uint6
 			ppm.Close()
 		}
 	}()
-	var ce, pe []proc.Entry
+	var ce, pe []pagemap.Entry
 	var total uint64
 	for i := range child.VMAs {
 		v := &child.VMAs[i]
@@ -48,13 +48,13 @@ func MarkInherited(child, parent *image.Process, childPID, parentPID int) (uint6
 		}
 		if cpm == nil {
 			var err error
-			if cpm, err = proc.OpenPagemap(childPID); err != nil {
+			if cpm, err = pagemap.Open(childPID); err != nil {
 				return 0, err
 			}
-			if ppm, err = proc.OpenPagemap(parentPID); err != nil {
+			if ppm, err = pagemap.Open(parentPID); err != nil {
 				return 0, err
 			}
-			ce, pe = make([]proc.Entry, inheritChunk), make([]proc.Entry, inheritChunk)
+			ce, pe = make([]pagemap.Entry, inheritChunk), make([]pagemap.Entry, inheritChunk)
 		}
 		for addr := v.Start; addr < v.End; {
 			n := int(min((v.End-addr)/image.PageSize, inheritChunk))

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -206,7 +206,7 @@ func TestMapSysV(t *testing.T) {
 
 	// Marked for destruction at the dump; its id taken (ENOSPC) at first.
 	gone := *seg
-	gone.Mode |= proc.ShmDest
+	gone.Mode |= kernel.ShmDest
 	vmas3 := []image.VMA{vmas[0]}
 	vmas3[0].Shmem = &image.ShmemRef{ID: 7, Size: 0x1800, SysV: &gone}
 	m3, in3, b3 := newMapper(&image.Process{VMAs: vmas3}, map[string]int{})

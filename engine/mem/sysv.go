@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 )
 
 // System V shared memory (PostgreSQL's postmaster and its children share
@@ -81,7 +81,7 @@ func (r *mapper) attachSysV(v *image.VMA) error {
 	what := fmt.Sprintf("shmat System V segment %d (key %#x) at %x", id, uint32(s.Key), v.Start)
 	r.mmaps = append(r.mmaps, mmapCall{r.calls.Len(), v.Start})
 	r.calls.Add(what, unix.SYS_SHMAT, uint64(id), v.Start, flags)
-	if !ok && s.Mode&proc.ShmDest != 0 {
+	if !ok && s.Mode&kernel.ShmDest != 0 {
 		// Marked for destruction at the dump: once attached. Linux lets
 		// the other processes of the tree attach it by its id still.
 		r.calls.Add(what+": IPC_RMID", unix.SYS_SHMCTL, uint64(id), unix.IPC_RMID, 0)
@@ -94,7 +94,7 @@ func (r *mapper) attachSysV(v *image.VMA) error {
 func (r *mapper) makeSysV(v *image.VMA) (int, error) {
 	s := v.Shmem.SysV
 	key := uint64(uint32(s.Key))
-	if s.Mode&proc.ShmDest != 0 {
+	if s.Mode&kernel.ShmDest != 0 {
 		key = 0 // IPC_PRIVATE: its key was dropped when it was marked
 	}
 	// The id it had, if it is free: a program that kept it (in its
@@ -144,7 +144,7 @@ var shmNextID = "/proc/sys/kernel/shm_next_id"
 // attached and it has v's size (the dumped process's own, left behind).
 func (r *mapper) takeOverSysV(v *image.VMA) (int, error) {
 	s := v.Shmem.SysV
-	segs, err := proc.ReadSysVShm()
+	segs, err := kernel.ReadSysVShm()
 	if err != nil {
 		return -1, err
 	}

@@ -7,30 +7,34 @@
 // bound every count and length they accept, and report malformed input as an
 // error wrapping ErrMalformed and limits exceeded as ErrTooLarge.
 //
-// It is the largest package of the tree, and one package on purpose: it is
-// the only one that parses /proc (a rule the rest of the tree keeps), its
-// parsers share the bounded-reading helpers and the malformed-input
-// sentinels, and each file format is a file of its own.
+// The parsers of a process's /proc files are one package: they share the
+// bounded-reading helpers and the malformed-input sentinels, and each file
+// format is a file of its own. Readers that ask the kernel in other ways
+// and what belongs to the kernel rather than to a process are subpackages
+// that use those sentinels: pagemap (page tables, also by ioctl), sockdiag
+// (sockets, over netlink) and kernel (sysctls, System V IPC objects, memory
+// settings). Together they are the only code that parses /proc, a rule the
+// rest of the tree keeps.
 //
 // # What is covered
 //
 //   - Memory map: ParseMaps, ParseSmaps, ReadMappings (Mapping, Perms,
 //     VMFlags, Usage, Kind and the IsAnonPrivate / IsShmem / IsSpecial ...
 //     helpers).
-//   - Page table state: Pagemap (OpenPagemap) reads /proc/PID/pagemap in bulk
-//     or asks the kernel with the PAGEMAP_SCAN ioctl, and reports runs of
-//     pages by category (present, swapped, file-mapped, ...).
+//   - Page table state: the subpackage pagemap reads /proc/PID/pagemap in
+//     bulk or asks the kernel with the PAGEMAP_SCAN ioctl, and reports runs
+//     of pages by category (present, swapped, file-mapped, ...).
 //   - Process and task state: ParseStatus, ParseStat, ParseAuxv,
 //     ParseLimits / Rlimits, comm, cmdline, cwd, root, exe, personality,
 //     timer slack, tasks and children; Exists for whether a task id is
 //     taken, zombies included.
-//   - Kernel parameters: Sysctl and SysctlInt read /proc/sys.
+//   - The kernel's own state: the subpackage kernel reads /proc/sys,
+//     /proc/sysvipc and the memory settings under /sys.
 //   - File descriptors: ReadFDs lists /proc/PID/fd with readlink targets,
 //     classifies each (FDKind), parses /proc/PID/fdinfo/N (ParseFDInfo) and
 //     stats the open file.
-//   - Sockets: sock_diag netlink queries (QueryInet, QueryUnix;
-//     ParseInetDiag, ParseUnixDiag) for states, listen backlogs, pending
-//     connections and unix peers.
+//   - Sockets: the subpackage sockdiag asks the kernel over netlink for
+//     states, listen backlogs, pending connections and unix peers.
 //   - Mounts: Mounts lists /proc/PID/mountinfo.
 //
 // # Consistency
@@ -42,8 +46,7 @@
 //
 // # Privileges
 //
-// Reading another process's smaps, pagemap, fdinfo, auxv, environ and the
-// mm fields of stat needs PTRACE_MODE_READ on it (root, or the same user
-// with a permissive Yama scope). Page frame numbers in pagemap are zero
-// without CAP_SYS_ADMIN; nothing here depends on them.
+// Reading another process's smaps, fdinfo, auxv and the mm fields of stat
+// (and its pagemap, in the subpackage) needs PTRACE_MODE_READ on it (root,
+// or the same user with a permissive Yama scope).
 package proc

@@ -137,18 +137,6 @@ func ClassifyTarget(target string, mode uint32) (kind FDKind, path string, delet
 	return kind, path, deleted, 0
 }
 
-// PipeInode returns the inode of a "pipe:[INO]" link target.
-func PipeInode(target string) (uint64, bool) {
-	kind, _, _, ino := ClassifyTarget(target, 0)
-	return ino, kind == FDPipe
-}
-
-// SocketInode returns the inode of a "socket:[INO]" link target.
-func SocketInode(target string) (uint64, bool) {
-	kind, _, _, ino := ClassifyTarget(target, 0)
-	return ino, kind == FDSocket
-}
-
 // ReadFD reads one descriptor: its link target, fdinfo and the stat of
 // the open file.
 func ReadFD(pid, fd int) (*FD, error) {

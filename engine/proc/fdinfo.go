@@ -169,7 +169,8 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 }
 
 // parseField parses one "key: value" line; it returns false for a key it
-// does not know. One case per key, so that the keys read as a table.
+// does not know. The keys every descriptor has are here, those of each
+// kind of descriptor in a function of its own (no two kinds share a key).
 func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 	var ok bool
 	switch key {
@@ -181,77 +182,22 @@ func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 		ok = ok && v <= 1<<32-1
 		fi.Flags = uint32(v)
 	case "mnt_id":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1<<31 && v < 1<<31
-		fi.MntID = int(v)
+		fi.MntID, ok = intIn(val, -1<<31, 1<<31)
 	case "ino":
 		fi.Ino, ok = parseUint(val, 10)
 	case "tty-index":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= 0 && v < 1<<20
-		fi.TTYIndex = int(v)
-	case "eventfd-count":
-		fi.eventfd().Count, ok = parseUint(val, 16)
-	case "eventfd-semaphore":
-		var v uint64
-		v, ok = parseUint(val, 10)
-		fi.eventfd().Semaphore = v != 0
-	case "eventfd-id":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1<<31 && v < 1<<31
-		fi.eventfd().ID = int(v)
-	case "clockid":
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1<<31 && v < 1<<31
-		fi.timerfd().ClockID = int(v)
-	case "ticks":
-		fi.timerfd().Ticks, ok = parseUint(val, 10)
-	case "settime flags":
-		var v uint64
-		v, ok = parseUint(val, 8)
-		ok = ok && v < 1<<31
-		fi.timerfd().SettimeFlags = int(v)
-	case "it_value":
-		fi.timerfd().Value, ok = parseTimespec(val)
-	case "it_interval":
-		fi.timerfd().Interval, ok = parseTimespec(val)
+		fi.TTYIndex, ok = intIn(val, 0, 1<<20)
+	case "eventfd-count", "eventfd-semaphore", "eventfd-id":
+		ok = fi.parseEventfdField(key, val)
+	case "clockid", "ticks", "settime flags", "it_value", "it_interval":
+		ok = fi.parseTimerfdField(key, val)
 	case "sigmask":
 		fi.Signalfd = &SignalfdInfo{}
 		fi.Signalfd.Mask, ok = parseUint(val, 16)
-	case "Pid":
-		if fi.Pidfd == nil {
-			fi.Pidfd = &PidfdInfo{}
-		}
-		var v int64
-		v, ok = parseInt(val)
-		ok = ok && v >= -1 && v < 1<<31
-		fi.Pidfd.Pid = int(v)
-	case "NSpid":
-		if fi.Pidfd == nil {
-			fi.Pidfd = &PidfdInfo{}
-		}
-		ps, err := ParsePidList(val)
-		if err != nil || len(ps) > 64 {
-			return true, malformed("fdinfo NSpid", line)
-		}
-		fi.Pidfd.NSpid, ok = ps, true
-	case "pending":
-		fi.uffd().Pending, ok = parseUint(val, 10)
-	case "total":
-		fi.uffd().Total, ok = parseUint(val, 10)
-	case "API":
-		u := fi.uffd()
-		api, rest, ok1 := bytes.Cut(val, []byte{':'})
-		features, ioctls, ok2 := bytes.Cut(rest, []byte{':'})
-		var ok3, ok4, ok5 bool
-		u.API, ok3 = parseUint(api, 16)
-		u.Features, ok4 = parseUint(features, 16)
-		u.Ioctls, ok5 = parseUint(ioctls, 16)
-		ok = ok1 && ok2 && ok3 && ok4 && ok5
+	case "Pid", "NSpid":
+		ok = fi.parsePidfdField(key, val)
+	case "pending", "total", "API":
+		ok = fi.parseUffdField(key, val)
 	default:
 		return false, nil
 	}
@@ -259,6 +205,84 @@ func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 		return true, malformed("fdinfo "+key, line)
 	}
 	return true, nil
+}
+
+// parseEventfdField parses an eventfd's line; false means malformed.
+func (fi *FDInfo) parseEventfdField(key string, val []byte) (ok bool) {
+	e := fi.eventfd()
+	switch key {
+	case "eventfd-count":
+		e.Count, ok = parseUint(val, 16)
+	case "eventfd-semaphore":
+		var v uint64
+		v, ok = parseUint(val, 10)
+		e.Semaphore = v != 0
+	case "eventfd-id":
+		e.ID, ok = intIn(val, -1<<31, 1<<31)
+	}
+	return ok
+}
+
+// parseTimerfdField parses a timerfd's line; false means malformed.
+func (fi *FDInfo) parseTimerfdField(key string, val []byte) (ok bool) {
+	tf := fi.timerfd()
+	switch key {
+	case "clockid":
+		tf.ClockID, ok = intIn(val, -1<<31, 1<<31)
+	case "ticks":
+		tf.Ticks, ok = parseUint(val, 10)
+	case "settime flags":
+		var v uint64
+		v, ok = parseUint(val, 8)
+		ok = ok && v < 1<<31
+		tf.SettimeFlags = int(v)
+	case "it_value":
+		tf.Value, ok = parseTimespec(val)
+	case "it_interval":
+		tf.Interval, ok = parseTimespec(val)
+	}
+	return ok
+}
+
+// parsePidfdField parses a pidfd's line; false means malformed.
+func (fi *FDInfo) parsePidfdField(key string, val []byte) (ok bool) {
+	if fi.Pidfd == nil {
+		fi.Pidfd = &PidfdInfo{}
+	}
+	switch key {
+	case "Pid":
+		fi.Pidfd.Pid, ok = intIn(val, -1, 1<<31)
+	case "NSpid":
+		ps, err := ParsePidList(val)
+		fi.Pidfd.NSpid, ok = ps, err == nil && len(ps) <= 64
+	}
+	return ok
+}
+
+// parseUffdField parses a userfaultfd's line; false means malformed.
+func (fi *FDInfo) parseUffdField(key string, val []byte) (ok bool) {
+	u := fi.uffd()
+	switch key {
+	case "pending":
+		u.Pending, ok = parseUint(val, 10)
+	case "total":
+		u.Total, ok = parseUint(val, 10)
+	case "API":
+		api, rest, ok1 := bytes.Cut(val, []byte{':'})
+		features, ioctls, ok2 := bytes.Cut(rest, []byte{':'})
+		var ok3, ok4, ok5 bool
+		u.API, ok3 = parseUint(api, 16)
+		u.Features, ok4 = parseUint(features, 16)
+		u.Ioctls, ok5 = parseUint(ioctls, 16)
+		ok = ok1 && ok2 && ok3 && ok4 && ok5
+	}
+	return ok
+}
+
+// intIn parses a decimal integer in [lo, hi).
+func intIn(b []byte, lo, hi int64) (int, bool) {
+	v, ok := parseInt(b)
+	return int(v), ok && v >= lo && v < hi
 }
 
 func (fi *FDInfo) eventfd() *EventfdInfo {

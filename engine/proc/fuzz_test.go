@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // Every fuzz target is seeded with the captured samples (and the files in
@@ -126,33 +124,5 @@ func FuzzParseMisc(f *testing.F) {
 			}
 		}
 		ClassifyTarget(string(b), 0)
-	})
-}
-
-func FuzzParseDiag(f *testing.F) {
-	f.Add(inetDiagRequest(unix.AF_INET, unix.IPPROTO_TCP, 1))
-	f.Add(unixDiagRequest(1))
-	f.Add(sampleInetDiagReply())
-	f.Add(sampleUnixDiagReply())
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _, err := ParseInetDiag(b, unix.IPPROTO_TCP, nil)
-		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) {
-			var errno unix.Errno
-			if !errors.As(err, &errno) {
-				t.Fatalf("inet: %v", err)
-			}
-		}
-		us, _, err := ParseUnixDiag(b, nil)
-		if err != nil && !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) {
-			var errno unix.Errno
-			if !errors.As(err, &errno) {
-				t.Fatalf("unix: %v", err)
-			}
-		}
-		for _, u := range us {
-			if len(u.Pending) > maxPendingPerSock {
-				t.Fatalf("%d pending", len(u.Pending))
-			}
-		}
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -124,7 +123,7 @@ func findMapping(t *testing.T, ms []Mapping, start uint64) *Mapping {
 	return nil
 }
 
-func TestLiveMappingsAndPagemap(t *testing.T) {
+func TestLiveMappings(t *testing.T) {
 	f := startFixture(t)
 	ms, err := ReadMappings(f.pid)
 	if err != nil {
@@ -158,78 +157,9 @@ func TestLiveMappingsAndPagemap(t *testing.T) {
 			t.Errorf("named anon mapping %v", m)
 		}
 	}
-
-	p, err := OpenPagemap(f.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	// Anonymous: pages 0, 1 and 5 written, page 2 read: present either
-	// way, the shared zero page or a private page of zeros as this
-	// kernel does it (probed).
-	zeroPage, err := ReadFaultMapsZeroPage()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("a read fault maps the zero page: %v", zeroPage)
-	want := []Run{{anon, anon + 3*PageSize, 0}, {anon + 5*PageSize, anon + 6*PageSize, 0}}
-	if got, err := p.Populated(anon, anon+8*PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
-		t.Errorf("Populated(anon) = %x, %v; want %x", got, err, want)
-	}
-	es := make([]Entry, 3)
-	if n, err := p.ReadEntries(anon, es); err != nil || n != 3 {
-		t.Fatalf("ReadEntries = %d, %v", n, err)
-	}
-	if !es[0].Present() || !es[0].Exclusive() || es[0].File() {
-		t.Errorf("anon entry %x: want page 0 present exclusive anonymous", es[0])
-	}
-	if !es[2].Present() || es[2].File() || es[2].Exclusive() == zeroPage {
-		t.Errorf("anon entry %x of the page read: want present, anonymous, exclusive %v (zero page %v)", es[2], !zeroPage, zeroPage)
-	}
-	if p.ScanSupported() {
-		zero, err := p.RunsScan(Query{Start: anon, End: anon + 8*PageSize, Require: PagePFNZero}, nil)
-		var w []Run
-		if zeroPage {
-			w = []Run{{anon + 2*PageSize, anon + 3*PageSize, 0}}
-		}
-		if err != nil || !reflect.DeepEqual(zero, w) {
-			t.Errorf("zero-page runs %x, %v; want %x", zero, err, w)
-		}
-	}
-	// Private file mapping: page 0 read (page cache), page 1 copied on
-	// write.
-	fp := f.addr(t, "fileprivate")
-	want = []Run{{fp + PageSize, fp + 2*PageSize, 0}}
-	if got, err := p.Anonymous(fp, fp+4*PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
-		t.Errorf("Anonymous(file private) = %x, %v; want %x", got, err, want)
-	}
-	if n, err := p.ReadEntries(fp, es[:1]); err != nil || n != 1 || !es[0].Present() || !es[0].File() {
-		t.Errorf("file page entry %x, %v", es[0], err)
-	}
-	// Both methods agree on every mapping of the process.
-	if !p.ScanSupported() {
-		return
-	}
-	for i := range ms {
-		m := &ms[i]
-		if m.IsSpecial() {
-			continue
-		}
-		for _, q := range []Query{
-			{Start: m.Start, End: m.End, AnyOf: PagePresent | PageSwapped},
-			{Start: m.Start, End: m.End, AnyOf: PagePresent | PageSwapped, Exclude: PageFile},
-			{Start: m.Start, End: m.End, Require: PagePresent, Return: PageFile},
-		} {
-			r, err1 := p.RunsRead(q, nil)
-			s, err2 := p.RunsScan(q, nil)
-			if err1 != nil || err2 != nil || !reflect.DeepEqual(r, s) {
-				t.Errorf("%v query %+v: read %x (%v), scan %x (%v)", m, q, r, err1, s, err2)
-			}
-		}
-	}
 }
 
-func TestLiveFDsAndSockets(t *testing.T) {
+func TestLiveFDs(t *testing.T) {
 	f := startFixture(t)
 	fds, err := ReadFDs(f.pid)
 	if err != nil {
@@ -289,39 +219,6 @@ func TestLiveFDsAndSockets(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("pipe %d,%d not grouped: %+v", rd, wr, pipes)
-	}
-
-	inet, err := QueryInet(f.pid, unix.AF_INET, unix.IPPROTO_TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ld *InetDiag
-	for i := range inet {
-		if inet[i].Inode == fd("tcp4l").Ino {
-			ld = &inet[i]
-		}
-	}
-	if ld == nil || ld.State != TCPListen || ld.RQueue != 1 || ld.WQueue != 7 || ld.Local.Port() != uint16(f.int(t, "port")) {
-		t.Errorf("inet_diag listener %+v, want backlog 1 of 7", ld)
-	}
-	us, err := QueryUnix(f.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ud := map[uint64]UnixDiag{}
-	for _, u := range us {
-		ud[u.Inode] = u
-	}
-	ul := ud[fd("unixl").Ino]
-	if !ul.HasRQLen || ul.RQueue != 1 || ul.WQueue != 5 || len(ul.Pending) != 1 || ul.Path != filepath.Join(f.dir, "fixture.sock") {
-		t.Errorf("unix_diag listener %+v, want backlog 1 of 5 and one pending", ul)
-	}
-	na, nb := f.pair(t, "seqpacket")
-	if pa, pb := ud[byNum[na].Ino], ud[byNum[nb].Ino]; pa.Peer != pb.Inode || pb.Peer != pa.Inode || pa.Type != unix.SOCK_SEQPACKET {
-		t.Errorf("socketpair peers %+v %+v", pa, pb)
-	}
-	if c := ud[fd("unixc").Ino]; len(ul.Pending) == 1 && (ul.Pending[0] != c.Inode || c.Peer != 0) {
-		t.Errorf("unix listener's pending %d, want the client %+v (peer 0: not accepted)", ul.Pending[0], c)
 	}
 }
 
@@ -452,9 +349,6 @@ func TestLiveMissingProcess(t *testing.T) {
 	}
 	if _, err := ReadStatus(pid); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ReadStatus: %v", err)
-	}
-	if _, err := OpenPagemap(pid); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("OpenPagemap: %v", err)
 	}
 	if _, err := ReadFDs(pid); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ReadFDs: %v", err)

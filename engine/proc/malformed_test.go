@@ -91,7 +91,7 @@ func TestVMFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !f.Has(VMRead|VMWrite|VMAccount|VMSoftDirty) || f.Has(VMExec) || !f.HasName("zz") || !f.HasName("ac") || f.HasName("ex") {
+	if !f.Has(VMRead|VMWrite|VMAccount|VMSoftDirty) || f.Has(VMExec) || !slicesEqual(f.Unknown(), []string{"zz", "yy"}) {
 		t.Errorf("flags %v", f)
 	}
 	if got := f.String(); got != "rd wr mr mw me ac sd zz yy" {
@@ -115,14 +115,17 @@ func TestVMFlags(t *testing.T) {
 func TestParseStatusMalformed(t *testing.T) {
 	base := "Name:\tx\nPid:\t5\n"
 	cases := map[string]string{
-		"no name":     "Pid:\t5\n",
-		"uid count":   base + "Uid:\t1 2 3\n",
-		"uid value":   base + "Uid:\t1 2 3 x\n",
-		"sig mask":    base + "SigBlk:\txyz\n",
-		"umask":       base + "Umask:\t0089\n",
-		"group":       base + "Groups:\t1 -2\n",
-		"empty state": base + "State:\n",
-		"threads":     base + "Threads:\t99999999999\n",
+		"no name":      "Pid:\t5\n",
+		"uid count":    base + "Uid:\t1 2 3\n",
+		"uid value":    base + "Uid:\t1 2 3 x\n",
+		"sig mask":     base + "SigBlk:\txyz\n",
+		"umask":        base + "Umask:\t0089\n",
+		"group":        base + "Groups:\t1 -2\n",
+		"empty state":  base + "State:\n",
+		"threads":      base + "Threads:\t99999999999\n",
+		"vm swap unit": base + "VmSwap:\t12 MB\n",
+		"vm swap":      base + "VmSwap:\t-12 kB\n",
+		"ns pid":       base + "NSpid:\t5 x\n",
 	}
 	for name, in := range cases {
 		if _, err := ParseStatus([]byte(in)); !errors.Is(err, ErrMalformed) {
@@ -132,6 +135,10 @@ func TestParseStatusMalformed(t *testing.T) {
 	groups := base + "Groups:\t" + strings.Repeat("1 ", maxGroups+1) + "\n"
 	if _, err := ParseStatus([]byte(groups)); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("too many groups: %v", err)
+	}
+	nspid := base + "NSpid:\t" + strings.Repeat("1 ", 65) + "\n"
+	if _, err := ParseStatus([]byte(nspid)); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("too many pid namespaces: %v", err)
 	}
 	s, err := ParseStatus([]byte(base + "Groups:\t4 24 27\nNoNewPrivs:\t1\nSeccomp:\t2\nTracerPid:\t77\n"))
 	if err != nil || !slicesEqual(s.Groups, []uint32{4, 24, 27}) || !s.NoNewPrivs || s.Seccomp != 2 || s.TracerPid != 77 {
@@ -197,6 +204,8 @@ func TestParseFDInfoMalformed(t *testing.T) {
 		"uffd API":       base + "API:\taa:0\n",
 		"uffd API hex":   base + "API:\taa:zz:1ff\n",
 		"uffd pending":   base + "pending:\t-1\n",
+		"tty index":      base + "tty-index:\t-1\n",
+		"pidfd ns pids":  base + "Pid:\t5\nNSpid:\t5 x\n",
 	}
 	for name, in := range cases {
 		if _, err := ParseFDInfo([]byte(in)); !errors.Is(err, ErrMalformed) {

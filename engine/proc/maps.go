@@ -161,12 +161,6 @@ func (m *Mapping) IsAnon() bool {
 // IsAnonPrivate reports whether m is private anonymous memory.
 func (m *Mapping) IsAnonPrivate() bool { return !m.Shared() && m.IsAnon() }
 
-// IsStack reports whether m is the main thread's stack.
-func (m *Mapping) IsStack() bool { return m.Path == "[stack]" }
-
-// IsHeap reports whether m is the brk heap.
-func (m *Mapping) IsHeap() bool { return m.Path == "[heap]" }
-
 // IsMemfd reports whether m maps a memfd (shared or private).
 func (m *Mapping) IsMemfd() bool { return strings.HasPrefix(m.Path, "/memfd:") }
 
@@ -196,13 +190,6 @@ func (m *Mapping) IsSpecial() bool {
 	}
 	return !m.IsAnon() && !strings.HasPrefix(p, "[anon_shmem:")
 }
-
-// IsFile reports whether m maps a named file (a path starting with '/'),
-// including memfd, SysV segments and /dev/zero.
-func (m *Mapping) IsFile() bool { return strings.HasPrefix(m.Path, "/") }
-
-// IsFilePrivate reports whether m is a private mapping of a file.
-func (m *Mapping) IsFilePrivate() bool { return m.Kind() == KindFilePrivate }
 
 // Name returns Path with " (deleted)" restored when the file was deleted:
 // the name exactly as /proc showed it.

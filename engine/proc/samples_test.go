@@ -120,9 +120,9 @@ func TestSmapsFixture(t *testing.T) {
 		{"/SYSV00000000 (deleted)", KindShmem, true, true, (*Mapping).IsSysV},
 		{"/memfd:lazyfs-memfd (deleted)", KindShmem, true, true, (*Mapping).IsMemfd},
 		{"/dev/zero (deleted)", KindShmem, true, true, (*Mapping).IsShmem},
-		{"/tmp/fx/fixture.data", KindFilePrivate, false, false, (*Mapping).IsFilePrivate},
-		{"[heap]", KindAnon, false, false, (*Mapping).IsHeap},
-		{"[stack]", KindAnon, false, false, (*Mapping).IsStack},
+		{"/tmp/fx/fixture.data", KindFilePrivate, false, false, func(m *Mapping) bool { return !m.IsShmem() && !m.IsAnon() }},
+		{"[heap]", KindAnon, false, false, (*Mapping).IsAnonPrivate},
+		{"[stack]", KindAnon, false, false, (*Mapping).IsAnonPrivate},
 		{"[vdso]", KindSpecial, false, false, (*Mapping).IsSpecial},
 		{"[vvar]", KindSpecial, false, false, (*Mapping).IsSpecial},
 		{"[vvar_vclock]", KindSpecial, false, false, (*Mapping).IsSpecial},
@@ -456,13 +456,10 @@ func TestGroupPipes(t *testing.T) {
 		got[1].Ino != 9 || len(got[1].Readers) != 0 || !slicesEqual(got[1].Writers, []int{6}) {
 		t.Errorf("GroupPipes = %+v", got)
 	}
-	if ino, ok := PipeInode("pipe:[42]"); !ok || ino != 42 {
-		t.Errorf("PipeInode = %d, %v", ino, ok)
+	if kind, _, _, ino := ClassifyTarget("pipe:[42]", 0); kind != FDPipe || ino != 42 {
+		t.Errorf("pipe:[42]: %v inode %d", kind, ino)
 	}
-	if _, ok := PipeInode("socket:[42]"); ok {
-		t.Errorf("PipeInode accepted a socket")
-	}
-	if ino, ok := SocketInode("socket:[43]"); !ok || ino != 43 {
-		t.Errorf("SocketInode = %d, %v", ino, ok)
+	if kind, _, _, ino := ClassifyTarget("socket:[43]", 0); kind != FDSocket || ino != 43 {
+		t.Errorf("socket:[43]: %v inode %d", kind, ino)
 	}
 }

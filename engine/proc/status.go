@@ -37,9 +37,9 @@ type Status struct {
 
 // ParseStatus parses /proc/PID/status (or /proc/PID/task/TID/status).
 // Fields it does not use are ignored; the fields above must each be
-// well-formed where present. Umask is absent on kernels before 4.7. It is
-// one switch with a case per field, longer than most functions, so that
-// the fields read as the table they are.
+// well-formed where present. Umask is absent on kernels before 4.7. An
+// error about a value names the key; one about a list or the state quotes
+// the whole line.
 func ParseStatus(b []byte) (*Status, error) {
 	if len(b) > maxSmallFile {
 		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, maxSmallFile)
@@ -68,80 +68,31 @@ func ParseStatus(b []byte) (*Status, error) {
 			s.State = val[0]
 		case "Umask":
 			s.Umask, err = octal32(val)
-		case "Tgid":
-			s.Tgid, err = pidField(val)
 		case "Pid":
 			s.Pid, err = pidField(val)
 			seen++
-		case "PPid":
-			s.PPid, err = pidField(val)
-		case "TracerPid":
-			s.TracerPid, err = pidField(val)
+		case "Tgid", "PPid", "TracerPid", "Threads", "Seccomp":
+			*s.intField(string(key)), err = pidField(val)
 		case "Uid":
 			err = ids4(fields, &s.Uid)
 		case "Gid":
 			err = ids4(fields, &s.Gid)
 		case "Groups":
-			if len(fields) > maxGroups {
-				return nil, fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
-			}
-			s.Groups = make([]uint32, 0, len(fields))
-			for _, f := range fields {
-				v, ok := parseUint(f, 10)
-				if !ok || v > 1<<32-1 {
-					return nil, malformed("status Groups", line)
-				}
-				s.Groups = append(s.Groups, uint32(v))
+			if err := s.setGroups(fields, line); err != nil {
+				return nil, err
 			}
 		case "NSpid":
-			if len(fields) > 64 {
-				return nil, fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
+			if err := s.setNSpid(fields, line); err != nil {
+				return nil, err
 			}
-			s.NSpid = make([]int, 0, len(fields))
-			for _, f := range fields {
-				v, e := pidField(f)
-				if e != nil {
-					return nil, malformed("status NSpid", line)
-				}
-				s.NSpid = append(s.NSpid, v)
-			}
-		case "Threads":
-			s.Threads, err = pidField(val)
 		case "VmSwap":
-			v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
-			if ok {
-				v, ok = parseInt(fields[0])
-			}
-			if !ok || v < 0 {
-				err = malformed("status VmSwap", line)
-			}
-			s.VmSwap = uint64(v) << 10
+			s.VmSwap, err = vmSwap(fields, line)
 		case "NoNewPrivs":
 			var v int
 			v, err = pidField(val)
 			s.NoNewPrivs = v != 0
-		case "Seccomp":
-			s.Seccomp, err = pidField(val)
-		case "SigPnd":
-			s.SigPnd, err = hex64(val)
-		case "ShdPnd":
-			s.ShdPnd, err = hex64(val)
-		case "SigBlk":
-			s.SigBlk, err = hex64(val)
-		case "SigIgn":
-			s.SigIgn, err = hex64(val)
-		case "SigCgt":
-			s.SigCgt, err = hex64(val)
-		case "CapInh":
-			s.CapInh, err = hex64(val)
-		case "CapPrm":
-			s.CapPrm, err = hex64(val)
-		case "CapEff":
-			s.CapEff, err = hex64(val)
-		case "CapBnd":
-			s.CapBnd, err = hex64(val)
-		case "CapAmb":
-			s.CapAmb, err = hex64(val)
+		case "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb":
+			*s.maskField(string(key)), err = hex64(val)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("status %s: %w", key, err)
@@ -151,6 +102,90 @@ func ParseStatus(b []byte) (*Status, error) {
 		return nil, malformed("status without Name and Pid", nil)
 	}
 	return s, nil
+}
+
+// vmSwap parses the value of a VmSwap line ("N kB") into bytes.
+func vmSwap(fields [][]byte, line []byte) (uint64, error) {
+	v, ok := int64(0), len(fields) == 2 && string(fields[1]) == "kB"
+	if ok {
+		v, ok = parseInt(fields[0])
+	}
+	if !ok || v < 0 {
+		return 0, malformed("status VmSwap", line)
+	}
+	return uint64(v) << 10, nil
+}
+
+// intField returns the field of s a decimal status line holds.
+func (s *Status) intField(key string) *int {
+	switch key {
+	case "Tgid":
+		return &s.Tgid
+	case "PPid":
+		return &s.PPid
+	case "TracerPid":
+		return &s.TracerPid
+	case "Threads":
+		return &s.Threads
+	}
+	return &s.Seccomp
+}
+
+// maskField returns the field of s a hexadecimal mask line holds.
+func (s *Status) maskField(key string) *uint64 {
+	switch key {
+	case "SigPnd":
+		return &s.SigPnd
+	case "ShdPnd":
+		return &s.ShdPnd
+	case "SigBlk":
+		return &s.SigBlk
+	case "SigIgn":
+		return &s.SigIgn
+	case "SigCgt":
+		return &s.SigCgt
+	case "CapInh":
+		return &s.CapInh
+	case "CapPrm":
+		return &s.CapPrm
+	case "CapEff":
+		return &s.CapEff
+	case "CapBnd":
+		return &s.CapBnd
+	}
+	return &s.CapAmb
+}
+
+// setGroups sets the supplementary groups from a Groups line.
+func (s *Status) setGroups(fields [][]byte, line []byte) error {
+	if len(fields) > maxGroups {
+		return fmt.Errorf("%w: more than %d groups", ErrTooLarge, maxGroups)
+	}
+	s.Groups = make([]uint32, 0, len(fields))
+	for _, f := range fields {
+		v, ok := parseUint(f, 10)
+		if !ok || v > 1<<32-1 {
+			return malformed("status Groups", line)
+		}
+		s.Groups = append(s.Groups, uint32(v))
+	}
+	return nil
+}
+
+// setNSpid sets the pid in each pid namespace from an NSpid line.
+func (s *Status) setNSpid(fields [][]byte, line []byte) error {
+	if len(fields) > 64 {
+		return fmt.Errorf("%w: more than 64 pid namespaces", ErrTooLarge)
+	}
+	s.NSpid = make([]int, 0, len(fields))
+	for _, f := range fields {
+		v, e := pidField(f)
+		if e != nil {
+			return malformed("status NSpid", line)
+		}
+		s.NSpid = append(s.NSpid, v)
+	}
+	return nil
 }
 
 // ReadStatus reads /proc/PID/status.

@@ -106,19 +106,6 @@ func vmFlagByName(name string) (VMFlag, bool) {
 // Has reports whether every flag in want is set.
 func (f VMFlags) Has(want VMFlag) bool { return f.known&want == want }
 
-// HasName reports whether the mnemonic name (known or not) is in the set.
-func (f VMFlags) HasName(name string) bool {
-	if bit, ok := vmFlagByName(name); ok {
-		return f.Has(bit)
-	}
-	for _, u := range strings.Fields(f.unknown) {
-		if u == name {
-			return true
-		}
-	}
-	return false
-}
-
 // Known returns the flags this package knows.
 func (f VMFlags) Known() VMFlag { return f.known }
 

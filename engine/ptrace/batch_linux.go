@@ -28,11 +28,6 @@ const batchEntry = 64
 // batchOff is where batchCode follows the stub in the stub page.
 const batchOff = 16
 
-// CanBatch reports whether Batch runs its calls in one resume (the
-// Injector was made by NewInjector, or by InjectorAt on the stub of an
-// open one); otherwise Batch injects them one by one.
-func (in *Injector) CanBatch() bool { return in.batch != 0 }
-
 // Batch runs calls in order in the thread and sets each one's Result.
 // The table takes len(calls)*64 bytes of scratch memory at offset off;
 // the calls' own arguments may point to the rest. A call that fails does

@@ -23,27 +23,6 @@ func (in *Injector) needScratch(n int) error {
 	return nil
 }
 
-// SigActions reads the disposition of every signal with injected
-// rt_sigaction(sig, NULL, &old, 8); element i is signal i+1.
-func (in *Injector) SigActions() ([NumSignals]SigAction, error) {
-	var out [NumSignals]SigAction
-	err := in.th.p.t.Do(func() error {
-		if err := in.needScratch(32); err != nil {
-			return err
-		}
-		for sig := 1; sig <= NumSignals; sig++ {
-			if _, err := in.call(unix.SYS_RT_SIGACTION, uint64(sig), 0, in.scratch, 8); err != nil {
-				return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
-			}
-			if err := in.th.p.ReadMem(in.scratch, bytesOf(&out[sig-1])); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return out, err
-}
-
 // readVia runs call nr with args, where the argument index out is
 // replaced by the scratch address, and returns the n bytes the call
 // stored there.
@@ -118,16 +97,6 @@ func (in *Injector) Prctl(op int, args ...uint64) (uint64, error) {
 	return r, nil
 }
 
-// PrctlInt runs prctl(op, &int) for the operations that store an int
-// through their argument (PR_GET_CHILD_SUBREAPER, PR_GET_PDEATHSIG).
-func (in *Injector) PrctlInt(op int) (int32, error) {
-	b, err := in.readVia(4, unix.SYS_PRCTL, 1, uint64(op), 0)
-	if err != nil {
-		return 0, fmt.Errorf("prctl(%d): %w", op, err)
-	}
-	return int32(le32(b)), nil
-}
-
 // Name returns the thread's comm (prctl(PR_GET_NAME)).
 func (in *Injector) Name() (string, error) {
 	b, err := in.readVia(16, unix.SYS_PRCTL, 1, unix.PR_GET_NAME, 0)
@@ -138,41 +107,6 @@ func (in *Injector) Name() (string, error) {
 		b = b[:i]
 	}
 	return string(b), nil
-}
-
-// maxSockOpt bounds a getsockopt value.
-const maxSockOpt = 2048
-
-// GetSockOpt runs getsockopt(fd, level, opt) in the target and returns
-// the value (at most size bytes).
-func (in *Injector) GetSockOpt(fd, level, opt, size int) ([]byte, error) {
-	if size <= 0 || size > maxSockOpt {
-		return nil, fmt.Errorf("getsockopt: size %d out of range", size)
-	}
-	var out []byte
-	err := in.th.p.t.Do(func() error {
-		if err := in.needScratch(8 + size); err != nil {
-			return err
-		}
-		var l [4]byte
-		binary.LittleEndian.PutUint32(l[:], uint32(size))
-		if err := in.th.p.writeMem(in.scratch, l[:]); err != nil {
-			return err
-		}
-		if _, err := in.call(unix.SYS_GETSOCKOPT, uint64(fd), uint64(level), uint64(opt), in.scratch+8, in.scratch); err != nil {
-			return fmt.Errorf("getsockopt(%d, %d, %d): %w", fd, level, opt, err)
-		}
-		if err := in.th.p.ReadMem(in.scratch, l[:]); err != nil {
-			return err
-		}
-		n := min(int(le32(l[:])), size)
-		out = make([]byte, n)
-		if n == 0 {
-			return nil
-		}
-		return in.th.p.ReadMem(in.scratch+8, out)
-	})
-	return out, err
 }
 
 // CloneArgs is what Clone3 passes in struct clone_args. Addresses are in

@@ -122,15 +122,6 @@ func memErr(err error) error {
 	return err
 }
 
-// ReadUint64 reads one little-endian word.
-func (p *Process) ReadUint64(addr uint64) (uint64, error) {
-	var b [8]byte
-	if err := p.ReadMem(addr, b[:]); err != nil {
-		return 0, err
-	}
-	return le64(b[:]), nil
-}
-
 // bytesOf views a fixed-size value as bytes (for structs written into
 // scratch memory; x86-64 is little-endian like the kernel ABI).
 func bytesOf[T any](v *T) []byte {

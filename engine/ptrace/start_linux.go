@@ -51,11 +51,45 @@ func (t *Tracer) StartStopped(path string, argv []string, o StartOptions) (*Proc
 	return p, nil
 }
 
-// startStopped is StartStopped on the tracer thread. It is one function
-// of numbered steps, longer than most, because each step's failure must
-// undo the same way (fail) and the order is the whole point: exec stop,
-// detach into a group-stop, seize, SIGCONT into an interrupt stop.
+// startStopped is StartStopped on the tracer thread. The order of its
+// steps is the whole point: exec stop, detach into a group-stop, seize,
+// SIGCONT into an interrupt stop; whichever step fails, the child is
+// killed and reaped the same way.
 func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Process, error) {
+	pid, err := forkExecTraced(path, argv, o)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(o.Timeout)
+	p := &Process{t: t, pid: pid, owned: true, opts: o.Options, threads: make(map[int]*Thread), attached: true}
+	t.procs[pid] = p
+	th := p.addThread(pid, stRunning)
+	err = t.seizeAfterExec(th, o.Options, deadline)
+	if err == nil {
+		err = t.continueIntoInterrupt(p, th, deadline)
+	}
+	if err == nil {
+		if p.mem, err = openMem(pid); err != nil {
+			err = fmt.Errorf("open mem: %w", err)
+		}
+	}
+	if err != nil {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		_ = p.kill()
+		for { // reap our child whatever state the tracing is in
+			st, ok, werr := waitOnce(pid, true)
+			if werr != nil || !ok || st.exited {
+				break
+			}
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// forkExecTraced forks and executes path with PTRACE_TRACEME, with the
+// environment, directory, files and namespaces of o.
+func forkExecTraced(path string, argv []string, o StartOptions) (int, error) {
 	files := make([]uintptr, len(o.Files))
 	for i, f := range o.Files {
 		if f == nil {
@@ -68,79 +102,70 @@ func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Proc
 	if env == nil {
 		env = []string{}
 	}
-	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
+	return syscall.ForkExec(path, argv, &syscall.ProcAttr{
 		Dir:   o.Dir,
 		Env:   env,
 		Files: files,
 		Sys:   &syscall.SysProcAttr{Ptrace: true, Cloneflags: o.Cloneflags},
 	})
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(o.Timeout)
-	p := &Process{t: t, pid: pid, owned: true, opts: o.Options, threads: make(map[int]*Thread), attached: true}
-	t.procs[pid] = p
-	th := p.addThread(pid, stRunning)
-	fail := func(err error) (*Process, error) {
-		_ = unix.Kill(pid, unix.SIGKILL)
-		_ = p.kill()
-		for { // reap our child whatever state the tracing is in
-			if _, ok, werr := waitOnce(pid, true); werr != nil || !ok {
-				break
-			}
-		}
-		return nil, err
-	}
+}
+
+// seizeAfterExec takes the child th from its exec stop to a seize: steps
+// 1 to 3 of startStopped.
+func (t *Tracer) seizeAfterExec(th *Thread, options int, deadline time.Time) error {
+	pid := th.tid
 	// 1. The exec stop of PTRACE_TRACEME.
 	st, err := t.waitStop(pid, true, deadline)
 	if err != nil {
-		return fail(fmt.Errorf("wait for exec stop: %w", err))
+		return fmt.Errorf("wait for exec stop: %w", err)
 	}
 	if st.exited || st.event != 0 || st.sig != unix.SIGTRAP {
-		return fail(fmt.Errorf("pid %d: %v after exec, want SIGTRAP", pid, st))
+		return fmt.Errorf("pid %d: %v after exec, want SIGTRAP", pid, st)
 	}
 	// 2. Let go with SIGSTOP: the process enters a group-stop, which we,
 	// its parent, see as a stop of our child.
 	if err := ptDetach(pid, int(unix.SIGSTOP)); err != nil {
-		return fail(fmt.Errorf("PTRACE_DETACH: %w", err))
+		return fmt.Errorf("PTRACE_DETACH: %w", err)
 	}
 	if st, err = t.waitStop(pid, true, deadline); err != nil || st.exited || st.sig != unix.SIGSTOP {
-		return fail(fmt.Errorf("pid %d: %v after detach with SIGSTOP, want a group-stop (%w)", pid, st, err))
+		return fmt.Errorf("pid %d: %v after detach with SIGSTOP, want a group-stop (%w)", pid, st, err)
 	}
 	// 3. Seize the stopped process: it reports the group-stop as an event
 	// stop.
-	if err := ptSeize(pid, o.Options); err != nil {
-		return fail(fmt.Errorf("PTRACE_SEIZE: %w", err))
+	if err := ptSeize(pid, options); err != nil {
+		return fmt.Errorf("PTRACE_SEIZE: %w", err)
 	}
 	if err := ptInterrupt(pid); err != nil {
-		return fail(fmt.Errorf("PTRACE_INTERRUPT: %w", err))
+		return fmt.Errorf("PTRACE_INTERRUPT: %w", err)
 	}
 	if err := th.waitFirstStop(deadline); err != nil {
-		return fail(fmt.Errorf("wait for seize stop: %w", err))
+		return fmt.Errorf("wait for seize stop: %w", err)
 	}
-	// 4. End the group-stop and settle in an interrupt stop; the SIGCONT
-	// the kernel queues is delivered (ignored by default) on the way.
-	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
-		return fail(fmt.Errorf("SIGCONT: %w", err))
+	return nil
+}
+
+// continueIntoInterrupt is step 4 of startStopped: end the group-stop and
+// settle in an interrupt stop; the SIGCONT the kernel queues is delivered
+// (ignored by default) on the way.
+func (t *Tracer) continueIntoInterrupt(p *Process, th *Thread, deadline time.Time) error {
+	if err := unix.Kill(p.pid, unix.SIGCONT); err != nil {
+		return fmt.Errorf("SIGCONT: %w", err)
 	}
 	for range 3 {
 		if err := th.release(false); err != nil {
-			return fail(err)
+			return err
 		}
 		if err := t.freeze(p, deadline); err != nil {
-			return fail(fmt.Errorf("stop after SIGCONT: %w", err))
+			return fmt.Errorf("stop after SIGCONT: %w", err)
 		}
-		if th.state == stEvent && !sigPending(pid, unix.SIGCONT) {
+		if th.state == stEvent && !sigPending(p.pid, unix.SIGCONT) {
 			break
 		}
 	}
 	if th.state != stEvent {
-		return fail(fmt.Errorf("pid %d: not in an interrupt stop after start", pid))
+		return fmt.Errorf("pid %d: not in an interrupt stop after start", p.pid)
 	}
-	if p.mem, err = openMem(pid); err != nil {
-		return fail(fmt.Errorf("open mem: %w", err))
-	}
-	return p, nil
+	return nil
 }
 
 // sigPending reports whether sig is pending for pid (thread or process

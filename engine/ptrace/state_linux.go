@@ -95,42 +95,9 @@ func (th *Thread) Rseq() (RseqConfig, error) {
 	return c, err
 }
 
-// maxPending bounds PendingSignals (RLIMIT_SIGPENDING is usually a few
-// thousand; realtime signals can queue).
-const maxPending = 1 << 16
-
-// PendingSignals returns the signals queued for the thread (shared=false)
-// or for the whole process (shared=true), oldest first, without dequeuing
-// them (PTRACE_PEEKSIGINFO).
-func (th *Thread) PendingSignals(shared bool) ([]SigInfo, error) {
-	var out []SigInfo
-	err := th.on(func() error {
-		buf := make([]SigInfo, 32)
-		for len(out) < maxPending {
-			n, err := ptPeekSigInfo(th.tid, shared, uint64(len(out)), buf)
-			if err != nil {
-				return th.check("PTRACE_PEEKSIGINFO", err)
-			}
-			out = append(out, buf[:n]...)
-			if n < len(buf) {
-				return nil
-			}
-		}
-		return fmt.Errorf("thread %d: more than %d pending signals", th.tid, maxPending)
-	})
-	return out, err
-}
-
 // SetOptions changes the PTRACE_O_* options of this thread.
 func (th *Thread) SetOptions(opts int) error {
 	return th.on(func() error { return th.check("PTRACE_SETOPTIONS", ptSetOptions(th.tid, opts)) })
-}
-
-// Stopped reports whether the thread is stopped (can take requests).
-func (th *Thread) Stopped() bool {
-	var ok bool
-	_ = th.p.t.Do(func() error { ok = th.stopped() == nil; return nil })
-	return ok
 }
 
 // RobustList returns the robust futex list head and its length of thread

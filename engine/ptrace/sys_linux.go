@@ -111,28 +111,6 @@ func ptSetSigInfo(tid int, si *SigInfo) error {
 	return err
 }
 
-// peekSigInfoArgs is struct ptrace_peeksiginfo_args.
-type peekSigInfoArgs struct {
-	Off   uint64
-	Flags uint32
-	Nr    int32
-}
-
-const peekSigInfoShared = 1 // PTRACE_PEEKSIGINFO_SHARED
-
-func ptPeekSigInfo(tid int, shared bool, off uint64, out []SigInfo) (int, error) {
-	a := peekSigInfoArgs{Off: off, Nr: int32(len(out))}
-	if shared {
-		a.Flags = peekSigInfoShared
-	}
-	r, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_PEEKSIGINFO, uintptr(tid),
-		uintptr(unsafe.Pointer(&a)), uintptr(unsafe.Pointer(&out[0])), 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(r), nil
-}
-
 // RseqConfig is struct ptrace_rseq_configuration.
 type RseqConfig struct {
 	Ptr       uint64 // address of the thread's struct rseq; 0 if none

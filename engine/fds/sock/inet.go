@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // inetState fills the state and backlog of a TCP or UDP socket. A TCP
@@ -25,9 +25,9 @@ func (d *Dumper) inetState(sk *image.Socket, listening bool) error {
 		if ok {
 			sk.Backlog = int(diag.WQueue) // max backlog of a listener
 		}
-	case sk.Type == unix.SOCK_STREAM && ok && diag.State != proc.TCPClose:
+	case sk.Type == unix.SOCK_STREAM && ok && diag.State != sockdiag.TCPClose:
 		sk.State = sockEstablished
-		if diag.State != proc.TCPEstablished {
+		if diag.State != sockdiag.TCPEstablished {
 			sk.State = fmt.Sprintf("tcp-state-%d", diag.State)
 		}
 	case sk.Type == unix.SOCK_STREAM && sk.Peer != "":
@@ -48,10 +48,10 @@ func (d *Dumper) queryInet() error {
 	if d.inet != nil {
 		return nil
 	}
-	inet := map[uint64]proc.InetDiag{}
+	inet := map[uint64]sockdiag.InetDiag{}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		for _, pr := range []int{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-			ds, err := proc.QueryInet(d.PID, fam, pr)
+			ds, err := sockdiag.QueryInet(d.PID, fam, pr)
 			if err != nil {
 				return fmt.Errorf("sock_diag: %w", err)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // Dumper describes the sockets of one process (of a tree, or alone).
@@ -32,8 +33,8 @@ type Dumper struct {
 	// leading outside by key if --external names it (out.External set).
 	Outside func(f *proc.FD, out *image.FD, key string)
 
-	inet  map[uint64]proc.InetDiag // from sock_diag, once asked
-	unixd map[uint64]proc.UnixDiag
+	inet  map[uint64]sockdiag.InetDiag // from sock_diag, once asked
+	unixd map[uint64]sockdiag.UnixDiag
 }
 
 // Injector runs system calls in the process under restore and passes

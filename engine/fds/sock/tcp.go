@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // Established TCP connections with TCP_REPAIR (dump and restore
@@ -107,7 +108,7 @@ func LockConns(r *TCPRepair, ds []*Dumper) error {
 			if f.Kind != proc.FDSocket {
 				continue
 			}
-			if x, ok := d.inet[f.Ino]; ok && x.Protocol == unix.IPPROTO_TCP && x.State == proc.TCPEstablished {
+			if x, ok := d.inet[f.Ino]; ok && x.Protocol == unix.IPPROTO_TCP && x.State == sockdiag.TCPEstablished {
 				conns = append(conns, [2]netip.AddrPort{x.Local, x.Remote})
 			}
 		}
@@ -187,7 +188,7 @@ func readTCP(s int) (*image.TCPConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("TCP_INFO: %w", err)
 	}
-	if info[0] != proc.TCPEstablished {
+	if info[0] != sockdiag.TCPEstablished {
 		return nil, fmt.Errorf("%w: TCP state %d, not established", image.ErrUnsupported, info[0])
 	}
 	c := &image.TCPConn{Options: info[5]}

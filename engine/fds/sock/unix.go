@@ -9,6 +9,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/sockdiag"
 )
 
 // unixState fills the state of a unix socket: listening, bound, one end of
@@ -18,11 +19,11 @@ import (
 // (closed at restore, like an established TCP connection).
 func (d *Dumper) unixState(f *proc.FD, s int, sk *image.Socket, listening bool) error {
 	if d.unixd == nil {
-		ds, err := proc.QueryUnix(d.PID)
+		ds, err := sockdiag.QueryUnix(d.PID)
 		if err != nil {
 			return fmt.Errorf("sock_diag: %w", err)
 		}
-		d.unixd = map[uint64]proc.UnixDiag{}
+		d.unixd = map[uint64]sockdiag.UnixDiag{}
 		for _, x := range ds {
 			d.unixd[x.Inode] = x
 		}

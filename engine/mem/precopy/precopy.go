@@ -12,6 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -48,13 +49,13 @@ type Copy struct {
 	pid  int
 	src  io.ReaderAt // the process's memory, read while it runs
 	uffd int
-	pm   *proc.Pagemap
+	pm   *pagemap.Pagemap
 	// segs are the staged ranges by address, never overlapping: first
 	// the registered mappings, then (at the dump) whatever else it needs.
 	segs    []*segment
 	rounds  int
 	stopped bool
-	runs    []proc.Run
+	runs    []pagemap.Run
 }
 
 // segment is memory of ours that holds a copy of the process's memory at
@@ -115,7 +116,7 @@ func Start(in mem.Injector, pid int, src io.ReaderAt) (pc *Copy, err error) {
 	if supported&preCopyFeatures != preCopyFeatures {
 		return nil, fmt.Errorf("write tracking: %w: userfaultfd lacks WP_ASYNC or WP_UNPOPULATED (features %#x)", errors.ErrUnsupported, supported)
 	}
-	if pc.pm, err = proc.OpenPagemap(pid); err != nil {
+	if pc.pm, err = pagemap.Open(pid); err != nil {
 		return nil, err
 	}
 	if !pc.pm.ScanSupported() {
@@ -183,9 +184,9 @@ func (pc *Copy) Round(ctx context.Context) (RoundStats, error) {
 	}
 	pc.rounds++
 	st := RoundStats{Round: pc.rounds}
-	q := proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, WriteProtect: true}
+	q := pagemap.Query{AnyOf: pagemap.PagePresent | pagemap.PageSwapped, WriteProtect: true}
 	if pc.rounds > 1 {
-		q.Require = proc.PageWritten
+		q.Require = pagemap.PageWritten
 	}
 	for _, s := range pc.segs {
 		if !s.tracked || s.lost {
@@ -237,7 +238,7 @@ func (pc *Copy) Stop() error {
 	// A new descriptor: /proc/PID/pagemap reads the address space the
 	// process had when it was opened, and one that has called execve
 	// since has another, where nothing is registered.
-	pm, err := proc.OpenPagemap(pc.pid)
+	pm, err := pagemap.Open(pc.pid)
 	if err != nil {
 		return err
 	}
@@ -250,18 +251,18 @@ func (pc *Copy) Stop() error {
 	if err != nil {
 		return err
 	}
-	written := proc.Query{Require: proc.PageWritten, Return: proc.PageWritten}
+	written := pagemap.Query{Require: pagemap.PageWritten, Return: pagemap.PageWritten}
 	if st.VmSwap > 0 {
-		written = proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, Return: proc.PageWPAllowed | proc.PageWritten}
+		written = pagemap.Query{AnyOf: pagemap.PagePresent | pagemap.PageSwapped, Return: pagemap.PageWPAllowed | pagemap.PageWritten}
 	}
 	// Pages outside a registered mapping (one made, moved or replaced
 	// since): the kernel skips registered mappings whole.
-	foreign := proc.Query{AnyOf: proc.PagePresent | proc.PageSwapped, Exclude: proc.PageWPAllowed}
+	foreign := pagemap.Query{AnyOf: pagemap.PagePresent | pagemap.PageSwapped, Exclude: pagemap.PageWPAllowed}
 	for _, s := range pc.segs {
 		if !s.tracked || s.lost {
 			continue
 		}
-		for _, q := range []proc.Query{written, foreign} {
+		for _, q := range []pagemap.Query{written, foreign} {
 			q.Start, q.End = s.start, s.end
 			pc.runs, err = pm.RunsScan(q, pc.runs[:0])
 			if err != nil {
@@ -270,7 +271,7 @@ func (pc *Copy) Stop() error {
 				break
 			}
 			for _, r := range pc.runs {
-				if q.Return == 0 || r.Categories&(proc.PageWPAllowed|proc.PageWritten) != proc.PageWPAllowed {
+				if q.Return == 0 || r.Categories&(pagemap.PageWPAllowed|pagemap.PageWritten) != pagemap.PageWPAllowed {
 					s.valid.sub(units.Range{Start: r.Start, End: r.End})
 				}
 			}

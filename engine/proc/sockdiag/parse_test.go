@@ -1,11 +1,13 @@
-package proc
+package sockdiag
 
 import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -85,7 +87,7 @@ func TestParseUnixDiag(t *testing.T) {
 		t.Fatalf("ParseUnixDiag = %+v, %v, %v", got, done, err)
 	}
 	l, d := got[0], got[1]
-	if l.Inode != 10 || l.Path != "/run/x.sock" || !slicesEqual(l.Pending, []uint64{11, 12}) || !l.HasRQLen || l.RQueue != 2 || l.WQueue != 5 || l.VFSIno != 99 || l.Cookie != 1 {
+	if l.Inode != 10 || l.Path != "/run/x.sock" || !slices.Equal(l.Pending, []uint64{11, 12}) || !l.HasRQLen || l.RQueue != 2 || l.WQueue != 5 || l.VFSIno != 99 || l.Cookie != 1 {
 		t.Errorf("listener %+v", l)
 	}
 	if d.Inode != 20 || d.Path != "@ab@c" || d.Peer != 21 || d.Type != unix.SOCK_DGRAM || d.Shutdown != 1 || d.HasRQLen {
@@ -101,16 +103,16 @@ func TestParseDiagErrors(t *testing.T) {
 	}
 	good := sampleUnixDiagReply()
 	for _, n := range []int{3, nlmsgHdrLen + 3, 40} {
-		if _, _, err := ParseUnixDiag(good[:n], nil); !errors.Is(err, ErrMalformed) {
+		if _, _, err := ParseUnixDiag(good[:n], nil); !errors.Is(err, proc.ErrMalformed) {
 			t.Errorf("truncated to %d: %v", n, err)
 		}
 	}
 	short := nlmsg(unix.SOCK_DIAG_BY_FAMILY, make([]byte, 10))
-	if _, _, err := ParseInetDiag(short, unix.IPPROTO_TCP, nil); !errors.Is(err, ErrMalformed) {
+	if _, _, err := ParseInetDiag(short, unix.IPPROTO_TCP, nil); !errors.Is(err, proc.ErrMalformed) {
 		t.Errorf("short inet_diag_msg: %v", err)
 	}
 	badAttr := nlmsg(unix.SOCK_DIAG_BY_FAMILY, append(make([]byte, unixDiagMsgLen), 0xff, 0, 0, 0))
-	if _, _, err := ParseUnixDiag(badAttr, nil); !errors.Is(err, ErrMalformed) {
+	if _, _, err := ParseUnixDiag(badAttr, nil); !errors.Is(err, proc.ErrMalformed) {
 		t.Errorf("attribute longer than message: %v", err)
 	}
 }

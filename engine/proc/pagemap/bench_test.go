@@ -1,13 +1,17 @@
-package proc
+package pagemap
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
+)
 
 // BenchmarkPagemap compares the two methods on a 1 GiB anonymous mapping
 // of the test process: fully populated, half populated in 64 KiB runs, and
 // every other page populated (the most runs). Bytes are bytes of address
 // space scanned. The memory is written once before timing.
 func BenchmarkPagemap(b *testing.B) {
-	const pages = 1 << 30 / PageSize
+	const pages = 1 << 30 / proc.PageSize
 	patterns := []struct {
 		name  string
 		touch func(i int) bool
@@ -20,7 +24,7 @@ func BenchmarkPagemap(b *testing.B) {
 		b.Run(pat.name, func(b *testing.B) {
 			mem := mapTestRegion(b, pages, pat.touch)
 			p := openSelfPagemap(b)
-			q := Query{Start: addrOf(mem), End: addrOf(mem) + pages*PageSize, AnyOf: PagePresent | PageSwapped}
+			q := Query{Start: addrOf(mem), End: addrOf(mem) + pages*proc.PageSize, AnyOf: PagePresent | PageSwapped}
 			methods := []struct {
 				name string
 				runs func(Query, []Run) ([]Run, error)
@@ -31,7 +35,7 @@ func BenchmarkPagemap(b *testing.B) {
 						b.Skip("PAGEMAP_SCAN unsupported")
 					}
 					var runs []Run
-					b.SetBytes(pages * PageSize)
+					b.SetBytes(pages * proc.PageSize)
 					b.ResetTimer()
 					for i := 0; i < b.N; i++ {
 						var err error

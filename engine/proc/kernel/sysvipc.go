@@ -1,9 +1,11 @@
-package proc
+package kernel
 
 import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // SysVShm is one System V shared memory segment of our IPC namespace, as
@@ -25,7 +27,7 @@ const ShmDest = 0o1000
 
 // ReadSysVShm reads /proc/sysvipc/shm, by segment id.
 func ReadSysVShm() (map[int]SysVShm, error) {
-	b, err := readFile("/proc/sysvipc/shm", 16<<20)
+	b, err := readFile("/proc/sysvipc/shm", maxFile)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +107,7 @@ func ReadSysVMsg() ([]SysVMsg, error) {
 // readSysVIPC reads /proc/sysvipc/NAME: a header line, then per object at
 // least cols numbers, the third (perms) octal.
 func readSysVIPC(name string, cols int) ([][]int64, error) {
-	b, err := readFile("/proc/sysvipc/"+name, 16<<20)
+	b, err := readFile("/proc/sysvipc/"+name, maxFile)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +120,7 @@ func parseSysVIPC(name string, b []byte, cols int) ([][]int64, error) {
 	for _, l := range lines[1:] {
 		f := strings.Fields(l)
 		if len(f) < cols {
-			return nil, fmt.Errorf("%w: /proc/sysvipc/%s line %q", ErrMalformed, name, l)
+			return nil, fmt.Errorf("%w: /proc/sysvipc/%s line %q", proc.ErrMalformed, name, l)
 		}
 		n := make([]int64, cols)
 		for i, col := range f[:cols] {
@@ -128,7 +130,7 @@ func parseSysVIPC(name string, b []byte, cols int) ([][]int64, error) {
 			}
 			v, err := strconv.ParseInt(col, base, 64)
 			if err != nil {
-				return nil, fmt.Errorf("%w: /proc/sysvipc/%s line %q: %v", ErrMalformed, name, l, err)
+				return nil, fmt.Errorf("%w: /proc/sysvipc/%s line %q: %v", proc.ErrMalformed, name, l, err)
 			}
 			n[i] = v
 		}

@@ -1,7 +1,8 @@
-package proc
+package kernel
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -13,7 +14,7 @@ func Sysctl(name string) (string, error) {
 	if rel == "" || strings.HasPrefix(rel, "/") || strings.Contains(rel, "//") {
 		return "", fmt.Errorf("sysctl %q: %w", name, malformed("name", []byte(name)))
 	}
-	b, err := readFile(procRoot+"/sys/"+rel, maxSmallFile)
+	b, err := readFile("/proc/sys/"+rel, maxFile)
 	if err != nil {
 		return "", fmt.Errorf("sysctl %s: %w", name, err)
 	}
@@ -27,8 +28,9 @@ func SysctlInt(name string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	v, ok := parseInt([]byte(strings.TrimSpace(s)))
-	if !ok || v < -1<<31 || v > 1<<31-1 {
+	t := strings.TrimSpace(s)
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || strings.HasPrefix(t, "+") || v < -1<<31 || v > 1<<31-1 {
 		return 0, fmt.Errorf("sysctl %s: %w", name, malformed("integer", []byte(s)))
 	}
 	return int(v), nil

@@ -1,4 +1,4 @@
-package proc
+package pagemap
 
 import "unsafe"
 

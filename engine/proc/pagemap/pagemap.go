@@ -1,4 +1,4 @@
-package proc
+package pagemap
 
 import (
 	"encoding/binary"
@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // Entry is one 64-bit entry of /proc/PID/pagemap, describing one virtual
@@ -144,7 +147,7 @@ func (q *Query) match(c Category) bool {
 }
 
 func (q *Query) check() error {
-	if q.Start%PageSize != 0 || q.End%PageSize != 0 || q.End < q.Start {
+	if q.Start%proc.PageSize != 0 || q.End%proc.PageSize != 0 || q.End < q.Start {
 		return fmt.Errorf("pagemap query %#x-%#x: range not page aligned or reversed", q.Start, q.End)
 	}
 	return nil
@@ -159,7 +162,7 @@ type Run struct {
 }
 
 // Pages returns the number of pages in r.
-func (r Run) Pages() uint64 { return (r.End - r.Start) / PageSize }
+func (r Run) Pages() uint64 { return (r.End - r.Start) / proc.PageSize }
 
 // appendRun appends [start, end) with categories c to runs, extending the
 // last run when it ends at start with the same categories.
@@ -209,10 +212,10 @@ type Pagemap struct {
 	vec    []pageRegion // scan method: regions returned by the kernel
 }
 
-// OpenPagemap opens /proc/PID/pagemap. The default method is MethodScan
+// Open opens /proc/PID/pagemap. The default method is MethodScan
 // when the kernel supports PAGEMAP_SCAN, MethodRead otherwise.
-func OpenPagemap(pid int) (*Pagemap, error) {
-	f, err := os.Open(pidPath(pid, "pagemap"))
+func Open(pid int) (*Pagemap, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/pagemap")
 	if err != nil {
 		return nil, fmt.Errorf("open pagemap: %w", err)
 	}
@@ -251,10 +254,10 @@ func (p *Pagemap) SetMethod(m Method) error {
 // containing vaddr. It returns how many entries it read; past the end of
 // the address space the kernel returns fewer.
 func (p *Pagemap) ReadEntries(vaddr uint64, dst []Entry) (int, error) {
-	if vaddr/PageSize > (1<<63-1)/8 {
+	if vaddr/proc.PageSize > (1<<63-1)/8 {
 		return 0, nil
 	}
-	off := int64(vaddr/PageSize) * 8
+	off := int64(vaddr/proc.PageSize) * 8
 	if cap(p.buf) < 8*len(dst) {
 		p.buf = make([]byte, 8*min(len(dst), readChunkEntries))
 	}
@@ -272,7 +275,7 @@ func (p *Pagemap) ReadEntries(vaddr uint64, dst []Entry) (int, error) {
 			if errors.Is(err, io.EOF) {
 				return n, nil
 			}
-			return n, fmt.Errorf("read pagemap at %#x: %w", vaddr+uint64(n)*PageSize, err)
+			return n, fmt.Errorf("read pagemap at %#x: %w", vaddr+uint64(n)*proc.PageSize, err)
 		}
 		if got == 0 {
 			return n, nil
@@ -306,9 +309,9 @@ func (p *Pagemap) RunsRead(q Query, dst []Run) ([]Run, error) {
 		p.buf = make([]byte, 8*readChunkEntries)
 	}
 	for addr := q.Start; addr < q.End; {
-		k := min((q.End-addr)/PageSize, readChunkEntries)
+		k := min((q.End-addr)/proc.PageSize, readChunkEntries)
 		b := p.buf[:8*k]
-		got, err := p.f.ReadAt(b, int64(addr/PageSize)*8)
+		got, err := p.f.ReadAt(b, int64(addr/proc.PageSize)*8)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return dst, fmt.Errorf("read pagemap at %#x: %w", addr, err)
 		}
@@ -316,9 +319,9 @@ func (p *Pagemap) RunsRead(q Query, dst []Run) ([]Run, error) {
 		for i := 0; i < got; i += 8 {
 			c := Entry(binary.NativeEndian.Uint64(b[i:])).Categories()
 			if q.match(c) {
-				dst = appendRun(dst, addr, addr+PageSize, c&q.Return)
+				dst = appendRun(dst, addr, addr+proc.PageSize, c&q.Return)
 			}
-			addr += PageSize
+			addr += proc.PageSize
 		}
 		if got == 0 {
 			break

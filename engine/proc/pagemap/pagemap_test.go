@@ -1,4 +1,4 @@
-package proc
+package pagemap
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -13,7 +14,7 @@ import (
 // which touch returns true, and unmaps at cleanup.
 func mapTestRegion(t testing.TB, pages int, touch func(i int) bool) []byte {
 	t.Helper()
-	b, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	b, err := unix.Mmap(-1, 0, pages*proc.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatalf("mmap: %v", err)
 	}
@@ -25,7 +26,7 @@ func mapTestRegion(t testing.TB, pages int, touch func(i int) bool) []byte {
 	}
 	for i := 0; i < pages; i++ {
 		if touch(i) {
-			b[i*PageSize] = 1
+			b[i*proc.PageSize] = 1
 		}
 	}
 	return b
@@ -35,7 +36,7 @@ func addrOf(b []byte) uint64 { return uint64(uintptrOf(b)) }
 
 func openSelfPagemap(t testing.TB) *Pagemap {
 	t.Helper()
-	p, err := OpenPagemap(os.Getpid())
+	p, err := Open(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +51,13 @@ func TestPagemapRunsSelf(t *testing.T) {
 	b := mapTestRegion(t, pages, touch)
 	start := addrOf(b)
 	want := []Run{
-		{start, start + 10*PageSize, 0},
-		{start + 20*PageSize, start + 21*PageSize, 0},
-		{start + 30*PageSize, start + 100*PageSize, 0},
-		{start + 200*PageSize, start + 256*PageSize, 0},
+		{start, start + 10*proc.PageSize, 0},
+		{start + 20*proc.PageSize, start + 21*proc.PageSize, 0},
+		{start + 30*proc.PageSize, start + 100*proc.PageSize, 0},
+		{start + 200*proc.PageSize, start + 256*proc.PageSize, 0},
 	}
 	p := openSelfPagemap(t)
-	got, err := p.RunsRead(Query{Start: start, End: start + pages*PageSize, AnyOf: PagePresent | PageSwapped}, nil)
+	got, err := p.RunsRead(Query{Start: start, End: start + pages*proc.PageSize, AnyOf: PagePresent | PageSwapped}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func TestPagemapRunsSelf(t *testing.T) {
 	if !p.ScanSupported() {
 		t.Skip("PAGEMAP_SCAN unsupported by this kernel")
 	}
-	got, err = p.RunsScan(Query{Start: start, End: start + pages*PageSize, AnyOf: PagePresent | PageSwapped}, nil)
+	got, err = p.RunsScan(Query{Start: start, End: start + pages*proc.PageSize, AnyOf: PagePresent | PageSwapped}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestPagemapRunsSelf(t *testing.T) {
 		t.Fatalf("scan runs = %x, want %x", got, want)
 	}
 	// Populated uses the default method and must agree.
-	got, err = p.Populated(start, start+pages*PageSize, nil)
+	got, err = p.Populated(start, start+pages*proc.PageSize, nil)
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("Populated = %x, %v; want %x", got, err, want)
 	}
@@ -98,14 +99,14 @@ func TestPagemapEntriesSelf(t *testing.T) {
 
 func TestPagemapQueryErrors(t *testing.T) {
 	p := openSelfPagemap(t)
-	if _, err := p.RunsRead(Query{Start: 1, End: PageSize, AnyOf: PagePresent}, nil); err == nil {
+	if _, err := p.RunsRead(Query{Start: 1, End: proc.PageSize, AnyOf: PagePresent}, nil); err == nil {
 		t.Fatal("unaligned query accepted")
 	}
-	if _, err := p.RunsRead(Query{Start: 0, End: PageSize, Require: PageWritten}, nil); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := p.RunsRead(Query{Start: 0, End: proc.PageSize, Require: PageWritten}, nil); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("read of PageWritten: %v, want ErrUnsupported", err)
 	}
 	if p.ScanSupported() {
-		if _, err := p.RunsScan(Query{Start: 0, End: PageSize, Require: PageExclusive}, nil); !errors.Is(err, errors.ErrUnsupported) {
+		if _, err := p.RunsScan(Query{Start: 0, End: proc.PageSize, Require: PageExclusive}, nil); !errors.Is(err, errors.ErrUnsupported) {
 			t.Fatalf("scan of PageExclusive: %v, want ErrUnsupported", err)
 		}
 	}
@@ -122,7 +123,7 @@ func TestPagemapScanMatchesRead(t *testing.T) {
 	for _, pages := range []int{4096, 4099, 20000} {
 		for _, mod := range []int{2, 3, 7} {
 			b := mapTestRegion(t, pages, func(i int) bool { return i%mod == 0 || i%5 == 0 })
-			q := Query{Start: addrOf(b), End: addrOf(b) + uint64(pages)*PageSize, AnyOf: PagePresent | PageSwapped}
+			q := Query{Start: addrOf(b), End: addrOf(b) + uint64(pages)*proc.PageSize, AnyOf: PagePresent | PageSwapped}
 			want, err := p.RunsRead(q, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -142,14 +143,14 @@ func TestPagemapSetMethod(t *testing.T) {
 	b := mapTestRegion(t, 16, func(i int) bool { return i%4 == 0 })
 	p := openSelfPagemap(t)
 	start := addrOf(b)
-	want, err := p.RunsRead(Query{Start: start, End: start + 16*PageSize, AnyOf: PagePresent}, nil)
+	want, err := p.RunsRead(Query{Start: start, End: start + 16*proc.PageSize, AnyOf: PagePresent}, nil)
 	if err != nil || len(want) != 4 {
 		t.Fatalf("read runs %x, %v", want, err)
 	}
 	if err := p.SetMethod(MethodRead); err != nil || p.Method() != MethodRead {
 		t.Fatalf("SetMethod(read): %v", err)
 	}
-	if got, err := p.Populated(start, start+16*PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
+	if got, err := p.Populated(start, start+16*proc.PageSize, nil); err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("Populated with read method = %x, %v", got, err)
 	}
 	if err := p.SetMethod(Method(7)); err == nil {
@@ -160,7 +161,7 @@ func TestPagemapSetMethod(t *testing.T) {
 	}
 	// Exclusive is known only from entries: Runs answers it by reading,
 	// whatever the method. Every written page here is exclusive.
-	got, err := p.Runs(Query{Start: start, End: start + 16*PageSize, Require: PagePresent | PageExclusive}, nil)
+	got, err := p.Runs(Query{Start: start, End: start + 16*proc.PageSize, Require: PagePresent | PageExclusive}, nil)
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("Runs(exclusive) = %x, %v", got, err)
 	}

@@ -1,8 +1,10 @@
-package proc
+package kernel
 
 import (
 	"errors"
 	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // TestParseSysVShm: the kernel's columns, a segment marked for destruction
@@ -26,7 +28,7 @@ func TestParseSysVShm(t *testing.T) {
 	if m[5].Mode&ShmDest == 0 {
 		t.Error("SHM_DEST not seen")
 	}
-	if _, err := ParseSysVShm([]byte("header\n 1 2 3\n")); !errors.Is(err, ErrMalformed) {
+	if _, err := ParseSysVShm([]byte("header\n 1 2 3\n")); !errors.Is(err, proc.ErrMalformed) {
 		t.Errorf("a short line: %v, want ErrMalformed", err)
 	}
 }
@@ -49,7 +51,7 @@ func TestParseSysVSemMsg(t *testing.T) {
 		t.Errorf("msg parsed %v, %v", rows, err)
 	}
 	for _, bad := range []string{"header\n 1 2 3\n", "header\n 1 2 9 4 5 6 7 8 9 10\n", "header\n 1 x 3 4 5 6 7 8 9 10\n"} {
-		if _, err := parseSysVIPC("sem", []byte(bad), 10); !errors.Is(err, ErrMalformed) {
+		if _, err := parseSysVIPC("sem", []byte(bad), 10); !errors.Is(err, proc.ErrMalformed) {
 			t.Errorf("%q: %v, want ErrMalformed", bad, err)
 		}
 	}

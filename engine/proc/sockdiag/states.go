@@ -1,7 +1,4 @@
-package proc
-
-// MaxSockets bounds the sockets a sock_diag reply parser accepts.
-const MaxSockets = 1 << 22
+package sockdiag
 
 // TCP states (include/net/tcp_states.h), as sock_diag reports them.
 const (

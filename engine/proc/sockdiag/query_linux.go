@@ -1,12 +1,14 @@
-package proc
+package sockdiag
 
 import (
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -86,7 +88,7 @@ func diagDump(pid int, req []byte, parse func([]byte) (bool, error)) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: more than %d sock_diag replies", ErrTooLarge, maxDiagBatches)
+	return fmt.Errorf("%w: more than %d sock_diag replies", proc.ErrTooLarge, maxDiagBatches)
 }
 
 // diagSocket opens a NETLINK_SOCK_DIAG socket in pid's network namespace:
@@ -135,7 +137,7 @@ func inNetns(pid int, fn func() (int, error)) (int, error) {
 		return -1, fmt.Errorf("open own netns: %w", err)
 	}
 	defer self.Close()
-	target, err := os.Open(pidPath(pid, "ns/net"))
+	target, err := os.Open(netnsPath(pid))
 	if err != nil {
 		return -1, fmt.Errorf("open netns of %d: %w", pid, err)
 	}
@@ -155,13 +157,16 @@ func inNetns(pid int, fn func() (int, error)) (int, error) {
 
 // sameNetns reports whether pid is in the caller's network namespace.
 func sameNetns(pid int) (bool, error) {
-	a, err := StatFile("/proc/thread-self/ns/net")
+	a, err := proc.StatFile("/proc/thread-self/ns/net")
 	if err != nil {
 		return false, err
 	}
-	b, err := StatFile(pidPath(pid, "ns/net"))
+	b, err := proc.StatFile(netnsPath(pid))
 	if err != nil {
 		return false, err
 	}
 	return a.Dev == b.Dev && a.Ino == b.Ino, nil
 }
+
+// netnsPath is the /proc file naming pid's network namespace.
+func netnsPath(pid int) string { return "/proc/" + strconv.Itoa(pid) + "/ns/net" }

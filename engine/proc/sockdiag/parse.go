@@ -1,4 +1,4 @@
-package proc
+package sockdiag
 
 import (
 	"bytes"
@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
 )
+
+// MaxSockets bounds the sockets a sock_diag reply parser accepts.
+const MaxSockets = 1 << 22
 
 // sock_diag ABI (include/uapi/linux/{sock_diag,inet_diag,unix_diag}.h).
 const (
@@ -179,7 +183,7 @@ func ParseInetDiag(b []byte, protocol int, dst []InetDiag) (out []InetDiag, done
 			return malformed("inet_diag_msg", p)
 		}
 		if len(out) >= MaxSockets {
-			return fmt.Errorf("%w: more than %d sockets", ErrTooLarge, MaxSockets)
+			return fmt.Errorf("%w: more than %d sockets", proc.ErrTooLarge, MaxSockets)
 		}
 		d := InetDiag{Family: int(p[0]), Protocol: protocol, State: p[1]}
 		sport := binary.BigEndian.Uint16(p[4:])
@@ -218,7 +222,7 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 			return malformed("unix_diag_msg", p)
 		}
 		if len(out) >= MaxSockets {
-			return fmt.Errorf("%w: more than %d sockets", ErrTooLarge, MaxSockets)
+			return fmt.Errorf("%w: more than %d sockets", proc.ErrTooLarge, MaxSockets)
 		}
 		d := UnixDiag{Type: int(p[1]), State: p[2]}
 		d.Inode = uint64(binary.NativeEndian.Uint32(p[4:]))
@@ -251,7 +255,7 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 				d.Peer = uint64(binary.NativeEndian.Uint32(v))
 			case unixDiagIcons:
 				if len(v)/4 > maxPendingPerSock {
-					return fmt.Errorf("%w: more than %d pending connections", ErrTooLarge, maxPendingPerSock)
+					return fmt.Errorf("%w: more than %d pending connections", proc.ErrTooLarge, maxPendingPerSock)
 				}
 				d.Pending = make([]uint64, 0, len(v)/4)
 				for i := 0; i+4 <= len(v); i += 4 {
@@ -284,4 +288,14 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 		return nil
 	})
 	return out, done, err
+}
+
+// malformed builds a proc.ErrMalformed error for what, quoting a bounded
+// prefix of the offending input.
+func malformed(what string, input []byte) error {
+	const max = 80
+	if len(input) > max {
+		input = input[:max]
+	}
+	return fmt.Errorf("%w: %s: %q", proc.ErrMalformed, what, input)
 }

@@ -1,4 +1,4 @@
-package proc
+package pagemap
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"unsafe"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -110,7 +111,7 @@ func (p *Pagemap) RunsScan(q Query, dst []Run) ([]Run, error) {
 		next := start
 		for _, r := range p.vec[:n] {
 			if r.start < next || r.end > q.End || r.end <= r.start {
-				return dst, fmt.Errorf("PAGEMAP_SCAN %#x-%#x: %w", start, q.End, malformed("region out of order", nil))
+				return dst, fmt.Errorf("PAGEMAP_SCAN %#x-%#x: %w", start, q.End, fmt.Errorf("%w: region out of order", proc.ErrMalformed))
 			}
 			dst = appendRun(dst, r.start, r.end, Category(r.categories)&q.Return)
 			next = r.end
