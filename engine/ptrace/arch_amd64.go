@@ -34,7 +34,7 @@ func setSyscall(r *Regs, stub uint64, nr int, args []uint64) {
 }
 
 // batchCode runs the table of system calls at rbx, r12 entries of
-// batchEntry (number, six arguments, result), storing each result in its
+// BatchEntry (number, six arguments, result), storing each result in its
 // entry, then stops on an int3:
 //
 //	loop: mov rax, [rbx]; mov rdi, [rbx+8]; mov rsi, [rbx+16]
@@ -92,15 +92,6 @@ func ptGetRegs(tid int, r *Regs) error {
 func ptSetRegs(tid int, r *Regs) error {
 	_, err := ptracePtr(unix.PTRACE_SETREGS, tid, 0, unsafe.Pointer(r))
 	return err
-}
-
-// SigAction is struct kernel_sigaction as rt_sigaction(2) sees it on
-// x86-64.
-type SigAction struct {
-	Handler  uint64 // SIG_DFL 0, SIG_IGN 1, or the handler address
-	Flags    uint64 // SA_*
-	Restorer uint64
-	Mask     uint64
 }
 
 // Register sets for RegSet/SetRegSet.

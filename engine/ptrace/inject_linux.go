@@ -203,8 +203,8 @@ func (in *Injector) abort() { _ = in.close() }
 // Stub returns the address of the "syscall; int3" stub.
 func (in *Injector) Stub() uint64 { return in.stub }
 
-// Scratch returns the scratch memory: address and length. Helper methods
-// of the Injector use it and overwrite its start.
+// Scratch returns the scratch memory: address and length. The typed calls
+// of engine/ptrace/syscalls and Batch use it and overwrite its start.
 func (in *Injector) Scratch() (addr uint64, n int) { return in.scratch, in.scratchLen }
 
 // Thread returns the thread the Injector runs in.

@@ -30,8 +30,8 @@ const (
 )
 
 // Process is a traced thread group. Obtain one from Tracer.Seize,
-// Tracer.StartStopped or Injector.Clone3. Its methods are safe for
-// concurrent use.
+// Tracer.StartStopped or Injector.CallNewTask (the Clone3 of
+// engine/ptrace/syscalls). Its methods are safe for concurrent use.
 type Process struct {
 	t   *Tracer
 	pid int

@@ -32,7 +32,7 @@ type StartOptions struct {
 // with PTRACE_SEIZE like a seized process: after the exec stop the tracer
 // detaches with SIGSTOP, seizes the stopped process and continues it
 // with SIGCONT into an interrupt stop, all before the program runs an
-// instruction. Children it is made to create (Injector.Clone3) are seized
+// instruction. Children it is made to create (Injector.CallNewTask) are seized
 // too. The process is owned by the Tracer: Kill reaps it, Tracer.Close
 // kills it if it is still there.
 func (t *Tracer) StartStopped(path string, argv []string, o StartOptions) (*Process, error) {
