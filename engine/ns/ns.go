@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
@@ -240,7 +240,7 @@ func detachMounts(in *syscalls.Injector, fstypes []string) error {
 	if len(fstypes) == 0 {
 		return nil
 	}
-	ms, err := proc.Mounts(in.Thread().Tid())
+	ms, err := kernel.Mounts(in.Thread().Tid())
 	if err != nil {
 		return err
 	}
