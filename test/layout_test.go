@@ -66,6 +66,7 @@ func TestLayout(t *testing.T) {
 		{"engine/proc", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc only reads /proc", false},
 		{"engine/proc/", []string{"engine", "engine/ptrace", "engine/image", "fs", "cmd/"}, "proc's subpackages only read /proc and ask the kernel", false},
 		{"engine/codec", []string{"engine", "engine/image", "fs", "cmd/"}, "the codec is a leaf", false},
+		{"engine/ptrace/raw", []string{"engine", "engine/", "fs", "cmd/"}, "the ptrace requests are a leaf: the tracer is built on them", false},
 		{"engine/ptrace", []string{"engine/ptrace/syscalls"}, "the tracer is the mechanism: the typed calls are built on it, not the reverse", false},
 		{"engine/ptrace/syscalls", []string{"engine", "engine/fds", "engine/mem", "engine/task", "engine/uffd", "engine/uffd/", "fs", "cmd/"}, "the typed calls know only the tracer: nothing of the dumps and restores that use them", false},
 		{"cache", []string{"engine", "engine/", "fs", "cmd/"}, "the cache is generic", false},

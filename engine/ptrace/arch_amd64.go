@@ -2,7 +2,6 @@ package ptrace
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -82,16 +81,6 @@ func checkABI(r *Regs) error {
 // patchWord puts the stub into the low bytes of a text word.
 func patchWord(w uint64) uint64 {
 	return w&^0xffffff | uint64(stubCode[0]) | uint64(stubCode[1])<<8 | uint64(stubCode[2])<<16
-}
-
-func ptGetRegs(tid int, r *Regs) error {
-	_, err := ptracePtr(unix.PTRACE_GETREGS, tid, 0, unsafe.Pointer(r))
-	return err
-}
-
-func ptSetRegs(tid int, r *Regs) error {
-	_, err := ptracePtr(unix.PTRACE_SETREGS, tid, 0, unsafe.Pointer(r))
-	return err
 }
 
 // Register sets for RegSet/SetRegSet.

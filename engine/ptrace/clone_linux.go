@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // CallNewTask runs system call nr, one that creates a task (clone3 for the
@@ -28,10 +30,10 @@ func (in *Injector) callNewTask(nr int, args []uint64) (*Thread, error) {
 	const need = unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK
 	tid := in.th.tid
 	if p.opts&need != need {
-		if err := ptSetOptions(tid, p.opts|need); err != nil {
+		if err := raw.SetOptions(tid, p.opts|need); err != nil {
 			return nil, in.th.check("PTRACE_SETOPTIONS", err)
 		}
-		defer func() { _ = ptSetOptions(tid, p.opts) }()
+		defer func() { _ = raw.SetOptions(tid, p.opts) }()
 	}
 	r, err := in.call(nr, args...)
 	if err != nil {
@@ -71,10 +73,10 @@ func (th *Thread) waitFirstStop(deadline time.Time) error {
 			return fmt.Errorf("new task %d: %v: %w", th.tid, st, ErrExited)
 		case th.state == stSignal:
 			// A signal before the first stop: hold it.
-			if si, err := ptGetSigInfo(th.tid); err == nil {
+			if si, err := raw.GetSigInfo(th.tid); err == nil {
 				th.held = append(th.held, si)
 			}
-			if err := ptCont(th.tid, 0); err != nil {
+			if err := raw.Cont(th.tid, 0); err != nil {
 				return th.check("PTRACE_CONT", err)
 			}
 			th.state = stRunning

@@ -61,7 +61,9 @@
 // them. The typed calls built on it (passing arguments through scratch
 // memory, opening and stat-ing files, PR_SET_MM, clone3, the batched reads
 // of a dump) are in engine/ptrace/syscalls, whose Injector embeds this
-// one.
+// one. Below it, engine/ptrace/raw makes the ptrace requests and waits
+// themselves, one function each, which only this package's tracer thread
+// calls.
 //
 // # Errors
 //

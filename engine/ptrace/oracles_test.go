@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // Readers only the tests use: a second way to read what the package reads
@@ -17,10 +19,10 @@ const maxPending = 1 << 16
 // PendingSignals returns the signals queued for the thread (shared=false)
 // or for the whole process (shared=true), oldest first, without dequeuing
 // them (PTRACE_PEEKSIGINFO).
-func (th *Thread) PendingSignals(shared bool) ([]SigInfo, error) {
-	var out []SigInfo
+func (th *Thread) PendingSignals(shared bool) ([]raw.SigInfo, error) {
+	var out []raw.SigInfo
 	err := th.on(func() error {
-		buf := make([]SigInfo, 32)
+		buf := make([]raw.SigInfo, 32)
 		for len(out) < maxPending {
 			n, err := ptPeekSigInfo(th.tid, shared, uint64(len(out)), buf)
 			if err != nil {
@@ -45,7 +47,7 @@ type peekSigInfoArgs struct {
 
 const peekSigInfoShared = 1 // PTRACE_PEEKSIGINFO_SHARED
 
-func ptPeekSigInfo(tid int, shared bool, off uint64, out []SigInfo) (int, error) {
+func ptPeekSigInfo(tid int, shared bool, off uint64, out []raw.SigInfo) (int, error) {
 	a := peekSigInfoArgs{Off: off, Nr: int32(len(out))}
 	if shared {
 		a.Flags = peekSigInfoShared
