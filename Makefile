@@ -42,11 +42,11 @@ BIN ?= bin
 # Packages tested with -race: those that need no privileges, processes or
 # mounts, and the most concurrent code, which does: the FUSE server (fs),
 # the userfaultfd pager (engine/uffd) and the lazy phase that runs one per
-# process (engine/lazy), the tracer (engine/ptrace), the engine's own tests and the object store's client (engine/image/store/s3,
+# process (engine/lazy), the tracer and its typed calls (engine/ptrace, engine/ptrace/syscalls), the engine's own tests and the object store's client (engine/image/store/s3,
 # against a MinIO server of its own). The end-to-end tests (test/...) run the binaries on
 # real processes and big fixtures, too slowly under the race detector.
 PURE_DIRS ?= engine/codec engine/image engine/image/store engine/image/store/cache engine/image/store/trace engine/image/store/archive engine/proc engine/proc/kernel engine/proc/pagemap engine/proc/sockdiag engine/units cache test/testutil
-RACE_DIRS ?= $(PURE_DIRS) fs engine/uffd engine/lazy engine/ptrace engine engine/image/store/s3
+RACE_DIRS ?= $(PURE_DIRS) fs engine/uffd engine/lazy engine/ptrace engine/ptrace/syscalls engine engine/image/store/s3
 RACE_PKGS := $(foreach d,$(RACE_DIRS),$(if $(wildcard $(d)/*.go),./$(d)))
 
 TEST_TIMEOUT ?= 15m

@@ -11,6 +11,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/mem/precopy"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // PreCopyOptions bound the copy rounds of a pre-copy dump
@@ -69,7 +70,7 @@ func (d *dumper) preCopy(ctx context.Context) (err error) {
 	if leader == nil {
 		leader = d.preP.Threads()[0]
 	}
-	in, err := leader.NewInjector(0)
+	in, err := syscalls.New(leader, 0)
 	if err != nil {
 		return err
 	}

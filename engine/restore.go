@@ -19,6 +19,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 	"github.com/lazyfs/lazyfs/engine/task"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
@@ -225,7 +226,7 @@ type restorer struct {
 	// initPID is, for the root, our pid of the init of its new pid
 	// namespace (Namespaces.PID), once it runs; 0 if none.
 	initPID int
-	in      *ptrace.Injector
+	in      *syscalls.Injector
 	area    uint64 // our stub page and scratch in the process
 	// threads are the restored threads, in the order of st.Threads.
 	threads []*ptrace.Thread

@@ -14,6 +14,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/ns"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 	"github.com/lazyfs/lazyfs/engine/task"
 )
 
@@ -88,7 +89,7 @@ func (tr *tree) joinGroups(context.Context) error {
 // checks the pid it got: in our pid namespace its own, waiting for it if
 // it is still held (AwaitPIDReleased); in a new one (Namespaces.PID), its
 // own there.
-func (r *restorer) clone3(in *ptrace.Injector, args ptrace.CloneArgs) (*ptrace.Thread, error) {
+func (r *restorer) clone3(in *syscalls.Injector, args syscalls.CloneArgs) (*ptrace.Thread, error) {
 	own, pidns := r.st.OwnPID(), r.tr.opts.Namespaces.OwnPIDs()
 	th, err := in.Clone3(args)
 	if errors.Is(err, unix.EEXIST) && !pidns {
@@ -121,14 +122,14 @@ func (r *restorer) clone3(in *ptrace.Injector, args ptrace.CloneArgs) (*ptrace.T
 // with r's pid, injected into the parent.
 func (tr *tree) clone(r *restorer) error {
 	parent := tr.byPID[r.st.PPID]
-	th, err := r.clone3(parent.in, ptrace.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{r.st.OwnPID()}})
+	th, err := r.clone3(parent.in, syscalls.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{r.st.OwnPID()}})
 	if err != nil {
 		return err
 	}
 	// The child's memory is its parent's, copy-on-write: the injection
 	// area is in it at the same address.
 	r.area = parent.area
-	if r.in, err = th.InjectorAt(r.area, r.area+pageSize, scratchLen); err != nil {
+	if r.in, err = syscalls.At(th, r.area, r.area+pageSize, scratchLen); err != nil {
 		return err
 	}
 	r.threads = []*ptrace.Thread{th}
@@ -212,7 +213,7 @@ func (r *restorer) createProcess(ctx context.Context) error {
 		return fmt.Errorf("start stub: %w", err)
 	}
 	r.stub = stub
-	in, err := stub.Leader().NewInjector(pageSize)
+	in, err := syscalls.New(stub.Leader(), pageSize)
 	if err != nil {
 		return fmt.Errorf("stub: %w", err)
 	}
@@ -225,14 +226,14 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if r.tr.opts.Namespaces.PID && !stubIsInit {
 		cloneFlags = unix.CLONE_NEWPID // the process is the new namespace's init
 	}
-	args := ptrace.CloneArgs{Flags: cloneFlags, ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{own}}
+	args := syscalls.CloneArgs{Flags: cloneFlags, ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{own}}
 	th, err := r.clone3(in, args)
 	if err != nil {
 		return err
 	}
 	// The child's memory is a copy of the stub's, injector page included:
 	// use it to map our own area where the restored layout leaves room.
-	cin, err := th.InjectorAt(in.Stub(), 0, 0)
+	cin, err := syscalls.At(th, in.Stub(), 0, 0)
 	if err != nil {
 		return err
 	}
@@ -247,7 +248,7 @@ func (r *restorer) createProcess(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.in, err = th.InjectorAt(r.area, r.area+pageSize, scratchLen)
+	r.in, err = syscalls.At(th, r.area, r.area+pageSize, scratchLen)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 )
 
 // checkMountpoint returns the absolute, symlink-free path of a usable
@@ -295,7 +295,7 @@ func mountHolders(dev uint64) []string {
 			continue
 		}
 		seen[ns] = true
-		ms, err := proc.Mounts(pid)
+		ms, err := kernel.Mounts(pid)
 		if err != nil {
 			continue
 		}
@@ -313,7 +313,7 @@ func mountHolders(dev uint64) []string {
 // detachLazyfs unmounts lazily (MNT_DETACH), in the mount namespace of
 // the thread tid, every lazyfs mount, the mounts on them first.
 func detachLazyfs(tid int) {
-	ms, err := proc.Mounts(tid)
+	ms, err := kernel.Mounts(tid)
 	if err != nil {
 		return
 	}

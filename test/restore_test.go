@@ -25,6 +25,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -780,7 +781,7 @@ func TestRestoreFailureKillsProcess(t *testing.T) {
 type kernelThreadState struct {
 	Comm      string
 	Rseq      ptrace.RseqConfig
-	AltStack  ptrace.AltStack
+	AltStack  syscalls.AltStack
 	TidAddr   uint64
 	RobustPtr uint64
 }
@@ -864,7 +865,7 @@ func TestRestoreStateHelper(t *testing.T) {
 		if s.Rseq, err = th.Rseq(); err != nil {
 			t.Fatal(err)
 		}
-		in, err := th.NewInjector(pageSize)
+		in, err := syscalls.New(th, pageSize)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -896,7 +897,7 @@ func TestRestoreStateHelper(t *testing.T) {
 // stack.
 func giveState(t *testing.T, proc *ptrace.Process, worker int) {
 	t.Helper()
-	call := func(in *ptrace.Injector, nr int, args ...uint64) uint64 {
+	call := func(in *syscalls.Injector, nr int, args ...uint64) uint64 {
 		t.Helper()
 		r, err := in.Call(nr, args...)
 		if err != nil {
@@ -904,7 +905,7 @@ func giveState(t *testing.T, proc *ptrace.Process, worker int) {
 		}
 		return r
 	}
-	in, err := proc.Leader().NewInjector(pageSize)
+	in, err := syscalls.New(proc.Leader(), pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -918,7 +919,7 @@ func giveState(t *testing.T, proc *ptrace.Process, worker int) {
 	if th == nil {
 		t.Fatalf("no thread %d", worker)
 	}
-	if in, err = th.NewInjector(pageSize); err != nil {
+	if in, err = syscalls.New(th, pageSize); err != nil {
 		t.Fatal(err)
 	}
 	scratch, _ := in.Scratch()

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -80,7 +80,7 @@ func devHolders(dev string) []int {
 			continue
 		}
 		seen[ns] = true
-		ms, _ := proc.Mounts(pid)
+		ms, _ := kernel.Mounts(pid)
 		for _, m := range ms {
 			if m.Dev == dev {
 				out = append(out, pid)

@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // checkTracing checks ptrace, clone3 with set_tid and PR_SET_MM_MAP in a
@@ -50,7 +51,7 @@ func checkTracing(ctx context.Context, stub string) []Feature {
 		return fail(0, err)
 	}
 	defer p.Kill()
-	in, err := p.Leader().NewInjector(pageSize)
+	in, err := syscalls.New(p.Leader(), pageSize)
 	if err == nil {
 		var pid uint64
 		if pid, err = in.Call(unix.SYS_GETPID); err == nil && int(pid) != p.Pid() {
@@ -73,7 +74,7 @@ func checkTracing(ctx context.Context, stub string) []Feature {
 
 // cloneFreePID clones a process with a free pid out of the stub, and
 // kills it.
-func cloneFreePID(ctx context.Context, in *ptrace.Injector) (int, error) {
+func cloneFreePID(ctx context.Context, in *syscalls.Injector) (int, error) {
 	var err error
 	for range 3 {
 		if err := ctx.Err(); err != nil {
@@ -84,7 +85,7 @@ func cloneFreePID(ctx context.Context, in *ptrace.Injector) (int, error) {
 			return 0, ferr
 		}
 		var th *ptrace.Thread
-		th, err = in.Clone3(ptrace.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{pid}})
+		th, err = in.Clone3(syscalls.CloneArgs{ExitSignal: uint64(unix.SIGCHLD), SetTID: []int{pid}})
 		if errors.Is(err, unix.EEXIST) {
 			continue // taken meanwhile
 		}
@@ -131,7 +132,7 @@ func freePID() (int, error) {
 
 // checkMMMap asks for the size of struct prctl_mm_map and sets the stub's
 // mm fields and auxv to the values they have.
-func checkMMMap(in *ptrace.Injector, p *ptrace.Process) error {
+func checkMMMap(in *syscalls.Injector, p *ptrace.Process) error {
 	scratch, _ := in.Scratch()
 	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_MM, unix.PR_SET_MM_MAP_SIZE, scratch); err != nil {
 		return fmt.Errorf("PR_SET_MM_MAP_SIZE: %w", err)
@@ -140,8 +141,8 @@ func checkMMMap(in *ptrace.Injector, p *ptrace.Process) error {
 	if err := p.ReadMem(scratch, b[:]); err != nil {
 		return err
 	}
-	if size := binary.LittleEndian.Uint32(b[:]); size != ptrace.MMMapSize {
-		return fmt.Errorf("struct prctl_mm_map is %d bytes here, restore writes %d", size, ptrace.MMMapSize)
+	if size := binary.LittleEndian.Uint32(b[:]); size != syscalls.MMMapSize {
+		return fmt.Errorf("struct prctl_mm_map is %d bytes here, restore writes %d", size, syscalls.MMMapSize)
 	}
 	st, err := proc.ReadStat(p.Pid())
 	if err != nil {
@@ -155,7 +156,7 @@ func checkMMMap(in *ptrace.Injector, p *ptrace.Process) error {
 	if err != nil {
 		return err
 	}
-	return in.SetMM(ptrace.MM{StartCode: st.StartCode, EndCode: st.EndCode, StartData: st.StartData, EndData: st.EndData,
+	return in.SetMM(syscalls.MM{StartCode: st.StartCode, EndCode: st.EndCode, StartData: st.StartData, EndData: st.EndData,
 		StartBrk: st.StartBrk, Brk: brk, StartStack: st.StartStack, ArgStart: st.ArgStart, ArgEnd: st.ArgEnd,
 		EnvStart: st.EnvStart, EnvEnd: st.EnvEnd, Auxv: auxv}, -1)
 }

@@ -14,7 +14,7 @@
 // data, socket options), copies taken with pidfd_getfd. Restore injects
 // the system calls that recreate each object in the process under
 // restore, at its number, through an injector (injector.go: what a
-// *ptrace.Injector does, narrowed to what the restore asks, so that tests
+// *syscalls.Injector does, narrowed to what the restore asks, so that tests
 // can answer in the process's place). CheckRestorable and CheckFile
 // refuse, before a restore creates anything, what it could not restore or
 // what is no longer the file that was dumped.

@@ -11,7 +11,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds/broker"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -120,7 +120,7 @@ func makeGhost(in injector, pidfd int, path string, g *image.Ghost) (int, error)
 // into (a mapped file's: see the ghost files above) and returns its
 // descriptor there, read-only and close-on-exec: no descriptor open for
 // writing is left on it, so that it can be the process's exe.
-func MakeGhost(in *ptrace.Injector, path string, g *image.Ghost) (int, error) {
+func MakeGhost(in *syscalls.Injector, path string, g *image.Ghost) (int, error) {
 	pid := in.Thread().Process().Pid() // ours: not the dumped pid in a new pid namespace
 	pfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {

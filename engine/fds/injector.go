@@ -11,7 +11,7 @@ import (
 // injector is what the restore of descriptors asks of the process under
 // restore: system calls run in it (one, or a batch in one resume) and
 // its scratch memory to pass their arguments through. A
-// *ptrace.Injector is one; the package's tests give a fake that records
+// *syscalls.Injector is one; the package's tests give a fake that records
 // the calls and answers them.
 type injector interface {
 	Opener
@@ -25,7 +25,7 @@ type injector interface {
 }
 
 // Opener opens files in a process and says what it opened: what
-// OpenVerified asks of a *ptrace.Injector.
+// OpenVerified asks of a *syscalls.Injector.
 type Opener interface {
 	OpenAt2(path string, flags int, mode uint32, resolve uint64) (int, error)
 	Fstat(fd int) (unix.Stat_t, error)

@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // A restore runs as root and acts on paths that the snapshot recorded.
@@ -72,10 +72,10 @@ type Verified struct {
 // few resumes of the thread (ptrace.Injector.OpenAt2All). It returns
 // their descriptors in the process, in order; on error, the first file's
 // that failed, it closes every one it opened.
-func OpenVerifiedAll(in *ptrace.Injector, files []Verified) ([]int, error) {
-	reqs := make([]ptrace.OpenReq, len(files))
+func OpenVerifiedAll(in *syscalls.Injector, files []Verified) ([]int, error) {
+	reqs := make([]syscalls.OpenReq, len(files))
 	for i, f := range files {
-		reqs[i] = ptrace.OpenReq{Path: f.Path, Flags: f.Flags, Resolve: resolveNoLinks}
+		reqs[i] = syscalls.OpenReq{Path: f.Path, Flags: f.Flags, Resolve: resolveNoLinks}
 	}
 	fds, sts, errs, err := in.OpenAt2All(reqs)
 	if err == nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // RestoreOptions configure Restore.
@@ -52,7 +52,7 @@ type RestoreOptions struct {
 // the process, closed here) are kept above every number the process uses
 // until all are placed. Epoll registrations are made last: their targets
 // must be in place.
-func Restore(ctx context.Context, in *ptrace.Injector, st *image.Process, shmem map[uint64]int, o RestoreOptions) error {
+func Restore(ctx context.Context, in *syscalls.Injector, st *image.Process, shmem map[uint64]int, o RestoreOptions) error {
 	fc := newFDCreator(in, in.Thread().Process().Pid(), st, shmem, o)
 	if o.Tree != nil {
 		fc.take = func(key string) (int, bool, error) { return o.Tree.Take(in, key) }

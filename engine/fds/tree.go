@@ -10,7 +10,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // Descriptors of a process tree. Three things link the processes of a
@@ -38,7 +38,7 @@ type Tree interface {
 	// Take puts into the process that in injects into a descriptor on
 	// the object key and returns its number there (close-on-exec); ok
 	// is false if no process has handed the object out yet.
-	Take(in *ptrace.Injector, key string) (fd int, ok bool, err error)
+	Take(in *syscalls.Injector, key string) (fd int, ok bool, err error)
 	// Give hands out the object fd of process pid holds, as key.
 	Give(pid int, key string, fd int) error
 }

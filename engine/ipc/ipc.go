@@ -32,7 +32,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc/kernel"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // ErrKeyInUse: a semaphore set or message queue of a key the processes
@@ -177,7 +177,7 @@ func (m *Made) Remove() {
 // restored process: the kernel records it as the last to operate on them
 // (semctl GETPID, a queue's lspid), as the dumped processes were, so that
 // a dump of the restored ones sees them again.
-func Restore(ipc *image.SysVIPC, in *ptrace.Injector, log *slog.Logger) (made *Made, err error) {
+func Restore(ipc *image.SysVIPC, in *syscalls.Injector, log *slog.Logger) (made *Made, err error) {
 	made = &Made{}
 	if ipc == nil {
 		return made, nil
@@ -300,7 +300,7 @@ func setOwner(ds *[dsLen]byte, obj image.SysVIPCObject) {
 
 // makeSem makes semaphore set s: key, id if free, owner, mode; and its
 // values, set by in's process.
-func makeSem(s image.SysVSem, in *ptrace.Injector) (int, error) {
+func makeSem(s image.SysVSem, in *syscalls.Injector) (int, error) {
 	flags := uintptr(unix.IPC_CREAT | unix.IPC_EXCL | s.Mode)
 	id, err := get(unix.SYS_SEMGET, "sem", s.SysVIPCObject, uintptr(len(s.Values)), flags)
 	if err != nil {
@@ -330,7 +330,7 @@ func makeSem(s image.SysVSem, in *ptrace.Injector) (int, error) {
 
 // makeMsg makes message queue q: key, id if free, owner, mode, size; and
 // its messages in order, sent by in's process.
-func makeMsg(q image.SysVMsg, in *ptrace.Injector) (int, error) {
+func makeMsg(q image.SysVMsg, in *syscalls.Injector) (int, error) {
 	id, err := get(unix.SYS_MSGGET, "msg", q.SysVIPCObject, uintptr(unix.IPC_CREAT|unix.IPC_EXCL|q.Mode))
 	if err != nil {
 		return -1, fmt.Errorf("msgget: %w", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/mem"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 	"github.com/lazyfs/lazyfs/engine/uffd"
 	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/engine/units"
@@ -104,7 +105,7 @@ func (p *Process) serves(b image.Block) bool {
 // a VMA splits it for the whole lazy phase, and mremap() of a range that
 // crosses a split fails with EFAULT (a realloc the process could do
 // before the restore could fail during it).
-func (p *Process) Prepare(in *ptrace.Injector, pid int, threads []*ptrace.Thread) error {
+func (p *Process) Prepare(in *syscalls.Injector, pid int, threads []*ptrace.Thread) error {
 	p.pid = pid
 	var err error
 	if p.fd, err = mem.Userfaultfd(in, pid); err != nil {

@@ -13,8 +13,8 @@
 // What a restore asks of the process under restore goes through the
 // narrow interfaces this package defines: Injector (system calls injected
 // one at a time, data put in the process's scratch memory) and batch (the
-// calls run together in one resume), which a *ptrace.Injector and its
-// *ptrace.Calls satisfy. The package's tests put fakes in their place and
+// calls run together in one resume), which a *syscalls.Injector and its
+// *syscalls.Calls satisfy. The package's tests put fakes in their place and
 // check every call a layout asks for: its flags, protection and order.
 // Mapped files and shared objects of a tree are opened through
 // engine/fds, with Target.In.

@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 	"github.com/lazyfs/lazyfs/engine/units"
 )
 
@@ -230,7 +231,7 @@ func mremap(in Injector, from, n, to uint64) error {
 // process p, through in, at an address outside every one of layout (the
 // memory of every process to be restored, in any order), and writes the
 // stub page there.
-func MapArea(in *ptrace.Injector, p *ptrace.Process, layout []image.VMA, n uint64) (uint64, error) {
+func MapArea(in *syscalls.Injector, p *ptrace.Process, layout []image.VMA, n uint64) (uint64, error) {
 	for _, a := range FreeAreas(Union(layout), n) {
 		res, err := in.Syscall(unix.SYS_MMAP, a, n, unix.PROT_READ|unix.PROT_WRITE|unix.PROT_EXEC,
 			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE, ^uint64(0), 0)

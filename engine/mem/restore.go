@@ -12,7 +12,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // madvFlags maps smaps VmFlags to the madvise calls that set them.
@@ -28,7 +28,7 @@ var madvFlags = map[string]int{
 }
 
 // Injector is what the restore of memory asks of the process under
-// restore, through its injector (a *ptrace.Injector): system calls run
+// restore, through its injector (a *syscalls.Injector): system calls run
 // one at a time, and data put in its scratch memory for them.
 type Injector interface {
 	Call(nr int, args ...uint64) (uint64, error)
@@ -38,7 +38,7 @@ type Injector interface {
 }
 
 // batch is a batch of system calls in the making, run in one resume of
-// the process once complete (a *ptrace.Calls).
+// the process once complete (a *syscalls.Calls).
 type batch interface {
 	// Add appends system call nr with args; what names it in an error.
 	Add(what string, nr int, args ...uint64)
@@ -53,7 +53,7 @@ type batch interface {
 // Target is the process under restore: injected calls reach it, and it
 // becomes the process of State.
 type Target struct {
-	In    *ptrace.Injector
+	In    *syscalls.Injector
 	State *image.Process
 	Log   *slog.Logger
 	// Tree, for a process of a tree, hands out the shared memory

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 )
 
 // JoinCgroups moves process pid into each cgroup of process of, in every
@@ -21,7 +22,7 @@ func JoinCgroups(pid, of int) error {
 	if err != nil {
 		return err
 	}
-	mounts, err := proc.Mounts(os.Getpid())
+	mounts, err := kernel.Mounts(os.Getpid())
 	if err != nil {
 		return err
 	}
@@ -54,7 +55,7 @@ func JoinCgroups(pid, of int) error {
 // cgroupMount returns where the hierarchy of controllers ctrls (as
 // /proc/PID/cgroup names them: "cpu,cpuacct", "name=systemd", "" for
 // cgroup v2) is mounted in ms, or "".
-func cgroupMount(ms []proc.Mount, ctrls string) string {
+func cgroupMount(ms []kernel.Mount, ctrls string) string {
 	for _, m := range ms {
 		switch {
 		case ctrls == "" && m.FSType == "cgroup2":

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/proc/kernel"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // Namespaces say which namespaces restored processes live in. Their zero
@@ -158,7 +158,7 @@ func Names(flags uintptr) string {
 // before the processes are cloned out of it, by calls injected into it: its mount namespace a slave of
 // ours, its new network namespace's loopback up, or the network
 // namespace at netFD joined.
-func (ns Namespaces) SetUpStub(in *ptrace.Injector, flags uintptr) error {
+func (ns Namespaces) SetUpStub(in *syscalls.Injector, flags uintptr) error {
 	if flags&unix.CLONE_NEWNS != 0 {
 		root, err := in.PutString(0, "/")
 		if err != nil {
@@ -220,7 +220,7 @@ func (ns Namespaces) OpenInto() (*os.File, error) {
 
 // joinInto puts the stub in the cgroups of Into, then in its namespaces:
 // the processes cloned from it inherit both.
-func (ns Namespaces) joinInto(in *ptrace.Injector) error {
+func (ns Namespaces) joinInto(in *syscalls.Injector) error {
 	if err := JoinCgroups(in.Thread().Tid(), ns.Into); err != nil {
 		return err
 	}
@@ -236,11 +236,11 @@ func (ns Namespaces) joinInto(in *ptrace.Injector) error {
 // detachMounts unmounts lazily (MNT_DETACH), in the mount namespace of
 // the stub in, every mount of the file system types fstypes, the mounts
 // on them first.
-func detachMounts(in *ptrace.Injector, fstypes []string) error {
+func detachMounts(in *syscalls.Injector, fstypes []string) error {
 	if len(fstypes) == 0 {
 		return nil
 	}
-	ms, err := proc.Mounts(in.Thread().Tid())
+	ms, err := kernel.Mounts(in.Thread().Tid())
 	if err != nil {
 		return err
 	}
@@ -262,7 +262,7 @@ func detachMounts(in *ptrace.Injector, fstypes []string) error {
 
 // loopbackUp sets IFF_UP on lo, as ip link set lo up does, from inside
 // the stub (in its network namespace).
-func loopbackUp(in *ptrace.Injector) error {
+func loopbackUp(in *syscalls.Injector) error {
 	s, err := in.Call(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -294,7 +294,7 @@ func loopbackUp(in *ptrace.Injector) error {
 // MountProc mounts, from inside the restored process that in injects
 // into (in the new pid and mount namespaces), a /proc of its pid
 // namespace over /proc.
-func MountProc(in *ptrace.Injector) error {
+func MountProc(in *syscalls.Injector) error {
 	at, _ := in.Scratch()
 	src, err := in.PutString(0, "proc")
 	if err != nil {

@@ -10,11 +10,11 @@
 // The parsers of a process's /proc files are one package: they share the
 // bounded-reading helpers and the malformed-input sentinels, and each file
 // format is a file of its own. Readers that ask the kernel in other ways
-// and what belongs to the kernel rather than to a process are subpackages
-// that use those sentinels: pagemap (page tables, also by ioctl), sockdiag
-// (sockets, over netlink) and kernel (sysctls, System V IPC objects, memory
-// settings). Together they are the only code that parses /proc, a rule the
-// rest of the tree keeps.
+// and what belongs to the kernel or a namespace rather than to a process
+// are subpackages that use those sentinels: pagemap (page tables, also by
+// ioctl), sockdiag (sockets, over netlink) and kernel (sysctls, System V
+// IPC objects, mount tables, memory settings). Together they are the only
+// code that parses /proc, a rule the rest of the tree keeps.
 //
 // # What is covered
 //
@@ -35,7 +35,8 @@
 //     stats the open file.
 //   - Sockets: the subpackage sockdiag asks the kernel over netlink for
 //     states, listen backlogs, pending connections and unix peers.
-//   - Mounts: Mounts lists /proc/PID/mountinfo.
+//   - Mounts: the subpackage kernel lists a mount namespace's mounts from
+//     /proc/PID/mountinfo (Mounts).
 //
 // # Consistency
 //

@@ -2,7 +2,6 @@ package ptrace
 
 import (
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,7 +33,7 @@ func setSyscall(r *Regs, stub uint64, nr int, args []uint64) {
 }
 
 // batchCode runs the table of system calls at rbx, r12 entries of
-// batchEntry (number, six arguments, result), storing each result in its
+// BatchEntry (number, six arguments, result), storing each result in its
 // entry, then stops on an int3:
 //
 //	loop: mov rax, [rbx]; mov rdi, [rbx+8]; mov rsi, [rbx+16]
@@ -82,25 +81,6 @@ func checkABI(r *Regs) error {
 // patchWord puts the stub into the low bytes of a text word.
 func patchWord(w uint64) uint64 {
 	return w&^0xffffff | uint64(stubCode[0]) | uint64(stubCode[1])<<8 | uint64(stubCode[2])<<16
-}
-
-func ptGetRegs(tid int, r *Regs) error {
-	_, err := ptracePtr(unix.PTRACE_GETREGS, tid, 0, unsafe.Pointer(r))
-	return err
-}
-
-func ptSetRegs(tid int, r *Regs) error {
-	_, err := ptracePtr(unix.PTRACE_SETREGS, tid, 0, unsafe.Pointer(r))
-	return err
-}
-
-// SigAction is struct kernel_sigaction as rt_sigaction(2) sees it on
-// x86-64.
-type SigAction struct {
-	Handler  uint64 // SIG_DFL 0, SIG_IGN 1, or the handler address
-	Flags    uint64 // SA_*
-	Restorer uint64
-	Mask     uint64
 }
 
 // Register sets for RegSet/SetRegSet.

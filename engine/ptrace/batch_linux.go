@@ -3,8 +3,6 @@ package ptrace
 import (
 	"encoding/binary"
 	"fmt"
-
-	"golang.org/x/sys/unix"
 )
 
 // Batches: a thread stopped for a dump answers many small questions
@@ -22,8 +20,10 @@ type BatchCall struct {
 	Result int64
 }
 
-// batchEntry is the size of a table entry: number, six arguments, result.
-const batchEntry = 64
+// BatchEntry is the size of a table entry: number, six arguments, result.
+// Callers that lay out their own data beside a table (engine/ptrace/syscalls)
+// reserve this much scratch memory per call.
+const BatchEntry = 64
 
 // batchOff is where batchCode follows the stub in the stub page.
 const batchOff = 16
@@ -53,7 +53,7 @@ func (in *Injector) runBatch(off int, calls []BatchCall) error {
 		}
 		return nil
 	}
-	n := len(calls) * batchEntry
+	n := len(calls) * BatchEntry
 	if off < 0 || off%8 != 0 {
 		return fmt.Errorf("batch table at scratch offset %d: want a multiple of 8", off)
 	}
@@ -62,7 +62,7 @@ func (in *Injector) runBatch(off int, calls []BatchCall) error {
 	}
 	table := make([]byte, n)
 	for i, c := range calls {
-		e := table[i*batchEntry:]
+		e := table[i*BatchEntry:]
 		binary.LittleEndian.PutUint64(e, uint64(c.Nr))
 		for j, a := range c.Args {
 			binary.LittleEndian.PutUint64(e[8+8*j:], a)
@@ -81,235 +81,32 @@ func (in *Injector) runBatch(off int, calls []BatchCall) error {
 		return fmt.Errorf("read batch results: %w", err)
 	}
 	for i := range calls {
-		calls[i].Result = int64(binary.LittleEndian.Uint64(table[i*batchEntry+56:]))
+		calls[i].Result = int64(binary.LittleEndian.Uint64(table[i*BatchEntry+56:]))
 	}
 	return nil
 }
 
-// ThreadInfo is the state of a thread that only injected calls read.
-type ThreadInfo struct {
-	TidAddress uint64 // prctl(PR_GET_TID_ADDRESS)
-	AltStack   AltStack
-	// PdeathSig is prctl(PR_GET_PDEATHSIG): the signal the thread gets
-	// when the thread that created it dies (0: none).
-	PdeathSig int
+// WriteStub writes the injection stub ("syscall; int3") at addr of p,
+// with the batch code after it, for an Injector made with InjectorAt to
+// run its calls through (and its batches in one resume: InjectorAt finds
+// the batch code there). addr needs StubLen bytes of executable memory.
+func (p *Process) WriteStub(addr uint64) error { return p.WriteMem(addr, stubWithBatch()) }
+
+// StubLen is how many bytes WriteStub writes.
+const StubLen = batchOff + len(batchCode)
+
+// stubWithBatch is the stub page's code: the stub, then the batch code.
+func stubWithBatch() []byte {
+	code := make([]byte, StubLen)
+	copy(code, stubCode[:])
+	copy(code[batchOff:], batchCode[:])
+	return code
 }
 
-// ProcessInfo is the state of a process that only injected calls read,
-// with that of the thread they ran in.
-type ProcessInfo struct {
-	SigActions [NumSignals]SigAction
-	Brk        uint64
-	Dumpable   int // prctl(PR_GET_DUMPABLE)
-	// ChildSubreaper is prctl(PR_GET_CHILD_SUBREAPER); SubreaperErr its
-	// failure, if any (kernels without it).
-	ChildSubreaper bool
-	SubreaperErr   error
-	Thread         ThreadInfo
-}
-
-// Scratch layout of ReadProcess and ReadThread: the answers first, the
-// table after them.
-const (
-	infoActs      = 0
-	infoSubreaper = infoActs + NumSignals*32
-	infoPdeath    = infoSubreaper + 8
-	infoTid       = infoPdeath + 8
-	infoAltStack  = infoTid + 8
-	infoEnd       = infoAltStack + 24
-	infoTable     = (infoEnd + 63) &^ 63
-)
-
-// threadCalls are the calls of ReadThread, answers at base.
-func (in *Injector) threadCalls(base uint64) []BatchCall {
-	return []BatchCall{
-		{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_TID_ADDRESS, base + infoTid}},
-		{Nr: unix.SYS_SIGALTSTACK, Args: [6]uint64{0, base + infoAltStack}},
-		{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_PDEATHSIG, base + infoPdeath}},
-	}
-}
-
-// threadInfo decodes the answers of threadCalls.
-func threadInfo(calls []BatchCall, b []byte) (ThreadInfo, error) {
-	var t ThreadInfo
-	if err := Errno(calls[0].Result); err != nil {
-		return t, fmt.Errorf("PR_GET_TID_ADDRESS: %w", err)
-	}
-	if err := Errno(calls[1].Result); err != nil {
-		return t, fmt.Errorf("sigaltstack: %w", err)
-	}
-	if err := Errno(calls[2].Result); err != nil {
-		return t, fmt.Errorf("PR_GET_PDEATHSIG: %w", err)
-	}
-	t.PdeathSig = int(le32(b[infoPdeath:]))
-	t.TidAddress = le64(b[infoTid:])
-	copy(bytesOf(&t.AltStack), b[infoAltStack:infoAltStack+24])
-	return t, nil
-}
-
-// ReadThread reads the thread's ThreadInfo in one batch.
-func (in *Injector) ReadThread() (ThreadInfo, error) {
-	var t ThreadInfo
-	err := in.th.p.t.Do(func() error {
-		if err := in.needScratch(infoTable); err != nil {
-			return err
-		}
-		b := make([]byte, infoEnd)
-		if err := in.th.p.writeMem(in.scratch, b); err != nil {
-			return err
-		}
-		calls := in.threadCalls(in.scratch)
-		if err := in.runBatch(infoTable, calls); err != nil {
-			return err
-		}
-		if err := in.th.p.ReadMem(in.scratch, b); err != nil {
-			return err
-		}
-		var err error
-		t, err = threadInfo(calls, b)
-		return err
-	})
-	return t, err
-}
-
-// ReadProcess reads the process's ProcessInfo, and the thread's, in one
-// batch: rt_sigaction for every signal, brk(0), the prctl values and the
-// thread's calls.
-func (in *Injector) ReadProcess() (ProcessInfo, error) {
-	var p ProcessInfo
-	err := in.th.p.t.Do(func() error {
-		if err := in.needScratch(infoTable + (NumSignals+6)*batchEntry); err != nil {
-			return err
-		}
-		b := make([]byte, infoEnd)
-		if err := in.th.p.writeMem(in.scratch, b); err != nil {
-			return err
-		}
-		s := in.scratch
-		calls := make([]BatchCall, 0, NumSignals+6)
-		for sig := 1; sig <= NumSignals; sig++ {
-			calls = append(calls, BatchCall{Nr: unix.SYS_RT_SIGACTION, Args: [6]uint64{uint64(sig), 0, s + infoActs + uint64(sig-1)*32, 8}})
-		}
-		calls = append(calls,
-			BatchCall{Nr: unix.SYS_BRK},
-			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_DUMPABLE}},
-			BatchCall{Nr: unix.SYS_PRCTL, Args: [6]uint64{unix.PR_GET_CHILD_SUBREAPER, s + infoSubreaper}})
-		calls = append(calls, in.threadCalls(s)...)
-		if err := in.runBatch(infoTable, calls); err != nil {
-			return err
-		}
-		if err := in.th.p.ReadMem(s, b); err != nil {
-			return err
-		}
-		for sig := 1; sig <= NumSignals; sig++ {
-			if err := Errno(calls[sig-1].Result); err != nil {
-				return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
-			}
-			copy(bytesOf(&p.SigActions[sig-1]), b[infoActs+(sig-1)*32:infoActs+sig*32])
-		}
-		c := calls[NumSignals:]
-		if err := Errno(c[0].Result); err != nil {
-			return fmt.Errorf("brk: %w", err)
-		}
-		p.Brk = uint64(c[0].Result)
-		if err := Errno(c[1].Result); err != nil {
-			return fmt.Errorf("prctl(PR_GET_DUMPABLE): %w", err)
-		}
-		p.Dumpable = int(c[1].Result)
-		if err := Errno(c[2].Result); err != nil {
-			p.SubreaperErr = fmt.Errorf("prctl(PR_GET_CHILD_SUBREAPER): %w", err)
-		} else {
-			p.ChildSubreaper = le32(b[infoSubreaper:]) != 0
-		}
-		var err error
-		p.Thread, err = threadInfo(c[3:], b)
-		return err
-	})
-	return p, err
-}
-
-// Calls is a batch in the making: system calls, what each is for (to name
-// the one that fails), and the data their arguments point to, laid out
-// from the start of the injector's scratch memory. Injector.RunCalls runs
-// them in one resume of the thread where it can.
-type Calls struct {
-	calls []BatchCall
-	what  []string
-	data  []byte
-	base  uint64
-}
-
-// NewCalls starts a batch for in.
-func (in *Injector) NewCalls() *Calls { return &Calls{base: in.scratch} }
-
-// Data puts b in the batch's scratch data and returns the address it
-// will have in the thread (8-byte aligned).
-func (c *Calls) Data(b []byte) uint64 {
-	a := c.base + uint64(len(c.data))
-	c.data = append(c.data, b...)
-	for len(c.data)%8 != 0 {
-		c.data = append(c.data, 0)
-	}
-	return a
-}
-
-// String puts s, NUL-terminated, in the batch's scratch data and returns
-// its address.
-func (c *Calls) String(s string) uint64 { return c.Data(append([]byte(s), 0)) }
-
-// Add appends system call nr with args; what names it in an error.
-func (c *Calls) Add(what string, nr int, args ...uint64) {
-	bc := BatchCall{Nr: nr}
-	copy(bc.Args[:], args)
-	c.calls = append(c.calls, bc)
-	c.what = append(c.what, what)
-}
-
-// Len returns how many calls the batch holds.
-func (c *Calls) Len() int { return len(c.calls) }
-
-// What returns what call i is for.
-func (c *Calls) What(i int) string { return c.what[i] }
-
-// Result returns the raw result of call i once RunCalls has run it.
-func (c *Calls) Result(i int) int64 { return c.calls[i].Result }
-
-// RunCalls writes c's data into the scratch memory and runs its calls in
-// order: in one resume when they fit the scratch memory beside their
-// data, in as few as fit otherwise, one by one without the batch code.
-// Every call runs, whatever the ones before it returned; the first that
-// failed is returned as an error naming it.
-func (in *Injector) RunCalls(c *Calls) error {
-	if err := in.execCalls(c); err != nil {
-		return err
-	}
-	for i := range c.calls {
-		if err := Errno(c.calls[i].Result); err != nil {
-			return fmt.Errorf("%s: %w", c.what[i], err)
-		}
-	}
-	return nil
-}
-
-// execCalls is RunCalls without the check of each call's result: the
-// error is a failure to run them.
-func (in *Injector) execCalls(c *Calls) error {
-	if len(c.calls) == 0 {
-		return nil
-	}
-	if c.base != in.scratch {
-		return fmt.Errorf("batch made for another injector's scratch memory")
-	}
-	if len(c.data) > 0 {
-		if _, err := in.Put(0, c.data); err != nil {
-			return err
-		}
-	}
-	per := max(1, (in.scratchLen-len(c.data))/batchEntry)
-	for i := 0; i < len(c.calls); i += per {
-		if err := in.Batch(len(c.data), c.calls[i:min(i+per, len(c.calls))]); err != nil {
-			return err
-		}
+// needScratch checks the scratch area holds n bytes.
+func (in *Injector) needScratch(n int) error {
+	if in.scratch == 0 || in.scratchLen < n {
+		return fmt.Errorf("injector of thread %d: needs %d bytes of scratch memory, has %d", in.th.tid, n, in.scratchLen)
 	}
 	return nil
 }

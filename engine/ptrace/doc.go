@@ -36,8 +36,9 @@
 //
 // [Tracer.StartStopped] forks and executes a program on the tracer thread
 // and returns it stopped before its first instruction, seized like any
-// other process; [Injector.Clone3] then makes processes and threads with
-// chosen ids inside it, auto-attached and stopped.
+// other process; [Injector.CallNewTask] (clone3, typed as Clone3 in
+// engine/ptrace/syscalls) then makes processes and threads with chosen ids
+// inside it, auto-attached and stopped.
 //
 // # Injection
 //
@@ -53,9 +54,16 @@
 // arrive while injected calls run are held and delivered when the thread is
 // resumed. Each call is a resume of the thread and a wait for its stop; an
 // Injector made by [Thread.NewInjector] also maps a loop beside its stub
-// that runs a table of calls in one resume ([Injector.Batch],
-// [Injector.ReadProcess], [Injector.ReadThread]), for a dump's many small
-// questions.
+// that runs a table of calls in one resume ([Injector.Batch]), for a
+// dump's many small questions.
+//
+// This package is the mechanism: injecting one system call, or a table of
+// them. The typed calls built on it (passing arguments through scratch
+// memory, opening and stat-ing files, PR_SET_MM, clone3, the batched reads
+// of a dump) are in engine/ptrace/syscalls, whose Injector embeds this
+// one. Below it, engine/ptrace/raw makes the ptrace requests and waits
+// themselves, one function each, which only this package's tracer thread
+// calls.
 //
 // # Errors
 //
@@ -68,8 +76,7 @@
 // [*SyscallError] that matches the errno with errors.Is.
 //
 // The package is Linux and x86-64 only; what is x86-64 about it (registers,
-// the stub, struct kernel_sigaction, the FPU register sets) is in
-// arch_amd64.go.
+// the stub, the batch loop, the FPU register sets) is in arch_amd64.go.
 //
 // Its size (more than most packages here) is one responsibility: every
 // ptrace request must come from the one thread that traces, so freezing,

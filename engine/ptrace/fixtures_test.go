@@ -1,13 +1,10 @@
 package ptrace
 
 import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -73,32 +70,6 @@ func requireNotTraced(t testing.TB, pid int, when string) {
 	}
 }
 
-// freePid returns a pid that is not in use, well above the last one given.
-func freePid(t testing.TB, after int) int {
-	t.Helper()
-	b, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	maxb, _ := os.ReadFile("/proc/sys/kernel/pid_max")
-	pidMax, _ := strconv.Atoi(strings.TrimSpace(string(maxb)))
-	// Well past the last pid handed out, wrapping round below pid_max as
-	// the kernel does (pids below 300 are reserved once it has wrapped).
-	start := max(last, after) + 500
-	for i := range pidMax {
-		p := start + i
-		if p >= pidMax {
-			p = 300 + (p-pidMax)%(pidMax-300)
-		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); os.IsNotExist(err) {
-			return p
-		}
-	}
-	t.Fatal("no free pid")
-	return 0
-}
-
 // startSeized starts fixture name (start) and seizes it with o, on a new
 // Tracer.
 func startSeized(t testing.TB, name string, o SeizeOptions) (*Tracer, *fixture.Proc, *Process) {
@@ -127,4 +98,19 @@ func detachRuns(t testing.TB, p *Process, c *fixture.Proc) {
 	}
 	c.Skip()
 	c.Expect(t, "tick", 2*time.Second)
+}
+
+// findMapping returns the mapping of pid that holds addr, if any.
+func findMapping(t *testing.T, pid int, addr uint64) (proc.Mapping, bool) {
+	t.Helper()
+	maps, err := proc.ReadMaps(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if addr >= m.Start && addr < m.End {
+			return m, true
+		}
+	}
+	return proc.Mapping{}, false
 }

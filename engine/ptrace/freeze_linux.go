@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // SeizeOptions configure Tracer.Seize.
@@ -146,7 +147,7 @@ func (t *Tracer) freezeFrom(p *Process, start, deadline time.Time) error {
 
 // attachThread seizes and interrupts one thread found in /proc/PID/task.
 func (t *Tracer) attachThread(p *Process, tid int) error {
-	err := ptSeize(tid, p.opts)
+	err := raw.Seize(tid, p.opts)
 	switch {
 	case err == nil:
 	case errors.Is(err, unix.ESRCH):
@@ -184,7 +185,7 @@ func (t *Tracer) waitFrozen(p *Process, pending []*Thread, stats *FreezeStats, d
 			if th.state != stRunning {
 				continue
 			}
-			st, ok, err := waitOnce(th.tid, th.reap())
+			st, ok, err := raw.WaitOnce(th.tid, th.reap())
 			if err != nil {
 				return err
 			}
@@ -234,12 +235,12 @@ func (t *Tracer) waitFrozen(p *Process, pending []*Thread, stats *FreezeStats, d
 // the freeze's own are dealt with and the thread interrupted again: any
 // ptrace trap clears a pending PTRACE_INTERRUPT. It returns a thread that
 // appeared (auto-attached), if any.
-func (t *Tracer) freezeStop(th *Thread, st status, stats *FreezeStats) (*Thread, error) {
+func (t *Tracer) freezeStop(th *Thread, st raw.Status, stats *FreezeStats) (*Thread, error) {
 	p := th.p
 	th.fresh = false
 	th.apply(st)
 	again := func(sig int) error {
-		if err := ptCont(th.tid, sig); err != nil {
+		if err := raw.Cont(th.tid, sig); err != nil {
 			return th.check("continue", err)
 		}
 		th.state = stRunning
@@ -252,13 +253,13 @@ func (t *Tracer) freezeStop(th *Thread, st status, stats *FreezeStats) (*Thread,
 		// A signal arrived before the interrupt: deliver it, as the kernel
 		// would have, and stop right after.
 		stats.SignalsDelivered++
-		return nil, again(int(st.sig))
+		return nil, again(int(st.Sig))
 	}
-	switch st.event {
+	switch st.Event {
 	case unix.PTRACE_EVENT_STOP:
 		return nil, nil // the interrupt (or the first stop of a new thread)
 	case unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_VFORK:
-		msg, err := ptEventMsg(th.tid)
+		msg, err := raw.EventMsg(th.tid)
 		if err != nil {
 			return nil, th.check("PTRACE_GETEVENTMSG", err)
 		}
@@ -275,7 +276,7 @@ func (th *Thread) requestStop() error {
 	if th.fresh {
 		return nil
 	}
-	if err := ptInterrupt(th.tid); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := raw.Interrupt(th.tid); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("interrupt %d: %w", th.tid, err)
 	}
 	return nil

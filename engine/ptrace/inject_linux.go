@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 const pageSize = 4096
@@ -97,7 +98,7 @@ func (th *Thread) begin(stub, scratch uint64, scratchLen int) (*Injector, error)
 			in.batch = stub + batchOff
 		}
 	}
-	if err := ptGetRegs(th.tid, &in.saved); err != nil {
+	if err := raw.GetRegs(th.tid, &in.saved); err != nil {
 		return nil, th.check("PTRACE_GETREGS", err)
 	}
 	if err := checkABI(&in.saved); err != nil {
@@ -182,15 +183,15 @@ func patchSites(maps []proc.Mapping) []uint64 {
 // at site, and always writes the text back.
 func (in *Injector) viaPatch(site uint64, nr int, args ...uint64) (int64, error) {
 	tid := in.th.tid
-	orig, err := ptPeek(tid, site)
+	orig, err := raw.Peek(tid, site)
 	if err != nil {
 		return 0, in.th.check("PTRACE_PEEKTEXT", err)
 	}
-	if err := ptPoke(tid, site, patchWord(orig)); err != nil {
+	if err := raw.Poke(tid, site, patchWord(orig)); err != nil {
 		return 0, in.th.check("PTRACE_POKETEXT", err)
 	}
 	r, err := in.syscallAt(site, nr, args)
-	if perr := ptPoke(tid, site, orig); perr != nil && err == nil {
+	if perr := raw.Poke(tid, site, orig); perr != nil && err == nil {
 		err = in.th.check("PTRACE_POKETEXT (restore)", perr)
 	}
 	return r, err
@@ -203,8 +204,8 @@ func (in *Injector) abort() { _ = in.close() }
 // Stub returns the address of the "syscall; int3" stub.
 func (in *Injector) Stub() uint64 { return in.stub }
 
-// Scratch returns the scratch memory: address and length. Helper methods
-// of the Injector use it and overwrite its start.
+// Scratch returns the scratch memory: address and length. The typed calls
+// of engine/ptrace/syscalls and Batch use it and overwrite its start.
 func (in *Injector) Scratch() (addr uint64, n int) { return in.scratch, in.scratchLen }
 
 // Thread returns the thread the Injector runs in.
@@ -311,10 +312,10 @@ func (in *Injector) run(regs *Regs, trap, unmapped uint64) (Regs, error) {
 		return Regs{}, err
 	}
 	in.children = in.children[:0]
-	if err := ptSetRegs(th.tid, regs); err != nil {
+	if err := raw.SetRegs(th.tid, regs); err != nil {
 		return Regs{}, th.check("PTRACE_SETREGS", err)
 	}
-	if err := ptCont(th.tid, 0); err != nil {
+	if err := raw.Cont(th.tid, 0); err != nil {
 		err = th.check("PTRACE_CONT", err)
 		in.restoreRegs()
 		return Regs{}, err
@@ -341,7 +342,7 @@ func (in *Injector) run(regs *Regs, trap, unmapped uint64) (Regs, error) {
 		if done {
 			return r, nil
 		}
-		if err := ptCont(th.tid, 0); err != nil {
+		if err := raw.Cont(th.tid, 0); err != nil {
 			return Regs{}, th.check("PTRACE_CONT", err)
 		}
 		th.state = stRunning
@@ -352,40 +353,40 @@ func (in *Injector) run(regs *Regs, trap, unmapped uint64) (Regs, error) {
 // finished (the int3 before trap reached, or a fault at unmapped after a
 // call that unmapped the stub), with the registers there. Otherwise the
 // stop was dealt with and the thread should be continued.
-func (in *Injector) classify(trap, unmapped uint64, st status) (done bool, regs Regs, err error) {
+func (in *Injector) classify(trap, unmapped uint64, st raw.Status) (done bool, regs Regs, err error) {
 	th := in.th
 	if th.state == stSignal {
-		si, err := ptGetSigInfo(th.tid)
+		si, err := raw.GetSigInfo(th.tid)
 		if err != nil {
 			return false, regs, th.check("PTRACE_GETSIGINFO", err)
 		}
 		kernel := si.Code() > 0 // synchronous, raised by the CPU or kernel
-		if kernel && (st.sig == unix.SIGTRAP || st.sig == unix.SIGSEGV) {
+		if kernel && (st.Sig == unix.SIGTRAP || st.Sig == unix.SIGSEGV) {
 			var r Regs
-			if err := ptGetRegs(th.tid, &r); err != nil {
+			if err := raw.GetRegs(th.tid, &r); err != nil {
 				return false, regs, th.check("PTRACE_GETREGS", err)
 			}
 			switch {
-			case st.sig == unix.SIGTRAP && pc(&r) == trap:
+			case st.Sig == unix.SIGTRAP && pc(&r) == trap:
 				return true, r, nil
-			case st.sig == unix.SIGSEGV && unmapped != 0 && pc(&r) == unmapped && si.Addr() == unmapped:
+			case st.Sig == unix.SIGSEGV && unmapped != 0 && pc(&r) == unmapped && si.Addr() == unmapped:
 				// The call unmapped the stub itself (the final munmap).
 				return true, r, nil
 			}
-			return false, regs, &StopError{Tid: th.tid, Signal: st.sig, Addr: si.Addr(), Rip: pc(&r)}
+			return false, regs, &StopError{Tid: th.tid, Signal: st.Sig, Addr: si.Addr(), Rip: pc(&r)}
 		}
-		if kernel && isFault(st.sig) {
+		if kernel && isFault(st.Sig) {
 			var r Regs
-			_ = ptGetRegs(th.tid, &r)
-			return false, regs, &StopError{Tid: th.tid, Signal: st.sig, Addr: si.Addr(), Rip: pc(&r)}
+			_ = raw.GetRegs(th.tid, &r)
+			return false, regs, &StopError{Tid: th.tid, Signal: st.Sig, Addr: si.Addr(), Rip: pc(&r)}
 		}
 		// An asynchronous signal: hold it until the thread resumes.
 		th.held = append(th.held, si)
 		return false, regs, nil
 	}
-	switch st.event {
+	switch st.Event {
 	case unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_VFORK:
-		msg, err := ptEventMsg(th.tid)
+		msg, err := raw.EventMsg(th.tid)
 		if err != nil {
 			return false, regs, th.check("PTRACE_GETEVENTMSG", err)
 		}
@@ -405,7 +406,7 @@ func isFault(s unix.Signal) bool {
 // time (a call that blocks), and restores its registers.
 func (in *Injector) stopRunaway() {
 	th := in.th
-	_ = ptInterrupt(th.tid)
+	_ = raw.Interrupt(th.tid)
 	deadline := time.Now().Add(time.Second)
 	for th.state == stRunning {
 		st, err := th.p.t.waitStop(th.tid, th.reap(), deadline)
@@ -414,10 +415,10 @@ func (in *Injector) stopRunaway() {
 		}
 		th.apply(st)
 		if th.state == stSignal {
-			if si, err := ptGetSigInfo(th.tid); err == nil {
+			if si, err := raw.GetSigInfo(th.tid); err == nil {
 				th.held = append(th.held, si)
 			}
-			if ptCont(th.tid, 0) == nil {
+			if raw.Cont(th.tid, 0) == nil {
 				th.state = stRunning
 			}
 		}
@@ -430,7 +431,7 @@ func (in *Injector) restoreRegs() error {
 	if in.th.state == stExited || in.th.state == stRunning {
 		return nil
 	}
-	return in.th.check("PTRACE_SETREGS", ptSetRegs(in.th.tid, &in.saved))
+	return in.th.check("PTRACE_SETREGS", raw.SetRegs(in.th.tid, &in.saved))
 }
 
 // SetRegs sets the registers Close writes back (by default, those the

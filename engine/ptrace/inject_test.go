@@ -239,8 +239,9 @@ func injectSome(t *testing.T, th *Thread) {
 	addr := mustCall(t, in, unix.SYS_MMAP, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
 	mustCall(t, in, unix.SYS_MUNMAP, addr, pageSize)
-	if _, err := in.SigActions(); err != nil {
-		t.Fatal(err)
+	scratch, _ := in.Scratch()
+	for sig := 1; sig <= 64; sig++ {
+		mustCall(t, in, unix.SYS_RT_SIGACTION, uint64(sig), 0, scratch, 8)
 	}
 	if err := in.Close(); err != nil {
 		t.Fatal(err)

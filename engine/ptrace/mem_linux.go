@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -120,10 +119,4 @@ func memErr(err error) error {
 		return pe.Err
 	}
 	return err
-}
-
-// bytesOf views a fixed-size value as bytes (for structs written into
-// scratch memory; x86-64 is little-endian like the kernel ABI).
-func bytesOf[T any](v *T) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(v)), unsafe.Sizeof(*v))
 }

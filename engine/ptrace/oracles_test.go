@@ -5,45 +5,12 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // Readers only the tests use: a second way to read what the package reads
 // in batches or holds across injection, to check it against.
-
-// SigActions reads the disposition of every signal with injected
-// rt_sigaction(sig, NULL, &old, 8); element i is signal i+1.
-func (in *Injector) SigActions() ([NumSignals]SigAction, error) {
-	var out [NumSignals]SigAction
-	err := in.th.p.t.Do(func() error {
-		if err := in.needScratch(32); err != nil {
-			return err
-		}
-		for sig := 1; sig <= NumSignals; sig++ {
-			if _, err := in.call(unix.SYS_RT_SIGACTION, uint64(sig), 0, in.scratch, 8); err != nil {
-				return fmt.Errorf("rt_sigaction(%d): %w", sig, err)
-			}
-			if err := in.th.p.ReadMem(in.scratch, bytesOf(&out[sig-1])); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return out, err
-}
-
-// CanBatch reports whether Batch runs its calls in one resume (the
-// Injector was made by NewInjector, or by InjectorAt on the stub of an
-// open one); otherwise Batch injects them one by one.
-func (in *Injector) CanBatch() bool { return in.batch != 0 }
-
-// ReadUint64 reads one little-endian word.
-func (p *Process) ReadUint64(addr uint64) (uint64, error) {
-	var b [8]byte
-	if err := p.ReadMem(addr, b[:]); err != nil {
-		return 0, err
-	}
-	return le64(b[:]), nil
-}
 
 // maxPending bounds PendingSignals (RLIMIT_SIGPENDING is usually a few
 // thousand; realtime signals can queue).
@@ -52,10 +19,10 @@ const maxPending = 1 << 16
 // PendingSignals returns the signals queued for the thread (shared=false)
 // or for the whole process (shared=true), oldest first, without dequeuing
 // them (PTRACE_PEEKSIGINFO).
-func (th *Thread) PendingSignals(shared bool) ([]SigInfo, error) {
-	var out []SigInfo
+func (th *Thread) PendingSignals(shared bool) ([]raw.SigInfo, error) {
+	var out []raw.SigInfo
 	err := th.on(func() error {
-		buf := make([]SigInfo, 32)
+		buf := make([]raw.SigInfo, 32)
 		for len(out) < maxPending {
 			n, err := ptPeekSigInfo(th.tid, shared, uint64(len(out)), buf)
 			if err != nil {
@@ -80,7 +47,7 @@ type peekSigInfoArgs struct {
 
 const peekSigInfoShared = 1 // PTRACE_PEEKSIGINFO_SHARED
 
-func ptPeekSigInfo(tid int, shared bool, off uint64, out []SigInfo) (int, error) {
+func ptPeekSigInfo(tid int, shared bool, off uint64, out []raw.SigInfo) (int, error) {
 	a := peekSigInfoArgs{Off: off, Nr: int32(len(out))}
 	if shared {
 		a.Flags = peekSigInfoShared

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // threadState is where a tracee thread is, as far as the tracer knows.
@@ -30,8 +31,8 @@ const (
 )
 
 // Process is a traced thread group. Obtain one from Tracer.Seize,
-// Tracer.StartStopped or Injector.Clone3. Its methods are safe for
-// concurrent use.
+// Tracer.StartStopped or Injector.CallNewTask (the Clone3 of
+// engine/ptrace/syscalls). Its methods are safe for concurrent use.
 type Process struct {
 	t   *Tracer
 	pid int
@@ -54,10 +55,10 @@ type Thread struct {
 	// Owned by the tracer goroutine.
 	state   threadState
 	stopSig unix.Signal
-	held    []SigInfo // signals held back while injecting, delivered on resume
-	inj     *Injector // open injector, if any
-	fresh   bool      // auto-attached, its first stop not yet seen
-	orphan  bool      // detached from a process but did not stop in time: detach when it does
+	held    []raw.SigInfo // signals held back while injecting, delivered on resume
+	inj     *Injector     // open injector, if any
+	fresh   bool          // auto-attached, its first stop not yet seen
+	orphan  bool          // detached from a process but did not stop in time: detach when it does
 }
 
 // FreezeStats describes the last freeze of a process.
@@ -163,16 +164,16 @@ func (p *Process) forget() {
 }
 
 // apply records a wait status for th.
-func (th *Thread) apply(st status) {
+func (th *Thread) apply(st raw.Status) {
 	switch {
-	case st.exited:
+	case st.Exited:
 		th.p.dropThread(th)
-	case st.event == unix.PTRACE_EVENT_STOP && isStopSignal(st.sig):
-		th.state, th.stopSig = stGroup, st.sig
-	case st.event != 0:
-		th.state, th.stopSig = stEvent, st.sig
+	case st.Event == unix.PTRACE_EVENT_STOP && isStopSignal(st.Sig):
+		th.state, th.stopSig = stGroup, st.Sig
+	case st.Event != 0:
+		th.state, th.stopSig = stEvent, st.Sig
 	default:
-		th.state, th.stopSig = stSignal, st.sig
+		th.state, th.stopSig = stSignal, st.Sig
 	}
 }
 
@@ -295,7 +296,7 @@ func (th *Thread) release(detach bool) error {
 	th.held = nil
 	if th.state == stSignal && len(held) > 0 {
 		// Replace the stop's signal by the first held one, siginfo and all.
-		if err := ptSetSigInfo(th.tid, &held[0]); err == nil {
+		if err := raw.SetSigInfo(th.tid, &held[0]); err == nil {
 			sig = int(held[0].Signo())
 			held = held[1:]
 		}
@@ -308,11 +309,11 @@ func (th *Thread) release(detach bool) error {
 	var err error
 	switch {
 	case detach:
-		err = ptDetach(th.tid, sig)
+		err = raw.Detach(th.tid, sig)
 	case th.state == stGroup:
-		err = ptListen(th.tid)
+		err = raw.Listen(th.tid)
 	default:
-		err = ptCont(th.tid, sig)
+		err = raw.Cont(th.tid, sig)
 	}
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
@@ -336,7 +337,7 @@ const siTkill = -6
 
 // requeue sends a held signal back to its thread from outside: siginfo is
 // kept where the kernel allows it (si_code < 0), else only the number.
-func requeue(tgid, tid int, si *SigInfo) error {
+func requeue(tgid, tid int, si *raw.SigInfo) error {
 	if c := si.Code(); c < 0 && c != siTkill {
 		_, _, e := unix.Syscall6(unix.SYS_RT_TGSIGQUEUEINFO, uintptr(tgid), uintptr(tid), uintptr(si.Signo()), uintptr(unsafe.Pointer(si)), 0, 0)
 		if e == 0 {
@@ -389,11 +390,11 @@ func (p *Process) kill() error {
 				errs = append(errs, err)
 				break
 			}
-			if st.exited {
+			if st.Exited {
 				break
 			}
 			// An exit event or a stop racing with the kill.
-			_ = ptCont(th.tid, 0)
+			_ = raw.Cont(th.tid, 0)
 		}
 	}
 	p.forget()
@@ -417,27 +418,27 @@ func (p *Process) anyRunning() bool {
 func (t *Tracer) service() {
 	for _, th := range t.threads {
 		if th.orphan {
-			if st, ok, err := waitOnce(th.tid, th.reap()); err == nil && ok {
-				if !st.exited {
+			if st, ok, err := raw.WaitOnce(th.tid, th.reap()); err == nil && ok {
+				if !st.Exited {
 					sig := 0
-					if st.event == 0 {
-						sig = int(st.sig)
+					if st.Event == 0 {
+						sig = int(st.Sig)
 					}
-					_ = ptDetach(th.tid, sig)
+					_ = raw.Detach(th.tid, sig)
 				}
 				delete(t.threads, th.tid)
 			}
 			continue
 		}
 		if th.state != stRunning {
-			st, ok, err := waitOnce(th.tid, th.reap())
+			st, ok, err := raw.WaitOnce(th.tid, th.reap())
 			if err == nil && ok {
 				th.apply(st)
 			}
 			continue
 		}
 		for range 16 { // bounded: a signal storm must not starve requests
-			st, ok, err := waitOnce(th.tid, th.reap())
+			st, ok, err := raw.WaitOnce(th.tid, th.reap())
 			if err != nil || !ok {
 				break
 			}
@@ -455,33 +456,33 @@ func (t *Tracer) service() {
 
 // followStop handles one stop of a running (resumed) thread and lets it
 // run on. It returns true when the thread is no longer running.
-func (t *Tracer) followStop(th *Thread, st status) bool {
+func (t *Tracer) followStop(th *Thread, st raw.Status) bool {
 	th.apply(st)
 	switch th.state {
 	case stExited:
 		return true
 	case stGroup:
-		if ptListen(th.tid) == nil {
+		if raw.Listen(th.tid) == nil {
 			th.state = stRunning
 		}
 		return false
 	case stSignal:
 		th.fresh = false
-		if err := ptCont(th.tid, int(st.sig)); err == nil {
+		if err := raw.Cont(th.tid, int(st.Sig)); err == nil {
 			th.state = stRunning
 		}
 		return false
 	}
 	// Event stops.
 	th.fresh = false
-	switch st.event {
+	switch st.Event {
 	case unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_VFORK:
-		if msg, err := ptEventMsg(th.tid); err == nil {
+		if msg, err := raw.EventMsg(th.tid); err == nil {
 			nt := t.adopt(th.p, int(msg))
 			nt.state = stRunning
 		}
 	}
-	if err := ptCont(th.tid, 0); err == nil {
+	if err := raw.Cont(th.tid, 0); err == nil {
 		th.state = stRunning
 	}
 	return false
@@ -496,7 +497,7 @@ func (t *Tracer) adopt(p *Process, tid int) *Thread {
 			// back; it has no stop of its own coming, so interrupt it.
 			th.orphan, th.p = false, p
 			p.threads[tid] = th
-			_ = ptInterrupt(tid)
+			_ = raw.Interrupt(tid)
 		}
 		return th
 	}

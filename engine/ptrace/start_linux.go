@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // StartOptions configure Tracer.StartStopped.
@@ -32,7 +33,7 @@ type StartOptions struct {
 // with PTRACE_SEIZE like a seized process: after the exec stop the tracer
 // detaches with SIGSTOP, seizes the stopped process and continues it
 // with SIGCONT into an interrupt stop, all before the program runs an
-// instruction. Children it is made to create (Injector.Clone3) are seized
+// instruction. Children it is made to create (Injector.CallNewTask) are seized
 // too. The process is owned by the Tracer: Kill reaps it, Tracer.Close
 // kills it if it is still there.
 func (t *Tracer) StartStopped(path string, argv []string, o StartOptions) (*Process, error) {
@@ -77,8 +78,8 @@ func (t *Tracer) startStopped(path string, argv []string, o StartOptions) (*Proc
 		_ = unix.Kill(pid, unix.SIGKILL)
 		_ = p.kill()
 		for { // reap our child whatever state the tracing is in
-			st, ok, werr := waitOnce(pid, true)
-			if werr != nil || !ok || st.exited {
+			st, ok, werr := raw.WaitOnce(pid, true)
+			if werr != nil || !ok || st.Exited {
 				break
 			}
 		}
@@ -119,23 +120,23 @@ func (t *Tracer) seizeAfterExec(th *Thread, options int, deadline time.Time) err
 	if err != nil {
 		return fmt.Errorf("wait for exec stop: %w", err)
 	}
-	if st.exited || st.event != 0 || st.sig != unix.SIGTRAP {
+	if st.Exited || st.Event != 0 || st.Sig != unix.SIGTRAP {
 		return fmt.Errorf("pid %d: %v after exec, want SIGTRAP", pid, st)
 	}
 	// 2. Let go with SIGSTOP: the process enters a group-stop, which we,
 	// its parent, see as a stop of our child.
-	if err := ptDetach(pid, int(unix.SIGSTOP)); err != nil {
+	if err := raw.Detach(pid, int(unix.SIGSTOP)); err != nil {
 		return fmt.Errorf("PTRACE_DETACH: %w", err)
 	}
-	if st, err = t.waitStop(pid, true, deadline); err != nil || st.exited || st.sig != unix.SIGSTOP {
+	if st, err = t.waitStop(pid, true, deadline); err != nil || st.Exited || st.Sig != unix.SIGSTOP {
 		return fmt.Errorf("pid %d: %v after detach with SIGSTOP, want a group-stop (%w)", pid, st, err)
 	}
 	// 3. Seize the stopped process: it reports the group-stop as an event
 	// stop.
-	if err := ptSeize(pid, options); err != nil {
+	if err := raw.Seize(pid, options); err != nil {
 		return fmt.Errorf("PTRACE_SEIZE: %w", err)
 	}
-	if err := ptInterrupt(pid); err != nil {
+	if err := raw.Interrupt(pid); err != nil {
 		return fmt.Errorf("PTRACE_INTERRUPT: %w", err)
 	}
 	if err := th.waitFirstStop(deadline); err != nil {

@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace/raw"
 )
 
 // maxRegSet bounds a register set read (XSAVE with AMX is about 11 KiB).
@@ -24,14 +26,14 @@ func (th *Thread) on(fn func() error) error {
 // registers of the last stop, not the saved ones (see Injector.SavedRegs).
 func (th *Thread) Regs() (Regs, error) {
 	var r Regs
-	err := th.on(func() error { return th.check("PTRACE_GETREGS", ptGetRegs(th.tid, &r)) })
+	err := th.on(func() error { return th.check("PTRACE_GETREGS", raw.GetRegs(th.tid, &r)) })
 	return r, err
 }
 
 // SetRegs sets the general registers. With an open Injector use
 // Injector.SetRegs, or set them after Close.
 func (th *Thread) SetRegs(r *Regs) error {
-	return th.on(func() error { return th.check("PTRACE_SETREGS", ptSetRegs(th.tid, r)) })
+	return th.on(func() error { return th.check("PTRACE_SETREGS", raw.SetRegs(th.tid, r)) })
 }
 
 // RegSet reads register set note (NTX86XState, NTPRFPReg...) and returns
@@ -42,7 +44,7 @@ func (th *Thread) RegSet(note int) ([]byte, error) {
 		if th.p.t.regBuf == nil {
 			th.p.t.regBuf = make([]byte, maxRegSet)
 		}
-		n, err := ptGetRegSet(th.tid, note, th.p.t.regBuf)
+		n, err := raw.GetRegSet(th.tid, note, th.p.t.regBuf)
 		if err != nil {
 			return th.check(fmt.Sprintf("PTRACE_GETREGSET %#x", note), err)
 		}
@@ -59,7 +61,7 @@ func (th *Thread) SetRegSet(note int, b []byte) error {
 		return fmt.Errorf("PTRACE_SETREGSET %#x: empty", note)
 	}
 	return th.on(func() error {
-		return th.check(fmt.Sprintf("PTRACE_SETREGSET %#x", note), ptSetRegSet(th.tid, note, b))
+		return th.check(fmt.Sprintf("PTRACE_SETREGSET %#x", note), raw.SetRegSet(th.tid, note, b))
 	})
 }
 
@@ -71,7 +73,7 @@ func (th *Thread) SigMask() (uint64, error) {
 	var m uint64
 	err := th.on(func() error {
 		var err error
-		m, err = ptGetSigMask(th.tid)
+		m, err = raw.GetSigMask(th.tid)
 		return th.check("PTRACE_GETSIGMASK", err)
 	})
 	return m, err
@@ -81,7 +83,7 @@ func (th *Thread) SigMask() (uint64, error) {
 // inside ppoll/pselect/sigsuspend the kernel drops the call's saved mask,
 // and the restarted call installs its temporary mask again).
 func (th *Thread) SetSigMask(m uint64) error {
-	return th.on(func() error { return th.check("PTRACE_SETSIGMASK", ptSetSigMask(th.tid, m)) })
+	return th.on(func() error { return th.check("PTRACE_SETSIGMASK", raw.SetSigMask(th.tid, m)) })
 }
 
 // Rseq returns the thread's rseq registration (Ptr 0 if none).
@@ -89,7 +91,7 @@ func (th *Thread) Rseq() (RseqConfig, error) {
 	var c RseqConfig
 	err := th.on(func() error {
 		var err error
-		c, err = ptGetRseq(th.tid)
+		c, err = raw.GetRseq(th.tid)
 		return th.check("PTRACE_GET_RSEQ_CONFIGURATION", err)
 	})
 	return c, err
@@ -97,7 +99,7 @@ func (th *Thread) Rseq() (RseqConfig, error) {
 
 // SetOptions changes the PTRACE_O_* options of this thread.
 func (th *Thread) SetOptions(opts int) error {
-	return th.on(func() error { return th.check("PTRACE_SETOPTIONS", ptSetOptions(th.tid, opts)) })
+	return th.on(func() error { return th.check("PTRACE_SETOPTIONS", raw.SetOptions(th.tid, opts)) })
 }
 
 // RobustList returns the robust futex list head and its length of thread
@@ -112,3 +114,6 @@ func RobustList(tid int) (head uint64, size uint64, err error) {
 	}
 	return head, size, nil
 }
+
+// RseqConfig is a thread's rseq registration, as Rseq returns it.
+type RseqConfig = raw.RseqConfig

@@ -9,7 +9,7 @@
 // and, the last thing before the process runs, registers (SetThreadRegs).
 //
 // The restore's calls are added to a batch (the interface batch, which a
-// *ptrace.Calls satisfies) apart from running it, so that the package's
+// *syscalls.Calls satisfies) apart from running it, so that the package's
 // tests check which calls a state asks for, and in what order, through a
 // fake.
 package task

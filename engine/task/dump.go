@@ -12,6 +12,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // MaxPIDNSDepth is how many pid namespaces below the dumper's a dumped
@@ -161,7 +162,7 @@ func readLimits(pid int, st *image.Process) error {
 func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 	threads := p.Threads()
 	leader := p.Leader()
-	in, err := leader.NewInjector(4 * unix.Getpagesize())
+	in, err := syscalls.New(leader, 4*unix.Getpagesize())
 	if err != nil {
 		return fmt.Errorf("thread %d: prepare injection: %w", leader.Tid(), err)
 	}
@@ -175,7 +176,7 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 		return fmt.Errorf("thread %d: %w", leader.Tid(), err)
 	}
 	for i, a := range info.SigActions {
-		if a == (ptrace.SigAction{}) {
+		if a == (syscalls.SigAction{}) {
 			continue
 		}
 		st.SigActions = append(st.SigActions, image.SigAction{Signal: i + 1, Handler: a.Handler, Flags: a.Flags, Restorer: a.Restorer, Mask: a.Mask})
@@ -189,7 +190,7 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 	for _, th := range threads {
 		ti, tinfo := in, info.Thread
 		if th != leader {
-			ti, err = th.InjectorAt(in.Stub(), scratch, n)
+			ti, err = syscalls.At(th, in.Stub(), scratch, n)
 			if err != nil {
 				return fmt.Errorf("thread %d: %w", th.Tid(), err)
 			}
@@ -214,7 +215,7 @@ func Inject(p *ptrace.Process, st *image.Process, log *slog.Logger) error {
 
 // thread reads one thread's state. The Injector's saved registers are the
 // thread's registers at the freeze.
-func thread(pid int, th *ptrace.Thread, in *ptrace.Injector, info ptrace.ThreadInfo) (image.Thread, error) {
+func thread(pid int, th *ptrace.Thread, in *syscalls.Injector, info syscalls.ThreadInfo) (image.Thread, error) {
 	t := image.Thread{TID: th.Tid()}
 	regs := in.SavedRegs()
 	t.Regs, t.Syscall = toImageRegs(&regs)

@@ -13,6 +13,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds"
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // sigaltstack flags (not in x/sys/unix).
@@ -22,7 +23,7 @@ const (
 )
 
 // batch is what the restore of a process's state adds its system calls
-// to, to run in one resume of a thread: a *ptrace.Calls (the tests'
+// to, to run in one resume of a thread: a *syscalls.Calls (the tests'
 // records them).
 type batch interface {
 	// Add appends system call nr with args; what names it in an error.
@@ -37,7 +38,7 @@ type batch interface {
 
 // restorer is one RestoreProcess.
 type restorer struct {
-	in  *ptrace.Injector
+	in  *syscalls.Injector
 	st  *image.Process
 	log *slog.Logger
 }
@@ -50,7 +51,7 @@ type restorer struct {
 // with no_new_privs, which the kernel keeps per thread: a thread created
 // before has snapctl's. Its session and process group were set as the
 // process was created.
-func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, scratch int, st *image.Process, log *slog.Logger) error {
+func RestoreProcess(in *syscalls.Injector, threads []*ptrace.Thread, area uint64, scratch int, st *image.Process, log *slog.Logger) error {
 	r := &restorer{in: in, st: st, log: log}
 	// Signal actions, umask, directories, personality and prctl settings
 	// go in one batch: one resume of the process rather than seventy.
@@ -68,7 +69,7 @@ func RestoreProcess(in *ptrace.Injector, threads []*ptrace.Thread, area uint64, 
 	for i := range st.Threads {
 		tr := r
 		if i > 0 {
-			tin, err := threads[i].InjectorAt(area, area+image.PageSize, scratch)
+			tin, err := syscalls.At(threads[i], area, area+image.PageSize, scratch)
 			if err != nil {
 				return fmt.Errorf("thread %d: %w", st.Threads[i].TID, err)
 			}
@@ -139,7 +140,7 @@ func (r *restorer) sigActions(c batch) {
 		acts[a.Signal] = [4]uint64{a.Handler, a.Flags, a.Restorer, a.Mask}
 	}
 	buf := make([]byte, 32)
-	for sig := 1; sig <= ptrace.NumSignals; sig++ {
+	for sig := 1; sig <= syscalls.NumSignals; sig++ {
 		if sig == int(unix.SIGKILL) || sig == int(unix.SIGSTOP) {
 			continue
 		}
@@ -233,7 +234,7 @@ func (r *restorer) ids(c batch) {
 // RestoreThread restores, through in (injecting into the thread), what
 // the thread t registers with the kernel: its name, clear_child_tid,
 // robust list, alternate signal stack and rseq.
-func RestoreThread(in *ptrace.Injector, t *image.Thread) error {
+func RestoreThread(in *syscalls.Injector, t *image.Thread) error {
 	// One batch: one resume of the thread.
 	c := in.NewCalls()
 	threadCalls(c, t)
@@ -290,13 +291,13 @@ func SetThreadRegs(th *ptrace.Thread, t *image.Thread) error {
 // with PR_SET_MM_MAP. The old exe (the stub's) must be unmapped already,
 // as the kernel requires. A program deleted while it ran is the file made
 // again for its mappings, among ghosts (mem.Target.Ghosts).
-func SetMM(in *ptrace.Injector, st *image.Process, ghosts map[[2]uint64]int, foreign bool, log *slog.Logger) error {
+func SetMM(in *syscalls.Injector, st *image.Process, ghosts map[[2]uint64]int, foreign bool, log *slog.Logger) error {
 	if strings.HasSuffix(st.Exe.Path, deletedSuffix) {
 		fd, ok := ghosts[[2]uint64{st.Exe.Dev, st.Exe.Ino}]
 		if !ok {
 			return fmt.Errorf("%w: the program %s was deleted, and no mapping of it kept it", image.ErrUnsupported, st.Exe.Path)
 		}
-		return in.SetMM(ptrace.MM(st.MM), fd)
+		return in.SetMM(syscalls.MM(st.MM), fd)
 	}
 	exeFD, err := fds.OpenVerified(in, st.Exe.Path, unix.O_RDONLY|unix.O_CLOEXEC, st.Exe, fds.Match{Bytes: true, Foreign: foreign})
 	if err != nil {
@@ -307,7 +308,7 @@ func SetMM(in *ptrace.Injector, st *image.Process, ghosts map[[2]uint64]int, for
 			log.Warn("close in restored process", "fd", exeFD, "err", err)
 		}
 	}()
-	return in.SetMM(ptrace.MM(st.MM), exeFD)
+	return in.SetMM(syscalls.MM(st.MM), exeFD)
 }
 
 // deletedSuffix ends the link of a file that was deleted.

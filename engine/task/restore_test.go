@@ -23,7 +23,7 @@ type call struct {
 }
 
 // fakeBatch records the calls and the scratch data a restore adds to a
-// batch, as *ptrace.Calls would lay them out from dataBase.
+// batch, as *syscalls.Calls would lay them out from dataBase.
 type fakeBatch struct {
 	calls []call
 	data  []byte

@@ -8,6 +8,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
 	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // The threads of a process at restore, once its leader is made.
@@ -19,11 +20,11 @@ const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLON
 // leader), every thread of st but the leader with its original tid: its
 // own, in a new pid namespace (pidns). It returns them in the order of
 // st.Threads[1:].
-func CreateThreads(in *ptrace.Injector, st *image.Process, pidns bool) ([]*ptrace.Thread, error) {
+func CreateThreads(in *syscalls.Injector, st *image.Process, pidns bool) ([]*ptrace.Thread, error) {
 	var out []*ptrace.Thread
 	for _, t := range st.Threads[1:] {
 		own := t.OwnTID()
-		th, err := in.Clone3(ptrace.CloneArgs{Flags: threadFlags, SetTID: []int{own}})
+		th, err := in.Clone3(syscalls.CloneArgs{Flags: threadFlags, SetTID: []int{own}})
 		if err != nil {
 			return out, fmt.Errorf("clone3 thread %d: %w", own, err)
 		}
@@ -56,12 +57,12 @@ func CheckOwnPID(id, own int) error {
 // kernel (RestoreThread): the leader's through in, each other's through
 // an injector of its own on the same area (scratch bytes after a page).
 // Registers, FP state and signal mask are set last (SetRegs).
-func RestoreThreads(in *ptrace.Injector, threads []*ptrace.Thread, st *image.Process, area uint64, scratch int) error {
+func RestoreThreads(in *syscalls.Injector, threads []*ptrace.Thread, st *image.Process, area uint64, scratch int) error {
 	for i, t := range st.Threads {
 		tin := in
 		if i > 0 {
 			var err error
-			if tin, err = threads[i].InjectorAt(area, area+image.PageSize, scratch); err != nil {
+			if tin, err = syscalls.At(threads[i], area, area+image.PageSize, scratch); err != nil {
 				return fmt.Errorf("thread %d: %w", t.TID, err)
 			}
 		}
@@ -110,7 +111,7 @@ func QueuePending(pid int, threads []*ptrace.Thread, st *image.Process) error {
 		}
 	}
 	send := func(mask uint64, tid int) error {
-		for sig := 1; sig <= ptrace.NumSignals; sig++ {
+		for sig := 1; sig <= syscalls.NumSignals; sig++ {
 			s := unix.Signal(sig)
 			if mask&(1<<(sig-1)) == 0 || s == unix.SIGKILL || s == unix.SIGSTOP {
 				continue

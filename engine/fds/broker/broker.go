@@ -10,7 +10,7 @@ import (
 	"github.com/lazyfs/lazyfs/engine/fds/sock"
 	"github.com/lazyfs/lazyfs/engine/fds/tty"
 	"github.com/lazyfs/lazyfs/engine/image"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // Broker is the fds.Tree of a restore: it holds, in snapctl, the objects the
@@ -59,7 +59,7 @@ func (b *Broker) GiveInherited(pid int, st *image.Process, sts []*image.Process)
 }
 
 // Injector runs system calls in a process and passes their arguments
-// through its scratch memory: what PassFD asks of a *ptrace.Injector.
+// through its scratch memory: what PassFD asks of a *syscalls.Injector.
 type Injector interface {
 	Call(nr int, args ...uint64) (uint64, error)
 	Put(off int, b []byte) (uint64, error)
@@ -71,7 +71,7 @@ type Injector interface {
 // Take puts the object key into the process that in injects into and
 // returns its descriptor there, close-on-exec (passed through a socket
 // pair: the process may be in a pid namespace where snapctl has no pid).
-func (b *Broker) Take(in *ptrace.Injector, key string) (int, bool, error) {
+func (b *Broker) Take(in *syscalls.Injector, key string) (int, bool, error) {
 	fd, ok := b.mine[key]
 	if !ok {
 		return -1, false, nil

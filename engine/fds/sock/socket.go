@@ -39,7 +39,7 @@ type Dumper struct {
 
 // Injector runs system calls in the process under restore and passes
 // their arguments through its scratch memory: what a socket's restore
-// asks of a *ptrace.Injector.
+// asks of a *syscalls.Injector.
 type Injector interface {
 	Call(nr int, args ...uint64) (uint64, error)
 	Syscall(nr int, args ...uint64) (int64, error)

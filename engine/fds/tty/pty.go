@@ -11,7 +11,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/image"
 	"github.com/lazyfs/lazyfs/engine/proc"
-	"github.com/lazyfs/lazyfs/engine/ptrace"
+	"github.com/lazyfs/lazyfs/engine/ptrace/syscalls"
 )
 
 // Pseudo-terminal pairs whose master the processes hold (a terminal
@@ -262,7 +262,7 @@ type Taker interface {
 	// Take puts into the process that in injects into a descriptor on
 	// the object key and returns its number there (close-on-exec); ok
 	// is false if no process has handed the object out yet.
-	Take(in *ptrace.Injector, key string) (fd int, ok bool, err error)
+	Take(in *syscalls.Injector, key string) (fd int, ok bool, err error)
 }
 
 // PtyKey names an end of pseudo-terminal pair index.
@@ -315,7 +315,7 @@ func MakePairs(sts []*image.Process, out map[string]int) error {
 // session leader in injects into (st), with fg (a process group of the
 // session, in its pid namespace) in the foreground. The leader holds a
 // descriptor on it, or gets one from t for the time of the call.
-func SetCTTY(in *ptrace.Injector, st *image.Process, c *image.CTTY, fg int, t Taker) error {
+func SetCTTY(in *syscalls.Injector, st *image.Process, c *image.CTTY, fg int, t Taker) error {
 	fd := -1
 	for _, f := range st.FDs {
 		if f.Pty != nil && !f.Pty.Master && f.Pty.Index == c.Pty {

@@ -1,7 +1,8 @@
 // Package kernel reads state that belongs to the kernel (or to a
 // namespace) rather than to one process: kernel parameters under /proc/sys
 // (Sysctl, SysctlInt), the System V IPC objects of our IPC namespace from
-// /proc/sysvipc (ReadSysVShm, ReadSysVSem, ReadSysVMsg), and the memory
+// /proc/sysvipc (ReadSysVShm, ReadSysVSem, ReadSysVMsg), the mounts of a
+// mount namespace from /proc/PID/mountinfo (Mounts), and the memory
 // settings under /sys that change how fast memory is placed (ReadTHP,
 // FreePageReporting).
 //

@@ -1,6 +1,8 @@
 package kernel
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +13,26 @@ import (
 // maxFile bounds the files read whole here, as package proc bounds its
 // small files.
 const maxFile = 16 << 20
+
+// maxLine is the longest line a line-by-line parser here accepts, as in
+// package proc.
+const maxLine = 64 << 10
+
+// newScanner returns a line scanner over r that refuses lines longer than
+// maxLine.
+func newScanner(r io.Reader) *bufio.Scanner {
+	s := bufio.NewScanner(r)
+	s.Buffer(make([]byte, 0, 4096), maxLine)
+	return s
+}
+
+// scanErr converts a scanner error into proc's errors.
+func scanErr(err error) error {
+	if errors.Is(err, bufio.ErrTooLong) {
+		return fmt.Errorf("%w: line longer than %d bytes", proc.ErrTooLarge, maxLine)
+	}
+	return err
+}
 
 // readFile reads a whole file of at most limit bytes. /proc files report a
 // size of zero, so the limit is enforced while reading.

@@ -1,4 +1,4 @@
-package ptrace
+package syscalls
 
 import (
 	"encoding/binary"
@@ -45,7 +45,7 @@ func (in *Injector) SetMM(mm MM, exeFD int) error {
 	}
 	le.PutUint32(m[96:], uint32(len(auxv)))
 	le.PutUint32(m[100:], uint32(int32(exeFD)))
-	if err := in.th.p.WriteMem(at, append(m, auxv...)); err != nil {
+	if err := in.p.WriteMem(at, append(m, auxv...)); err != nil {
 		return err
 	}
 	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_MM, unix.PR_SET_MM_MAP, at, MMMapSize); err != nil {

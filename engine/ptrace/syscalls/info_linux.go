@@ -1,12 +1,13 @@
-package ptrace
+package syscalls
 
 import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // Helpers for the state only an injected system call can read. Each uses
@@ -18,7 +19,7 @@ const NumSignals = 64
 // needScratch checks the scratch area holds n bytes.
 func (in *Injector) needScratch(n int) error {
 	if in.scratch == 0 || in.scratchLen < n {
-		return fmt.Errorf("injector of thread %d: needs %d bytes of scratch memory, has %d", in.th.tid, n, in.scratchLen)
+		return fmt.Errorf("injector of thread %d: needs %d bytes of scratch memory, has %d", in.tid, n, in.scratchLen)
 	}
 	return nil
 }
@@ -28,20 +29,20 @@ func (in *Injector) needScratch(n int) error {
 // stored there.
 func (in *Injector) readVia(n int, nr int, out int, args ...uint64) ([]byte, error) {
 	var buf []byte
-	err := in.th.p.t.Do(func() error {
+	err := in.p.Tracer().Do(func() error {
 		if err := in.needScratch(n); err != nil {
 			return err
 		}
 		b := make([]byte, n)
-		if err := in.th.p.writeMem(in.scratch, b); err != nil {
+		if err := in.p.WriteMem(in.scratch, b); err != nil {
 			return err
 		}
 		args[out] = in.scratch
-		if _, err := in.call(nr, args...); err != nil {
+		if _, err := in.Call(nr, args...); err != nil {
 			return err
 		}
 		buf = b
-		return in.th.p.ReadMem(in.scratch, buf)
+		return in.p.ReadMem(in.scratch, buf)
 	})
 	return buf, err
 }
@@ -131,18 +132,18 @@ type cloneArgs struct {
 
 // Clone3 injects clone3 into the thread and returns the new task, stopped
 // at its first stop: a thread of the same process (CLONE_THREAD) or a new
-// process (Thread.Process). The tracing options the kernel needs to
+// process (ptrace.Thread.Process). The tracing options the kernel needs to
 // attach the child (PTRACE_O_TRACECLONE/FORK/VFORK) are added to the
 // calling thread for the call; the child inherits them. The child's
 // registers are the caller's at the stub (rip after the syscall, rax 0):
 // open an Injector on it, or set its registers, before resuming it.
 // The Thread has the tracer's id of the task, not the caller's when the
 // caller is in a pid namespace below the tracer's.
-// With SetTID, an occupied tid fails with a *SyscallError matching
+// With SetTID, an occupied tid fails with a *ptrace.SyscallError matching
 // unix.EEXIST.
-func (in *Injector) Clone3(a CloneArgs) (*Thread, error) {
-	var child *Thread
-	err := in.th.p.t.Do(func() error {
+func (in *Injector) Clone3(a CloneArgs) (*ptrace.Thread, error) {
+	var child *ptrace.Thread
+	err := in.p.Tracer().Do(func() error {
 		var err error
 		child, err = in.clone3(a)
 		return err
@@ -153,7 +154,7 @@ func (in *Injector) Clone3(a CloneArgs) (*Thread, error) {
 	return child, nil
 }
 
-func (in *Injector) clone3(a CloneArgs) (*Thread, error) {
+func (in *Injector) clone3(a CloneArgs) (*ptrace.Thread, error) {
 	const argsAt, tidsAt = 0, 128
 	if len(a.SetTID) > 32 {
 		return nil, fmt.Errorf("set_tid: %d levels, at most 32", len(a.SetTID))
@@ -165,77 +166,21 @@ func (in *Injector) clone3(a CloneArgs) (*Thread, error) {
 		Flags: a.Flags, PidFD: a.PidFD, ChildTID: a.ChildTID, ParentTID: a.ParentTID,
 		ExitSignal: a.ExitSignal, Stack: a.Stack, StackSize: a.StackSize, TLS: a.TLS, Cgroup: a.Cgroup,
 	}
-	p := in.th.p
+	p := in.p
 	if len(a.SetTID) > 0 {
 		tids := make([]byte, 0, 4*len(a.SetTID))
 		for _, t := range a.SetTID {
 			tids = binary.LittleEndian.AppendUint32(tids, uint32(t))
 		}
-		if err := p.writeMem(in.scratch+tidsAt, tids); err != nil {
+		if err := p.WriteMem(in.scratch+tidsAt, tids); err != nil {
 			return nil, err
 		}
 		ca.SetTID, ca.SetTIDSize = in.scratch+tidsAt, uint64(len(a.SetTID))
 	}
-	if err := p.writeMem(in.scratch+argsAt, bytesOf(&ca)); err != nil {
+	if err := p.WriteMem(in.scratch+argsAt, bytesOf(&ca)); err != nil {
 		return nil, err
 	}
-	const need = unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK
-	tid := in.th.tid
-	if p.opts&need != need {
-		if err := ptSetOptions(tid, p.opts|need); err != nil {
-			return nil, in.th.check("PTRACE_SETOPTIONS", err)
-		}
-		defer func() { _ = ptSetOptions(tid, p.opts) }()
-	}
-	r, err := in.call(unix.SYS_CLONE3, in.scratch+argsAt, uint64(bytesLen(&ca)))
-	if err != nil {
-		return nil, err
-	}
-	var child *Thread
-	for _, c := range in.children {
-		if c.tid == int(r) {
-			child = c
-		}
-	}
-	if child == nil && len(in.children) == 1 && r > 0 {
-		// The caller is in a pid namespace below ours: r is the new task's
-		// id there, the event's is ours.
-		child = in.children[0]
-	}
-	if child == nil {
-		return nil, fmt.Errorf("new task %d was not auto-attached", r)
-	}
-	if err := child.waitFirstStop(time.Now().Add(in.timeout)); err != nil {
-		return nil, err
-	}
-	return child, nil
-}
-
-// waitFirstStop waits for the first stop of an auto-attached task (an
-// event stop).
-func (th *Thread) waitFirstStop(deadline time.Time) error {
-	for th.state == stRunning {
-		st, err := th.p.t.waitStop(th.tid, th.reap(), deadline)
-		if err != nil {
-			return err
-		}
-		th.apply(st)
-		switch {
-		case th.state == stExited:
-			return fmt.Errorf("new task %d: %v: %w", th.tid, st, ErrExited)
-		case th.state == stSignal:
-			// A signal before the first stop: hold it.
-			if si, err := ptGetSigInfo(th.tid); err == nil {
-				th.held = append(th.held, si)
-			}
-			if err := ptCont(th.tid, 0); err != nil {
-				return th.check("PTRACE_CONT", err)
-			}
-			th.state = stRunning
-		}
-	}
-	th.fresh = false
-	return nil
+	return in.CallNewTask(unix.SYS_CLONE3, in.scratch+argsAt, uint64(bytesLen(&ca)))
 }
 
 func bytesLen[T any](v *T) int { return len(bytesOf(v)) }

@@ -1,10 +1,12 @@
-package proc
+package kernel
 
 import (
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // Mount is one line of /proc/PID/mountinfo: a mount of the mount
@@ -55,11 +57,11 @@ func parseMountinfoLine(line string) (Mount, error) {
 		}
 	}
 	if len(f) < 7 || sep < 0 || sep+1 >= len(f) {
-		return Mount{}, fmt.Errorf("%w: mountinfo line %q", ErrMalformed, line)
+		return Mount{}, fmt.Errorf("%w: mountinfo line %q", proc.ErrMalformed, line)
 	}
 	id, err := strconv.Atoi(f[0])
 	if err != nil {
-		return Mount{}, fmt.Errorf("%w: mountinfo line %q", ErrMalformed, line)
+		return Mount{}, fmt.Errorf("%w: mountinfo line %q", proc.ErrMalformed, line)
 	}
 	m := Mount{ID: id, Dev: f[2], Path: unescapeOctal(f[4]), FSType: f[sep+1]}
 	if sep+3 < len(f) {

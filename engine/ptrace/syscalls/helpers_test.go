@@ -1,4 +1,4 @@
-package ptrace
+package syscalls
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
@@ -26,12 +27,12 @@ func TestSigActionsAltStackPrctl(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "handlers")
 	ready := c.Ready
-	p := seize(t, tr, c.PID, SeizeOptions{})
-	in, err := p.Leader().NewInjector(pageSize)
+	p := seize(t, tr, c.PID, ptrace.SeizeOptions{})
+	in, err := New(p.Leader(), pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	acts, err := in.SigActions()
+	acts, err := sigActions(in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func TestPerThreadState(t *testing.T) {
 	c := start(t, "tickthreads")
 	// The fixture reported each thread before "ready"; collect them.
 	want := map[int]fixture.Line{}
-	p := seize(t, tr, c.PID, SeizeOptions{})
+	p := seize(t, tr, c.PID, ptrace.SeizeOptions{})
 	lines, err := c.Lines()
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +118,7 @@ func TestPerThreadState(t *testing.T) {
 	if len(want) != 5 {
 		t.Fatalf("%d thread lines: %v", len(want), want)
 	}
-	lead, err := p.Leader().NewInjector(pageSize)
+	lead, err := New(p.Leader(), pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func TestPerThreadState(t *testing.T) {
 		}
 		in := lead
 		if th.Tid() != p.Pid() {
-			if in, err = th.InjectorAt(lead.Stub(), scratch, n); err != nil {
+			if in, err = At(th, lead.Stub(), scratch, n); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -147,7 +148,7 @@ func TestPerThreadState(t *testing.T) {
 		if rs.Ptr != line.MustUint(t, "rseq") || rs.Signature != 0x53053053 || rs.Size < 32 {
 			t.Errorf("thread %d: rseq %+v, reported %q", th.Tid(), rs, line.Text)
 		}
-		head, _, err := RobustList(th.Tid())
+		head, _, err := ptrace.RobustList(th.Tid())
 		if err != nil || head == 0 {
 			t.Errorf("thread %d: robust list %#x %v", th.Tid(), head, err)
 		}
@@ -175,7 +176,7 @@ const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLON
 func TestStartStoppedClone3(t *testing.T) {
 	tr := newTracer(t)
 	bin := fixture.Build(t, "sleeper")
-	stub, err := tr.StartStopped(bin, []string{"stub"}, StartOptions{Options: unix.PTRACE_O_EXITKILL})
+	stub, err := tr.StartStopped(bin, []string{"stub"}, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestStartStoppedClone3(t *testing.T) {
 	if m := mappingOf(t, stub.Pid(), sr.Rip); !strings.Contains(m.Path, "ld-linux") {
 		t.Fatalf("stub stopped at %#x in %q, want the loader", sr.Rip, m.Path)
 	}
-	in, err := stub.Leader().NewInjector(pageSize)
+	in, err := New(stub.Leader(), pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestStartStoppedClone3(t *testing.T) {
 	}
 	// Same addresses in the copy of the stub's memory.
 	scratch, n := in.Scratch()
-	cin, err := child.InjectorAt(in.Stub(), scratch, n)
+	cin, err := At(child, in.Stub(), scratch, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +244,7 @@ func TestStartStoppedClone3(t *testing.T) {
 	if nt.Tid() != wantTid || nt.Process() != created {
 		t.Fatalf("thread %d in %d, want %d in %d", nt.Tid(), nt.Process().Pid(), wantTid, wantPid)
 	}
-	tin, err := nt.InjectorAt(in.Stub(), scratch, n)
+	tin, err := At(nt, in.Stub(), scratch, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func TestStartStoppedClone3(t *testing.T) {
 		t.Fatalf("child has %d threads", len(created.Threads()))
 	}
 	// The thread leaves by an injected exit.
-	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ErrExited) {
+	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ptrace.ErrExited) {
 		t.Fatalf("injected exit: %v, want ErrExited", err)
 	}
 	if len(created.Threads()) != 1 {
@@ -280,7 +281,7 @@ func TestStartStoppedClone3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sin, err := sib.InjectorAt(in.Stub(), scratch, n)
+	sin, err := At(sib, in.Stub(), scratch, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,8 +308,8 @@ func TestStartStoppedClone3(t *testing.T) {
 // Thread creation by injection in a seized, running program, which goes on
 // working afterwards.
 func TestClone3ThreadInSeized(t *testing.T) {
-	_, c, p := startSeized(t, "sleeper", SeizeOptions{})
-	in, err := p.Leader().NewInjector(2 * pageSize)
+	_, c, p := startSeized(t, "sleeper", ptrace.SeizeOptions{})
+	in, err := New(p.Leader(), 2*pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,14 +324,14 @@ func TestClone3ThreadInSeized(t *testing.T) {
 		t.Fatalf("children %v", ch)
 	}
 	scratch, n := in.Scratch()
-	tin, err := nt.InjectorAt(in.Stub(), scratch, n)
+	tin, err := At(nt, in.Stub(), scratch, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := mustCall(t, tin, unix.SYS_GETTID); int(got) != nt.Tid() {
 		t.Fatalf("gettid = %d want %d", got, nt.Tid())
 	}
-	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ErrExited) {
+	if _, err := tin.Syscall(unix.SYS_EXIT, 0); !errors.Is(err, ptrace.ErrExited) {
 		t.Fatalf("injected exit: %v", err)
 	}
 	if err := in.Close(); err != nil {

@@ -1,4 +1,4 @@
-package ptrace
+package syscalls
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // ReadProcess and ReadThread, one batch each, read what the calls
@@ -13,19 +15,19 @@ import (
 func TestBatchReadsAsSingleCalls(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "handlers")
-	p := seize(t, tr, c.PID, SeizeOptions{})
-	in, err := p.Leader().NewInjector(4 * pageSize)
+	p := seize(t, tr, c.PID, ptrace.SeizeOptions{})
+	in, err := New(p.Leader(), 4*pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !in.CanBatch() {
+	if !canBatch(t, in) {
 		t.Fatal("NewInjector's injector cannot batch")
 	}
 	info, err := in.ReadProcess()
 	if err != nil {
 		t.Fatal(err)
 	}
-	acts, err := in.SigActions()
+	acts, err := sigActions(in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +58,7 @@ func TestBatchReadsAsSingleCalls(t *testing.T) {
 	}
 
 	// A failing call does not stop the ones after it.
-	calls := []BatchCall{
+	calls := []ptrace.BatchCall{
 		{Nr: unix.SYS_GETPID},
 		{Nr: unix.SYS_CLOSE, Args: [6]uint64{^uint64(0)}},
 		{Nr: unix.SYS_GETTID},
@@ -64,7 +66,7 @@ func TestBatchReadsAsSingleCalls(t *testing.T) {
 	if err := in.Batch(1024, calls); err != nil {
 		t.Fatal(err)
 	}
-	if calls[0].Result != int64(c.PID) || !errors.Is(Errno(calls[1].Result), unix.EBADF) || calls[2].Result != int64(c.PID) {
+	if calls[0].Result != int64(c.PID) || !errors.Is(ptrace.Errno(calls[1].Result), unix.EBADF) || calls[2].Result != int64(c.PID) {
 		t.Errorf("batch results %d %d %d, want %d EBADF %d", calls[0].Result, calls[1].Result, calls[2].Result, c.PID, c.PID)
 	}
 	if err := in.Batch(1, calls); err == nil {
@@ -87,8 +89,8 @@ func TestBatchReadsAsSingleCalls(t *testing.T) {
 func TestBatchPerThread(t *testing.T) {
 	tr := newTracer(t)
 	c := start(t, "tickthreads")
-	p := seize(t, tr, c.PID, SeizeOptions{})
-	lead, err := p.Leader().NewInjector(pageSize)
+	p := seize(t, tr, c.PID, ptrace.SeizeOptions{})
+	lead, err := New(p.Leader(), pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,10 +99,10 @@ func TestBatchPerThread(t *testing.T) {
 	for _, th := range p.Threads() {
 		in := lead
 		if th.Tid() != p.Pid() {
-			if in, err = th.InjectorAt(lead.Stub(), scratch, n); err != nil {
+			if in, err = At(th, lead.Stub(), scratch, n); err != nil {
 				t.Fatal(err)
 			}
-			if !in.CanBatch() {
+			if !canBatch(t, in) {
 				t.Errorf("thread %d: injector on the leader's stub cannot batch", th.Tid())
 			}
 		}
@@ -125,18 +127,18 @@ func TestBatchPerThread(t *testing.T) {
 	// An injector on a stub without the batch code after it (one the
 	// caller wrote itself) runs a batch call by call.
 	addr := mustCall(t, lead, unix.SYS_MMAP, 0, pageSize, unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
-	if err := p.WriteMem(addr, stubCode[:]); err != nil {
+	if err := p.WriteMem(addr, bareStub); err != nil {
 		t.Fatal(err)
 	}
 	other := p.Threads()[0]
 	if other.Tid() == p.Pid() {
 		other = p.Threads()[1]
 	}
-	in, err := other.InjectorAt(addr, scratch, n)
+	in, err := At(other, addr, scratch, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.CanBatch() {
+	if canBatch(t, in) {
 		t.Error("injector on a stub of its own claims the batch code")
 	}
 	info, err := in.ReadThread()
@@ -154,18 +156,18 @@ func TestBatchPerThread(t *testing.T) {
 	if err := p.WriteStub(addr); err != nil {
 		t.Fatal(err)
 	}
-	if in, err = other.InjectorAt(addr, scratch, n); err != nil {
+	if in, err = At(other, addr, scratch, n); err != nil {
 		t.Fatal(err)
 	}
-	if !in.CanBatch() {
+	if !canBatch(t, in) {
 		t.Error("injector on a stub WriteStub wrote does not find its batch code")
 	}
-	before := Resumes()
+	before := ptrace.Resumes()
 	info, err = in.ReadThread()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := Resumes() - before; got != 1 {
+	if got := ptrace.Resumes() - before; got != 1 {
 		t.Errorf("a batch on WriteStub's stub took %d resumes, want 1", got)
 	}
 	if ta, err := in.TidAddress(); err != nil || info.TidAddress != ta {

@@ -1,10 +1,12 @@
-package ptrace
+package syscalls
 
 import (
 	"encoding/binary"
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 )
 
 // The helpers below pass arguments to injected calls through the
@@ -18,10 +20,10 @@ var AtFDCWD = func() uint64 { v := int64(unix.AT_FDCWD); return uint64(v) }()
 // address in the tracee.
 func (in *Injector) Put(off int, b []byte) (uint64, error) {
 	if off < 0 || off+len(b) > in.scratchLen || in.scratch == 0 {
-		return 0, fmt.Errorf("injector of thread %d: %d bytes at scratch offset %d do not fit its %d bytes", in.th.tid, len(b), off, in.scratchLen)
+		return 0, fmt.Errorf("injector of thread %d: %d bytes at scratch offset %d do not fit its %d bytes", in.tid, len(b), off, in.scratchLen)
 	}
 	a := in.scratch + uint64(off)
-	return a, in.th.p.WriteMem(a, b)
+	return a, in.p.WriteMem(a, b)
 }
 
 // PutString writes s NUL-terminated into the scratch memory at off and
@@ -36,32 +38,15 @@ func (in *Injector) PutString(off int, s string) (uint64, error) {
 // Get reads len(b) bytes of the scratch memory at off.
 func (in *Injector) Get(off int, b []byte) error {
 	if off < 0 || off+len(b) > in.scratchLen || in.scratch == 0 {
-		return fmt.Errorf("injector of thread %d: %d bytes at scratch offset %d are outside its %d bytes", in.th.tid, len(b), off, in.scratchLen)
+		return fmt.Errorf("injector of thread %d: %d bytes at scratch offset %d are outside its %d bytes", in.tid, len(b), off, in.scratchLen)
 	}
-	return in.th.p.ReadMem(in.scratch+uint64(off), b)
+	return in.p.ReadMem(in.scratch+uint64(off), b)
 }
 
 // CloseFD injects close(fd).
 func (in *Injector) CloseFD(fd int) error {
 	_, err := in.Call(unix.SYS_CLOSE, uint64(fd))
 	return err
-}
-
-// WriteStub writes the injection stub ("syscall; int3") at addr of p,
-// with the batch code after it, for an Injector made with InjectorAt to
-// run its calls through (and its batches in one resume: InjectorAt finds
-// the batch code there). addr needs StubLen bytes of executable memory.
-func (p *Process) WriteStub(addr uint64) error { return p.WriteMem(addr, stubWithBatch()) }
-
-// StubLen is how many bytes WriteStub writes.
-const StubLen = batchOff + len(batchCode)
-
-// stubWithBatch is the stub page's code: the stub, then the batch code.
-func stubWithBatch() []byte {
-	code := make([]byte, StubLen)
-	copy(code, stubCode[:])
-	copy(code[batchOff:], batchCode[:])
-	return code
 }
 
 // OpenAt2 injects openat2(AT_FDCWD, path, {flags, mode, resolve}) and
@@ -146,7 +131,7 @@ func (in *Injector) OpenAt2All(reqs []OpenReq) (fds []int, sts []unix.Stat_t, er
 		c := in.NewCalls()
 		hi, used := lo, 0
 		for hi < len(reqs) {
-			need := len(how) + (len(reqs[hi].Path)+8)&^7 + statLen + 2*batchEntry
+			need := len(how) + (len(reqs[hi].Path)+8)&^7 + statLen + 2*ptrace.BatchEntry
 			if hi > lo && used+need > in.scratchLen {
 				break
 			}
@@ -167,7 +152,7 @@ func (in *Injector) OpenAt2All(reqs []OpenReq) (fds []int, sts []unix.Stat_t, er
 		bufs := make([]uint64, hi-lo)
 		for i := lo; i < hi; i++ {
 			r := c.Result(i - lo)
-			if e := Errno(r); e != nil {
+			if e := ptrace.Errno(r); e != nil {
 				errs[i] = fmt.Errorf("open %s: %w", reqs[i].Path, e)
 				continue
 			}
@@ -187,7 +172,7 @@ func (in *Injector) OpenAt2All(reqs []OpenReq) (fds []int, sts []unix.Stat_t, er
 			if fds[i] < 0 {
 				continue
 			}
-			if e := Errno(stat.Result(k)); e != nil {
+			if e := ptrace.Errno(stat.Result(k)); e != nil {
 				errs[i] = fmt.Errorf("fstat %s: %w", reqs[i].Path, e)
 			} else {
 				copy(bytesOf(&sts[i]), out[bufs[i-lo]-in.scratch:])

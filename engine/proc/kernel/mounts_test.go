@@ -1,9 +1,11 @@
-package proc
+package kernel
 
 import (
 	"errors"
 	"os"
 	"testing"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 func TestParseMountinfoLine(t *testing.T) {
@@ -19,8 +21,8 @@ func TestParseMountinfoLine(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "1 2 3", "x 1 0:1 / /a rw - ext4 s rw", "1 1 0:1 / /a rw ext4 s rw", "1 1 0:1 / /a rw -"} {
-		if _, err := parseMountinfoLine(bad); !errors.Is(err, ErrMalformed) {
-			t.Errorf("%q: %v, want ErrMalformed", bad, err)
+		if _, err := parseMountinfoLine(bad); !errors.Is(err, proc.ErrMalformed) {
+			t.Errorf("%q: %v, want proc.ErrMalformed", bad, err)
 		}
 	}
 }

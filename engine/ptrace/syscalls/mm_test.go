@@ -1,4 +1,4 @@
-package ptrace
+package syscalls
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/proc"
+	"github.com/lazyfs/lazyfs/engine/ptrace"
 	"github.com/lazyfs/lazyfs/test/fixture"
 )
 
@@ -16,12 +17,12 @@ import (
 // auxv does not fit the scratch memory is refused before any injection.
 func TestSetMM(t *testing.T) {
 	tr := newTracer(t)
-	stub, err := tr.StartStopped(fixture.Build(t, "sleeper"), []string{"stub"}, StartOptions{Options: unix.PTRACE_O_EXITKILL})
+	stub, err := tr.StartStopped(fixture.Build(t, "sleeper"), []string{"stub"}, ptrace.StartOptions{Options: unix.PTRACE_O_EXITKILL})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stub.Kill() })
-	in, err := stub.Leader().NewInjector(pageSize)
+	in, err := New(stub.Leader(), pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +31,7 @@ func TestSetMM(t *testing.T) {
 	if _, err := in.Call(unix.SYS_PRCTL, unix.PR_SET_MM, unix.PR_SET_MM_MAP_SIZE, scratch); err != nil {
 		t.Fatal(err)
 	}
-	if size, err := stub.ReadUint64(scratch); err != nil || uint32(size) != MMMapSize {
+	if size, err := readUint64(stub, scratch); err != nil || uint32(size) != MMMapSize {
 		t.Fatalf("PR_SET_MM_MAP_SIZE = %d, %v; SetMM writes %d", uint32(size), err, MMMapSize)
 	}
 	st, err := proc.ReadStat(stub.Pid())

@@ -1,4 +1,4 @@
-package ptrace
+package raw
 
 import (
 	"encoding/binary"
@@ -6,8 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// Raw ptrace requests. Every function here must run on the tracer thread.
 
 func ptraceRaw(req, tid int, addr, data uintptr) (uintptr, error) {
 	r, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
@@ -25,88 +23,106 @@ func ptracePtr(req, tid int, addr uintptr, data unsafe.Pointer) (uintptr, error)
 	return r, nil
 }
 
-func ptSeize(tid, opts int) error {
+// Seize attaches to tid with PTRACE_SEIZE and options opts (PTRACE_O_*).
+func Seize(tid, opts int) error {
 	_, err := ptraceRaw(unix.PTRACE_SEIZE, tid, 0, uintptr(opts))
 	return err
 }
 
-func ptInterrupt(tid int) error {
+// Interrupt asks tid for a stop (PTRACE_INTERRUPT).
+func Interrupt(tid int) error {
 	_, err := ptraceRaw(unix.PTRACE_INTERRUPT, tid, 0, 0)
 	return err
 }
 
-func ptCont(tid, sig int) error {
+// Cont resumes tid, delivering signal sig (0: none) (PTRACE_CONT).
+func Cont(tid, sig int) error {
 	_, err := ptraceRaw(unix.PTRACE_CONT, tid, 0, uintptr(sig))
 	return err
 }
 
-func ptListen(tid int) error {
+// Listen lets tid, in a group-stop, report the next stop without resuming
+// it (PTRACE_LISTEN).
+func Listen(tid int) error {
 	_, err := ptraceRaw(unix.PTRACE_LISTEN, tid, 0, 0)
 	return err
 }
 
-func ptDetach(tid, sig int) error {
+// Detach detaches from tid, delivering signal sig (0: none)
+// (PTRACE_DETACH).
+func Detach(tid, sig int) error {
 	_, err := ptraceRaw(unix.PTRACE_DETACH, tid, 0, uintptr(sig))
 	return err
 }
 
-func ptSetOptions(tid, opts int) error {
+// SetOptions sets tid's options (PTRACE_O_*; PTRACE_SETOPTIONS).
+func SetOptions(tid, opts int) error {
 	_, err := ptraceRaw(unix.PTRACE_SETOPTIONS, tid, 0, uintptr(opts))
 	return err
 }
 
-func ptEventMsg(tid int) (uint64, error) {
+// EventMsg returns the message of tid's last event stop: the new task's
+// id after a clone or fork (PTRACE_GETEVENTMSG).
+func EventMsg(tid int) (uint64, error) {
 	var msg uint64
 	_, err := ptracePtr(unix.PTRACE_GETEVENTMSG, tid, 0, unsafe.Pointer(&msg))
 	return msg, err
 }
 
-// ptPeek reads one word (the raw syscall stores it at *data).
-func ptPeek(tid int, addr uint64) (uint64, error) {
+// Peek reads the word at addr of tid (PTRACE_PEEKTEXT; the raw syscall
+// stores it at *data).
+func Peek(tid int, addr uint64) (uint64, error) {
 	var w uint64
 	_, err := ptracePtr(unix.PTRACE_PEEKTEXT, tid, uintptr(addr), unsafe.Pointer(&w))
 	return w, err
 }
 
-func ptPoke(tid int, addr, w uint64) error {
+// Poke writes the word w at addr of tid (PTRACE_POKETEXT).
+func Poke(tid int, addr, w uint64) error {
 	_, err := ptraceRaw(unix.PTRACE_POKETEXT, tid, uintptr(addr), uintptr(w))
 	return err
 }
 
-// ptGetRegSet reads regset note into buf and returns the length the kernel
-// filled in.
-func ptGetRegSet(tid int, note int, buf []byte) (int, error) {
+// GetRegSet reads tid's regset note into buf and returns the length the
+// kernel filled in (PTRACE_GETREGSET).
+func GetRegSet(tid int, note int, buf []byte) (int, error) {
 	iov := unix.Iovec{Base: &buf[0]}
 	iov.SetLen(len(buf))
 	_, err := ptracePtr(unix.PTRACE_GETREGSET, tid, uintptr(note), unsafe.Pointer(&iov))
 	return int(iov.Len), err
 }
 
-func ptSetRegSet(tid int, note int, buf []byte) error {
+// SetRegSet writes buf as tid's regset note (PTRACE_SETREGSET).
+func SetRegSet(tid int, note int, buf []byte) error {
 	iov := unix.Iovec{Base: &buf[0]}
 	iov.SetLen(len(buf))
 	_, err := ptracePtr(unix.PTRACE_SETREGSET, tid, uintptr(note), unsafe.Pointer(&iov))
 	return err
 }
 
-func ptGetSigMask(tid int) (uint64, error) {
+// GetSigMask returns tid's blocked signals (PTRACE_GETSIGMASK).
+func GetSigMask(tid int) (uint64, error) {
 	var m uint64
 	_, err := ptracePtr(unix.PTRACE_GETSIGMASK, tid, 8, unsafe.Pointer(&m))
 	return m, err
 }
 
-func ptSetSigMask(tid int, m uint64) error {
+// SetSigMask sets tid's blocked signals (PTRACE_SETSIGMASK).
+func SetSigMask(tid int, m uint64) error {
 	_, err := ptracePtr(unix.PTRACE_SETSIGMASK, tid, 8, unsafe.Pointer(&m))
 	return err
 }
 
-func ptGetSigInfo(tid int) (SigInfo, error) {
+// GetSigInfo returns the siginfo of tid's signal stop (PTRACE_GETSIGINFO).
+func GetSigInfo(tid int) (SigInfo, error) {
 	var si SigInfo
 	_, err := ptracePtr(unix.PTRACE_GETSIGINFO, tid, 0, unsafe.Pointer(&si))
 	return si, err
 }
 
-func ptSetSigInfo(tid int, si *SigInfo) error {
+// SetSigInfo replaces the siginfo of tid's signal stop
+// (PTRACE_SETSIGINFO).
+func SetSigInfo(tid int, si *SigInfo) error {
 	_, err := ptracePtr(unix.PTRACE_SETSIGINFO, tid, 0, unsafe.Pointer(si))
 	return err
 }
@@ -120,7 +136,9 @@ type RseqConfig struct {
 	_         uint32
 }
 
-func ptGetRseq(tid int) (RseqConfig, error) {
+// GetRseq returns tid's rseq registration
+// (PTRACE_GET_RSEQ_CONFIGURATION).
+func GetRseq(tid int) (RseqConfig, error) {
 	var c RseqConfig
 	_, err := ptracePtr(unix.PTRACE_GET_RSEQ_CONFIGURATION, tid, unsafe.Sizeof(c), unsafe.Pointer(&c))
 	return c, err
