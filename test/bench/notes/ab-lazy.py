@@ -50,9 +50,9 @@ def alive(pid):
 port = 21000 + os.getpid() % 5000
 snaps = {}
 for name, b in bins.items():
-    log = open(f'{work}/ms.log', 'w')
+    log = open(f'{work}/ms-{name}.log', 'w')
     p = subprocess.Popen([WT+'/bin/launch', os.environ.get('MS', '/tmp/l13/ms'), size, str(port), '42'], stdout=log, stderr=log, start_new_session=True)
-    while 'ready' not in open(f'{work}/ms.log').read(): time.sleep(0.05)
+    while 'ready' not in open(f'{work}/ms-{name}.log').read(): time.sleep(0.05)
     want = [w[0].split(' us=')[0] for w in ask(port, ['touch 1', 'token'], time.monotonic())]
     d = f'{work}/snap-{name}'; subprocess.run(['rm', '-rf', d])
     subprocess.run([b, 'dump', '-t', str(p.pid), '-D', d, '--compress-block', block], check=True)

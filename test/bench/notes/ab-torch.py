@@ -59,11 +59,11 @@ port = 21000 + os.getpid() % 5000
 snaps = {}
 def is_criu(b): return os.path.basename(b) == 'criu'
 for name, b in bins.items():
-    log = open(f'{work}/ts.log', 'w')
+    log = open(f'{work}/ts-{name}.log', 'w')
     p = subprocess.Popen([WT+'/bin/launch', '/usr/bin/python3', '-I', WT+'/test/fixtures/torchserver.py', str(port)] + shape,
                          stdout=log, stderr=log, start_new_session=True)
-    while 'ready' not in open(f'{work}/ts.log').read():
-        assert p.poll() is None, open(f'{work}/ts.log').read()
+    while 'ready' not in open(f'{work}/ts-{name}.log').read():
+        assert p.poll() is None, open(f'{work}/ts-{name}.log').read()
         time.sleep(0.05)
     want = ask(port, ['token'], time.monotonic())[0][0].split(' us=')[0]
     d = f'{work}/snap-{name}'; subprocess.run(['rm', '-rf', d])
