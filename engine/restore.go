@@ -403,6 +403,16 @@ func (tr *tree) finish(ctx context.Context) error {
 			return err
 		}
 	}
+	// Shared memory served lazily is registered in every process before
+	// any runs: a process that ran first could touch a page of it in one
+	// not registered yet, which would come in as zeros.
+	for _, r := range tr.procs {
+		if r.lazy != nil {
+			if err := r.lazy.RegisterShared(); err != nil {
+				return tr.name(r, err)
+			}
+		}
+	}
 	for i := len(tr.procs) - 1; i >= 0; i-- {
 		r := tr.procs[i]
 		if err := r.finish(ctx); err != nil {
