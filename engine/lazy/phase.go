@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -29,6 +30,9 @@ type Phase struct {
 
 	sharedOnce sync.Once
 	shared     map[uint64]*sharedObject // served lazily, by id (shared.go)
+	// lastFault is when a pager last served a fault from the source
+	// (unix ns): the streamers of shared memory hold back after it.
+	lastFault atomic.Int64
 }
 
 // NewPhase starts the lazy phase of a restore whose memory src serves;
@@ -124,7 +128,7 @@ func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
 	ph.serveShared(ctx, cancel, &wg)
 	for i, p := range ph.procs {
 		po := uffd.Options{Prefetch: true, PrefetchDelay: ph.opts.PrefetchDelay, Logger: ph.log,
-			Workers: max(1, lazyWorkers(ph.waits())/n)}
+			Workers: max(1, lazyWorkers(ph.waits())/n), OnFault: ph.faulted}
 		if ph.src.Waits() {
 			// A thread waits on a fault: its block is decoded here rather
 			// than by the source's server, a round trip away.

@@ -127,7 +127,7 @@ type streamChunkOf struct {
 
 // run places every data run of the object, reading them through read a
 // chunk ahead of the copies.
-func (s *streamer) run(ctx context.Context, read func(p *Process) io.ReaderAt) error {
+func (s *streamer) run(ctx context.Context, read func(p *Process) io.ReaderAt, hold func(context.Context)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	chunks := make(chan streamChunkOf, 2)
@@ -142,6 +142,7 @@ func (s *streamer) run(ctx context.Context, read func(p *Process) io.ReaderAt) e
 				n += runs[j].n
 				j++
 			}
+			hold(ctx)
 			c := streamChunkOf{off: runs[i].off, buf: make([]byte, n)}
 			if _, err := read(runs[i].from).ReadAt(c.buf, int64(runs[i].addr)); err != nil {
 				c.err = &uffd.ServeError{Op: "read", Addr: runs[i].addr, Len: n, Err: err}
@@ -219,14 +220,14 @@ func (ph *Phase) serveShared(ctx context.Context, cancel context.CancelCauseFunc
 		}
 		for _, id := range ids {
 			if str := ph.shared[id].str; str != nil {
-				if err := str.run(ctx, read); err != nil {
+				if err := str.run(ctx, read, ph.holdAfterFault); err != nil {
 					cancel(fmt.Errorf("shared memory: %w", err))
 					return
 				}
 			}
 		}
 	})
-	po := uffd.Options{Shared: true, Logger: ph.log}
+	po := uffd.Options{Shared: true, Logger: ph.log, OnFault: ph.faulted}
 	if k := ph.keeperOf(); k != nil {
 		po.Holder = k
 	}
@@ -267,4 +268,30 @@ func (p *Process) serveShared(ctx, whole context.Context, po uffd.Options, read,
 	}
 	p.closeShared()
 	return nil
+}
+
+// streamHold is how long the streamers hold back after a fault, as a
+// pager's prefetch workers do: a thread waiting on its faults needs the
+// CPUs more than streaming does.
+const streamHold = 10 * time.Millisecond
+
+// faulted is uffd.Options.OnFault of every pager: it notes the time.
+func (ph *Phase) faulted(_, _ uint64, at time.Time) {
+	ph.lastFault.Store(at.UnixNano())
+}
+
+// holdAfterFault waits until streamHold after the last fault, at most
+// streamHold: a process that faults without pause slows the streaming
+// down, but never stops it.
+func (ph *Phase) holdAfterFault(ctx context.Context) {
+	d := time.Until(time.Unix(0, ph.lastFault.Load()).Add(streamHold))
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(min(d, streamHold))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
