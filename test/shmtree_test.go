@@ -98,3 +98,35 @@ func shmtreeAgree(t *testing.T, got, before fixture.Line) {
 		}
 	}
 }
+
+// TestRestoreMappingsLazy: a single process's mappings restored lazily
+// (test/fixtures/mappings.c): its shared anonymous mapping is served on
+// demand, its memfd, which it holds a descriptor of, is filled before it
+// runs (a read(2) of it must see its data), and every region reads as it
+// did, during the lazy phase and after.
+func TestRestoreMappingsLazy(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	ctx := testContext(t)
+	p := fixture.Start(t, "mappings")
+	before := request(t, ctx, p, syscall.SIGUSR1, "report")
+	dir, _ := dumpForRestore(t, ctx, p)
+	l := startLazy(t, dir, "--source", "direct", "--prefetch-delay", "2s")
+	l.waitRunning(t, ctx)
+	if err := p.Adopt(); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string, got fixture.Line) {
+		for _, k := range []string{"private", "shared_ro", "memfd", "shared_anon", "madv", "mlock"} {
+			if got.Fields[k] != before.Fields[k] {
+				t.Errorf("%s: %s %s, want %s", when, k, got.Fields[k], before.Fields[k])
+			}
+		}
+		wantField(t, got, "memfd_read_ok", "1")
+	}
+	check("during the lazy phase", request(t, ctx, p, syscall.SIGUSR1, "report"))
+	l.mustFinish(t, ctx, p.PID)
+	check("restored", answersNormally(t, ctx, p, syscall.SIGUSR1, "report"))
+	lazyKill(t, ctx, p)
+}
