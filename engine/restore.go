@@ -124,7 +124,9 @@ type RestoreResult struct {
 //	  lock memory, mm fields; file descriptors, hand out descriptors,
 //	  controlling terminal (a pty pair's); threads, thread state; lazy memory (its userfaultfd); process
 //	  state, pending signals, leave stopped (restore_thread.go)
-//	finish              children first: registers, then each runs
+//	finish              shared memory served lazily registered in every
+//	                    process; then children first: registers, then
+//	                    each runs
 //
 // then, for a lazy restore, the lazy phase (engine/lazy) until every
 // page of every process is in.
@@ -404,8 +406,9 @@ func (tr *tree) finish(ctx context.Context) error {
 		}
 	}
 	// Shared memory served lazily is registered in every process before
-	// any runs: a process that ran first could touch a page of it in one
-	// not registered yet, which would come in as zeros.
+	// any of them runs, so that no page of it comes in but through a
+	// pager: one touched where it is not registered would be a page of
+	// zeros that the snapshot's data could never replace.
 	for _, r := range tr.procs {
 		if r.lazy != nil {
 			if err := r.lazy.RegisterShared(); err != nil {
