@@ -125,7 +125,9 @@ type RestoreResult struct {
 //	  lock memory, mm fields; file descriptors, hand out descriptors,
 //	  controlling terminal (a pty pair's); threads, thread state; lazy memory (its userfaultfd); process
 //	  state, pending signals, leave stopped (restore_thread.go)
-//	finish              children first: registers, then each runs
+//	finish              shared memory served lazily registered in every
+//	                    process; then children first: registers, then
+//	                    each runs
 //
 // then, for a lazy restore, the lazy phase (engine/lazy) until every
 // page of every process is in.
@@ -402,6 +404,17 @@ func (tr *tree) finish(ctx context.Context) error {
 	if fd, ok := tr.opts.Inherit[tty.TerminalKey]; ok && tr.opts.ShellJob {
 		if err := tty.SetTerminal(fd, tr.sts); err != nil {
 			return err
+		}
+	}
+	// Shared memory served lazily is registered in every process before
+	// any of them runs, so that no page of it comes in but through a
+	// pager: one touched where it is not registered would be a page of
+	// zeros that the snapshot's data could never replace.
+	for _, r := range tr.procs {
+		if r.lazy != nil {
+			if err := r.lazy.RegisterShared(); err != nil {
+				return tr.name(r, err)
+			}
 		}
 	}
 	for i := len(tr.procs) - 1; i >= 0; i-- {

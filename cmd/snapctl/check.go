@@ -26,8 +26,9 @@ fast a restore goes, never whether it works, each probed: what a read
 fault of private anonymous memory maps (the shared zero page, or a
 private page of zeros on some kernels), the transparent huge page
 policy, free page reporting to a hypervisor (first touches of memory
-slow, timings that swing), and whether / propagates mounts to the
-namespaces snapctl makes. With --json they are in the same list, marked
+slow, timings that swing), whether / propagates mounts to the
+namespaces snapctl makes, and whether restore --lazy serves shared memory
+on demand. With --json they are in the same list, marked
 "behaviour": true.`,
 		[]int{cli.ExitNoPrivilege}, stdout, stderr)
 	asJSON := fl.Bool("json", false, "print the results as JSON")

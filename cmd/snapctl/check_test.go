@@ -65,7 +65,7 @@ func TestCheckTable(t *testing.T) {
 
 // behaviourNames are the kernel behaviours snapctl check reports after the
 // facilities, in its order.
-var behaviourNames = []string{"read-fault page", "THP", "page reporting", "/ propagation"}
+var behaviourNames = []string{"read-fault page", "THP", "page reporting", "/ propagation", "lazy shmem"}
 
 // checkBehaviourLines checks the behaviours' part of check's table: a
 // heading, then one line per behaviour, name, what it changes and what

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lazyfs/lazyfs/engine/proc/kernel"
 	"github.com/lazyfs/lazyfs/engine/proc/pagemap"
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 )
 
 // Behaviours reports the kernel's behaviours that change what a dump finds
@@ -15,7 +16,7 @@ import (
 // probed or read from the kernel, and each Feature has Behaviour set and
 // OK true (a probe that fails says so in Detail).
 func Behaviours() []Feature {
-	return []Feature{zeroPageBehaviour(), thpBehaviour(), reportingBehaviour(), propagationBehaviour()}
+	return []Feature{zeroPageBehaviour(), thpBehaviour(), reportingBehaviour(), propagationBehaviour(), sharedMemoryBehaviour()}
 }
 
 func behaviour(name, affects, detail string) Feature {
@@ -101,4 +102,18 @@ func propagationBehaviour() Feature {
 		}
 	}
 	return behaviour(name, affects, "private: a namespace snapctl makes keeps copies of the mounts that existed when it was made; unmounts made here do not reach them")
+}
+
+// sharedMemoryBehaviour: whether restore --lazy serves shared memory on
+// demand (UFFD_FEATURE_MISSING_SHMEM) or fills it before the processes run.
+func sharedMemoryBehaviour() Feature {
+	const name, affects = "lazy shmem", "restore --lazy speed"
+	supported, err := uffdFeatures()
+	switch {
+	case err != nil:
+		return behaviour(name, affects, "unknown: "+err.Error())
+	case supported&uffdio.FeatureMissingShmem != 0:
+		return behaviour(name, affects, "served on demand: a tree's shared anonymous memory and memfds (UFFD_FEATURE_MISSING_SHMEM)")
+	}
+	return behaviour(name, affects, "filled before the processes run: UFFDIO_API lacks MISSING_SHMEM (Linux 4.11)")
 }

@@ -11,6 +11,9 @@
 // before it runs (Register). Phase.OpenSources opens what each pager
 // reads, at check; Phase.Serve then runs one pager per process, reading
 // from the restore's image.PageSource, until every page is in or one
-// fails. What the source is (the snapshot's files, a lazyfs mount, a
-// private mount) is its own business: the pager only reads.
+// fails. Shared memory objects the tree maps are served on demand too
+// (shared.go): faults by each process's pager, the rest streamed once by
+// snapctl through a mapping of its own (streamer.go). What the source is
+// (the snapshot's files, a lazyfs mount, a private mount) is its own
+// business: the pager only reads.
 package lazy

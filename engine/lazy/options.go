@@ -55,3 +55,11 @@ func (s *Stats) add(u uffd.Stats) {
 	s.ReadBytes += u.ReadBytes
 	s.Exited = s.Exited && u.Exited
 }
+
+// addShared adds the figures of the pager of a process's shared memory,
+// which serves faults only and may stop before the process is done.
+func (s *Stats) addShared(u uffd.Stats) {
+	s.Faults += u.Faults
+	s.FaultBytes += u.FaultBytes
+	s.ReadBytes += u.ReadBytes
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
 	"github.com/lazyfs/lazyfs/engine/image"
@@ -26,6 +27,12 @@ type Phase struct {
 	keeperOnce sync.Once
 	started    chan *keeper.Keeper // the keeper, once started (Options.Keeper)
 	keeper     *keeper.Keeper
+
+	sharedOnce sync.Once
+	shared     map[uint64]*sharedObject // served lazily, by id (shared.go)
+	// lastFault is when a pager last served a fault from the source
+	// (unix ns): the streamers of shared memory hold back after it.
+	lastFault atomic.Int64
 }
 
 // NewPhase starts the lazy phase of a restore whose memory src serves;
@@ -86,6 +93,12 @@ func (ph *Phase) keeperOf() *keeper.Keeper {
 func (ph *Phase) Close() {
 	for _, p := range ph.procs {
 		p.close()
+		p.closeShared()
+	}
+	for _, o := range ph.shared {
+		if o.str != nil {
+			o.str.close()
+		}
 	}
 	if k := ph.keeperOf(); k != nil {
 		if err := k.Close(); err != nil {
@@ -112,9 +125,10 @@ func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
 	progress := newTreeProgress(n, ph.opts.Progress)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	ph.serveShared(ctx, cancel, &wg)
 	for i, p := range ph.procs {
 		po := uffd.Options{Prefetch: true, PrefetchDelay: ph.opts.PrefetchDelay, Logger: ph.log,
-			Workers: max(1, lazyWorkers(ph.waits())/n)}
+			Workers: max(1, lazyWorkers(ph.waits())/n), OnFault: ph.faulted}
 		if ph.src.Waits() {
 			// A thread waits on a fault: its block is decoded here rather
 			// than by the source's server, a round trip away.
@@ -142,8 +156,16 @@ func (ph *Phase) Serve(ctx context.Context) (Stats, error) {
 	stats := Stats{Exited: true}
 	for _, p := range ph.procs {
 		stats.add(p.stats)
+		if p.shm != nil {
+			stats.addShared(p.shm.stats)
+		}
 		ph.log.Debug("lazy phase", "pid", p.st.PID, "faults", p.stats.Faults, "fault_bytes", p.stats.FaultBytes,
 			"prefetch_bytes", p.stats.PrefetchBytes, "fault_p99", p.stats.FaultP99, "fault_max", p.stats.FaultMax)
+	}
+	for _, o := range ph.shared {
+		if o.str != nil {
+			stats.PrefetchBytes += o.str.placed
+		}
 	}
 	if err := context.Cause(ctx); err != nil {
 		return stats, err

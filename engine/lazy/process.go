@@ -42,6 +42,9 @@ type Process struct {
 	// kept and forked are pages the process has without the pager
 	// (Inherit).
 	kept, forked []units.Range
+	// shm is its share of the shared memory served lazily, if it maps
+	// any (shared.go).
+	shm *sharedPart
 
 	// wsLoad waits for the working set loadWorkingSet started reading.
 	wsLoad func() (*workingset.Set, error)
@@ -62,6 +65,9 @@ const lazyTraceOptions = unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE | uni
 // Skip reports whether block b of VMA v is left out of the fill before
 // the process runs: its pager serves it.
 func (p *Process) Skip(b image.Block, v *image.VMA) bool {
+	if id := sharedID(v); id != 0 {
+		return p.ph.sharedObjects()[id] != nil
+	}
 	return mem.Lazy(v) && p.served(b)
 }
 
@@ -152,6 +158,9 @@ func (p *Process) Prepare(in *syscalls.Injector, pid int, threads []*ptrace.Thre
 			}
 			p.ranges = append(p.ranges, units.Range{Start: v.Start, End: v.End})
 		}
+	}
+	if err := p.prepareShared(in, pid); err != nil {
+		return err
 	}
 	for _, th := range threads {
 		if err := th.SetOptions(lazyTraceOptions); err != nil {

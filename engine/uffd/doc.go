@@ -113,7 +113,8 @@
 // where the process has since dropped or moved its memory.
 //
 //   - REMOVE (madvise DONTNEED/FREE/REMOVE): the range reads as zeros from
-//     now on; its pending pages are dropped.
+//     now on; its pending pages are dropped. With Options.Shared (shared
+//     memory, where DONTNEED keeps the pages) it ends Run with an error.
 //   - UNMAP: the range's pending pages are dropped.
 //   - REMAP (mremap): the range's pending pages move to the new address; the
 //     source is still read at the old (snapshot) address.

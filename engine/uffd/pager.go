@@ -113,6 +113,11 @@ type Options struct {
 	// Pager.ReleasePrefetch (while a working set is recorded, every page
 	// the process needs must come by a fault).
 	HoldPrefetch bool
+	// Shared: the extents are of a shared memory object that others
+	// place too. A REMOVE event ends Run with an error: MADV_DONTNEED
+	// leaves the object's pages and MADV_REMOVE frees them, which the
+	// event does not tell apart, and either guess could be wrong data.
+	Shared bool
 }
 
 // Holder keeps copies of userfaultfds in another process (engine/uffd/keeper), so

@@ -470,6 +470,9 @@ func (s *server) apply(m uffdio.Msg, now time.Time) bool {
 		s.own.faults = append(s.own.faults, fault{m, now})
 		return false
 	case uffdio.EventRemove:
+		if s.opts.Shared && s.pend.werr == nil {
+			s.pend.werr = &ServeError{Op: "event", Addr: m.Start, Len: m.End - m.Start, Err: fmt.Errorf("madvise of lazily served shared memory: %w", ErrUnexpected)}
+		}
 		n := s.pend.set.Remove(m.Start, m.End, nil)
 		s.stat.add(func(st *Stats) {
 			st.Removes++
