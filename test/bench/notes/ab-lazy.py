@@ -16,7 +16,10 @@ of snapctl, and its exit; the answers are checked against the original's.
 Prints every run, then medians. Run it under SCHED_RR (chrt -r) on a shared
 machine: every process of the restore then runs before the others' work.
 Never SCHED_FIFO: a Go program spinning at FIFO priority can livelock (see
-first-token.md). Env BLOCK sets --compress-block (default 256K).
+first-token.md). Under SCHED_RR a restore through the mount answers late
+(60-230 ms) in about one run in five: threads of one RR priority wait out
+each other's 100 ms quantum (layers.md); compare with runs without chrt.
+Env BLOCK sets --compress-block (default 256K).
 """
 import ctypes, os, socket, subprocess, sys, time, statistics, signal
 libc = ctypes.CDLL(None, use_errno=True); libc.prctl(36, 1, 0, 0, 0)
