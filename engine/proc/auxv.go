@@ -32,7 +32,7 @@ type Auxv []uint64
 // without AT_NULL is malformed.
 func ParseAuxv(b []byte) (Auxv, error) {
 	if len(b)%16 != 0 {
-		return nil, malformed("auxv length not a multiple of 16", nil)
+		return nil, Malformed("auxv length not a multiple of 16", nil)
 	}
 	for i := 0; i+16 <= len(b); i += 16 {
 		if i/8 >= maxAuxvWords {
@@ -46,7 +46,7 @@ func ParseAuxv(b []byte) (Auxv, error) {
 			return a, nil
 		}
 	}
-	return nil, malformed("auxv without AT_NULL", nil)
+	return nil, Malformed("auxv without AT_NULL", nil)
 }
 
 // Lookup returns the value of the first entry of type typ.
@@ -73,7 +73,7 @@ func (a Auxv) Bytes() []byte {
 
 // ReadAuxv reads /proc/PID/auxv.
 func ReadAuxv(pid int) (Auxv, error) {
-	b, err := readFile(pidPath(pid, "auxv"), 8*maxAuxvWords)
+	b, err := ReadFile(pidPath(pid, "auxv"), 8*maxAuxvWords)
 	if err != nil {
 		return nil, fmt.Errorf("read auxv: %w", err)
 	}

@@ -163,7 +163,7 @@ func ReadFD(pid, fd int) (*FD, error) {
 
 // ReadFDInfo reads /proc/PID/fdinfo/FD.
 func ReadFDInfo(pid, fd int) (*FDInfo, error) {
-	b, err := readFile(pidPath(pid, "fdinfo/"+strconv.Itoa(fd)), maxSmallFile)
+	b, err := ReadFile(pidPath(pid, "fdinfo/"+strconv.Itoa(fd)), MaxSmallFile)
 	if err != nil {
 		return nil, fmt.Errorf("fd %d: read fdinfo: %w", fd, err)
 	}

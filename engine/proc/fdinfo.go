@@ -103,8 +103,8 @@ type UffdInfo struct {
 
 // ParseFDInfo parses /proc/PID/fdinfo/N.
 func ParseFDInfo(b []byte) (*FDInfo, error) {
-	if len(b) > maxSmallFile {
-		return nil, fmt.Errorf("%w: fdinfo longer than %d bytes", ErrTooLarge, maxSmallFile)
+	if len(b) > MaxSmallFile {
+		return nil, fmt.Errorf("%w: fdinfo longer than %d bytes", ErrTooLarge, MaxSmallFile)
 	}
 	fi := &FDInfo{TTYIndex: -1}
 	var seenPos, seenFlags bool
@@ -139,7 +139,7 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 		default:
 			key, val, ok := bytes.Cut(line, []byte{':'})
 			if !ok {
-				err = malformed("fdinfo line", line)
+				err = Malformed("fdinfo line", line)
 				break
 			}
 			val = trimSpace(val)
@@ -163,7 +163,7 @@ func ParseFDInfo(b []byte) (*FDInfo, error) {
 		}
 	}
 	if !seenPos || !seenFlags {
-		return nil, malformed("fdinfo without pos and flags", nil)
+		return nil, Malformed("fdinfo without pos and flags", nil)
 	}
 	return fi, nil
 }
@@ -202,7 +202,7 @@ func (fi *FDInfo) parseField(key string, val, line []byte) (bool, error) {
 		return false, nil
 	}
 	if !ok {
-		return true, malformed("fdinfo "+key, line)
+		return true, Malformed("fdinfo "+key, line)
 	}
 	return true, nil
 }
@@ -348,7 +348,7 @@ func parseEpollLine(line []byte, kv [][]byte) (EpollTarget, error) {
 	var t EpollTarget
 	kv, ok := keyValues(line, kv)
 	if !ok {
-		return t, malformed("epoll target", line)
+		return t, Malformed("epoll target", line)
 	}
 	var seen int
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -382,11 +382,11 @@ func parseEpollLine(line []byte, kv [][]byte) (EpollTarget, error) {
 			good = true
 		}
 		if !good {
-			return t, malformed("epoll target", line)
+			return t, Malformed("epoll target", line)
 		}
 	}
 	if seen != 2 {
-		return t, malformed("epoll target without tfd and events", line)
+		return t, Malformed("epoll target without tfd and events", line)
 	}
 	return t, nil
 }
@@ -397,7 +397,7 @@ func parseInotifyLine(line []byte, kv [][]byte) (InotifyWatch, error) {
 	var w InotifyWatch
 	kv, ok := keyValues(line, kv)
 	if !ok {
-		return w, malformed("inotify watch", line)
+		return w, Malformed("inotify watch", line)
 	}
 	hex32 := func(b []byte) (uint32, bool) {
 		x, ok := parseUint(b, 16)
@@ -436,11 +436,11 @@ func parseInotifyLine(line []byte, kv [][]byte) (InotifyWatch, error) {
 			good = true
 		}
 		if !good {
-			return w, malformed("inotify watch", line)
+			return w, Malformed("inotify watch", line)
 		}
 	}
 	if !seenWD || uint64(len(w.FHandle)) != handleLen {
-		return w, malformed("inotify watch", line)
+		return w, Malformed("inotify watch", line)
 	}
 	return w, nil
 }

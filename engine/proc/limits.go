@@ -63,7 +63,7 @@ func ParseLimits(b []byte) (*Rlimits, error) {
 			cur, ok1 := limitValue(soft)
 			max, ok2 := limitValue(hard)
 			if !ok1 || !ok2 || seen[i] {
-				return nil, malformed("limits row", line)
+				return nil, Malformed("limits row", line)
 			}
 			l[i] = Rlimit{Cur: cur, Max: max}
 			seen[i] = true
@@ -72,7 +72,7 @@ func ParseLimits(b []byte) (*Rlimits, error) {
 	}
 	for i, ok := range seen {
 		if !ok {
-			return nil, malformed("limits without row "+rlimitNames[i], nil)
+			return nil, Malformed("limits without row "+rlimitNames[i], nil)
 		}
 	}
 	return &l, nil
@@ -87,7 +87,7 @@ func limitValue(b []byte) (uint64, bool) {
 
 // ReadLimits reads and parses /proc/PID/limits.
 func ReadLimits(pid int) (*Rlimits, error) {
-	b, err := readFile(pidPath(pid, "limits"), 64<<10)
+	b, err := ReadFile(pidPath(pid, "limits"), 64<<10)
 	if err != nil {
 		return nil, fmt.Errorf("read limits: %w", err)
 	}

@@ -14,30 +14,32 @@ const (
 	// maxLine is the longest line any parser accepts. A path is at most
 	// PATH_MAX (4096) bytes, and the kernel escapes a few bytes as \ooo.
 	maxLine = 64 << 10
-	// maxSmallFile bounds files read whole: status, stat, fdinfo, limits,
+	// MaxSmallFile bounds files read whole: status, stat, fdinfo, limits,
 	// auxv, cmdline (an epoll fdinfo lists every watched fd, hence 16 MiB).
-	maxSmallFile = 16 << 20
+	MaxSmallFile = 16 << 20
 )
 
-// newScanner returns a line scanner over r that refuses lines longer than
+// NewScanner returns a line scanner over r that refuses lines longer than
 // maxLine.
-func newScanner(r io.Reader) *bufio.Scanner {
+func NewScanner(r io.Reader) *bufio.Scanner {
 	s := bufio.NewScanner(r)
 	s.Buffer(make([]byte, 0, 4096), maxLine)
 	return s
 }
 
-// scanErr converts a scanner error into this package's errors.
-func scanErr(err error) error {
+// ScanErr converts an error of a NewScanner scanner into this package's
+// errors (ErrTooLarge for a line over the bound).
+func ScanErr(err error) error {
 	if errors.Is(err, bufio.ErrTooLong) {
 		return fmt.Errorf("%w: line longer than %d bytes", ErrTooLarge, maxLine)
 	}
 	return err
 }
 
-// readFile reads a whole file of at most limit bytes. /proc files report a
+// ReadFile reads a whole file of at most limit bytes (MaxSmallFile for
+// the files read whole here and in proc's subpackages). /proc files report a
 // size of zero, so the limit is enforced while reading.
-func readFile(path string, limit int64) ([]byte, error) {
+func ReadFile(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -150,9 +152,9 @@ func parseInt(b []byte) (int64, bool) {
 	return int64(u), true
 }
 
-// malformed builds an ErrMalformed error for what, quoting a bounded prefix
+// Malformed builds an ErrMalformed error for what, quoting a bounded prefix
 // of the offending input.
-func malformed(what string, input []byte) error {
+func Malformed(what string, input []byte) error {
 	const max = 80
 	if len(input) > max {
 		input = input[:max]

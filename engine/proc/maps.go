@@ -244,7 +244,7 @@ func readMaps(pid int, name string, smaps bool) ([]Mapping, error) {
 }
 
 func parseMaps(r io.Reader, smaps bool) ([]Mapping, error) {
-	sc := newScanner(r)
+	sc := NewScanner(r)
 	var out []Mapping
 	var cur *Mapping
 	lineNo := 0
@@ -269,14 +269,14 @@ func parseMaps(r io.Reader, smaps bool) ([]Mapping, error) {
 			return nil, fmt.Errorf("line %d: %w", lineNo, err)
 		}
 		if n := len(out); n > 0 && m.Start < out[n-1].End {
-			return nil, fmt.Errorf("line %d: %w", lineNo, malformed("mapping overlaps or is out of order", line))
+			return nil, fmt.Errorf("line %d: %w", lineNo, Malformed("mapping overlaps or is out of order", line))
 		}
 		m.HasSmaps = smaps
 		out = append(out, m)
 		cur = &out[len(out)-1]
 	}
 	if err := sc.Err(); err != nil {
-		return nil, scanErr(err)
+		return nil, ScanErr(err)
 	}
 	return out, nil
 }
@@ -292,16 +292,16 @@ func parseMapsLine(line []byte) (Mapping, error) {
 
 	lo, hi, ok := bytes.Cut(rng, []byte{'-'})
 	if !ok {
-		return m, malformed("maps address range", line)
+		return m, Malformed("maps address range", line)
 	}
 	var ok1, ok2 bool
 	m.Start, ok1 = parseUint(lo, 16)
 	m.End, ok2 = parseUint(hi, 16)
 	if !ok1 || !ok2 || m.End < m.Start {
-		return m, malformed("maps address range", line)
+		return m, Malformed("maps address range", line)
 	}
 	if len(perms) != 4 {
-		return m, malformed("maps perms", line)
+		return m, Malformed("maps perms", line)
 	}
 	for i, want := range []byte("rwx") {
 		switch perms[i] {
@@ -309,7 +309,7 @@ func parseMapsLine(line []byte) (Mapping, error) {
 			m.Perms |= 1 << i
 		case '-':
 		default:
-			return m, malformed("maps perms", line)
+			return m, Malformed("maps perms", line)
 		}
 	}
 	switch perms[3] {
@@ -317,20 +317,20 @@ func parseMapsLine(line []byte) (Mapping, error) {
 		m.Perms |= PermShared
 	case 'p':
 	default:
-		return m, malformed("maps perms", line)
+		return m, Malformed("maps perms", line)
 	}
 	if m.Offset, ok = parseUint(off, 16); !ok {
-		return m, malformed("maps offset", line)
+		return m, Malformed("maps offset", line)
 	}
 	maj, mnr, ok := bytes.Cut(dev, []byte{':'})
 	major, ok1 := parseUint(maj, 16)
 	minor, ok2 := parseUint(mnr, 16)
 	if !ok || !ok1 || !ok2 || major > 1<<32-1 || minor > 1<<32-1 {
-		return m, malformed("maps device", line)
+		return m, Malformed("maps device", line)
 	}
 	m.Dev = Dev{Major: uint32(major), Minor: uint32(minor)}
 	if m.Inode, ok = parseUint(ino, 10); !ok {
-		return m, malformed("maps inode", line)
+		return m, Malformed("maps inode", line)
 	}
 	// The name is the rest of the line; it may itself contain blanks.
 	name := bytes.TrimRight(rest, "\n")
@@ -414,14 +414,14 @@ func parseSmapsField(line []byte, m *Mapping) (bool, error) {
 	case "THPeligible":
 		v, ok := parseUint(trimSpace(val), 10)
 		if !ok || v > 1 {
-			return true, malformed("smaps THPeligible", line)
+			return true, Malformed("smaps THPeligible", line)
 		}
 		m.Usage.THPEligible = v == 1
 		return true, nil
 	case "ProtectionKey":
 		v, ok := parseUint(trimSpace(val), 10)
 		if !ok || v > 1<<16 {
-			return true, malformed("smaps ProtectionKey", line)
+			return true, Malformed("smaps ProtectionKey", line)
 		}
 		m.Usage.ProtectionKey = int(v)
 		return true, nil
@@ -434,14 +434,14 @@ func parseSmapsField(line []byte, m *Mapping) (bool, error) {
 	num, unit := nextField(val)
 	v, ok := parseUint(num, 10)
 	if !ok {
-		return true, malformed("smaps counter", line)
+		return true, Malformed("smaps counter", line)
 	}
 	if u := trimSpace(unit); len(u) > 0 {
 		if string(u) != "kB" {
-			return true, malformed("smaps unit", line)
+			return true, Malformed("smaps unit", line)
 		}
 		if v > 1<<53 {
-			return true, malformed("smaps counter too large", line)
+			return true, Malformed("smaps counter too large", line)
 		}
 		v *= 1024
 	}

@@ -39,7 +39,7 @@ func OtherNamespaces(pid int) ([]string, error) {
 // Cgroups returns the lines of /proc/PID/cgroup: "ID:CONTROLLERS:PATH",
 // the paths as this process's cgroup namespace sees them.
 func Cgroups(pid int) ([]string, error) {
-	b, err := readFile(pidPath(pid, "cgroup"), maxSmallFile)
+	b, err := ReadFile(pidPath(pid, "cgroup"), MaxSmallFile)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func ParseStat(b []byte) (*Stat, error) {
 	open := bytes.IndexByte(b, '(')
 	closing := bytes.LastIndexByte(b, ')')
 	if open < 0 || closing < open {
-		return nil, malformed("stat comm", b)
+		return nil, Malformed("stat comm", b)
 	}
 	s := &Stat{Comm: string(b[open+1 : closing])}
 	pid, err := pidField(trimSpace(b[:open]))
@@ -60,10 +60,10 @@ func ParseStat(b []byte) (*Stat, error) {
 	f := splitFields(b[closing+1:], make([][]byte, 0, 52))
 	// f[0] is field 3 (state); field n is f[n-3].
 	if len(f) < 44-2 {
-		return nil, malformed("stat has too few fields", b)
+		return nil, Malformed("stat has too few fields", b)
 	}
 	if len(f[0]) != 1 {
-		return nil, malformed("stat state", f[0])
+		return nil, Malformed("stat state", f[0])
 	}
 	s.State = f[0][0]
 	var p statParser
@@ -110,7 +110,7 @@ type statParser struct{ err error }
 func (p *statParser) field(f [][]byte, n int) []byte {
 	if n-3 >= len(f) {
 		if p.err == nil {
-			p.err = fmt.Errorf("stat field %d: %w", n, malformed("missing", nil))
+			p.err = fmt.Errorf("stat field %d: %w", n, Malformed("missing", nil))
 		}
 		return nil
 	}
@@ -124,7 +124,7 @@ func (p *statParser) int(f [][]byte, n int) int {
 	}
 	v, ok := parseInt(b)
 	if (!ok || v < -1<<31 || v > 1<<31-1) && p.err == nil {
-		p.err = fmt.Errorf("stat field %d: %w", n, malformed("integer", b))
+		p.err = fmt.Errorf("stat field %d: %w", n, Malformed("integer", b))
 	}
 	return int(v)
 }
@@ -136,7 +136,7 @@ func (p *statParser) uint(f [][]byte, n int, max uint64) uint64 {
 	}
 	v, ok := parseUint(b, 10)
 	if (!ok || v > max) && p.err == nil {
-		p.err = fmt.Errorf("stat field %d: %w", n, malformed("unsigned integer", b))
+		p.err = fmt.Errorf("stat field %d: %w", n, Malformed("unsigned integer", b))
 	}
 	return v
 }
@@ -152,7 +152,7 @@ func ReadTaskStat(pid, tid int) (*Stat, error) {
 }
 
 func readStat(path string) (*Stat, error) {
-	b, err := readFile(path, 4096)
+	b, err := ReadFile(path, 4096)
 	if err != nil {
 		return nil, fmt.Errorf("read stat: %w", err)
 	}

@@ -41,8 +41,8 @@ type Status struct {
 // error about a value names the key; one about a list or the state quotes
 // the whole line.
 func ParseStatus(b []byte) (*Status, error) {
-	if len(b) > maxSmallFile {
-		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, maxSmallFile)
+	if len(b) > MaxSmallFile {
+		return nil, fmt.Errorf("%w: status longer than %d bytes", ErrTooLarge, MaxSmallFile)
 	}
 	s := &Status{}
 	seen := 0
@@ -63,7 +63,7 @@ func ParseStatus(b []byte) (*Status, error) {
 			seen++
 		case "State":
 			if len(val) == 0 {
-				return nil, malformed("status State", line)
+				return nil, Malformed("status State", line)
 			}
 			s.State = val[0]
 		case "Umask":
@@ -99,7 +99,7 @@ func ParseStatus(b []byte) (*Status, error) {
 		}
 	}
 	if seen < 2 {
-		return nil, malformed("status without Name and Pid", nil)
+		return nil, Malformed("status without Name and Pid", nil)
 	}
 	return s, nil
 }
@@ -111,7 +111,7 @@ func vmSwap(fields [][]byte, line []byte) (uint64, error) {
 		v, ok = parseInt(fields[0])
 	}
 	if !ok || v < 0 {
-		return 0, malformed("status VmSwap", line)
+		return 0, Malformed("status VmSwap", line)
 	}
 	return uint64(v) << 10, nil
 }
@@ -165,7 +165,7 @@ func (s *Status) setGroups(fields [][]byte, line []byte) error {
 	for _, f := range fields {
 		v, ok := parseUint(f, 10)
 		if !ok || v > 1<<32-1 {
-			return malformed("status Groups", line)
+			return Malformed("status Groups", line)
 		}
 		s.Groups = append(s.Groups, uint32(v))
 	}
@@ -181,7 +181,7 @@ func (s *Status) setNSpid(fields [][]byte, line []byte) error {
 	for _, f := range fields {
 		v, e := pidField(f)
 		if e != nil {
-			return malformed("status NSpid", line)
+			return Malformed("status NSpid", line)
 		}
 		s.NSpid = append(s.NSpid, v)
 	}
@@ -200,7 +200,7 @@ func ReadTaskStatus(pid, tid int) (*Status, error) {
 }
 
 func readStatus(path string) (*Status, error) {
-	b, err := readFile(path, maxSmallFile)
+	b, err := ReadFile(path, MaxSmallFile)
 	if err != nil {
 		return nil, fmt.Errorf("read status: %w", err)
 	}
@@ -214,7 +214,7 @@ func readStatus(path string) (*Status, error) {
 func pidField(b []byte) (int, error) {
 	v, ok := parseInt(b)
 	if !ok || v < -1<<31 || v > 1<<31-1 {
-		return 0, malformed("integer", b)
+		return 0, Malformed("integer", b)
 	}
 	return int(v), nil
 }
@@ -222,7 +222,7 @@ func pidField(b []byte) (int, error) {
 func hex64(b []byte) (uint64, error) {
 	v, ok := parseUint(b, 16)
 	if !ok {
-		return 0, malformed("hex mask", b)
+		return 0, Malformed("hex mask", b)
 	}
 	return v, nil
 }
@@ -230,19 +230,19 @@ func hex64(b []byte) (uint64, error) {
 func octal32(b []byte) (uint32, error) {
 	v, ok := parseUint(b, 8)
 	if !ok || v > 1<<32-1 {
-		return 0, malformed("octal", b)
+		return 0, Malformed("octal", b)
 	}
 	return uint32(v), nil
 }
 
 func ids4(fields [][]byte, dst *[4]uint32) error {
 	if len(fields) != 4 {
-		return malformed("want 4 ids", bytes.Join(fields, []byte{' '}))
+		return Malformed("want 4 ids", bytes.Join(fields, []byte{' '}))
 	}
 	for i, f := range fields {
 		v, ok := parseUint(f, 10)
 		if !ok || v > 1<<32-1 {
-			return malformed("id", f)
+			return Malformed("id", f)
 		}
 		dst[i] = uint32(v)
 	}

@@ -29,7 +29,7 @@ func ReadTaskComm(pid, tid int) (string, error) {
 }
 
 func readComm(path string) (string, error) {
-	b, err := readFile(path, 64)
+	b, err := ReadFile(path, 64)
 	if err != nil {
 		return "", fmt.Errorf("read comm: %w", err)
 	}
@@ -60,7 +60,7 @@ func ParseCmdline(b []byte) ([]string, error) {
 
 // ReadCmdline reads /proc/PID/cmdline.
 func ReadCmdline(pid int) ([]string, error) {
-	b, err := readFile(pidPath(pid, "cmdline"), maxCmdline)
+	b, err := ReadFile(pidPath(pid, "cmdline"), maxCmdline)
 	if err != nil {
 		return nil, fmt.Errorf("read cmdline: %w", err)
 	}
@@ -121,26 +121,26 @@ func ExeFile(pid int) (FileID, error) { return StatFile(pidPath(pid, "exe")) }
 
 // Personality reads /proc/PID/personality (hex; needs ptrace access).
 func Personality(pid int) (uint32, error) {
-	b, err := readFile(pidPath(pid, "personality"), 64)
+	b, err := ReadFile(pidPath(pid, "personality"), 64)
 	if err != nil {
 		return 0, fmt.Errorf("read personality: %w", err)
 	}
 	v, ok := parseUint(trimSpace(b), 16)
 	if !ok || v > 1<<32-1 {
-		return 0, fmt.Errorf("personality: %w", malformed("hex", b))
+		return 0, fmt.Errorf("personality: %w", Malformed("hex", b))
 	}
 	return uint32(v), nil
 }
 
 // TimerSlack reads /proc/PID/timerslack_ns.
 func TimerSlack(pid int) (uint64, error) {
-	b, err := readFile(pidPath(pid, "timerslack_ns"), 64)
+	b, err := ReadFile(pidPath(pid, "timerslack_ns"), 64)
 	if err != nil {
 		return 0, fmt.Errorf("read timerslack_ns: %w", err)
 	}
 	v, ok := parseUint(trimSpace(b), 10)
 	if !ok {
-		return 0, fmt.Errorf("timerslack_ns: %w", malformed("integer", b))
+		return 0, fmt.Errorf("timerslack_ns: %w", Malformed("integer", b))
 	}
 	return v, nil
 }
@@ -187,8 +187,8 @@ func listPids(dir string) ([]int, error) {
 // ParsePidList parses a space-separated list of pids, as in
 // /proc/PID/task/TID/children.
 func ParsePidList(b []byte) ([]int, error) {
-	if len(b) > maxSmallFile {
-		return nil, fmt.Errorf("%w: pid list longer than %d bytes", ErrTooLarge, maxSmallFile)
+	if len(b) > MaxSmallFile {
+		return nil, fmt.Errorf("%w: pid list longer than %d bytes", ErrTooLarge, MaxSmallFile)
 	}
 	var out []int
 	for {
@@ -199,7 +199,7 @@ func ParsePidList(b []byte) ([]int, error) {
 		}
 		v, err := pidField(f)
 		if err != nil || v <= 0 {
-			return nil, malformed("pid list", f)
+			return nil, Malformed("pid list", f)
 		}
 		out = append(out, v)
 	}
@@ -215,7 +215,7 @@ func Children(pid int) ([]int, error) {
 	}
 	var out []int
 	for _, tid := range tids {
-		b, err := readFile(taskPath(pid, tid, "children"), maxSmallFile)
+		b, err := ReadFile(taskPath(pid, tid, "children"), MaxSmallFile)
 		if err != nil {
 			if os.IsNotExist(err) {
 				continue // the thread exited

@@ -86,7 +86,7 @@ func ParseVMFlags(s string) (VMFlags, error) {
 			return VMFlags{}, fmt.Errorf("%w: more than %d unknown VmFlags", ErrTooLarge, maxUnknownVMFlags)
 		}
 		if len(name) > 8 {
-			return VMFlags{}, malformed("VmFlags mnemonic", []byte(name))
+			return VMFlags{}, Malformed("VmFlags mnemonic", []byte(name))
 		}
 		unknown = append(unknown, name)
 	}

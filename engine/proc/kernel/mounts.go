@@ -31,7 +31,7 @@ func Mounts(pid int) ([]Mount, error) {
 	}
 	defer f.Close()
 	var out []Mount
-	s := newScanner(f)
+	s := proc.NewScanner(f)
 	for s.Scan() {
 		m, err := parseMountinfoLine(s.Text())
 		if err != nil {
@@ -40,7 +40,7 @@ func Mounts(pid int) ([]Mount, error) {
 		out = append(out, m)
 	}
 	if err := s.Err(); err != nil {
-		return nil, scanErr(err)
+		return nil, proc.ScanErr(err)
 	}
 	return out, nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // Sysctl reads the kernel parameter name, dotted as sysctl(8) names it
@@ -12,9 +14,9 @@ import (
 func Sysctl(name string) (string, error) {
 	rel := strings.ReplaceAll(name, ".", "/")
 	if rel == "" || strings.HasPrefix(rel, "/") || strings.Contains(rel, "//") {
-		return "", fmt.Errorf("sysctl %q: %w", name, malformed("name", []byte(name)))
+		return "", fmt.Errorf("sysctl %q: %w", name, proc.Malformed("name", []byte(name)))
 	}
-	b, err := readFile("/proc/sys/"+rel, maxFile)
+	b, err := proc.ReadFile("/proc/sys/"+rel, proc.MaxSmallFile)
 	if err != nil {
 		return "", fmt.Errorf("sysctl %s: %w", name, err)
 	}
@@ -31,7 +33,7 @@ func SysctlInt(name string) (int, error) {
 	t := strings.TrimSpace(s)
 	v, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || strings.HasPrefix(t, "+") || v < -1<<31 || v > 1<<31-1 {
-		return 0, fmt.Errorf("sysctl %s: %w", name, malformed("integer", []byte(s)))
+		return 0, fmt.Errorf("sysctl %s: %w", name, proc.Malformed("integer", []byte(s)))
 	}
 	return int(v), nil
 }

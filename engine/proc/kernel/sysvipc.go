@@ -27,7 +27,7 @@ const ShmDest = 0o1000
 
 // ReadSysVShm reads /proc/sysvipc/shm, by segment id.
 func ReadSysVShm() (map[int]SysVShm, error) {
-	b, err := readFile("/proc/sysvipc/shm", maxFile)
+	b, err := proc.ReadFile("/proc/sysvipc/shm", proc.MaxSmallFile)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +107,7 @@ func ReadSysVMsg() ([]SysVMsg, error) {
 // readSysVIPC reads /proc/sysvipc/NAME: a header line, then per object at
 // least cols numbers, the third (perms) octal.
 func readSysVIPC(name string, cols int) ([][]int64, error) {
-	b, err := readFile("/proc/sysvipc/"+name, maxFile)
+	b, err := proc.ReadFile("/proc/sysvipc/"+name, proc.MaxSmallFile)
 	if err != nil {
 		return nil, err
 	}

@@ -4,8 +4,9 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // FuzzParseDiag is seeded with requests and sample replies (and the files

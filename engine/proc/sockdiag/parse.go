@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // MaxSockets bounds the sockets a sock_diag reply parser accepts.
@@ -117,12 +118,12 @@ func putNlmsgHdr(b []byte, seq uint32) {
 func netlinkMessages(b []byte, fn func(typ uint16, payload []byte) error) (done bool, err error) {
 	for len(b) > 0 {
 		if len(b) < nlmsgHdrLen {
-			return false, malformed("netlink message header", b)
+			return false, proc.Malformed("netlink message header", b)
 		}
 		n := int(binary.NativeEndian.Uint32(b[0:]))
 		typ := binary.NativeEndian.Uint16(b[4:])
 		if n < nlmsgHdrLen || n > len(b) {
-			return false, malformed("netlink message length", b[:nlmsgHdrLen])
+			return false, proc.Malformed("netlink message length", b[:nlmsgHdrLen])
 		}
 		payload := b[nlmsgHdrLen:n]
 		switch typ {
@@ -130,7 +131,7 @@ func netlinkMessages(b []byte, fn func(typ uint16, payload []byte) error) (done 
 			return true, nil
 		case unix.NLMSG_ERROR:
 			if len(payload) < 4 {
-				return false, malformed("netlink error", payload)
+				return false, proc.Malformed("netlink error", payload)
 			}
 			if e := int32(binary.NativeEndian.Uint32(payload)); e != 0 {
 				return false, fmt.Errorf("sock_diag: %w", unix.Errno(-e))
@@ -156,7 +157,7 @@ func netlinkAttrs(b []byte, fn func(typ uint16, v []byte) error) error {
 		n := int(binary.NativeEndian.Uint16(b[0:]))
 		typ := binary.NativeEndian.Uint16(b[2:]) & 0x3fff // drop NLA_F_NESTED, NLA_F_NET_BYTEORDER
 		if n < 4 || n > len(b) {
-			return malformed("netlink attribute length", b[:4])
+			return proc.Malformed("netlink attribute length", b[:4])
 		}
 		if err := fn(typ, b[4:n]); err != nil {
 			return err
@@ -180,7 +181,7 @@ func ParseInetDiag(b []byte, protocol int, dst []InetDiag) (out []InetDiag, done
 			return nil
 		}
 		if len(p) < inetDiagMsgLen {
-			return malformed("inet_diag_msg", p)
+			return proc.Malformed("inet_diag_msg", p)
 		}
 		if len(out) >= MaxSockets {
 			return fmt.Errorf("%w: more than %d sockets", proc.ErrTooLarge, MaxSockets)
@@ -196,7 +197,7 @@ func ParseInetDiag(b []byte, protocol int, dst []InetDiag) (out []InetDiag, done
 			d.Local = netip.AddrPortFrom(netip.AddrFrom16([16]byte(p[8:24])), sport)
 			d.Remote = netip.AddrPortFrom(netip.AddrFrom16([16]byte(p[24:40])), dport)
 		default:
-			return malformed("inet_diag_msg family", p[:1])
+			return proc.Malformed("inet_diag_msg family", p[:1])
 		}
 		d.Interface = binary.NativeEndian.Uint32(p[40:])
 		d.Cookie = uint64(binary.NativeEndian.Uint32(p[44:])) | uint64(binary.NativeEndian.Uint32(p[48:]))<<32
@@ -219,7 +220,7 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 			return nil
 		}
 		if len(p) < unixDiagMsgLen {
-			return malformed("unix_diag_msg", p)
+			return proc.Malformed("unix_diag_msg", p)
 		}
 		if len(out) >= MaxSockets {
 			return fmt.Errorf("%w: more than %d sockets", proc.ErrTooLarge, MaxSockets)
@@ -244,13 +245,13 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 				d.Path = string(name)
 			case unixDiagVFS:
 				if len(v) < 8 {
-					return malformed("UNIX_DIAG_VFS", v)
+					return proc.Malformed("UNIX_DIAG_VFS", v)
 				}
 				d.VFSIno = binary.NativeEndian.Uint32(v[0:])
 				d.VFSDev = binary.NativeEndian.Uint32(v[4:])
 			case unixDiagPeer:
 				if len(v) < 4 {
-					return malformed("UNIX_DIAG_PEER", v)
+					return proc.Malformed("UNIX_DIAG_PEER", v)
 				}
 				d.Peer = uint64(binary.NativeEndian.Uint32(v))
 			case unixDiagIcons:
@@ -263,19 +264,19 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 				}
 			case unixDiagRQLen:
 				if len(v) < 8 {
-					return malformed("UNIX_DIAG_RQLEN", v)
+					return proc.Malformed("UNIX_DIAG_RQLEN", v)
 				}
 				d.RQueue = binary.NativeEndian.Uint32(v[0:])
 				d.WQueue = binary.NativeEndian.Uint32(v[4:])
 				d.HasRQLen = true
 			case unixDiagShutdown:
 				if len(v) < 1 {
-					return malformed("UNIX_DIAG_SHUTDOWN", v)
+					return proc.Malformed("UNIX_DIAG_SHUTDOWN", v)
 				}
 				d.Shutdown = v[0]
 			case unixDiagUID:
 				if len(v) < 4 {
-					return malformed("UNIX_DIAG_UID", v)
+					return proc.Malformed("UNIX_DIAG_UID", v)
 				}
 				d.UID = binary.NativeEndian.Uint32(v)
 			}
@@ -288,14 +289,4 @@ func ParseUnixDiag(b []byte, dst []UnixDiag) (out []UnixDiag, done bool, err err
 		return nil
 	})
 	return out, done, err
-}
-
-// malformed builds a proc.ErrMalformed error for what, quoting a bounded
-// prefix of the offending input.
-func malformed(what string, input []byte) error {
-	const max = 80
-	if len(input) > max {
-		input = input[:max]
-	}
-	return fmt.Errorf("%w: %s: %q", proc.ErrMalformed, what, input)
 }

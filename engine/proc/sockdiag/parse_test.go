@@ -7,8 +7,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // nlmsg wraps payload in a netlink message header.

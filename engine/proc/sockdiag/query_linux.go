@@ -8,8 +8,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/lazyfs/lazyfs/engine/proc"
 	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/proc"
 )
 
 // diagTimeout bounds each receive from the sock_diag socket.
@@ -78,7 +79,7 @@ func diagDump(pid int, req []byte, parse func([]byte) (bool, error)) error {
 			return fmt.Errorf("receive: %w", err)
 		}
 		if n == 0 {
-			return malformed("sock_diag: empty reply", nil)
+			return proc.Malformed("sock_diag: empty reply", nil)
 		}
 		done, err := parse(buf[:n])
 		if err != nil {
