@@ -57,7 +57,7 @@ func (in *Injector) runBatch(off int, calls []BatchCall) error {
 	if off < 0 || off%8 != 0 {
 		return fmt.Errorf("batch table at scratch offset %d: want a multiple of 8", off)
 	}
-	if err := in.needScratch(off + n); err != nil {
+	if err := in.NeedScratch(off + n); err != nil {
 		return err
 	}
 	table := make([]byte, n)
@@ -103,8 +103,9 @@ func stubWithBatch() []byte {
 	return code
 }
 
-// needScratch checks the scratch area holds n bytes.
-func (in *Injector) needScratch(n int) error {
+// NeedScratch checks that the scratch area holds n bytes, for a call
+// that stores its arguments or results there.
+func (in *Injector) NeedScratch(n int) error {
 	if in.scratch == 0 || in.scratchLen < n {
 		return fmt.Errorf("injector of thread %d: needs %d bytes of scratch memory, has %d", in.th.tid, n, in.scratchLen)
 	}

@@ -73,7 +73,7 @@ func threadInfo(calls []ptrace.BatchCall, b []byte) (ThreadInfo, error) {
 func (in *Injector) ReadThread() (ThreadInfo, error) {
 	var t ThreadInfo
 	err := in.p.Tracer().Do(func() error {
-		if err := in.needScratch(infoTable); err != nil {
+		if err := in.NeedScratch(infoTable); err != nil {
 			return err
 		}
 		b := make([]byte, infoEnd)
@@ -100,7 +100,7 @@ func (in *Injector) ReadThread() (ThreadInfo, error) {
 func (in *Injector) ReadProcess() (ProcessInfo, error) {
 	var p ProcessInfo
 	err := in.p.Tracer().Do(func() error {
-		if err := in.needScratch(infoTable + (NumSignals+6)*ptrace.BatchEntry); err != nil {
+		if err := in.NeedScratch(infoTable + (NumSignals+6)*ptrace.BatchEntry); err != nil {
 			return err
 		}
 		b := make([]byte, infoEnd)

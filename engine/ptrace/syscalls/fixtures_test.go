@@ -96,7 +96,7 @@ func mustCall(t *testing.T, in *Injector, nr int, args ...uint64) uint64 {
 // what ReadProcess reads in a batch. Element i is signal i+1.
 func sigActions(in *Injector) ([NumSignals]SigAction, error) {
 	var out [NumSignals]SigAction
-	if err := in.needScratch(32); err != nil {
+	if err := in.NeedScratch(32); err != nil {
 		return out, err
 	}
 	for sig := 1; sig <= NumSignals; sig++ {

@@ -16,21 +16,13 @@ import (
 // NumSignals is the number of signals (1..64).
 const NumSignals = 64
 
-// needScratch checks the scratch area holds n bytes.
-func (in *Injector) needScratch(n int) error {
-	if in.scratch == 0 || in.scratchLen < n {
-		return fmt.Errorf("injector of thread %d: needs %d bytes of scratch memory, has %d", in.tid, n, in.scratchLen)
-	}
-	return nil
-}
-
 // readVia runs call nr with args, where the argument index out is
 // replaced by the scratch address, and returns the n bytes the call
 // stored there.
 func (in *Injector) readVia(n int, nr int, out int, args ...uint64) ([]byte, error) {
 	var buf []byte
 	err := in.p.Tracer().Do(func() error {
-		if err := in.needScratch(n); err != nil {
+		if err := in.NeedScratch(n); err != nil {
 			return err
 		}
 		b := make([]byte, n)
@@ -159,7 +151,7 @@ func (in *Injector) clone3(a CloneArgs) (*ptrace.Thread, error) {
 	if len(a.SetTID) > 32 {
 		return nil, fmt.Errorf("set_tid: %d levels, at most 32", len(a.SetTID))
 	}
-	if err := in.needScratch(tidsAt + 8*len(a.SetTID)); err != nil {
+	if err := in.NeedScratch(tidsAt + 8*len(a.SetTID)); err != nil {
 		return nil, err
 	}
 	ca := cloneArgs{

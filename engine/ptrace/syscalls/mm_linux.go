@@ -33,7 +33,7 @@ func (in *Injector) SetMM(mm MM, exeFD int) error {
 	for i, w := range mm.Auxv {
 		binary.LittleEndian.PutUint64(auxv[8*i:], w)
 	}
-	if err := in.needScratch(MMMapSize + len(auxv)); err != nil {
+	if err := in.NeedScratch(MMMapSize + len(auxv)); err != nil {
 		return fmt.Errorf("PR_SET_MM_MAP with %d bytes of auxv: %w", len(auxv), err)
 	}
 	at := in.scratch
