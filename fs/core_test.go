@@ -5,9 +5,7 @@ import (
 	"context"
 	"debug/elf"
 	"errors"
-	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,26 +22,6 @@ import (
 	"github.com/lazyfs/lazyfs/fs/corefile"
 )
 
-// mappedTestFile writes a file of n bytes of content generated from seed
-// and returns its identity as a dump records it.
-func mappedTestFile(t testing.TB, dir string, seed uint64, n int) (image.FileID, []byte) {
-	t.Helper()
-	b := make([]byte, n)
-	rng := rand.New(rand.NewPCG(seed, 7))
-	for i := range b {
-		b[i] = byte(rng.Uint32())
-	}
-	path := filepath.Join(dir, fmt.Sprintf("mapped-%d.so", seed))
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return image.FileID{Path: path, Dev: st.Dev, Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano(), Mode: st.Mode}, b
-}
-
 func bytesDiff(a, b []byte) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
@@ -59,7 +37,7 @@ func bytesDiff(a, b []byte) int {
 // from the file, and reading them fails with EIO once it changed.
 func TestCoreMounted(t *testing.T) {
 	dir := t.TempDir()
-	id, fileBytes := mappedTestFile(t, dir, 5, int(pages(8)))
+	id, fileBytes := imagetest.MappedFile(t, dir, 5, int(pages(8)))
 	const pid = 321
 	proc := imagetest.Process{PID: pid, Seed: 9, VMAs: []imagetest.VMA{
 		{Start: 0x400000, End: 0x400000 + pages(8), Prot: protRW, Kind: image.VMAFile, File: &id, Name: id.Path,

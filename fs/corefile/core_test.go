@@ -6,10 +6,8 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -39,26 +37,6 @@ func (r coreReader) ReadAt(p []byte, off int64) (int, error) {
 	return len(b), nil
 }
 
-// mappedTestFile writes a file of n bytes of content generated from seed
-// and returns its identity as a dump records it.
-func mappedTestFile(t testing.TB, dir string, seed uint64, n int) (image.FileID, []byte) {
-	t.Helper()
-	b := make([]byte, n)
-	rng := rand.New(rand.NewPCG(seed, 7))
-	for i := range b {
-		b[i] = byte(rng.Uint32())
-	}
-	path := filepath.Join(dir, fmt.Sprintf("mapped-%d.so", seed))
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return image.FileID{Path: path, Dev: st.Dev, Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano(), Mode: st.Mode}, b
-}
-
 // randomCoreProcess returns a random synthetic process for a core: every
 // VMA kind, holes, VMAs not dumped, private file mappings whose file is
 // there (and whose undumped pages the core serves from it) or missing,
@@ -85,7 +63,7 @@ func randomCoreProcess(t testing.TB, seed uint64) (imagetest.Process, map[string
 				off := rng.Uint64N(4) * imagetest.PageSize
 				// the file may end before the mapping does
 				size := int(off + pages(n) - rng.Uint64N(pages(n)/2+1))
-				id, b := mappedTestFile(t, dir, seed*100+uint64(len(p.VMAs)), size)
+				id, b := imagetest.MappedFile(t, dir, seed*100+uint64(len(p.VMAs)), size)
 				files[id.Path] = b
 				v.File, v.Offset, v.Name = &id, off, id.Path
 			} else {

@@ -12,7 +12,11 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
+	"testing"
 
 	"golang.org/x/sys/unix"
 
@@ -307,3 +311,24 @@ func splitmix(x uint64) uint64 {
 }
 
 func mix(seed, v uint64) uint64 { return splitmix(seed ^ splitmix(v)) }
+
+// MappedFile writes a file of n bytes of content generated from seed in
+// dir and returns its identity as a dump records it (a mapped file's
+// VMA.File), and its bytes.
+func MappedFile(t testing.TB, dir string, seed uint64, n int) (image.FileID, []byte) {
+	t.Helper()
+	b := make([]byte, n)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	path := filepath.Join(dir, fmt.Sprintf("mapped-%d.so", seed))
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return image.FileID{Path: path, Dev: st.Dev, Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano(), Mode: st.Mode}, b
+}
