@@ -6,24 +6,17 @@ import (
 	"testing"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
 
 // localUffd opens a userfaultfd on this process, with API done.
 func localUffd(t *testing.T, features uint64) int {
 	t.Helper()
-	testutil.RequireUserfaultfd(t)
-	fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
-	if e != 0 {
-		t.Fatalf("userfaultfd: %v", e)
-	}
-	t.Cleanup(func() { unix.Close(int(fd)) })
-	if _, _, err := API(int(fd), features); err != nil {
+	fd := testutil.Userfaultfd(t)
+	if _, _, err := API(fd, features); err != nil {
 		t.Fatal(err)
 	}
-	return int(fd)
+	return fd
 }
 
 // localRegion maps n anonymous pages in this process. Registered memory
@@ -32,12 +25,7 @@ func localUffd(t *testing.T, features uint64) int {
 // before localUffd, so that the cleanups close the uffd first.
 func localRegion(t *testing.T, n int) []byte {
 	t.Helper()
-	m, err := unix.Mmap(-1, 0, n*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(m) })
-	return m
+	return testutil.AnonPages(t, n*PageSize)
 }
 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
