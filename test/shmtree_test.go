@@ -10,6 +10,7 @@ package e2e
 
 import (
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -129,4 +130,34 @@ func TestRestoreMappingsLazy(t *testing.T) {
 	l.mustFinish(t, ctx, p.PID)
 	check("restored", answersNormally(t, ctx, p, syscall.SIGUSR1, "report"))
 	lazyKill(t, ctx, p)
+}
+
+// TestTreeSharedMemoryLazyRemove: a process that frees pages of shared
+// memory served lazily (madvise MADV_REMOVE) ends the restore, naming
+// what it did, and the tree is killed: the event does not say whether
+// the pages were freed or only unmapped from that process, and guessing
+// wrong would serve the snapshot's data where the object now reads zeros,
+// or the reverse.
+func TestTreeSharedMemoryLazyRemove(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequirePtrace(t)
+	testutil.RequireUserfaultfd(t)
+	ctx := testContext(t)
+	p := fixture.Start(t, "shmtree")
+	t.Cleanup(func() { killSession(p.PID) })
+	waitTree(t, ctx, p.PID, 4)
+	dir, _ := dumpForRestore(t, ctx, p)
+	// Streaming held back: the page advised is still to be served.
+	l := startLazy(t, dir, "--source", "direct", "--prefetch-delay", "20s")
+	l.waitRunning(t, ctx)
+	if err := syscall.Kill(p.PID, syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	r := l.wait(t, ctx)
+	if r.Code == 0 || !strings.Contains(r.Stderr, "madvise of lazily served shared memory") {
+		t.Fatalf("snapctl restore --lazy after a MADV_REMOVE of shared memory: exit %d, want a failure that names it\n%s%s", r.Code, r.Stdout, r.Stderr)
+	}
+	if !pidGone(ctx, p.PID) {
+		t.Errorf("pid %d runs on after the restore failed", p.PID)
+	}
 }
