@@ -9,11 +9,15 @@ package e2e
 // that way), or as the streamer places it.
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/lazyfs/lazyfs/engine/uffd/uffdio"
 	"github.com/lazyfs/lazyfs/test/fixture"
 	"github.com/lazyfs/lazyfs/test/testutil"
 )
@@ -38,6 +42,9 @@ func TestTreeSharedMemoryLazy(t *testing.T) {
 		{"lazy-faults", []string{"--prefetch-delay", "5s"}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			if mode.name != "eager" {
+				testutil.RequireKernel(t, "userfaultfd on shared memory (UFFD_FEATURE_MISSING_SHMEM)", probeMissingShmem())
+			}
 			ctx := testContext(t)
 			p := fixture.Start(t, "shmtree")
 			t.Cleanup(func() { killSession(p.PID) })
@@ -142,6 +149,7 @@ func TestTreeSharedMemoryLazyRemove(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePtrace(t)
 	testutil.RequireUserfaultfd(t)
+	testutil.RequireKernel(t, "userfaultfd on shared memory (UFFD_FEATURE_MISSING_SHMEM)", probeMissingShmem())
 	ctx := testContext(t)
 	p := fixture.Start(t, "shmtree")
 	t.Cleanup(func() { killSession(p.PID) })
@@ -160,4 +168,17 @@ func TestTreeSharedMemoryLazyRemove(t *testing.T) {
 	if !pidGone(ctx, p.PID) {
 		t.Errorf("pid %d runs on after the restore failed", p.PID)
 	}
+}
+
+// probeMissingShmem asks the kernel whether a userfaultfd serves missing
+// pages of shared memory (UFFD_FEATURE_MISSING_SHMEM, Linux 4.11): without
+// it, restore --lazy fills shared memory before the processes run.
+func probeMissingShmem() error {
+	fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if e != 0 {
+		return fmt.Errorf("userfaultfd: %w", e)
+	}
+	defer unix.Close(int(fd))
+	_, _, err := uffdio.API(int(fd), uffdio.FeatureMissingShmem)
+	return err
 }
