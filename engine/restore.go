@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/lazyfs/lazyfs/engine/fds/broker"
@@ -261,23 +263,18 @@ func openTree(opts RestoreOptions) (*tree, error) {
 		// Its keeper starts while the processes' state and pages are read.
 		tr.lazy = lazy.NewPhase(opts.Lazy, opts.Source, tr.log)
 	}
-	for _, pid := range snap.PIDs() {
-		st, err := snap.State(pid)
-		if err != nil {
-			tr.close()
-			return nil, err
-		}
-		pages, err := snap.OpenPages(pid, image.ReaderOptions{Threads: opts.Threads})
-		if err != nil {
-			tr.close()
-			return nil, err
-		}
-		r := &restorer{tr: tr, st: st, pages: pages, log: tr.log, ghosts: map[[2]uint64]int{}}
+	opened, err := openProcesses(snap, opts.Threads)
+	if err != nil {
+		tr.close()
+		return nil, err
+	}
+	for _, o := range opened {
+		r := &restorer{tr: tr, st: o.st, pages: o.pages, log: tr.log, ghosts: map[[2]uint64]int{}}
 		if tr.lazy != nil {
-			r.lazy = tr.lazy.Add(snap, st, pages)
+			r.lazy = tr.lazy.Add(snap, o.st, o.pages)
 		}
 		tr.procs = append(tr.procs, r)
-		tr.byPID[pid] = r
+		tr.byPID[o.st.PID] = r
 	}
 	tr.procs = treeOrder(tr.procs, func(r *restorer) (int, int) { return r.st.PID, r.st.PPID })
 	for _, r := range tr.procs {
@@ -294,6 +291,46 @@ func openTree(opts RestoreOptions) (*tree, error) {
 		}
 	}
 	return tr, nil
+}
+
+// openedProcess is a process's state and pages, as openProcesses reads
+// them.
+type openedProcess struct {
+	st    *image.Process
+	pages *image.Reader
+}
+
+// openProcesses reads the state and opens the pages of every process of
+// snap, in the snapshot's order, a process per CPU at a time: decoding
+// the states is most of opening a snapshot of many processes.
+func openProcesses(snap *image.Snapshot, threads int) ([]openedProcess, error) {
+	pids := snap.PIDs()
+	out := make([]openedProcess, len(pids))
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i, pid := range pids {
+		g.Go(func() error {
+			st, err := snap.State(pid)
+			if err != nil {
+				return err
+			}
+			pages, err := snap.OpenPages(pid, image.ReaderOptions{Threads: threads})
+			if err != nil {
+				return err
+			}
+			out[i] = openedProcess{st: st, pages: pages}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		for _, o := range out {
+			if o.pages != nil {
+				o.pages.Close()
+			}
+		}
+		return nil, err
+	}
+	return out, nil
 }
 
 // close releases what the restore holds, once its processes run or are

@@ -102,14 +102,14 @@ func (s *Snapshot) forkedParent(r *Reader, pid int, opts ReaderOptions, depth in
 	if depth >= maxForkDepth {
 		return fmt.Errorf("%s: %w: forked blocks through more than %d parents", r.name, ErrCorrupt, maxForkDepth)
 	}
-	st, err := s.State(pid)
+	ppid, err := s.ppid(pid)
 	if err != nil {
 		return err
 	}
-	if _, ok := s.Manifest.Process(st.PPID); !ok || st.PPID == pid {
-		return fmt.Errorf("%s: %w: %d blocks are in the parent process %d, which the snapshot does not hold", r.name, ErrCorrupt, n, st.PPID)
+	if _, ok := s.Manifest.Process(ppid); !ok || ppid == pid {
+		return fmt.Errorf("%s: %w: %d blocks are in the parent process %d, which the snapshot does not hold", r.name, ErrCorrupt, n, ppid)
 	}
-	pr, err := s.openPages(st.PPID, opts, depth+1)
+	pr, err := s.openPages(ppid, opts, depth+1)
 	if err != nil {
 		return err
 	}

@@ -124,11 +124,20 @@ func TestForkedRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if r, err := s.OpenPages(11, ReaderOptions{}); !errors.Is(err, ErrCorrupt) {
-		if r != nil {
-			r.Close()
+	// Once before its state is parsed, once after (the parent pid State
+	// remembered).
+	for _, parsed := range []bool{false, true} {
+		if parsed {
+			if _, err := s.State(11); err != nil {
+				t.Fatal(err)
+			}
 		}
-		t.Fatalf("pages of a child whose parent is not in the snapshot: %v, want ErrCorrupt", err)
+		if r, err := s.OpenPages(11, ReaderOptions{}); !errors.Is(err, ErrCorrupt) {
+			if r != nil {
+				r.Close()
+			}
+			t.Fatalf("pages of a child whose parent is not in the snapshot (state parsed first: %v): %v, want ErrCorrupt", parsed, err)
+		}
 	}
 }
 

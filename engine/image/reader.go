@@ -54,6 +54,12 @@ type Snapshot struct {
 	signed   bool       // its signature verified
 	parent   *Snapshot  // of an incremental snapshot (parent.go)
 	opts     OpenOptions
+
+	// ppids are the parent pids of the states State parsed, so that a
+	// page reader with Forked blocks finds its parent process's without
+	// parsing the state a second time.
+	ppidMu sync.Mutex
+	ppids  map[int]int
 }
 
 // OpenOptions tune OpenWith.
@@ -254,7 +260,29 @@ func (s *Snapshot) State(pid int) (*Process, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", stateName(pid), err)
 	}
+	s.ppidMu.Lock()
+	if s.ppids == nil {
+		s.ppids = map[int]int{}
+	}
+	s.ppids[pid] = p.PPID
+	s.ppidMu.Unlock()
 	return &p, nil
+}
+
+// ppid returns the parent pid that pid's state names, parsing the state
+// only if State has not.
+func (s *Snapshot) ppid(pid int) (int, error) {
+	s.ppidMu.Lock()
+	ppid, ok := s.ppids[pid]
+	s.ppidMu.Unlock()
+	if ok {
+		return ppid, nil
+	}
+	st, err := s.State(pid)
+	if err != nil {
+		return 0, err
+	}
+	return st.PPID, nil
 }
 
 // ReaderOptions configure a page reader.
