@@ -147,6 +147,9 @@ type dumpProc struct {
 	p           *ptrace.Process
 	maps        []proc.Mapping
 	st          *image.Process
+	// zombies are its children that had exited and that it had not
+	// reaped (image.Process.Zombies).
+	zombies []image.Zombie
 }
 
 // Dump freezes the process opts.PID and all its descendants, writes their
@@ -268,13 +271,13 @@ func (d *dumper) freeze(context.Context) error {
 	return nil
 }
 
-// leaveOut reports whether child p of a frozen process has exited (a
-// zombie its frozen parent cannot reap, or gone): it is then left out of
-// the snapshot, as if it had exited and been reaped just before the
-// freeze. Its parent, restored, finds no such child (waitpid's ECHILD),
-// as after a reap; a pending SIGCHLD is restored with the parent's
-// signals. Pre-fork servers and shell pipelines have such children at
-// any moment.
+// leaveOut reports whether child p of a frozen process has exited, and
+// so is not dumped as a process. A zombie, which its frozen parent has
+// not reaped, is recorded with the parent (image.Process.Zombies): a
+// restore makes it again, exiting as it did, for the parent to reap. A
+// child that is gone (its parent ignores SIGCHLD, so the kernel reaped
+// it) is left out. Pre-fork servers and shell pipelines have such
+// children at any moment.
 func (d *dumper) leaveOut(p *dumpProc) bool {
 	s, err := proc.ReadStatus(p.pid)
 	if err == nil && s.State != 'Z' && s.State != 'X' {
@@ -286,8 +289,34 @@ func (d *dumper) leaveOut(p *dumpProc) bool {
 	if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
 		return false
 	}
+	if err == nil && s.State == 'Z' {
+		if z, ok := d.zombie(p, s); ok {
+			d.log.Info("kept: a child that exited and that its parent has not reaped", "pid", p.pid, "parent", p.parent, "status", z.Describe())
+			return true
+		}
+	}
 	d.log.Info("left out: a child that exited during the freeze", "pid", p.pid, "parent", p.parent)
 	return true
+}
+
+// zombie records zombie child p (whose status is s) with its parent,
+// once its exit status is read.
+func (d *dumper) zombie(p *dumpProc, s *proc.Status) (image.Zombie, bool) {
+	st, err := proc.ReadStat(p.pid)
+	if err != nil || !st.Exited() {
+		return image.Zombie{}, false
+	}
+	z := image.Zombie{PID: p.pid, Comm: s.Name, Status: st.ExitCode}
+	if len(s.NSpid) > 1 {
+		z.NSPID = s.NSpid
+	}
+	for _, q := range d.procs {
+		if q.pid == p.parent {
+			q.zombies = append(q.zombies, z)
+			return z, true
+		}
+	}
+	return image.Zombie{}, false
 }
 
 func (d *dumper) memoryLayout(p *dumpProc) error {

@@ -25,7 +25,7 @@ import (
 // freeze.
 func (d *dumper) collect(ctx context.Context) error {
 	for _, p := range d.procs {
-		p.st = &image.Process{PID: p.pid}
+		p.st = &image.Process{PID: p.pid, Zombies: p.zombies}
 	}
 	start := time.Now()
 	fdsCh := make(chan error, 1)

@@ -204,6 +204,11 @@ func (r *restorer) checkPIDs() error {
 				return fmt.Errorf("%w: thread id %d is taken by %q in the pid namespace of process %d", ErrPIDInUse, th.OwnTID(), comm, into)
 			}
 		}
+		for _, z := range st.Zombies {
+			if comm, busy := r.tr.intoPIDs[z.OwnPID()]; busy {
+				return fmt.Errorf("%w: pid %d of an unreaped child is taken by %q in the pid namespace of process %d", ErrPIDInUse, z.OwnPID(), comm, into)
+			}
+		}
 		return nil
 	}
 	if r.tr.opts.Namespaces.PID {
@@ -219,6 +224,11 @@ func (r *restorer) checkPIDs() error {
 	for _, th := range st.Threads {
 		if busy, comm := task.PIDInUse(th.TID); busy {
 			return fmt.Errorf("%w: thread id %d is taken by %q: stop it, or restore a copy beside it in namespaces of its own (--pidns --netns new)", ErrPIDInUse, th.TID, comm)
+		}
+	}
+	for _, z := range st.Zombies {
+		if busy, comm := task.PIDInUse(z.PID); busy {
+			return fmt.Errorf("%w: pid %d of an unreaped child is taken by %q: stop it, or restore a copy beside it in namespaces of its own (--pidns --netns new)", ErrPIDInUse, z.PID, comm)
 		}
 	}
 	return nil

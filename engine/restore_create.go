@@ -44,6 +44,7 @@ func (tr *tree) createRoot(ctx context.Context) error {
 // pages it still shared with it at the dump among them. A child that
 // led its session calls setsid before it clones its own children, a
 // group leader setpgid (joinGroups puts the others in their groups).
+// Then its unreaped children are made again (makeZombies).
 func (r *restorer) createChildren(ctx context.Context) error {
 	tr := r.tr
 	for _, c := range tr.procs[1:] {
@@ -57,7 +58,7 @@ func (r *restorer) createChildren(ctx context.Context) error {
 			return tr.name(c, err)
 		}
 	}
-	return nil
+	return r.makeZombies(ctx)
 }
 
 // joinGroups puts every process in its process group once the leaders
@@ -91,6 +92,28 @@ func (tr *tree) joinGroups(context.Context) error {
 // own there.
 func (r *restorer) clone3(in *syscalls.Injector, args syscalls.CloneArgs) (*ptrace.Thread, error) {
 	own, pidns := r.st.OwnPID(), r.tr.opts.Namespaces.OwnPIDs()
+	th, err := cloneWithPID(in, args, own, pidns)
+	if err != nil {
+		return nil, err
+	}
+	r.child, r.pid = th.Process(), th.Tid()
+	if pidns {
+		if err := task.CheckOwnPID(r.pid, own); err != nil {
+			return nil, err
+		}
+	} else if r.pid != own {
+		return nil, fmt.Errorf("clone3 made pid %d, wanted %d", r.pid, own)
+	}
+	if err := th.SetOptions(unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE); err != nil {
+		return nil, err
+	}
+	return th, nil
+}
+
+// cloneWithPID clones the process of in with args, whose SetTID is own:
+// in our pid namespace (pidns false), waiting for own if it is still
+// held (AwaitPIDReleased).
+func cloneWithPID(in *syscalls.Injector, args syscalls.CloneArgs, own int, pidns bool) (*ptrace.Thread, error) {
 	th, err := in.Clone3(args)
 	if errors.Is(err, unix.EEXIST) && !pidns {
 		if err := task.AwaitPIDReleased(own); err != nil {
@@ -103,17 +126,6 @@ func (r *restorer) clone3(in *syscalls.Injector, args syscalls.CloneArgs) (*ptra
 			return nil, fmt.Errorf("%w: pid %d was taken meanwhile", ErrPIDInUse, own)
 		}
 		return nil, fmt.Errorf("clone3 with pid %d: %w", own, err)
-	}
-	r.child, r.pid = th.Process(), th.Tid()
-	if pidns {
-		if err := task.CheckOwnPID(r.pid, own); err != nil {
-			return nil, err
-		}
-	} else if r.pid != own {
-		return nil, fmt.Errorf("clone3 made pid %d, wanted %d", r.pid, own)
-	}
-	if err := th.SetOptions(unix.PTRACE_O_EXITKILL | unix.PTRACE_O_TRACECLONE); err != nil {
-		return nil, err
 	}
 	return th, nil
 }

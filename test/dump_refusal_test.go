@@ -249,15 +249,20 @@ func TestDumpRefusals(t *testing.T) {
 		ctx := testContext(t)
 		p := startHolder(t, "zombie")
 		child := int(p.Ready.MustInt(t, "child"))
-		// Left out, as if reaped just before the freeze: the dump
-		// succeeds and holds the parent alone.
+		// Kept as the parent's unreaped child, not as a process: the
+		// dump succeeds and holds the parent alone, with the child
+		// among its zombies (TestZombiesRestored restores them).
 		dir := filepath.Join(t.TempDir(), "snap")
 		r := mustSnapctl(t, "dump", "-v", "-t", strconv.Itoa(p.PID), "-D", dir, "--leave-running")
-		if !strings.Contains(r.Stderr, "left out") || !strings.Contains(r.Stderr, fmt.Sprintf("pid=%d", child)) {
-			t.Errorf("the dump does not say it left zombie %d out\n%s", child, r)
+		if !strings.Contains(r.Stderr, "not reaped") || !strings.Contains(r.Stderr, fmt.Sprintf("pid=%d", child)) {
+			t.Errorf("the dump does not say it kept zombie %d as such\n%s", child, r)
 		}
-		if pids := openImage(t, dir, p.PID).Snap.PIDs(); len(pids) != 1 || pids[0] != p.PID {
+		img := openImage(t, dir, p.PID)
+		if pids := img.Snap.PIDs(); len(pids) != 1 || pids[0] != p.PID {
 			t.Errorf("snapshot holds %v, want the parent %d alone", pids, p.PID)
+		}
+		if z := img.State.Zombies; len(z) != 1 || z[0].PID != child || !z[0].Exited() || z[0].Status != 0 {
+			t.Errorf("the parent's unreaped children: %+v, want pid %d, exited 0", z, child)
 		}
 		answersNormally(t, ctx, p, syscall.SIGUSR1, "report")
 	})

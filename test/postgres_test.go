@@ -232,6 +232,10 @@ func TestPostgres(t *testing.T) {
 			return
 		}
 	}
+	// The restored server shuts down when asked: it waits for every
+	// child it counts, and so for those it had not reaped at the dump
+	// (TestZombiesRestored), which a restore must give back.
+	pg.run(t, ctx, "pg_ctl", "-D", pg.data(), "-m", "fast", "-t", "30", "stop")
 }
 
 // transientBackends returns the processes of a PostgreSQL tree that end

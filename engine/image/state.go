@@ -1,5 +1,11 @@
 package image
 
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
 // Process is the state of one dumped process, stored as
 // process-PID.json. Addresses and masks are plain numbers; binary blobs
 // (XSTATE, pipe contents) are base64 (encoding/json's []byte).
@@ -60,6 +66,44 @@ type Process struct {
 	// semaphore sets and message queues the processes used
 	// (FeatureSysVIPC).
 	SysVIPC *SysVIPC `json:"sysv_ipc,omitempty"`
+	// Zombies are the process's children that had exited and that it had
+	// not reaped when it was frozen. A restore makes each again, exiting
+	// as it did, for the process to reap: a server that counts its
+	// children by pid (PostgreSQL's postmaster, a shell's jobs) would
+	// otherwise wait for them forever. A snapshot taken before they were
+	// recorded holds none: such children were left out, as if reaped.
+	Zombies []Zombie `json:"zombies,omitempty"`
+}
+
+// Zombie is a child that had exited and that its parent had not reaped.
+type Zombie struct {
+	PID int `json:"pid"`
+	// NSPID is its pid in each pid namespace, as Process.NSPID.
+	NSPID []int  `json:"ns_pid,omitempty"`
+	Comm  string `json:"comm"`
+	// Status is what wait would report: the exit code << 8, or the
+	// signal that killed it (0x80 set if it dumped core).
+	Status int `json:"status"`
+}
+
+// OwnPID is the zombie's pid as its parent saw it (see Process.OwnPID).
+func (z *Zombie) OwnPID() int {
+	if n := len(z.NSPID); n > 0 {
+		return z.NSPID[n-1]
+	}
+	return z.PID
+}
+
+// Exited reports whether the zombie exited (its code), rather than being
+// killed by a signal.
+func (z *Zombie) Exited() bool { return z.Status&0x7f == 0 }
+
+// Describe says how it ended, as a shell would.
+func (z *Zombie) Describe() string {
+	if z.Exited() {
+		return fmt.Sprintf("exited %d", z.Status>>8&0xff)
+	}
+	return fmt.Sprintf("killed by %v", unix.Signal(z.Status&0x7f))
 }
 
 // FileID identifies a file so restore can refuse one that changed.

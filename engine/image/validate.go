@@ -3,6 +3,7 @@ package image
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -55,7 +56,49 @@ func (p *Process) Validate() error {
 	if err := p.validateVMAs(); err != nil {
 		return err
 	}
+	if err := p.validateZombies(); err != nil {
+		return err
+	}
 	return p.validateFDs()
+}
+
+// validateZombies checks the unreaped children: each pid positive, once,
+// neither the process's own nor one of its threads', and a status wait
+// could report of a process that ended (an exit code, or a signal from 1
+// to 64).
+func (p *Process) validateZombies() error {
+	if len(p.Zombies) > maxThreads {
+		return bad("%d unreaped children, more than %d", len(p.Zombies), maxThreads)
+	}
+	seen := make(map[int]bool, len(p.Zombies))
+	for _, th := range p.Threads {
+		seen[th.TID] = true
+	}
+	for _, z := range p.Zombies {
+		if z.PID <= 0 || seen[z.PID] {
+			return bad("unreaped child pid %d", z.PID)
+		}
+		seen[z.PID] = true
+		if len(z.NSPID) > 0 && (z.NSPID[0] != z.PID || len(z.NSPID) != len(p.NSPID) || slices.ContainsFunc(z.NSPID, func(id int) bool { return id <= 0 })) {
+			return bad("unreaped child %d: pids %v in the namespaces of a process with %v", z.PID, z.NSPID, p.NSPID)
+		}
+		if sig := z.Status & 0x7f; z.Status < 0 || z.Status > 0xffff || sig == 0x7f || (sig != 0 && z.Status&^0xff != 0) || (sig == 0 && z.Status&0xff != 0) || sig > 64 {
+			return bad("unreaped child %d: status %#x is not one of a process that ended", z.PID, z.Status)
+		}
+		if sig := unix.Signal(z.Status & 0x7f); sig != 0 && !killsByDefault(sig) {
+			return bad("unreaped child %d: killed by %v, a signal that does not kill", z.PID, sig)
+		}
+	}
+	return nil
+}
+
+// killsByDefault reports whether sig's default action ends a process.
+func killsByDefault(sig unix.Signal) bool {
+	switch sig {
+	case unix.SIGCHLD, unix.SIGCONT, unix.SIGSTOP, unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU, unix.SIGURG, unix.SIGWINCH:
+		return false
+	}
+	return true
 }
 
 // bad is a state Validate refuses: ErrCorrupt, saying why.

@@ -76,6 +76,14 @@ func TestValidateRefuses(t *testing.T) {
 		"affinity 2048":        {func(p *Process) { p.Threads[1].Sched = &Sched{Affinity: make([]uint64, 32)} }, "affinity"},
 		"ioprio class 4":       {func(p *Process) { p.Threads[1].Sched = &Sched{IOPrio: 4 << 13} }, "I/O priority"},
 		"oom_score_adj":        {func(p *Process) { v := 1001; p.OOMScoreAdj = &v }, "oom_score_adj"},
+		"zombie pid 0":         {func(p *Process) { p.Zombies = []Zombie{{PID: 0}} }, "unreaped child pid 0"},
+		"zombie of a thread":   {func(p *Process) { p.Zombies = []Zombie{{PID: 11}} }, "unreaped child pid 11"},
+		"zombie twice":         {func(p *Process) { p.Zombies = []Zombie{{PID: 12}, {PID: 12}} }, "unreaped child pid 12"},
+		"zombie stopped":       {func(p *Process) { p.Zombies = []Zombie{{PID: 12, Status: 0x137f}} }, "status"},
+		"zombie exit and sig":  {func(p *Process) { p.Zombies = []Zombie{{PID: 12, Status: 0x100 | 9}} }, "status"},
+		"zombie by SIGCHLD":    {func(p *Process) { p.Zombies = []Zombie{{PID: 12, Status: 17}} }, "does not kill"},
+		"zombie signal 65":     {func(p *Process) { p.Zombies = []Zombie{{PID: 12, Status: 65}} }, "status"},
+		"zombie pidns":         {func(p *Process) { p.Zombies = []Zombie{{PID: 12, NSPID: []int{12, 3}}} }, "namespaces"},
 		"lock kind":            {func(p *Process) { p.FDs[0].Locks = []Lock{{Kind: "lease", End: -1}} }, "lock"},
 		"ghost of a non-ghost": {func(p *Process) { zero := 0; p.FDs[2].Kind = FDFile; p.FDs[2].Ghost = &Ghost{Of: &zero} }, "deleted file"},
 		"ghost mode":           {func(p *Process) { p.FDs[2].Kind = FDFile; p.FDs[2].Ghost = &Ghost{Mode: 0o10000} }, "deleted file"},
@@ -139,5 +147,23 @@ func TestWriterRefusesInvalidState(t *testing.T) {
 	err = w.WriteState(p)
 	if !errors.Is(err, ErrStateRefused) || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "process 10: ") || !strings.Contains(err.Error(), "no threads") {
 		t.Fatalf("WriteState of a state without threads: %v, want ErrStateRefused naming it", err)
+	}
+}
+
+// TestZombieStatus: the statuses wait reports of an ended child are
+// taken and described as a shell would.
+func TestZombieStatus(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		says   string
+	}{{0, "exited 0"}, {42 << 8, "exited 42"}, {15, "killed by terminated"}, {0x80 | 11, "killed by segmentation fault"}, {34, "killed by signal 34"}} {
+		p := validState()
+		p.Zombies = []Zombie{{PID: 12, Status: c.status}}
+		if err := p.Validate(); err != nil {
+			t.Errorf("status %#x: %v", c.status, err)
+		}
+		if got := p.Zombies[0].Describe(); got != c.says {
+			t.Errorf("status %#x described as %q, want %q", c.status, got, c.says)
+		}
 	}
 }
