@@ -2,7 +2,9 @@
 # The PostgreSQL 15 tree dumped and restored (postgres.md quotes its
 # output): 3 rounds of dump, eager restore, dump, lazy restore, each
 # followed by a first query and a second of pgbench. The first query
-# after a lazy restore goes as soon as the tree runs.
+# after a lazy restore goes as soon as the tree runs. ab-postgres.py times
+# the first answer as the harness times the model servers' (a client
+# already running), which is the figure to compare with them.
 #
 # usage (root, from the module root, after make build), with a cluster
 # made once:
