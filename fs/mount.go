@@ -136,7 +136,7 @@ func (s *Server) openTree(snapshotDir string, opts Options) (*rootNode, error) {
 		return nil, err
 	}
 	for _, pid := range snap.PIDs() {
-		p, err := openProcess(snap, pid, ropts)
+		p, err := openProcess(snap, pid, ropts, opts.memOnly)
 		if err != nil {
 			s.closeReaders()
 			return nil, err
@@ -154,6 +154,7 @@ func (s *Server) openTree(snapshotDir string, opts Options) (*rootNode, error) {
 		dirNode:   dirNode{own: &owner{uid: uint32(os.Getuid()), gid: uint32(os.Getgid()), mtime: snap.Manifest.Created}},
 		manifest:  snap.ManifestJSON(),
 		procs:     s.procs,
+		memOnly:   opts.memOnly,
 		openFlags: openFlags,
 		stats:     statsText,
 	}, nil

@@ -140,6 +140,39 @@ func imageVMA(v imagetest.VMA) image.VMA {
 	return image.VMA{Start: v.Start, End: v.End, Prot: v.Prot, Flags: flags, Kind: kind, Name: v.Name, Dumped: !v.NotDumped}
 }
 
+// TestMountMemOnly: the private mount of a lazy restore (Options.memOnly)
+// holds PID/mem alone, read without the processes' states, and its bytes
+// at every dumped range are the snapshot's. (A child's Forked blocks find
+// their parent without the state parsed: TestForkedRefused.)
+func TestMountMemOnly(t *testing.T) {
+	s := writeSnapshot(t, 64<<10)
+	srv, _ := mount(t, s.Dir, Options{memOnly: true})
+	for _, pid := range []int{pidA, pidB} {
+		pdir := filepath.Join(srv.Mountpoint(), strconv.Itoa(pid))
+		ents, err := os.ReadDir(pdir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) != 1 || ents[0].Name() != "mem" {
+			t.Errorf("%s holds %v, want mem alone", pdir, ents)
+		}
+		f, err := os.Open(filepath.Join(pdir, "mem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range s.Dumped(pid) {
+			got := make([]byte, r[1]-r[0])
+			if _, err := f.ReadAt(got, int64(r[0])); err != nil {
+				t.Fatalf("pid %d: read %#x-%#x: %v", pid, r[0], r[1], err)
+			}
+			if !bytes.Equal(got, s.Memory(pid, r[0], len(got))) {
+				t.Errorf("pid %d: %#x-%#x differs from the snapshot's memory", pid, r[0], r[1])
+			}
+		}
+		f.Close()
+	}
+}
+
 // TestMountTools reads the mount with the tools people use on memory
 // images.
 func TestMountTools(t *testing.T) {

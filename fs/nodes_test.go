@@ -24,7 +24,7 @@ func openTestProcess(t testing.TB, s *imagetest.Snapshot, pid int) *process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := openProcess(snap, pid, image.ReaderOptions{Cache: cache.New(16 << 20), Threads: 1, Readahead: true})
+	p, err := openProcess(snap, pid, image.ReaderOptions{Cache: cache.New(16 << 20), Threads: 1, Readahead: true}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -305,7 +305,7 @@ func PrivateMain(args []string) int {
 	slog.SetDefault(logger) // the object store's warnings too
 	srv, err := Mount(pa.Dir, tmp, Options{CacheSize: pa.CacheSize, DecompressThreads: pa.DecompressThreads,
 		DirectIO: pa.DirectIO, ReadaheadKB: pa.ReadaheadKB, TrustSnapshot: pa.TrustSnapshot, Remote: pa.Remote, Keys: keys,
-		Logger: logger, directMount: true})
+		Logger: logger, directMount: true, memOnly: true})
 	if err != nil {
 		return fail(fmt.Errorf("mount snapshot: %w", err))
 	}

@@ -16,8 +16,8 @@ import (
 // the reader of its pages, shared by its mem and region files.
 type process struct {
 	pid   int
-	state *image.Process
-	json  []byte // process-PID.json as stored
+	state *image.Process // nil in a mount of Options.memOnly
+	json  []byte         // process-PID.json as stored
 	r     *image.Reader
 	log   *slog.Logger
 
@@ -27,8 +27,16 @@ type process struct {
 	ws       wsSource       // MNT/PID/workingset
 }
 
-// openProcess reads the state of pid and opens its pages.
-func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions) (*process, error) {
+// openProcess reads the state of pid and opens its pages; memOnly opens
+// the pages alone (Options.memOnly).
+func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions, memOnly bool) (*process, error) {
+	if memOnly {
+		r, err := s.OpenPages(pid, ropts)
+		if err != nil {
+			return nil, fmt.Errorf("process %d: open pages: %w", pid, err)
+		}
+		return &process{pid: pid, r: r, log: ropts.Logger}, nil
+	}
 	js, err := s.StateJSON(pid)
 	if err != nil {
 		return nil, fmt.Errorf("process %d: %w", pid, err)
@@ -77,6 +85,9 @@ func (p *process) dumpedVMAs() []image.VMA {
 // pages hold).
 func (p *process) memSize() uint64 {
 	end := p.r.End()
+	if p.state == nil {
+		return end // memOnly: the data the pages hold is what is read
+	}
 	for _, v := range p.dumpedVMAs() {
 		end = max(end, v.End)
 	}

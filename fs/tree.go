@@ -19,6 +19,7 @@ type rootNode struct {
 	dirNode
 	manifest  []byte
 	procs     []*process
+	memOnly   bool // Options.memOnly: PID/mem alone
 	openFlags uint32
 	stats     func(p *process) []byte
 }
@@ -37,6 +38,10 @@ func (r *rootNode) OnAdd(ctx context.Context) {
 	file(&r.Inode, "snapshot.json", &bytesNode{own: r.own, data: r.manifest})
 	for _, p := range r.procs {
 		pd := dir(&r.Inode, strconv.Itoa(p.pid))
+		if r.memOnly {
+			file(pd, "mem", newMemNode(r.own, p, 0, p.memSize(), r.openFlags))
+			continue
+		}
 		vmas := p.dumpedVMAs()
 		file(pd, "maps", &bytesNode{own: r.own, data: formatMaps(vmas)})
 		file(pd, "process.json", &bytesNode{own: r.own, data: p.json})

@@ -269,8 +269,9 @@ func (s *Snapshot) State(pid int) (*Process, error) {
 	return &p, nil
 }
 
-// ppid returns the parent pid that pid's state names, parsing the state
-// only if State has not.
+// ppid returns the parent pid that pid's state names: the one State
+// parsed, or else decoded from the state alone, not the whole process
+// (a mount of memory alone reads no state otherwise; fs's memOnly).
 func (s *Snapshot) ppid(pid int) (int, error) {
 	s.ppidMu.Lock()
 	ppid, ok := s.ppids[pid]
@@ -278,11 +279,21 @@ func (s *Snapshot) ppid(pid int) (int, error) {
 	if ok {
 		return ppid, nil
 	}
-	st, err := s.State(pid)
+	b, err := s.StateJSON(pid)
 	if err != nil {
 		return 0, err
 	}
-	return st.PPID, nil
+	var ids struct {
+		PID  int `json:"pid"`
+		PPID int `json:"ppid"`
+	}
+	if err := json.Unmarshal(b, &ids); err != nil {
+		return 0, fmt.Errorf("%s: %w: %v", stateName(pid), ErrCorrupt, err)
+	}
+	if ids.PID != pid {
+		return 0, fmt.Errorf("%s: %w: holds pid %d", stateName(pid), ErrCorrupt, ids.PID)
+	}
+	return ids.PPID, nil
 }
 
 // ReaderOptions configure a page reader.
