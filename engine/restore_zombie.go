@@ -14,8 +14,8 @@ import (
 // makeZombies makes r's unreaped children (image.Process.Zombies) again,
 // once its other children are made: each is cloned from r with its pid
 // and ended at once as it had ended, and left for r to reap, with the
-// status r would have reaped. Cloned from r, it starts in r's process
-// group and session, whichever it had.
+// status r would have reaped. Cloned from r, it is in r's process
+// group and session, whatever group it was in at the dump.
 func (r *restorer) makeZombies(ctx context.Context) error {
 	for _, z := range r.st.Zombies {
 		if err := ctx.Err(); err != nil {

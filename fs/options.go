@@ -75,9 +75,7 @@ type Options struct {
 	// program while it mounts, the private mount's helper.
 	directMount bool
 	// memOnly mounts MNT/PID/mem alone, without reading the processes'
-	// states: the private mount of a lazy restore reads nothing else, and
-	// decoding the states (140 KB of JSON for a PostgreSQL process, 900
-	// KB for a PyTorch server) in a helper that starts beside the
-	// restore slowed the restore itself.
+	// states: the private mount of a lazy restore reads nothing else, so
+	// its helper, which starts beside the restore, need not decode them.
 	memOnly bool
 }
