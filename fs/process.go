@@ -37,11 +37,7 @@ func openProcess(s *image.Snapshot, pid int, ropts image.ReaderOptions, memOnly 
 		}
 		return &process{pid: pid, r: r, log: ropts.Logger}, nil
 	}
-	js, err := s.StateJSON(pid)
-	if err != nil {
-		return nil, fmt.Errorf("process %d: %w", pid, err)
-	}
-	st, err := s.State(pid)
+	st, js, err := s.StateAndJSON(pid)
 	if err != nil {
 		return nil, fmt.Errorf("process %d: %w", pid, err)
 	}

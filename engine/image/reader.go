@@ -246,19 +246,26 @@ func (s *Snapshot) StateJSON(pid int) ([]byte, error) {
 
 // State returns the process state of pid.
 func (s *Snapshot) State(pid int) (*Process, error) {
+	p, _, err := s.StateAndJSON(pid)
+	return p, err
+}
+
+// StateAndJSON returns the process state of pid and the JSON it was
+// decoded from (StateJSON), read once.
+func (s *Snapshot) StateAndJSON(pid int) (*Process, []byte, error) {
 	b, err := s.StateJSON(pid)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var p Process
 	if err := json.Unmarshal(b, &p); err != nil {
-		return nil, fmt.Errorf("%s: %w: %v", stateName(pid), ErrCorrupt, err)
+		return nil, nil, fmt.Errorf("%s: %w: %v", stateName(pid), ErrCorrupt, err)
 	}
 	if p.PID != pid {
-		return nil, fmt.Errorf("%s: %w: holds pid %d", stateName(pid), ErrCorrupt, p.PID)
+		return nil, nil, fmt.Errorf("%s: %w: holds pid %d", stateName(pid), ErrCorrupt, p.PID)
 	}
 	if err := p.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", stateName(pid), err)
+		return nil, nil, fmt.Errorf("%s: %w", stateName(pid), err)
 	}
 	s.ppidMu.Lock()
 	if s.ppids == nil {
@@ -266,7 +273,7 @@ func (s *Snapshot) State(pid int) (*Process, error) {
 	}
 	s.ppids[pid] = p.PPID
 	s.ppidMu.Unlock()
-	return &p, nil
+	return &p, b, nil
 }
 
 // ppid returns the parent pid that pid's state names: the one State

@@ -3,7 +3,6 @@ package syscalls
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -72,17 +71,7 @@ func TestBatchReadsAsSingleCalls(t *testing.T) {
 	if err := in.Batch(1, calls); err == nil {
 		t.Error("batch table at an unaligned offset accepted")
 	}
-	if err := in.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.Skip()
-	if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
-		t.Fatal(err)
-	}
-	c.Expect(t, "usr1=1", 2*time.Second)
+	detachAlive(t, in, p, c)
 }
 
 // Every thread's batch, through the leader's stub, reads its own state.

@@ -160,3 +160,20 @@ func readUint64(p *ptrace.Process, addr uint64) (uint64, error) {
 	}
 	return le64(b[:]), nil
 }
+
+// detachAlive closes in, detaches p and checks that the fixture c runs on
+// as it did: it answers SIGUSR1 (its first since start).
+func detachAlive(t *testing.T, in *Injector, p *ptrace.Process, c *fixture.Proc) {
+	t.Helper()
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	c.Skip()
+	if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	c.Expect(t, "usr1=1", 2*time.Second)
+}

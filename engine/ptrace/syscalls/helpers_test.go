@@ -6,7 +6,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -85,17 +84,7 @@ func TestSigActionsAltStackPrctl(t *testing.T) {
 	if v, err := in.Prctl(unix.PR_GET_NO_NEW_PRIVS); err != nil || v != 0 {
 		t.Errorf("PR_GET_NO_NEW_PRIVS %d, %v", v, err)
 	}
-	if err := in.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	c.Skip()
-	if err := unix.Kill(c.PID, unix.SIGUSR1); err != nil {
-		t.Fatal(err)
-	}
-	c.Expect(t, "usr1=1", 2*time.Second)
+	detachAlive(t, in, p, c)
 }
 
 // Per-thread state that only the thread itself (or an injected call) can

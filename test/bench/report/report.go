@@ -461,8 +461,9 @@ func DefaultConfig() DumpConfig {
 	panic("no default dump configuration")
 }
 
-// LatencyCases are the rows of the restore-latency table, in order.
-func LatencyCases() []RestoreCase {
+// eachWayCases are the restores every restore table starts with: eager,
+// lazy through the mount and lazy direct, each warm then cold.
+func eachWayCases() []RestoreCase {
 	return []RestoreCase{
 		{Mode: Eager, Threads: DefThreads},
 		{Mode: Eager, Cold: true, Threads: DefThreads},
@@ -470,9 +471,14 @@ func LatencyCases() []RestoreCase {
 		{Mode: LazyMount, Cold: true, Threads: DefThreads},
 		{Mode: lazyDirect, Threads: DefThreads},
 		{Mode: lazyDirect, Cold: true, Threads: DefThreads},
-		{Mode: LazyMount, Idle: true, Threads: DefThreads},
-		{Mode: lazyDirect, Idle: true, Threads: DefThreads},
 	}
+}
+
+// LatencyCases are the rows of the restore-latency table, in order.
+func LatencyCases() []RestoreCase {
+	return append(eachWayCases(),
+		RestoreCase{Mode: LazyMount, Idle: true, Threads: DefThreads},
+		RestoreCase{Mode: lazyDirect, Idle: true, Threads: DefThreads})
 }
 
 // cell formats one figure of a restore result, "—" if it was not measured.
