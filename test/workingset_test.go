@@ -19,10 +19,12 @@ import (
 
 // TestWorkingSet records the working set of a modelserver's "touch 1"
 // on one lazy restore, then restores it again from each source with it,
-// without it (--working-set off), and with a corrupt, a truncated and a
-// foreign one (each ignored with a warning naming the file): the server's
-// answers are right every time. inspect, verify and lazyfs show it; a
-// recording killed with SIGKILL leaves the previous file or none.
+// without it (--working-set off), with one whose memory is damaged in
+// one entry (that entry read from the snapshot instead, with a
+// warning), and with a corrupt, a truncated and a foreign one (each
+// ignored with a warning naming the file): the server's answers are
+// right every time. inspect, verify and lazyfs show it; a recording
+// killed with SIGKILL leaves the previous file or none.
 func TestWorkingSet(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequirePtrace(t)
@@ -167,8 +169,29 @@ func TestWorkingSet(t *testing.T) {
 		}
 		return b
 	}()
+	// A byte of the last entry's memory: the working set is used, that
+	// entry read from the snapshot instead, with a warning naming it.
+	t.Run("damaged-entry", func(t *testing.T) {
+		damaged := bytes.Clone(good)
+		damaged[len(damaged)-7] ^= 0x40
+		if err := os.WriteFile(wsPath, damaged, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.WriteFile(wsPath, good, 0o644)
+		r := restore(t, false) // checks the answers
+		if !strings.Contains(r.Stderr, "working set entry damaged") || !strings.Contains(r.Stderr, wsPath) || !strings.Contains(r.Stderr, "checksum mismatch") {
+			t.Errorf("no warning naming the damaged entry of %s:\n%s", wsPath, r)
+		}
+		if !strings.Contains(r.Stdout, "fetched first from its copy, "+wsPath) {
+			t.Errorf("the working set was not used for its other entries:\n%s", r)
+		}
+		if r := runTool(t, buildTool(t, "snapctl"), commandTimeout, "verify", "-D", dir); r.Code != 0 || !strings.Contains(r.Stdout, "working set ignored") {
+			t.Errorf("verify with a damaged working set:\n%s", r)
+		}
+	})
+	// A byte of the table of entries: the whole file is ignored.
 	corrupt := bytes.Clone(good)
-	corrupt[len(corrupt)-7] ^= 0x40
+	corrupt[64+3] ^= 0x40
 	for _, tc := range []struct {
 		name, why string
 		b         []byte

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/lazyfs/lazyfs/engine/codec"
@@ -28,7 +29,9 @@ type WorkingSetMode int
 const (
 	// WorkingSetUse fetches a working set first if there is one that
 	// matches the snapshot; a damaged or foreign one is ignored with a
-	// warning naming it.
+	// warning naming it, and an entry of its copy of the memory whose
+	// bytes fail their CRC32C is read from the snapshot instead, with a
+	// warning naming the entry.
 	WorkingSetUse WorkingSetMode = iota
 	// WorkingSetOff ignores it.
 	WorkingSetOff
@@ -84,7 +87,6 @@ type WorkingSetResult struct {
 // the snapshot's blocks that hold it, in src. With no usable working set
 // it returns nil and src, with a warning naming the file if there is one.
 func (p *Process) workingSetFirst(src io.ReaderAt) ([]units.Range, io.ReaderAt) {
-	o := p.ph.opts
 	res := &p.ws
 	if p.wsLoad == nil {
 		return nil, src
@@ -100,11 +102,7 @@ func (p *Process) workingSetFirst(src io.ReaderAt) ([]units.Range, io.ReaderAt) 
 	}
 	res.Path = p.workingSetPath()
 	var out []units.Range
-	// The copy of the memory a working set carries is checked by its own
-	// CRC32C only: a sealed or signed snapshot's memory is what
-	// authenticates, so only the working set's addresses serve there.
-	authenticated := p.snap.Sealed() || p.snap.Signed()
-	if ws.HasData() && o.WorkingSet != WorkingSetBlocks && !authenticated {
+	if p.usesCopy(ws) {
 		out, src = p.workingSetCopy(ws, src, res)
 	} else {
 		out = p.workingSetBlocks(ws, res)
@@ -112,6 +110,14 @@ func (p *Process) workingSetFirst(src io.ReaderAt) ([]units.Range, io.ReaderAt) 
 	res.Used, res.Ranges = len(out) > 0, len(out)
 	p.ph.log.Debug("working set", "file", res.Path, "entries", len(ws.Entries), "ranges", len(out), "bytes", res.Bytes, "copy", res.Copy)
 	return out, src
+}
+
+// usesCopy reports whether the pager reads ws's own copy of the memory.
+// The copy is checked by its own CRC32C only: a sealed or signed
+// snapshot's memory is what authenticates, so only the working set's
+// addresses serve there.
+func (p *Process) usesCopy(ws *workingset.Set) bool {
+	return ws.HasData() && p.ph.opts.WorkingSet != WorkingSetBlocks && !p.snap.Sealed() && !p.snap.Signed()
 }
 
 // loadWorkingSet starts reading the working set beside the snapshot, if
@@ -179,21 +185,27 @@ func (p *Process) workingSetBlocks(ws *workingset.Set, res *WorkingSetResult) []
 }
 
 // workingSetCopy returns ws's entries that lie in lazily served blocks,
-// in order, and a source that reads them from ws's copy (checked against
-// their CRC32C when the file was read) and everything else from src.
+// in order, and a source that reads them from ws's copy and everything
+// else from src. Map left the copy's bytes unchecked: the source checks
+// each entry's when it first reads it, as the pager reads the
+// snapshot's blocks, rather than the restore all of them before the
+// pager may start.
 func (p *Process) workingSetCopy(ws *workingset.Set, src io.ReaderAt, res *WorkingSetResult) ([]units.Range, io.ReaderAt) {
-	c := &copySource{src: src}
+	path := p.workingSetPath()
+	c := &copySource{src: src, ws: ws, state: make([]atomic.Int32, len(ws.Entries)), bad: func(err error) {
+		p.ph.log.Warn("working set entry damaged: its memory is read from the snapshot", "file", path, "err", err)
+	}}
 	var out []units.Range
-	for _, e := range ws.Entries {
+	for i, e := range ws.Entries {
 		b, ok := p.pages.BlockAt(e.Addr)
 		if !ok || b.Kind == codec.Zero || !p.serves(b) || e.End() > b.End() && !p.lazyRange(e.Addr, e.End()) {
 			continue
 		}
 		out = append(out, units.Range{Start: e.Addr, End: e.End()})
-		c.parts = append(c.parts, e)
+		c.parts = append(c.parts, i)
 		res.Bytes += e.Len
 	}
-	slices.SortFunc(c.parts, func(a, b workingset.Entry) int { return cmp.Compare(a.Addr, b.Addr) })
+	slices.SortFunc(c.parts, func(a, b int) int { return cmp.Compare(ws.Entries[a].Addr, ws.Entries[b].Addr) })
 	res.Copy = true
 	return out, c
 }
@@ -210,22 +222,34 @@ func (p *Process) lazyRange(lo, hi uint64) bool {
 	return true
 }
 
-// copySource answers a read that lies inside one part of a working set's
-// copy from it, and any other from src. The copy is the working set's
-// file mapped (workingset.Map), its bytes checked against their
-// CRC32C when it was opened: a snapshot in clear is checked for
-// accidents, not edits (an edit of the file in place during the restore
-// is one), and a sealed or signed snapshot never reads a working set's
-// copy. A file truncated meanwhile fails the read, which src answers.
+// copySource answers a read that lies inside one entry of a working
+// set's copy from it, and any other from src. The copy is the working
+// set's file mapped (workingset.Map); an entry's bytes are checked
+// against their CRC32C before they are first read (good), and an entry
+// that fails is read from src, a warning naming it (bad). A snapshot in
+// clear is checked for accidents, not edits (an edit of the file in
+// place during the restore is one), and a sealed or signed snapshot
+// never reads a working set's copy. A file truncated meanwhile fails the
+// read, which src answers.
 type copySource struct {
 	src   io.ReaderAt
-	parts []workingset.Entry // sorted by address, disjoint
+	ws    *workingset.Set
+	parts []int          // indices of ws.Entries, sorted by address, disjoint
+	state []atomic.Int32 // of each of ws.Entries: entryUnchecked, ...
+	bad   func(error)
 }
+
+// The states of a working set entry's bytes in a copySource.
+const (
+	entryUnchecked = iota
+	entryGood
+	entryBad
+)
 
 func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 	a := uint64(off)
-	i, _ := slices.BinarySearchFunc(c.parts, a, func(e workingset.Entry, a uint64) int {
-		switch {
+	k, _ := slices.BinarySearchFunc(c.parts, a, func(i int, a uint64) int {
+		switch e := c.ws.Entries[i]; {
 		case e.End() <= a:
 			return -1
 		case e.Addr > a:
@@ -233,8 +257,9 @@ func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 		}
 		return 0
 	})
-	if i < len(c.parts) {
-		if e := c.parts[i]; e.Addr <= a && a+uint64(len(p)) <= e.End() {
+	if k < len(c.parts) {
+		i := c.parts[k]
+		if e := c.ws.Entries[i]; e.Addr <= a && a+uint64(len(p)) <= e.End() && c.good(i) {
 			// A mapped file truncated since: the snapshot's blocks then.
 			if n, err := workingset.ReadData(p, e, a-e.Addr); err == nil {
 				return n, nil
@@ -242,6 +267,26 @@ func (c *copySource) ReadAt(p []byte, off int64) (int, error) {
 		}
 	}
 	return c.src.ReadAt(p, off)
+}
+
+// good reports whether entry i's bytes match their CRC32C, checking
+// them the first time (the pager's goroutines may check one at once: the
+// same answer).
+func (c *copySource) good(i int) bool {
+	switch c.state[i].Load() {
+	case entryGood:
+		return true
+	case entryBad:
+		return false
+	}
+	if err := c.ws.CheckData(i); err != nil {
+		if c.state[i].CompareAndSwap(entryUnchecked, entryBad) {
+			c.bad(err)
+		}
+		return false
+	}
+	c.state[i].CompareAndSwap(entryUnchecked, entryGood)
+	return true
 }
 
 // startRecording sets the pager's options up for recording (held

@@ -31,10 +31,15 @@ func Read(s *image.Snapshot, pid int) (*Set, error) {
 // its working set so: tens of MiB read into memory a new process has
 // never touched cost it a first touch of every page, slow where the
 // hypervisor reclaims free memory, while the pages of a file read before
-// are there to map. Whoever reads Data must expect the file to shrink
-// under it (another writer truncating it in place, which snapctl never
-// does: it renames a new file over the old): a read past its end faults,
-// and ReadData turns that into an error.
+// are there to map. Map checks the header and the entries, not their
+// bytes: Set.CheckData checks an entry's, and whoever uses them calls it
+// first. (Checking every entry at once, with the mapping's page tables
+// filled first, held a restore's pager back until all was checked,
+// where it needs the first entries first.) Whoever reads Data must
+// expect the file to shrink under it (another writer truncating it in
+// place, which snapctl never does: it renames a new file over the old):
+// a read past its end faults, and ReadData and CheckData turn that into
+// an error.
 func Map(s *image.Snapshot, pid int) (*Set, error) {
 	d, err := s.BesideDir(Name(pid))
 	if err != nil {
@@ -85,7 +90,7 @@ func readFile(d *os.File, pid int, id image.SnapshotID, trust, mapped bool) (*Se
 	var b []byte
 	unmap := func() error { return nil }
 	if mapped && st.Size() > 0 {
-		if b, err = unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE); err != nil {
+		if b, err = unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED); err != nil {
 			return nil, fmt.Errorf("map %s: %w", path, err)
 		}
 		unmap = func() error { return unix.Munmap(b) }
@@ -95,7 +100,8 @@ func readFile(d *os.File, pid int, id image.SnapshotID, trust, mapped bool) (*Se
 			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
 	}
-	w, err := parseMapped(b)
+	// A mapped file's entries' bytes are checked when used (Map).
+	w, err := parseMapped(b, !mapped)
 	if err == nil {
 		err = check(w, pid, id)
 	}

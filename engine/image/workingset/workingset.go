@@ -87,6 +87,29 @@ type Set struct {
 	Entries []Entry
 
 	unmap func() error // Map's
+	// sums are the CRC32C of each entry's Data as the file holds them,
+	// for CheckData: set by Map, which leaves the bytes unchecked.
+	sums []uint32
+}
+
+// CheckData checks the bytes of entry i of a working set that Map
+// returned against the CRC32C its file holds for them, an error
+// matching image.ErrHeaderChecksum naming the entry if they differ, or
+// image.ErrCorrupt if the file shrank under the mapping. A working set
+// read whole (Read, Parse) was checked as it was read: nil.
+func (w *Set) CheckData(i int) error {
+	if w.sums == nil {
+		return nil
+	}
+	e := w.Entries[i]
+	var got uint32
+	if err := unlessFault(func() { got = codec.Checksum(e.Data) }); err != nil {
+		return fmt.Errorf("%w: working set entry at %#x: its file changed while mapped (%v)", image.ErrCorrupt, e.Addr, err)
+	}
+	if got != w.sums[i] {
+		return fmt.Errorf("%w: bytes of entry %d at %#x: crc32c %08x, entry says %08x", image.ErrHeaderChecksum, i, e.Addr, got, w.sums[i])
+	}
+	return nil
 }
 
 // Close releases what Map mapped: the entries' Data must not
@@ -175,7 +198,11 @@ func (w *Set) MarshalBinary() ([]byte, error) {
 // Parse decodes a working-set file. It checks the magic, the
 // version, both checksums, the length against the entry count, and every
 // entry; the identity is for the caller to compare (Read does).
-func Parse(b []byte) (*Set, error) {
+func Parse(b []byte) (*Set, error) { return parse(b, true) }
+
+// parse is Parse; with checkData false it leaves every entry's bytes
+// unchecked and keeps their CRC32C for CheckData.
+func parse(b []byte, checkData bool) (*Set, error) {
 	if len(b) < wsHeaderSize {
 		return nil, fmt.Errorf("%w: %d bytes, header is %d", image.ErrTruncated, len(b), wsHeaderSize)
 	}
@@ -240,7 +267,9 @@ func Parse(b []byte) (*Set, error) {
 			}
 			en.Data = b[off : off+en.Len : off+en.Len]
 			off += en.Len
-			if got := codec.Checksum(en.Data); got != sum {
+			if !checkData {
+				w.sums = append(w.sums, sum)
+			} else if got := codec.Checksum(en.Data); got != sum {
 				return nil, fmt.Errorf("%w: bytes of entry %d at %#x: crc32c %08x, entry says %08x", image.ErrHeaderChecksum, i, en.Addr, got, sum)
 			}
 		} else if sum != 0 || le.Uint32(e[28:]) != 0 {
@@ -264,10 +293,10 @@ func ReadData(p []byte, e Entry, off uint64) (int, error) {
 	return n, nil
 }
 
-// parseMapped is Parse on bytes that may be a mapping of a file
-// that shrinks while it is read: a fault is an error.
-func parseMapped(b []byte) (w *Set, err error) {
-	if ferr := unlessFault(func() { w, err = Parse(b) }); ferr != nil {
+// parseMapped is parse on bytes that may be a mapping of a file that
+// shrinks while it is read: a fault is an error.
+func parseMapped(b []byte, checkData bool) (w *Set, err error) {
+	if ferr := unlessFault(func() { w, err = parse(b, checkData) }); ferr != nil {
 		return nil, fmt.Errorf("%w: the file changed while read (%v)", image.ErrCorrupt, ferr)
 	}
 	return w, err

@@ -233,6 +233,44 @@ func FuzzWorkingSet(f *testing.F) {
 	})
 }
 
+// TestMapChecksEntriesOnDemand: Map leaves the entries' bytes to
+// CheckData, which finds the one entry whose bytes were changed and
+// passes the others; Read refuses the same file whole.
+func TestMapChecksEntriesOnDemand(t *testing.T) {
+	dir, s := wsSnapshot(t)
+	w := withData(testWorkingSet(s.ID(), 42))
+	if err := WriteDir(dir, w); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, Name(42))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second entry's bytes follow the first's, after the table.
+	b[wsHeaderSize+wsEntrySize*len(w.Entries)+int(w.Entries[0].Len)+100] ^= 1
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Map(s, 42)
+	if err != nil {
+		t.Fatalf("Map refused a file whose entries' bytes it does not check: %v", err)
+	}
+	defer got.Close()
+	for i := range got.Entries {
+		err := got.CheckData(i)
+		if i == 1 && !errors.Is(err, image.ErrHeaderChecksum) {
+			t.Errorf("CheckData of the damaged entry: %v, want image.ErrHeaderChecksum", err)
+		}
+		if i != 1 && err != nil {
+			t.Errorf("CheckData of entry %d: %v", i, err)
+		}
+	}
+	if _, err := Read(s, 42); !errors.Is(err, image.ErrHeaderChecksum) {
+		t.Errorf("Read of the damaged file: %v, want image.ErrHeaderChecksum", err)
+	}
+}
+
 // TestMapWorkingSet: a mapped working set reads as the file; a file
 // truncated under its mapping fails ReadData rather than crash the
 // reader; Close unmaps, once.
@@ -247,7 +285,7 @@ func TestMapWorkingSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	mapped := *got
-	mapped.unmap = nil
+	mapped.unmap, mapped.sums = nil, nil
 	if !reflect.DeepEqual(&mapped, w) {
 		t.Fatalf("mapped %+v, wrote %+v", mapped.Entries, w.Entries)
 	}
