@@ -124,7 +124,14 @@ func TestUnmountWithReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if h := devHolders(dev); len(h) != 1 || h[0] == rep.pid {
+	// The private mount's helper is set up in the background while the
+	// process runs: between its unshare and its detaching of the copies
+	// of other lazyfs mounts, its new namespace holds one for a moment.
+	h := devHolders(dev)
+	for deadline := time.Now().Add(5 * time.Second); (len(h) != 1 || h[0] == rep.pid) && time.Now().Before(deadline); h = devHolders(dev) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(h) != 1 || h[0] == rep.pid {
 		t.Errorf("mount namespaces holding %s: pids %v, want only ours", mnt, h)
 	}
 	r := runTool(t, buildTool(t, "lazyfs"), commandTimeout, "-u", mnt)
