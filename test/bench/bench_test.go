@@ -61,3 +61,21 @@ func TestSeriesHaveSections(t *testing.T) {
 		t.Errorf("report sections %v, series %v", got, names)
 	}
 }
+
+// TestRecordedAny: a pre-fork server's working sets may all be empty;
+// one page in any of them makes the working-set cases check their use.
+func TestRecordedAny(t *testing.T) {
+	for _, tc := range []struct {
+		recorded string
+		want     bool
+	}{
+		{"0 B in 0 ranges over 18ms (stopped by signal)", false},
+		{"0 B in 0 ranges over 18ms (stopped by signal); 0 B in 0 ranges over 1ms (stopped by signal)", false},
+		{"0 B in 0 ranges over 18ms (stopped by signal); 4 KiB in 1 ranges over 2ms (stopped by signal)", true},
+		{"1.3 MiB in 168 ranges over 23ms (stopped by signal)", true},
+	} {
+		if got := recordedAny(tc.recorded); got != tc.want {
+			t.Errorf("recordedAny(%q) = %v, want %v", tc.recorded, got, tc.want)
+		}
+	}
+}

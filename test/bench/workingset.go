@@ -83,6 +83,14 @@ func workingSetServer(ctx context.Context, h *harness.Harness, name, prog string
 	if err := wsRecord(ctx, h, snap, w); err != nil {
 		return nil, err
 	}
+	recorded := recordedAny(w.Recorded)
+	if !recorded {
+		// A pre-fork server's workers may fault in nothing for "touch 1"
+		// (their memory shared with the parent comes before they run):
+		// its working-set rows are then restores with nothing to fetch
+		// first, not failures.
+		h.Logf("workingset %s: every working set is empty: nothing to fetch first", name)
+	}
 	files, err := measure.SnapshotFiles(snap.Dir)
 	if err != nil {
 		return nil, err
@@ -92,7 +100,7 @@ func workingSetServer(ctx context.Context, h *harness.Harness, name, prog string
 	}
 	for r := range h.Runs {
 		for _, cr := range w.Cases {
-			run, err := wsRestoreOnce(ctx, h, snap, files, cr.Case)
+			run, err := wsRestoreOnce(ctx, h, snap, files, cr.Case, recorded)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", cr.Case, err)
 			}
@@ -210,9 +218,21 @@ func wsRecord(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, w
 	return nil
 }
 
-// wsRestoreOnce restores snap as c says, times the answers, checks them,
-// then kills the restored server.
-func wsRestoreOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, files []string, c report.WSCase) (report.RestoreRun, error) {
+// recordedAny reports whether any of wsRecord's working sets (its
+// "SIZE in N ranges over D (stopped by S)" joined by "; ") holds a page.
+func recordedAny(recorded string) bool {
+	for _, r := range strings.Split(recorded, "; ") {
+		if !strings.HasPrefix(r, "0 B in 0 ranges") {
+			return true
+		}
+	}
+	return false
+}
+
+// wsRestoreOnce restores snap as c says, times the answers, checks them
+// (and, if recorded says a working set holds a page, that a working-set
+// case used it), then kills the restored server.
+func wsRestoreOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapshot, files []string, c report.WSCase, recorded bool) (report.RestoreRun, error) {
 	var run report.RestoreRun
 	ctx, cancel := context.WithTimeout(ctx, wsTimeout(h))
 	defer cancel()
@@ -268,7 +288,7 @@ func wsRestoreOnce(ctx context.Context, h *harness.Harness, snap *harness.Snapsh
 	if err != nil {
 		return run, err
 	}
-	if c.Mode == report.WSCopy || c.Mode == report.WSBlocks {
+	if (c.Mode == report.WSCopy || c.Mode == report.WSBlocks) && recorded {
 		if !strings.Contains(out.String(), "fetched first") {
 			return run, fmt.Errorf("%s: the working set was not used: %q%s: %w", c, out.String(), errOut.String(), measure.ErrOutput)
 		}
