@@ -102,12 +102,18 @@ func (w *Set) CheckData(i int) error {
 		return nil
 	}
 	e := w.Entries[i]
-	var got uint32
-	if err := unlessFault(func() { got = codec.Checksum(e.Data) }); err != nil {
-		return fmt.Errorf("%w: working set entry at %#x: its file changed while mapped (%v)", image.ErrCorrupt, e.Addr, err)
+	var err error
+	if ferr := unlessFault(func() { err = checkEntry(i, e, w.sums[i]) }); ferr != nil {
+		return fmt.Errorf("%w: working set entry at %#x: its file changed while mapped (%v)", image.ErrCorrupt, e.Addr, ferr)
 	}
-	if got != w.sums[i] {
-		return fmt.Errorf("%w: bytes of entry %d at %#x: crc32c %08x, entry says %08x", image.ErrHeaderChecksum, i, e.Addr, got, w.sums[i])
+	return err
+}
+
+// checkEntry checks entry i's bytes against sum, the CRC32C its file
+// holds for them.
+func checkEntry(i int, e Entry, sum uint32) error {
+	if got := codec.Checksum(e.Data); got != sum {
+		return fmt.Errorf("%w: bytes of entry %d at %#x: crc32c %08x, entry says %08x", image.ErrHeaderChecksum, i, e.Addr, got, sum)
 	}
 	return nil
 }
@@ -269,8 +275,8 @@ func parse(b []byte, checkData bool) (*Set, error) {
 			off += en.Len
 			if !checkData {
 				w.sums = append(w.sums, sum)
-			} else if got := codec.Checksum(en.Data); got != sum {
-				return nil, fmt.Errorf("%w: bytes of entry %d at %#x: crc32c %08x, entry says %08x", image.ErrHeaderChecksum, i, en.Addr, got, sum)
+			} else if err := checkEntry(int(i), en, sum); err != nil {
+				return nil, err
 			}
 		} else if sum != 0 || le.Uint32(e[28:]) != 0 {
 			return nil, fmt.Errorf("%w: entry %d has a checksum but no bytes", image.ErrCorrupt, i)
